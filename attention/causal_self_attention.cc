@@ -1,0 +1,100 @@
+#include "attention/causal_self_attention.h"
+
+#include <cmath>
+
+#include <ATen/ATen.h>
+
+#include "core/status_macros.h"
+
+namespace lgpt {
+
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const CausalSelfAttentionOptions& options)
+    : layer_(options.layer),
+      n_head_(options.config.n_head),
+      n_query_groups_(options.config.QueryGroups()),
+      head_size_(options.config.HeadSize()),
+      norm_qk_olmo2_(options.config.norm_qk_type == NormQkType::kOlmo2),
+      rope_interleave_(options.config.rope_interleave) {
+  const Config& config = options.config;
+  const LinearFactory& factory =
+      options.linear_factory ? *options.linear_factory : *DefaultLinearFactory();
+  params_.scale = config.AttentionScale();
+  params_.softcap = config.attention_logit_softcapping;
+  if (config.IsSlidingWindowLayer(layer_)) params_.sliding_window = *config.sliding_window_size;
+
+  LinearSpec qkv;
+  qkv.site = LinearSite::kQkv;
+  qkv.layer = layer_;
+  qkv.in_features = config.n_embd;
+  qkv.q_size = n_head_ * head_size_;
+  qkv.kv_size = n_query_groups_ * head_size_;
+  qkv.out_features = qkv.q_size + 2 * qkv.kv_size;
+  qkv.bias = config.bias || config.attn_bias;
+  qkv_ = register_module("qkv", factory.Make(qkv));
+
+  LinearSpec proj;
+  proj.site = LinearSite::kAttnProj;
+  proj.layer = layer_;
+  proj.in_features = n_head_ * head_size_;
+  proj.out_features = config.n_embd;
+  proj.bias = config.bias;
+  proj_ = register_module("proj", factory.Make(proj));
+
+  if (config.norm_qk) {
+    const int64_t q_size = norm_qk_olmo2_ ? n_head_ * head_size_ : head_size_;
+    const int64_t k_size = norm_qk_olmo2_ ? n_query_groups_ * head_size_ : head_size_;
+    norm_q_ = register_module("norm_q", Norm(NormOptions::FromConfig(config, q_size)));
+    norm_k_ = register_module("norm_k", Norm(NormOptions::FromConfig(config, k_size)));
+  }
+  for (const auto& factory_ptr : options.extensions) {
+    std::shared_ptr<AttentionExtension> extension = factory_ptr->Make(config, layer_);
+    if (!extension) continue;
+    extension->Attach(*this);
+    extensions_.push_back(std::move(extension));
+  }
+}
+
+absl::StatusOr<at::Tensor> CausalSelfAttentionImpl::Forward(const at::Tensor& x,
+                                                            const RopeTables& rope,
+                                                            const KVStep& step,
+                                                            KVCache* cache) {
+  const int64_t batch = x.size(0), steps = x.size(1);
+  const int64_t q_size = n_head_ * head_size_, kv_size = n_query_groups_ * head_size_;
+  const at::Tensor qkv = qkv_->forward(x);  // [B, T, q_size + 2 · kv_size]
+  at::Tensor q = qkv.narrow(-1, 0, q_size);
+  at::Tensor k = qkv.narrow(-1, q_size, kv_size);
+  at::Tensor v = qkv.narrow(-1, q_size + kv_size, kv_size);
+  if (norm_q_ && norm_qk_olmo2_) {
+    q = norm_q_->forward(q);
+    k = norm_k_->forward(k);
+  }
+  q = q.reshape({batch, steps, n_head_, head_size_}).transpose(1, 2);          // [B, nh, T, hs]
+  k = k.reshape({batch, steps, n_query_groups_, head_size_}).transpose(1, 2);  // [B, G, T, hs]
+  v = v.reshape({batch, steps, n_query_groups_, head_size_}).transpose(1, 2);  // [B, G, T, hs]
+  if (norm_q_ && !norm_qk_olmo2_) {
+    q = norm_q_->forward(q);
+    k = norm_k_->forward(k);
+  }
+  q = ApplyRope(q, rope, rope_interleave_);
+  k = ApplyRope(k, rope, rope_interleave_);
+
+  KVView view;
+  if (cache != nullptr) {
+    ASSIGN_OR_RETURN(view, cache->Update(layer_, step, k, v));
+  } else {
+    view = KVView{k, v, step.positions.unsqueeze(1)};
+  }
+  const bool want_weights = cache != nullptr && cache->WantsAttentionWeights(layer_);
+  at::Tensor weights;
+  at::Tensor y = AttendByPositions(q, view.keys, view.values, step.positions, view.positions,
+                                   params_, want_weights ? &weights : nullptr);
+  if (want_weights) cache->ObserveAttentionWeights(layer_, weights);
+  for (const auto& extension : extensions_) {
+    const at::Tensor extra = extension->Contribute({q, qkv_.get(), params_.scale});
+    if (extra.defined()) y = y + extra;
+  }
+  y = y.transpose(1, 2).reshape({batch, steps, q_size});
+  return proj_->forward(y);
+}
+
+}  // namespace lgpt

@@ -1,0 +1,215 @@
+#include "cache/dense_kv_cache.h"
+
+#include <algorithm>
+
+#include <ATen/ATen.h>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+
+namespace lgpt {
+namespace {
+
+constexpr int64_t kMinGrowth = 64;
+
+std::string ShapeString(const at::Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) absl::StrAppend(&s, i ? ", " : "", t.size(i));
+  return s + "]";
+}
+
+// Writes `src` [B, G, T, hs] into `buffer` [B, G, C, hs] at `slots` [B, T].
+void ScatterSlots(at::Tensor& buffer, const at::Tensor& slots, const at::Tensor& src) {
+  if (slots.size(0) == 1 && src.size(0) == 1) {
+    buffer.index_copy_(2, slots[0], src);
+    return;
+  }
+  const at::Tensor index = slots.view({slots.size(0), 1, slots.size(1), 1}).expand(src.sizes());
+  buffer.scatter_(2, index, src);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DenseKVCache>> DenseKVCache::Create(
+    const DenseKVCacheOptions& options) {
+  if (options.batch_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV cache batch_size must be >= 1, got ", options.batch_size));
+  }
+  if (options.max_sequence_length < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV cache max_sequence_length must be >= 1, got ", options.max_sequence_length));
+  }
+  if (options.layers.empty()) return absl::InvalidArgumentError("KV cache has no layers");
+  for (size_t i = 0; i < options.layers.size(); ++i) {
+    const KVLayerSpec& spec = options.layers[i];
+    if (spec.n_query_groups < 1 || spec.head_size < 1 || spec.sliding_window < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("KV cache layer ", i, ": bad geometry"));
+    }
+  }
+  if (options.initial_capacity < 0) {
+    return absl::InvalidArgumentError("KV cache initial_capacity must be >= 0");
+  }
+  return std::unique_ptr<DenseKVCache>(new DenseKVCache(options));
+}
+
+DenseKVCache::DenseKVCache(const DenseKVCacheOptions& options) : options_(options) {
+  const at::TensorOptions opts = at::TensorOptions().dtype(options.dtype).device(options.device);
+  const int64_t batch = options.batch_size;
+  for (const KVLayerSpec& spec : options.layers) {
+    Layer layer;
+    layer.spec = spec;
+    layer.ring = spec.sliding_window > 0 && spec.sliding_window < options.max_sequence_length;
+    if (layer.ring) {
+      layer.capacity = spec.sliding_window;
+      layer.keys = at::zeros({batch, spec.n_query_groups, layer.capacity, spec.head_size}, opts);
+      layer.values = at::zeros_like(layer.keys);
+      layer.positions = at::full({batch, 1, layer.capacity}, -1,
+                                 at::TensorOptions().dtype(at::kLong).device(options.device));
+    }
+    layers_.push_back(std::move(layer));
+  }
+  if (options.initial_capacity > 0) {
+    for (Layer& layer : layers_) {
+      if (!layer.ring) Grow(layer, std::min(options.initial_capacity, options.max_sequence_length));
+    }
+  }
+}
+
+void DenseKVCache::Grow(Layer& layer, int64_t needed) {
+  if (needed <= layer.capacity) return;
+  int64_t capacity = std::max({needed, 2 * layer.capacity, kMinGrowth});
+  if (layer.capacity == 0 && options_.initial_capacity > 0) capacity = needed;
+  capacity = std::min(capacity, options_.max_sequence_length);
+  const at::TensorOptions opts =
+      at::TensorOptions().dtype(options_.dtype).device(options_.device);
+  const KVLayerSpec& spec = layer.spec;
+  at::Tensor keys = at::zeros({options_.batch_size, spec.n_query_groups, capacity, spec.head_size},
+                              opts);
+  at::Tensor values = at::zeros_like(keys);
+  if (layer.capacity > 0) {
+    keys.narrow(2, 0, layer.capacity).copy_(layer.keys);
+    values.narrow(2, 0, layer.capacity).copy_(layer.values);
+  }
+  layer.keys = keys;
+  layer.values = values;
+  layer.capacity = capacity;
+}
+
+at::Tensor DenseKVCache::Ramp(int64_t length) {
+  if (!ramp_.defined() || ramp_.size(0) < length) {
+    ramp_ = at::arange(length, at::TensorOptions().dtype(at::kLong).device(options_.device));
+  }
+  return ramp_.narrow(0, 0, length).view({1, 1, length});
+}
+
+absl::Status DenseKVCache::CheckStep(const KVStep& step, int64_t batch_size) const {
+  if (batch_size < 1 || batch_size > options_.batch_size) {
+    return absl::InvalidArgumentError(absl::StrCat("batch of ", batch_size,
+                                                   " rows does not fit a KV cache built for ",
+                                                   options_.batch_size));
+  }
+  if (step.min_position < 0) {
+    return absl::OutOfRangeError(absl::StrCat("negative position ", step.min_position));
+  }
+  if (step.max_position >= options_.max_sequence_length) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "position ", step.max_position, " is beyond the KV cache's max_sequence_length ",
+        options_.max_sequence_length));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<KVView> DenseKVCache::Update(int64_t layer_index, const KVStep& step,
+                                            const at::Tensor& keys, const at::Tensor& values) {
+  if (layer_index < 0 || layer_index >= num_layers()) {
+    return absl::OutOfRangeError(absl::StrCat("KV cache has no layer ", layer_index));
+  }
+  Layer& layer = layers_[layer_index];
+  const int64_t batch = keys.size(0);
+  RETURN_IF_ERROR(CheckStep(step, batch));
+  if (keys.dim() != 4 || keys.sizes() != values.sizes() ||
+      keys.size(1) != layer.spec.n_query_groups || keys.size(3) != layer.spec.head_size ||
+      step.positions.dim() != 2 || step.positions.size(0) != batch ||
+      step.positions.size(1) != keys.size(2)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV cache layer ", layer_index, ": keys ", ShapeString(keys), ", values ",
+        ShapeString(values), ", positions ", ShapeString(step.positions), " do not match [B, ",
+        layer.spec.n_query_groups, ", T, ", layer.spec.head_size, "] and [B, T]"));
+  }
+  const at::Tensor k = keys.to(options_.dtype);
+  const at::Tensor v = values.to(options_.dtype);
+  if (layer.ring) return RingUpdate(layer, step, k, v);
+
+  Grow(layer, step.max_position + 1);
+  at::Tensor layer_keys = layer.keys.narrow(0, 0, batch);
+  at::Tensor layer_values = layer.values.narrow(0, 0, batch);
+  ScatterSlots(layer_keys, step.positions, k);
+  ScatterSlots(layer_values, step.positions, v);
+  layer.end = std::max(layer.end, step.max_position + 1);
+  // Slots past a row's own length hold positions beyond its queries: the causal mask hides
+  // them, which is what lets rows of different lengths share one cache.
+  return KVView{layer_keys.narrow(2, 0, layer.end), layer_values.narrow(2, 0, layer.end),
+                Ramp(layer.end).expand({batch, 1, layer.end})};
+}
+
+KVView DenseKVCache::RingUpdate(Layer& layer, const KVStep& step, const at::Tensor& k,
+                                const at::Tensor& v) {
+  const int64_t batch = k.size(0);
+  const int64_t steps = k.size(2);
+  const int64_t capacity = layer.capacity;
+  at::Tensor ring_keys = layer.keys.narrow(0, 0, batch);
+  at::Tensor ring_values = layer.values.narrow(0, 0, batch);
+  at::Tensor ring_positions = layer.positions.narrow(0, 0, batch);
+  // Entries at or after a row's first new position are stale (a rewind): forget them.
+  const at::Tensor first = std::get<0>(step.positions.min(1)).view({batch, 1, 1});
+  ring_positions.masked_fill_(ring_positions >= first, -1);
+
+  KVView view;
+  if (steps == 1) {
+    // One query needs the window's last `capacity` positions, its own included: write first.
+    const at::Tensor slots = step.positions.remainder(capacity);
+    ScatterSlots(ring_keys, slots, k);
+    ScatterSlots(ring_values, slots, v);
+    ring_positions.scatter_(2, slots.unsqueeze(1), step.positions.unsqueeze(1));
+    return KVView{ring_keys, ring_values, ring_positions};
+  }
+  // A chunk's first query still needs keys the chunk itself would overwrite: attend to the
+  // old entries plus the chunk's own, then keep the chunk's last `capacity` entries.
+  view.keys = at::cat({ring_keys, k}, 2);
+  view.values = at::cat({ring_values, v}, 2);
+  view.positions = at::cat({ring_positions.clone(), step.positions.unsqueeze(1)}, 2);
+  const int64_t kept = std::min(steps, capacity);
+  const at::Tensor kept_positions = step.positions.narrow(1, steps - kept, kept);
+  const at::Tensor slots = kept_positions.remainder(capacity);
+  ScatterSlots(ring_keys, slots, k.narrow(2, steps - kept, kept));
+  ScatterSlots(ring_values, slots, v.narrow(2, steps - kept, kept));
+  ring_positions.scatter_(2, slots.unsqueeze(1), kept_positions.unsqueeze(1));
+  return view;
+}
+
+void DenseKVCache::Reset() {
+  for (Layer& layer : layers_) {
+    layer.end = 0;
+    if (layer.ring) layer.positions.fill_(-1);
+  }
+}
+
+int64_t DenseKVCache::AllocatedBytes() const {
+  int64_t bytes = 0;
+  for (const Layer& layer : layers_) {
+    if (layer.capacity == 0) continue;
+    bytes += 2 * layer.keys.numel() * static_cast<int64_t>(layer.keys.element_size());
+  }
+  return bytes;
+}
+
+int64_t DenseKVCache::IndexBytes() const {
+  int64_t bytes = ramp_.defined() ? ramp_.numel() * 8 : 0;
+  for (const Layer& layer : layers_) {
+    if (layer.ring) bytes += layer.positions.numel() * 8;
+  }
+  return bytes;
+}
+
+}  // namespace lgpt

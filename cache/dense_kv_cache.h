@@ -1,0 +1,83 @@
+// The exact KV cache: every entry of every layer kept at full precision, with storage sized
+// by n_query_groups (never n_head).
+//
+// Global layers store position p in slot p and grow their buffers on demand up to
+// max_sequence_length (doubling, so a short generation never holds a long buffer); each
+// step returns views of slots [0, max position written]. Sliding-window layers keep a ring of
+// min(window, max_sequence_length) slots. A decode step writes into the ring first; a chunk
+// of T > 1 tokens attends to the ring's old entries concatenated with its own, and only then
+// is written, so no query loses a key it needs whatever the chunk size (LitGPT's ring
+// overwrites such keys).
+#ifndef LGPT_CACHE_DENSE_KV_CACHE_H_
+#define LGPT_CACHE_DENSE_KV_CACHE_H_
+
+#include <memory>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+#include "absl/status/statusor.h"
+#include "cache/kv_cache.h"
+
+namespace lgpt {
+
+struct DenseKVCacheOptions {
+  int64_t batch_size = 1;
+  int64_t max_sequence_length = 0;
+  std::vector<KVLayerSpec> layers;
+  c10::ScalarType dtype = c10::kFloat;
+  c10::Device device = c10::Device(c10::kCPU);
+  // Slots allocated up front for global layers; 0 grows on demand. Callers that know the
+  // final length (prompt + new tokens) pass it to avoid any regrowth.
+  int64_t initial_capacity = 0;
+};
+
+class DenseKVCache : public KVCache {
+ public:
+  static absl::StatusOr<std::unique_ptr<DenseKVCache>> Create(
+      const DenseKVCacheOptions& options);
+
+  absl::StatusOr<KVView> Update(int64_t layer, const KVStep& step, const at::Tensor& keys,
+                                const at::Tensor& values) override;
+  absl::Status CheckStep(const KVStep& step, int64_t batch_size) const override;
+  void Reset() override;
+  // Key and value storage: 2 · batch · n_query_groups · capacity · head_size · element size,
+  // summed over layers (capacity window-sized on windowed layers).
+  int64_t AllocatedBytes() const override;
+  // Bookkeeping beside the entries: ring-slot positions and the shared position ramp.
+  int64_t IndexBytes() const;
+  int64_t max_sequence_length() const override { return options_.max_sequence_length; }
+  int64_t batch_size() const override { return options_.batch_size; }
+  int64_t num_layers() const override { return static_cast<int64_t>(layers_.size()); }
+  std::string DebugName() const override { return "dense"; }
+
+  // Slots currently allocated for `layer`.
+  int64_t capacity(int64_t layer) const { return layers_[layer].capacity; }
+
+ private:
+  struct Layer {
+    KVLayerSpec spec;
+    bool ring = false;     // sliding window shorter than max_sequence_length
+    int64_t capacity = 0;  // allocated slots
+    int64_t end = 0;       // global layers: max position written + 1
+    at::Tensor keys;       // [B, n_query_groups, capacity, head_size]
+    at::Tensor values;     // [B, n_query_groups, capacity, head_size]
+    at::Tensor positions;  // ring layers: [B, 1, capacity] int64, -1 where empty
+  };
+
+  explicit DenseKVCache(const DenseKVCacheOptions& options);
+  void Grow(Layer& layer, int64_t needed);
+  KVView RingUpdate(Layer& layer, const KVStep& step, const at::Tensor& keys,
+                    const at::Tensor& values);
+  at::Tensor Ramp(int64_t length);
+
+  DenseKVCacheOptions options_;
+  std::vector<Layer> layers_;
+  at::Tensor ramp_;  // [max allocated global capacity] int64: 0, 1, 2, ...
+};
+
+}  // namespace lgpt
+
+#endif  // LGPT_CACHE_DENSE_KV_CACHE_H_

@@ -1,0 +1,78 @@
+// The KV cache contract between attention and storage.
+//
+// A cache is a plain object owned by the caller (one per generation session); the model
+// takes it as an argument, so one set of weights serves many sessions. For each layer,
+// Update() stores the step's keys and values and returns what the step's queries may attend
+// to: views of the stored entries with the token position each holds. The attention builds
+// its mask from those positions (causality, sliding windows and evicted entries all follow
+// from them), so a cache may keep any subset of entries in any slot order.
+#ifndef LGPT_CACHE_KV_CACHE_H_
+#define LGPT_CACHE_KV_CACHE_H_
+
+#include <cstdint>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace lgpt {
+
+// What the attention layer of one model step tells the cache.
+struct KVStep {
+  at::Tensor positions;  // [B, T] int64: token position of each new entry
+  int64_t min_position = 0;  // min over `positions`, computed once per model step on the host
+  int64_t max_position = 0;  // max over `positions`
+};
+
+// Entries a step attends to. Slots whose position is negative are empty.
+struct KVView {
+  at::Tensor keys;       // [B, n_query_groups, S, head_size]
+  at::Tensor values;     // [B, n_query_groups, S, head_size]
+  at::Tensor positions;  // [B, 1, S] or [B, n_query_groups, S], int64
+};
+
+// Per-layer geometry a cache is built for.
+struct KVLayerSpec {
+  int64_t n_query_groups = 0;
+  int64_t head_size = 0;
+  int64_t sliding_window = 0;  // 0: global attention; else the layer's window size
+};
+
+class KVCache {
+ public:
+  virtual ~KVCache() = default;
+
+  // Stores the keys/values of one step for `layer` and returns the entries to attend to.
+  // keys/values [B, n_query_groups, T, head_size]. Errors (bad shapes, positions beyond the
+  // capacity) leave the cache unchanged.
+  virtual absl::StatusOr<KVView> Update(int64_t layer, const KVStep& step,
+                                        const at::Tensor& keys, const at::Tensor& values) = 0;
+
+  // Checks, before any layer runs, that a step with these positions fits (so a failing step
+  // never leaves some layers updated and others not).
+  virtual absl::Status CheckStep(const KVStep& step, int64_t batch_size) const = 0;
+
+  // Forgets every entry; keeps allocations for reuse.
+  virtual void Reset() = 0;
+
+  // Bytes of storage currently allocated (buffers, positions and any scales).
+  virtual int64_t AllocatedBytes() const = 0;
+
+  // Largest position a step may write plus one (the context length this cache serves).
+  virtual int64_t max_sequence_length() const = 0;
+  virtual int64_t batch_size() const = 0;
+  virtual int64_t num_layers() const = 0;
+
+  // Policies that score entries by attention ask for the step's attention weights.
+  virtual bool WantsAttentionWeights(int64_t layer) const { return false; }
+  // weights [B, n_head, T, S] over the entries of the last KVView of `layer`.
+  virtual void ObserveAttentionWeights(int64_t layer, const at::Tensor& weights) {}
+
+  virtual std::string DebugName() const = 0;
+};
+
+}  // namespace lgpt
+
+#endif  // LGPT_CACHE_KV_CACHE_H_

@@ -1,0 +1,39 @@
+#include "core/linear_factory.h"
+
+#include <ATen/ATen.h>
+
+namespace lgpt {
+
+const char* LinearSiteName(LinearSite site) {
+  switch (site) {
+    case LinearSite::kQkv: return "qkv";
+    case LinearSite::kAttnProj: return "attn.proj";
+    case LinearSite::kMlpFc: return "mlp.fc";
+    case LinearSite::kMlpFc1: return "mlp.fc_1";
+    case LinearSite::kMlpFc2: return "mlp.fc_2";
+    case LinearSite::kMlpProj: return "mlp.proj";
+    case LinearSite::kMoeGate: return "mlp.gate";
+    case LinearSite::kHead: return "lm_head";
+  }
+  return "?";
+}
+
+DenseProjectionImpl::DenseProjectionImpl(const LinearSpec& spec) {
+  // LitGPT's _init_weights: N(0, 0.02) weights, zero bias.
+  weight = register_parameter("weight",
+                              at::randn({spec.out_features, spec.in_features}) * 0.02);
+  if (spec.bias) bias = register_parameter("bias", at::zeros({spec.out_features}));
+}
+
+at::Tensor DenseProjectionImpl::forward(const at::Tensor& x) { return at::linear(x, weight, bias); }
+
+ProjectionPtr LinearFactory::Make(const LinearSpec& spec) const {
+  return std::make_shared<DenseProjectionImpl>(spec);
+}
+
+std::shared_ptr<const LinearFactory> DefaultLinearFactory() {
+  static const auto* factory = new std::shared_ptr<const LinearFactory>(new LinearFactory());
+  return *factory;
+}
+
+}  // namespace lgpt

@@ -1,0 +1,53 @@
+#include "core/model/block.h"
+
+#include <ATen/ATen.h>
+
+#include "core/status_macros.h"
+
+namespace lgpt {
+namespace {
+
+at::Tensor MaybeNorm(Norm& norm, const at::Tensor& x) { return norm ? norm->forward(x) : x; }
+
+}  // namespace
+
+BlockImpl::BlockImpl(const Config& config, int64_t layer, const ModelParts& parts)
+    : parallel_residual_(config.parallel_residual),
+      shared_attention_norm_(config.shared_attention_norm) {
+  const NormOptions norm = NormOptions::FromConfig(config, config.n_embd);
+  if (config.norm_1) norm_1_ = register_module("norm_1", Norm(norm));
+  CausalSelfAttentionOptions attention;
+  attention.config = config;
+  attention.layer = layer;
+  attention.linear_factory = parts.linear_factory;
+  attention.extensions = parts.attention_extensions;
+  attn_ = register_module("attn", CausalSelfAttention(attention));
+  if (config.post_attention_norm) {
+    post_attention_norm_ = register_module("post_attention_norm", Norm(norm));
+  }
+  if (config.norm_2 && !config.shared_attention_norm) {
+    norm_2_ = register_module("norm_2", Norm(norm));
+  }
+  const LinearFactory& factory =
+      parts.linear_factory ? *parts.linear_factory : *DefaultLinearFactory();
+  mlp_ = register_module("mlp", MakeFeedForward(config, layer, factory));
+  if (config.post_mlp_norm) post_mlp_norm_ = register_module("post_mlp_norm", Norm(norm));
+}
+
+absl::StatusOr<at::Tensor> BlockImpl::Forward(const at::Tensor& x, const RopeTables& rope,
+                                              const KVStep& step, KVCache* cache) {
+  at::Tensor x_normed = MaybeNorm(norm_1_, x);
+  ASSIGN_OR_RETURN(at::Tensor attention, attn_->Forward(x_normed, rope, step, cache));
+  attention = MaybeNorm(post_attention_norm_, attention);
+  at::Tensor residual;
+  if (parallel_residual_) {
+    if (!shared_attention_norm_) x_normed = MaybeNorm(norm_2_, x);
+    residual = attention + x;
+  } else {
+    residual = attention + x;
+    x_normed = MaybeNorm(norm_2_, residual);
+  }
+  return MaybeNorm(post_mlp_norm_, mlp_->forward(x_normed)) + residual;
+}
+
+}  // namespace lgpt

@@ -1,0 +1,129 @@
+#include "core/model/checkpoint.h"
+
+#include <sys/stat.h>
+
+#include <set>
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/safetensors.h"
+#include "core/status_macros.h"
+#include "core/torch_pickle.h"
+
+namespace lgpt {
+namespace {
+
+bool IsFile(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+bool IsDirectory(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+std::string Shape(const at::Tensor& t) { return absl::StrCat("[", absl::StrJoin(t.sizes(), ", "), "]"); }
+
+std::string Names(const std::vector<std::string>& names) {
+  constexpr size_t kShown = 5;
+  std::vector<std::string> shown(names.begin(),
+                                 names.begin() + std::min(kShown, names.size()));
+  std::string text = absl::StrJoin(shown, ", ");
+  if (names.size() > kShown) absl::StrAppend(&text, " and ", names.size() - kShown, " more");
+  return text;
+}
+
+}  // namespace
+
+TensorMap StateDict(const torch::nn::Module& module) {
+  TensorMap tensors;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    tensors[item.key()] = item.value();
+  }
+  for (const auto& item : module.named_buffers(/*recurse=*/true)) {
+    tensors[item.key()] = item.value();
+  }
+  return tensors;
+}
+
+absl::Status LoadStateDict(torch::nn::Module& module, const TensorMap& tensors,
+                           const std::string& source, bool allow_missing) {
+  const TensorMap targets = StateDict(module);
+  std::vector<std::string> missing, unexpected;
+  for (const auto& [name, target] : targets) {
+    if (!tensors.count(name)) missing.push_back(name);
+  }
+  for (const auto& [name, tensor] : tensors) {
+    if (!targets.count(name)) unexpected.push_back(name);
+  }
+  if (!unexpected.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": unexpected tensors ", Names(unexpected)));
+  }
+  if (!missing.empty() && !allow_missing) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": missing tensors ", Names(missing)));
+  }
+  for (const auto& [name, tensor] : tensors) {
+    const at::Tensor& target = targets.at(name);
+    if (!tensor.sizes().equals(target.sizes())) {
+      return absl::InvalidArgumentError(absl::StrCat(source, ": tensor ", name, " has shape ",
+                                                     Shape(tensor), ", the model expects ",
+                                                     Shape(target)));
+    }
+    if (!tensor.is_floating_point() && target.is_floating_point()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": tensor ", name, " is not floating point"));
+    }
+  }
+  at::NoGradGuard no_grad;
+  for (const auto& [name, tensor] : tensors) {
+    at::Tensor target = targets.at(name);
+    target.copy_(tensor);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TensorMap> ReadCheckpointTensors(const std::string& checkpoint_dir,
+                                                std::string* source) {
+  const std::string safetensors = checkpoint_dir + "/model.safetensors";
+  const std::string pth = checkpoint_dir + "/lit_model.pth";
+  if (IsFile(safetensors)) {
+    if (source) *source = safetensors;
+    return ReadSafetensors(safetensors);
+  }
+  if (IsFile(pth)) {
+    if (source) *source = pth;
+    return ReadTorchStateDict(pth);
+  }
+  return absl::NotFoundError(absl::StrCat(checkpoint_dir,
+                                          ": no model.safetensors or lit_model.pth"));
+}
+
+absl::StatusOr<LoadedModel> LoadCheckpoint(const std::string& checkpoint_dir,
+                                           const LoadOptions& options) {
+  auto progress = [&](const std::string& message) {
+    if (options.progress) options.progress(message);
+  };
+  if (!IsDirectory(checkpoint_dir)) {
+    return absl::NotFoundError(absl::StrCat("checkpoint directory ", checkpoint_dir,
+                                            " does not exist"));
+  }
+  progress("reading model_config.yaml");
+  ASSIGN_OR_RETURN(Config config, LoadConfigFile(checkpoint_dir + "/model_config.yaml"));
+  progress(absl::StrCat("building ", config.name, " (", config.n_layer, " layers)"));
+  ASSIGN_OR_RETURN(GPT model, GPTImpl::Create(config, options.parts));
+  std::string source;
+  progress("reading weights");
+  ASSIGN_OR_RETURN(TensorMap tensors, ReadCheckpointTensors(checkpoint_dir, &source));
+  progress(absl::StrCat("loading ", tensors.size(), " tensors from ", source));
+  model->To(options.device, options.dtype);
+  RETURN_IF_ERROR(LoadStateDict(*model, tensors, source));
+  model->eval();
+  return LoadedModel{model->config(), model};
+}
+
+}  // namespace lgpt

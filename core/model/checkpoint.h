@@ -1,0 +1,55 @@
+// Loading LitGPT checkpoint directories: model_config.yaml plus model.safetensors or
+// lit_model.pth, into a GPT of the dtype and device the caller asks for.
+#ifndef LGPT_CORE_MODEL_CHECKPOINT_H_
+#define LGPT_CORE_MODEL_CHECKPOINT_H_
+
+#include <functional>
+#include <string>
+
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+#include <torch/nn/module.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/config.h"
+#include "core/model/gpt.h"
+#include "core/model/model_parts.h"
+#include "core/tensor_map.h"
+
+namespace lgpt {
+
+// Copies `tensors` into the module's parameters and buffers by name (with dtype
+// conversion). Missing or unexpected tensors and shape mismatches are errors naming the
+// tensor; `source` names the file in messages. With `allow_missing`, parameters absent
+// from `tensors` keep their values (used to load PEFT weights on top of a base).
+absl::Status LoadStateDict(torch::nn::Module& module, const TensorMap& tensors,
+                           const std::string& source, bool allow_missing = false);
+
+// The module's parameters and persistent buffers by LitGPT name.
+TensorMap StateDict(const torch::nn::Module& module);
+
+// Reads the weights of a checkpoint directory: model.safetensors if present, else
+// lit_model.pth (a state dict, optionally wrapped as {"model": ...}).
+absl::StatusOr<TensorMap> ReadCheckpointTensors(const std::string& checkpoint_dir,
+                                                std::string* source = nullptr);
+
+struct LoadOptions {
+  c10::ScalarType dtype = c10::kFloat;
+  c10::Device device = c10::Device(c10::kCPU);
+  ModelParts parts;
+  // Called with a short description of each loading stage (for progress output).
+  std::function<void(const std::string&)> progress;
+};
+
+struct LoadedModel {
+  Config config;
+  GPT model;
+};
+
+absl::StatusOr<LoadedModel> LoadCheckpoint(const std::string& checkpoint_dir,
+                                           const LoadOptions& options = {});
+
+}  // namespace lgpt
+
+#endif  // LGPT_CORE_MODEL_CHECKPOINT_H_

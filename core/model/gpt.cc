@@ -1,0 +1,158 @@
+#include "core/model/gpt.h"
+
+#include <cmath>
+
+#include <ATen/ATen.h>
+#include <torch/nn/modules/container/modulelist.h>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+
+namespace lgpt {
+
+TransformerImpl::TransformerImpl(const Config& config, const ModelParts& parts) {
+  wte = register_module("wte", torch::nn::Embedding(config.PaddedVocabSize(), config.n_embd));
+  // LitGPT's _init_weights: N(0, 0.02).
+  wte->weight.data().normal_(0, 0.02);
+  torch::nn::ModuleList blocks;
+  for (int64_t layer = 0; layer < config.n_layer; ++layer) {
+    h.push_back(Block(config, layer, parts));
+    blocks->push_back(h.back());
+  }
+  register_module("h", blocks);
+  ln_f = register_module("ln_f", Norm(NormOptions::FromConfig(config, config.n_embd)));
+}
+
+absl::StatusOr<GPT> GPTImpl::Create(const Config& config, const ModelParts& parts) {
+  Config finalised = config;
+  RETURN_IF_ERROR(finalised.Finalize());
+  if (finalised.has_latent_attention) {
+    return absl::UnimplementedError(
+        absl::StrCat(finalised.name, ": multi-head latent attention is not supported"));
+  }
+  if (finalised.n_expert_groups) {
+    return absl::UnimplementedError(
+        absl::StrCat(finalised.name, ": grouped top-k expert routing is not supported"));
+  }
+  return GPT(new GPTImpl(finalised, parts));
+}
+
+GPTImpl::GPTImpl(const Config& config, const ModelParts& parts) : config_(config) {
+  transformer = register_module("transformer", Transformer(config, parts));
+  LinearSpec head;
+  head.site = LinearSite::kHead;
+  head.in_features = config.n_embd;
+  head.out_features = config.PaddedVocabSize();
+  head.bias = config.lm_head_bias;
+  const LinearFactory& factory =
+      parts.linear_factory ? *parts.linear_factory : *DefaultLinearFactory();
+  lm_head = register_module("lm_head", factory.Make(head));
+  rope_ = std::make_unique<Rope>(config_, c10::Device(c10::kCPU));
+}
+
+c10::Device GPTImpl::device() const { return transformer->wte->weight.device(); }
+c10::ScalarType GPTImpl::dtype() const { return transformer->wte->weight.scalar_type(); }
+
+void GPTImpl::To(c10::Device device, c10::ScalarType dtype) {
+  to(device, dtype);
+  rope_ = std::make_unique<Rope>(config_, device);
+}
+
+std::vector<KVLayerSpec> GPTImpl::CacheLayout() const {
+  std::vector<KVLayerSpec> layers;
+  for (int64_t layer = 0; layer < config_.n_layer; ++layer) {
+    KVLayerSpec spec;
+    spec.n_query_groups = config_.QueryGroups();
+    spec.head_size = config_.HeadSize();
+    if (config_.IsSlidingWindowLayer(layer)) spec.sliding_window = *config_.sliding_window_size;
+    layers.push_back(spec);
+  }
+  return layers;
+}
+
+absl::StatusOr<std::unique_ptr<DenseKVCache>> GPTImpl::NewDenseCache(
+    int64_t batch_size, int64_t max_sequence_length, int64_t initial_capacity) {
+  if (max_sequence_length > config_.block_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV cache length ", max_sequence_length, " exceeds the block size ",
+                     config_.block_size, " of ", config_.name));
+  }
+  DenseKVCacheOptions options;
+  options.batch_size = batch_size;
+  options.max_sequence_length = max_sequence_length;
+  options.layers = CacheLayout();
+  options.dtype = dtype();
+  options.device = device();
+  options.initial_capacity = initial_capacity;
+  return DenseKVCache::Create(options);
+}
+
+absl::StatusOr<at::Tensor> GPTImpl::Forward(const at::Tensor& idx, KVCache* cache,
+                                            const ForwardOptions& options) {
+  if (idx.dim() != 2 || idx.size(0) < 1 || idx.size(1) < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "token ids must have shape [B, T] with B, T >= 1; got ", idx.dim(), " dimensions"));
+  }
+  if (idx.scalar_type() != at::kLong) {
+    return absl::InvalidArgumentError("token ids must be int64");
+  }
+  const int64_t batch = idx.size(0), steps = idx.size(1);
+  const at::Tensor ids = idx.to(device());
+  {
+    const int64_t lowest = ids.min().item<int64_t>();
+    const int64_t highest = ids.max().item<int64_t>();
+    if (lowest < 0 || highest >= config_.PaddedVocabSize()) {
+      return absl::OutOfRangeError(absl::StrCat("token id ", lowest < 0 ? lowest : highest,
+                                                " is outside the vocabulary [0, ",
+                                                config_.PaddedVocabSize(), ")"));
+    }
+  }
+  KVStep step;
+  if (options.positions.defined()) {
+    if (options.positions.dim() != 2 || options.positions.size(0) != batch ||
+        options.positions.size(1) != steps || options.positions.scalar_type() != at::kLong) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "positions must be int64 [", batch, ", ", steps, "] like the token ids"));
+    }
+    step.positions = options.positions.to(device());
+    step.min_position = step.positions.min().item<int64_t>();
+    step.max_position = step.positions.max().item<int64_t>();
+  } else {
+    step.positions = at::arange(steps, ids.options()).unsqueeze(0).expand({batch, steps});
+    step.min_position = 0;
+    step.max_position = steps - 1;
+  }
+  if (step.min_position < 0 || step.max_position >= config_.block_size) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "position ", step.min_position < 0 ? step.min_position : step.max_position,
+        " is outside the model's context [0, ", config_.block_size, ")"));
+  }
+  if (cache != nullptr) {
+    if (cache->num_layers() != config_.n_layer) {
+      return absl::InvalidArgumentError(absl::StrCat("KV cache has ", cache->num_layers(),
+                                                     " layers, the model ", config_.n_layer));
+    }
+    RETURN_IF_ERROR(cache->CheckStep(step, batch));
+  }
+
+  const RopeTables global = rope_->Tables(step.positions, /*local=*/false);
+  const RopeTables local = rope_->has_local() ? rope_->Tables(step.positions, true) : global;
+  at::Tensor x = transformer->wte->forward(ids);  // [B, T, n_embd]
+  if (config_.scale_embeddings) {
+    x = x * at::scalar_tensor(std::sqrt(static_cast<double>(config_.n_embd)), x.options());
+  }
+  for (int64_t layer = 0; layer < config_.n_layer; ++layer) {
+    const RopeTables& rope = config_.UsesLocalRope(layer) ? local : global;
+    ASSIGN_OR_RETURN(x, transformer->h[layer]->Forward(x, rope, step, cache));
+  }
+  if (options.last_logits_only) x = x.narrow(1, steps - 1, 1);
+  x = transformer->ln_f->forward(x);
+  at::Tensor logits = lm_head->forward(x);
+  if (config_.final_logit_softcapping) {
+    const double cap = *config_.final_logit_softcapping;
+    logits = at::tanh(logits / cap) * cap;
+  }
+  return logits;
+}
+
+}  // namespace lgpt

@@ -1,0 +1,87 @@
+// LitGPT's GPT: token embedding (scaled for Gemma), the blocks, the final norm and the
+// language-model head with optional final soft-capping. Registered names equal LitGPT's
+// state-dict names (transformer.wte, transformer.h.N.*, transformer.ln_f, lm_head).
+//
+// The KV cache is not part of the model: Forward takes the caller's cache, so one set of
+// weights serves many sessions at once.
+#ifndef LGPT_CORE_MODEL_GPT_H_
+#define LGPT_CORE_MODEL_GPT_H_
+
+#include <memory>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/pimpl.h>
+
+#include "absl/status/statusor.h"
+#include "cache/dense_kv_cache.h"
+#include "cache/kv_cache.h"
+#include "core/config.h"
+#include "core/linear_factory.h"
+#include "core/model/block.h"
+#include "core/model/model_parts.h"
+#include "core/norm.h"
+#include "core/rope.h"
+
+namespace lgpt {
+
+struct ForwardOptions {
+  // [B, T] int64 token positions; undefined means 0 .. T-1 for every row.
+  at::Tensor positions;
+  // Compute logits for the last position of each row only (decoding needs nothing else).
+  bool last_logits_only = false;
+};
+
+// transformer.{wte, h, ln_f}
+class TransformerImpl : public torch::nn::Module {
+ public:
+  TransformerImpl(const Config& config, const ModelParts& parts);
+  torch::nn::Embedding wte{nullptr};  // [padded_vocab_size, n_embd]
+  std::vector<Block> h;
+  Norm ln_f{nullptr};                 // [n_embd]
+};
+TORCH_MODULE(Transformer);
+
+class GPTImpl : public torch::nn::Module {
+ public:
+  // Fails on configs the model cannot build (unsupported features, bad values).
+  static absl::StatusOr<std::shared_ptr<GPTImpl>> Create(const Config& config,
+                                                         const ModelParts& parts = {});
+
+  // idx [B, T] int64 -> logits [B, T or 1, padded_vocab_size]. With a cache, the step's
+  // keys and values are added to it and attention sees every cached entry; without one, the
+  // step attends to itself only (a full forward pass).
+  absl::StatusOr<at::Tensor> Forward(const at::Tensor& idx, KVCache* cache = nullptr,
+                                     const ForwardOptions& options = {});
+
+  // A dense cache shaped for this model (per-layer windows included).
+  absl::StatusOr<std::unique_ptr<DenseKVCache>> NewDenseCache(int64_t batch_size,
+                                                              int64_t max_sequence_length,
+                                                              int64_t initial_capacity = 0);
+  std::vector<KVLayerSpec> CacheLayout() const;
+
+  const Config& config() const { return config_; }
+  c10::Device device() const;
+  c10::ScalarType dtype() const;
+
+  // Moves parameters (and the RoPE frequency tables) to a device and dtype.
+  void To(c10::Device device, c10::ScalarType dtype);
+
+  Transformer transformer{nullptr};
+  ProjectionPtr lm_head;  // [padded_vocab_size, n_embd]
+
+ private:
+  GPTImpl(const Config& config, const ModelParts& parts);
+
+  Config config_;
+  std::unique_ptr<Rope> rope_;
+};
+using GPT = std::shared_ptr<GPTImpl>;
+
+}  // namespace lgpt
+
+#endif  // LGPT_CORE_MODEL_GPT_H_
