@@ -1,0 +1,93 @@
+#include "core/model/generate.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+
+namespace lgpt {
+namespace {
+
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<int64_t>> Generate(GPTImpl& model, KVCache& cache,
+                                              const std::vector<int64_t>& prompt,
+                                              const GenerateOptions& options,
+                                              GenerateStats* stats) {
+  RETURN_IF_ERROR(ValidateSampling(options.sampling));
+  const int64_t prompt_length = static_cast<int64_t>(prompt.size());
+  if (prompt_length == 0) return absl::InvalidArgumentError("the prompt is empty");
+  if (options.max_new_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_new_tokens must be >= 0, got ", options.max_new_tokens));
+  }
+  if (options.prefill_chunk < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prefill_chunk must be >= 0, got ", options.prefill_chunk));
+  }
+  const int64_t needed = prompt_length + options.max_new_tokens;
+  const int64_t context = std::min(model.config().block_size, cache.max_sequence_length());
+  if (needed > context) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "prompt (", prompt_length, " tokens) plus max_new_tokens (", options.max_new_tokens,
+        ") exceeds the context of ", context, " tokens"));
+  }
+  at::NoGradGuard no_grad;
+  at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(options.seed);
+  GenerateStats local;
+  GenerateStats& s = stats ? *stats : local;
+  s = GenerateStats();
+  s.prompt_tokens = prompt_length;
+
+  const auto start = std::chrono::steady_clock::now();
+  const at::Tensor tokens = at::tensor(prompt, at::kLong).unsqueeze(0);
+  const int64_t chunk = options.prefill_chunk > 0 ? options.prefill_chunk : prompt_length;
+  at::Tensor logits;
+  for (int64_t begin = 0; begin < prompt_length; begin += chunk) {
+    const int64_t length = std::min(chunk, prompt_length - begin);
+    ForwardOptions forward;
+    forward.positions = at::arange(begin, begin + length, at::kLong).unsqueeze(0);
+    forward.last_logits_only = true;
+    ASSIGN_OR_RETURN(logits, model.Forward(tokens.narrow(1, begin, length), &cache, forward));
+  }
+  s.prefill_s = SecondsSince(start);
+
+  std::vector<int64_t> out;
+  auto decode_start = std::chrono::steady_clock::now();
+  at::Tensor position = at::empty({1, 1}, at::kLong);
+  at::Tensor token = at::empty({1, 1}, at::kLong);
+  for (int64_t i = 0; i < options.max_new_tokens; ++i) {
+    const at::Tensor next_tensor =
+        SampleNext(logits.reshape({1, -1}), options.sampling, generator).cpu();
+    const int64_t next = next_tensor.item<int64_t>();
+    out.push_back(next);
+    if (i == 0) {
+      s.time_to_first_token_s = SecondsSince(start);
+      decode_start = std::chrono::steady_clock::now();
+    }
+    const bool keep_going = !options.on_token || options.on_token(next);
+    const bool stop = std::find(options.stop_tokens.begin(), options.stop_tokens.end(), next) !=
+                      options.stop_tokens.end();
+    if (!keep_going || stop || i + 1 == options.max_new_tokens) break;
+    position.fill_(prompt_length + i);
+    token.fill_(next);
+    ForwardOptions forward;
+    forward.positions = position;
+    forward.last_logits_only = true;
+    ASSIGN_OR_RETURN(logits, model.Forward(token, &cache, forward));
+  }
+  if (!out.empty()) s.decode_s = SecondsSince(decode_start);
+  s.new_tokens = static_cast<int64_t>(out.size());
+  s.kv_cache_bytes = cache.AllocatedBytes();
+  return out;
+}
+
+}  // namespace lgpt

@@ -1,0 +1,46 @@
+// Writes the logits of one full forward pass over given token ids as a NumPy file:
+//   bazel run //tools:score -- --checkpoint_dir=DIR --token_ids=1,2,3 --logits_out=FILE.npy
+#include <cstdio>
+#include <string>
+
+#include <ATen/ATen.h>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "core/device.h"
+#include "core/model/checkpoint.h"
+#include "core/npy.h"
+#include "tools/tool_util.h"
+
+ABSL_FLAG(std::string, checkpoint_dir, "", "LitGPT checkpoint directory");
+ABSL_FLAG(std::string, token_ids, "", "comma-separated token ids, e.g. 1,2,3");
+ABSL_FLAG(std::string, logits_out, "", "output .npy file: float32 [T, padded_vocab_size]");
+ABSL_FLAG(std::string, precision, "32-true", "32-true, bf16-true or 16-true");
+ABSL_FLAG(std::string, device, "cpu", "cpu or cuda[:N]");
+
+int main(int argc, char** argv) {
+  using namespace lgpt;
+  InitTool(argc, argv, "score --checkpoint_dir=DIR --token_ids=1,2,3 --logits_out=FILE.npy");
+  const std::string checkpoint_dir = ResolvePath(absl::GetFlag(FLAGS_checkpoint_dir));
+  const std::string out = ResolvePath(absl::GetFlag(FLAGS_logits_out));
+  if (checkpoint_dir.empty()) Die(absl::InvalidArgumentError("--checkpoint_dir is required"));
+  if (out.empty()) Die(absl::InvalidArgumentError("--logits_out is required"));
+  const std::vector<int64_t> ids = ValueOrDie(ParseIds(absl::GetFlag(FLAGS_token_ids), "token_ids"));
+
+  LoadOptions options;
+  options.dtype = ValueOrDie(ParsePrecision(absl::GetFlag(FLAGS_precision)));
+  options.device = ValueOrDie(ParseDevice(absl::GetFlag(FLAGS_device)));
+  options.progress = [](const std::string& stage) { std::fprintf(stderr, "%s\n", stage.c_str()); };
+  LoadedModel loaded = ValueOrDie(LoadCheckpoint(checkpoint_dir, options));
+  if (static_cast<int64_t>(ids.size()) > loaded.config.block_size) {
+    Die(absl::InvalidArgumentError(absl::StrCat(ids.size(), " tokens exceed the context of ",
+                                                loaded.config.block_size)));
+  }
+  at::NoGradGuard no_grad;
+  const at::Tensor tokens = at::tensor(ids, at::kLong).unsqueeze(0);
+  const at::Tensor logits = ValueOrDie(loaded.model->Forward(tokens));
+  DieIfError(WriteNpy(out, logits.squeeze(0).to(at::kCPU, at::kFloat).contiguous()));
+  std::fprintf(stderr, "wrote logits [%zu, %lld] to %s\n", ids.size(),
+               static_cast<long long>(logits.size(-1)), out.c_str());
+  return 0;
+}

@@ -1,0 +1,92 @@
+#include "tools/tool_util.h"
+
+#include <sys/resource.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+
+#include <glog/logging.h>
+
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace lgpt {
+namespace {
+
+std::string& ProgramName() {
+  static std::string* name = new std::string("lgpt");
+  return *name;
+}
+
+}  // namespace
+
+void InitTool(int argc, char** argv, absl::string_view usage) {
+  std::string name = argv[0];
+  const size_t slash = name.rfind('/');
+  if (slash != std::string::npos) name = name.substr(slash + 1);
+  ProgramName() = name;
+  absl::SetProgramUsageMessage(usage);
+  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  if (positional.size() > 1) {
+    Die(absl::InvalidArgumentError(
+        absl::StrCat("unexpected argument '", positional[1], "' (flags look like --name=value)")));
+  }
+  FLAGS_minloglevel = 2;  // LibTorch's warnings would clutter tool output.
+  FLAGS_logtostderr = true;
+}
+
+void Die(const absl::Status& status) {
+  std::cout.flush();
+  std::fprintf(stderr, "%s: error: %s\n", ProgramName().c_str(),
+               std::string(status.message()).c_str());
+  std::exit(1);
+}
+
+void DieIfError(const absl::Status& status) {
+  if (!status.ok()) Die(status);
+}
+
+std::string ResolvePath(const std::string& path) {
+  if (path.empty() || path[0] == '/') return path;
+  const char* base = std::getenv("BUILD_WORKING_DIRECTORY");
+  if (base == nullptr || *base == '\0') return path;
+  return absl::StrCat(base, "/", path);
+}
+
+absl::StatusOr<std::vector<int64_t>> ParseIds(absl::string_view text, absl::string_view flag) {
+  std::vector<int64_t> ids;
+  if (absl::StripAsciiWhitespace(text).empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, " is empty"));
+  }
+  for (absl::string_view piece : absl::StrSplit(text, ',')) {
+    int64_t id = 0;
+    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(piece), &id) || id < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, ": '", piece, "' is not a non-negative integer token id"));
+    }
+    ids.push_back(id);
+  }
+  return ids;
+}
+
+absl::StatusOr<c10::ScalarType> ParsePrecision(absl::string_view precision) {
+  if (precision == "32-true") return c10::kFloat;
+  if (precision == "bf16-true") return c10::kBFloat16;
+  if (precision == "16-true") return c10::kHalf;
+  if (precision == "64-true") return c10::kDouble;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--precision: unknown value '", precision, "' (expected 32-true, bf16-true or 16-true)"));
+}
+
+int64_t PeakRssBytes() {
+  struct rusage usage;
+  if (getrusage(RUSAGE_SELF, &usage) != 0) return 0;
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;
+}
+
+}  // namespace lgpt

@@ -1,0 +1,48 @@
+// Shared plumbing of the command-line tools: flag parsing, one-line errors with exit
+// status 1, paths relative to where `bazel run` was invoked, and small parsers.
+#ifndef LGPT_TOOLS_TOOL_UTIL_H_
+#define LGPT_TOOLS_TOOL_UTIL_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <c10/core/ScalarType.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace lgpt {
+
+// Parses flags (unknown flags and bad values end the program with one line and status 1)
+// and quiets LibTorch's logging. Positional arguments are an error.
+void InitTool(int argc, char** argv, absl::string_view usage);
+
+// Prints "<tool>: error: <message>" on stderr and exits with status 1.
+[[noreturn]] void Die(const absl::Status& status);
+
+// Exits via Die() when `status` is not OK.
+void DieIfError(const absl::Status& status);
+
+template <typename T>
+T ValueOrDie(absl::StatusOr<T> value) {
+  if (!value.ok()) Die(value.status());
+  return *std::move(value);
+}
+
+// Relative paths are taken from the directory `bazel run` was started in.
+std::string ResolvePath(const std::string& path);
+
+// "1,2,3" -> {1, 2, 3}; `flag` names the flag in errors.
+absl::StatusOr<std::vector<int64_t>> ParseIds(absl::string_view text, absl::string_view flag);
+
+// LitGPT's precision names: 32-true, bf16-true, 16-true (and 64-true).
+absl::StatusOr<c10::ScalarType> ParsePrecision(absl::string_view precision);
+
+// Peak resident memory of this process, in bytes.
+int64_t PeakRssBytes();
+
+}  // namespace lgpt
+
+#endif  // LGPT_TOOLS_TOOL_UTIL_H_
