@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
   LoadOptions load;
   load.dtype = ValueOrDie(ParsePrecision(absl::GetFlag(FLAGS_precision)));
   load.device = ValueOrDie(ParseDevice(absl::GetFlag(FLAGS_device)));
-  load.progress = [](const std::string& stage) { std::fprintf(stderr, "%s\n", stage.c_str()); };
+  load.progress = PrintProgress;
   LoadedModel loaded = ValueOrDie(LoadCheckpoint(checkpoint_dir, load));
   const int64_t length = static_cast<int64_t>(prompt.size()) + options.max_new_tokens;
   if (length > loaded.config.block_size) {

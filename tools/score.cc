@@ -30,7 +30,7 @@ int main(int argc, char** argv) {
   LoadOptions options;
   options.dtype = ValueOrDie(ParsePrecision(absl::GetFlag(FLAGS_precision)));
   options.device = ValueOrDie(ParseDevice(absl::GetFlag(FLAGS_device)));
-  options.progress = [](const std::string& stage) { std::fprintf(stderr, "%s\n", stage.c_str()); };
+  options.progress = PrintProgress;
   LoadedModel loaded = ValueOrDie(LoadCheckpoint(checkpoint_dir, options));
   if (static_cast<int64_t>(ids.size()) > loaded.config.block_size) {
     Die(absl::InvalidArgumentError(absl::StrCat(ids.size(), " tokens exceed the context of ",

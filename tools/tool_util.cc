@@ -1,6 +1,7 @@
 #include "tools/tool_util.h"
 
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -81,6 +82,11 @@ absl::StatusOr<c10::ScalarType> ParsePrecision(absl::string_view precision) {
   if (precision == "64-true") return c10::kDouble;
   return absl::InvalidArgumentError(absl::StrCat(
       "--precision: unknown value '", precision, "' (expected 32-true, bf16-true or 16-true)"));
+}
+
+void PrintProgress(const std::string& stage) {
+  static const bool terminal = ::isatty(STDERR_FILENO) == 1;
+  if (terminal) std::fprintf(stderr, "%s\n", stage.c_str());
 }
 
 int64_t PeakRssBytes() {

@@ -40,6 +40,10 @@ absl::StatusOr<std::vector<int64_t>> ParseIds(absl::string_view text, absl::stri
 // LitGPT's precision names: 32-true, bf16-true, 16-true (and 64-true).
 absl::StatusOr<c10::ScalarType> ParsePrecision(absl::string_view precision);
 
+// Prints loading stages on stderr when it is a terminal; scripted runs keep stderr for the
+// one error line.
+void PrintProgress(const std::string& stage);
+
 // Peak resident memory of this process, in bytes.
 int64_t PeakRssBytes();
 

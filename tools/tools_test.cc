@@ -1,0 +1,163 @@
+// Runs the tool binaries as a user would: outputs match LitGPT's golden data, and every
+// kind of bad input ends with one error line on stderr and exit status 1.
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <ATen/ATen.h>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "core/npy.h"
+#include "gtest/gtest.h"
+
+namespace lgpt {
+namespace {
+
+const char kGolden[] = "tests/testdata/golden/llama2";
+
+struct ToolRun {
+  int status = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+std::string TempDir() {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return dir ? dir : "/tmp";
+}
+
+ToolRun Execute(const std::string& tool, const std::string& args) {
+  const std::string out = TempDir() + "/stdout.txt", err = TempDir() + "/stderr.txt";
+  const std::string command = absl::StrCat("tools/", tool, " ", args, " >", out, " 2>", err);
+  ToolRun run;
+  const int raw = std::system(command.c_str());
+  run.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+  run.out = ReadAll(out);
+  run.err = ReadAll(err);
+  return run;
+}
+
+std::string LastLine(const std::string& text) {
+  std::vector<std::string> lines = absl::StrSplit(absl::StripTrailingAsciiWhitespace(text), '\n');
+  return lines.empty() ? "" : lines.back();
+}
+
+std::string IdsOf(const std::string& npy) {
+  const at::Tensor t = ReadNpy(npy).value().contiguous();
+  std::string text;
+  for (int64_t i = 0; i < t.numel(); ++i) absl::StrAppend(&text, i ? "," : "", t[i].item<int64_t>());
+  return text;
+}
+
+void ExpectCleanFailure(const ToolRun& run, const std::string& needle) {
+  EXPECT_EQ(run.status, 1) << run.err;
+  const std::string err(absl::StripTrailingAsciiWhitespace(run.err));
+  EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 0) << "more than one line:\n" << err;
+  EXPECT_NE(absl::AsciiStrToLower(err).find("error"), std::string::npos) << err;
+  EXPECT_NE(err.find(needle), std::string::npos) << "expected '" << needle << "' in: " << err;
+}
+
+TEST(ScoreTest, WritesLitGptLogits) {
+  const std::string out = TempDir() + "/logits.npy";
+  const ToolRun run = Execute("score", absl::StrCat("--checkpoint_dir=", kGolden, " --token_ids=",
+                                                IdsOf(absl::StrCat(kGolden, "/tokens.npy")),
+                                                " --logits_out=", out));
+  ASSERT_EQ(run.status, 0) << run.err;
+  const at::Tensor got = ReadNpy(out).value();
+  const at::Tensor want = ReadNpy(absl::StrCat(kGolden, "/logits.npy")).value();
+  ASSERT_EQ(got.sizes(), want.sizes());
+  EXPECT_EQ(got.scalar_type(), at::kFloat);
+  EXPECT_LT((got - want).abs().max().item<double>(), 1e-4);
+}
+
+TEST(GenerateTest, GreedyIdsAreTheLastLineForAnyPrefillChunk) {
+  std::string expected = IdsOf(absl::StrCat(kGolden, "/greedy.npy"));
+  std::replace(expected.begin(), expected.end(), ',', ' ');
+  for (int chunk : {0, 1, 3}) {
+    const ToolRun run = Execute(
+        "generate", absl::StrCat("--checkpoint_dir=", kGolden, " --prompt_ids=",
+                                 IdsOf(absl::StrCat(kGolden, "/prompt.npy")),
+                                 " --max_new_tokens=12 --temperature=0 --print_ids",
+                                 " --prefill_chunk=", chunk));
+    ASSERT_EQ(run.status, 0) << run.err;
+    EXPECT_EQ(LastLine(run.out), expected) << "chunk " << chunk;
+    // llama2 golden: 2 layers, 4 query groups, head_size 16 (n_embd 64 / 4 heads),
+    // float32, capacity = 8 prompt + 12 new tokens.
+    EXPECT_NE(run.out.find(absl::StrCat("kv_cache_bytes=", 2 * 2 * 1 * 4 * 20 * 16 * 4, "\n")),
+              std::string::npos)
+        << run.out;
+  }
+}
+
+TEST(GenerateTest, SeededSamplingIsReproducible) {
+  const std::string args = absl::StrCat("--checkpoint_dir=", kGolden,
+                                        " --prompt_ids=1,2,3 --max_new_tokens=10 "
+                                        "--temperature=1.0 --top_k=20 --seed=7");
+  const ToolRun a = Execute("generate", args), b = Execute("generate", args);
+  ASSERT_EQ(a.status, 0) << a.err;
+  EXPECT_EQ(LastLine(a.out), LastLine(b.out));
+}
+
+TEST(ToolErrorsTest, BadInputIsOneLineAndStatusOne) {
+  const std::string ok_dir = absl::StrCat("--checkpoint_dir=", kGolden);
+  ExpectCleanFailure(Execute("generate", "--checkpoint_dir=/nonexistent --prompt_ids=1"),
+                     "/nonexistent");
+  ExpectCleanFailure(Execute("generate", ok_dir + " --prompt_ids=1,x"), "prompt_ids");
+  ExpectCleanFailure(Execute("generate", ok_dir + " --prompt_ids=1 --max_new_tokens=-2"),
+                     "max_new_tokens");
+  ExpectCleanFailure(Execute("generate", ok_dir + " --prompt_ids=1 --max_new_tokens=abc"),
+                     "max_new_tokens");
+  ExpectCleanFailure(Execute("generate", ok_dir + " --prompt_ids=1 --top_p=2"), "top_p");
+  ExpectCleanFailure(Execute("generate", ok_dir + " --prompt_ids=1 --no_such_flag=1"),
+                     "no_such_flag");
+  ExpectCleanFailure(Execute("generate", ok_dir + " --prompt_ids=1 --max_new_tokens=5000"),
+                     "context");
+  ExpectCleanFailure(Execute("generate", ok_dir + " --prompt_ids=99999"), "99999");
+  ExpectCleanFailure(Execute("generate", ok_dir + " --prompt_ids=1 --precision=8-bit"),
+                     "precision");
+  ExpectCleanFailure(Execute("score", ok_dir + " --token_ids=1,2"), "logits_out");
+}
+
+TEST(ToolErrorsTest, BrokenCheckpointsAreOneLineAndStatusOne) {
+  const std::string dir = TempDir() + "/broken";
+  ASSERT_EQ(std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str()), 0);
+  const std::string args = absl::StrCat("--checkpoint_dir=", dir, " --prompt_ids=1,2");
+  // No config at all.
+  ExpectCleanFailure(Execute("generate", args), "model_config.yaml");
+  // Malformed yaml.
+  std::ofstream(dir + "/model_config.yaml") << "n_layer: [1, 2\nname: x\n";
+  ExpectCleanFailure(Execute("generate", args), "model_config.yaml");
+  // Unknown key.
+  std::ofstream(dir + "/model_config.yaml")
+      << ReadAll(absl::StrCat(kGolden, "/model_config.yaml")) << "bogus_key: 3\n";
+  ExpectCleanFailure(Execute("generate", args), "bogus_key");
+  // Good config, truncated weights.
+  std::ofstream(dir + "/model_config.yaml") << ReadAll(absl::StrCat(kGolden, "/model_config.yaml"));
+  const std::string weights = ReadAll(absl::StrCat(kGolden, "/model.safetensors"));
+  std::ofstream(dir + "/model.safetensors", std::ios::binary) << weights.substr(0, weights.size() / 2);
+  ExpectCleanFailure(Execute("generate", args), "model.safetensors");
+  // Weights of another model: shape mismatch names the tensor.
+  ASSERT_EQ(std::system(("cp tests/testdata/golden/pythia/model.safetensors " + dir).c_str()), 0);
+  ExpectCleanFailure(Execute("generate", args), "model.safetensors");
+  // Corrupt lit_model.pth only.
+  ASSERT_EQ(std::system(("rm " + dir + "/model.safetensors").c_str()), 0);
+  std::ofstream(dir + "/lit_model.pth", std::ios::binary) << "PK\x03\x04 not really a zip";
+  ExpectCleanFailure(Execute("generate", args), "lit_model.pth");
+}
+
+}  // namespace
+}  // namespace lgpt
