@@ -63,6 +63,18 @@ TEST(DenseKVCacheTest, ReturnsOnlyTheFilledPrefixWithItsPositions) {
   EXPECT_LT((*cache)->capacity(0), 1000);
 }
 
+TEST(DenseKVCacheTest, StorageFollowsUseNotMaxSequenceLength) {
+  // A cache that could hold a million positions costs what ten positions need.
+  auto cache = DenseKVCache::Create(Options(1, 1000000, {0, 0}));
+  ASSERT_TRUE(cache.ok());
+  EXPECT_EQ((*cache)->AllocatedBytes(), 0);
+  for (int64_t layer : {0, 1}) {
+    ASSERT_TRUE((*cache)->Update(layer, Step(1, 0, 10), KeysFor(1, 0, 10), KeysFor(1, 0, 10)).ok());
+  }
+  EXPECT_LE((*cache)->AllocatedBytes(), 2 * 2 * kGroups * 64 * kHeadSize * 4);
+  EXPECT_LE((*cache)->IndexBytes(), 64 * 8);
+}
+
 TEST(DenseKVCacheTest, GrowthKeepsEntries) {
   auto cache = DenseKVCache::Create(Options(1, 500, {0}));
   ASSERT_TRUE(cache.ok());
