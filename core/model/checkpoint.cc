@@ -39,6 +39,9 @@ std::string Names(const std::vector<std::string>& names) {
 
 }  // namespace
 
+absl::StatusOr<LoadedModel> LoadCheckpointUnchecked(const std::string& checkpoint_dir,
+                                                    const LoadOptions& options);
+
 TensorMap StateDict(const torch::nn::Module& module) {
   TensorMap tensors;
   for (const auto& item : module.named_parameters(/*recurse=*/true)) {
@@ -105,6 +108,23 @@ absl::StatusOr<TensorMap> ReadCheckpointTensors(const std::string& checkpoint_di
 
 absl::StatusOr<LoadedModel> LoadCheckpoint(const std::string& checkpoint_dir,
                                            const LoadOptions& options) {
+  if (options.device.is_cpu() && options.dtype == c10::kHalf) {
+    return absl::InvalidArgumentError(
+        "float16 (16-true) matrix products are not implemented on CPU by LibTorch 1.13; use "
+        "bf16-true or 32-true on CPU");
+  }
+  try {
+    return LoadCheckpointUnchecked(checkpoint_dir, options);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat(checkpoint_dir, ": loading failed: ",
+                                            e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat(checkpoint_dir, ": loading failed: ", e.what()));
+  }
+}
+
+absl::StatusOr<LoadedModel> LoadCheckpointUnchecked(const std::string& checkpoint_dir,
+                                                    const LoadOptions& options) {
   auto progress = [&](const std::string& message) {
     if (options.progress) options.progress(message);
   };

@@ -89,6 +89,19 @@ absl::StatusOr<std::unique_ptr<DenseKVCache>> GPTImpl::NewDenseCache(
 
 absl::StatusOr<at::Tensor> GPTImpl::Forward(const at::Tensor& idx, KVCache* cache,
                                             const ForwardOptions& options) {
+  // LibTorch reports failures (out of memory, unsupported dtype on a device) by throwing;
+  // callers get a Status instead.
+  try {
+    return ForwardUnchecked(idx, cache, options);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("forward pass failed: ", e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("forward pass failed: ", e.what()));
+  }
+}
+
+absl::StatusOr<at::Tensor> GPTImpl::ForwardUnchecked(const at::Tensor& idx, KVCache* cache,
+                                                     const ForwardOptions& options) {
   if (idx.dim() != 2 || idx.size(0) < 1 || idx.size(1) < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "token ids must have shape [B, T] with B, T >= 1; got ", idx.dim(), " dimensions"));

@@ -76,6 +76,8 @@ class GPTImpl : public torch::nn::Module {
 
  private:
   GPTImpl(const Config& config, const ModelParts& parts);
+  absl::StatusOr<at::Tensor> ForwardUnchecked(const at::Tensor& idx, KVCache* cache,
+                                              const ForwardOptions& options);
 
   Config config_;
   std::unique_ptr<Rope> rope_;
