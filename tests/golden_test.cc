@@ -18,7 +18,7 @@ namespace {
 
 constexpr double kLogitTolerance = 1e-4;
 
-std::string CaseDir(const std::string& name) { return "tests/testdata/golden/" + name; }
+std::string CaseDir(const std::string& name) { return "tests/testdata/" + name; }
 
 at::Tensor Npy(const std::string& path) {
   absl::StatusOr<at::Tensor> tensor = ReadNpy(path);
@@ -130,7 +130,10 @@ TEST_P(GoldenTest, GreedyWithCacheMatchesLitGptForEveryChunking) {
   }
 }
 
-TEST_P(GoldenTest, PthAndSafetensorsHoldTheSameWeights) {
+// Cases that also carry LitGPT's lit_model.pth.
+using GoldenPthTest = GoldenTest;
+
+TEST_P(GoldenPthTest, PthAndSafetensorsHoldTheSameWeights) {
   auto pth = ReadTorchStateDict(CaseDir(GetParam()) + "/lit_model.pth");
   ASSERT_TRUE(pth.ok()) << pth.status();
   GPT reloaded = *GPTImpl::Create(model_->config());
@@ -142,8 +145,23 @@ TEST_P(GoldenTest, PthAndSafetensorsHoldTheSameWeights) {
   EXPECT_TRUE(at::equal(*a, *b));
 }
 
+std::string CaseName(const ::testing::TestParamInfo<std::string>& info) {
+  return info.param.substr(info.param.find('/') + 1);
+}
+
 INSTANTIATE_TEST_SUITE_P(LitGpt, GoldenTest,
-                         ::testing::Values("llama2", "llama3_gqa", "pythia"));
+                         ::testing::Values("golden/llama2", "golden/llama3_gqa", "golden/pythia",
+                                           "golden_extra/gemma2", "golden_extra/gemma3",
+                                           "golden_extra/phi2", "golden_extra/falcon",
+                                           "golden_extra/mixtral", "golden_extra/qwen3",
+                                           "golden_extra/olmo2", "golden_extra/llama31_yarn",
+                                           "golden_extra/linear_rope", "golden_extra/interleave",
+                                           "golden_extra/qwen25", "golden_extra/stablelm"),
+                         CaseName);
+
+INSTANTIATE_TEST_SUITE_P(LitGpt, GoldenPthTest,
+                         ::testing::Values("golden/llama2", "golden/llama3_gqa", "golden/pythia"),
+                         CaseName);
 
 }  // namespace
 }  // namespace lgpt
