@@ -9,6 +9,7 @@
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
 
+#include "attention/attention_kernel.h"
 #include "core/config.h"
 #include "core/linear_factory.h"
 
@@ -18,7 +19,7 @@ namespace lgpt {
 struct AttentionExtensionInputs {
   at::Tensor q;                  // [B, n_head, T, head_size], after q-norm and RoPE
   ProjectionImpl* qkv = nullptr;  // the layer's fused projection, to project extra tokens
-  double scale = 1.0;            // the layer's softmax scale
+  const AttentionParams* params = nullptr;  // the layer's scale, softcap and window
 };
 
 // One layer's extension.

@@ -90,7 +90,7 @@ absl::StatusOr<at::Tensor> CausalSelfAttentionImpl::Forward(const at::Tensor& x,
                                    params_, want_weights ? &weights : nullptr);
   if (want_weights) cache->ObserveAttentionWeights(layer_, weights);
   for (const auto& extension : extensions_) {
-    const at::Tensor extra = extension->Contribute({q, qkv_.get(), params_.scale});
+    const at::Tensor extra = extension->Contribute({q, qkv_.get(), &params_});
     if (extra.defined()) y = y + extra;
   }
   y = y.transpose(1, 2).reshape({batch, steps, q_size});

@@ -11,5 +11,10 @@ check() {  # check FILE FORBIDDEN_PATTERN
 check tests/core_deps '^//(cache|attention|peft|tools|core/model)[:/]'
 check tests/cache_deps '^//(attention|peft|tools|core/model)[:/]'
 check tests/attention_deps '^//(peft|tools|core/model)[:/]'
+check tests/peft_deps '^//tools[:/]'
+# PEFT composes the base model's own attention and cache targets.
+for needed in //attention:causal_self_attention //cache:kv_cache //core/model:gpt; do
+  grep -qx "$needed" tests/peft_deps || { echo "FAIL: peft does not reach $needed"; fail=1; }
+done
 grep -q '^//core:config$' tests/attention_deps || { echo "FAIL: attention_deps looks wrong"; fail=1; }
 exit $fail

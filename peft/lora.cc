@@ -1,0 +1,197 @@
+#include "peft/lora.h"
+
+#include <cmath>
+
+#include <ATen/ATen.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "core/model/checkpoint.h"
+#include "core/status_macros.h"
+
+namespace lgpt {
+
+LoraOptions LoraOptions::FromConfig(const Config& config) {
+  LoraOptions options;
+  options.r = config.lora_r;
+  options.alpha = config.lora_alpha;
+  options.dropout = config.lora_dropout;
+  options.query = config.lora_query;
+  options.key = config.lora_key;
+  options.value = config.lora_value;
+  options.projection = config.lora_projection;
+  options.mlp = config.lora_mlp;
+  options.head = config.lora_head;
+  return options;
+}
+
+absl::Status LoraOptions::Validate() const {
+  if (r < 0) return absl::InvalidArgumentError(absl::StrCat("lora_r must be >= 0, got ", r));
+  if (!(dropout >= 0 && dropout < 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("lora_dropout must be in [0, 1), got ", dropout));
+  }
+  if (!std::isfinite(alpha)) return absl::InvalidArgumentError("lora_alpha must be finite");
+  return absl::OkStatus();
+}
+
+LoraProjectionImpl::LoraProjectionImpl(const LinearSpec& spec, int64_t r, double alpha,
+                                       double dropout, std::array<bool, 3> enabled_parts)
+    : r_(r), scaling_(r > 0 ? alpha / r : 0.0), dropout_(dropout) {
+  linear = register_module("linear", std::make_shared<DenseProjectionImpl>(spec));
+  if (spec.site == LinearSite::kQkv) {
+    const int64_t widths[3] = {spec.q_size, spec.kv_size, spec.kv_size};
+    int64_t offset = 0;
+    for (int part = 0; part < 3; ++part) {
+      if (enabled_parts[part]) parts_.push_back({offset, widths[part]});
+      offset += widths[part];
+    }
+  } else if (enabled_parts[0]) {
+    parts_.push_back({0, spec.out_features});
+  }
+  if (r_ == 0 || parts_.empty()) {
+    r_ = 0;
+    return;
+  }
+  int64_t width = 0;
+  for (const auto& part : parts_) width += part.second;
+  // LitGPT's init: A like nn.Linear's default (kaiming uniform, a = sqrt(5)), B zero, so a
+  // fresh LoRA model equals its base exactly.
+  const double bound = 1.0 / std::sqrt(static_cast<double>(spec.in_features));
+  lora_A = register_parameter(
+      "lora_A", at::empty({r_ * static_cast<int64_t>(parts_.size()), spec.in_features})
+                    .uniform_(-bound, bound));
+  lora_B = register_parameter("lora_B", at::zeros({width, r_}));
+}
+
+at::Tensor LoraProjectionImpl::forward(const at::Tensor& x) {
+  at::Tensor y = linear->forward(x);
+  if (r_ == 0 || merged_) return y;
+  const at::Tensor dropped = dropout_ > 0 ? at::dropout(x, dropout_, is_training()) : x;
+  const at::Tensor after_a = at::linear(dropped, lora_A);  // [..., r · parts]
+  if (parts_.size() == 1 && parts_[0].second == y.size(-1)) {
+    return y + at::linear(after_a, lora_B) * scaling_;
+  }
+  // Each enabled part has its own rank-r pair; disabled parts get no update.
+  std::vector<at::Tensor> pieces;
+  int64_t b_row = 0;
+  int64_t covered = 0;
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    const auto [offset, width] = parts_[i];
+    if (offset > covered) pieces.push_back(at::zeros_like(y.narrow(-1, covered, offset - covered)));
+    const at::Tensor a_part = after_a.narrow(-1, static_cast<int64_t>(i) * r_, r_);
+    pieces.push_back(at::linear(a_part, lora_B.narrow(0, b_row, width)) * scaling_);
+    b_row += width;
+    covered = offset + width;
+  }
+  if (covered < y.size(-1)) {
+    pieces.push_back(at::zeros_like(y.narrow(-1, covered, y.size(-1) - covered)));
+  }
+  return y + at::cat(pieces, -1);
+}
+
+at::Tensor LoraProjectionImpl::DeltaWeight() const {
+  at::Tensor delta = at::zeros_like(linear->weight);
+  if (r_ == 0) return delta;
+  at::NoGradGuard no_grad;
+  int64_t b_row = 0;
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    const auto [offset, width] = parts_[i];
+    const at::Tensor a = lora_A.narrow(0, static_cast<int64_t>(i) * r_, r_).to(at::kFloat);
+    const at::Tensor b = lora_B.narrow(0, b_row, width).to(at::kFloat);
+    delta.narrow(0, offset, width).copy_(at::matmul(b, a) * scaling_);
+    b_row += width;
+  }
+  return delta;
+}
+
+void LoraProjectionImpl::Merge() {
+  if (r_ == 0 || merged_) return;
+  at::NoGradGuard no_grad;
+  linear->weight.add_(DeltaWeight());
+  merged_ = true;
+}
+
+ProjectionPtr LoraLinearFactory::Make(const LinearSpec& spec) const {
+  std::array<bool, 3> enabled = {false, false, false};
+  switch (spec.site) {
+    case LinearSite::kQkv:
+      enabled = {options_.query, options_.key, options_.value};
+      break;
+    case LinearSite::kAttnProj:
+      enabled[0] = options_.projection;
+      break;
+    case LinearSite::kHead:
+      enabled[0] = options_.head;
+      break;
+    default:  // MLP and MoE linears, the router included (as LitGPT's create_lora_linear).
+      enabled[0] = options_.mlp;
+      break;
+  }
+  return std::make_shared<LoraProjectionImpl>(spec, options_.r, options_.alpha, options_.dropout,
+                                              enabled);
+}
+
+absl::StatusOr<ModelParts> LoraParts(const Config& config) {
+  const LoraOptions options = LoraOptions::FromConfig(config);
+  RETURN_IF_ERROR(options.Validate());
+  ModelParts parts;
+  parts.linear_factory = std::make_shared<LoraLinearFactory>(options);
+  return parts;
+}
+
+absl::StatusOr<GPT> CreateLoraGPT(const Config& config) {
+  ASSIGN_OR_RETURN(ModelParts parts, LoraParts(config));
+  return GPTImpl::Create(config, parts);
+}
+
+std::vector<std::shared_ptr<LoraProjectionImpl>> LoraProjections(GPTImpl& model) {
+  std::vector<std::shared_ptr<LoraProjectionImpl>> out;
+  for (const auto& module : model.modules(/*include_self=*/false)) {
+    if (auto lora = std::dynamic_pointer_cast<LoraProjectionImpl>(module)) out.push_back(lora);
+  }
+  return out;
+}
+
+void MergeLora(GPTImpl& model) {
+  for (const auto& lora : LoraProjections(model)) lora->Merge();
+}
+
+TensorMap MergedBaseStateDict(GPTImpl& model) {
+  TensorMap merged;
+  at::NoGradGuard no_grad;
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+    auto lora = std::dynamic_pointer_cast<LoraProjectionImpl>(item.value());
+    if (!lora) continue;
+    at::Tensor weight = lora->linear->weight.detach();
+    if (!lora->merged()) {
+      weight = (weight.to(at::kFloat) + lora->DeltaWeight()).to(weight.scalar_type());
+    }
+    merged[item.key() + ".weight"] = weight.clone();
+    if (lora->linear->bias.defined()) merged[item.key() + ".bias"] = lora->linear->bias.detach().clone();
+  }
+  for (const auto& [name, tensor] : StateDict(model)) {
+    if (absl::StrContains(name, ".linear.") || absl::StartsWith(name, "linear.") ||
+        absl::StrContains(name, "lora_")) {
+      continue;
+    }
+    merged[name] = tensor.detach().clone();
+  }
+  return merged;
+}
+
+TensorMap LoraStateDict(GPTImpl& model) {
+  TensorMap out;
+  for (const auto& [name, tensor] : StateDict(model)) {
+    if (absl::StrContains(name, "lora_")) out[name] = tensor;
+  }
+  return out;
+}
+
+void MarkOnlyLoraTrainable(GPTImpl& model) {
+  for (auto& item : model.named_parameters()) {
+    item.value().set_requires_grad(absl::StrContains(item.key(), "lora_"));
+  }
+}
+
+}  // namespace lgpt
