@@ -149,6 +149,12 @@ absl::StatusOr<Config> LoadConfigFile(const std::string& path);
 // Emits yaml that LitGPT's Config (and ConfigFromYaml) accept.
 std::string ConfigToYaml(const Config& config);
 
+// Field-by-field equality (every member, derived ones included; doubles compared exactly).
+bool operator==(const RopeAdjustments& a, const RopeAdjustments& b);
+inline bool operator!=(const RopeAdjustments& a, const RopeAdjustments& b) { return !(a == b); }
+bool operator==(const Config& a, const Config& b);
+inline bool operator!=(const Config& a, const Config& b) { return !(a == b); }
+
 // Name of an enum value as LitGPT spells it.
 absl::string_view NormClassName(NormClass c);
 absl::string_view MlpClassName(MlpClass c);
