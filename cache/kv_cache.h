@@ -10,6 +10,7 @@
 #define LGPT_CACHE_KV_CACHE_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include <ATen/core/Tensor.h>
@@ -31,6 +32,13 @@ struct KVView {
   at::Tensor keys;       // [B, n_query_groups, S, head_size]
   at::Tensor values;     // [B, n_query_groups, S, head_size]
   at::Tensor positions;  // [B, 1, S] or [B, n_query_groups, S], int64
+};
+
+// The scalars of one layer's attention, for caches that attend in place (UpdateAndAttend).
+struct KVAttentionParams {
+  double scale = 1.0;             // multiplies q·k
+  std::optional<double> softcap;  // tanh soft-capping of the scores
+  int64_t sliding_window = 0;     // 0: global; w: key positions q-w+1 .. q
 };
 
 // Per-layer geometry a cache is built for.
@@ -69,6 +77,22 @@ class KVCache {
   virtual bool WantsAttentionWeights(int64_t layer) const { return false; }
   // weights [B, n_head, T, S] over the entries of the last KVView of `layer`.
   virtual void ObserveAttentionWeights(int64_t layer, const at::Tensor& weights) {}
+
+  // Caches whose storage is not plain tensors (quantised entries) can attend in place:
+  // UpdateAndAttend stores the step like Update, then computes the attention reading the
+  // storage block by block, so no full-precision copy of the whole layer is ever made. An
+  // attention layer may call it instead of Update + its kernel + ObserveAttentionWeights when
+  // AttendsInPlace(layer); the result is the same (the mask rules above, softmax in float32).
+  virtual bool AttendsInPlace(int64_t layer) const { return false; }
+  // q [B, n_head, T, head_size] (after RoPE); keys/values as for Update. Returns the
+  // attention output [B, n_head, T, head_size] in q's dtype.
+  virtual absl::StatusOr<at::Tensor> UpdateAndAttend(int64_t layer, const KVStep& step,
+                                                     const at::Tensor& q,
+                                                     const at::Tensor& keys,
+                                                     const at::Tensor& values,
+                                                     const KVAttentionParams& params) {
+    return absl::UnimplementedError(DebugName() + " KV cache does not attend in place");
+  }
 
   virtual std::string DebugName() const = 0;
 };

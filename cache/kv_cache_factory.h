@@ -1,0 +1,58 @@
+// Building a KV cache from what a tool or a caller names: --kv_cache=dense|window|sink|h2o|tova,
+// --kv_budget=N (entries kept per layer), --kv_bits=16|8|4 (16: the model's own dtype), plus
+// the finer --kv_sink, --kv_residual and --kv_group. The dense policy at 16 bits is the exact
+// DenseKVCache; everything else is a PolicyKVCache (cache/policy_kv_cache.h).
+#ifndef LGPT_CACHE_KV_CACHE_FACTORY_H_
+#define LGPT_CACHE_KV_CACHE_FACTORY_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "cache/kv_cache.h"
+
+namespace lgpt {
+
+struct KVCacheSpec {
+  std::string policy = "dense";
+  int64_t budget = 0;  // entries per layer and (row, group); >= 1 unless dense (ignored there)
+  int bits = 16;
+  int64_t sink_tokens = 4;       // sink
+  double recent_fraction = 0.5;  // h2o: the recent window's share of the budget
+  int64_t residual = 16;         // quantised: most recent entries kept in full precision
+  int64_t group_size = 32;       // quantised: channels per scale
+  int64_t block_size = 512;      // quantised: entries decoded at a time when attending in place
+};
+
+// Errors name the flag and the value: unknown policy, budget < 1, bits not 16/8/4, more sink
+// tokens than the budget, negative residual.
+absl::Status ValidateKVCacheSpec(const KVCacheSpec& spec);
+
+// "h2o budget=256 bits=8", or "dense bits=16".
+std::string DescribeKVCacheSpec(const KVCacheSpec& spec);
+
+// The model-side shape of a cache (GPTImpl::CacheLayout() gives `layers`).
+struct KVCacheShape {
+  int64_t batch_size = 1;
+  int64_t max_sequence_length = 0;
+  std::vector<KVLayerSpec> layers;
+  c10::ScalarType dtype = c10::kFloat;
+  c10::Device device = c10::Device(c10::kCPU);
+  int64_t initial_capacity = 0;  // dense only: slots allocated up front
+};
+
+absl::StatusOr<std::unique_ptr<KVCache>> MakeKVCache(const KVCacheSpec& spec,
+                                                     const KVCacheShape& shape);
+
+// Bookkeeping bytes beside the entries (positions, scores) of caches built here; 0 otherwise.
+int64_t KVCacheIndexBytes(const KVCache& cache);
+
+}  // namespace lgpt
+
+#endif  // LGPT_CACHE_KV_CACHE_FACTORY_H_

@@ -1,0 +1,540 @@
+#include "cache/policy_kv_cache.h"
+
+#include <algorithm>
+#include <limits>
+
+#include <ATen/ATen.h>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+
+namespace lgpt {
+namespace {
+
+constexpr int64_t kMinGrowth = 64;
+
+std::string ShapeString(const at::Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) absl::StrAppend(&s, i ? ", " : "", t.size(i));
+  return s + "]";
+}
+
+at::Tensor Rows(const at::Tensor& t, int64_t rows) { return t.narrow(0, 0, rows); }
+
+// index [rows, G, n] -> [rows, G, n, width], to gather or scatter entries along dim 2.
+at::Tensor Expand4(const at::Tensor& index, int64_t width) {
+  return index.unsqueeze(-1).expand({index.size(0), index.size(1), index.size(2), width});
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PolicyKVCache>> PolicyKVCache::Create(
+    const PolicyKVCacheOptions& options) {
+  if (options.batch_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV cache batch_size must be >= 1, got ", options.batch_size));
+  }
+  if (options.max_sequence_length < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV cache max_sequence_length must be >= 1, got ", options.max_sequence_length));
+  }
+  if (options.layers.empty()) return absl::InvalidArgumentError("KV cache has no layers");
+  const EvictionPolicyOptions& policy = options.policy;
+  if (policy.kind != PolicyKind::kDense && policy.budget < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kv_budget must be >= 1 for --kv_cache=", PolicyName(policy.kind), ", got ",
+        policy.budget));
+  }
+  if (policy.kind == PolicyKind::kSink &&
+      (policy.sink_tokens < 0 || policy.sink_tokens > policy.budget)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv_sink=", policy.sink_tokens, " sink tokens must be in [0, --kv_budget=",
+                     policy.budget, "]"));
+  }
+  if (!(policy.recent_fraction >= 0 && policy.recent_fraction <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "h2o recent fraction must be in [0, 1], got ", policy.recent_fraction));
+  }
+  if (options.bits != 16 && options.bits != 8 && options.bits != 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv_bits must be 16, 8 or 4, got ", options.bits));
+  }
+  if (options.residual < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv_residual must be >= 0, got ", options.residual));
+  }
+  if (options.block_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV attention block size must be >= 1, got ", options.block_size));
+  }
+  std::unique_ptr<PolicyKVCache> cache(new PolicyKVCache(options));
+  for (size_t i = 0; i < options.layers.size(); ++i) {
+    const KVLayerSpec& spec = options.layers[i];
+    if (spec.n_query_groups < 1 || spec.head_size < 1 || spec.sliding_window < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("KV cache layer ", i, ": bad geometry"));
+    }
+    Layer layer;
+    layer.spec = spec;
+    layer.plan = MakeLayerPlan(policy, spec.sliding_window, options.max_sequence_length);
+    layer.residual = options.bits < 16 ? std::min(options.residual, layer.plan.recent) : 0;
+    layer.main_budget = layer.plan.budget - layer.residual;
+    layer.ring_codec = MakeFullCodec(spec.head_size, options.dtype, options.device);
+    if (options.bits == 16) {
+      layer.codec = MakeFullCodec(spec.head_size, options.dtype, options.device);
+    } else {
+      ASSIGN_OR_RETURN(layer.codec, MakeQuantCodec(options.bits, spec.head_size,
+                                                   options.group_size, options.dtype,
+                                                   options.device));
+    }
+    cache->layers_.push_back(std::move(layer));
+  }
+  return cache;
+}
+
+PolicyKVCache::PolicyKVCache(const PolicyKVCacheOptions& options) : options_(options) {}
+
+std::string PolicyKVCache::DebugName() const {
+  return absl::StrCat(PolicyName(options_.policy.kind), "(budget=", options_.policy.budget,
+                      ", bits=", options_.bits, ")");
+}
+
+int64_t PolicyKVCache::MaxMainCapacity(const Layer& layer) const {
+  // Evicting layers hold one spare slot for the entry a decode step adds before evicting.
+  return std::max<int64_t>(1, layer.plan.evicts() ? layer.main_budget + 1 : layer.main_budget);
+}
+
+void PolicyKVCache::Reserve(Store& store, const EntryCodec& codec, int64_t groups,
+                            int64_t capacity) {
+  if (capacity <= store.capacity) return;
+  const int64_t batch = options_.batch_size;
+  std::vector<at::Tensor> parts = codec.Allocate(batch, groups, capacity);
+  const at::TensorOptions index_opts = at::TensorOptions().device(options_.device);
+  at::Tensor positions = at::full({batch, groups, capacity}, -1, index_opts.dtype(at::kLong));
+  at::Tensor scores = at::zeros({batch, groups, capacity}, index_opts.dtype(at::kFloat));
+  if (store.capacity > 0) {
+    for (size_t i = 0; i < parts.size(); ++i) {
+      parts[i].narrow(2, 0, store.capacity).copy_(store.parts[i]);
+    }
+    positions.narrow(2, 0, store.capacity).copy_(store.positions);
+    scores.narrow(2, 0, store.capacity).copy_(store.scores);
+  }
+  store.parts = std::move(parts);
+  store.positions = positions;
+  store.scores = scores;
+  store.capacity = capacity;
+}
+
+absl::Status PolicyKVCache::CheckStep(const KVStep& step, int64_t batch_size) const {
+  if (batch_size < 1 || batch_size > options_.batch_size) {
+    return absl::InvalidArgumentError(absl::StrCat("batch of ", batch_size,
+                                                   " rows does not fit a KV cache built for ",
+                                                   options_.batch_size));
+  }
+  if (step.min_position < 0) {
+    return absl::OutOfRangeError(absl::StrCat("negative position ", step.min_position));
+  }
+  if (step.max_position >= options_.max_sequence_length) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "position ", step.max_position, " is beyond the KV cache's max_sequence_length ",
+        options_.max_sequence_length));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PolicyKVCache::Validate(int64_t layer_index, const KVStep& step,
+                                     const at::Tensor& keys, const at::Tensor& values) const {
+  if (layer_index < 0 || layer_index >= num_layers()) {
+    return absl::OutOfRangeError(absl::StrCat("KV cache has no layer ", layer_index));
+  }
+  const KVLayerSpec& spec = layers_[layer_index].spec;
+  if (keys.dim() != 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV cache layer ", layer_index, ": keys ", ShapeString(keys),
+                     " are not [B, G, T, head_size]"));
+  }
+  const int64_t batch = keys.size(0);
+  RETURN_IF_ERROR(CheckStep(step, batch));
+  if (keys.sizes() != values.sizes() || keys.size(1) != spec.n_query_groups ||
+      keys.size(3) != spec.head_size || step.positions.dim() != 2 ||
+      step.positions.size(0) != batch || step.positions.size(1) != keys.size(2)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV cache layer ", layer_index, ": keys ", ShapeString(keys), ", values ",
+        ShapeString(values), ", positions ", ShapeString(step.positions), " do not match [B, ",
+        spec.n_query_groups, ", T, ", spec.head_size, "] and [B, T]"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<KVView> PolicyKVCache::Update(int64_t layer_index, const KVStep& step,
+                                             const at::Tensor& keys, const at::Tensor& values) {
+  RETURN_IF_ERROR(Validate(layer_index, step, keys, values));
+  Layer& layer = layers_[layer_index];
+  const std::vector<KVBlockSource> sources = Begin(layer, step, keys, values);
+  const int64_t rows = keys.size(0), groups = layer.spec.n_query_groups;
+  // Quantised storage is decoded whole here: the fallback for attention layers that do not
+  // attend in place (UpdateAndAttend never does this).
+  std::vector<at::Tensor> all_keys, all_values, all_positions;
+  for (const KVBlockSource& source : sources) {
+    at::Tensor k, v;
+    source.read(0, source.size, &k, &v);
+    all_keys.push_back(k);
+    all_values.push_back(v);
+    all_positions.push_back(source.positions);
+  }
+  if (sources.size() == 1) return KVView{all_keys[0], all_values[0], all_positions[0]};
+  for (at::Tensor& p : all_positions) p = p.expand({rows, groups, p.size(2)});
+  return KVView{at::cat(all_keys, 2), at::cat(all_values, 2), at::cat(all_positions, 2)};
+}
+
+absl::StatusOr<at::Tensor> PolicyKVCache::UpdateAndAttend(int64_t layer_index,
+                                                          const KVStep& step,
+                                                          const at::Tensor& q,
+                                                          const at::Tensor& keys,
+                                                          const at::Tensor& values,
+                                                          const KVAttentionParams& params) {
+  RETURN_IF_ERROR(Validate(layer_index, step, keys, values));
+  Layer& layer = layers_[layer_index];
+  const int64_t groups = layer.spec.n_query_groups;
+  if (q.dim() != 4 || q.size(0) != keys.size(0) || q.size(1) % groups != 0 ||
+      q.size(2) != keys.size(2) || q.size(3) != layer.spec.head_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV cache layer ", layer_index, ": queries ", ShapeString(q),
+                     " do not match keys ", ShapeString(keys)));
+  }
+  const std::vector<KVBlockSource> sources = Begin(layer, step, keys, values);
+  at::Tensor weights;
+  at::Tensor y = BlockwiseAttention(q, groups, sources, step.positions, params,
+                                    layer.plan.scored ? &weights : nullptr);
+  Settle(layer, weights);
+  return y;
+}
+
+bool PolicyKVCache::WantsAttentionWeights(int64_t layer) const {
+  return layer >= 0 && layer < num_layers() && layers_[layer].plan.scored;
+}
+
+void PolicyKVCache::ObserveAttentionWeights(int64_t layer, const at::Tensor& weights) {
+  if (layer < 0 || layer >= num_layers()) return;
+  Settle(layers_[layer], weights);
+}
+
+std::vector<KVBlockSource> PolicyKVCache::Begin(Layer& layer, const KVStep& step,
+                                                const at::Tensor& keys,
+                                                const at::Tensor& values) {
+  Settle(layer, at::Tensor());
+  Rewind(layer, step);
+  layer.max_written = std::max(layer.max_written, step.max_position);
+  const int64_t rows = keys.size(0), steps = keys.size(2), groups = layer.spec.n_query_groups;
+  const at::Tensor positions = step.positions.unsqueeze(1).expand({rows, groups, steps});
+  Pending& pending = layer.pending;
+  pending = Pending();
+  pending.rows = rows;
+  pending.newest = step.positions.amax(1).view({rows, 1, 1});
+  if (steps == 1) {
+    PlaceDecode(layer, rows, keys, values, positions);
+    pending.kind = Pending::kDecode;
+  } else {
+    pending.kind = Pending::kChunk;
+    pending.keys = keys.to(options_.dtype);
+    pending.values = values.to(options_.dtype);
+    pending.positions = positions;
+  }
+  pending.main_high = layer.main.high;
+  pending.ring_size = layer.ring.capacity;
+  return Sources(layer, rows);
+}
+
+std::vector<KVBlockSource> PolicyKVCache::Sources(Layer& layer, int64_t rows) {
+  std::vector<KVBlockSource> sources;
+  const Store& main = layer.main;
+  if (main.high > 0) {
+    std::vector<at::Tensor> parts;
+    for (const at::Tensor& part : main.parts) {
+      parts.push_back(Rows(part, rows).narrow(2, 0, main.high));
+    }
+    KVBlockSource source;
+    source.size = main.high;
+    source.positions = Rows(main.positions, rows).narrow(2, 0, main.high);
+    source.block_size = layer.codec->bits() < 16 ? options_.block_size : 0;
+    const EntryCodec* codec = layer.codec.get();
+    source.read = [parts, codec](int64_t begin, int64_t length, at::Tensor* k, at::Tensor* v) {
+      std::vector<at::Tensor> slice;
+      for (const at::Tensor& part : parts) slice.push_back(part.narrow(2, begin, length));
+      codec->Decode(slice, k, v);
+    };
+    sources.push_back(std::move(source));
+  }
+  const Store& ring = layer.ring;
+  if (ring.capacity > 0) {
+    sources.push_back(TensorSource(Rows(ring.parts[0], rows), Rows(ring.parts[1], rows),
+                                   Rows(ring.positions, rows)));
+  }
+  const Pending& pending = layer.pending;
+  if (pending.kind == Pending::kChunk) {
+    sources.push_back(TensorSource(pending.keys, pending.values, pending.positions));
+  }
+  return sources;
+}
+
+void PolicyKVCache::Rewind(Layer& layer, const KVStep& step) {
+  // Entries at or after a row's first new position are stale (a rewind): forget them. Rare,
+  // so the exact recount (a device sync) is affordable.
+  if (step.min_position > layer.max_written) return;
+  const int64_t rows = step.positions.size(0);
+  const at::Tensor first = step.positions.amin(1).view({rows, 1, 1});
+  for (Store* store : {&layer.main, &layer.ring}) {
+    if (store->capacity == 0) continue;
+    at::Tensor positions = Rows(store->positions, rows);
+    positions.masked_fill_(positions >= first, -1);
+    store->used = (store->positions >= 0).sum(-1).max().item<int64_t>();
+  }
+}
+
+void PolicyKVCache::PlaceDecode(Layer& layer, int64_t rows, const at::Tensor& keys,
+                                const at::Tensor& values, const at::Tensor& positions) {
+  const int64_t groups = layer.spec.n_query_groups, head_size = layer.spec.head_size;
+  const at::Tensor fresh_scores =
+      at::zeros({rows, groups, 1}, at::TensorOptions().dtype(at::kFloat).device(keys.device()));
+  if (layer.residual == 0) {
+    InsertMain(layer, rows, keys, values, positions, fresh_scores);
+    return;
+  }
+  Store& ring = layer.ring;
+  if (ring.capacity == 0) Reserve(ring, *layer.ring_codec, groups, layer.residual);
+  at::Tensor ring_positions = Rows(ring.positions, rows);
+  at::Tensor ring_scores = Rows(ring.scores, rows);
+  at::Tensor ring_keys = Rows(ring.parts[0], rows), ring_values = Rows(ring.parts[1], rows);
+  const at::Tensor slot = ring_positions.argmin(-1, /*keepdim=*/true);  // empty, else oldest
+  const at::Tensor slot4 = Expand4(slot, head_size);
+  if (ring.used >= layer.residual) {
+    // The oldest recent entry moves to main (encoded) before the new one takes its slot.
+    InsertMain(layer, rows, ring_keys.gather(2, slot4), ring_values.gather(2, slot4),
+               ring_positions.gather(-1, slot), ring_scores.gather(-1, slot));
+  }
+  ring_keys.scatter_(2, slot4, keys.to(options_.dtype));
+  ring_values.scatter_(2, slot4, values.to(options_.dtype));
+  ring_positions.scatter_(-1, slot, positions);
+  ring_scores.scatter_(-1, slot, fresh_scores);
+  ring.used = std::min(layer.residual, ring.used + 1);
+  ring.high = ring.capacity;
+}
+
+void PolicyKVCache::InsertMain(Layer& layer, int64_t rows, const at::Tensor& keys,
+                               const at::Tensor& values, const at::Tensor& positions,
+                               const at::Tensor& scores) {
+  Store& main = layer.main;
+  const int64_t groups = layer.spec.n_query_groups;
+  if (main.used + 1 > main.capacity) {
+    Reserve(main, *layer.codec, groups,
+            std::min(std::max({main.used + 1, 2 * main.capacity, kMinGrowth}),
+                     MaxMainCapacity(layer)));
+  }
+  at::Tensor main_positions = Rows(main.positions, rows);
+  // The first empty slot (empty slots hold -1, below every position).
+  const at::Tensor slot = main_positions.argmin(-1, /*keepdim=*/true);
+  const std::vector<at::Tensor> encoded = layer.codec->Encode(keys, values);
+  for (size_t i = 0; i < encoded.size(); ++i) {
+    Rows(main.parts[i], rows).scatter_(2, Expand4(slot, encoded[i].size(-1)), encoded[i]);
+  }
+  main_positions.scatter_(-1, slot, positions);
+  Rows(main.scores, rows).scatter_(-1, slot, scores);
+  main.used = std::min(main.used + 1, main.capacity);
+  main.high = std::min(main.capacity, std::max(main.high, main.used));
+}
+
+void PolicyKVCache::Settle(Layer& layer, const at::Tensor& weights) {
+  Pending& pending = layer.pending;
+  if (pending.kind == Pending::kNone) return;
+  const int64_t rows = pending.rows, groups = layer.spec.n_query_groups;
+  const int64_t chunk = pending.kind == Pending::kChunk ? pending.positions.size(2) : 0;
+  at::Tensor chunk_scores;
+  if (layer.plan.scored && weights.defined()) {
+    const at::Tensor step = StepScores(layer.plan, weights, groups);  // [rows, G, S]
+    TORCH_CHECK(step.size(0) == rows && step.size(2) == pending.main_high + pending.ring_size + chunk,
+                "attention weights ", weights.sizes(), " do not cover the KV view");
+    const bool replace = ScoresReplace(layer.plan);
+    int64_t offset = 0;
+    for (auto [store, size] : {std::make_pair(&layer.main, pending.main_high),
+                               std::make_pair(&layer.ring, pending.ring_size)}) {
+      if (size > 0) {
+        at::Tensor target = Rows(store->scores, rows).narrow(2, 0, size);
+        const at::Tensor part = step.narrow(2, offset, size);
+        if (replace) {
+          target.copy_(part);
+        } else {
+          target.add_(part);
+        }
+      }
+      offset += size;
+    }
+    if (chunk > 0) chunk_scores = step.narrow(2, offset, chunk);
+  }
+  if (pending.kind == Pending::kDecode) {
+    EvictDecode(layer);
+  } else {
+    if (!chunk_scores.defined()) {
+      chunk_scores = at::zeros({rows, groups, chunk},
+                               at::TensorOptions().dtype(at::kFloat).device(options_.device));
+    }
+    Compact(layer, chunk_scores);
+  }
+  pending = Pending();
+}
+
+void PolicyKVCache::EvictDecode(Layer& layer) {
+  Store& main = layer.main;
+  if (!layer.plan.evicts() || main.used <= layer.main_budget) return;
+  const Pending& pending = layer.pending;
+  at::Tensor positions = Rows(main.positions, pending.rows).narrow(2, 0, main.high);
+  const at::Tensor scores = Rows(main.scores, pending.rows).narrow(2, 0, main.high);
+  at::Tensor priority = Priority(layer.plan, positions, scores, pending.newest);
+  priority.masked_fill_(positions < 0, std::numeric_limits<double>::infinity());
+  const at::Tensor victim = priority.argmin(-1, /*keepdim=*/true);
+  const at::Tensor over = (positions >= 0).sum(-1, /*keepdim=*/true) > layer.main_budget;
+  const at::Tensor kept = positions.gather(-1, victim);
+  positions.scatter_(-1, victim, at::where(over, at::full({}, -1, kept.options()), kept));
+  main.used = layer.main_budget;
+}
+
+void PolicyKVCache::Compact(Layer& layer, const at::Tensor& chunk_scores) {
+  const Pending& pending = layer.pending;
+  const int64_t rows = pending.rows, groups = layer.spec.n_query_groups;
+  const int64_t head_size = layer.spec.head_size, steps = pending.positions.size(2);
+  Store& main = layer.main;
+  Store& ring = layer.ring;
+
+  // The ring and the chunk: the ring keeps the `residual` most recent, the rest go to main.
+  at::Tensor recent_positions = pending.positions, recent_scores = chunk_scores;
+  at::Tensor recent_keys = pending.keys, recent_values = pending.values;
+  at::Tensor migrant_positions = recent_positions;
+  if (layer.residual > 0) {
+    if (ring.capacity == 0) Reserve(ring, *layer.ring_codec, groups, layer.residual);
+    recent_positions = at::cat({Rows(ring.positions, rows), pending.positions}, 2);
+    recent_scores = at::cat({Rows(ring.scores, rows), chunk_scores}, 2);
+    recent_keys = at::cat({Rows(ring.parts[0], rows), pending.keys}, 2);
+    recent_values = at::cat({Rows(ring.parts[1], rows), pending.values}, 2);
+    const auto top = recent_positions.topk(layer.residual, -1);
+    const at::Tensor& top_positions = std::get<0>(top);
+    const at::Tensor& top_index = std::get<1>(top);
+    Rows(ring.parts[0], rows).copy_(recent_keys.gather(2, Expand4(top_index, head_size)));
+    Rows(ring.parts[1], rows).copy_(recent_values.gather(2, Expand4(top_index, head_size)));
+    Rows(ring.positions, rows).copy_(top_positions);
+    Rows(ring.scores, rows).copy_(recent_scores.gather(-1, top_index));
+    const at::Tensor in_ring =
+        at::zeros_like(recent_positions, at::kBool).scatter_(-1, top_index, top_positions >= 0);
+    migrant_positions = recent_positions.masked_fill(in_ring, -1);
+    ring.used = std::min(layer.residual, ring.used + steps);
+    ring.high = ring.capacity;
+  }
+
+  // Main keeps the policy's top main_budget among its entries and the migrants, in position
+  // order (so with nothing evicted the slots hold the sequence in order).
+  const int64_t high = main.high;
+  at::Tensor candidate_positions = migrant_positions, candidate_scores = recent_scores;
+  if (high > 0) {
+    candidate_positions =
+        at::cat({Rows(main.positions, rows).narrow(2, 0, high), migrant_positions}, 2);
+    candidate_scores = at::cat({Rows(main.scores, rows).narrow(2, 0, high), recent_scores}, 2);
+  }
+  const int64_t kept = std::min(layer.main_budget, candidate_positions.size(2));
+  const std::vector<at::Tensor> encoded = layer.codec->Encode(recent_keys, recent_values);
+  std::vector<at::Tensor> gathered;
+  at::Tensor kept_positions, kept_scores;
+  if (kept > 0) {
+    const at::Tensor priority =
+        Priority(layer.plan, candidate_positions, candidate_scores, pending.newest);
+    const auto top = priority.topk(kept, -1, /*largest=*/true, /*sorted=*/false);
+    const at::Tensor valid = std::get<0>(top) > -std::numeric_limits<double>::infinity();
+    at::Tensor index = std::get<1>(top);
+    const at::Tensor order =
+        at::where(valid, candidate_positions.gather(-1, index),
+                  at::full({}, std::numeric_limits<int64_t>::max(), index.options()))
+            .argsort(/*dim=*/-1, /*descending=*/false);
+    index = index.gather(-1, order);
+    kept_positions = candidate_positions.gather(-1, index).masked_fill_(
+        valid.gather(-1, order).logical_not(), -1);
+    kept_scores = candidate_scores.gather(-1, index);
+    for (size_t i = 0; i < encoded.size(); ++i) {
+      const at::Tensor source =
+          high > 0 ? at::cat({Rows(main.parts[i], rows).narrow(2, 0, high), encoded[i]}, 2)
+                   : encoded[i];
+      gathered.push_back(source.gather(2, Expand4(index, source.size(-1))));
+    }
+  }
+  const int64_t needed = std::min(kept + 1, MaxMainCapacity(layer));
+  if (needed > main.capacity) {
+    Reserve(main, *layer.codec, groups,
+            std::min(std::max({needed, 2 * main.capacity, kMinGrowth}), MaxMainCapacity(layer)));
+  }
+  Rows(main.positions, rows).fill_(-1);
+  if (kept > 0) {
+    for (size_t i = 0; i < gathered.size(); ++i) {
+      Rows(main.parts[i], rows).narrow(2, 0, kept).copy_(gathered[i]);
+    }
+    Rows(main.positions, rows).narrow(2, 0, kept).copy_(kept_positions);
+    Rows(main.scores, rows).narrow(2, 0, kept).copy_(kept_scores);
+  }
+  const bool all_rows = rows == options_.batch_size;
+  main.used = all_rows ? kept : std::max(main.used, kept);
+  main.high = all_rows ? kept : std::max(main.high, kept);
+}
+
+void PolicyKVCache::Reset() {
+  for (Layer& layer : layers_) {
+    for (Store* store : {&layer.main, &layer.ring}) {
+      if (store->capacity > 0) {
+        store->positions.fill_(-1);
+        store->scores.zero_();
+      }
+      store->used = 0;
+      store->high = 0;
+    }
+    layer.pending = Pending();
+    layer.max_written = -1;
+  }
+}
+
+int64_t PolicyKVCache::AllocatedBytes() const {
+  int64_t bytes = 0;
+  for (const Layer& layer : layers_) {
+    for (const Store* store : {&layer.main, &layer.ring}) {
+      for (const at::Tensor& part : store->parts) {
+        bytes += part.numel() * static_cast<int64_t>(part.element_size());
+      }
+    }
+  }
+  return bytes;
+}
+
+int64_t PolicyKVCache::IndexBytes() const {
+  int64_t bytes = 0;
+  for (const Layer& layer : layers_) {
+    for (const Store* store : {&layer.main, &layer.ring}) {
+      if (store->capacity > 0) bytes += store->positions.numel() * (8 + 4);
+    }
+  }
+  return bytes;
+}
+
+int64_t PolicyKVCache::slots(int64_t layer) const {
+  return layers_[layer].main.capacity + layers_[layer].ring.capacity;
+}
+
+std::vector<int64_t> PolicyKVCache::KeptPositions(int64_t layer_index, int64_t row,
+                                                  int64_t group) {
+  Layer& layer = layers_[layer_index];
+  Settle(layer, at::Tensor());
+  std::vector<int64_t> kept;
+  for (const Store* store : {&layer.main, &layer.ring}) {
+    if (store->capacity == 0) continue;
+    const at::Tensor positions = store->positions[row][group].cpu();
+    for (int64_t i = 0; i < positions.size(0); ++i) {
+      const int64_t p = positions[i].item<int64_t>();
+      if (p >= 0) kept.push_back(p);
+    }
+  }
+  std::sort(kept.begin(), kept.end());
+  return kept;
+}
+
+}  // namespace lgpt

@@ -1,0 +1,154 @@
+// Budgeted and quantised KV caches: any eviction policy (cache/eviction_policy.h) on any entry
+// storage (cache/kv_codec.h: the model's dtype, int8, int4), decided per (batch row, query
+// group).
+//
+// Storage of one layer, per (row, group):
+//   main  up to `main_budget + 1` slots (grown on demand, doubling) of encoded entries with
+//         their positions (-1: empty) and policy scores; slots are filled in any order.
+//   ring  quantised caches only: the `residual` most recent entries in full precision (KIVI's
+//         residual). An entry leaving the ring is encoded into main; the policy never evicts
+//         ring entries (residual <= the policy's protected recent window).
+// Between steps a layer holds at most plan.budget = main_budget + residual entries.
+//
+// A step attends to what the layer kept after the previous step plus the step's own entries,
+// and only then evicts down to the budget: a decode step writes its entry into main's spare
+// slot (or the ring), attends to main + ring, and evicts one entry when over budget; a prefill
+// chunk of T > 1 tokens attends to main + ring + the chunk (a transient concatenation), then
+// main is rebuilt from the entries the policy keeps. So no query loses a key it needs whatever
+// the chunking, and with a budget covering the sequence nothing is ever evicted and every
+// policy equals the dense cache. Eviction waits for the step's attention weights
+// (ObserveAttentionWeights) or, for policies that do not score, for the layer's next step.
+//
+// Reading: Update returns a KVView; for full-precision storage it is a view of main (decode
+// steps copy nothing), for quantised storage it decodes the whole layer (a transient copy:
+// the fallback for attention layers that do not attend in place). UpdateAndAttend
+// (AttendsInPlace() is true) attends block by block (cache/blockwise_attention.h): at most
+// `block_size` entries are decoded at a time, so no full-precision copy of the layer exists.
+//
+// Costs per decode step and layer: O(slots) for slot choice and eviction (argmin over
+// positions/priorities), O(head_size) to encode the one entry that enters main, no
+// allocation of storage except when main grows, so bytes stay flat once the budget is reached.
+#ifndef LGPT_CACHE_POLICY_KV_CACHE_H_
+#define LGPT_CACHE_POLICY_KV_CACHE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+#include "absl/status/statusor.h"
+#include "cache/blockwise_attention.h"
+#include "cache/eviction_policy.h"
+#include "cache/kv_cache.h"
+#include "cache/kv_codec.h"
+
+namespace lgpt {
+
+struct PolicyKVCacheOptions {
+  int64_t batch_size = 1;
+  int64_t max_sequence_length = 0;
+  std::vector<KVLayerSpec> layers;
+  c10::ScalarType dtype = c10::kFloat;  // the model's dtype (full-precision entries)
+  c10::Device device = c10::Device(c10::kCPU);
+  EvictionPolicyOptions policy;
+  int bits = 16;             // 16: the model's dtype; 8 or 4: quantised entries
+  int64_t residual = 16;     // quantised: most recent entries kept in full precision
+  int64_t group_size = 32;   // quantised: channels sharing one scale
+  int64_t block_size = 512;  // entries decoded at a time by UpdateAndAttend
+};
+
+class PolicyKVCache : public KVCache {
+ public:
+  static absl::StatusOr<std::unique_ptr<PolicyKVCache>> Create(
+      const PolicyKVCacheOptions& options);
+
+  absl::StatusOr<KVView> Update(int64_t layer, const KVStep& step, const at::Tensor& keys,
+                                const at::Tensor& values) override;
+  absl::Status CheckStep(const KVStep& step, int64_t batch_size) const override;
+  void Reset() override;
+  // Entry storage (main and ring, scales included), summed over layers.
+  int64_t AllocatedBytes() const override;
+  // Bookkeeping beside the entries: positions (int64) and scores (float32) of every slot.
+  int64_t IndexBytes() const;
+  int64_t max_sequence_length() const override { return options_.max_sequence_length; }
+  int64_t batch_size() const override { return options_.batch_size; }
+  int64_t num_layers() const override { return static_cast<int64_t>(layers_.size()); }
+  bool WantsAttentionWeights(int64_t layer) const override;
+  void ObserveAttentionWeights(int64_t layer, const at::Tensor& weights) override;
+  bool AttendsInPlace(int64_t layer) const override { return true; }
+  absl::StatusOr<at::Tensor> UpdateAndAttend(int64_t layer, const KVStep& step,
+                                             const at::Tensor& q, const at::Tensor& keys,
+                                             const at::Tensor& values,
+                                             const KVAttentionParams& params) override;
+  std::string DebugName() const override;
+
+  const LayerPlan& plan(int64_t layer) const { return layers_[layer].plan; }
+  // Full-precision recent entries of `layer` (0 unless quantised).
+  int64_t residual(int64_t layer) const { return layers_[layer].residual; }
+  // Slots allocated for `layer` (main plus ring), per (row, group).
+  int64_t slots(int64_t layer) const;
+  // Positions `layer` keeps for (row, group), ascending, after any pending eviction.
+  std::vector<int64_t> KeptPositions(int64_t layer, int64_t row, int64_t group);
+
+ private:
+  struct Store {
+    std::vector<at::Tensor> parts;  // encoded entries, each [B, G, capacity, width]
+    at::Tensor positions;           // [B, G, capacity] int64, -1 where empty
+    at::Tensor scores;              // [B, G, capacity] float32: the policy's scores
+    int64_t capacity = 0;
+    int64_t used = 0;  // upper bound on the live entries of any (row, group)
+    int64_t high = 0;  // upper bound on (highest live slot + 1): views stop there
+  };
+  // What a step leaves to do after its attention: evict (decode) or rebuild main (chunk).
+  struct Pending {
+    enum Kind { kNone, kDecode, kChunk } kind = kNone;
+    int64_t rows = 0;
+    int64_t main_high = 0;    // main slots in the step's view
+    int64_t ring_size = 0;    // ring slots in the step's view
+    at::Tensor keys, values;  // chunk: [rows, G, T, hs]
+    at::Tensor positions;     // chunk: [rows, G, T]
+    at::Tensor newest;        // [rows, 1, 1]: the newest position of each row
+  };
+  struct Layer {
+    KVLayerSpec spec;
+    LayerPlan plan;
+    int64_t residual = 0;
+    int64_t main_budget = 0;
+    int64_t max_written = -1;  // largest position written since the last reset
+    std::unique_ptr<EntryCodec> codec;       // main's entries
+    std::unique_ptr<EntryCodec> ring_codec;  // full precision
+    Store main;
+    Store ring;
+    Pending pending;
+  };
+
+  explicit PolicyKVCache(const PolicyKVCacheOptions& options);
+  absl::Status Validate(int64_t layer, const KVStep& step, const at::Tensor& keys,
+                        const at::Tensor& values) const;
+  // Settles the previous step, drops rewound entries and places the step's entries; returns
+  // the sources the step attends to, in view order: main, ring, chunk.
+  std::vector<KVBlockSource> Begin(Layer& layer, const KVStep& step, const at::Tensor& keys,
+                                   const at::Tensor& values);
+  void Settle(Layer& layer, const at::Tensor& weights);
+  void Rewind(Layer& layer, const KVStep& step);
+  void PlaceDecode(Layer& layer, int64_t rows, const at::Tensor& keys, const at::Tensor& values,
+                   const at::Tensor& positions);
+  void InsertMain(Layer& layer, int64_t rows, const at::Tensor& keys, const at::Tensor& values,
+                  const at::Tensor& positions, const at::Tensor& scores);
+  void EvictDecode(Layer& layer);
+  void Compact(Layer& layer, const at::Tensor& chunk_scores);
+  void Reserve(Store& store, const EntryCodec& codec, int64_t groups, int64_t capacity);
+  int64_t MaxMainCapacity(const Layer& layer) const;
+  std::vector<KVBlockSource> Sources(Layer& layer, int64_t rows);
+
+  PolicyKVCacheOptions options_;
+  std::vector<Layer> layers_;
+};
+
+}  // namespace lgpt
+
+#endif  // LGPT_CACHE_POLICY_KV_CACHE_H_

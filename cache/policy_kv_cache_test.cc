@@ -1,0 +1,439 @@
+#include "cache/policy_kv_cache.h"
+
+#include <cmath>
+#include <set>
+
+#include <ATen/ATen.h>
+
+#include "absl/strings/match.h"
+#include "cache/blockwise_attention.h"
+#include "cache/dense_kv_cache.h"
+#include "cache/kv_cache_factory.h"
+#include "gtest/gtest.h"
+
+namespace lgpt {
+namespace {
+
+constexpr int64_t kGroups = 2, kHeads = 4, kHeadSize = 32;
+
+PolicyKVCacheOptions Options(PolicyKind kind, int64_t budget, int bits,
+                             std::vector<int64_t> windows = {0}, int64_t batch = 1) {
+  PolicyKVCacheOptions options;
+  options.batch_size = batch;
+  options.max_sequence_length = 512;
+  for (int64_t w : windows) options.layers.push_back({kGroups, kHeadSize, w});
+  options.policy.kind = kind;
+  options.policy.budget = budget;
+  options.policy.sink_tokens = 2;
+  options.bits = bits;
+  options.residual = 4;
+  options.block_size = 8;
+  return options;
+}
+
+std::unique_ptr<PolicyKVCache> MakeCache(const PolicyKVCacheOptions& options) {
+  auto cache = PolicyKVCache::Create(options);
+  EXPECT_TRUE(cache.ok()) << cache.status();
+  return std::move(*cache);
+}
+
+KVStep Step(int64_t batch, int64_t start, int64_t length) {
+  KVStep step;
+  step.positions =
+      at::arange(start, start + length, at::kLong).unsqueeze(0).expand({batch, length}).contiguous();
+  step.min_position = start;
+  step.max_position = start + length - 1;
+  return step;
+}
+
+// Deterministic random entries for positions [start, start + length): the same position always
+// gets the same keys and values, so caches fed in different chunks see the same data.
+std::pair<at::Tensor, at::Tensor> Entries(int64_t batch, int64_t start, int64_t length) {
+  std::vector<at::Tensor> k, v;
+  for (int64_t p = start; p < start + length; ++p) {
+    at::manual_seed(1000 + p);
+    k.push_back(at::randn({batch, kGroups, 1, kHeadSize}));
+    v.push_back(at::randn({batch, kGroups, 1, kHeadSize}));
+  }
+  return {at::cat(k, 2), at::cat(v, 2)};
+}
+
+at::Tensor Queries(int64_t batch, int64_t start, int64_t length) {
+  at::manual_seed(5000 + start);
+  return at::randn({batch, kHeads, length, kHeadSize});
+}
+
+// Runs `total` positions through every layer of `cache` (a prefill of `prompt` tokens in
+// `chunk` pieces, then decoding), attending with BlockwiseAttention over the returned views (or
+// in place) and reporting weights when asked. Layers 1, 2, ... use a sliding window of
+// `window`. Returns the attention outputs of every layer [B, nh, n_layer · total, hs].
+at::Tensor Drive(KVCache& cache, int64_t total, int64_t prompt, int64_t chunk, bool in_place,
+                 int64_t batch = 1, int64_t window = 0) {
+  std::vector<at::Tensor> outputs;
+  KVAttentionParams params;
+  params.scale = 1.0 / std::sqrt(static_cast<double>(kHeadSize));
+  int64_t position = 0;
+  while (position < total) {
+    const int64_t length = position < prompt ? std::min(chunk, prompt - position) : 1;
+    const KVStep step = Step(batch, position, length);
+    auto [k, v] = Entries(batch, position, length);
+    const at::Tensor q = Queries(batch, position, length);
+    for (int64_t layer = 0; layer < cache.num_layers(); ++layer) {
+      params.sliding_window = layer == 0 ? 0 : window;
+      if (in_place) {
+        auto y = cache.UpdateAndAttend(layer, step, q, k, v, params);
+        EXPECT_TRUE(y.ok()) << y.status();
+        outputs.push_back(*y);
+        continue;
+      }
+      auto view = cache.Update(layer, step, k, v);
+      EXPECT_TRUE(view.ok()) << view.status();
+      at::Tensor weights;
+      const at::Tensor y = BlockwiseAttention(q, kGroups, {TensorSource(view->keys, view->values, view->positions)},
+                                              step.positions, params, &weights);
+      if (cache.WantsAttentionWeights(layer)) cache.ObserveAttentionWeights(layer, weights);
+      outputs.push_back(y);
+    }
+    position += length;
+  }
+  return at::cat(outputs, 2);
+}
+
+std::vector<int64_t> Range(int64_t begin, int64_t end) {
+  std::vector<int64_t> r;
+  for (int64_t i = begin; i < end; ++i) r.push_back(i);
+  return r;
+}
+
+TEST(PolicyKVCacheTest, EveryPolicyWithABudgetCoveringTheSequenceEqualsDense) {
+  const int64_t total = 30, prompt = 11;
+  DenseKVCacheOptions dense_options;
+  dense_options.batch_size = 2;
+  dense_options.max_sequence_length = 512;
+  dense_options.layers = {{kGroups, kHeadSize, 0}, {kGroups, kHeadSize, 6}};
+  for (int64_t chunk : {1, 3, 11}) {
+    auto dense = DenseKVCache::Create(dense_options);
+    ASSERT_TRUE(dense.ok());
+    const at::Tensor expected = Drive(**dense, total, prompt, chunk, false, 2, 6);
+    for (PolicyKind kind : {PolicyKind::kDense, PolicyKind::kWindow, PolicyKind::kSink,
+                            PolicyKind::kH2O, PolicyKind::kTova}) {
+      for (bool in_place : {false, true}) {
+        auto cache = MakeCache(Options(kind, total, 16, {0, 6}, 2));
+        const at::Tensor got = Drive(*cache, total, prompt, chunk, in_place, 2, 6);
+        EXPECT_LT((got - expected).abs().max().item<double>(), 1e-6)
+            << PolicyName(kind) << " chunk " << chunk << " in place " << in_place;
+        if (kind == PolicyKind::kDense) continue;
+        // The comparison has teeth: a budget under the sequence changes the outputs.
+        auto small = MakeCache(Options(kind, 8, 16, {0, 6}, 2));
+        const at::Tensor evicted = Drive(*small, total, prompt, chunk, in_place, 2, 6);
+        EXPECT_GT((evicted - expected).abs().max().item<double>(), 1e-3) << PolicyName(kind);
+      }
+    }
+  }
+}
+
+TEST(PolicyKVCacheTest, WindowKeepsTheMostRecentEntries) {
+  for (int64_t chunk : {1, 5}) {
+    auto cache = MakeCache(Options(PolicyKind::kWindow, 6, 16));
+    Drive(*cache, 20, 10, chunk, false);
+    EXPECT_EQ(cache->KeptPositions(0, 0, 1), Range(14, 20)) << "chunk " << chunk;
+  }
+}
+
+TEST(PolicyKVCacheTest, SinkKeepsTheFirstTokensAndTheRecentOnes) {
+  for (int64_t chunk : {1, 4, 13}) {
+    for (int bits : {16, 8}) {
+      auto cache = MakeCache(Options(PolicyKind::kSink, 6, bits));
+      Drive(*cache, 20, 13, chunk, false);
+      const std::vector<int64_t> expected = {0, 1, 16, 17, 18, 19};
+      EXPECT_EQ(cache->KeptPositions(0, 0, 0), expected) << "chunk " << chunk << " bits " << bits;
+    }
+  }
+}
+
+// Hand-made attention weights: every head of group g puts weight 1 on the positions in
+// heavy[g] and 0.01 elsewhere.
+void DecodeWithWeights(PolicyKVCache& cache, int64_t total,
+                       const std::vector<std::set<int64_t>>& heavy) {
+  for (int64_t p = 0; p < total; ++p) {
+    auto [k, v] = Entries(1, p, 1);
+    auto view = cache.Update(0, Step(1, p, 1), k, v);
+    ASSERT_TRUE(view.ok()) << view.status();
+    ASSERT_TRUE(cache.WantsAttentionWeights(0));
+    const at::Tensor positions = view->positions.expand({1, kGroups, view->positions.size(2)});
+    at::Tensor weights = at::zeros({1, kHeads, 1, positions.size(2)});
+    for (int64_t h = 0; h < kHeads; ++h) {
+      const int64_t g = h / (kHeads / kGroups);
+      for (int64_t s = 0; s < positions.size(2); ++s) {
+        const int64_t pos = positions[0][g][s].item<int64_t>();
+        if (pos < 0) continue;
+        weights[0][h][0][s] = heavy[g].count(pos) ? 1.0 : 0.01;
+      }
+    }
+    cache.ObserveAttentionWeights(0, weights);
+  }
+}
+
+TEST(PolicyKVCacheTest, H2OKeepsTheHeaviestEntriesPerGroup) {
+  for (int bits : {16, 4}) {
+    // Budget 6: the 3 most recent plus the 3 heaviest; each group has its own heavy hitters.
+    auto cache = MakeCache(Options(PolicyKind::kH2O, 6, bits));
+    DecodeWithWeights(*cache, 12, {{1, 4, 6}, {2, 3, 5}});
+    EXPECT_EQ(cache->KeptPositions(0, 0, 0), (std::vector<int64_t>{1, 4, 6, 9, 10, 11}))
+        << bits;
+    EXPECT_EQ(cache->KeptPositions(0, 0, 1), (std::vector<int64_t>{2, 3, 5, 9, 10, 11}))
+        << bits;
+  }
+}
+
+TEST(PolicyKVCacheTest, TovaKeepsWhatTheLatestQueryAttends) {
+  auto cache = MakeCache(Options(PolicyKind::kTova, 4, 16));
+  for (int64_t p = 0; p < 10; ++p) {
+    auto [k, v] = Entries(1, p, 1);
+    auto view = cache->Update(0, Step(1, p, 1), k, v);
+    ASSERT_TRUE(view.ok());
+    const at::Tensor positions = view->positions.expand({1, kGroups, view->positions.size(2)});
+    // Weight on positions 0 and 2, the newest and (less) the one before it.
+    const at::Tensor w = (positions == 0).to(at::kFloat) + (positions == 2).to(at::kFloat) +
+                         0.5 * (positions == p).to(at::kFloat) +
+                         0.25 * (positions == p - 1).to(at::kFloat);
+    cache->ObserveAttentionWeights(
+        0, w.unsqueeze(2).unsqueeze(3).expand({1, kGroups, 2, 1, positions.size(2)})
+               .reshape({1, kHeads, 1, positions.size(2)}));
+  }
+  EXPECT_EQ(cache->KeptPositions(0, 0, 0), (std::vector<int64_t>{0, 2, 8, 9}));
+}
+
+TEST(PolicyKVCacheTest, InPlaceAttentionEqualsAttentionOverTheView) {
+  // Budgets below the sequence, so entries are evicted and (4 bits) quantised.
+  for (PolicyKind kind : {PolicyKind::kDense, PolicyKind::kWindow, PolicyKind::kSink,
+                          PolicyKind::kH2O, PolicyKind::kTova}) {
+    for (int bits : {16, 8, 4}) {
+      auto a = MakeCache(Options(kind, 9, bits, {0, 5}));
+      auto b = MakeCache(Options(kind, 9, bits, {0, 5}));
+      const at::Tensor via_view = Drive(*a, 40, 12, 5, false, 1, 5);
+      const at::Tensor in_place = Drive(*b, 40, 12, 5, true, 1, 5);
+      EXPECT_LT((via_view - in_place).abs().max().item<double>(), 1e-5)
+          << PolicyName(kind) << " " << bits;
+      for (int64_t layer : {0, 1}) {
+        for (int64_t g : {0, 1}) {
+          EXPECT_EQ(a->KeptPositions(layer, 0, g), b->KeptPositions(layer, 0, g));
+        }
+      }
+    }
+  }
+}
+
+TEST(PolicyKVCacheTest, QuantisedCachesKeepTheRecentEntriesInFullPrecision) {
+  auto cache = MakeCache(Options(PolicyKind::kWindow, 12, 4));
+  EXPECT_EQ(cache->residual(0), 4);
+  Drive(*cache, 19, 0, 1, false);
+  auto [k, v] = Entries(1, 19, 1);
+  auto view = cache->Update(0, Step(1, 19, 1), k, v);
+  ASSERT_TRUE(view.ok());
+  auto [all_k, all_v] = Entries(1, 0, 20);
+  int exact = 0, quantised = 0;
+  for (int64_t s = 0; s < view->positions.size(2); ++s) {
+    const int64_t pos = view->positions[0][0][s].item<int64_t>();
+    if (pos < 0) continue;
+    const at::Tensor stored = view->keys[0][0][s];
+    const at::Tensor original = all_k[0][0][pos];
+    const double error = (stored - original).abs().max().item<double>();
+    if (pos >= 16) {
+      EXPECT_EQ(error, 0) << "position " << pos << " is recent: full precision";
+      ++exact;
+    } else {
+      EXPECT_GT(error, 0) << "position " << pos;
+      EXPECT_LT(error, 0.5 * original.abs().max().item<double>());
+      ++quantised;
+    }
+  }
+  EXPECT_EQ(exact, 4);
+  EXPECT_EQ(quantised, 9);  // 12 kept + the new entry
+}
+
+TEST(PolicyKVCacheTest, BytesFollowTheFormula) {
+  // 2 layers, batch 2, budget 40 reached: main holds budget - residual + 1 slots.
+  for (int bits : {16, 8, 4}) {
+    PolicyKVCacheOptions options = Options(PolicyKind::kWindow, 40, bits, {0, 0}, 2);
+    options.dtype = at::kBFloat16;
+    auto cache = MakeCache(options);
+    for (int64_t p = 0; p < 100; ++p) {
+      auto [k, v] = Entries(2, p, 1);
+      for (int64_t layer = 0; layer < 2; ++layer) {
+        ASSERT_TRUE(cache->Update(layer, Step(2, p, 1), k, v).ok());
+      }
+    }
+    const int64_t residual = bits == 16 ? 0 : 4;
+    const int64_t main_slots = 40 - residual + 1;
+    const int64_t entry_bytes = bits == 16 ? 2 * kHeadSize * 2
+                                           : 2 * (kHeadSize * bits / 8 + 2 * (kHeadSize / 32));
+    const int64_t expected =
+        2 * 2 * kGroups * (main_slots * entry_bytes + residual * 2 * kHeadSize * 2);
+    EXPECT_EQ(cache->AllocatedBytes(), expected) << bits;
+    EXPECT_EQ(cache->slots(0), main_slots + residual);
+    EXPECT_EQ(cache->IndexBytes(), 2 * 2 * kGroups * (main_slots + residual) * 12);
+  }
+}
+
+TEST(PolicyKVCacheTest, QuantisedBytesAgainstA16BitDenseCacheHoldingTheSameEntries) {
+  // A Llama-like layer (head_size 128) holding 1024 entries: 1025 slots of 16-bit keys and
+  // values in the dense cache, against int8/int4 main slots plus the full-precision residual.
+  const int64_t budget = 1024, head_size = 128;
+  DenseKVCacheOptions dense_options;
+  dense_options.max_sequence_length = budget + 1;
+  dense_options.initial_capacity = budget + 1;
+  dense_options.layers = {{kGroups, head_size, 0}, {kGroups, head_size, 0}};
+  dense_options.dtype = at::kBFloat16;
+  auto dense = DenseKVCache::Create(dense_options);
+  ASSERT_TRUE(dense.ok());
+  const double dense_bytes = static_cast<double>((*dense)->AllocatedBytes());
+  for (int bits : {8, 4}) {
+    for (int64_t residual : {0, 16}) {
+      PolicyKVCacheOptions options;
+      options.max_sequence_length = 1 << 20;
+      options.layers = dense_options.layers;
+      options.dtype = at::kBFloat16;
+      options.policy.kind = PolicyKind::kWindow;
+      options.policy.budget = budget;
+      options.bits = bits;
+      options.residual = residual;
+      auto cache = MakeCache(options);
+      const at::Tensor k = at::randn({1, kGroups, budget + 20, head_size});
+      for (int64_t layer = 0; layer < 2; ++layer) {
+        ASSERT_TRUE(cache->Update(layer, Step(1, 0, budget + 20), k, k).ok());
+        ASSERT_TRUE(cache->Update(layer, Step(1, budget + 20, 1), k.narrow(2, 0, 1),
+                                  k.narrow(2, 0, 1)).ok());
+      }
+      ASSERT_EQ(cache->slots(0), budget + 1);
+      const double ratio = cache->AllocatedBytes() / dense_bytes;
+      std::printf("int%d, residual %lld: %.4f of the 16-bit dense cache\n", bits,
+                  static_cast<long long>(residual), ratio);
+      EXPECT_LE(ratio, bits == 8 ? 0.55 : 0.30) << bits << " bits, residual " << residual;
+    }
+  }
+}
+
+TEST(PolicyKVCacheTest, BytesStayFlatOnceTheBudgetIsReached) {
+  for (PolicyKind kind : {PolicyKind::kWindow, PolicyKind::kSink, PolicyKind::kH2O,
+                          PolicyKind::kTova}) {
+    for (int bits : {16, 8, 4}) {
+      auto cache = MakeCache(Options(kind, 32, bits, {0, 8}));
+      int64_t flat_bytes = -1;
+      KVAttentionParams params;
+      for (int64_t p = 0; p < 200; p += p < 10 ? 10 : 1) {
+        const int64_t length = p < 10 ? 10 : 1;
+        auto [k, v] = Entries(1, p, length);
+        for (int64_t layer = 0; layer < 2; ++layer) {
+          ASSERT_TRUE(cache->UpdateAndAttend(layer, Step(1, p, length),
+                                             Queries(1, p, length), k, v, params).ok());
+        }
+        if (p == 40) flat_bytes = cache->AllocatedBytes();
+        if (p > 40) {
+          ASSERT_EQ(cache->AllocatedBytes(), flat_bytes) << PolicyName(kind) << " " << bits
+                                                         << " at position " << p;
+        }
+      }
+      EXPECT_LE(cache->slots(0), 33);
+      EXPECT_LE(cache->slots(1), 9);  // the windowed layer keeps its window (8) plus one
+      EXPECT_EQ(cache->KeptPositions(0, 0, 0).size(), 32u);
+    }
+  }
+}
+
+TEST(PolicyKVCacheTest, WindowedLayersKeepTheirWindowWhenTheBudgetCoversIt) {
+  auto cache = MakeCache(Options(PolicyKind::kH2O, 16, 16, {0, 5}));
+  EXPECT_EQ(cache->plan(1).kind, PolicyKind::kWindow);
+  EXPECT_EQ(cache->plan(1).budget, 5);
+  EXPECT_FALSE(cache->WantsAttentionWeights(1));
+  EXPECT_TRUE(cache->WantsAttentionWeights(0));
+  Drive(*cache, 30, 9, 4, false);
+  EXPECT_EQ(cache->KeptPositions(1, 0, 0), Range(25, 30));
+  // A budget under the window: the policy runs inside it.
+  auto small = MakeCache(Options(PolicyKind::kSink, 3, 16, {0, 5}));
+  EXPECT_EQ(small->plan(1).kind, PolicyKind::kSink);
+  Drive(*small, 30, 9, 4, false);
+  // Sinks fell out of the window: the layer keeps the most recent entries.
+  EXPECT_EQ(small->KeptPositions(1, 0, 0), Range(27, 30));
+  EXPECT_EQ(small->KeptPositions(0, 0, 0), (std::vector<int64_t>{0, 1, 29}));
+}
+
+TEST(PolicyKVCacheTest, ARewindForgetsLaterEntries) {
+  auto cache = MakeCache(Options(PolicyKind::kWindow, 50, 8));
+  Drive(*cache, 20, 20, 20, false);
+  auto [k, v] = Entries(1, 8, 1);
+  ASSERT_TRUE(cache->Update(0, Step(1, 8, 1), k, v).ok());
+  EXPECT_EQ(cache->KeptPositions(0, 0, 0), Range(0, 9));
+}
+
+TEST(PolicyKVCacheTest, ResetForgetsEverythingAndKeepsStorage) {
+  auto cache = MakeCache(Options(PolicyKind::kSink, 8, 4));
+  Drive(*cache, 20, 5, 5, false);
+  const int64_t bytes = cache->AllocatedBytes();
+  cache->Reset();
+  EXPECT_TRUE(cache->KeptPositions(0, 0, 0).empty());
+  EXPECT_EQ(cache->AllocatedBytes(), bytes);
+  Drive(*cache, 3, 3, 3, false);
+  EXPECT_EQ(cache->KeptPositions(0, 0, 0), Range(0, 3));
+}
+
+TEST(PolicyKVCacheTest, BadShapesAndPositionsAreErrors) {
+  auto cache = MakeCache(Options(PolicyKind::kWindow, 8, 8));
+  auto [k, v] = Entries(1, 0, 3);
+  EXPECT_FALSE(cache->Update(0, Step(1, 0, 2), k, v).ok());
+  EXPECT_FALSE(cache->Update(3, Step(1, 0, 3), k, v).ok());
+  EXPECT_EQ(cache->Update(0, Step(1, 510, 3), k, v).status().code(),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_FALSE(cache->Update(0, Step(2, 0, 3), k.expand({2, kGroups, 3, kHeadSize}),
+                             v.expand({2, kGroups, 3, kHeadSize})).ok());
+  EXPECT_FALSE(cache->UpdateAndAttend(0, Step(1, 0, 3), at::zeros({1, kHeads, 2, kHeadSize}),
+                                      k, v, {}).ok());
+  // A failed step left nothing behind.
+  EXPECT_TRUE(cache->KeptPositions(0, 0, 0).empty());
+}
+
+TEST(KVCacheFactoryTest, BadSpecsNameTheFlagAndTheValue) {
+  KVCacheShape shape;
+  shape.max_sequence_length = 64;
+  shape.layers = {{kGroups, kHeadSize, 0}};
+  struct Bad {
+    KVCacheSpec spec;
+    std::vector<std::string> words;
+  };
+  std::vector<Bad> bad;
+  bad.push_back({{"lru", 8, 16}, {"--kv_cache", "lru", "h2o"}});
+  bad.push_back({{"window", 0, 16}, {"--kv_budget", "0", "window"}});
+  bad.push_back({{"h2o", -3, 8}, {"--kv_budget", "-3"}});
+  bad.push_back({{"sink", 16, 3}, {"--kv_bits", "3"}});
+  KVCacheSpec sink{"sink", 4, 16};
+  sink.sink_tokens = 8;
+  bad.push_back({sink, {"--kv_sink=8", "--kv_budget=4"}});
+  KVCacheSpec residual{"window", 4, 8};
+  residual.residual = -1;
+  bad.push_back({residual, {"--kv_residual", "-1"}});
+  for (const Bad& b : bad) {
+    auto cache = MakeKVCache(b.spec, shape);
+    ASSERT_FALSE(cache.ok()) << DescribeKVCacheSpec(b.spec);
+    EXPECT_EQ(cache.status().code(), absl::StatusCode::kInvalidArgument);
+    for (const std::string& word : b.words) {
+      EXPECT_TRUE(absl::StrContains(cache.status().message(), word)) << cache.status();
+    }
+  }
+}
+
+TEST(KVCacheFactoryTest, DenseAt16BitsIsTheExactDenseCache) {
+  KVCacheShape shape;
+  shape.max_sequence_length = 64;
+  shape.layers = {{kGroups, kHeadSize, 0}};
+  auto dense = MakeKVCache({"dense", 0, 16}, shape);
+  ASSERT_TRUE(dense.ok());
+  EXPECT_NE(dynamic_cast<DenseKVCache*>(dense->get()), nullptr);
+  for (const char* policy : {"dense", "window", "sink", "h2o", "tova"}) {
+    auto cache = MakeKVCache({policy, 16, std::string(policy) == "dense" ? 8 : 16}, shape);
+    ASSERT_TRUE(cache.ok()) << cache.status();
+    EXPECT_NE(dynamic_cast<PolicyKVCache*>(cache->get()), nullptr) << policy;
+  }
+}
+
+}  // namespace
+}  // namespace lgpt
