@@ -1,0 +1,293 @@
+// Pretrains a model from a Config preset or yaml on a plain-text corpus:
+//   bazel run //tools:pretrain -- --model_config=FILE.yaml | --model_name=NAME \
+//       --text_file=CORPUS.txt --out_dir=DIR [--tokenizer_dir=DIR | --vocab_size=4096]
+// Trains a SentencePiece BPE tokenizer (byte fallback) on the corpus unless one is given,
+// holds out the corpus tail for validation, and trains with AdamW, linear warm-up plus
+// cosine decay, gradient clipping and accumulation. Checkpoints are LitGPT directories
+// (model_config.yaml, model.safetensors, tokenizer files) and resume with --resume.
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/types.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/adamw.h>
+#include <torch/serialize.h>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "core/config.h"
+#include "core/config_presets.h"
+#include "core/model/checkpoint.h"
+#include "core/model/gpt.h"
+#include "core/safetensors.h"
+#include "tools/spm_tools.h"
+#include "tools/tool_util.h"
+
+ABSL_FLAG(std::string, model_config, "", "model_config.yaml of the model to train");
+ABSL_FLAG(std::string, model_name, "", "or: a LitGPT preset name");
+ABSL_FLAG(std::string, text_file, "", "training corpus (UTF-8 text)");
+ABSL_FLAG(std::string, out_dir, "", "output checkpoint directory");
+ABSL_FLAG(std::string, tokenizer_dir, "", "existing tokenizer; empty: train one on the corpus");
+ABSL_FLAG(int64_t, vocab_size, 4096, "vocabulary of the trained tokenizer");
+ABSL_FLAG(int64_t, seq_len, 256, "training sequence length");
+ABSL_FLAG(int64_t, micro_batch, 16, "sequences per micro-batch");
+ABSL_FLAG(int64_t, accumulate, 1, "micro-batches per optimizer step");
+ABSL_FLAG(int64_t, max_steps, 2000, "optimizer steps");
+ABSL_FLAG(double, lr, 3e-3, "peak learning rate");
+ABSL_FLAG(double, min_lr, 3e-4, "final learning rate of the cosine decay");
+ABSL_FLAG(int64_t, warmup_steps, 100, "linear warm-up steps");
+ABSL_FLAG(double, weight_decay, 0.1, "AdamW weight decay (matrices only)");
+ABSL_FLAG(double, grad_clip, 1.0, "gradient norm clip; 0 disables");
+ABSL_FLAG(double, val_fraction, 0.05, "corpus tail held out for validation");
+ABSL_FLAG(int64_t, eval_every, 100, "steps between validation runs");
+ABSL_FLAG(int64_t, eval_batches, 8, "micro-batches per validation run");
+ABSL_FLAG(int64_t, save_every, 500, "steps between checkpoints");
+ABSL_FLAG(std::string, save_precision, "bf16-true", "dtype of saved weights");
+ABSL_FLAG(bool, resume, false, "continue from out_dir's training state");
+ABSL_FLAG(uint64_t, seed, 42, "random seed");
+ABSL_FLAG(int64_t, threads, 0, "intra-op threads; 0: all cores");
+
+namespace lgpt {
+namespace {
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) Die(absl::NotFoundError(absl::StrCat("cannot read ", path)));
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+void WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+  if (!out) Die(absl::InternalError(absl::StrCat("cannot write ", path)));
+}
+
+void CopyFile(const std::string& from, const std::string& to) { WriteFile(to, ReadFile(from)); }
+
+bool Exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+// Linear warm-up, then cosine decay from lr to min_lr.
+double LearningRate(int64_t step, int64_t max_steps, int64_t warmup, double lr, double min_lr) {
+  if (step < warmup) return lr * (step + 1) / warmup;
+  const double progress =
+      std::min(1.0, static_cast<double>(step - warmup) / std::max<int64_t>(1, max_steps - warmup));
+  return min_lr + 0.5 * (lr - min_lr) * (1 + std::cos(M_PI * progress));
+}
+
+// Random windows of seq_len + 1 tokens: inputs and next-token targets.
+std::pair<at::Tensor, at::Tensor> Batch(const at::Tensor& data, int64_t batch, int64_t seq_len,
+                                        at::Generator& gen) {
+  const at::Tensor starts =
+      at::randint(0, data.size(0) - seq_len - 1, {batch}, gen, at::TensorOptions(at::kLong));
+  const at::Tensor offsets = at::arange(seq_len + 1, at::kLong);
+  const at::Tensor windows = data.index_select(0, (starts.unsqueeze(1) + offsets).reshape(-1))
+                                 .view({batch, seq_len + 1});
+  return {windows.narrow(1, 0, seq_len), windows.narrow(1, 1, seq_len)};
+}
+
+at::Tensor Loss(GPTImpl& model, const at::Tensor& x, const at::Tensor& y) {
+  const at::Tensor logits = ValueOrDie(model.Forward(x));
+  return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(at::kFloat),
+                                y.reshape(-1));
+}
+
+void SaveCheckpoint(GPTImpl& model, const Config& config, const std::string& out_dir,
+                    c10::ScalarType dtype) {
+  TensorMap tensors;
+  for (const auto& [name, tensor] : StateDict(model)) {
+    tensors[name] = tensor.detach().to(at::kCPU, dtype).contiguous();
+  }
+  DieIfError(WriteSafetensors(out_dir + "/model.safetensors.tmp", tensors));
+  std::rename((out_dir + "/model.safetensors.tmp").c_str(), (out_dir + "/model.safetensors").c_str());
+  WriteFile(out_dir + "/model_config.yaml", ConfigToYaml(config));
+}
+
+}  // namespace
+}  // namespace lgpt
+
+int main(int argc, char** argv) {
+  using namespace lgpt;
+  InitTool(argc, argv,
+           "pretrain --model_config=FILE|--model_name=NAME --text_file=CORPUS --out_dir=DIR");
+  if (absl::GetFlag(FLAGS_threads) > 0) at::set_num_threads(absl::GetFlag(FLAGS_threads));
+  const std::string out_dir = ResolvePath(absl::GetFlag(FLAGS_out_dir));
+  const std::string text_file = ResolvePath(absl::GetFlag(FLAGS_text_file));
+  if (out_dir.empty()) Die(absl::InvalidArgumentError("--out_dir is required"));
+  if (text_file.empty()) Die(absl::InvalidArgumentError("--text_file is required"));
+  const int64_t seq_len = absl::GetFlag(FLAGS_seq_len), micro = absl::GetFlag(FLAGS_micro_batch);
+  const int64_t accumulate = absl::GetFlag(FLAGS_accumulate);
+  const int64_t max_steps = absl::GetFlag(FLAGS_max_steps);
+  if (seq_len < 2 || micro < 1 || accumulate < 1 || max_steps < 1 ||
+      absl::GetFlag(FLAGS_warmup_steps) < 1 || absl::GetFlag(FLAGS_eval_every) < 1 ||
+      absl::GetFlag(FLAGS_save_every) < 1) {
+    Die(absl::InvalidArgumentError(
+        "--seq_len must be >= 2 and --micro_batch, --accumulate, --max_steps, --warmup_steps, "
+        "--eval_every, --save_every >= 1"));
+  }
+  const double val_fraction = absl::GetFlag(FLAGS_val_fraction);
+  if (!(val_fraction > 0 && val_fraction < 0.5)) {
+    Die(absl::InvalidArgumentError("--val_fraction must be in (0, 0.5)"));
+  }
+  Config config;
+  if (!absl::GetFlag(FLAGS_model_config).empty()) {
+    config = ValueOrDie(LoadConfigFile(ResolvePath(absl::GetFlag(FLAGS_model_config))));
+  } else if (!absl::GetFlag(FLAGS_model_name).empty()) {
+    config = ValueOrDie(ConfigFromName(absl::GetFlag(FLAGS_model_name)));
+  } else {
+    Die(absl::InvalidArgumentError("--model_config or --model_name is required"));
+  }
+  if (seq_len > config.block_size) {
+    Die(absl::InvalidArgumentError(absl::StrCat("--seq_len ", seq_len, " exceeds block_size ",
+                                                config.block_size)));
+  }
+  ::mkdir(out_dir.c_str(), 0755);
+
+  // Tokenizer: trained on the corpus, or copied from an existing checkpoint.
+  const std::string tokenizer_dir = ResolvePath(absl::GetFlag(FLAGS_tokenizer_dir));
+  if (!absl::GetFlag(FLAGS_resume) || !Exists(out_dir + "/tokenizer.model")) {
+    if (tokenizer_dir.empty()) {
+      std::fprintf(stderr, "training a %lld-piece SentencePiece tokenizer on %s\n",
+                   static_cast<long long>(absl::GetFlag(FLAGS_vocab_size)), text_file.c_str());
+      DieIfError(TrainSentencePiece(text_file, out_dir + "/tokenizer",
+                                    absl::GetFlag(FLAGS_vocab_size)));
+      std::remove((out_dir + "/tokenizer.vocab").c_str());
+      WriteFile(out_dir + "/tokenizer_config.json",
+                "{\"add_bos_token\": true, \"bos_token\": \"<s>\", \"eos_token\": \"</s>\"}\n");
+    } else {
+      for (const char* name : {"tokenizer.model", "tokenizer.json", "tokenizer_config.json",
+                               "generation_config.json"}) {
+        const std::string from = tokenizer_dir + "/" + name;
+        if (Exists(from)) CopyFile(from, out_dir + "/" + name);
+      }
+    }
+  }
+  std::fprintf(stderr, "tokenizing %s\n", text_file.c_str());
+  const std::vector<int64_t> ids =
+      ValueOrDie(EncodeLinesWithBosEos(out_dir + "/tokenizer.model", text_file));
+  const int64_t vocab = ids.empty() ? 0 : *std::max_element(ids.begin(), ids.end()) + 1;
+  if (vocab > config.PaddedVocabSize()) {
+    Die(absl::InvalidArgumentError(absl::StrCat("tokenizer has ", vocab,
+                                                " tokens, the model's padded vocabulary ",
+                                                config.PaddedVocabSize())));
+  }
+  const at::Tensor all = at::tensor(ids, at::kLong);
+  const int64_t val_tokens = static_cast<int64_t>(all.size(0) * val_fraction);
+  const at::Tensor train = all.narrow(0, 0, all.size(0) - val_tokens);
+  const at::Tensor val = all.narrow(0, all.size(0) - val_tokens, val_tokens);
+  if (val.size(0) <= seq_len + 1) Die(absl::InvalidArgumentError("corpus too small"));
+  std::fprintf(stderr, "%lld training tokens, %lld validation tokens\n",
+               static_cast<long long>(train.size(0)), static_cast<long long>(val.size(0)));
+
+  at::manual_seed(absl::GetFlag(FLAGS_seed));
+  GPT model = ValueOrDie(GPTImpl::Create(config));
+  int64_t parameters = 0;
+  for (const auto& p : model->parameters()) parameters += p.numel();
+  std::fprintf(stderr, "%s: %lld parameters\n", config.name.c_str(), static_cast<long long>(parameters));
+
+  // Weight decay on matrices only, as usual for transformers.
+  std::vector<at::Tensor> decay, no_decay;
+  for (const auto& p : model->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+  torch::optim::AdamWOptions adamw(absl::GetFlag(FLAGS_lr));
+  adamw.betas({0.9, 0.95}).eps(1e-8);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(
+                                 adamw.weight_decay(absl::GetFlag(FLAGS_weight_decay))));
+  groups.emplace_back(no_decay,
+                      std::make_unique<torch::optim::AdamWOptions>(adamw.weight_decay(0)));
+  torch::optim::AdamW optimizer(groups, adamw);
+
+  int64_t start_step = 0;
+  const std::string state_path = out_dir + "/training_state.pt";
+  if (absl::GetFlag(FLAGS_resume) && Exists(state_path)) {
+    TensorMap tensors = ValueOrDie(ReadCheckpointTensors(out_dir));
+    for (auto& [name, t] : tensors) t = t.to(at::kFloat);
+    DieIfError(LoadStateDict(*model, tensors, out_dir));
+    torch::serialize::InputArchive archive;
+    archive.load_from(state_path);
+    optimizer.load(archive);
+    at::Tensor step;
+    archive.read("step", step);
+    start_step = step.item<int64_t>();
+    std::fprintf(stderr, "resumed at step %lld\n", static_cast<long long>(start_step));
+  }
+
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(absl::GetFlag(FLAGS_seed) + start_step);
+  const c10::ScalarType save_dtype = ValueOrDie(ParsePrecision(absl::GetFlag(FLAGS_save_precision)));
+  auto evaluate = [&]() {
+    at::NoGradGuard no_grad;
+    model->eval();
+    at::Generator val_gen = at::make_generator<at::CPUGeneratorImpl>(7);
+    double total = 0;
+    for (int64_t i = 0; i < absl::GetFlag(FLAGS_eval_batches); ++i) {
+      auto [x, y] = Batch(val, micro, seq_len, val_gen);
+      total += Loss(*model, x, y).item<double>();
+    }
+    model->train();
+    return total / absl::GetFlag(FLAGS_eval_batches);
+  };
+  auto save = [&](int64_t step) {
+    model->eval();
+    SaveCheckpoint(*model, config, out_dir, save_dtype);
+    torch::serialize::OutputArchive archive;
+    optimizer.save(archive);
+    archive.write("step", at::tensor(step, at::kLong));
+    archive.save_to(state_path);
+    model->train();
+  };
+
+  model->train();
+  const auto begin = std::chrono::steady_clock::now();
+  int64_t tokens_seen = 0;
+  for (int64_t step = start_step; step < max_steps; ++step) {
+    const double lr = LearningRate(step, max_steps, absl::GetFlag(FLAGS_warmup_steps),
+                                   absl::GetFlag(FLAGS_lr), absl::GetFlag(FLAGS_min_lr));
+    for (auto& group : optimizer.param_groups()) {
+      static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+    }
+    optimizer.zero_grad();
+    double step_loss = 0;
+    for (int64_t m = 0; m < accumulate; ++m) {
+      auto [x, y] = Batch(train, micro, seq_len, gen);
+      at::Tensor loss = Loss(*model, x, y) / static_cast<double>(accumulate);
+      loss.backward();
+      step_loss += loss.item<double>();
+      tokens_seen += micro * seq_len;
+    }
+    if (absl::GetFlag(FLAGS_grad_clip) > 0) {
+      torch::nn::utils::clip_grad_norm_(model->parameters(), absl::GetFlag(FLAGS_grad_clip));
+    }
+    optimizer.step();
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+    if (step % 10 == 0 || step + 1 == max_steps) {
+      std::fprintf(stderr, "step %lld/%lld loss %.4f lr %.2e %.0f tokens/s eta %.0fs\n",
+                   static_cast<long long>(step + 1), static_cast<long long>(max_steps), step_loss,
+                   lr, tokens_seen / elapsed,
+                   elapsed / (step + 1 - start_step) * (max_steps - step - 1));
+    }
+    if ((step + 1) % absl::GetFlag(FLAGS_eval_every) == 0 || step + 1 == max_steps) {
+      const double val_loss = evaluate();
+      std::fprintf(stderr, "step %lld val_loss %.4f val_ppl %.2f\n",
+                   static_cast<long long>(step + 1), val_loss, std::exp(val_loss));
+      std::printf("step=%lld val_loss=%.4f val_ppl=%.2f\n", static_cast<long long>(step + 1),
+                  val_loss, std::exp(val_loss));
+      std::fflush(stdout);
+    }
+    if ((step + 1) % absl::GetFlag(FLAGS_save_every) == 0 || step + 1 == max_steps) save(step + 1);
+  }
+  std::fprintf(stderr, "saved %s\n", out_dir.c_str());
+  return 0;
+}

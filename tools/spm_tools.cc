@@ -1,0 +1,72 @@
+#include "tools/spm_tools.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace lgpt {
+namespace {
+
+std::string Quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+absl::Status Run(const std::string& command, const std::string& what) {
+  const int status = std::system(command.c_str());
+  if (status != 0) {
+    return absl::InternalError(absl::StrCat(what, " failed (status ", status, "): ", command));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status TrainSentencePiece(const std::string& text_file, const std::string& model_prefix,
+                                int64_t vocab_size) {
+  return Run(absl::StrCat("spm_train --input=", Quote(text_file),
+                          " --model_prefix=", Quote(model_prefix), " --vocab_size=", vocab_size,
+                          " --model_type=bpe --byte_fallback=true --character_coverage=1.0"
+                          " --normalization_rule_name=identity --num_threads=2"
+                          " --unk_id=0 --bos_id=1 --eos_id=2 --pad_id=-1"
+                          " --input_sentence_size=2000000 --shuffle_input_sentence=true"
+                          " --minloglevel=2 >/dev/null 2>&1"),
+             "spm_train");
+}
+
+absl::StatusOr<std::vector<int64_t>> EncodeLinesWithBosEos(const std::string& model_file,
+                                                           const std::string& text_file) {
+  const std::string out = model_file + ".ids.tmp";
+  if (absl::Status s = Run(absl::StrCat("spm_encode --model=", Quote(model_file),
+                                        " --output_format=id < ", Quote(text_file), " > ",
+                                        Quote(out)),
+                           "spm_encode");
+      !s.ok()) {
+    return s;
+  }
+  std::ifstream in(out);
+  std::vector<int64_t> ids;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    ids.push_back(1);
+    for (absl::string_view piece : absl::StrSplit(line, ' ', absl::SkipEmpty())) {
+      int64_t id = 0;
+      if (!absl::SimpleAtoi(piece, &id)) {
+        return absl::InternalError(absl::StrCat("spm_encode printed '", piece, "'"));
+      }
+      ids.push_back(id);
+    }
+    ids.push_back(2);
+  }
+  std::remove(out.c_str());
+  return ids;
+}
+
+}  // namespace lgpt
