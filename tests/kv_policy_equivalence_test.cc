@@ -1,0 +1,238 @@
+// KV cache policies through whole models (random small models of several presets: GQA,
+// sliding-window layers, softcapping, parallel residual):
+// - every policy, with a budget covering the sequence, gives the dense cache's logits (1e-5)
+//   for prefill chunks of 1, 3 and the whole prompt followed by token-by-token decoding;
+// - a smaller budget changes them (the comparison has teeth), quantised entries stay close;
+// - attending in place (UpdateAndAttend) equals the attention kernel over Update's view;
+// - a budgeted cache's bytes stay flat while decoding far past the budget.
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "attention/attention_kernel.h"
+#include "cache/dense_kv_cache.h"
+#include "cache/kv_cache_factory.h"
+#include "cache/policy_kv_cache.h"
+#include "core/config_presets.h"
+#include "core/device.h"
+#include "core/model/gpt.h"
+#include "gtest/gtest.h"
+#include "tests/test_models.h"
+
+namespace lgpt {
+namespace {
+
+constexpr int64_t kBatch = 2, kPrompt = 9, kTotal = 20;
+
+GPT RandomModel(const std::string& preset) {
+  absl::StatusOr<Config> config = PresetFromName(preset);
+  EXPECT_TRUE(config.ok()) << config.status();
+  absl::StatusOr<Config> shrunk = ShrinkConfig(*config);
+  EXPECT_TRUE(shrunk.ok()) << shrunk.status();
+  absl::StatusOr<GPT> model = GPTImpl::Create(*shrunk);
+  EXPECT_TRUE(model.ok()) << model.status();
+  RandomizeWeights(**model, 1234);
+  (*model)->To(DefaultDevice(), at::kFloat);
+  (*model)->eval();
+  return *model;
+}
+
+std::unique_ptr<PolicyKVCache> PolicyCache(GPTImpl& model, PolicyKind kind, int64_t budget,
+                                           int bits) {
+  PolicyKVCacheOptions options;
+  options.batch_size = kBatch;
+  options.max_sequence_length = model.config().block_size;
+  options.layers = model.CacheLayout();
+  options.dtype = model.dtype();
+  options.device = model.device();
+  options.policy.kind = kind;
+  options.policy.budget = budget;
+  options.policy.sink_tokens = 2;
+  options.bits = bits;
+  options.residual = 3;
+  options.group_size = 8;
+  auto cache = PolicyKVCache::Create(options);
+  EXPECT_TRUE(cache.ok()) << cache.status();
+  return std::move(*cache);
+}
+
+// Logits [B, kTotal, vocab] of a prefill of kPrompt tokens in `chunk` pieces, then decoding.
+at::Tensor CachedLogits(GPTImpl& model, KVCache& cache, const at::Tensor& tokens, int64_t chunk) {
+  std::vector<at::Tensor> pieces;
+  int64_t position = 0;
+  while (position < kTotal) {
+    const int64_t length = position < kPrompt ? std::min(chunk, kPrompt - position) : 1;
+    ForwardOptions options;
+    options.positions =
+        at::arange(position, position + length, at::kLong).unsqueeze(0).expand({kBatch, length});
+    absl::StatusOr<at::Tensor> logits =
+        model.Forward(tokens.narrow(1, position, length), &cache, options);
+    EXPECT_TRUE(logits.ok()) << logits.status();
+    pieces.push_back(logits->cpu());
+    position += length;
+  }
+  return at::cat(pieces, 1);
+}
+
+class KVPolicyEquivalenceTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(KVPolicyEquivalenceTest, EveryPolicyWithACoveringBudgetEqualsDense) {
+  GPT model = RandomModel(GetParam());
+  at::manual_seed(99);
+  const at::Tensor tokens =
+      at::randint(0, model->config().vocab_size, {kBatch, kTotal}, at::kLong).to(model->device());
+  for (int64_t chunk : {int64_t{1}, int64_t{3}, kPrompt}) {
+    auto dense = model->NewDenseCache(kBatch, kTotal);
+    ASSERT_TRUE(dense.ok());
+    const at::Tensor expected = CachedLogits(*model, **dense, tokens, chunk);
+    ASSERT_GT(expected.abs().max().item<double>(), 0.1);
+    for (PolicyKind kind : {PolicyKind::kDense, PolicyKind::kWindow, PolicyKind::kSink,
+                            PolicyKind::kH2O, PolicyKind::kTova}) {
+      auto cache = PolicyCache(*model, kind, kTotal, 16);
+      const at::Tensor got = CachedLogits(*model, *cache, tokens, chunk);
+      EXPECT_LT((got - expected).abs().max().item<double>(), 1e-5)
+          << GetParam() << " " << PolicyName(kind) << ", prefill chunk " << chunk;
+      if (kind == PolicyKind::kDense) continue;
+      // Under the sequence and under the shrunk models' window (4) less one (a budget of
+      // window - 1 plus the step's own entry is the window itself): evictions that matter.
+      auto small = PolicyCache(*model, kind, 2, 16);
+      const at::Tensor evicted = CachedLogits(*model, *small, tokens, chunk);
+      EXPECT_GT((evicted - expected).abs().max().item<double>(), 1e-3)
+          << GetParam() << " " << PolicyName(kind) << ": a budget of 2 must change logits";
+    }
+    for (int bits : {8, 4}) {
+      auto cache = PolicyCache(*model, PolicyKind::kH2O, kTotal, bits);
+      const double diff =
+          (CachedLogits(*model, *cache, tokens, chunk) - expected).abs().max().item<double>();
+      const double scale = expected.abs().max().item<double>();
+      EXPECT_GT(diff, 0) << bits << " bits";
+      EXPECT_LT(diff, (bits == 8 ? 0.02 : 0.25) * scale) << GetParam() << ", " << bits << " bits";
+    }
+  }
+}
+
+TEST_P(KVPolicyEquivalenceTest, FactoryCachesAtFullBudgetEqualDense) {
+  GPT model = RandomModel(GetParam());
+  at::manual_seed(7);
+  const at::Tensor tokens =
+      at::randint(0, model->config().vocab_size, {kBatch, kTotal}, at::kLong).to(model->device());
+  auto dense = model->NewDenseCache(kBatch, kTotal);
+  ASSERT_TRUE(dense.ok());
+  const at::Tensor expected = CachedLogits(*model, **dense, tokens, 4);
+  KVCacheShape shape;
+  shape.batch_size = kBatch;
+  shape.max_sequence_length = model->config().block_size;
+  shape.layers = model->CacheLayout();
+  shape.dtype = model->dtype();
+  shape.device = model->device();
+  for (const char* policy : {"dense", "window", "sink", "h2o", "tova"}) {
+    auto cache = MakeKVCache({policy, kTotal, 16}, shape);
+    ASSERT_TRUE(cache.ok()) << cache.status();
+    EXPECT_LT((CachedLogits(*model, **cache, tokens, 4) - expected).abs().max().item<double>(),
+              1e-5)
+        << policy;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, KVPolicyEquivalenceTest,
+                         ::testing::Values("Llama-3.2-1B", "Gemma-2-2b", "Mistral-7B-v0.1",
+                                           "pythia-160m"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           std::string name;
+                           for (char c : info.param) name += std::isalnum(c) ? c : '_';
+                           return name;
+                         });
+
+// UpdateAndAttend (blockwise, in place) equals the attention kernel over Update's view, with
+// the decisions that follow from the kernel's weights, for every policy and width.
+TEST(KVPolicyInPlaceTest, InPlaceAttentionEqualsTheAttentionKernel) {
+  const int64_t groups = 2, n_head = 6, head_size = 16, total = 40, prompt = 13;
+  for (PolicyKind kind : {PolicyKind::kDense, PolicyKind::kWindow, PolicyKind::kSink,
+                          PolicyKind::kH2O, PolicyKind::kTova}) {
+    for (int bits : {16, 8, 4}) {
+      PolicyKVCacheOptions options;
+      options.max_sequence_length = 64;
+      options.layers = {{groups, head_size, 0}, {groups, head_size, 6}};
+      options.policy.kind = kind;
+      options.policy.budget = 10;
+      options.bits = bits;
+      options.residual = 3;
+      options.block_size = 4;
+      auto via_view = PolicyKVCache::Create(options);
+      auto in_place = PolicyKVCache::Create(options);
+      ASSERT_TRUE(via_view.ok() && in_place.ok());
+      at::manual_seed(21);
+      double max_diff = 0;
+      int64_t position = 0;
+      while (position < total) {
+        const int64_t length = position == 0 ? prompt : 1;
+        KVStep step;
+        step.positions = at::arange(position, position + length, at::kLong).unsqueeze(0);
+        step.min_position = position;
+        step.max_position = position + length - 1;
+        for (int64_t layer = 0; layer < 2; ++layer) {
+          const at::Tensor k = at::randn({1, groups, length, head_size});
+          const at::Tensor v = at::randn({1, groups, length, head_size});
+          const at::Tensor q = at::randn({1, n_head, length, head_size});
+          AttentionParams params;
+          params.scale = 0.25;
+          params.softcap = 3.0;
+          params.sliding_window = layer == 1 ? 6 : 0;
+          auto view = (*via_view)->Update(layer, step, k, v);
+          ASSERT_TRUE(view.ok());
+          at::Tensor weights;
+          const at::Tensor expected = AttendByPositions(q, view->keys, view->values,
+                                                        step.positions, view->positions, params,
+                                                        &weights);
+          if ((*via_view)->WantsAttentionWeights(layer)) {
+            (*via_view)->ObserveAttentionWeights(layer, weights);
+          }
+          auto got = (*in_place)->UpdateAndAttend(
+              layer, step, q, k, v, {params.scale, params.softcap, params.sliding_window});
+          ASSERT_TRUE(got.ok()) << got.status();
+          max_diff = std::max(max_diff, (*got - expected).abs().max().item<double>());
+        }
+        position += length;
+      }
+      EXPECT_LT(max_diff, 1e-5) << PolicyName(kind) << " " << bits << " bits";
+      for (int64_t g = 0; g < groups; ++g) {
+        EXPECT_EQ((*via_view)->KeptPositions(0, 0, g), (*in_place)->KeptPositions(0, 0, g));
+      }
+    }
+  }
+}
+
+TEST(KVPolicyBytesTest, BudgetedBytesStayFlatWhileDecodingFarPastTheBudget) {
+  GPT model = RandomModel("Gemma-2-2b");
+  for (const char* policy : {"window", "sink", "h2o", "tova"}) {
+    for (int bits : {16, 8, 4}) {
+      KVCacheSpec spec{policy, 8, bits};
+      spec.sink_tokens = 2;
+      spec.residual = 2;
+      KVCacheShape shape;
+      shape.max_sequence_length = model->config().block_size;
+      shape.layers = model->CacheLayout();
+      shape.dtype = model->dtype();
+      shape.device = model->device();
+      auto cache = MakeKVCache(spec, shape);
+      ASSERT_TRUE(cache.ok()) << cache.status();
+      int64_t flat = -1;
+      for (int64_t position = 0; position < 60; ++position) {
+        ForwardOptions options;
+        options.positions = at::full({1, 1}, position, at::kLong);
+        ASSERT_TRUE(model->Forward(at::full({1, 1}, position % 90, at::kLong).to(model->device()),
+                                   cache->get(), options).ok());
+        if (position == 12) flat = (*cache)->AllocatedBytes();
+        if (position > 12) {
+          ASSERT_EQ((*cache)->AllocatedBytes(), flat)
+              << policy << " " << bits << " bits, position " << position;
+        }
+      }
+      EXPECT_GT(flat, 0);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace lgpt
