@@ -1,27 +1,39 @@
 #include "core/sentencepiece_tokenizer.h"
 
-#include <cstdint>
+#include <algorithm>
+#include <cfloat>
+#include <cstring>
 #include <fstream>
+#include <functional>
+#include <queue>
 #include <sstream>
-#include <unordered_map>
+#include <utility>
 
-// Must not be mixed with Abseil headers in one translation unit (see the header).
-#include <sentencepiece_processor.h>
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 
 namespace lgpt {
 namespace {
 
-// A minimal protobuf wire-format reader: just enough to find a few scalar and string fields
-// of the ModelProto without the generated protobuf classes (which Debian does not ship).
+constexpr absl::string_view kSpaceSymbol = "\xE2\x96\x81";  // U+2581
+constexpr absl::string_view kReplacementChar = "\xEF\xBF\xBD";
+
+// A minimal protobuf wire-format reader for the few ModelProto fields needed (Debian ships no
+// generated classes for it).
 class WireReader {
  public:
-  explicit WireReader(std::string_view data) : data_(data) {}
+  explicit WireReader(absl::string_view data) : data_(data) {}
 
   // Advances to the next field; false at the end or on malformed input (then ok() is false).
   bool Next(uint32_t* field, uint32_t* wire_type) {
     if (pos_ >= data_.size()) return false;
     uint64_t key;
-    if (!Varint(&key)) return Fail();
+    if (!Varint(&key)) return false;
     *field = static_cast<uint32_t>(key >> 3);
     *wire_type = static_cast<uint32_t>(key & 7);
     return true;
@@ -36,7 +48,13 @@ class WireReader {
     }
     return Fail();
   }
-  bool Bytes(std::string_view* value) {
+  bool Fixed32(uint32_t* value) {
+    if (data_.size() - pos_ < 4) return Fail();
+    std::memcpy(value, data_.data() + pos_, 4);
+    pos_ += 4;
+    return true;
+  }
+  bool Bytes(absl::string_view* value) {
     uint64_t length;
     if (!Varint(&length) || length > data_.size() - pos_) return Fail();
     *value = data_.substr(pos_, length);
@@ -45,7 +63,7 @@ class WireReader {
   }
   bool Skip(uint32_t wire_type) {
     uint64_t ignored;
-    std::string_view bytes;
+    absl::string_view bytes;
     switch (wire_type) {
       case 0:
         return Varint(&ignored);
@@ -71,125 +89,520 @@ class WireReader {
     pos_ = data_.size();
     return false;
   }
-  std::string_view data_;
+  absl::string_view data_;
   size_t pos_ = 0;
   bool ok_ = true;
+};
+
+// string_util::OneCharLen: the length a UTF-8 lead byte announces (1 for stray bytes).
+size_t OneCharLen(char c) {
+  return "\1\1\1\1\1\1\1\1\1\1\1\1\2\2\3\4"[(static_cast<unsigned char>(c)) >> 4];
+}
+
+// string_util::IsValidDecodeUTF8: whether a well-formed character starts `s` (its length in
+// `*length`, else 1).
+bool IsValidDecodeUtf8(absl::string_view s, size_t* length) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  *length = 1;
+  if (p[0] < 0x80) return true;
+  size_t need;
+  char32_t cp, min;
+  if (n >= 2 && (p[0] & 0xE0) == 0xC0) {
+    need = 2;
+    cp = p[0] & 0x1F;
+    min = 0x80;
+  } else if (n >= 3 && (p[0] & 0xF0) == 0xE0) {
+    need = 3;
+    cp = p[0] & 0x0F;
+    min = 0x800;
+  } else if (n >= 4 && (p[0] & 0xF8) == 0xF0) {
+    need = 4;
+    cp = p[0] & 0x07;
+    min = 0x10000;
+  } else {
+    return false;
+  }
+  for (size_t k = 1; k < need; ++k) {
+    if ((p[k] & 0xC0) != 0x80) return false;
+    cp = (cp << 6) | (p[k] & 0x3F);
+  }
+  if (cp < min || (cp >= 0xD800 && cp < 0xE000) || cp > 0x10FFFF) return false;
+  *length = need;
+  return true;
+}
+
+// Darts-clone's double-array trie as SentencePiece stores the precompiled character map:
+// 32-bit little-endian units. Lookups are bounds-checked, so a corrupt map fails to match
+// instead of reading out of bounds.
+class DoubleArray {
+ public:
+  DoubleArray() = default;
+  explicit DoubleArray(absl::string_view units) : units_(units) {}
+  bool empty() const { return units_.size() < 4; }
+
+  // The longest key that is a prefix of `key`: its length (0 if none) and value.
+  size_t LongestPrefix(absl::string_view key, uint32_t* value) const {
+    size_t best = 0;
+    uint32_t node = 0;
+    uint32_t unit;
+    if (!Unit(node, &unit)) return 0;
+    node ^= Offset(unit);
+    for (size_t i = 0; i < key.size(); ++i) {
+      const unsigned char c = static_cast<unsigned char>(key[i]);
+      node ^= c;
+      if (!Unit(node, &unit) || Label(unit) != c) break;
+      node ^= Offset(unit);
+      if (HasLeaf(unit)) {
+        uint32_t leaf;
+        if (!Unit(node, &leaf)) break;
+        best = i + 1;
+        *value = leaf & ((1U << 31) - 1);
+      }
+    }
+    return best;
+  }
+
+ private:
+  bool Unit(uint32_t index, uint32_t* unit) const {
+    if (index >= units_.size() / 4) return false;
+    std::memcpy(unit, units_.data() + 4 * static_cast<size_t>(index), 4);
+    return true;
+  }
+  static bool HasLeaf(uint32_t unit) { return ((unit >> 8) & 1) == 1; }
+  static uint32_t Label(uint32_t unit) { return unit & ((1U << 31) | 0xFF); }
+  static uint32_t Offset(uint32_t unit) { return (unit >> 10) << ((unit & (1U << 9)) >> 6); }
+
+  absl::string_view units_;
 };
 
 }  // namespace
 
 struct SentencePieceModel::Impl {
-  sentencepiece::SentencePieceProcessor processor;
-  std::unordered_map<std::string, int> ids;
+  enum class Type { kUnigram, kBpe } model_type = Type::kUnigram;
+  bool byte_fallback = false;
+  bool escape_whitespaces = true;
+  std::vector<float> scores;
+  // The library's pieces_ (normal, user-defined and unused pieces) and reserved_id_map_.
+  absl::flat_hash_map<std::string, int> pieces;
+  absl::flat_hash_map<std::string, int> reserved;
+  // Unigram: every prefix of a key of `pieces`, to stop scanning as the trie would.
+  absl::flat_hash_set<std::string> piece_prefixes;
+  // User-defined symbols, matched longest first.
+  absl::flat_hash_set<std::string> user_defined;
+  size_t max_user_defined = 0;
+  float min_score = FLT_MAX;  // unigram, over normal pieces
+  float max_score = FLT_MIN;
+  // Precompiled character map: <uint32 trie size><double array><NUL-terminated strings>.
+  std::string charsmap;
+  DoubleArray trie;
+  absl::string_view normalized_strings;
+
+  // normalizer::PrefixMatcher::PrefixMatch over the user-defined symbols.
+  size_t PrefixMatch(absl::string_view w, bool* found) const {
+    *found = false;
+    for (size_t n = std::min(max_user_defined, w.size()); n > 0; --n) {
+      if (user_defined.contains(w.substr(0, n))) {
+        *found = true;
+        return n;
+      }
+    }
+    return std::min(w.size(), OneCharLen(w[0]));
+  }
+
+  // normalizer::Normalizer::NormalizePrefix.
+  std::pair<absl::string_view, size_t> NormalizePrefix(absl::string_view input) const {
+    if (input.empty()) return {};
+    bool found;
+    const size_t user = PrefixMatch(input, &found);
+    if (found) return {input.substr(0, user), user};
+    if (!trie.empty()) {
+      uint32_t value = 0;
+      const size_t length = trie.LongestPrefix(input, &value);
+      if (length > 0 && value < normalized_strings.size()) {
+        absl::string_view rest = normalized_strings.substr(value);
+        return {rest.substr(0, std::min(rest.find('\0'), rest.size())), length};
+      }
+    }
+    size_t length;
+    if (!IsValidDecodeUtf8(input, &length)) return {kReplacementChar, 1};
+    return {input.substr(0, length), length};
+  }
 };
 
 SentencePieceModel::SentencePieceModel() : impl_(std::make_unique<Impl>()) {}
 SentencePieceModel::~SentencePieceModel() = default;
 
-std::unique_ptr<SentencePieceModel> SentencePieceModel::Load(const std::string& path,
-                                                             std::string* error) {
+absl::StatusOr<std::unique_ptr<SentencePieceModel>> SentencePieceModel::Load(
+    const std::string& path) {
   std::ifstream file(path, std::ios::binary);
-  if (!file) {
-    *error = "cannot open " + path;
-    return nullptr;
-  }
+  if (!file) return absl::NotFoundError(absl::StrCat("cannot open ", path));
   std::ostringstream bytes;
   bytes << file.rdbuf();
-  const std::string serialized = bytes.str();
+  if (file.bad()) return absl::DataLossError(absl::StrCat("cannot read ", path));
+  return Parse(bytes.str(), path);
+}
 
+absl::StatusOr<std::unique_ptr<SentencePieceModel>> SentencePieceModel::Parse(
+    std::string serialized, absl::string_view source) {
+  auto bad = [&](absl::string_view what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": not a usable SentencePiece model (", what, ")"));
+  };
+  auto unsupported = [&](absl::string_view what) {
+    return absl::UnimplementedError(
+        absl::StrCat(source, ": ", what, " is not supported by lgpt's SentencePiece"));
+  };
   std::unique_ptr<SentencePieceModel> model(new SentencePieceModel());
-  const sentencepiece::util::Status status =
-      model->impl_->processor.LoadFromSerializedProto(serialized);
-  if (!status.ok()) {
-    *error = path + ": not a SentencePiece model (" + status.ToString() + ")";
-    return nullptr;
-  }
-  const sentencepiece::SentencePieceProcessor& p = model->impl_->processor;
-  const int n = p.GetPieceSize();
-  model->pieces_.reserve(n);
-  model->types_.reserve(n);
-  for (int id = 0; id < n; ++id) {
-    model->pieces_.push_back(p.IdToPiece(id));
-    model->impl_->ids.emplace(model->pieces_.back(), id);
-    PieceType type = PieceType::kNormal;
-    if (p.IsUnknown(id)) {
-      type = PieceType::kUnknown;
-    } else if (p.IsControl(id)) {
-      type = PieceType::kControl;
-    } else if (p.IsByte(id)) {
-      type = PieceType::kByte;
-    } else if (p.IsUnused(id)) {
-      type = PieceType::kUnused;
-    }
-    model->types_.push_back(type);
-  }
-  model->bos_id_ = p.bos_id();
-  model->eos_id_ = p.eos_id();
+  SentencePieceModel& m = *model;
+  Impl& impl = *m.impl_;
+  std::string unk_piece = "<unk>", bos_piece = "<s>", eos_piece = "</s>";
+  bool treat_whitespace_as_suffix = false;
+  bool has_denormalizer = false;
+  absl::string_view charsmap;
 
-  // ModelProto: trainer_spec = 2 (unk_surface = 44), normalizer_spec = 3
-  // (add_dummy_prefix = 3, remove_extra_whitespaces = 4), denormalizer_spec = 5
-  // (precompiled_charsmap = 2). The library accepted the bytes, so malformed wire data here
-  // would be a library/wrapper mismatch; it is reported rather than ignored.
   WireReader top(serialized);
-  bool malformed = false;
-  uint32_t field, wire_type;
-  while (!malformed && top.Next(&field, &wire_type)) {
-    if ((field == 2 || field == 3 || field == 5) && wire_type == 2) {
-      std::string_view sub;
-      if (!top.Bytes(&sub)) break;
-      WireReader inner(sub);
-      uint32_t f, w;
+  uint32_t field, wire;
+  while (top.Next(&field, &wire)) {
+    if (wire != 2 || (field != 1 && field != 2 && field != 3 && field != 5)) {
+      if (!top.Skip(wire)) break;
+      continue;
+    }
+    absl::string_view message;
+    if (!top.Bytes(&message)) break;
+    WireReader inner(message);
+    uint32_t f, w;
+    if (field == 1) {  // SentencePiece {piece = 1, score = 2, type = 3}
+      std::string piece;
+      float score = 0;
+      uint64_t type = 1;
       while (inner.Next(&f, &w)) {
-        uint64_t value;
-        std::string_view text;
-        if (field == 2 && f == 44 && w == 2) {
-          if (!inner.Bytes(&text)) break;
-          model->unk_surface_ = std::string(text);
-        } else if (field == 3 && (f == 3 || f == 4) && w == 0) {
-          if (!inner.Varint(&value)) break;
-          (f == 3 ? model->add_dummy_prefix_ : model->remove_extra_whitespaces_) = value != 0;
-        } else if (field == 5 && f == 2 && w == 2) {
-          if (!inner.Bytes(&text)) break;
-          model->has_denormalizer_ = !text.empty();
-        } else if (!inner.Skip(w)) {
+        absl::string_view text;
+        uint32_t bits;
+        if (f == 1 && w == 2 && inner.Bytes(&text)) {
+          piece = std::string(text);
+        } else if (f == 2 && w == 5 && inner.Fixed32(&bits)) {
+          std::memcpy(&score, &bits, 4);
+        } else if (f == 3 && w == 0 && inner.Varint(&type)) {
+        } else if (!inner.ok() || !inner.Skip(w)) {
           break;
         }
       }
-      malformed = !inner.ok();
-    } else if (!top.Skip(wire_type)) {
-      break;
+      if (!inner.ok()) return bad("a malformed piece");
+      if (type < 1 || type > 6) return bad(absl::StrCat("piece type ", type));
+      static constexpr PieceType kTypes[] = {PieceType::kNormal,      PieceType::kUnknown,
+                                            PieceType::kControl,     PieceType::kUserDefined,
+                                            PieceType::kUnused,      PieceType::kByte};
+      m.pieces_.push_back(std::move(piece));
+      m.types_.push_back(kTypes[type - 1]);
+      impl.scores.push_back(score);
+      continue;
+    }
+    while (inner.Next(&f, &w)) {
+      uint64_t value = 0;
+      absl::string_view text;
+      if (w == 0) {
+        if (!inner.Varint(&value)) break;
+      } else if (w == 2) {
+        if (!inner.Bytes(&text)) break;
+      } else if (!inner.Skip(w)) {
+        break;
+      }
+      if (field == 2) {  // TrainerSpec
+        if (f == 3 && w == 0) {
+          if (value == 2) {
+            impl.model_type = Impl::Type::kBpe;
+          } else if (value != 1) {
+            return unsupported(value == 3 ? "the word model" : value == 4 ? "the char model"
+                                                                           : "this model type");
+          }
+        }
+        if (f == 24 && w == 0) treat_whitespace_as_suffix = value != 0;
+        if (f == 35 && w == 0) impl.byte_fallback = value != 0;
+        if (f == 44 && w == 2) m.unk_surface_ = std::string(text);
+        if (f == 45 && w == 2) unk_piece = std::string(text);
+        if (f == 46 && w == 2) bos_piece = std::string(text);
+        if (f == 47 && w == 2) eos_piece = std::string(text);
+      } else if (field == 3) {  // NormalizerSpec
+        if (f == 2 && w == 2) charsmap = text;
+        if (f == 3 && w == 0) m.add_dummy_prefix_ = value != 0;
+        if (f == 4 && w == 0) m.remove_extra_whitespaces_ = value != 0;
+        if (f == 5 && w == 0) impl.escape_whitespaces = value != 0;
+      } else if (field == 5) {  // denormalizer NormalizerSpec
+        if (f == 2 && w == 2 && !text.empty()) has_denormalizer = true;
+      }
+    }
+    if (!inner.ok()) return bad("a malformed specification");
+  }
+  if (!top.ok()) return bad("malformed protobuf");
+  if (treat_whitespace_as_suffix) return unsupported("treat_whitespace_as_suffix");
+  if (has_denormalizer) return unsupported("a denormalizer");
+
+  // ModelInterface::InitializePieces.
+  bool byte_found[256] = {};
+  for (int id = 0; id < m.size(); ++id) {
+    const std::string& piece = m.pieces_[id];
+    const PieceType type = m.types_[id];
+    if (piece.empty()) return bad("an empty piece");
+    const bool normal = type == PieceType::kNormal || type == PieceType::kUserDefined ||
+                        type == PieceType::kUnused;
+    if (!(normal ? impl.pieces : impl.reserved).emplace(piece, id).second) {
+      return bad(absl::StrCat("piece '", piece, "' is defined twice"));
+    }
+    if (type == PieceType::kUserDefined) {
+      impl.user_defined.insert(piece);
+      impl.max_user_defined = std::max(impl.max_user_defined, piece.size());
+    }
+    if (type == PieceType::kUnknown) {
+      if (m.unk_id_ >= 0) return bad("two unknown pieces");
+      m.unk_id_ = id;
+    }
+    if (type == PieceType::kByte) {
+      if (!impl.byte_fallback) return bad("byte pieces without byte_fallback");
+      // PieceToByte: exactly "<0x%02X>".
+      int byte = -1;
+      for (int b = 0; b < 256 && byte < 0; ++b) {
+        if (piece == absl::StrFormat("<0x%02X>", b)) byte = b;
+      }
+      if (byte < 0) return bad(absl::StrCat("byte piece '", piece, "'"));
+      byte_found[byte] = true;
+    }
+    if (type == PieceType::kNormal) {
+      impl.min_score = std::min(impl.min_score, impl.scores[id]);
+      impl.max_score = std::max(impl.max_score, impl.scores[id]);
     }
   }
-  if (malformed || !top.ok()) {
-    *error = path + ": cannot read the normalizer settings of the SentencePiece model";
-    return nullptr;
+  if (m.unk_id_ < 0) return bad("no unknown piece");
+  if (impl.byte_fallback && std::find(std::begin(byte_found), std::end(byte_found), false) !=
+                                std::end(byte_found)) {
+    return bad("byte_fallback without all 256 byte pieces");
+  }
+  if (impl.model_type == Impl::Type::kUnigram) {
+    for (const auto& [piece, id] : impl.pieces) {
+      for (size_t n = 1; n <= piece.size(); ++n) impl.piece_prefixes.insert(piece.substr(0, n));
+    }
+  }
+  // bos_id() / eos_id(): the named piece when it is a control symbol.
+  const int bos = m.PieceToId(bos_piece), eos = m.PieceToId(eos_piece);
+  m.bos_id_ = m.types_[bos] == PieceType::kControl ? bos : -1;
+  m.eos_id_ = m.types_[eos] == PieceType::kControl ? eos : -1;
+  (void)unk_piece;
+
+  if (!charsmap.empty()) {
+    impl.charsmap = std::string(charsmap);
+    uint32_t trie_size = 0;
+    if (impl.charsmap.size() <= 4) return bad("a broken normalization map");
+    std::memcpy(&trie_size, impl.charsmap.data(), 4);
+    if (trie_size >= impl.charsmap.size() - 4) return bad("a broken normalization map");
+    const absl::string_view blob(impl.charsmap);
+    impl.trie = DoubleArray(blob.substr(4, trie_size));
+    impl.normalized_strings = blob.substr(4 + trie_size);
   }
   return model;
 }
 
-bool SentencePieceModel::Encode(std::string_view text, std::vector<int>* ids,
-                                std::string* error) const {
-  const sentencepiece::util::Status status = impl_->processor.Encode(text, ids);
-  if (!status.ok()) {
-    *error = status.ToString();
-    return false;
-  }
-  return true;
+int SentencePieceModel::PieceToId(absl::string_view piece) const {
+  if (auto it = impl_->reserved.find(piece); it != impl_->reserved.end()) return it->second;
+  if (auto it = impl_->pieces.find(piece); it != impl_->pieces.end()) return it->second;
+  return unk_id_;
 }
 
-bool SentencePieceModel::Decode(const std::vector<int>& ids, std::string* text,
-                                std::string* error) const {
-  const sentencepiece::util::Status status = impl_->processor.Decode(ids, text);
-  if (!status.ok()) {
-    *error = status.ToString();
-    return false;
+// normalizer::Normalizer::Normalize.
+std::string SentencePieceModel::Normalize(absl::string_view input) const {
+  const Impl& impl = *impl_;
+  std::string normalized;
+  if (input.empty()) return normalized;
+  if (remove_extra_whitespaces_) {
+    while (!input.empty()) {
+      const auto p = impl.NormalizePrefix(input);
+      if (p.first != " ") break;
+      input.remove_prefix(p.second);
+    }
   }
-  return true;
+  if (input.empty()) return normalized;
+  const absl::string_view space = impl.escape_whitespaces ? kSpaceSymbol : " ";
+  normalized.reserve(input.size() * 3);
+  if (add_dummy_prefix_) normalized.append(space.data(), space.size());
+  bool is_prev_space = remove_extra_whitespaces_;
+  while (!input.empty()) {
+    const auto p = impl.NormalizePrefix(input);
+    absl::string_view sp = p.first;
+    while (is_prev_space && absl::ConsumePrefix(&sp, " ")) {
+    }
+    if (!sp.empty()) {
+      for (char c : sp) {
+        if (impl.escape_whitespaces && c == ' ') {
+          normalized.append(kSpaceSymbol.data(), kSpaceSymbol.size());
+        } else {
+          normalized.push_back(c);
+        }
+      }
+      is_prev_space = absl::EndsWith(sp, " ");
+    }
+    input.remove_prefix(p.second);
+    if (!remove_extra_whitespaces_) is_prev_space = false;
+  }
+  if (remove_extra_whitespaces_) {
+    while (absl::EndsWith(normalized, space)) normalized.resize(normalized.size() - space.size());
+  }
+  return normalized;
 }
 
-int SentencePieceModel::PieceToId(std::string_view piece) const {
-  auto it = impl_->ids.find(std::string(piece));
-  return it == impl_->ids.end() ? -1 : it->second;
+std::vector<int64_t> SentencePieceModel::Encode(absl::string_view text) const {
+  const Impl& impl = *impl_;
+  const std::string normalized = Normalize(text);
+  const absl::string_view all(normalized);
+  // (piece, id) as the model's Encode returns them.
+  std::vector<std::pair<absl::string_view, int>> result;
+
+  if (impl.model_type == Impl::Type::kBpe) {
+    // bpe::Model::SampleEncode without dropout.
+    struct Symbol {
+      int prev, next;
+      bool freeze;
+      absl::string_view piece;
+    };
+    struct Pair {
+      int left, right;
+      float score;
+      size_t size;
+    };
+    auto worse = [](const Pair& a, const Pair& b) {
+      return a.score < b.score || (a.score == b.score && a.left > b.left);
+    };
+    std::priority_queue<Pair, std::vector<Pair>, decltype(worse)> agenda(worse);
+    std::vector<Symbol> symbols;
+    absl::flat_hash_map<absl::string_view, std::pair<absl::string_view, absl::string_view>>
+        rev_merge;
+    auto maybe_add = [&](int left, int right) {
+      if (left == -1 || right == -1 || symbols[left].freeze || symbols[right].freeze) return;
+      const absl::string_view piece(symbols[left].piece.data(),
+                                    symbols[left].piece.size() + symbols[right].piece.size());
+      auto it = impl.pieces.find(piece);
+      if (it == impl.pieces.end()) return;
+      agenda.push({left, right, impl.scores[it->second], piece.size()});
+      if (types_[it->second] == PieceType::kUnused) {
+        rev_merge[piece] = {symbols[left].piece, symbols[right].piece};
+      }
+    };
+    absl::string_view rest = all;
+    int index = 0;
+    while (!rest.empty()) {
+      Symbol s;
+      const size_t length = impl.PrefixMatch(rest, &s.freeze);
+      s.piece = rest.substr(0, length);
+      s.prev = index == 0 ? -1 : index - 1;
+      rest.remove_prefix(length);
+      s.next = rest.empty() ? -1 : index + 1;
+      ++index;
+      symbols.push_back(s);
+    }
+    for (size_t i = 1; i < symbols.size(); ++i) maybe_add(i - 1, i);
+    while (!agenda.empty()) {
+      const Pair top = agenda.top();
+      agenda.pop();
+      Symbol& left = symbols[top.left];
+      Symbol& right = symbols[top.right];
+      if (left.piece.empty() || right.piece.empty() ||
+          left.piece.size() + right.piece.size() != top.size) {
+        continue;
+      }
+      left.piece = absl::string_view(left.piece.data(), left.piece.size() + right.piece.size());
+      left.next = right.next;
+      if (right.next >= 0) symbols[right.next].prev = top.left;
+      right.piece = absl::string_view();
+      maybe_add(left.prev, top.left);
+      maybe_add(top.left, left.next);
+    }
+    std::function<void(absl::string_view)> resegment = [&](absl::string_view w) {
+      const int id = PieceToId(w);
+      auto p = rev_merge.find(w);
+      if (types_[id] != PieceType::kUnused || p == rev_merge.end()) {
+        result.emplace_back(w, id);
+        return;
+      }
+      resegment(p->second.first);
+      resegment(p->second.second);
+    };
+    if (!symbols.empty()) {
+      for (int i = 0; i != -1; i = symbols[i].next) resegment(symbols[i].piece);
+    }
+  } else {
+    // unigram::Model::EncodeOptimized, with the same float arithmetic.
+    struct BestPathNode {
+      int id = -1;
+      float best_path_score = 0;
+      int starts_at = -1;
+    };
+    const int size = static_cast<int>(all.size());
+    const float unk_score = impl.min_score - 10.0f;
+    std::vector<BestPathNode> best_path_ends_at(size + 1);
+    int starts_at = 0;
+    while (starts_at < size) {
+      const auto best_path_score_till_here = best_path_ends_at[starts_at].best_path_score;
+      bool has_single_node = false;
+      const int mblen =
+          std::min<int>(static_cast<int>(OneCharLen(all[starts_at])), size - starts_at);
+      for (int key_pos = starts_at + 1; key_pos <= size; ++key_pos) {
+        const absl::string_view key = all.substr(starts_at, key_pos - starts_at);
+        if (!impl.piece_prefixes.contains(key)) break;
+        auto it = impl.pieces.find(key);
+        if (it == impl.pieces.end()) continue;
+        const int ret = it->second;
+        if (types_[ret] == PieceType::kUnused) continue;
+        auto& target_node = best_path_ends_at[key_pos];
+        const size_t length = key_pos - starts_at;
+        const auto score = types_[ret] == PieceType::kUserDefined
+                               ? (length * impl.max_score - 0.1)
+                               : impl.scores[ret];
+        const auto candidate_best_path_score = score + best_path_score_till_here;
+        if (target_node.starts_at == -1 ||
+            candidate_best_path_score > target_node.best_path_score) {
+          target_node.best_path_score = candidate_best_path_score;
+          target_node.starts_at = starts_at;
+          target_node.id = ret;
+        }
+        if (!has_single_node && static_cast<int>(length) == mblen) has_single_node = true;
+      }
+      if (!has_single_node) {
+        auto& target_node = best_path_ends_at[starts_at + mblen];
+        const auto candidate_best_path_score = unk_score + best_path_score_till_here;
+        if (target_node.starts_at == -1 ||
+            candidate_best_path_score > target_node.best_path_score) {
+          target_node.best_path_score = candidate_best_path_score;
+          target_node.starts_at = starts_at;
+          target_node.id = unk_id_;
+        }
+      }
+      starts_at += mblen;
+    }
+    for (int ends_at = size; ends_at > 0;) {
+      const BestPathNode& node = best_path_ends_at[ends_at];
+      result.emplace_back(all.substr(node.starts_at, ends_at - node.starts_at), node.id);
+      ends_at = node.starts_at;
+    }
+    std::reverse(result.begin(), result.end());
+  }
+
+  // SentencePieceProcessor::PopulateSentencePieceText: unknown pieces become bytes with byte
+  // fallback, otherwise runs of them merge into one.
+  std::vector<int64_t> ids;
+  ids.reserve(result.size());
+  bool is_prev_unk = false;
+  for (const auto& [w, id] : result) {
+    const bool is_unk = types_[id] == PieceType::kUnknown;
+    if (types_[id] == PieceType::kControl) {
+      ids.push_back(id);
+    } else if (is_unk && impl.byte_fallback) {
+      for (char b : w) {
+        ids.push_back(PieceToId(absl::StrFormat("<0x%02X>", static_cast<unsigned char>(b))));
+      }
+    } else if (!(is_prev_unk && is_unk)) {
+      ids.push_back(id);
+    }
+    is_prev_unk = is_unk;
+  }
+  return ids;
 }
 
 }  // namespace lgpt

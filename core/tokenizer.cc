@@ -4,7 +4,6 @@
 
 #include <fstream>
 #include <sstream>
-#include <string_view>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -262,24 +261,12 @@ class SentencePieceBackend : public TokenizerBackend {
       : model_(std::move(model)) {}
 
   absl::StatusOr<std::vector<int64_t>> Encode(absl::string_view text) const override {
-    std::vector<int> ids;
-    std::string error;
-    if (!model_->Encode(std::string_view(text.data(), text.size()), &ids, &error)) {
-      return absl::InternalError(absl::StrCat("SentencePiece encode failed: ", error));
-    }
-    return std::vector<int64_t>(ids.begin(), ids.end());
+    return model_->Encode(text);
   }
   int64_t vocab_size() const override { return model_->size(); }
+  // SentencePieceProcessor::PieceToId answers the unknown piece's id for unknown pieces.
   std::optional<int64_t> TokenToId(absl::string_view token) const override {
-    int id = model_->PieceToId(std::string_view(token.data(), token.size()));
-    if (id < 0) {
-      // SentencePieceProcessor::PieceToId answers the unknown piece's id.
-      for (int i = 0; i < model_->size() && id < 0; ++i) {
-        if (model_->type(i) == SentencePieceModel::PieceType::kUnknown) id = i;
-      }
-    }
-    if (id < 0) return std::nullopt;
-    return id;
+    return model_->PieceToId(token);
   }
   std::unique_ptr<IncrementalDecoder> NewDecoder() const override {
     return std::make_unique<SentencePieceDecoder>(*model_);
@@ -364,13 +351,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& ch
       if (!t->eos_id_) t->eos_id_ = eos;
     }
   } else if (IsFile(model_path)) {
-    std::string error;
-    std::unique_ptr<SentencePieceModel> model = SentencePieceModel::Load(model_path, &error);
-    if (model == nullptr) return absl::InvalidArgumentError(error);
-    if (model->has_denormalizer()) {
-      return absl::UnimplementedError(
-          absl::StrCat(model_path, ": models with a denormalizer are not supported"));
-    }
+    ASSIGN_OR_RETURN(std::unique_ptr<SentencePieceModel> model,
+                     SentencePieceModel::Load(model_path));
     if (model->bos_id() >= 0) t->bos_id_ = model->bos_id();
     if (model->eos_id() >= 0) t->eos_id_ = model->eos_id();
     t->backend_ = std::make_unique<SentencePieceBackend>(std::move(model));
