@@ -448,6 +448,19 @@ StreamingDecoder::StreamingDecoder(const Tokenizer& tokenizer)
 
 StreamingDecoder::~StreamingDecoder() = default;
 
+absl::StatusOr<std::string> StreamingDecoder::Prime(absl::Span<const int64_t> context) {
+  std::string ignored;
+  std::unique_ptr<IncrementalDecoder> probe = tokenizer_.backend_->NewDecoder();
+  for (int64_t id : context) RETURN_IF_ERROR(probe->Push(id, &ignored));
+  decoder_ = tokenizer_.backend_->NewDecoder();
+  held_.reset();
+  count_ = 0;
+  std::string out;
+  for (int64_t id : context) RETURN_IF_ERROR(decoder_->Push(id, &out));
+  count_ = context.size();
+  return out;
+}
+
 absl::StatusOr<std::string> StreamingDecoder::Push(int64_t id) {
   std::string out;
   if (tokenizer_.dummy_id_ && count_ == 0) {

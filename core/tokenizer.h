@@ -102,6 +102,13 @@ class StreamingDecoder {
   explicit StreamingDecoder(const Tokenizer& tokenizer);
   ~StreamingDecoder();
 
+  // Starts the stream after `context` (say, the prompt) without returning all of its text,
+  // so that the chunks that follow continue it exactly (a Llama continuation keeps its
+  // leading space). Returns the part of the context's text that is final; that part and the
+  // chunks concatenate to Decode(context + pushed ids) whenever there are two ids or more.
+  // Replaces any stream in progress. InvalidArgument for an id that has no token.
+  absl::StatusOr<std::string> Prime(absl::Span<const int64_t> context);
+
   // InvalidArgument for an id that has no token; the stream is unchanged then.
   absl::StatusOr<std::string> Push(int64_t id);
   std::string Flush();

@@ -261,6 +261,32 @@ TEST(StreamingTest, ByteFallbackCharacterAcrossTokens) {
   EXPECT_EQ(*sp->Decode({robot[1], robot[2]}), "\xEF\xBF\xBD\xEF\xBF\xBD");
 }
 
+// Priming with a prompt makes the chunks continue its text exactly.
+TEST(StreamingTest, PrimedWithContext) {
+  for (const std::string& name : AllDirs()) {
+    auto t = Load(Dir(name));
+    ASSERT_NE(t, nullptr);
+    for (const std::string& text : Texts()) {
+      const Ids ids = *t->Encode(text, true);
+      for (size_t split = 0; split <= ids.size(); ++split) {
+        const Ids context(ids.begin(), ids.begin() + split);
+        StreamingDecoder decoder(*t);
+        absl::StatusOr<std::string> decoded = decoder.Prime(context);
+        ASSERT_TRUE(decoded.ok()) << decoded.status();
+        for (size_t i = split; i < ids.size(); ++i) *decoded += *decoder.Push(ids[i]);
+        *decoded += decoder.Flush();
+        if (ids.size() >= 2) EXPECT_EQ(*decoded, *t->Decode(ids)) << name << " " << split;
+      }
+    }
+  }
+  auto sp = Load(Dir("spm_bpe"));
+  ASSERT_NE(sp, nullptr);
+  StreamingDecoder decoder(*sp);
+  EXPECT_EQ(*decoder.Prime(*sp->Encode("Hello", true)), "Hello");
+  EXPECT_EQ(*decoder.Push(*sp->TokenToId("\xE2\x96\x81wor")), " wor");  // not "wor"
+  EXPECT_FALSE(decoder.Prime({5, 100000}).ok());
+}
+
 // LitGPT decodes a single token of a LlamaTokenizer behind a dummy token so that its leading
 // space survives; a stream of one token matches that.
 TEST(StreamingTest, SingleTokenDecodingFix) {
