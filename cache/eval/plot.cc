@@ -119,6 +119,15 @@ std::string FormatTick(double v) {
   return buffer;
 }
 
+std::string FormatBytes(double v) {
+  char buffer[32];
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int unit = 0;
+  while (std::abs(v) >= 1024 && unit < 4) v /= 1024, ++unit;
+  std::snprintf(buffer, sizeof(buffer), "%g %s", std::round(v * 100) / 100, units[unit]);
+  return buffer;
+}
+
 void DrawMarker(Image& image, int x, int y, Marker marker, Color color) {
   const int r = 4;
   for (int dy = -r; dy <= r; ++dy) {
@@ -306,7 +315,7 @@ Image ScatterPlot(const std::vector<Series>& series, const PlotOptions& options)
     const int x = px(t);
     image.Line(x, top, x, bottom, grid);
     image.Line(x, bottom, x, bottom + 4, black);
-    const std::string label = FormatTick(t);
+    const std::string label = options.x_bytes ? FormatBytes(t) : FormatTick(t);
     image.Text(x - Image::TextWidth(label) / 2, bottom + 8, label, black);
   }
   for (double t : LinearTicks(y_lo, y_hi, 5)) {

@@ -63,6 +63,7 @@ struct Series {
 struct PlotOptions {
   std::string title, x_label, y_label;
   bool log_x = false;
+  bool x_bytes = false;  // x tick labels in binary units (KiB, MiB, GiB)
   int width = 900, height = 560;
 };
 

@@ -1,0 +1,376 @@
+// Quality against memory of the KV cache policies: teacher-forced perplexity of a long token
+// sequence through every policy x budget x bits combination, with the dense 16-bit cache as
+// the baseline.
+//
+//   bazel run //tools:eval_cache -- --checkpoint_dir=DIR --text_file=FILE \
+//       --budgets=64,128,256 --policies=dense,window,sink,h2o --bits=16,8,4 --out_dir=DIR
+//
+// Tokens come from --text_file (tokenised with the checkpoint's tokenizer), --token_file
+// (ids separated by commas or whitespace) or --random_tokens=N (a smoke run); the model from
+// --checkpoint_dir or --random_model=PRESET (random weights: the machinery, not quality).
+// Sequences longer than the model's context are cut into segments of --segment tokens
+// (default: the block size), each starting from an empty cache. Every segment is fed
+// --chunk tokens a step (1: token by token, so every step is a decode step and the timing is
+// decode throughput); each step's logits score the next tokens.
+//
+// Writes OUT_DIR/results.csv, OUT_DIR/results.md (policy, budget, bits, kv_bytes, perplexity,
+// ratio to dense, decode tokens/s) and OUT_DIR/ppl_vs_kv_bytes.png; prints progress on
+// stderr and the markdown table on stdout.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <sys/stat.h>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "cache/eval/plot.h"
+#include "cache/kv_cache_factory.h"
+#include "core/config_presets.h"
+#include "core/device.h"
+#include "core/model/checkpoint.h"
+#include "core/model/gpt.h"
+#include "core/status_macros.h"
+#include "core/tokenizer.h"
+#include "tools/tool_util.h"
+
+ABSL_FLAG(std::string, checkpoint_dir, "", "LitGPT checkpoint directory");
+ABSL_FLAG(std::string, random_model, "",
+          "instead of a checkpoint: a LitGPT preset name with random weights (smoke runs)");
+ABSL_FLAG(uint64_t, seed, 1234, "seed of --random_model and --random_tokens");
+ABSL_FLAG(std::string, text_file, "", "text to score (needs the checkpoint's tokenizer)");
+ABSL_FLAG(std::string, token_file, "", "token ids to score, separated by commas or whitespace");
+ABSL_FLAG(int64_t, random_tokens, 0, "score this many random token ids (smoke runs)");
+ABSL_FLAG(int64_t, max_tokens, 0, "score at most this many tokens; 0: all");
+ABSL_FLAG(std::string, budgets, "64,128,256", "entries per layer, comma-separated");
+ABSL_FLAG(std::string, policies, "dense,window,sink,h2o", "dense, window, sink, h2o, tova");
+ABSL_FLAG(std::string, bits, "16,8,4", "16 (the model's dtype), 8, 4; comma-separated");
+ABSL_FLAG(int64_t, kv_sink, 4, "sink tokens of the sink policy");
+ABSL_FLAG(int64_t, kv_residual, 16, "quantised caches: recent entries kept in full precision");
+ABSL_FLAG(int64_t, kv_group, 32, "quantised caches: channels sharing one scale");
+ABSL_FLAG(double, kv_recent_fraction, 0.5, "h2o: the recent window's share of the budget");
+ABSL_FLAG(int64_t, chunk, 1, "tokens fed a step (1: token by token)");
+ABSL_FLAG(int64_t, segment, 0, "tokens per independent segment; 0: the model's block size");
+ABSL_FLAG(std::string, out_dir, "", "directory for results.csv, results.md and the plot");
+ABSL_FLAG(std::string, precision, "32-true", "32-true, bf16-true or 16-true");
+ABSL_FLAG(std::string, device, "cpu", "cpu or cuda[:N]");
+
+namespace lgpt {
+namespace {
+
+struct Row {
+  KVCacheSpec spec;
+  int64_t kv_bytes = 0;
+  int64_t index_bytes = 0;
+  double perplexity = 0;
+  double decode_tokens_per_s = 0;
+  int64_t scored = 0;
+};
+
+absl::StatusOr<std::vector<int64_t>> ParseList(const std::string& text, const std::string& flag) {
+  std::vector<int64_t> values;
+  for (absl::string_view piece : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    int64_t v = 0;
+    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(piece), &v)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, ": '", piece, "' is not an integer"));
+    }
+    values.push_back(v);
+  }
+  if (values.empty()) return absl::InvalidArgumentError(absl::StrCat("--", flag, " is empty"));
+  return values;
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path, const std::string& flag) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("--", flag, ": cannot read ", path));
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+absl::StatusOr<std::vector<int64_t>> ReadTokenFile(const std::string& path) {
+  ASSIGN_OR_RETURN(const std::string text, ReadFile(path, "token_file"));
+  std::vector<int64_t> ids;
+  for (absl::string_view piece : absl::StrSplit(text, absl::ByAnyChar(", \t\r\n"),
+                                                absl::SkipEmpty())) {
+    int64_t id = 0;
+    if (!absl::SimpleAtoi(piece, &id) || id < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--token_file ", path, ": '", piece, "' is not a non-negative integer token id"));
+    }
+    ids.push_back(id);
+  }
+  return ids;
+}
+
+absl::StatusOr<LoadedModel> LoadModel(c10::ScalarType dtype, c10::Device device) {
+  const std::string random = absl::GetFlag(FLAGS_random_model);
+  if (!random.empty()) {
+    ASSIGN_OR_RETURN(Config config, ConfigFromName(random));
+    at::manual_seed(absl::GetFlag(FLAGS_seed));
+    ASSIGN_OR_RETURN(GPT model, GPTImpl::Create(config));
+    model->To(device, dtype);
+    model->eval();
+    return LoadedModel{config, model};
+  }
+  const std::string dir = ResolvePath(absl::GetFlag(FLAGS_checkpoint_dir));
+  if (dir.empty()) {
+    return absl::InvalidArgumentError("--checkpoint_dir (or --random_model=PRESET) is required");
+  }
+  LoadOptions load;
+  load.dtype = dtype;
+  load.device = device;
+  load.progress = PrintProgress;
+  return LoadCheckpoint(dir, load);
+}
+
+absl::StatusOr<std::vector<int64_t>> LoadTokens(const Config& config) {
+  const std::string text_file = absl::GetFlag(FLAGS_text_file);
+  const std::string token_file = absl::GetFlag(FLAGS_token_file);
+  const int64_t random = absl::GetFlag(FLAGS_random_tokens);
+  if ((!text_file.empty()) + (!token_file.empty()) + (random > 0) != 1) {
+    return absl::InvalidArgumentError(
+        "pass exactly one of --text_file, --token_file and --random_tokens=N");
+  }
+  std::vector<int64_t> ids;
+  if (!text_file.empty()) {
+    if (absl::GetFlag(FLAGS_checkpoint_dir).empty()) {
+      return absl::UnimplementedError(
+          "--text_file needs a checkpoint's tokenizer (--checkpoint_dir); a --random_model has "
+          "none: pass --token_file or --random_tokens");
+    }
+    auto tokenizer = Tokenizer::Load(ResolvePath(absl::GetFlag(FLAGS_checkpoint_dir)));
+    if (!tokenizer.ok()) {
+      return absl::Status(tokenizer.status().code() == absl::StatusCode::kNotFound
+                              ? absl::StatusCode::kUnimplemented
+                              : tokenizer.status().code(),
+                          absl::StrCat("--text_file needs a tokenizer in --checkpoint_dir (",
+                                       tokenizer.status().message(),
+                                       "); pass --token_file with token ids instead"));
+    }
+    ASSIGN_OR_RETURN(const std::string text, ReadFile(ResolvePath(text_file), "text_file"));
+    ASSIGN_OR_RETURN(ids, (*tokenizer)->Encode(text));
+  } else if (!token_file.empty()) {
+    ASSIGN_OR_RETURN(ids, ReadTokenFile(ResolvePath(token_file)));
+  } else {
+    at::manual_seed(absl::GetFlag(FLAGS_seed) + 1);
+    const at::Tensor t = at::randint(0, config.vocab_size, {random}, at::kLong);
+    ids.assign(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + random);
+  }
+  const int64_t max_tokens = absl::GetFlag(FLAGS_max_tokens);
+  if (max_tokens > 0 && static_cast<int64_t>(ids.size()) > max_tokens) ids.resize(max_tokens);
+  if (ids.size() < 2) return absl::InvalidArgumentError("need at least 2 tokens to score");
+  for (int64_t id : ids) {
+    if (id >= config.PaddedVocabSize()) {
+      return absl::OutOfRangeError(absl::StrCat("token id ", id, " is outside the vocabulary of ",
+                                                config.PaddedVocabSize()));
+    }
+  }
+  return ids;
+}
+
+// Teacher-forced negative log-likelihood of `tokens` through `cache`, segment by segment.
+absl::StatusOr<Row> Evaluate(GPTImpl& model, KVCache& cache, const KVCacheSpec& spec,
+                             const std::vector<int64_t>& tokens, int64_t segment, int64_t chunk) {
+  at::NoGradGuard no_grad;
+  Row row;
+  row.spec = spec;
+  double nll = 0, decode_s = 0;
+  int64_t decode_steps = 0;
+  const at::Tensor all = at::tensor(tokens, at::kLong).unsqueeze(0).to(model.device());
+  const int64_t total = static_cast<int64_t>(tokens.size());
+  for (int64_t begin = 0; begin + 1 < total; begin += segment) {
+    const int64_t length = std::min(segment, total - begin);
+    cache.Reset();
+    for (int64_t position = 0; position + 1 < length; position += chunk) {
+      const int64_t steps = std::min(chunk, length - 1 - position);
+      ForwardOptions options;
+      options.positions = at::arange(position, position + steps, at::kLong).unsqueeze(0);
+      const auto start = std::chrono::steady_clock::now();
+      ASSIGN_OR_RETURN(const at::Tensor logits,
+                       model.Forward(all.narrow(1, begin + position, steps), &cache, options));
+      const at::Tensor targets = all.narrow(1, begin + position + 1, steps).reshape({-1});
+      const at::Tensor log_probs =
+          at::log_softmax(logits.reshape({steps, -1}).to(at::kFloat), -1);
+      nll -= log_probs.gather(1, targets.unsqueeze(1)).sum().item<double>();
+      if (steps == 1) {
+        decode_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        ++decode_steps;
+      }
+      row.scored += steps;
+    }
+    row.kv_bytes = std::max(row.kv_bytes, cache.AllocatedBytes());
+    row.index_bytes = std::max(row.index_bytes, KVCacheIndexBytes(cache));
+  }
+  row.perplexity = std::exp(nll / std::max<int64_t>(row.scored, 1));
+  row.decode_tokens_per_s = decode_s > 0 ? decode_steps / decode_s : 0;
+  return row;
+}
+
+Color PolicyColor(const std::string& policy) {
+  if (policy == "dense") return {0, 0, 0};
+  if (policy == "window") return {214, 39, 40};
+  if (policy == "sink") return {31, 119, 180};
+  if (policy == "h2o") return {44, 160, 44};
+  if (policy == "tova") return {255, 127, 14};
+  return {148, 103, 189};
+}
+
+Marker BitsMarker(int bits) {
+  return bits == 16 ? Marker::kCircle : bits == 8 ? Marker::kSquare : Marker::kTriangle;
+}
+
+int Run() {
+  const c10::ScalarType dtype = ValueOrDie(ParsePrecision(absl::GetFlag(FLAGS_precision)));
+  const c10::Device device = ValueOrDie(ParseDevice(absl::GetFlag(FLAGS_device)));
+  const std::string out_dir = ResolvePath(absl::GetFlag(FLAGS_out_dir));
+  if (out_dir.empty()) Die(absl::InvalidArgumentError("--out_dir is required"));
+  const std::vector<int64_t> budgets = ValueOrDie(ParseList(absl::GetFlag(FLAGS_budgets), "budgets"));
+  const std::vector<int64_t> bits_list = ValueOrDie(ParseList(absl::GetFlag(FLAGS_bits), "bits"));
+  std::vector<std::string> policies =
+      absl::StrSplit(absl::GetFlag(FLAGS_policies), ',', absl::SkipWhitespace());
+  if (policies.empty()) Die(absl::InvalidArgumentError("--policies is empty"));
+  const int64_t chunk = absl::GetFlag(FLAGS_chunk);
+  if (chunk < 1) Die(absl::InvalidArgumentError(absl::StrCat("--chunk must be >= 1, got ", chunk)));
+
+  // Every combination is checked before the (long) runs start.
+  std::vector<KVCacheSpec> specs;
+  auto add = [&](const std::string& policy, int64_t budget, int64_t bits) {
+    KVCacheSpec spec;
+    spec.policy = policy;
+    spec.budget = policy == "dense" ? 0 : budget;
+    spec.bits = static_cast<int>(bits);
+    spec.sink_tokens = absl::GetFlag(FLAGS_kv_sink);
+    spec.residual = absl::GetFlag(FLAGS_kv_residual);
+    spec.group_size = absl::GetFlag(FLAGS_kv_group);
+    spec.recent_fraction = absl::GetFlag(FLAGS_kv_recent_fraction);
+    DieIfError(ValidateKVCacheSpec(spec));
+    for (const KVCacheSpec& s : specs) {
+      if (s.policy == spec.policy && s.budget == spec.budget && s.bits == spec.bits) return;
+    }
+    specs.push_back(spec);
+  };
+  add("dense", 0, 16);  // the baseline
+  for (const std::string& policy : policies) {
+    for (int64_t bits : bits_list) {
+      if (policy == "dense") {
+        add(policy, 0, bits);
+        continue;
+      }
+      for (int64_t budget : budgets) add(policy, budget, bits);
+    }
+  }
+
+  LoadedModel loaded = ValueOrDie(LoadModel(dtype, device));
+  const std::vector<int64_t> tokens = ValueOrDie(LoadTokens(loaded.config));
+  int64_t segment = absl::GetFlag(FLAGS_segment);
+  if (segment <= 0 || segment > loaded.config.block_size) segment = loaded.config.block_size;
+  segment = std::min<int64_t>(segment, tokens.size());
+  if (segment < 2) Die(absl::InvalidArgumentError("--segment must be >= 2"));
+  ::mkdir(out_dir.c_str(), 0755);
+
+  KVCacheShape shape;
+  shape.max_sequence_length = segment;
+  shape.layers = loaded.model->CacheLayout();
+  shape.dtype = dtype;
+  shape.device = device;
+  shape.initial_capacity = segment;
+  std::fprintf(stderr, "model %s (%lld layers), %zu tokens in segments of %lld, chunk %lld, %d threads\n",
+               loaded.config.name.c_str(), static_cast<long long>(loaded.config.n_layer),
+               tokens.size(), static_cast<long long>(segment), static_cast<long long>(chunk),
+               at::get_num_threads());
+
+  std::vector<Row> rows;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    std::unique_ptr<KVCache> cache = ValueOrDie(MakeKVCache(specs[i], shape));
+    Row row = ValueOrDie(Evaluate(*loaded.model, *cache, specs[i], tokens, segment, chunk));
+    std::fprintf(stderr, "[%zu/%zu] %-26s ppl %9.4f (%.4fx dense)  kv %10lld bytes  %7.1f tok/s\n",
+                 i + 1, specs.size(), DescribeKVCacheSpec(specs[i]).c_str(), row.perplexity,
+                 row.perplexity / (rows.empty() ? row.perplexity : rows[0].perplexity),
+                 static_cast<long long>(row.kv_bytes), row.decode_tokens_per_s);
+    rows.push_back(row);
+  }
+
+  const Row& dense = rows[0];
+  std::string csv =
+      "policy,budget,bits,kv_bytes,kv_index_bytes,kv_bytes_ratio,perplexity,ppl_ratio,"
+      "decode_tokens_per_s,scored_tokens\n";
+  std::string md = absl::StrFormat(
+      "# KV cache policies: perplexity against KV memory\n\n"
+      "Model `%s` (%lld layers, %s), %zu tokens scored teacher-forced in segments of %lld, "
+      "%lld token(s) a step; KV bytes are the cache's storage (scales included) at the end of "
+      "a segment, index bytes (positions, scores) apart; ratios are to the dense cache at the "
+      "model's dtype. Decode tokens/s: whole-model steps of one token.\n\n"
+      "| policy | budget | bits | kv_bytes | kv ratio | perplexity | ppl ratio | decode tok/s |\n"
+      "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+      loaded.config.name, static_cast<long long>(loaded.config.n_layer),
+      absl::GetFlag(FLAGS_precision), tokens.size(), static_cast<long long>(segment),
+      static_cast<long long>(chunk));
+  std::map<std::pair<std::string, int>, Series> series;
+  for (const Row& row : rows) {
+    const double kv_ratio = static_cast<double>(row.kv_bytes) / dense.kv_bytes;
+    const double ppl_ratio = row.perplexity / dense.perplexity;
+    const std::string budget = row.spec.policy == "dense" ? "-" : absl::StrCat(row.spec.budget);
+    absl::StrAppendFormat(&csv, "%s,%s,%d,%lld,%lld,%.6f,%.6f,%.6f,%.2f,%lld\n", row.spec.policy,
+                          row.spec.policy == "dense" ? "" : budget, row.spec.bits,
+                          static_cast<long long>(row.kv_bytes),
+                          static_cast<long long>(row.index_bytes), kv_ratio, row.perplexity,
+                          ppl_ratio, row.decode_tokens_per_s, static_cast<long long>(row.scored));
+    absl::StrAppendFormat(&md, "| %s | %s | %d | %lld | %.3f | %.4f | %.4f | %.1f |\n",
+                          row.spec.policy, budget, row.spec.bits,
+                          static_cast<long long>(row.kv_bytes), kv_ratio, row.perplexity,
+                          ppl_ratio, row.decode_tokens_per_s);
+    Series& s = series[{row.spec.policy, row.spec.bits}];
+    s.label = absl::StrCat(row.spec.policy, " ", row.spec.bits, "-bit");
+    s.color = PolicyColor(row.spec.policy);
+    s.marker = BitsMarker(row.spec.bits);
+    s.points.push_back({static_cast<double>(row.kv_bytes), row.perplexity});
+  }
+  absl::StrAppend(&md,
+                  "\nPlot: `ppl_vs_kv_bytes.png` (x: KV bytes, log scale; colour: policy — "
+                  "dense black, window red, sink blue, h2o green, tova orange; marker: bits — "
+                  "16 circle, 8 square, 4 triangle).\n");
+  std::vector<Series> plotted;
+  for (auto& [key, s] : series) plotted.push_back(s);
+  PlotOptions plot;
+  plot.title = absl::StrCat("Perplexity vs KV bytes: ", loaded.config.name);
+  plot.x_label = "KV cache bytes (log scale)";
+  plot.y_label = "perplexity";
+  plot.log_x = true;
+  plot.x_bytes = true;
+  for (const auto& [name, text] : {std::pair<std::string, std::string>{"results.csv", csv},
+                                   {"results.md", md}}) {
+    std::ofstream out(out_dir + "/" + name);
+    out << text;
+    if (!out) Die(absl::DataLossError(absl::StrCat("cannot write ", out_dir, "/", name)));
+  }
+  DieIfError(WritePng(out_dir + "/ppl_vs_kv_bytes.png", ScatterPlot(plotted, plot)));
+  std::printf("%s", md.c_str());
+  std::printf("wrote %s/results.csv, results.md, ppl_vs_kv_bytes.png\n", out_dir.c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace lgpt
+
+int main(int argc, char** argv) {
+  lgpt::InitTool(argc, argv,
+                 "eval_cache --checkpoint_dir=DIR (--text_file=F | --token_file=F | "
+                 "--random_tokens=N) --budgets=64,128 --policies=dense,window,sink,h2o "
+                 "--bits=16,8,4 --out_dir=DIR");
+  return lgpt::Run();
+}
