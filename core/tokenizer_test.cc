@@ -727,6 +727,29 @@ TEST(HfLayoutTest, AddedTokenOptions) {
   EXPECT_EQ(*word->Decode({64, 220, 9246}), "a cat");
 }
 
+TEST(HfLayoutTest, IgnoreMergesAndPrefixSpace) {
+  json j = json::parse(Gpt2Json());
+  j["model"]["vocab"]["qzxv"] = 50257;  // reachable by no merge
+  j["model"]["ignore_merges"] = true;
+  j["pre_tokenizer"]["add_prefix_space"] = true;
+  const std::string dir = TempDir("ignore_merges");
+  WriteFile(dir + "/tokenizer.json", j.dump());
+  auto t = Load(dir);
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(*t->Encode("Hello world"), (Ids{18435, 995}));  // " Hello": prefix space added
+  EXPECT_EQ(*t->Encode(" Hello"), (Ids{18435}));            // not added twice
+  j["pre_tokenizer"]["add_prefix_space"] = false;
+  WriteFile(dir + "/tokenizer.json", j.dump());
+  t = Load(dir);
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(*t->Encode("qzxv"), (Ids{50257}));
+  j["model"]["ignore_merges"] = false;
+  WriteFile(dir + "/tokenizer.json", j.dump());
+  t = Load(dir);
+  ASSERT_NE(t, nullptr);
+  EXPECT_GT(t->Encode("qzxv")->size(), 1u);
+}
+
 TEST(HfLayoutTest, MetaspaceDecoderAndTruncation) {
   json j = json::parse(ReadFile(Dir("spm_bpe_hf/tokenizer.json")));
   j["decoder"] = {{"type", "Sequence"},
