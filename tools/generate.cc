@@ -1,9 +1,12 @@
-// Generates tokens from a prompt with a LitGPT checkpoint:
+// Generates text from a prompt with a LitGPT checkpoint (the embedded default model when
+// --checkpoint_dir is not given):
+//   bazel run //tools:generate -- --prompt="In the beginning"
 //   bazel run //tools:generate -- --checkpoint_dir=DIR --prompt_ids=1,2,3 \
 //       --max_new_tokens=N --temperature=0 --prefill_chunk=K --print_ids
-// Streams token ids to stderr as they are produced, prints statistics (time to first token,
-// prefill and decode tokens/s, kv_cache_bytes, peak memory), and prints the generated ids,
-// space-separated, as the last line of stdout.
+// Streams text on stdout as it is produced (token ids on stderr when the checkpoint has no
+// tokenizer), then prints statistics (time to first token, prefill and decode tokens/s,
+// kv_cache_bytes, peak memory). With --print_ids, or without a tokenizer, the generated
+// ids, space-separated, are the last line of stdout.
 #include <cstdio>
 #include <string>
 
@@ -15,9 +18,11 @@
 #include "core/device.h"
 #include "core/model/checkpoint.h"
 #include "core/model/generate.h"
+#include "core/tokenizer.h"
 #include "tools/tool_util.h"
 
-ABSL_FLAG(std::string, checkpoint_dir, "", "LitGPT checkpoint directory");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "LitGPT checkpoint directory; empty: the embedded default model");
 ABSL_FLAG(std::string, prompt_ids, "", "comma-separated prompt token ids, e.g. 1,2,3");
 ABSL_FLAG(std::string, prompt, "", "prompt text (needs a checkpoint with a tokenizer)");
 ABSL_FLAG(int64_t, max_new_tokens, 50, "number of tokens to generate");
@@ -31,23 +36,20 @@ ABSL_FLAG(bool, print_ids, false, "print the generated ids as the last line of s
 ABSL_FLAG(std::string, precision, "32-true", "32-true, bf16-true or 16-true");
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda[:N]");
 
+// The embedded default model, relative to the runfiles root (see README).
+constexpr char kDefaultModelDir[] = "tools/default_model";
+
 int main(int argc, char** argv) {
   using namespace lgpt;
   InitTool(argc, argv,
            "generate --checkpoint_dir=DIR --prompt_ids=1,2,3 [--max_new_tokens=N] "
            "[--temperature=T] [--prefill_chunk=K] [--print_ids]");
-  const std::string checkpoint_dir = ResolvePath(absl::GetFlag(FLAGS_checkpoint_dir));
-  if (checkpoint_dir.empty()) {
-    Die(absl::InvalidArgumentError(
-        "--checkpoint_dir is required (the embedded default model is not part of this build "
-        "yet); e.g. --checkpoint_dir=tests/testdata/golden/llama2"));
+  std::string checkpoint_dir = ResolvePath(absl::GetFlag(FLAGS_checkpoint_dir));
+  if (checkpoint_dir.empty()) checkpoint_dir = kDefaultModelDir;
+  const bool text_prompt = !absl::GetFlag(FLAGS_prompt).empty();
+  if (text_prompt == !absl::GetFlag(FLAGS_prompt_ids).empty()) {
+    Die(absl::InvalidArgumentError("give exactly one of --prompt and --prompt_ids"));
   }
-  if (!absl::GetFlag(FLAGS_prompt).empty()) {
-    Die(absl::UnimplementedError(
-        "--prompt needs a tokenizer, which this build does not read yet: pass --prompt_ids"));
-  }
-  const std::vector<int64_t> prompt =
-      ValueOrDie(ParseIds(absl::GetFlag(FLAGS_prompt_ids), "prompt_ids"));
   GenerateOptions options;
   options.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
   options.sampling.temperature = absl::GetFlag(FLAGS_temperature);
@@ -73,6 +75,22 @@ int main(int argc, char** argv) {
   load.device = ValueOrDie(ParseDevice(absl::GetFlag(FLAGS_device)));
   load.progress = PrintProgress;
   LoadedModel loaded = ValueOrDie(LoadCheckpoint(checkpoint_dir, load));
+  // A checkpoint without tokenizer files still generates from ids.
+  std::unique_ptr<Tokenizer> tokenizer;
+  absl::StatusOr<std::unique_ptr<Tokenizer>> loaded_tokenizer = Tokenizer::Load(checkpoint_dir);
+  if (loaded_tokenizer.ok()) {
+    tokenizer = *std::move(loaded_tokenizer);
+  } else if (text_prompt) {
+    Die(loaded_tokenizer.status());
+  }
+  std::vector<int64_t> prompt;
+  if (text_prompt) {
+    prompt = ValueOrDie(tokenizer->Encode(absl::GetFlag(FLAGS_prompt)));
+    if (prompt.empty()) Die(absl::InvalidArgumentError("--prompt encodes to no tokens"));
+    if (tokenizer->eos_id()) options.stop_tokens.push_back(*tokenizer->eos_id());
+  } else {
+    prompt = ValueOrDie(ParseIds(absl::GetFlag(FLAGS_prompt_ids), "prompt_ids"));
+  }
   const int64_t length = static_cast<int64_t>(prompt.size()) + options.max_new_tokens;
   if (length > loaded.config.block_size) {
     Die(absl::OutOfRangeError(absl::StrCat(
@@ -89,15 +107,32 @@ int main(int argc, char** argv) {
   std::unique_ptr<DenseKVCache> cache =
       ValueOrDie(loaded.model->NewDenseCache(1, length, /*initial_capacity=*/length));
 
-  options.on_token = [](int64_t token) {
-    std::fprintf(stderr, "%lld ", static_cast<long long>(token));
-    std::fflush(stderr);
+  std::unique_ptr<StreamingDecoder> stream;
+  if (tokenizer) {
+    stream = std::make_unique<StreamingDecoder>(*tokenizer);
+    // The prompt's own text first; the stream then continues it exactly (spaces included).
+    std::printf("%s", ValueOrDie(stream->Prime(prompt)).c_str());
+    std::fflush(stdout);
+  }
+  options.on_token = [&](int64_t token) {
+    if (stream) {
+      absl::StatusOr<std::string> text = stream->Push(token);
+      if (text.ok()) std::printf("%s", text->c_str());
+      std::fflush(stdout);
+    } else {
+      std::fprintf(stderr, "%lld ", static_cast<long long>(token));
+      std::fflush(stderr);
+    }
     return true;
   };
   GenerateStats stats;
   const std::vector<int64_t> generated =
       ValueOrDie(Generate(*loaded.model, *cache, prompt, options, &stats));
-  std::fprintf(stderr, "\n");
+  if (stream) {
+    std::printf("%s\n\n", stream->Flush().c_str());
+  } else {
+    std::fprintf(stderr, "\n");
+  }
 
   const double prefill_tps = stats.prefill_s > 0 ? stats.prompt_tokens / stats.prefill_s : 0;
   const double decode_tps =
@@ -111,7 +146,9 @@ int main(int argc, char** argv) {
   std::printf("kv_cache_bytes=%lld\n", static_cast<long long>(stats.kv_cache_bytes));
   std::printf("kv_cache_index_bytes=%lld\n", static_cast<long long>(cache->IndexBytes()));
   std::printf("peak_rss_bytes=%lld\n", static_cast<long long>(PeakRssBytes()));
-  // This build has no tokenizer, so the ids are the output whether or not --print_ids asks.
-  std::printf("%s\n", absl::StrJoin(generated, " ").c_str());
+  // Without a tokenizer the ids are the output, so they are printed either way.
+  if (absl::GetFlag(FLAGS_print_ids) || !tokenizer) {
+    std::printf("%s\n", absl::StrJoin(generated, " ").c_str());
+  }
   return 0;
 }

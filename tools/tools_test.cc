@@ -112,6 +112,21 @@ TEST(GenerateTest, SeededSamplingIsReproducible) {
   EXPECT_EQ(LastLine(a.out), LastLine(b.out));
 }
 
+TEST(GenerateTest, DefaultModelStreamsTextThatContinuesThePrompt) {
+  const ToolRun run = Execute("generate", "--prompt='And God said' --max_new_tokens=30 --seed=1");
+  ASSERT_EQ(run.status, 0) << run.err;
+  // The text starts with the prompt and continues it with words, then the statistics.
+  ASSERT_EQ(run.out.rfind("And God said ", 0), 0u) << run.out;
+  const std::string text = run.out.substr(0, run.out.find("\n\n"));
+  EXPECT_GT(text.size(), std::string("And God said ").size() + 20) << run.out;
+  EXPECT_NE(run.out.find("model=lgpt-kjv-3m"), std::string::npos);
+  EXPECT_NE(run.out.find("decode_tokens_per_s="), std::string::npos);
+  // Same seed, same text.
+  EXPECT_EQ(Execute("generate", "--prompt='And God said' --max_new_tokens=30 --seed=1").out
+                .substr(0, text.size()),
+            text);
+}
+
 TEST(ToolErrorsTest, BadInputIsOneLineAndStatusOne) {
   const std::string ok_dir = absl::StrCat("--checkpoint_dir=", kGolden);
   ExpectCleanFailure(Execute("generate", "--checkpoint_dir=/nonexistent --prompt_ids=1"),
@@ -130,6 +145,9 @@ TEST(ToolErrorsTest, BadInputIsOneLineAndStatusOne) {
   ExpectCleanFailure(Execute("generate", ok_dir + " --prompt_ids=1 --precision=8-bit"),
                      "precision");
   ExpectCleanFailure(Execute("score", ok_dir + " --token_ids=1,2"), "logits_out");
+  ExpectCleanFailure(Execute("generate", "--prompt=x --prompt_ids=1"), "exactly one");
+  // The golden checkpoints have no tokenizer: a text prompt cannot be encoded.
+  ExpectCleanFailure(Execute("generate", ok_dir + " --prompt=hello"), "tokenizer");
 }
 
 TEST(ToolErrorsTest, BrokenCheckpointsAreOneLineAndStatusOne) {
