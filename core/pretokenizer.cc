@@ -147,8 +147,7 @@ std::optional<PretokenizerPattern> PatternFromRegex(absl::string_view regex) {
   return std::nullopt;
 }
 
-std::vector<absl::string_view> SplitByPattern(PretokenizerPattern pattern,
-                                              absl::string_view text) {
+std::vector<absl::string_view> SplitByPattern(PretokenizerPattern pattern, absl::string_view text) {
   const Chars t(text);
   std::vector<absl::string_view> pieces;
   size_t i = 0;

@@ -290,9 +290,9 @@ absl::StatusOr<std::unique_ptr<SentencePieceModel>> SentencePieceModel::Parse(
       }
       if (!inner.ok()) return bad("a malformed piece");
       if (type < 1 || type > 6) return bad(absl::StrCat("piece type ", type));
-      static constexpr PieceType kTypes[] = {PieceType::kNormal,      PieceType::kUnknown,
-                                            PieceType::kControl,     PieceType::kUserDefined,
-                                            PieceType::kUnused,      PieceType::kByte};
+      static constexpr PieceType kTypes[] = {PieceType::kNormal,  PieceType::kUnknown,
+                                             PieceType::kControl, PieceType::kUserDefined,
+                                             PieceType::kUnused,  PieceType::kByte};
       m.pieces_.push_back(std::move(piece));
       m.types_.push_back(kTypes[type - 1]);
       impl.scores.push_back(score);
@@ -313,8 +313,9 @@ absl::StatusOr<std::unique_ptr<SentencePieceModel>> SentencePieceModel::Parse(
           if (value == 2) {
             impl.model_type = Impl::Type::kBpe;
           } else if (value != 1) {
-            return unsupported(value == 3 ? "the word model" : value == 4 ? "the char model"
-                                                                           : "this model type");
+            return unsupported(value == 3   ? "the word model"
+                               : value == 4 ? "the char model"
+                                            : "this model type");
           }
         }
         if (f == 24 && w == 0) treat_whitespace_as_suffix = value != 0;
@@ -344,8 +345,8 @@ absl::StatusOr<std::unique_ptr<SentencePieceModel>> SentencePieceModel::Parse(
     const std::string& piece = m.pieces_[id];
     const PieceType type = m.types_[id];
     if (piece.empty()) return bad("an empty piece");
-    const bool normal = type == PieceType::kNormal || type == PieceType::kUserDefined ||
-                        type == PieceType::kUnused;
+    const bool normal =
+        type == PieceType::kNormal || type == PieceType::kUserDefined || type == PieceType::kUnused;
     if (!(normal ? impl.pieces : impl.reserved).emplace(piece, id).second) {
       return bad(absl::StrCat("piece '", piece, "' is defined twice"));
     }
@@ -373,8 +374,8 @@ absl::StatusOr<std::unique_ptr<SentencePieceModel>> SentencePieceModel::Parse(
     }
   }
   if (m.unk_id_ < 0) return bad("no unknown piece");
-  if (impl.byte_fallback && std::find(std::begin(byte_found), std::end(byte_found), false) !=
-                                std::end(byte_found)) {
+  if (impl.byte_fallback &&
+      std::find(std::begin(byte_found), std::end(byte_found), false) != std::end(byte_found)) {
     return bad("byte_fallback without all 256 byte pieces");
   }
   if (impl.model_type == Impl::Type::kUnigram) {
@@ -552,9 +553,8 @@ std::vector<int64_t> SentencePieceModel::Encode(absl::string_view text) const {
         if (types_[ret] == PieceType::kUnused) continue;
         auto& target_node = best_path_ends_at[key_pos];
         const size_t length = key_pos - starts_at;
-        const auto score = types_[ret] == PieceType::kUserDefined
-                               ? (length * impl.max_score - 0.1)
-                               : impl.scores[ret];
+        const auto score = types_[ret] == PieceType::kUserDefined ? (length * impl.max_score - 0.1)
+                                                                  : impl.scores[ret];
         const auto candidate_best_path_score = score + best_path_score_till_here;
         if (target_node.starts_at == -1 ||
             candidate_best_path_score > target_node.best_path_score) {

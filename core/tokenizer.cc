@@ -3,10 +3,9 @@
 #include <sys/stat.h>
 
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <utility>
-
-#include <nlohmann/json.hpp>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -40,7 +39,8 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 absl::StatusOr<json> ReadJsonObject(const std::string& path) {
   ASSIGN_OR_RETURN(const std::string text, ReadFile(path));
   json value = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (value.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(path, ": not valid JSON"));
+  if (value.is_discarded())
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not valid JSON"));
   if (!value.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object"));
   }
@@ -73,8 +73,7 @@ std::string FixJson(absl::string_view s) {
       size_t q = i;
       while (q < a.size() && IsPythonSpace(a[q])) ++q;
       const size_t newline = a.rfind('\n', q == 0 ? 0 : q - 1);
-      if (q < a.size() && a[q] == '"' && newline != std::string::npos && newline >= i &&
-          q > i) {
+      if (q < a.size() && a[q] == '"' && newline != std::string::npos && newline >= i && q > i) {
         b += ',';
         b.append(a, newline, q - newline);
         b += '"';
@@ -322,7 +321,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& ch
     if (IsFile(config_path)) {
       ASSIGN_OR_RETURN(const json config, ReadJsonObject(config_path));
       for (const char* key : {"bos_token", "eos_token"}) {
-        ASSIGN_OR_RETURN(std::optional<std::string> content, TokenContent(config, key, config_path));
+        ASSIGN_OR_RETURN(std::optional<std::string> content,
+                         TokenContent(config, key, config_path));
         if (!content) continue;
         std::optional<int64_t> id = t->backend_->TokenToId(*content);
         if (!id) {
@@ -343,10 +343,10 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& ch
         return absl::InvalidArgumentError(
             absl::StrCat(generation_path, ": not valid JSON, even after fixing commas"));
       }
-      ASSIGN_OR_RETURN(std::optional<int64_t> bos, TokenIdEntry(config, "bos_token_id",
-                                                                generation_path));
-      ASSIGN_OR_RETURN(std::optional<int64_t> eos, TokenIdEntry(config, "eos_token_id",
-                                                                generation_path));
+      ASSIGN_OR_RETURN(std::optional<int64_t> bos,
+                       TokenIdEntry(config, "bos_token_id", generation_path));
+      ASSIGN_OR_RETURN(std::optional<int64_t> eos,
+                       TokenIdEntry(config, "eos_token_id", generation_path));
       if (!t->bos_id_) t->bos_id_ = bos;
       if (!t->eos_id_) t->eos_id_ = eos;
     }
@@ -384,8 +384,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& ch
 }
 
 absl::StatusOr<std::vector<int64_t>> Tokenizer::Encode(absl::string_view text,
-                                                       std::optional<bool> bos,
-                                                       bool eos) const {
+                                                       std::optional<bool> bos, bool eos) const {
   RETURN_IF_ERROR(CheckUtf8(text, "the text to encode"));
   ASSIGN_OR_RETURN(std::vector<int64_t> tokens, backend_->Encode(text));
   if (bos.value_or(use_bos_)) {

@@ -5,13 +5,12 @@
 #include <cstdint>
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <queue>
 #include <sstream>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -39,8 +38,8 @@ class JsonReader {
     return absl::InvalidArgumentError(absl::StrCat(source_, ": ", where, ": ", what));
   }
   absl::Status Unimplemented(absl::string_view where, absl::string_view what) const {
-    return absl::UnimplementedError(absl::StrCat(source_, ": ", where, ": ", what,
-                                                 " is not supported by lgpt's tokenizer"));
+    return absl::UnimplementedError(
+        absl::StrCat(source_, ": ", where, ": ", what, " is not supported by lgpt's tokenizer"));
   }
 
   static const json* Find(const json& object, const char* key) {
@@ -50,8 +49,7 @@ class JsonReader {
   }
 
   // Missing or null leaves `*out` as it is.
-  absl::Status Bool(const json& object, const char* key, absl::string_view where,
-                    bool* out) const {
+  absl::Status Bool(const json& object, const char* key, absl::string_view where, bool* out) const {
     const json* v = Find(object, key);
     if (v == nullptr || v->is_null()) return absl::OkStatus();
     if (!v->is_boolean()) return Error(where, absl::StrCat("'", key, "' is not a boolean"));
@@ -169,8 +167,7 @@ std::string ByteLevelUnmap(absl::string_view token) {
   size_t pos = 0;
   while (pos < token.size()) {
     char32_t c;
-    if (!NextCodePoint(token, &pos, &c) || c >= a.byte_of_char.size() ||
-        a.byte_of_char[c] < 0) {
+    if (!NextCodePoint(token, &pos, &c) || c >= a.byte_of_char.size() || a.byte_of_char[c] < 0) {
       return std::string(token);
     }
     out.push_back(static_cast<char>(a.byte_of_char[c]));
@@ -259,10 +256,10 @@ enum class PrependScheme { kAlways, kFirst, kNever };
 
 struct PreTokenizerStep {
   enum class Kind { kByteLevel, kSplit, kMetaspace } kind;
-  bool add_prefix_space = false;  // ByteLevel
-  bool use_regex = true;          // ByteLevel
+  bool add_prefix_space = false;                             // ByteLevel
+  bool use_regex = true;                                     // ByteLevel
   PretokenizerPattern pattern = PretokenizerPattern::kGpt2;  // Split
-  std::string replacement;        // Metaspace
+  std::string replacement;                                   // Metaspace
   PrependScheme prepend = PrependScheme::kAlways;
   bool split = true;
 };
@@ -373,8 +370,8 @@ absl::Status BpeModel::Parse(const json& model, const JsonReader& r) {
     }
     const int64_t id = it.value().get<int64_t>();
     if (id < 0 || id > kMaxTokenId) {
-      return r.Error("model.vocab", absl::StrCat("'", it.key(), "' has id ", id,
-                                                 ", outside [0, 2^31)"));
+      return r.Error("model.vocab",
+                     absl::StrCat("'", it.key(), "' has id ", id, ", outside [0, 2^31)"));
     }
     vocab_[it.key()] = id;
     max_id = std::max(max_id, id);
@@ -480,8 +477,8 @@ absl::Status BpeModel::Tokenize(absl::string_view word, std::vector<int64_t>* ou
     }
     if (unk_token_) {
       if (!unk_id_) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "tokenizer.json: unk_token '", *unk_token_, "' is not in the vocabulary"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("tokenizer.json: unk_token '", *unk_token_, "' is not in the vocabulary"));
       }
       if (unk && fuse_unk_) {
         unk->second += s.size();
@@ -711,8 +708,8 @@ absl::Status HfTokenizer::ParsePreTokenizer(const json& root, const JsonReader& 
     if (type == "ByteLevel") {
       s.kind = PreTokenizerStep::Kind::kByteLevel;
       s.add_prefix_space = true;
-      RETURN_IF_ERROR(r.Bool(*step, "add_prefix_space", "pre_tokenizer ByteLevel",
-                             &s.add_prefix_space));
+      RETURN_IF_ERROR(
+          r.Bool(*step, "add_prefix_space", "pre_tokenizer ByteLevel", &s.add_prefix_space));
       RETURN_IF_ERROR(r.Bool(*step, "use_regex", "pre_tokenizer ByteLevel", &s.use_regex));
     } else if (type == "Split") {
       s.kind = PreTokenizerStep::Kind::kSplit;
@@ -732,9 +729,9 @@ absl::Status HfTokenizer::ParsePreTokenizer(const json& root, const JsonReader& 
       bool invert = false;
       RETURN_IF_ERROR(r.Bool(*step, "invert", "pre_tokenizer Split", &invert));
       if (behavior.value_or("Isolated") != "Isolated" || invert) {
-        return r.Unimplemented("pre_tokenizer Split",
-                               absl::StrCat("behavior ", behavior.value_or("?"),
-                                            invert ? " with invert" : ""));
+        return r.Unimplemented(
+            "pre_tokenizer Split",
+            absl::StrCat("behavior ", behavior.value_or("?"), invert ? " with invert" : ""));
       }
     } else if (type == "Metaspace") {
       s.kind = PreTokenizerStep::Kind::kMetaspace;
@@ -814,15 +811,16 @@ absl::Status HfTokenizer::ParsePostProcessor(const json& root, const JsonReader&
         } else if (const json* special = JsonReader::Find(piece, "SpecialToken")) {
           std::string name;
           RETURN_IF_ERROR(r.RequiredString(*special, "id", "post_processor", &name));
-          const json* entry = specials == nullptr ? nullptr : JsonReader::Find(*specials, name.c_str());
+          const json* entry =
+              specials == nullptr ? nullptr : JsonReader::Find(*specials, name.c_str());
           const json* ids = entry == nullptr ? nullptr : JsonReader::Find(*entry, "ids");
           if (ids == nullptr || !ids->is_array()) {
-            return r.Error("post_processor",
-                           absl::StrCat("special token '", name, "' has no ids"));
+            return r.Error("post_processor", absl::StrCat("special token '", name, "' has no ids"));
           }
           for (const json& id : *ids) {
             if (!id.is_number_integer()) {
-              return r.Error("post_processor", absl::StrCat("an id of '", name, "' is not an integer"));
+              return r.Error("post_processor",
+                             absl::StrCat("an id of '", name, "' is not an integer"));
             }
             (seen_sequence ? suffix : prefix).push_back(id.get<int64_t>());
           }
@@ -948,8 +946,8 @@ absl::Status HfTokenizer::ParseDecoder(const json& root, const JsonReader& r) {
       s.start = static_cast<size_t>(std::max<int64_t>(0, start.value_or(0)));
       s.stop = static_cast<size_t>(std::max<int64_t>(0, stop.value_or(0)));
     } else {
-      return r.Unimplemented("decoder", absl::StrCat("decoder type ", type,
-                                                     steps.size() > 1 ? " in a Sequence" : ""));
+      return r.Unimplemented(
+          "decoder", absl::StrCat("decoder type ", type, steps.size() > 1 ? " in a Sequence" : ""));
     }
     decoder_steps_.push_back(std::move(s));
   }
@@ -1025,12 +1023,11 @@ bool StartsWithWordChar(absl::string_view text) {
 
 // AddedVocabulary::find_matches.
 void HfTokenizer::SplitOnAdded(absl::string_view text, bool at_start,
-                               const AddedTokenMatcher& matcher,
-                               std::vector<Segment>* out) const {
+                               const AddedTokenMatcher& matcher, std::vector<Segment>* out) const {
   auto push_text = [&](size_t begin, size_t end) {
     if (end > begin) {
-      out->push_back({std::string(text.substr(begin, end - begin)), at_start && begin == 0,
-                      nullptr});
+      out->push_back(
+          {std::string(text.substr(begin, end - begin)), at_start && begin == 0, nullptr});
     }
   };
   if (matcher.empty()) {
@@ -1091,8 +1088,8 @@ std::vector<Word> HfTokenizer::PreTokenize(Word word) const {
         }
         case PreTokenizerStep::Kind::kMetaspace: {
           std::string text = absl::StrReplaceAll(w.text, {{" ", step.replacement}});
-          const bool starts = absl::string_view(text).substr(0, step.replacement.size()) ==
-                              step.replacement;
+          const bool starts =
+              absl::string_view(text).substr(0, step.replacement.size()) == step.replacement;
           if (!starts && (step.prepend == PrependScheme::kAlways ||
                           (step.prepend == PrependScheme::kFirst && w.at_start))) {
             text.insert(0, step.replacement);
@@ -1184,8 +1181,7 @@ absl::StatusOr<std::vector<int64_t>> HfTokenizer::Encode(absl::string_view text)
 
 class HfDecoder : public IncrementalDecoder {
  public:
-  explicit HfDecoder(const HfTokenizer& t)
-      : t_(t), counts_(t.decoder_steps().size(), 0) {}
+  explicit HfDecoder(const HfTokenizer& t) : t_(t), counts_(t.decoder_steps().size(), 0) {}
 
   absl::Status Push(int64_t id, std::string* out) override {
     const std::string* token = t_.IdToToken(id);

@@ -14,8 +14,7 @@ namespace lgpt {
 class SentencePieceReference {
  public:
   // nullptr with `*error` set when the library cannot load the file.
-  static std::unique_ptr<SentencePieceReference> Load(const std::string& path,
-                                                      std::string* error);
+  static std::unique_ptr<SentencePieceReference> Load(const std::string& path, std::string* error);
   ~SentencePieceReference();
 
   // SentencePieceProcessor::Encode and Decode (DecodeIds).

@@ -2,15 +2,14 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
-#include <algorithm>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "core/tokenizer_spm_reference.h"
@@ -187,8 +186,7 @@ TEST(Gpt2Test, PartialCharacters) {
 
 const std::vector<std::string>& AllDirs() {
   static const auto* dirs = new std::vector<std::string>{
-      "gpt2", "spm_bpe", "spm_bpe_hf", "spm_bpe_meta", "spm_gemma", "spm_gemma_hf",
-      "spm_unigram"};
+      "gpt2", "spm_bpe", "spm_bpe_hf", "spm_bpe_meta", "spm_gemma", "spm_gemma_hf", "spm_unigram"};
   return *dirs;
 }
 
@@ -326,25 +324,46 @@ TEST(SentencePieceTest, Properties) {
 
 std::vector<std::string> SentencePieceTexts() {
   std::vector<std::string> texts = Texts();
-  for (const char* text : {
-           "  two leading, two  inner and two trailing  ", "\t tab and\nnewline \r\n",
-           "fullwidth \xEF\xBD\x88\xEF\xBD\x85\xEF\xBD\x8C\xEF\xBD\x8C\xEF\xBD\x8F",
-           "ligature \xEF\xAC\x81 circled \xE2\x91\xA0 tm \xE2\x84\xA2 "
-           "\xE3\x8D\xBF",
-           "ideographic\xE3\x80\x80space and no\xC2\xA0" "break and zero\xE2\x80\x8Bwidth",
-           "control \x01\x02 chars \x7F", "e\xCC\x81 A\xCC\x8A combining",
-           "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model",
-           "<start_of<end_of_turn><end_of_turn>x", "<s> </s> <unk> <0x41>",
-           "\xEF\xBF\xBD replacement", "   ", " ", "\n"}) {
+  for (const char* text :
+       {"  two leading, two  inner and two trailing  ", "\t tab and\nnewline \r\n",
+        "fullwidth \xEF\xBD\x88\xEF\xBD\x85\xEF\xBD\x8C\xEF\xBD\x8C\xEF\xBD\x8F",
+        "ligature \xEF\xAC\x81 circled \xE2\x91\xA0 tm \xE2\x84\xA2 "
+        "\xE3\x8D\xBF",
+        "ideographic\xE3\x80\x80space and no\xC2\xA0"
+        "break and zero\xE2\x80\x8Bwidth",
+        "control \x01\x02 chars \x7F", "e\xCC\x81 A\xCC\x8A combining",
+        "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model",
+        "<start_of<end_of_turn><end_of_turn>x", "<s> </s> <unk> <0x41>", "\xEF\xBF\xBD replacement",
+        "   ", " ", "\n"}) {
     texts.push_back(text);
   }
   // Random strings over pieces that exercise spaces, user-defined symbols, unknown characters
   // and normalization.
-  const std::vector<std::string> alphabet = {
-      " ", "  ", "a", "the", "LORD", "God", "\n", "\t", ",", ".", "0", "42", "\xC3\xA9",
-      "\xE4\xB8\xAD", "\xF0\x9F\x98\x80", "\xF0\x9F\xA4\x96", "<start_of_turn>",
-      "<end_of_turn>", "<start", "\xEF\xBD\x88", "\xE2\x91\xA0", "\xE3\x80\x80",
-      "\xD9\xA3", "_", "\xE2\x96\x81"};
+  const std::vector<std::string> alphabet = {" ",
+                                             "  ",
+                                             "a",
+                                             "the",
+                                             "LORD",
+                                             "God",
+                                             "\n",
+                                             "\t",
+                                             ",",
+                                             ".",
+                                             "0",
+                                             "42",
+                                             "\xC3\xA9",
+                                             "\xE4\xB8\xAD",
+                                             "\xF0\x9F\x98\x80",
+                                             "\xF0\x9F\xA4\x96",
+                                             "<start_of_turn>",
+                                             "<end_of_turn>",
+                                             "<start",
+                                             "\xEF\xBD\x88",
+                                             "\xE2\x91\xA0",
+                                             "\xE3\x80\x80",
+                                             "\xD9\xA3",
+                                             "_",
+                                             "\xE2\x96\x81"};
   std::mt19937 rng(5);
   for (int i = 0; i < 300; ++i) {
     std::string text;
@@ -431,7 +450,7 @@ TEST(SentencePieceTest, UnigramNormalizesAndHasUnknowns) {
   EXPECT_EQ(*t->Encode("\xEF\xBD\x88\xEF\xBD\x85\xEF\xBD\x8C\xEF\xBD\x8C\xEF\xBD\x8F"),
             *t->Encode("hello"));  // fullwidth letters, nmt_nfkc
   const Ids ids = *t->Encode("a🤖b");
-  EXPECT_NE(std::find(ids.begin(), ids.end(), 0), ids.end());  // <unk>
+  EXPECT_NE(std::find(ids.begin(), ids.end(), 0), ids.end());          // <unk>
   EXPECT_NE(t->Decode(ids)->find("\xE2\x81\x87"), std::string::npos);  // " ⁇ "
 }
 
@@ -575,9 +594,8 @@ TEST(ConfigTest, UnsupportedComponentsAreNamed) {
 // encodes and decodes without crashing.
 TEST(ConfigTest, MutatedFilesNeverCrash) {
   std::mt19937 rng(3);
-  for (const std::string file :
-       {"spm_bpe/tokenizer.model", "spm_unigram/tokenizer.model", "spm_gemma/tokenizer.model",
-        "spm_gemma_hf/tokenizer.json"}) {
+  for (const std::string file : {"spm_bpe/tokenizer.model", "spm_unigram/tokenizer.model",
+                                 "spm_gemma/tokenizer.model", "spm_gemma_hf/tokenizer.json"}) {
     const std::string original = ReadFile(Dir(file));
     const std::string name = file.substr(file.find('/') + 1);
     const std::string dir = TempDir("mutated");
@@ -699,8 +717,12 @@ TEST(HfLayoutTest, Qwen2WithNfc) {
   EXPECT_FALSE(t->use_bos());
   EXPECT_EQ(*t->Encode("123"),
             (Ids{*gpt2->TokenToId("1"), *gpt2->TokenToId("2"), *gpt2->TokenToId("3")}));
-  EXPECT_EQ(*t->Encode("caf" "e\xCC\x81"), *t->Encode("caf\xC3\xA9"));
-  EXPECT_EQ(*t->Encode("caf" "e\xCC\x81"), *gpt2->Encode("caf\xC3\xA9"));
+  EXPECT_EQ(*t->Encode("caf"
+                       "e\xCC\x81"),
+            *t->Encode("caf\xC3\xA9"));
+  EXPECT_EQ(*t->Encode("caf"
+                       "e\xCC\x81"),
+            *gpt2->Encode("caf\xC3\xA9"));
 }
 
 TEST(HfLayoutTest, AddedTokenOptions) {
@@ -712,12 +734,12 @@ TEST(HfLayoutTest, AddedTokenOptions) {
   auto plain = with_token({{"id", 50257}, {"content", "<mask>"}, {"special", true}});
   ASSERT_NE(plain, nullptr);
   EXPECT_EQ(*plain->Encode("Hello <mask>!"), (Ids{15496, 220, 50257, 0}));
-  auto lstrip = with_token(
-      {{"id", 50257}, {"content", "<mask>"}, {"special", true}, {"lstrip", true}});
+  auto lstrip =
+      with_token({{"id", 50257}, {"content", "<mask>"}, {"special", true}, {"lstrip", true}});
   ASSERT_NE(lstrip, nullptr);
   EXPECT_EQ(*lstrip->Encode("Hello <mask>!"), (Ids{15496, 50257, 0}));
-  auto rstrip = with_token(
-      {{"id", 50257}, {"content", "<mask>"}, {"special", true}, {"rstrip", true}});
+  auto rstrip =
+      with_token({{"id", 50257}, {"content", "<mask>"}, {"special", true}, {"rstrip", true}});
   EXPECT_EQ(*rstrip->Encode("<mask>  Hi"), (Ids{50257, 17250}));
   // A non-special added token that is also in the vocabulary keeps its id and decodes.
   auto word = with_token({{"id", 9246}, {"content", "cat"}, {"single_word", true}});
@@ -755,8 +777,10 @@ TEST(HfLayoutTest, MetaspaceDecoderAndTruncation) {
   j["decoder"] = {{"type", "Sequence"},
                   {"decoders",
                    {{{"type", "ByteFallback"}},
-                    {{"type", "Metaspace"}, {"replacement", "\xE2\x96\x81"},
-                     {"prepend_scheme", "always"}, {"split", true}}}}};
+                    {{"type", "Metaspace"},
+                     {"replacement", "\xE2\x96\x81"},
+                     {"prepend_scheme", "always"},
+                     {"split", true}}}}};
   j["truncation"] = {{"max_length", 4}, {"direction", "Right"}, {"strategy", "LongestFirst"}};
   const std::string dir = TempDir("metaspace");
   WriteFile(dir + "/tokenizer.json", j.dump());

@@ -91,8 +91,7 @@ char32_t DecodeValid(const unsigned char* p, size_t length) {
     case 3:
       return ((p[0] & 0x0F) << 12) | ((p[1] & 0x3F) << 6) | (p[2] & 0x3F);
     default:
-      return ((p[0] & 0x07) << 18) | ((p[1] & 0x3F) << 12) | ((p[2] & 0x3F) << 6) |
-             (p[3] & 0x3F);
+      return ((p[0] & 0x07) << 18) | ((p[1] & 0x3F) << 12) | ((p[2] & 0x3F) << 6) | (p[3] & 0x3F);
   }
 }
 
@@ -100,9 +99,9 @@ uint8_t CombiningClass(char32_t c) {
   if (c < 0x300) return 0;
   constexpr size_t n = std::size(kCombiningClassRanges);
   const CombiningClassRange* end = kCombiningClassRanges + n;
-  const CombiningClassRange* it =
-      std::upper_bound(kCombiningClassRanges, end, c,
-                       [](char32_t value, const CombiningClassRange& r) { return value < r.first; });
+  const CombiningClassRange* it = std::upper_bound(
+      kCombiningClassRanges, end, c,
+      [](char32_t value, const CombiningClassRange& r) { return value < r.first; });
   if (it == kCombiningClassRanges) return 0;
   --it;
   return c <= it->last ? it->combining_class : 0;
@@ -111,9 +110,9 @@ uint8_t CombiningClass(char32_t c) {
 const Decomposition* FindDecomposition(char32_t c) {
   constexpr size_t n = std::size(kDecompositions);
   const Decomposition* end = kDecompositions + n;
-  const Decomposition* it = std::lower_bound(
-      kDecompositions, end, c,
-      [](const Decomposition& d, char32_t value) { return d.code_point < value; });
+  const Decomposition* it =
+      std::lower_bound(kDecompositions, end, c,
+                       [](const Decomposition& d, char32_t value) { return d.code_point < value; });
   return it != end && it->code_point == c ? it : nullptr;
 }
 
@@ -250,15 +249,15 @@ bool IsMark(char32_t c) { return c >= 0x300 && InRanges(kMarkRanges, c); }
 
 bool IsWhitespace(char32_t c) {
   return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
-         c == 0x205F || c == 0x3000;
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
+         c == 0x3000;
 }
 
 bool IsWordChar(char32_t c) {
   // Alphabetic, marks, digits, connector punctuation (Pc) and the joiners.
   return IsLetter(c) || IsNumber(c) || IsMark(c) || c == '_' || c == 0x203F || c == 0x2040 ||
-         c == 0x2054 || c == 0xFE33 || c == 0xFE34 || (c >= 0xFE4D && c <= 0xFE4F) ||
-         c == 0xFF3F || c == 0x200C || c == 0x200D;
+         c == 0x2054 || c == 0xFE33 || c == 0xFE34 || (c >= 0xFE4D && c <= 0xFE4F) || c == 0xFF3F ||
+         c == 0x200C || c == 0x200D;
 }
 
 std::string NormalizeNfc(absl::string_view text) {
@@ -284,9 +283,8 @@ std::string NormalizeNfc(absl::string_view text) {
     }
     size_t j = i;
     while (j < chars.size() && CombiningClass(chars[j]) != 0) ++j;
-    std::stable_sort(chars.begin() + i, chars.begin() + j, [](char32_t a, char32_t b) {
-      return CombiningClass(a) < CombiningClass(b);
-    });
+    std::stable_sort(chars.begin() + i, chars.begin() + j,
+                     [](char32_t a, char32_t b) { return CombiningClass(a) < CombiningClass(b); });
     i = j;
   }
 

@@ -15,8 +15,8 @@ TEST(Utf8Test, DecodesWellFormedAndRejectsIllFormed) {
   EXPECT_EQ(ToCodePoints(text), (std::vector<char32_t>{'a', 0xE9, 0x4E2D, 0x1F600}));
   EXPECT_EQ(ToUtf8(ToCodePoints(text)), text);
   EXPECT_EQ(CountCodePoints(text), 4u);
-  for (const std::string bad : {"\xC0\x80", "\xED\xA0\x80", "\xF4\x90\x80\x80", "\xE2\x82",
-                                "\x80", "\xFF"}) {
+  for (const std::string bad :
+       {"\xC0\x80", "\xED\xA0\x80", "\xF4\x90\x80\x80", "\xE2\x82", "\x80", "\xFF"}) {
     size_t pos = 0;
     char32_t c;
     EXPECT_FALSE(NextCodePoint(bad, &pos, &c)) << bad;
@@ -33,7 +33,9 @@ TEST(Utf8Test, ClassifiesPrefixes) {
   EXPECT_EQ(ClassifyUtf8("abc\xE2\x82\xAC"), Utf8State::kComplete);
   EXPECT_EQ(ClassifyUtf8("abc\xE2\x82"), Utf8State::kIncomplete);
   EXPECT_EQ(ClassifyUtf8("\xF0"), Utf8State::kIncomplete);
-  EXPECT_EQ(ClassifyUtf8("\xE2\x82" "A"), Utf8State::kInvalid);
+  EXPECT_EQ(ClassifyUtf8("\xE2\x82"
+                         "A"),
+            Utf8State::kInvalid);
   EXPECT_EQ(ClassifyUtf8("\xED\xA0"), Utf8State::kInvalid);  // a surrogate can never finish
   EXPECT_EQ(ClassifyUtf8("\xC1"), Utf8State::kInvalid);
 }
@@ -59,7 +61,9 @@ TEST(Utf8Test, LossyStreamReplacesMaximalSubpartsLikeRust) {
   // Expectations from Python's bytes.decode("utf-8", "replace"), which like Rust's
   // from_utf8_lossy substitutes maximal subparts.
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"\xE2\x82" "A", std::string(kFffd) + "A"},
+      {"\xE2\x82"
+       "A",
+       std::string(kFffd) + "A"},
       {"\xF0\x80", std::string(kFffd) + kFffd},
       {"\xED\xA0\x80", std::string(kFffd) + kFffd + kFffd},
       {"\xF4\x90\x80\x80", std::string(kFffd) + kFffd + kFffd + kFffd},
@@ -86,7 +90,8 @@ TEST(Utf8Test, LossyStreamEmitsCharactersAsSoonAsComplete) {
 }
 
 TEST(CategoriesTest, LettersNumbersWhitespace) {
-  for (char32_t c : {U'a', U'Z', U'é', U'中', U'ß', U'Ω', U'ж', U'ـ'}) EXPECT_TRUE(IsLetter(c)) << c;
+  for (char32_t c : {U'a', U'Z', U'é', U'中', U'ß', U'Ω', U'ж', U'ـ'})
+    EXPECT_TRUE(IsLetter(c)) << c;
   for (char32_t c : {U'1', U' ', U'_', U'\u0301', U'😀', U'!'}) EXPECT_FALSE(IsLetter(c)) << c;
   for (char32_t c : {U'0', U'٣', U'²', U'Ⅻ', U'½'}) EXPECT_TRUE(IsNumber(c)) << c;
   EXPECT_FALSE(IsNumber(U'a'));
@@ -110,12 +115,12 @@ TEST(NfcTest, ComposesAsPythonUnicodedata) {
       {{0x1100, 0x1161, 0x11A8}, {0xAC01}},  // Hangul L V T
       {{0x212B}, {0xC5}},                    // singleton ANGSTROM SIGN
       {{'a', 0x323, 0x302}, {0x1EAD}},
-      {{'a', 0x302, 0x323}, {0x1EAD}},       // reordered by combining class
-      {{0x958}, {0x915, 0x93C}},             // composition exclusion
+      {{'a', 0x302, 0x323}, {0x1EAD}},  // reordered by combining class
+      {{0x958}, {0x915, 0x93C}},        // composition exclusion
       {{0x1E0B, 0x323}, {0x1E0D, 0x307}},
       {{'q', 0x307, 0x323}, {'q', 0x323, 0x307}},
       {{0xC5, 0x301, 'x'}, {0x1FA, 'x'}},
-      {{0x301, 'a'}, {0x301, 'a'}},          // leading non-starter
+      {{0x301, 'a'}, {0x301, 'a'}},  // leading non-starter
       {{'p', 'l', 'a', 'i', 'n'}, {'p', 'l', 'a', 'i', 'n'}},
   };
   for (const auto& [in, want] : cases) EXPECT_EQ(NormalizeNfc(U8(in)), U8(want)) << U8(in);
