@@ -3,9 +3,10 @@
 #include <sys/stat.h>
 
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <sstream>
 #include <utility>
+
+#include <nlohmann/json.hpp>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"

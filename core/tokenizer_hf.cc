@@ -4,13 +4,13 @@
 #include <array>
 #include <cstdint>
 #include <fstream>
-#include <functional>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <queue>
 #include <sstream>
 #include <utility>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -1236,9 +1236,10 @@ class HfDecoder : public IncrementalDecoder {
           break;
         case DecoderStep::Kind::kMetaspace: {
           const bool first = counts_[stage]++ == 0;
+          const char32_t replacement = ToCodePoints(s.from)[0];
           std::string replaced;
           for (char32_t c : ToCodePoints(token)) {
-            if (c == ToCodePoints(s.from)[0]) {
+            if (c == replacement) {
               if (!(first && s.strip_first)) replaced.push_back(' ');
             } else {
               AppendUtf8(c, &replaced);
