@@ -4,6 +4,7 @@
 #include <array>
 #include <cstdint>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <queue>
 #include <sstream>
@@ -254,15 +255,151 @@ struct NormalizerStep {
 
 enum class PrependScheme { kAlways, kFirst, kNever };
 
+// How a pre-tokenizer treats the matches of its pattern (SplitDelimiterBehavior).
+enum class Behavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWithNext, kContiguous };
+
+std::optional<Behavior> ParseBehavior(absl::string_view name) {
+  if (name == "Removed") return Behavior::kRemoved;
+  if (name == "Isolated") return Behavior::kIsolated;
+  if (name == "MergedWithPrevious") return Behavior::kMergedWithPrevious;
+  if (name == "MergedWithNext") return Behavior::kMergedWithNext;
+  if (name == "Contiguous") return Behavior::kContiguous;
+  return std::nullopt;
+}
+
 struct PreTokenizerStep {
-  enum class Kind { kByteLevel, kSplit, kMetaspace } kind;
+  enum class Kind {
+    kByteLevel,
+    kSplit,         // one of the big regexes (core/pretokenizer.h)
+    kSplitDigits3,  // the regex [0-9][0-9][0-9] (Falcon)
+    kSplitLiteral,  // a String pattern
+    kDigits,
+    kPunctuation,
+    kMetaspace,
+  } kind;
   bool add_prefix_space = false;                             // ByteLevel
   bool use_regex = true;                                     // ByteLevel
   PretokenizerPattern pattern = PretokenizerPattern::kGpt2;  // Split
-  std::string replacement;                                   // Metaspace
+  std::string literal;                                       // Split with a String pattern
+  Behavior behavior = Behavior::kIsolated;  // Split, Punctuation; Digits: Isolated/Contiguous
+  std::string replacement;                  // Metaspace
   PrependScheme prepend = PrependScheme::kAlways;
   bool split = true;
 };
+
+// A piece of text that a pattern matched or did not, as the crate's Pattern::find_matches
+// reports them: a character predicate matches each character alone, and unmatched text
+// between matches is one piece.
+struct Match {
+  size_t begin, end;
+  bool matched;
+};
+
+std::vector<Match> MatchChars(absl::string_view text, const std::function<bool(char32_t)>& pred) {
+  std::vector<Match> out;
+  size_t pos = 0, run = 0;
+  while (pos < text.size()) {
+    const size_t start = pos;
+    char32_t c;
+    if (!NextCodePoint(text, &pos, &c)) {
+      c = kReplacementCharacter;
+      pos = start + 1;
+    }
+    if (pred(c)) {
+      if (run < start) out.push_back({run, start, false});
+      out.push_back({start, pos, true});
+      run = pos;
+    }
+  }
+  if (run < text.size()) out.push_back({run, text.size(), false});
+  return out;
+}
+
+std::vector<Match> MatchLiteral(absl::string_view text, absl::string_view literal) {
+  std::vector<Match> out;
+  size_t run = 0, pos = 0;
+  while (!literal.empty() && (pos = text.find(literal, pos)) != absl::string_view::npos) {
+    if (run < pos) out.push_back({run, pos, false});
+    out.push_back({pos, pos + literal.size(), true});
+    pos += literal.size();
+    run = pos;
+  }
+  if (run < text.size()) out.push_back({run, text.size(), false});
+  return out;
+}
+
+// Matches of [0-9][0-9][0-9], leftmost first, not overlapping.
+std::vector<Match> MatchThreeDigits(absl::string_view text) {
+  std::vector<Match> out;
+  auto digit = [&](size_t i) { return i < text.size() && text[i] >= '0' && text[i] <= '9'; };
+  size_t run = 0, pos = 0;
+  while (pos < text.size()) {
+    if (digit(pos) && digit(pos + 1) && digit(pos + 2)) {
+      if (run < pos) out.push_back({run, pos, false});
+      out.push_back({pos, pos + 3, true});
+      pos += 3;
+      run = pos;
+    } else {
+      ++pos;
+    }
+  }
+  if (run < text.size()) out.push_back({run, text.size(), false});
+  return out;
+}
+
+// NormalizedString::split: the pieces `matches` give under `behavior`, as [begin, end).
+std::vector<std::pair<size_t, size_t>> ApplyBehavior(const std::vector<Match>& matches,
+                                                     Behavior behavior) {
+  std::vector<std::pair<size_t, size_t>> out;
+  switch (behavior) {
+    case Behavior::kIsolated:
+      for (const Match& m : matches) out.push_back({m.begin, m.end});
+      break;
+    case Behavior::kRemoved:
+      for (const Match& m : matches) {
+        if (!m.matched) out.push_back({m.begin, m.end});
+      }
+      break;
+    case Behavior::kContiguous: {
+      bool previous = false;
+      for (const Match& m : matches) {
+        if (!out.empty() && m.matched == previous) {
+          out.back().second = m.end;
+        } else {
+          out.push_back({m.begin, m.end});
+        }
+        previous = m.matched;
+      }
+      break;
+    }
+    case Behavior::kMergedWithPrevious: {
+      bool previous = false;
+      for (const Match& m : matches) {
+        if (m.matched && !previous && !out.empty()) {
+          out.back().second = m.end;
+        } else {
+          out.push_back({m.begin, m.end});
+        }
+        previous = m.matched;
+      }
+      break;
+    }
+    case Behavior::kMergedWithNext: {
+      bool previous = false;
+      for (auto it = matches.rbegin(); it != matches.rend(); ++it) {
+        if (it->matched && !previous && !out.empty()) {
+          out.back().first = it->begin;
+        } else {
+          out.push_back({it->begin, it->end});
+        }
+        previous = it->matched;
+      }
+      std::reverse(out.begin(), out.end());
+      break;
+    }
+  }
+  return out;
+}
 
 struct DecoderStep {
   enum class Kind { kReplace, kByteFallback, kMetaspace, kStrip } kind;
@@ -712,27 +849,61 @@ absl::Status HfTokenizer::ParsePreTokenizer(const json& root, const JsonReader& 
           r.Bool(*step, "add_prefix_space", "pre_tokenizer ByteLevel", &s.add_prefix_space));
       RETURN_IF_ERROR(r.Bool(*step, "use_regex", "pre_tokenizer ByteLevel", &s.use_regex));
     } else if (type == "Split") {
-      s.kind = PreTokenizerStep::Kind::kSplit;
       const json* pattern = JsonReader::Find(*step, "pattern");
-      std::optional<std::string> regex;
-      if (pattern != nullptr) RETURN_IF_ERROR(r.String(*pattern, "Regex", "pre_tokenizer", &regex));
-      if (!regex) return r.Unimplemented("pre_tokenizer Split", "a pattern other than Regex");
-      std::optional<PretokenizerPattern> known = PatternFromRegex(*regex);
-      if (!known) {
-        return r.Unimplemented("pre_tokenizer Split",
-                               absl::StrCat("the regex '", *regex,
-                                            "' (known: the GPT-2, Llama 3 and Qwen2 patterns)"));
+      std::optional<std::string> regex, literal;
+      if (pattern != nullptr) {
+        RETURN_IF_ERROR(r.String(*pattern, "Regex", "pre_tokenizer Split", &regex));
+        RETURN_IF_ERROR(r.String(*pattern, "String", "pre_tokenizer Split", &literal));
       }
-      s.pattern = *known;
-      std::optional<std::string> behavior;
-      RETURN_IF_ERROR(r.String(*step, "behavior", "pre_tokenizer Split", &behavior));
+      std::optional<std::string> behavior_name;
+      RETURN_IF_ERROR(r.String(*step, "behavior", "pre_tokenizer Split", &behavior_name));
+      std::optional<Behavior> behavior = ParseBehavior(behavior_name.value_or("Isolated"));
+      if (!behavior) {
+        return r.Error("pre_tokenizer Split",
+                       absl::StrCat("unknown behavior '", *behavior_name, "'"));
+      }
+      s.behavior = *behavior;
       bool invert = false;
       RETURN_IF_ERROR(r.Bool(*step, "invert", "pre_tokenizer Split", &invert));
-      if (behavior.value_or("Isolated") != "Isolated" || invert) {
+      if (invert) return r.Unimplemented("pre_tokenizer Split", "invert");
+      std::optional<PretokenizerPattern> known;
+      if (regex) known = PatternFromRegex(*regex);
+      if (known) {
+        // These patterns match everything, so only Isolated keeps the text.
+        if (s.behavior != Behavior::kIsolated) {
+          return r.Unimplemented("pre_tokenizer Split",
+                                 absl::StrCat("behavior ", *behavior_name, " with this regex"));
+        }
+        s.kind = PreTokenizerStep::Kind::kSplit;
+        s.pattern = *known;
+      } else if (regex && *regex == "[0-9][0-9][0-9]") {
+        s.kind = PreTokenizerStep::Kind::kSplitDigits3;
+      } else if (literal) {
+        s.kind = PreTokenizerStep::Kind::kSplitLiteral;
+        s.literal = *literal;
+      } else if (regex) {
         return r.Unimplemented(
             "pre_tokenizer Split",
-            absl::StrCat("behavior ", behavior.value_or("?"), invert ? " with invert" : ""));
+            absl::StrCat("the regex '", *regex,
+                         "' (known: the GPT-2, Llama 3 and Qwen2 patterns, [0-9][0-9][0-9])"));
+      } else {
+        return r.Error("pre_tokenizer Split", "no pattern");
       }
+    } else if (type == "Digits") {
+      s.kind = PreTokenizerStep::Kind::kDigits;
+      bool individual = false;
+      RETURN_IF_ERROR(r.Bool(*step, "individual_digits", "pre_tokenizer Digits", &individual));
+      s.behavior = individual ? Behavior::kIsolated : Behavior::kContiguous;
+    } else if (type == "Punctuation") {
+      s.kind = PreTokenizerStep::Kind::kPunctuation;
+      std::optional<std::string> behavior_name;
+      RETURN_IF_ERROR(r.String(*step, "behavior", "pre_tokenizer Punctuation", &behavior_name));
+      std::optional<Behavior> behavior = ParseBehavior(behavior_name.value_or("Isolated"));
+      if (!behavior) {
+        return r.Error("pre_tokenizer Punctuation",
+                       absl::StrCat("unknown behavior '", *behavior_name, "'"));
+      }
+      s.behavior = *behavior;
     } else if (type == "Metaspace") {
       s.kind = PreTokenizerStep::Kind::kMetaspace;
       RETURN_IF_ERROR(r.Char(*step, "replacement", "pre_tokenizer Metaspace", &s.replacement));
@@ -1083,6 +1254,29 @@ std::vector<Word> HfTokenizer::PreTokenize(Word word) const {
           for (absl::string_view piece : SplitByPattern(step.pattern, w.text)) {
             next.push_back({std::string(piece), w.at_start && first});
             first = false;
+          }
+          break;
+        }
+        case PreTokenizerStep::Kind::kSplitDigits3:
+        case PreTokenizerStep::Kind::kSplitLiteral:
+        case PreTokenizerStep::Kind::kDigits:
+        case PreTokenizerStep::Kind::kPunctuation: {
+          std::vector<Match> matches;
+          if (step.kind == PreTokenizerStep::Kind::kSplitDigits3) {
+            matches = MatchThreeDigits(w.text);
+          } else if (step.kind == PreTokenizerStep::Kind::kSplitLiteral) {
+            matches = MatchLiteral(w.text, step.literal);
+          } else if (step.kind == PreTokenizerStep::Kind::kDigits) {
+            matches = MatchChars(w.text, IsNumber);  // Rust's char::is_numeric
+          } else {
+            // char::is_ascii_punctuation || the P* categories.
+            matches = MatchChars(w.text, [](char32_t c) {
+              return (c < 0x80 && c > 0x20 && c != 0x7F && !IsLetter(c) && !IsNumber(c)) ||
+                     IsPunctuation(c);
+            });
+          }
+          for (const auto& [begin, end] : ApplyBehavior(matches, step.behavior)) {
+            next.push_back({w.text.substr(begin, end - begin), w.at_start && begin == 0});
           }
           break;
         }

@@ -4,7 +4,8 @@
 // and decoders, each following the `tokenizers` crate's semantics. What is supported:
 //   normalizer:    null, Sequence, Prepend, Replace (string pattern), NFC, Strip, ByteLevel
 //   pre_tokenizer: null, Sequence, ByteLevel, Split (the GPT-2, Llama 3 and Qwen2 regexes,
-//                  Isolated), Metaspace
+//                  Falcon's [0-9][0-9][0-9], or a String pattern), Digits, Punctuation,
+//                  Metaspace
 //   model:         BPE (vocab + merges, unk_token, byte_fallback, fuse_unk, ignore_merges)
 //   post_processor: null, Sequence, ByteLevel, TemplateProcessing, BertProcessing,
 //                  RobertaProcessing; truncation and padding of a single sequence

@@ -772,6 +772,68 @@ TEST(HfLayoutTest, IgnoreMergesAndPrefixSpace) {
   EXPECT_GT(t->Encode("qzxv")->size(), 1u);
 }
 
+Ids IdsOf(const Tokenizer& t, const std::vector<std::string>& tokens) {
+  Ids ids;
+  for (const std::string& token : tokens) ids.push_back(*t.TokenToId(token));
+  return ids;
+}
+
+TEST(HfLayoutTest, SmolLm2DigitsThenByteLevel) {
+  const json layout = json::parse(R"({"pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+      {"type": "Digits", "individual_digits": true},
+      {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}
+  ]}})");
+  auto t = Load(WithGpt2("SmolLM2-135M", layout));
+  ASSERT_NE(t, nullptr);
+  // "abc " | 1 | 2 | 3, then the GPT-2 regex: "abc" " ".
+  EXPECT_EQ(*t->Encode("abc 123"), IdsOf(*t, {"abc", "\xC4\xA0", "1", "2", "3"}));
+  EXPECT_EQ(*t->Decode(*t->Encode("abc 123")), "abc 123");
+}
+
+TEST(HfLayoutTest, FalconPunctuationDigitsAndThreeDigitSplit) {
+  const json layout = json::parse(R"({"pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+      {"type": "Punctuation", "behavior": "Contiguous"},
+      {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+      {"type": "Digits", "individual_digits": false},
+      {"type": "Split", "pattern": {"Regex": "[0-9][0-9][0-9]"}, "behavior": "Isolated",
+       "invert": false}
+  ]}})");
+  auto t = Load(WithGpt2("falcon-7b", layout));
+  ASSERT_NE(t, nullptr);
+  // Hello | , | " world" | !! | " 12345" -> byte level -> digits: "Ġ" "12345" -> "123" "45".
+  EXPECT_EQ(*t->Encode("Hello, world!! 12345"),
+            IdsOf(*t, {"Hello", ",", "\xC4\xA0world", "!!", "\xC4\xA0", "123", "45"}));
+}
+
+TEST(HfLayoutTest, SplitBehaviors) {
+  auto layout = [](const std::string& behavior) {
+    json layout = json::parse(R"({"pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"String": " "}, "invert": false},
+        {"type": "ByteLevel", "add_prefix_space": false, "use_regex": false}
+    ]}})");
+    layout["pre_tokenizer"]["pretokenizers"][0]["behavior"] = behavior;
+    return WithGpt2("split", layout);
+  };
+  auto with_behavior = [&](const std::string& behavior) { return Load(layout(behavior)); };
+  const std::string text = "a b  c";
+  auto removed = with_behavior("Removed");
+  ASSERT_NE(removed, nullptr);
+  EXPECT_EQ(*removed->Encode(text), IdsOf(*removed, {"a", "b", "c"}));
+  auto isolated = with_behavior("Isolated");
+  ASSERT_NE(isolated, nullptr);
+  const std::string space = "\xC4\xA0";  // the byte-level space
+  EXPECT_EQ(*isolated->Encode(text), IdsOf(*isolated, {"a", space, "b", space, space, "c"}));
+  auto next = with_behavior("MergedWithNext");
+  ASSERT_NE(next, nullptr);
+  EXPECT_EQ(*next->Encode(text), IdsOf(*next, {"a", space + "b", space, space + "c"}));
+  auto contiguous = with_behavior("Contiguous");
+  ASSERT_NE(contiguous, nullptr);
+  // "  " is one word here but has no token of its own.
+  EXPECT_EQ(*contiguous->Encode(text), IdsOf(*contiguous, {"a", space, "b", space, space, "c"}));
+  EXPECT_EQ(Tokenizer::Load(layout("Sideways")).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(HfLayoutTest, MetaspaceDecoderAndTruncation) {
   json j = json::parse(ReadFile(Dir("spm_bpe_hf/tokenizer.json")));
   j["decoder"] = {{"type", "Sequence"},

@@ -247,6 +247,8 @@ bool IsNumber(char32_t c) {
 
 bool IsMark(char32_t c) { return c >= 0x300 && InRanges(kMarkRanges, c); }
 
+bool IsPunctuation(char32_t c) { return InRanges(kPunctuationRanges, c); }
+
 bool IsWhitespace(char32_t c) {
   return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
          (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||

@@ -38,6 +38,7 @@ size_t CountCodePoints(absl::string_view text);
 bool IsLetter(char32_t c);
 bool IsNumber(char32_t c);
 bool IsMark(char32_t c);
+bool IsPunctuation(char32_t c);
 // The White_Space property, which is what \s means in Oniguruma, Rust's regex crate and
 // Python's `regex` module.
 bool IsWhitespace(char32_t c);

@@ -3,8 +3,8 @@
 
 Run from the repository root:  python3 core/tokenizer_unicode_gen.py
 The tables come from Python's unicodedata (its Unicode version is recorded in the output):
-  - letters (\\p{L}), numbers (\\p{N}) and marks (\\p{M}) as sorted code point ranges, for the
-    hand-written pre-tokenizer scanners;
+  - letters (\\p{L}), numbers (\\p{N}), marks (\\p{M}) and punctuation (\\p{P}) as sorted code
+    point ranges, for the hand-written pre-tokenizers;
   - canonical combining classes and canonical decompositions (with a flag for primary
     composites), for NFC normalization (Qwen's tokenizer.json uses an NFC normalizer).
 """
@@ -82,6 +82,7 @@ def main():
         emit_ranges(f, "kLetterRanges", ranges(category("L")))
         emit_ranges(f, "kNumberRanges", ranges(category("N")))
         emit_ranges(f, "kMarkRanges", ranges(category("M")))
+        emit_ranges(f, "kPunctuationRanges", ranges(category("P")))
         f.write("constexpr CombiningClassRange kCombiningClassRanges[] = {\n")
         line = "   "
         for a, b, c in ccc_ranges():

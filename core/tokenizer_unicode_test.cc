@@ -101,6 +101,8 @@ TEST(CategoriesTest, LettersNumbersWhitespace) {
   }
   for (char32_t c : {U'\u200B', U'\uFEFF', U'\x1C', U'a'}) EXPECT_FALSE(IsWhitespace(c)) << c;
   EXPECT_TRUE(IsMark(0x301));
+  for (char32_t c : {U'!', U'_', U'«', U'、', U'¿', U'—'}) EXPECT_TRUE(IsPunctuation(c)) << c;
+  for (char32_t c : {U'$', U'+', U'a', U' ', U'€'}) EXPECT_FALSE(IsPunctuation(c)) << c;
   EXPECT_TRUE(IsWordChar('_'));
   EXPECT_FALSE(IsWordChar('-'));
 }
