@@ -104,20 +104,7 @@ at::Tensor DenseKVCache::Ramp(int64_t length) {
 }
 
 absl::Status DenseKVCache::CheckStep(const KVStep& step, int64_t batch_size) const {
-  if (batch_size < 1 || batch_size > options_.batch_size) {
-    return absl::InvalidArgumentError(absl::StrCat("batch of ", batch_size,
-                                                   " rows does not fit a KV cache built for ",
-                                                   options_.batch_size));
-  }
-  if (step.min_position < 0) {
-    return absl::OutOfRangeError(absl::StrCat("negative position ", step.min_position));
-  }
-  if (step.max_position >= options_.max_sequence_length) {
-    return absl::OutOfRangeError(absl::StrCat(
-        "position ", step.max_position, " is beyond the KV cache's max_sequence_length ",
-        options_.max_sequence_length));
-  }
-  return absl::OkStatus();
+  return CheckStepBounds(step, batch_size, options_.batch_size, options_.max_sequence_length);
 }
 
 absl::StatusOr<KVView> DenseKVCache::Update(int64_t layer_index, const KVStep& step,

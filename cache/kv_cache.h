@@ -48,6 +48,11 @@ struct KVLayerSpec {
   int64_t sliding_window = 0;  // 0: global attention; else the layer's window size
 };
 
+// The bounds every cache checks before a step: 1 <= batch_size <= max_batch_size and
+// positions in [0, max_sequence_length).
+absl::Status CheckStepBounds(const KVStep& step, int64_t batch_size, int64_t max_batch_size,
+                             int64_t max_sequence_length);
+
 class KVCache {
  public:
   virtual ~KVCache() = default;
