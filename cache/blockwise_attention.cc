@@ -1,16 +1,16 @@
 #include "cache/blockwise_attention.h"
 
+#include <ATen/ATen.h>
+
 #include <algorithm>
 #include <limits>
-
-#include <ATen/ATen.h>
 
 namespace lgpt {
 
 at::Tensor PositionMask(const at::Tensor& query_positions, const at::Tensor& key_positions,
                         int64_t sliding_window) {
   const at::Tensor q = query_positions.unsqueeze(1).unsqueeze(-1);  // [B, 1, T, 1]
-  const at::Tensor k = key_positions.unsqueeze(2);                   // [B, g, 1, S]
+  const at::Tensor k = key_positions.unsqueeze(2);                  // [B, g, 1, S]
   at::Tensor allowed = at::logical_and(k >= 0, k <= q);
   if (sliding_window > 0) allowed.logical_and_(k > q - sliding_window);
   return allowed;
@@ -42,8 +42,8 @@ at::Tensor BlockwiseAttention(const at::Tensor& q, int64_t groups,
   }
   // Query head h uses key group h / q_per_kv, as in the plain kernel.
   const at::Tensor q_grouped = q.reshape({batch, groups, q_per_kv * steps, head_size});
-  at::Tensor scores = at::empty({batch, groups, q_per_kv, steps, total},
-                                q.options().dtype(at::kFloat));
+  at::Tensor scores =
+      at::empty({batch, groups, q_per_kv, steps, total}, q.options().dtype(at::kFloat));
   std::vector<at::Tensor> positions;
   int64_t offset = 0;
   for (const KVBlockSource& source : sources) {
@@ -56,9 +56,8 @@ at::Tensor BlockwiseAttention(const at::Tensor& q, int64_t groups,
       scores.narrow(-1, offset + begin, length)
           .copy_(block.view({batch, groups, q_per_kv, steps, length}));
     }
-    positions.push_back(grouped_positions
-                            ? source.positions.expand({batch, groups, source.size})
-                            : source.positions);
+    positions.push_back(grouped_positions ? source.positions.expand({batch, groups, source.size})
+                                          : source.positions);
     offset += source.size;
   }
   scores.mul_(params.scale);

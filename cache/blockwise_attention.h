@@ -13,11 +13,11 @@
 #ifndef LGPT_CACHE_BLOCKWISE_ATTENTION_H_
 #define LGPT_CACHE_BLOCKWISE_ATTENTION_H_
 
+#include <ATen/core/Tensor.h>
+
 #include <cstdint>
 #include <functional>
 #include <vector>
-
-#include <ATen/core/Tensor.h>
 
 #include "cache/kv_cache.h"
 
@@ -25,9 +25,9 @@ namespace lgpt {
 
 // A run of entries the attention reads in order.
 struct KVBlockSource {
-  int64_t size = 0;       // entries S_i
+  int64_t size = 0;        // entries S_i
   int64_t block_size = 0;  // entries decoded per read; 0: the whole source at once
-  at::Tensor positions;   // [B, 1 or G, S_i] int64, negative where empty
+  at::Tensor positions;    // [B, 1 or G, S_i] int64, negative where empty
   // Decodes entries [begin, begin + length) into keys and/or values [B, G, length, hs] (either
   // pointer may be null).
   std::function<void(int64_t begin, int64_t length, at::Tensor* keys, at::Tensor* values)> read;

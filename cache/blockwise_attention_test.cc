@@ -1,9 +1,9 @@
 #include "cache/blockwise_attention.h"
 
+#include <ATen/ATen.h>
+
 #include <algorithm>
 #include <limits>
-
-#include <ATen/ATen.h>
 
 #include "cache/kv_codec.h"
 #include "gtest/gtest.h"
@@ -22,10 +22,11 @@ at::Tensor Reference(const at::Tensor& q, const at::Tensor& keys, const at::Tens
   if (params.softcap) scores = at::tanh(scores / *params.softcap) * *params.softcap;
   at::Tensor kp = key_positions.expand({q.size(0), groups, key_positions.size(2)})
                       .repeat_interleave(n_head / groups, 1)
-                      .unsqueeze(2);                            // [B, nh, 1, S]
+                      .unsqueeze(2);                                 // [B, nh, 1, S]
   const at::Tensor qp = query_positions.unsqueeze(1).unsqueeze(-1);  // [B, 1, T, 1]
   at::Tensor allowed = at::logical_and(kp >= 0, kp <= qp);
-  if (params.sliding_window > 0) allowed = at::logical_and(allowed, kp > qp - params.sliding_window);
+  if (params.sliding_window > 0)
+    allowed = at::logical_and(allowed, kp > qp - params.sliding_window);
   scores = scores.masked_fill(allowed.logical_not(), std::numeric_limits<float>::lowest());
   const at::Tensor weights = at::softmax(scores, -1);
   *weights_out = weights;
@@ -46,7 +47,8 @@ TEST(BlockwiseAttentionTest, EqualsPlainAttentionOverTheConcatenatedSources) {
     const int64_t total = 11 + c.steps;
     const at::Tensor keys = at::randn({batch, groups, total, head_size});
     const at::Tensor values = at::randn({batch, groups, total, head_size});
-    at::Tensor positions = at::randperm(total, at::kLong).view({1, 1, total}).repeat({batch, groups, 1});
+    at::Tensor positions =
+        at::randperm(total, at::kLong).view({1, 1, total}).repeat({batch, groups, 1});
     positions.select(2, 2).fill_(-1);
     positions.select(2, 9).fill_(-1);
     positions[1][1] = at::randperm(total, at::kLong);  // per-group positions differ
@@ -92,8 +94,12 @@ TEST(BlockwiseAttentionTest, ReadsQuantisedStorageOneBlockAtATime) {
   source.read = [&](int64_t begin, int64_t length, at::Tensor* k, at::Tensor* v) {
     largest_read = std::max(largest_read, length);
     ++reads;
-    if (k) *k = DequantizeGroups(kq.data.narrow(2, begin, length), kq.scales.narrow(2, begin, length), 4, 32, at::kFloat);
-    if (v) *v = DequantizeGroups(vq.data.narrow(2, begin, length), vq.scales.narrow(2, begin, length), 4, 32, at::kFloat);
+    if (k)
+      *k = DequantizeGroups(kq.data.narrow(2, begin, length), kq.scales.narrow(2, begin, length), 4,
+                            32, at::kFloat);
+    if (v)
+      *v = DequantizeGroups(vq.data.narrow(2, begin, length), vq.scales.narrow(2, begin, length), 4,
+                            32, at::kFloat);
   };
   const at::Tensor q = at::randn({batch, n_head, 1, head_size});
   const at::Tensor query_positions = at::full({1, 1}, entries - 1, at::kLong);
@@ -101,10 +107,9 @@ TEST(BlockwiseAttentionTest, ReadsQuantisedStorageOneBlockAtATime) {
   params.scale = 1.0 / std::sqrt(32.0);
   at::Tensor weights, expected_weights;
   const at::Tensor got = BlockwiseAttention(q, groups, {source}, query_positions, params, &weights);
-  const at::Tensor expected = Reference(
-      q, DequantizeGroups(kq.data, kq.scales, 4, 32, at::kFloat),
-      DequantizeGroups(vq.data, vq.scales, 4, 32, at::kFloat), query_positions, positions,
-      params, &expected_weights);
+  const at::Tensor expected = Reference(q, DequantizeGroups(kq.data, kq.scales, 4, 32, at::kFloat),
+                                        DequantizeGroups(vq.data, vq.scales, 4, 32, at::kFloat),
+                                        query_positions, positions, params, &expected_weights);
   EXPECT_LT((got - expected).abs().max().item<double>(), 1e-5);
   EXPECT_EQ(largest_read, block);
   EXPECT_EQ(reads, 2 * ((entries + block - 1) / block));  // keys pass, then values pass

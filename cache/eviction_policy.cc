@@ -1,10 +1,10 @@
 #include "cache/eviction_policy.h"
 
+#include <ATen/ATen.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
-
-#include <ATen/ATen.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -19,8 +19,7 @@ constexpr double kProtected = 1e15;
 }  // namespace
 
 const std::vector<std::string>& PolicyNames() {
-  static const auto* names =
-      new std::vector<std::string>{"dense", "window", "sink", "h2o", "tova"};
+  static const auto* names = new std::vector<std::string>{"dense", "window", "sink", "h2o", "tova"};
   return *names;
 }
 
@@ -37,11 +36,16 @@ absl::StatusOr<PolicyKind> ParsePolicyKind(absl::string_view name) {
 
 std::string PolicyName(PolicyKind kind) {
   switch (kind) {
-    case PolicyKind::kDense: return "dense";
-    case PolicyKind::kWindow: return "window";
-    case PolicyKind::kSink: return "sink";
-    case PolicyKind::kH2O: return "h2o";
-    case PolicyKind::kTova: return "tova";
+    case PolicyKind::kDense:
+      return "dense";
+    case PolicyKind::kWindow:
+      return "window";
+    case PolicyKind::kSink:
+      return "sink";
+    case PolicyKind::kH2O:
+      return "h2o";
+    case PolicyKind::kTova:
+      return "tova";
   }
   return "?";
 }
@@ -50,12 +54,11 @@ LayerPlan MakeLayerPlan(const EvictionPolicyOptions& options, int64_t window,
                         int64_t max_sequence_length) {
   LayerPlan plan;
   plan.window = window;
-  const int64_t span =
-      window > 0 ? std::min(window, max_sequence_length) : max_sequence_length;
+  const int64_t span = window > 0 ? std::min(window, max_sequence_length) : max_sequence_length;
   if (options.kind == PolicyKind::kDense || options.budget >= span) {
     // Everything a query can still see fits: keep it all (a window layer keeps its window).
-    plan.kind = window > 0 && window < max_sequence_length ? PolicyKind::kWindow
-                                                           : PolicyKind::kDense;
+    plan.kind =
+        window > 0 && window < max_sequence_length ? PolicyKind::kWindow : PolicyKind::kDense;
     plan.budget = span;
     plan.recent = span;
     return plan;
@@ -100,13 +103,13 @@ at::Tensor Priority(const LayerPlan& plan, const at::Tensor& positions, const at
       break;
     case PolicyKind::kH2O:
     case PolicyKind::kTova:
-      priority = at::where(positions > newest - plan.recent, p + kProtected,
-                           scores.to(at::kDouble));
+      priority =
+          at::where(positions > newest - plan.recent, p + kProtected, scores.to(at::kDouble));
       break;
   }
   if (plan.window > 0) {
-    priority = at::where(positions <= newest - plan.window, at::full({}, -inf, p.options()),
-                         priority);
+    priority =
+        at::where(positions <= newest - plan.window, at::full({}, -inf, p.options()), priority);
   }
   return at::where(positions >= 0, priority, at::full({}, -inf, p.options()));
 }

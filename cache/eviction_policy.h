@@ -18,11 +18,11 @@
 #ifndef LGPT_CACHE_EVICTION_POLICY_H_
 #define LGPT_CACHE_EVICTION_POLICY_H_
 
+#include <ATen/core/Tensor.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
-
-#include <ATen/core/Tensor.h>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -38,8 +38,8 @@ const std::vector<std::string>& PolicyNames();
 
 struct EvictionPolicyOptions {
   PolicyKind kind = PolicyKind::kDense;
-  int64_t budget = 0;           // entries kept per layer and (row, group); ignored by dense
-  int64_t sink_tokens = 4;      // sink: positions 0 .. sink_tokens-1 always stay
+  int64_t budget = 0;            // entries kept per layer and (row, group); ignored by dense
+  int64_t sink_tokens = 4;       // sink: positions 0 .. sink_tokens-1 always stay
   double recent_fraction = 0.5;  // h2o: share of the budget kept for the most recent entries
 };
 

@@ -92,8 +92,7 @@ class KVCache {
   // q [B, n_head, T, head_size] (after RoPE); keys/values as for Update. Returns the
   // attention output [B, n_head, T, head_size] in q's dtype.
   virtual absl::StatusOr<at::Tensor> UpdateAndAttend(int64_t layer, const KVStep& step,
-                                                     const at::Tensor& q,
-                                                     const at::Tensor& keys,
+                                                     const at::Tensor& q, const at::Tensor& keys,
                                                      const at::Tensor& values,
                                                      const KVAttentionParams& params) {
     return absl::UnimplementedError(DebugName() + " KV cache does not attend in place");

@@ -8,12 +8,12 @@
 // Geometry of Llama-3.2-1B's attention (32 query heads, 8 key/value groups, head size 64),
 // batch 1, float32. The context is filled with 4096 tokens; budgeted caches keep 1024 of them.
 // Tokens/s counters are per layer: divide by the layer count for a whole model's share.
+#include <ATen/ATen.h>
+#include <benchmark/benchmark.h>
+
 #include <cmath>
 #include <memory>
 #include <string>
-
-#include <ATen/ATen.h>
-#include <benchmark/benchmark.h>
 
 #include "cache/blockwise_attention.h"
 #include "cache/kv_cache_factory.h"
@@ -73,7 +73,8 @@ void DecodeStep(benchmark::State& state) {
     }
   }
   state.SetLabel(DescribeKVCacheSpec(spec) + (in_place ? " in-place" : " view"));
-  state.counters["tokens_per_s"] = benchmark::Counter(1, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["tokens_per_s"] =
+      benchmark::Counter(1, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["kv_bytes"] = static_cast<double>(cache->AllocatedBytes());
 }
 

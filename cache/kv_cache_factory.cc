@@ -15,13 +15,12 @@ absl::Status ValidateKVCacheSpec(const KVCacheSpec& spec) {
         absl::StrCat("--kv_bits must be 16, 8 or 4, got ", spec.bits));
   }
   if (kind != PolicyKind::kDense && spec.budget < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("--kv_budget must be >= 1 for --kv_cache=",
-                                                   spec.policy, ", got ", spec.budget));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kv_budget must be >= 1 for --kv_cache=", spec.policy, ", got ", spec.budget));
   }
   if (kind == PolicyKind::kSink && (spec.sink_tokens < 0 || spec.sink_tokens > spec.budget)) {
-    return absl::InvalidArgumentError(absl::StrCat("--kv_sink=", spec.sink_tokens,
-                                                   " must be in [0, --kv_budget=", spec.budget,
-                                                   "]"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kv_sink=", spec.sink_tokens, " must be in [0, --kv_budget=", spec.budget, "]"));
   }
   if (spec.residual < 0) {
     return absl::InvalidArgumentError(

@@ -5,13 +5,13 @@
 #ifndef LGPT_CACHE_KV_CACHE_FACTORY_H_
 #define LGPT_CACHE_KV_CACHE_FACTORY_H_
 
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <c10/core/Device.h>
-#include <c10/core/ScalarType.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"

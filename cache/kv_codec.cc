@@ -1,8 +1,8 @@
 #include "cache/kv_codec.h"
 
-#include <numeric>
-
 #include <ATen/ATen.h>
+
+#include <numeric>
 
 #include "absl/strings/str_cat.h"
 
@@ -26,8 +26,7 @@ class FullCodec : public EntryCodec {
     if (keys != nullptr) *keys = parts[0];
     if (values != nullptr) *values = parts[1];
   }
-  std::vector<at::Tensor> Allocate(int64_t batch, int64_t groups,
-                                   int64_t capacity) const override {
+  std::vector<at::Tensor> Allocate(int64_t batch, int64_t groups, int64_t capacity) const override {
     const at::TensorOptions opts = at::TensorOptions().dtype(dtype_).device(device_);
     return {at::zeros({batch, groups, capacity, head_size_}, opts),
             at::zeros({batch, groups, capacity, head_size_}, opts)};
@@ -46,8 +45,7 @@ class FullCodec : public EntryCodec {
 
 class QuantCodec : public EntryCodec {
  public:
-  QuantCodec(int bits, int64_t head_size, int64_t group, c10::ScalarType dtype,
-             c10::Device device)
+  QuantCodec(int bits, int64_t head_size, int64_t group, c10::ScalarType dtype, c10::Device device)
       : bits_(bits), head_size_(head_size), group_(group), dtype_(dtype), device_(device) {}
 
   // [keys data, keys scales, values data, values scales]
@@ -61,8 +59,7 @@ class QuantCodec : public EntryCodec {
     if (keys != nullptr) *keys = DequantizeGroups(parts[0], parts[1], bits_, group_, dtype_);
     if (values != nullptr) *values = DequantizeGroups(parts[2], parts[3], bits_, group_, dtype_);
   }
-  std::vector<at::Tensor> Allocate(int64_t batch, int64_t groups,
-                                   int64_t capacity) const override {
+  std::vector<at::Tensor> Allocate(int64_t batch, int64_t groups, int64_t capacity) const override {
     const at::TensorOptions data_opts =
         at::TensorOptions().dtype(bits_ == 8 ? at::kChar : at::kByte).device(device_);
     const at::TensorOptions scale_opts = at::TensorOptions().dtype(at::kHalf).device(device_);
@@ -103,8 +100,7 @@ QuantizedGroups QuantizeGroups(const at::Tensor& x, int bits, int64_t group) {
   const at::Tensor scale =
       g.abs().amax(-1, /*keepdim=*/true).div_(levels).clamp_max_(kMaxHalf).to(at::kHalf);
   const at::Tensor scale_f = scale.to(at::kFloat);
-  const at::Tensor inverse =
-      at::where(scale_f > 0, scale_f.reciprocal(), at::zeros_like(scale_f));
+  const at::Tensor inverse = at::where(scale_f > 0, scale_f.reciprocal(), at::zeros_like(scale_f));
   at::Tensor q = (g * inverse).round_().clamp_(-levels, levels).reshape(sizes);
   QuantizedGroups out;
   out.scales = scale.squeeze(-1);
@@ -149,8 +145,8 @@ absl::StatusOr<std::unique_ptr<EntryCodec>> MakeQuantCodec(int bits, int64_t hea
                                                            c10::ScalarType dtype,
                                                            c10::Device device) {
   if (bits != 8 && bits != 4) {
-    return absl::InvalidArgumentError(absl::StrCat("quantised KV entries take 8 or 4 bits, got ",
-                                                   bits));
+    return absl::InvalidArgumentError(
+        absl::StrCat("quantised KV entries take 8 or 4 bits, got ", bits));
   }
   if (head_size < 1 || (bits == 4 && head_size % 2 != 0)) {
     return absl::InvalidArgumentError(

@@ -20,13 +20,13 @@
 #ifndef LGPT_CACHE_KV_CODEC_H_
 #define LGPT_CACHE_KV_CODEC_H_
 
-#include <cstdint>
-#include <memory>
-#include <vector>
-
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
 

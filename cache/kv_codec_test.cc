@@ -55,9 +55,9 @@ TEST(KVCodecTest, Int4PacksTwoChannelsPerByteLowNibbleFirst) {
   const at::Tensor x = at::tensor({7.f, -7.f, 3.f, 0.f, -2.f, 5.f, 1.f, 7.f}).view({1, 1, 1, 8});
   const QuantizedGroups q = QuantizeGroups(x, 4, 4);
   ASSERT_EQ(q.data.scalar_type(), at::kByte);
-  const at::Tensor expected = at::tensor({(7 + 8) + 16 * (-7 + 8), (3 + 8) + 16 * 8,
-                                          (-2 + 8) + 16 * (5 + 8), (1 + 8) + 16 * (7 + 8)},
-                                         at::kInt);
+  const at::Tensor expected = at::tensor(
+      {(7 + 8) + 16 * (-7 + 8), (3 + 8) + 16 * 8, (-2 + 8) + 16 * (5 + 8), (1 + 8) + 16 * (7 + 8)},
+      at::kInt);
   EXPECT_TRUE(at::equal(q.data.view({4}).to(at::kInt), expected)) << q.data;
   EXPECT_TRUE(at::equal(DequantizeGroups(q.data, q.scales, 4, 4, at::kFloat), x));
 }

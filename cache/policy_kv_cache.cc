@@ -1,9 +1,9 @@
 #include "cache/policy_kv_cache.h"
 
+#include <ATen/ATen.h>
+
 #include <algorithm>
 #include <limits>
-
-#include <ATen/ATen.h>
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
@@ -41,19 +41,19 @@ absl::StatusOr<std::unique_ptr<PolicyKVCache>> PolicyKVCache::Create(
   if (options.layers.empty()) return absl::InvalidArgumentError("KV cache has no layers");
   const EvictionPolicyOptions& policy = options.policy;
   if (policy.kind != PolicyKind::kDense && policy.budget < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--kv_budget must be >= 1 for --kv_cache=", PolicyName(policy.kind), ", got ",
-        policy.budget));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv_budget must be >= 1 for --kv_cache=", PolicyName(policy.kind), ", got ",
+                     policy.budget));
   }
   if (policy.kind == PolicyKind::kSink &&
       (policy.sink_tokens < 0 || policy.sink_tokens > policy.budget)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--kv_sink=", policy.sink_tokens, " sink tokens must be in [0, --kv_budget=",
-                     policy.budget, "]"));
+        absl::StrCat("--kv_sink=", policy.sink_tokens,
+                     " sink tokens must be in [0, --kv_budget=", policy.budget, "]"));
   }
   if (!(policy.recent_fraction >= 0 && policy.recent_fraction <= 1)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "h2o recent fraction must be in [0, 1], got ", policy.recent_fraction));
+    return absl::InvalidArgumentError(
+        absl::StrCat("h2o recent fraction must be in [0, 1], got ", policy.recent_fraction));
   }
   if (options.bits != 16 && options.bits != 8 && options.bits != 4) {
     return absl::InvalidArgumentError(
@@ -82,9 +82,8 @@ absl::StatusOr<std::unique_ptr<PolicyKVCache>> PolicyKVCache::Create(
     if (options.bits == 16) {
       layer.codec = MakeFullCodec(spec.head_size, options.dtype, options.device);
     } else {
-      ASSIGN_OR_RETURN(layer.codec, MakeQuantCodec(options.bits, spec.head_size,
-                                                   options.group_size, options.dtype,
-                                                   options.device));
+      ASSIGN_OR_RETURN(layer.codec, MakeQuantCodec(options.bits, spec.head_size, options.group_size,
+                                                   options.dtype, options.device));
     }
     cache->layers_.push_back(std::move(layer));
   }
@@ -135,9 +134,9 @@ absl::Status PolicyKVCache::Validate(int64_t layer_index, const KVStep& step,
   }
   const KVLayerSpec& spec = layers_[layer_index].spec;
   if (keys.dim() != 4) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KV cache layer ", layer_index, ": keys ", ShapeString(keys),
-                     " are not [B, G, T, head_size]"));
+    return absl::InvalidArgumentError(absl::StrCat("KV cache layer ", layer_index, ": keys ",
+                                                   ShapeString(keys),
+                                                   " are not [B, G, T, head_size]"));
   }
   const int64_t batch = keys.size(0);
   RETURN_IF_ERROR(CheckStep(step, batch));
@@ -173,8 +172,7 @@ absl::StatusOr<KVView> PolicyKVCache::Update(int64_t layer_index, const KVStep& 
   return KVView{at::cat(all_keys, 2), at::cat(all_values, 2), at::cat(all_positions, 2)};
 }
 
-absl::StatusOr<at::Tensor> PolicyKVCache::UpdateAndAttend(int64_t layer_index,
-                                                          const KVStep& step,
+absl::StatusOr<at::Tensor> PolicyKVCache::UpdateAndAttend(int64_t layer_index, const KVStep& step,
                                                           const at::Tensor& q,
                                                           const at::Tensor& keys,
                                                           const at::Tensor& values,
@@ -184,9 +182,9 @@ absl::StatusOr<at::Tensor> PolicyKVCache::UpdateAndAttend(int64_t layer_index,
   const int64_t groups = layer.spec.n_query_groups;
   if (q.dim() != 4 || q.size(0) != keys.size(0) || q.size(1) % groups != 0 ||
       q.size(2) != keys.size(2) || q.size(3) != layer.spec.head_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KV cache layer ", layer_index, ": queries ", ShapeString(q),
-                     " do not match keys ", ShapeString(keys)));
+    return absl::InvalidArgumentError(absl::StrCat("KV cache layer ", layer_index, ": queries ",
+                                                   ShapeString(q), " do not match keys ",
+                                                   ShapeString(keys)));
   }
   const std::vector<KVBlockSource> sources = Begin(layer, step, keys, values);
   at::Tensor weights;
@@ -206,8 +204,7 @@ void PolicyKVCache::ObserveAttentionWeights(int64_t layer, const at::Tensor& wei
 }
 
 std::vector<KVBlockSource> PolicyKVCache::Begin(Layer& layer, const KVStep& step,
-                                                const at::Tensor& keys,
-                                                const at::Tensor& values) {
+                                                const at::Tensor& keys, const at::Tensor& values) {
   Settle(layer, at::Tensor());
   Rewind(layer, step);
   layer.max_written = std::max(layer.max_written, step.max_position);
@@ -312,9 +309,9 @@ void PolicyKVCache::InsertMain(Layer& layer, int64_t rows, const at::Tensor& key
   Store& main = layer.main;
   const int64_t groups = layer.spec.n_query_groups;
   if (main.used + 1 > main.capacity) {
-    Reserve(main, *layer.codec, groups,
-            std::min(std::max({main.used + 1, 2 * main.capacity, kMinGrowth}),
-                     MaxMainCapacity(layer)));
+    Reserve(
+        main, *layer.codec, groups,
+        std::min(std::max({main.used + 1, 2 * main.capacity, kMinGrowth}), MaxMainCapacity(layer)));
   }
   at::Tensor main_positions = Rows(main.positions, rows);
   // The first empty slot (empty slots hold -1, below every position).
@@ -337,8 +334,9 @@ void PolicyKVCache::Settle(Layer& layer, const at::Tensor& weights) {
   at::Tensor chunk_scores;
   if (layer.plan.scored && weights.defined()) {
     const at::Tensor step = StepScores(layer.plan, weights, groups);  // [rows, G, S]
-    TORCH_CHECK(step.size(0) == rows && step.size(2) == pending.main_high + pending.ring_size + chunk,
-                "attention weights ", weights.sizes(), " do not cover the KV view");
+    TORCH_CHECK(
+        step.size(0) == rows && step.size(2) == pending.main_high + pending.ring_size + chunk,
+        "attention weights ", weights.sizes(), " do not cover the KV view");
     const bool replace = ScoresReplace(layer.plan);
     int64_t offset = 0;
     for (auto [store, size] : {std::make_pair(&layer.main, pending.main_high),
@@ -507,8 +505,7 @@ int64_t PolicyKVCache::slots(int64_t layer) const {
   return layers_[layer].main.capacity + layers_[layer].ring.capacity;
 }
 
-std::vector<int64_t> PolicyKVCache::KeptPositions(int64_t layer_index, int64_t row,
-                                                  int64_t group) {
+std::vector<int64_t> PolicyKVCache::KeptPositions(int64_t layer_index, int64_t row, int64_t group) {
   Layer& layer = layers_[layer_index];
   Settle(layer, at::Tensor());
   std::vector<int64_t> kept;

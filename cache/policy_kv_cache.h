@@ -31,14 +31,14 @@
 #ifndef LGPT_CACHE_POLICY_KV_CACHE_H_
 #define LGPT_CACHE_POLICY_KV_CACHE_H_
 
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <ATen/core/Tensor.h>
-#include <c10/core/Device.h>
-#include <c10/core/ScalarType.h>
 
 #include "absl/status/statusor.h"
 #include "cache/blockwise_attention.h"
@@ -63,8 +63,7 @@ struct PolicyKVCacheOptions {
 
 class PolicyKVCache : public KVCache {
  public:
-  static absl::StatusOr<std::unique_ptr<PolicyKVCache>> Create(
-      const PolicyKVCacheOptions& options);
+  static absl::StatusOr<std::unique_ptr<PolicyKVCache>> Create(const PolicyKVCacheOptions& options);
 
   absl::StatusOr<KVView> Update(int64_t layer, const KVStep& step, const at::Tensor& keys,
                                 const at::Tensor& values) override;
@@ -79,10 +78,11 @@ class PolicyKVCache : public KVCache {
   int64_t num_layers() const override { return static_cast<int64_t>(layers_.size()); }
   bool WantsAttentionWeights(int64_t layer) const override;
   void ObserveAttentionWeights(int64_t layer, const at::Tensor& weights) override;
-  bool AttendsInPlace(int64_t layer) const override { return true; }
-  absl::StatusOr<at::Tensor> UpdateAndAttend(int64_t layer, const KVStep& step,
-                                             const at::Tensor& q, const at::Tensor& keys,
-                                             const at::Tensor& values,
+  // Quantised storage: the attention should call UpdateAndAttend (UpdateAndAttend works at
+  // every width; full-precision views cost nothing, so those layers keep the plain kernel).
+  bool AttendsInPlace(int64_t layer) const override { return options_.bits < 16; }
+  absl::StatusOr<at::Tensor> UpdateAndAttend(int64_t layer, const KVStep& step, const at::Tensor& q,
+                                             const at::Tensor& keys, const at::Tensor& values,
                                              const KVAttentionParams& params) override;
   std::string DebugName() const override;
 
@@ -118,7 +118,7 @@ class PolicyKVCache : public KVCache {
     LayerPlan plan;
     int64_t residual = 0;
     int64_t main_budget = 0;
-    int64_t max_written = -1;  // largest position written since the last reset
+    int64_t max_written = -1;                // largest position written since the last reset
     std::unique_ptr<EntryCodec> codec;       // main's entries
     std::unique_ptr<EntryCodec> ring_codec;  // full precision
     Store main;

@@ -1,9 +1,9 @@
 #include "cache/policy_kv_cache.h"
 
+#include <ATen/ATen.h>
+
 #include <cmath>
 #include <set>
-
-#include <ATen/ATen.h>
 
 #include "absl/strings/match.h"
 #include "cache/blockwise_attention.h"
@@ -39,8 +39,10 @@ std::unique_ptr<PolicyKVCache> MakeCache(const PolicyKVCacheOptions& options) {
 
 KVStep Step(int64_t batch, int64_t start, int64_t length) {
   KVStep step;
-  step.positions =
-      at::arange(start, start + length, at::kLong).unsqueeze(0).expand({batch, length}).contiguous();
+  step.positions = at::arange(start, start + length, at::kLong)
+                       .unsqueeze(0)
+                       .expand({batch, length})
+                       .contiguous();
   step.min_position = start;
   step.max_position = start + length - 1;
   return step;
@@ -89,8 +91,9 @@ at::Tensor Drive(KVCache& cache, int64_t total, int64_t prompt, int64_t chunk, b
       auto view = cache.Update(layer, step, k, v);
       EXPECT_TRUE(view.ok()) << view.status();
       at::Tensor weights;
-      const at::Tensor y = BlockwiseAttention(q, kGroups, {TensorSource(view->keys, view->values, view->positions)},
-                                              step.positions, params, &weights);
+      const at::Tensor y =
+          BlockwiseAttention(q, kGroups, {TensorSource(view->keys, view->values, view->positions)},
+                             step.positions, params, &weights);
       if (cache.WantsAttentionWeights(layer)) cache.ObserveAttentionWeights(layer, weights);
       outputs.push_back(y);
     }
@@ -179,10 +182,8 @@ TEST(PolicyKVCacheTest, H2OKeepsTheHeaviestEntriesPerGroup) {
     // Budget 6: the 3 most recent plus the 3 heaviest; each group has its own heavy hitters.
     auto cache = MakeCache(Options(PolicyKind::kH2O, 6, bits));
     DecodeWithWeights(*cache, 12, {{1, 4, 6}, {2, 3, 5}});
-    EXPECT_EQ(cache->KeptPositions(0, 0, 0), (std::vector<int64_t>{1, 4, 6, 9, 10, 11}))
-        << bits;
-    EXPECT_EQ(cache->KeptPositions(0, 0, 1), (std::vector<int64_t>{2, 3, 5, 9, 10, 11}))
-        << bits;
+    EXPECT_EQ(cache->KeptPositions(0, 0, 0), (std::vector<int64_t>{1, 4, 6, 9, 10, 11})) << bits;
+    EXPECT_EQ(cache->KeptPositions(0, 0, 1), (std::vector<int64_t>{2, 3, 5, 9, 10, 11})) << bits;
   }
 }
 
@@ -197,9 +198,10 @@ TEST(PolicyKVCacheTest, TovaKeepsWhatTheLatestQueryAttends) {
     const at::Tensor w = (positions == 0).to(at::kFloat) + (positions == 2).to(at::kFloat) +
                          0.5 * (positions == p).to(at::kFloat) +
                          0.25 * (positions == p - 1).to(at::kFloat);
-    cache->ObserveAttentionWeights(
-        0, w.unsqueeze(2).unsqueeze(3).expand({1, kGroups, 2, 1, positions.size(2)})
-               .reshape({1, kHeads, 1, positions.size(2)}));
+    cache->ObserveAttentionWeights(0, w.unsqueeze(2)
+                                          .unsqueeze(3)
+                                          .expand({1, kGroups, 2, 1, positions.size(2)})
+                                          .reshape({1, kHeads, 1, positions.size(2)}));
   }
   EXPECT_EQ(cache->KeptPositions(0, 0, 0), (std::vector<int64_t>{0, 2, 8, 9}));
 }
@@ -225,7 +227,9 @@ TEST(PolicyKVCacheTest, InPlaceAttentionEqualsAttentionOverTheView) {
 }
 
 TEST(PolicyKVCacheTest, QuantisedCachesKeepTheRecentEntriesInFullPrecision) {
+  EXPECT_FALSE(MakeCache(Options(PolicyKind::kWindow, 12, 16))->AttendsInPlace(0));
   auto cache = MakeCache(Options(PolicyKind::kWindow, 12, 4));
+  EXPECT_TRUE(cache->AttendsInPlace(0));
   EXPECT_EQ(cache->residual(0), 4);
   Drive(*cache, 19, 0, 1, false);
   auto [k, v] = Entries(1, 19, 1);
@@ -266,8 +270,8 @@ TEST(PolicyKVCacheTest, BytesFollowTheFormula) {
     }
     const int64_t residual = bits == 16 ? 0 : 4;
     const int64_t main_slots = 40 - residual + 1;
-    const int64_t entry_bytes = bits == 16 ? 2 * kHeadSize * 2
-                                           : 2 * (kHeadSize * bits / 8 + 2 * (kHeadSize / 32));
+    const int64_t entry_bytes =
+        bits == 16 ? 2 * kHeadSize * 2 : 2 * (kHeadSize * bits / 8 + 2 * (kHeadSize / 32));
     const int64_t expected =
         2 * 2 * kGroups * (main_slots * entry_bytes + residual * 2 * kHeadSize * 2);
     EXPECT_EQ(cache->AllocatedBytes(), expected) << bits;
@@ -302,8 +306,9 @@ TEST(PolicyKVCacheTest, QuantisedBytesAgainstA16BitDenseCacheHoldingTheSameEntri
       const at::Tensor k = at::randn({1, kGroups, budget + 20, head_size});
       for (int64_t layer = 0; layer < 2; ++layer) {
         ASSERT_TRUE(cache->Update(layer, Step(1, 0, budget + 20), k, k).ok());
-        ASSERT_TRUE(cache->Update(layer, Step(1, budget + 20, 1), k.narrow(2, 0, 1),
-                                  k.narrow(2, 0, 1)).ok());
+        ASSERT_TRUE(
+            cache->Update(layer, Step(1, budget + 20, 1), k.narrow(2, 0, 1), k.narrow(2, 0, 1))
+                .ok());
       }
       ASSERT_EQ(cache->slots(0), budget + 1);
       const double ratio = cache->AllocatedBytes() / dense_bytes;
@@ -315,8 +320,8 @@ TEST(PolicyKVCacheTest, QuantisedBytesAgainstA16BitDenseCacheHoldingTheSameEntri
 }
 
 TEST(PolicyKVCacheTest, BytesStayFlatOnceTheBudgetIsReached) {
-  for (PolicyKind kind : {PolicyKind::kWindow, PolicyKind::kSink, PolicyKind::kH2O,
-                          PolicyKind::kTova}) {
+  for (PolicyKind kind :
+       {PolicyKind::kWindow, PolicyKind::kSink, PolicyKind::kH2O, PolicyKind::kTova}) {
     for (int bits : {16, 8, 4}) {
       auto cache = MakeCache(Options(kind, 32, bits, {0, 8}));
       int64_t flat_bytes = -1;
@@ -325,13 +330,14 @@ TEST(PolicyKVCacheTest, BytesStayFlatOnceTheBudgetIsReached) {
         const int64_t length = p < 10 ? 10 : 1;
         auto [k, v] = Entries(1, p, length);
         for (int64_t layer = 0; layer < 2; ++layer) {
-          ASSERT_TRUE(cache->UpdateAndAttend(layer, Step(1, p, length),
-                                             Queries(1, p, length), k, v, params).ok());
+          ASSERT_TRUE(
+              cache->UpdateAndAttend(layer, Step(1, p, length), Queries(1, p, length), k, v, params)
+                  .ok());
         }
         if (p == 40) flat_bytes = cache->AllocatedBytes();
         if (p > 40) {
-          ASSERT_EQ(cache->AllocatedBytes(), flat_bytes) << PolicyName(kind) << " " << bits
-                                                         << " at position " << p;
+          ASSERT_EQ(cache->AllocatedBytes(), flat_bytes)
+              << PolicyName(kind) << " " << bits << " at position " << p;
         }
       }
       EXPECT_LE(cache->slots(0), 33);
@@ -382,12 +388,14 @@ TEST(PolicyKVCacheTest, BadShapesAndPositionsAreErrors) {
   auto [k, v] = Entries(1, 0, 3);
   EXPECT_FALSE(cache->Update(0, Step(1, 0, 2), k, v).ok());
   EXPECT_FALSE(cache->Update(3, Step(1, 0, 3), k, v).ok());
-  EXPECT_EQ(cache->Update(0, Step(1, 510, 3), k, v).status().code(),
-            absl::StatusCode::kOutOfRange);
-  EXPECT_FALSE(cache->Update(0, Step(2, 0, 3), k.expand({2, kGroups, 3, kHeadSize}),
-                             v.expand({2, kGroups, 3, kHeadSize})).ok());
-  EXPECT_FALSE(cache->UpdateAndAttend(0, Step(1, 0, 3), at::zeros({1, kHeads, 2, kHeadSize}),
-                                      k, v, {}).ok());
+  EXPECT_EQ(cache->Update(0, Step(1, 510, 3), k, v).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_FALSE(cache
+                   ->Update(0, Step(2, 0, 3), k.expand({2, kGroups, 3, kHeadSize}),
+                            v.expand({2, kGroups, 3, kHeadSize}))
+                   .ok());
+  EXPECT_FALSE(
+      cache->UpdateAndAttend(0, Step(1, 0, 3), at::zeros({1, kHeads, 2, kHeadSize}), k, v, {})
+          .ok());
   // A failed step left nothing behind.
   EXPECT_TRUE(cache->KeptPositions(0, 0, 0).empty());
 }

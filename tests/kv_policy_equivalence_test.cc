@@ -5,10 +5,10 @@
 // - a smaller budget changes them (the comparison has teeth), quantised entries stay close;
 // - attending in place (UpdateAndAttend) equals the attention kernel over Update's view;
 // - a budgeted cache's bytes stay flat while decoding far past the budget.
+#include <ATen/ATen.h>
+
 #include <string>
 #include <vector>
-
-#include <ATen/ATen.h>
 
 #include "attention/attention_kernel.h"
 #include "cache/dense_kv_cache.h"
@@ -182,9 +182,8 @@ TEST(KVPolicyInPlaceTest, InPlaceAttentionEqualsTheAttentionKernel) {
           auto view = (*via_view)->Update(layer, step, k, v);
           ASSERT_TRUE(view.ok());
           at::Tensor weights;
-          const at::Tensor expected = AttendByPositions(q, view->keys, view->values,
-                                                        step.positions, view->positions, params,
-                                                        &weights);
+          const at::Tensor expected = AttendByPositions(q, view->keys, view->values, step.positions,
+                                                        view->positions, params, &weights);
           if ((*via_view)->WantsAttentionWeights(layer)) {
             (*via_view)->ObserveAttentionWeights(layer, weights);
           }
@@ -221,8 +220,10 @@ TEST(KVPolicyBytesTest, BudgetedBytesStayFlatWhileDecodingFarPastTheBudget) {
       for (int64_t position = 0; position < 60; ++position) {
         ForwardOptions options;
         options.positions = at::full({1, 1}, position, at::kLong);
-        ASSERT_TRUE(model->Forward(at::full({1, 1}, position % 90, at::kLong).to(model->device()),
-                                   cache->get(), options).ok());
+        ASSERT_TRUE(model
+                        ->Forward(at::full({1, 1}, position % 90, at::kLong).to(model->device()),
+                                  cache->get(), options)
+                        .ok());
         if (position == 12) flat = (*cache)->AllocatedBytes();
         if (position > 12) {
           ASSERT_EQ((*cache)->AllocatedBytes(), flat)

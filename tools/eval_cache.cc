@@ -16,6 +16,10 @@
 // Writes OUT_DIR/results.csv, OUT_DIR/results.md (policy, budget, bits, kv_bytes, perplexity,
 // ratio to dense, decode tokens/s) and OUT_DIR/ppl_vs_kv_bytes.png; prints progress on
 // stderr and the markdown table on stdout.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -25,10 +29,6 @@
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
-#include <sys/stat.h>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/ascii.h"
@@ -52,6 +52,9 @@ ABSL_FLAG(std::string, random_model, "",
           "instead of a checkpoint: a LitGPT preset name with random weights (smoke runs)");
 ABSL_FLAG(uint64_t, seed, 1234, "seed of --random_model and --random_tokens");
 ABSL_FLAG(std::string, text_file, "", "text to score (needs the checkpoint's tokenizer)");
+ABSL_FLAG(bool, lines_bos_eos, false,
+          "tokenise each line of --text_file on its own, between BOS and EOS (the format "
+          "//tools:pretrain trains on); else the whole text at once");
 ABSL_FLAG(std::string, token_file, "", "token ids to score, separated by commas or whitespace");
 ABSL_FLAG(int64_t, random_tokens, 0, "score this many random token ids (smoke runs)");
 ABSL_FLAG(int64_t, max_tokens, 0, "score at most this many tokens; 0: all");
@@ -105,12 +108,12 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, const std::string&
 absl::StatusOr<std::vector<int64_t>> ReadTokenFile(const std::string& path) {
   ASSIGN_OR_RETURN(const std::string text, ReadFile(path, "token_file"));
   std::vector<int64_t> ids;
-  for (absl::string_view piece : absl::StrSplit(text, absl::ByAnyChar(", \t\r\n"),
-                                                absl::SkipEmpty())) {
+  for (absl::string_view piece :
+       absl::StrSplit(text, absl::ByAnyChar(", \t\r\n"), absl::SkipEmpty())) {
     int64_t id = 0;
     if (!absl::SimpleAtoi(piece, &id) || id < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--token_file ", path, ": '", piece, "' is not a non-negative integer token id"));
+      return absl::InvalidArgumentError(absl::StrCat("--token_file ", path, ": '", piece,
+                                                     "' is not a non-negative integer token id"));
     }
     ids.push_back(id);
   }
@@ -163,7 +166,15 @@ absl::StatusOr<std::vector<int64_t>> LoadTokens(const Config& config) {
                                        "); pass --token_file with token ids instead"));
     }
     ASSIGN_OR_RETURN(const std::string text, ReadFile(ResolvePath(text_file), "text_file"));
-    ASSIGN_OR_RETURN(ids, (*tokenizer)->Encode(text));
+    if (absl::GetFlag(FLAGS_lines_bos_eos)) {
+      for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipWhitespace())) {
+        ASSIGN_OR_RETURN(const std::vector<int64_t> line_ids,
+                         (*tokenizer)->Encode(line, /*bos=*/true, /*eos=*/true));
+        ids.insert(ids.end(), line_ids.begin(), line_ids.end());
+      }
+    } else {
+      ASSIGN_OR_RETURN(ids, (*tokenizer)->Encode(text));
+    }
   } else if (!token_file.empty()) {
     ASSIGN_OR_RETURN(ids, ReadTokenFile(ResolvePath(token_file)));
   } else {
@@ -204,8 +215,7 @@ absl::StatusOr<Row> Evaluate(GPTImpl& model, KVCache& cache, const KVCacheSpec& 
       ASSIGN_OR_RETURN(const at::Tensor logits,
                        model.Forward(all.narrow(1, begin + position, steps), &cache, options));
       const at::Tensor targets = all.narrow(1, begin + position + 1, steps).reshape({-1});
-      const at::Tensor log_probs =
-          at::log_softmax(logits.reshape({steps, -1}).to(at::kFloat), -1);
+      const at::Tensor log_probs = at::log_softmax(logits.reshape({steps, -1}).to(at::kFloat), -1);
       nll -= log_probs.gather(1, targets.unsqueeze(1)).sum().item<double>();
       if (steps == 1) {
         decode_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -239,7 +249,8 @@ int Run() {
   const c10::Device device = ValueOrDie(ParseDevice(absl::GetFlag(FLAGS_device)));
   const std::string out_dir = ResolvePath(absl::GetFlag(FLAGS_out_dir));
   if (out_dir.empty()) Die(absl::InvalidArgumentError("--out_dir is required"));
-  const std::vector<int64_t> budgets = ValueOrDie(ParseList(absl::GetFlag(FLAGS_budgets), "budgets"));
+  const std::vector<int64_t> budgets =
+      ValueOrDie(ParseList(absl::GetFlag(FLAGS_budgets), "budgets"));
   const std::vector<int64_t> bits_list = ValueOrDie(ParseList(absl::GetFlag(FLAGS_bits), "bits"));
   std::vector<std::string> policies =
       absl::StrSplit(absl::GetFlag(FLAGS_policies), ',', absl::SkipWhitespace());
@@ -289,10 +300,10 @@ int Run() {
   shape.dtype = dtype;
   shape.device = device;
   shape.initial_capacity = segment;
-  std::fprintf(stderr, "model %s (%lld layers), %zu tokens in segments of %lld, chunk %lld, %d threads\n",
-               loaded.config.name.c_str(), static_cast<long long>(loaded.config.n_layer),
-               tokens.size(), static_cast<long long>(segment), static_cast<long long>(chunk),
-               at::get_num_threads());
+  std::fprintf(
+      stderr, "model %s (%lld layers), %zu tokens in segments of %lld, chunk %lld, %d threads\n",
+      loaded.config.name.c_str(), static_cast<long long>(loaded.config.n_layer), tokens.size(),
+      static_cast<long long>(segment), static_cast<long long>(chunk), at::get_num_threads());
 
   std::vector<Row> rows;
   for (size_t i = 0; i < specs.size(); ++i) {
@@ -332,8 +343,8 @@ int Run() {
                           ppl_ratio, row.decode_tokens_per_s, static_cast<long long>(row.scored));
     absl::StrAppendFormat(&md, "| %s | %s | %d | %lld | %.3f | %.4f | %.4f | %.1f |\n",
                           row.spec.policy, budget, row.spec.bits,
-                          static_cast<long long>(row.kv_bytes), kv_ratio, row.perplexity,
-                          ppl_ratio, row.decode_tokens_per_s);
+                          static_cast<long long>(row.kv_bytes), kv_ratio, row.perplexity, ppl_ratio,
+                          row.decode_tokens_per_s);
     Series& s = series[{row.spec.policy, row.spec.bits}];
     s.label = absl::StrCat(row.spec.policy, " ", row.spec.bits, "-bit");
     s.color = PolicyColor(row.spec.policy);
@@ -352,8 +363,8 @@ int Run() {
   plot.y_label = "perplexity";
   plot.log_x = true;
   plot.x_bytes = true;
-  for (const auto& [name, text] : {std::pair<std::string, std::string>{"results.csv", csv},
-                                   {"results.md", md}}) {
+  for (const auto& [name, text] :
+       {std::pair<std::string, std::string>{"results.csv", csv}, {"results.md", md}}) {
     std::ofstream out(out_dir + "/" + name);
     out << text;
     if (!out) Die(absl::DataLossError(absl::StrCat("cannot write ", out_dir, "/", name)));

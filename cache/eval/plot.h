@@ -29,7 +29,7 @@ class Image {
   int height() const { return height_; }
   const std::vector<uint8_t>& rgb() const { return rgb_; }
   Color At(int x, int y) const;
-  void Set(int x, int y, Color color);  // ignores pixels outside the image
+  void Set(int x, int y, Color color);                         // ignores pixels outside the image
   void FillRect(int x0, int y0, int x1, int y1, Color color);  // inclusive corners
   void Line(int x0, int y0, int x1, int y1, Color color);
   // Text in the 5x7 font (6 pixels a character at scale 1), top-left at (x, y). Characters

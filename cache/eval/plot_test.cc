@@ -58,8 +58,10 @@ TEST(PlotTest, PngRoundTripsThroughADecoder) {
   while (true) {
     const uint8_t header = static_cast<uint8_t>(idat[p]);
     ASSERT_EQ(header & 6, 0) << "stored blocks only";
-    const uint16_t length = static_cast<uint8_t>(idat[p + 1]) | (static_cast<uint8_t>(idat[p + 2]) << 8);
-    const uint16_t inverse = static_cast<uint8_t>(idat[p + 3]) | (static_cast<uint8_t>(idat[p + 4]) << 8);
+    const uint16_t length =
+        static_cast<uint8_t>(idat[p + 1]) | (static_cast<uint8_t>(idat[p + 2]) << 8);
+    const uint16_t inverse =
+        static_cast<uint8_t>(idat[p + 3]) | (static_cast<uint8_t>(idat[p + 4]) << 8);
     ASSERT_EQ(static_cast<uint16_t>(~length), inverse);
     raw += idat.substr(p + 5, length);
     p += 5 + length;
