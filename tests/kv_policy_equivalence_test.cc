@@ -3,7 +3,8 @@
 // - every policy, with a budget covering the sequence, gives the dense cache's logits (1e-5)
 //   for prefill chunks of 1, 3 and the whole prompt followed by token-by-token decoding;
 // - a smaller budget changes them (the comparison has teeth), quantised entries stay close;
-// - attending in place (UpdateAndAttend) equals the attention kernel over Update's view;
+// - attending in place (UpdateAndAttend) equals the attention kernel over Update's view, at
+//   the cache and through whole models;
 // - a budgeted cache's bytes stay flat while decoding far past the budget.
 #include <ATen/ATen.h>
 
@@ -197,6 +198,64 @@ TEST(KVPolicyInPlaceTest, InPlaceAttentionEqualsTheAttentionKernel) {
       EXPECT_LT(max_diff, 1e-5) << PolicyName(kind) << " " << bits << " bits";
       for (int64_t g = 0; g < groups; ++g) {
         EXPECT_EQ((*via_view)->KeptPositions(0, 0, g), (*in_place)->KeptPositions(0, 0, g));
+      }
+    }
+  }
+}
+
+// Delegates to a cache but does not attend in place, so the attention reads Update's views.
+class ViewsOnly : public KVCache {
+ public:
+  explicit ViewsOnly(KVCache& inner) : inner_(inner) {}
+  absl::StatusOr<KVView> Update(int64_t layer, const KVStep& step, const at::Tensor& keys,
+                                const at::Tensor& values) override {
+    return inner_.Update(layer, step, keys, values);
+  }
+  absl::Status CheckStep(const KVStep& step, int64_t batch_size) const override {
+    return inner_.CheckStep(step, batch_size);
+  }
+  void Reset() override { inner_.Reset(); }
+  int64_t AllocatedBytes() const override { return inner_.AllocatedBytes(); }
+  int64_t max_sequence_length() const override { return inner_.max_sequence_length(); }
+  int64_t batch_size() const override { return inner_.batch_size(); }
+  int64_t num_layers() const override { return inner_.num_layers(); }
+  bool WantsAttentionWeights(int64_t layer) const override {
+    return inner_.WantsAttentionWeights(layer);
+  }
+  void ObserveAttentionWeights(int64_t layer, const at::Tensor& weights) override {
+    inner_.ObserveAttentionWeights(layer, weights);
+  }
+  std::string DebugName() const override { return inner_.DebugName(); }
+
+ private:
+  KVCache& inner_;
+};
+
+// Quantised caches through whole models: the attention reading Update's views (decoded whole)
+// and attending in place (block by block, where the attention layer routes AttendsInPlace
+// caches to UpdateAndAttend) give the same logits and decisions.
+TEST(KVPolicyInPlaceTest, ModelLogitsAreTheSameFromViewsAndInPlace) {
+  for (const char* preset : {"Gemma-2-2b", "Llama-3.2-1B"}) {
+    GPT model = RandomModel(preset);
+    at::manual_seed(3);
+    const at::Tensor tokens =
+        at::randint(0, model->config().vocab_size, {kBatch, kTotal}, at::kLong).to(model->device());
+    for (PolicyKind kind : {PolicyKind::kSink, PolicyKind::kH2O, PolicyKind::kTova}) {
+      for (int bits : {8, 4}) {
+        auto direct = PolicyCache(*model, kind, 6, bits);
+        auto inner = PolicyCache(*model, kind, 6, bits);
+        ASSERT_TRUE(direct->AttendsInPlace(0));
+        ViewsOnly views(*inner);
+        const at::Tensor a = CachedLogits(*model, *direct, tokens, 4);
+        const at::Tensor b = CachedLogits(*model, views, tokens, 4);
+        // Not bit-exact: blockwise sums round differently (1e-7), and a later layer's entry
+        // that sits on a rounding boundary can quantise one step apart. Exactness is checked
+        // at the cache (InPlaceAttentionEqualsTheAttentionKernel); here, wrong entries or
+        // decisions would move logits by far more than 1e-3 of their scale.
+        const double scale = std::max(1.0, a.abs().max().item<double>());
+        EXPECT_LT((a - b).abs().max().item<double>(), 1e-3 * scale)
+            << preset << " " << PolicyName(kind) << " " << bits << " bits";
+        EXPECT_EQ(direct->KeptPositions(0, 1, 1), inner->KeptPositions(0, 1, 1));
       }
     }
   }
