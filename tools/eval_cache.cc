@@ -269,7 +269,11 @@ int Run() {
     spec.residual = absl::GetFlag(FLAGS_kv_residual);
     spec.group_size = absl::GetFlag(FLAGS_kv_group);
     spec.recent_fraction = absl::GetFlag(FLAGS_kv_recent_fraction);
-    DieIfError(ValidateKVCacheSpec(spec));
+    if (absl::Status status = ValidateKVCacheSpec(spec); !status.ok()) {
+      Die(absl::InvalidArgumentError(absl::StrCat("--policies/--budgets/--bits combination ",
+                                                  policy, " budget ", budget, " bits ", bits, ": ",
+                                                  status.message())));
+    }
     for (const KVCacheSpec& s : specs) {
       if (s.policy == spec.policy && s.budget == spec.budget && s.bits == spec.bits) return;
     }
