@@ -78,17 +78,24 @@ absl::StatusOr<at::Tensor> CausalSelfAttentionImpl::Forward(const at::Tensor& x,
   q = ApplyRope(q, rope, rope_interleave_);
   k = ApplyRope(k, rope, rope_interleave_);
 
-  KVView view;
-  if (cache != nullptr) {
-    ASSIGN_OR_RETURN(view, cache->Update(layer_, step, k, v));
+  at::Tensor y;  // [B, nh, T, hs]
+  if (cache != nullptr && cache->AttendsInPlace(layer_)) {
+    // Quantised storage: the cache reads its blocks itself, never a full float copy.
+    const KVAttentionParams params{params_.scale, params_.softcap, params_.sliding_window};
+    ASSIGN_OR_RETURN(y, cache->UpdateAndAttend(layer_, step, q, k, v, params));
   } else {
-    view = KVView{k, v, step.positions.unsqueeze(1)};
+    KVView view;
+    if (cache != nullptr) {
+      ASSIGN_OR_RETURN(view, cache->Update(layer_, step, k, v));
+    } else {
+      view = KVView{k, v, step.positions.unsqueeze(1)};
+    }
+    const bool want_weights = cache != nullptr && cache->WantsAttentionWeights(layer_);
+    at::Tensor weights;
+    y = AttendByPositions(q, view.keys, view.values, step.positions, view.positions, params_,
+                          want_weights ? &weights : nullptr);
+    if (want_weights) cache->ObserveAttentionWeights(layer_, weights);
   }
-  const bool want_weights = cache != nullptr && cache->WantsAttentionWeights(layer_);
-  at::Tensor weights;
-  at::Tensor y = AttendByPositions(q, view.keys, view.values, step.positions, view.positions,
-                                   params_, want_weights ? &weights : nullptr);
-  if (want_weights) cache->ObserveAttentionWeights(layer_, weights);
   for (const auto& extension : extensions_) {
     const at::Tensor extra = extension->Contribute({q, qkv_.get(), &params_});
     if (extra.defined()) y = y + extra;

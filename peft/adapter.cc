@@ -45,6 +45,7 @@ std::pair<at::Tensor, at::Tensor> AdapterPrefix::PrefixKeysValues(ProjectionImpl
   // The prefix only changes with the weights: a fingerprint of their versions decides reuse.
   int64_t fingerprint = adapter_wte->weight._version();
   for (const at::Tensor& p : qkv.parameters()) fingerprint = fingerprint * 31 + p._version();
+  absl::MutexLock lock(&mutex_);
   const bool reusable = !at::GradMode::is_enabled() && cached_keys_.defined() &&
                         fingerprint == cached_fingerprint_ &&
                         cached_keys_.device() == adapter_wte->weight.device() &&

@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "attention/attention_extension.h"
 #include "core/config.h"
 #include "core/model/gpt.h"
@@ -47,8 +48,11 @@ class AdapterPrefix : public AttentionExtension {
   AdapterOptions options_;
   torch::nn::Embedding adapter_wte{nullptr};  // [prompt_length, n_embd]
   at::Tensor gating_factor;                   // [1, 1, n_head, 1], zero-initialised
-  at::Tensor cached_keys_, cached_values_;    // [1, G, prompt_length, hs]
-  int64_t cached_fingerprint_ = -1;
+  // Concurrent sessions share the model: the prefix cache is guarded.
+  absl::Mutex mutex_;
+  at::Tensor cached_keys_ ABSL_GUARDED_BY(mutex_);    // [1, G, prompt_length, hs]
+  at::Tensor cached_values_ ABSL_GUARDED_BY(mutex_);  // [1, G, prompt_length, hs]
+  int64_t cached_fingerprint_ ABSL_GUARDED_BY(mutex_) = -1;
 };
 
 class AdapterExtensionFactory : public AttentionExtensionFactory {

@@ -5,10 +5,12 @@
 //       --max_new_tokens=N --temperature=0 --prefill_chunk=K --print_ids
 // Streams text on stdout as it is produced (token ids on stderr when the checkpoint has no
 // tokenizer), then prints statistics (time to first token, prefill and decode tokens/s,
-// kv_cache_bytes, peak memory). With --print_ids, or without a tokenizer, the generated
+// kv_cache_bytes, peak memory). --kv_cache/--kv_budget/--kv_bits choose a budgeted or
+// quantised KV cache (cache/kv_cache_factory.h). With --print_ids, or without a tokenizer, the generated
 // ids, space-separated, are the last line of stdout.
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include <ATen/Parallel.h>
 
@@ -16,9 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/device.h"
-#include "core/model/checkpoint.h"
-#include "core/model/generate.h"
-#include "core/tokenizer.h"
+#include "lgpt.h"
 #include "tools/tool_util.h"
 
 ABSL_FLAG(std::string, checkpoint_dir, "",
@@ -32,9 +32,16 @@ ABSL_FLAG(double, top_p, 1.0, "nucleus sampling mass in [0, 1]");
 ABSL_FLAG(uint64_t, seed, 1234, "random seed");
 ABSL_FLAG(int64_t, prefill_chunk, 0, "prefill the prompt in chunks of this many tokens; 0: whole");
 ABSL_FLAG(std::string, stop_ids, "", "comma-separated token ids that end generation");
+ABSL_FLAG(std::vector<std::string>, stop, {},
+          "comma-separated stop sequences: text that ends generation (not printed)");
 ABSL_FLAG(bool, print_ids, false, "print the generated ids as the last line of stdout");
 ABSL_FLAG(std::string, precision, "32-true", "32-true, bf16-true or 16-true");
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda[:N]");
+ABSL_FLAG(std::string, kv_cache, "dense", "KV cache policy: dense, window, sink, h2o or tova");
+ABSL_FLAG(int64_t, kv_budget, 0, "entries kept per layer (and row, group); not for dense");
+ABSL_FLAG(int, kv_bits, 16, "bits per cached key/value: 16 (the model's dtype), 8 or 4");
+ABSL_FLAG(int64_t, kv_sink, 4, "sink: first tokens always kept");
+ABSL_FLAG(int64_t, kv_residual, 16, "8/4 bits: most recent entries kept in full precision");
 
 // The embedded default model, relative to the runfiles root (see README).
 constexpr char kDefaultModelDir[] = "tools/default_model";
@@ -42,21 +49,23 @@ constexpr char kDefaultModelDir[] = "tools/default_model";
 int main(int argc, char** argv) {
   using namespace lgpt;
   InitTool(argc, argv,
-           "generate --checkpoint_dir=DIR --prompt_ids=1,2,3 [--max_new_tokens=N] "
-           "[--temperature=T] [--prefill_chunk=K] [--print_ids]");
+           "generate [--checkpoint_dir=DIR] --prompt=TEXT | --prompt_ids=1,2,3 "
+           "[--max_new_tokens=N] [--temperature=T] [--kv_cache=POLICY --kv_budget=N "
+           "--kv_bits=B] [--print_ids]");
   std::string checkpoint_dir = ResolvePath(absl::GetFlag(FLAGS_checkpoint_dir));
   if (checkpoint_dir.empty()) checkpoint_dir = kDefaultModelDir;
   const bool text_prompt = !absl::GetFlag(FLAGS_prompt).empty();
   if (text_prompt == !absl::GetFlag(FLAGS_prompt_ids).empty()) {
     Die(absl::InvalidArgumentError("give exactly one of --prompt and --prompt_ids"));
   }
-  GenerateOptions options;
+  RequestOptions options;
   options.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
   options.sampling.temperature = absl::GetFlag(FLAGS_temperature);
   options.sampling.top_k = absl::GetFlag(FLAGS_top_k);
   options.sampling.top_p = absl::GetFlag(FLAGS_top_p);
   options.seed = absl::GetFlag(FLAGS_seed);
   options.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
+  options.stop_sequences = absl::GetFlag(FLAGS_stop);
   if (!absl::GetFlag(FLAGS_stop_ids).empty()) {
     options.stop_tokens = ValueOrDie(ParseIds(absl::GetFlag(FLAGS_stop_ids), "stop_ids"));
   }
@@ -69,86 +78,68 @@ int main(int argc, char** argv) {
         absl::StrCat("--prefill_chunk must be >= 0, got ", options.prefill_chunk)));
   }
   DieIfError(ValidateSampling(options.sampling));
+  options.kv_cache.policy = absl::GetFlag(FLAGS_kv_cache);
+  options.kv_cache.budget = absl::GetFlag(FLAGS_kv_budget);
+  options.kv_cache.bits = absl::GetFlag(FLAGS_kv_bits);
+  options.kv_cache.sink_tokens = absl::GetFlag(FLAGS_kv_sink);
+  options.kv_cache.residual = absl::GetFlag(FLAGS_kv_residual);
+  DieIfError(ValidateKVCacheSpec(options.kv_cache));
 
-  LoadOptions load;
+  EngineOptions load;
   load.dtype = ValueOrDie(ParsePrecision(absl::GetFlag(FLAGS_precision)));
   load.device = ValueOrDie(ParseDevice(absl::GetFlag(FLAGS_device)));
   load.progress = PrintProgress;
-  LoadedModel loaded = ValueOrDie(LoadCheckpoint(checkpoint_dir, load));
-  // A checkpoint without tokenizer files still generates from ids.
-  std::unique_ptr<Tokenizer> tokenizer;
-  absl::StatusOr<std::unique_ptr<Tokenizer>> loaded_tokenizer = Tokenizer::Load(checkpoint_dir);
-  if (loaded_tokenizer.ok()) {
-    tokenizer = *std::move(loaded_tokenizer);
-  } else if (text_prompt) {
-    Die(loaded_tokenizer.status());
+  std::shared_ptr<const Engine> engine = ValueOrDie(Engine::Load(checkpoint_dir, load));
+  const Tokenizer* tokenizer = engine->tokenizer();
+  if (text_prompt && !tokenizer) {
+    Die(absl::NotFoundError(absl::StrCat(checkpoint_dir,
+                                         " has no tokenizer (tokenizer.json or tokenizer.model): "
+                                         "give --prompt_ids instead of --prompt")));
   }
   std::vector<int64_t> prompt;
   if (text_prompt) {
-    prompt = ValueOrDie(tokenizer->Encode(absl::GetFlag(FLAGS_prompt)));
+    prompt = ValueOrDie(engine->Encode(absl::GetFlag(FLAGS_prompt)));
     if (prompt.empty()) Die(absl::InvalidArgumentError("--prompt encodes to no tokens"));
-    if (tokenizer->eos_id()) options.stop_tokens.push_back(*tokenizer->eos_id());
   } else {
     prompt = ValueOrDie(ParseIds(absl::GetFlag(FLAGS_prompt_ids), "prompt_ids"));
   }
-  const int64_t length = static_cast<int64_t>(prompt.size()) + options.max_new_tokens;
-  if (length > loaded.config.block_size) {
-    Die(absl::OutOfRangeError(absl::StrCat(
-        "prompt (", prompt.size(), " tokens) plus --max_new_tokens (", options.max_new_tokens,
-        ") exceeds the context of ", loaded.config.block_size, " tokens")));
-  }
-  for (int64_t id : prompt) {
-    if (id >= loaded.config.PaddedVocabSize()) {
-      Die(absl::OutOfRangeError(absl::StrCat("--prompt_ids: token id ", id,
-                                             " is outside the vocabulary of ",
-                                             loaded.config.PaddedVocabSize())));
-    }
-  }
-  std::unique_ptr<DenseKVCache> cache =
-      ValueOrDie(loaded.model->NewDenseCache(1, length, /*initial_capacity=*/length));
 
-  std::unique_ptr<StreamingDecoder> stream;
   if (tokenizer) {
-    stream = std::make_unique<StreamingDecoder>(*tokenizer);
-    // The prompt's own text first; the stream then continues it exactly (spaces included).
-    std::printf("%s", ValueOrDie(stream->Prime(prompt)).c_str());
-    std::fflush(stdout);
-  }
-  options.on_token = [&](int64_t token) {
-    if (stream) {
-      absl::StatusOr<std::string> text = stream->Push(token);
-      if (text.ok()) std::printf("%s", text->c_str());
+    // The prompt's text first; the streamed reply continues it exactly (spaces included).
+    options.echo_prompt = true;
+    options.on_text = [](absl::string_view text) {
+      std::fwrite(text.data(), 1, text.size(), stdout);
       std::fflush(stdout);
-    } else {
+      return true;
+    };
+  } else {
+    options.on_token = [](int64_t token) {
       std::fprintf(stderr, "%lld ", static_cast<long long>(token));
       std::fflush(stderr);
-    }
-    return true;
-  };
-  GenerateStats stats;
-  const std::vector<int64_t> generated =
-      ValueOrDie(Generate(*loaded.model, *cache, prompt, options, &stats));
-  if (stream) {
-    std::printf("%s\n\n", stream->Flush().c_str());
-  } else {
-    std::fprintf(stderr, "\n");
+      return true;
+    };
   }
+  const Completion result = ValueOrDie(engine->Generate(prompt, options));
+  std::printf(tokenizer ? "\n\n" : "");
+  if (!tokenizer) std::fprintf(stderr, "\n");
 
+  const GenerateStats& stats = result.stats;
   const double prefill_tps = stats.prefill_s > 0 ? stats.prompt_tokens / stats.prefill_s : 0;
-  const double decode_tps =
-      stats.decode_s > 0 ? (stats.new_tokens - 1) / stats.decode_s : 0;
-  std::printf("model=%s threads=%d\n", loaded.config.name.c_str(), at::get_num_threads());
-  std::printf("prompt_tokens=%lld new_tokens=%lld\n", static_cast<long long>(stats.prompt_tokens),
-              static_cast<long long>(stats.new_tokens));
+  const double decode_tps = stats.decode_s > 0 ? (stats.new_tokens - 1) / stats.decode_s : 0;
+  std::printf("model=%s threads=%d kv_cache=\"%s\"\n", engine->config().name.c_str(),
+              at::get_num_threads(), DescribeKVCacheSpec(options.kv_cache).c_str());
+  std::printf("prompt_tokens=%lld new_tokens=%lld finish=%s\n",
+              static_cast<long long>(stats.prompt_tokens),
+              static_cast<long long>(stats.new_tokens), FinishReasonName(result.finish_reason));
   std::printf("time_to_first_token_s=%.4f\n", stats.time_to_first_token_s);
   std::printf("prefill_tokens_per_s=%.1f\n", prefill_tps);
   std::printf("decode_tokens_per_s=%.1f\n", decode_tps);
   std::printf("kv_cache_bytes=%lld\n", static_cast<long long>(stats.kv_cache_bytes));
-  std::printf("kv_cache_index_bytes=%lld\n", static_cast<long long>(cache->IndexBytes()));
+  std::printf("kv_cache_index_bytes=%lld\n", static_cast<long long>(result.kv_cache_index_bytes));
   std::printf("peak_rss_bytes=%lld\n", static_cast<long long>(PeakRssBytes()));
   // Without a tokenizer the ids are the output, so they are printed either way.
   if (absl::GetFlag(FLAGS_print_ids) || !tokenizer) {
-    std::printf("%s\n", absl::StrJoin(generated, " ").c_str());
+    std::printf("%s\n", absl::StrJoin(result.tokens, " ").c_str());
   }
   return 0;
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -33,11 +34,17 @@ absl::StatusOr<std::vector<int64_t>> Generate(GPTImpl& model, KVCache& cache,
     return absl::InvalidArgumentError(
         absl::StrCat("prefill_chunk must be >= 0, got ", options.prefill_chunk));
   }
-  const int64_t needed = prompt_length + options.max_new_tokens;
+  if (options.start_position < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("start_position must be >= 0, got ", options.start_position));
+  }
+  const int64_t first = options.start_position;
+  const int64_t needed = first + prompt_length + options.max_new_tokens;
   const int64_t context = std::min(model.config().block_size, cache.max_sequence_length());
   if (needed > context) {
     return absl::OutOfRangeError(absl::StrCat(
-        "prompt (", prompt_length, " tokens) plus max_new_tokens (", options.max_new_tokens,
+        first > 0 ? absl::StrCat(first, " cached tokens plus ") : "", "prompt (",
+        prompt_length, " tokens) plus max_new_tokens (", options.max_new_tokens,
         ") exceeds the context of ", context, " tokens"));
   }
   at::NoGradGuard no_grad;
@@ -54,7 +61,8 @@ absl::StatusOr<std::vector<int64_t>> Generate(GPTImpl& model, KVCache& cache,
   for (int64_t begin = 0; begin < prompt_length; begin += chunk) {
     const int64_t length = std::min(chunk, prompt_length - begin);
     ForwardOptions forward;
-    forward.positions = at::arange(begin, begin + length, at::kLong).unsqueeze(0);
+    forward.positions =
+        at::arange(first + begin, first + begin + length, at::kLong).unsqueeze(0);
     forward.last_logits_only = true;
     ASSIGN_OR_RETURN(logits, model.Forward(tokens.narrow(1, begin, length), &cache, forward));
   }
@@ -77,7 +85,7 @@ absl::StatusOr<std::vector<int64_t>> Generate(GPTImpl& model, KVCache& cache,
     const bool stop = std::find(options.stop_tokens.begin(), options.stop_tokens.end(), next) !=
                       options.stop_tokens.end();
     if (!keep_going || stop || i + 1 == options.max_new_tokens) break;
-    position.fill_(prompt_length + i);
+    position.fill_(first + prompt_length + i);
     token.fill_(next);
     ForwardOptions forward;
     forward.positions = position;
@@ -86,6 +94,114 @@ absl::StatusOr<std::vector<int64_t>> Generate(GPTImpl& model, KVCache& cache,
   }
   if (!out.empty()) s.decode_s = SecondsSince(decode_start);
   s.new_tokens = static_cast<int64_t>(out.size());
+  s.kv_cache_bytes = cache.AllocatedBytes();
+  return out;
+}
+
+absl::StatusOr<std::vector<std::vector<int64_t>>> GenerateBatch(
+    GPTImpl& model, KVCache& cache, const std::vector<std::vector<int64_t>>& prompts,
+    const BatchGenerateOptions& options, GenerateStats* stats) {
+  RETURN_IF_ERROR(ValidateSampling(options.sampling));
+  const int64_t batch = static_cast<int64_t>(prompts.size());
+  if (batch == 0) return absl::InvalidArgumentError("no prompts to generate from");
+  if (batch > cache.batch_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(batch, " prompts do not fit a cache of ",
+                                                   cache.batch_size(), " rows"));
+  }
+  if (options.max_new_tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_new_tokens must be >= 1, got ", options.max_new_tokens));
+  }
+  if (options.prefill_chunk < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prefill_chunk must be >= 0, got ", options.prefill_chunk));
+  }
+  const int64_t context = std::min(model.config().block_size, cache.max_sequence_length());
+  int64_t shortest = std::numeric_limits<int64_t>::max(), longest = 0;
+  for (int64_t row = 0; row < batch; ++row) {
+    const int64_t length = static_cast<int64_t>(prompts[row].size());
+    if (length == 0) return absl::InvalidArgumentError(absl::StrCat("prompt ", row, " is empty"));
+    if (length + options.max_new_tokens > context) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "prompt ", row, " (", length, " tokens) plus max_new_tokens (", options.max_new_tokens,
+          ") exceeds the context of ", context, " tokens"));
+    }
+    shortest = std::min(shortest, length);
+    longest = std::max(longest, length);
+  }
+  at::NoGradGuard no_grad;
+  std::vector<at::Generator> generators;
+  for (int64_t row = 0; row < batch; ++row) {
+    generators.push_back(at::make_generator<at::CPUGeneratorImpl>(options.seed));
+  }
+  GenerateStats local;
+  GenerateStats& s = stats ? *stats : local;
+  s = GenerateStats();
+  for (const auto& prompt : prompts) s.prompt_tokens += static_cast<int64_t>(prompt.size());
+
+  const auto start = std::chrono::steady_clock::now();
+  at::Tensor common = at::empty({batch, shortest}, at::kLong);
+  for (int64_t row = 0; row < batch; ++row) {
+    std::copy(prompts[row].begin(), prompts[row].begin() + shortest,
+              common.data_ptr<int64_t>() + row * shortest);
+  }
+  const int64_t chunk = options.prefill_chunk > 0 ? options.prefill_chunk : shortest;
+  at::Tensor logits;  // [B, 1, V]
+  for (int64_t begin = 0; begin < shortest; begin += chunk) {
+    const int64_t length = std::min(chunk, shortest - begin);
+    ForwardOptions forward;
+    forward.positions = at::arange(begin, begin + length, at::kLong).unsqueeze(0).expand(
+        {batch, length});
+    forward.last_logits_only = true;
+    ASSIGN_OR_RETURN(logits, model.Forward(common.narrow(1, begin, length), &cache, forward));
+  }
+  s.prefill_s = SecondsSince(start);
+
+  std::vector<std::vector<int64_t>> out(batch);
+  std::vector<bool> done(batch, false);
+  int64_t active = batch;
+  bool first_token_seen = false;
+  auto decode_start = start;
+  at::Tensor tokens = at::empty({batch, 1}, at::kLong);
+  at::Tensor positions = at::empty({batch, 1}, at::kLong);
+  for (int64_t position = shortest; active > 0; ++position) {
+    // The token at `position` for each row: its prompt's, or one sampled from the logits.
+    const at::Tensor row_logits = logits.reshape({batch, -1});
+    for (int64_t row = 0; row < batch; ++row) {
+      int64_t& token = tokens.data_ptr<int64_t>()[row];
+      const int64_t length = static_cast<int64_t>(prompts[row].size());
+      if (position < length) {
+        token = prompts[row][position];
+        continue;
+      }
+      if (done[row]) continue;  // keeps feeding its last token; the output is ignored
+      token = SampleNext(row_logits.narrow(0, row, 1), options.sampling, generators[row])
+                  .cpu()
+                  .item<int64_t>();
+      out[row].push_back(token);
+      if (!first_token_seen) {
+        first_token_seen = true;
+        s.time_to_first_token_s = SecondsSince(start);
+        decode_start = std::chrono::steady_clock::now();
+      }
+      const bool keep_going = !options.on_token || options.on_token(row, token);
+      const bool stop = std::find(options.stop_tokens.begin(), options.stop_tokens.end(),
+                                  token) != options.stop_tokens.end();
+      if (!keep_going || stop ||
+          static_cast<int64_t>(out[row].size()) == options.max_new_tokens) {
+        done[row] = true;
+        --active;
+      }
+    }
+    if (active == 0) break;
+    positions.fill_(position);
+    ForwardOptions forward;
+    forward.positions = positions;
+    forward.last_logits_only = true;
+    ASSIGN_OR_RETURN(logits, model.Forward(tokens, &cache, forward));
+  }
+  s.decode_s = SecondsSince(decode_start);
+  for (const auto& row : out) s.new_tokens += static_cast<int64_t>(row.size());
   s.kv_cache_bytes = cache.AllocatedBytes();
   return out;
 }

@@ -20,6 +20,9 @@ struct GenerateOptions {
   SamplingOptions sampling;
   uint64_t seed = 1234;
   int64_t prefill_chunk = 0;         // 0: the whole prompt in one step
+  // Position of the prompt's first token: the cache already holds positions
+  // [0, start_position) (a multi-turn session continuing its context).
+  int64_t start_position = 0;
   std::vector<int64_t> stop_tokens;  // generation ends after emitting one of these
   // Called with each new token; returning false stops generation.
   std::function<bool(int64_t)> on_token;
@@ -34,12 +37,34 @@ struct GenerateStats {
   int64_t kv_cache_bytes = 0;
 };
 
-// Generates up to max_new_tokens after `prompt`; the cache must be empty (or hold exactly
-// what precedes position 0 of the prompt) and large enough for prompt + new tokens.
+// Generates up to max_new_tokens after `prompt`; the cache must hold exactly positions
+// [0, start_position) and be large enough for start_position + prompt + new tokens.
 absl::StatusOr<std::vector<int64_t>> Generate(GPTImpl& model, KVCache& cache,
                                               const std::vector<int64_t>& prompt,
                                               const GenerateOptions& options,
                                               GenerateStats* stats = nullptr);
+
+struct BatchGenerateOptions {
+  int64_t max_new_tokens = 50;
+  SamplingOptions sampling;
+  // Every row samples from its own generator seeded with this, so a row's output equals
+  // what Generate gives for its prompt alone with the same seed.
+  uint64_t seed = 1234;
+  int64_t prefill_chunk = 0;
+  std::vector<int64_t> stop_tokens;
+  // Called with (row, token) for each new token; returning false ends that row.
+  std::function<bool(int64_t, int64_t)> on_token;
+};
+
+// Generates for prompts of different lengths at once through one cache with batch_size >=
+// prompts.size(). All rows advance in lockstep at the same position, so every cache policy
+// works unchanged and no padding ever enters the cache: the shortest prompt's length is
+// prefilled as one batched step, then each row is fed the rest of its own prompt one token
+// per step (teacher forcing) while rows whose prompt is done sample. Cost: prompt tokens
+// beyond the shortest prompt run at batched decode speed. Stats are for the whole batch.
+absl::StatusOr<std::vector<std::vector<int64_t>>> GenerateBatch(
+    GPTImpl& model, KVCache& cache, const std::vector<std::vector<int64_t>>& prompts,
+    const BatchGenerateOptions& options, GenerateStats* stats = nullptr);
 
 }  // namespace lgpt
 

@@ -1,0 +1,366 @@
+#include "lgpt.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/model/checkpoint.h"
+#include "core/status_macros.h"
+
+namespace lgpt {
+namespace {
+
+// Holds back generated text that may be the start of a stop sequence, so the caller never
+// sees part of one.
+class StopSequenceFilter {
+ public:
+  explicit StopSequenceFilter(const std::vector<std::string>& stops) : stops_(stops) {}
+
+  // Adds text; returns what is final. Sets *stopped when a stop sequence appeared (the text
+  // from it on is dropped).
+  std::string Add(absl::string_view text, bool* stopped) {
+    pending_.append(text.data(), text.size());
+    size_t cut = std::string::npos;
+    for (const std::string& stop : stops_) {
+      if (stop.empty()) continue;
+      cut = std::min(cut, pending_.find(stop));
+    }
+    if (cut != std::string::npos) {
+      *stopped = true;
+      std::string out = pending_.substr(0, cut);
+      pending_.clear();
+      return out;
+    }
+    size_t keep = 0;  // longest suffix of pending_ that begins some stop sequence
+    for (const std::string& stop : stops_) {
+      for (size_t n = std::min(stop.size() - (stop.empty() ? 0 : 1), pending_.size()); n > keep;
+           --n) {
+        if (pending_.compare(pending_.size() - n, n, stop, 0, n) == 0) {
+          keep = n;
+          break;
+        }
+      }
+    }
+    std::string out = pending_.substr(0, pending_.size() - keep);
+    pending_.erase(0, pending_.size() - keep);
+    return out;
+  }
+
+  std::string Rest() { return std::exchange(pending_, std::string()); }
+
+ private:
+  const std::vector<std::string>& stops_;
+  std::string pending_;
+};
+
+absl::Status CheckIds(const std::vector<int64_t>& ids, int64_t vocab, absl::string_view what) {
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab) {
+      return absl::OutOfRangeError(absl::StrCat(what, ": token id ", ids[i], " at index ", i,
+                                                " is outside the vocabulary of ", vocab));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const char* FinishReasonName(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kMaxTokens:
+      return "max_tokens";
+    case FinishReason::kStopToken:
+      return "stop_token";
+    case FinishReason::kStopSequence:
+      return "stop_sequence";
+    case FinishReason::kCancelled:
+      return "cancelled";
+    case FinishReason::kContextFull:
+      return "context_full";
+  }
+  return "unknown";
+}
+
+Engine::Engine(GPT model, std::shared_ptr<const Tokenizer> tokenizer, std::string checkpoint_dir)
+    : model_(std::move(model)),
+      tokenizer_(std::move(tokenizer)),
+      checkpoint_dir_(std::move(checkpoint_dir)) {}
+
+absl::StatusOr<std::shared_ptr<const Engine>> Engine::Load(const std::string& checkpoint_dir,
+                                                           const EngineOptions& options) {
+  LoadOptions load;
+  load.dtype = options.dtype;
+  load.device = options.device;
+  load.progress = options.progress;
+  ASSIGN_OR_RETURN(LoadedModel loaded, LoadCheckpoint(checkpoint_dir, load));
+  std::shared_ptr<const Tokenizer> tokenizer;
+  absl::StatusOr<std::unique_ptr<Tokenizer>> loaded_tokenizer = Tokenizer::Load(checkpoint_dir);
+  if (loaded_tokenizer.ok()) {
+    tokenizer = *std::move(loaded_tokenizer);
+  } else if (!absl::IsNotFound(loaded_tokenizer.status())) {
+    return loaded_tokenizer.status();  // present but malformed: say so rather than ignore it
+  }
+  return std::shared_ptr<const Engine>(
+      new Engine(std::move(loaded.model), std::move(tokenizer), checkpoint_dir));
+}
+
+std::shared_ptr<const Engine> Engine::FromModel(GPT model,
+                                                std::shared_ptr<const Tokenizer> tokenizer) {
+  return std::shared_ptr<const Engine>(new Engine(std::move(model), std::move(tokenizer), ""));
+}
+
+absl::StatusOr<std::vector<int64_t>> Engine::Encode(absl::string_view text) const {
+  if (!tokenizer_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint ", checkpoint_dir_, " has no tokenizer; give token ids"));
+  }
+  return tokenizer_->Encode(text);
+}
+
+absl::StatusOr<std::unique_ptr<KVCache>> Engine::NewCache(const KVCacheSpec& spec, int64_t batch,
+                                                          int64_t length) const {
+  KVCacheShape shape;
+  shape.batch_size = batch;
+  shape.max_sequence_length = length;
+  shape.layers = model_->CacheLayout();
+  shape.dtype = model_->dtype();
+  shape.device = model_->device();
+  return MakeKVCache(spec, shape);
+}
+
+std::vector<int64_t> Engine::StopTokens(const RequestOptions& options) const {
+  std::vector<int64_t> stops = options.stop_tokens;
+  for (const std::vector<int64_t>& sequence : options.stop_token_sequences) {
+    if (sequence.size() == 1) stops.push_back(sequence[0]);
+  }
+  if (options.stop_at_eos && tokenizer_ && tokenizer_->eos_id()) {
+    stops.push_back(*tokenizer_->eos_id());
+  }
+  return stops;
+}
+
+absl::StatusOr<Completion> Engine::Run(KVCache& cache, int64_t start_position,
+                                       const std::vector<int64_t>& prompt,
+                                       const RequestOptions& options,
+                                       absl::Span<const int64_t> stream_context) const {
+  RETURN_IF_ERROR(CheckIds(prompt, config().PaddedVocabSize(), "prompt"));
+  Completion result;
+  std::unique_ptr<StreamingDecoder> stream;
+  if (tokenizer_) {
+    stream = std::make_unique<StreamingDecoder>(*tokenizer_);
+    ASSIGN_OR_RETURN(std::string prompt_text, stream->Prime(stream_context));
+    if (options.echo_prompt && options.on_text && !prompt_text.empty() &&
+        !options.on_text(prompt_text)) {
+      result.finish_reason = FinishReason::kCancelled;
+      return result;
+    }
+  }
+  StopSequenceFilter filter(options.stop_sequences);
+  bool cancelled = false, stopped_by_sequence = false, stopped_by_tokens = false;
+  std::vector<int64_t> generated;
+  absl::Status decode_error;
+  auto emit = [&](const std::string& text) {
+    if (text.empty()) return true;
+    result.text += text;
+    if (options.on_text && !options.on_text(text)) cancelled = true;
+    return !cancelled;
+  };
+
+  GenerateOptions generate;
+  generate.max_new_tokens = options.max_new_tokens;
+  generate.sampling = options.sampling;
+  generate.seed = options.seed;
+  generate.prefill_chunk = options.prefill_chunk;
+  generate.start_position = start_position;
+  generate.stop_tokens = StopTokens(options);
+  generate.on_token = [&](int64_t token) {
+    if (options.on_token && !options.on_token(token)) {
+      cancelled = true;
+      return false;
+    }
+    generated.push_back(token);
+    for (const std::vector<int64_t>& sequence : options.stop_token_sequences) {
+      if (sequence.size() > 1 && generated.size() >= sequence.size() &&
+          std::equal(sequence.rbegin(), sequence.rend(), generated.rbegin())) {
+        stopped_by_tokens = true;
+      }
+    }
+    if (!stream) return !stopped_by_tokens;
+    absl::StatusOr<std::string> piece = stream->Push(token);
+    if (!piece.ok()) {
+      decode_error = piece.status();
+      return false;
+    }
+    const std::string text = filter.Add(*piece, &stopped_by_sequence);
+    return emit(text) && !stopped_by_sequence && !stopped_by_tokens;
+  };
+  ASSIGN_OR_RETURN(result.tokens, lgpt::Generate(*model_, cache, prompt, generate, &result.stats));
+  RETURN_IF_ERROR(decode_error);
+  if (stream && !cancelled && !stopped_by_sequence) {
+    const std::string text = filter.Add(stream->Flush(), &stopped_by_sequence);
+    emit(text);
+    if (!stopped_by_sequence) emit(filter.Rest());
+  }
+  result.kv_cache_index_bytes = KVCacheIndexBytes(cache);
+  const std::vector<int64_t> stops = StopTokens(options);
+  if (cancelled) {
+    result.finish_reason = FinishReason::kCancelled;
+  } else if (stopped_by_sequence) {
+    result.finish_reason = FinishReason::kStopSequence;
+  } else if (stopped_by_tokens ||
+             (!result.tokens.empty() &&
+              std::find(stops.begin(), stops.end(), result.tokens.back()) != stops.end())) {
+    result.finish_reason = FinishReason::kStopToken;
+  } else {
+    result.finish_reason = FinishReason::kMaxTokens;
+  }
+  return result;
+}
+
+absl::StatusOr<Completion> Engine::Generate(absl::string_view prompt,
+                                            const RequestOptions& options) const {
+  ASSIGN_OR_RETURN(std::vector<int64_t> ids, Encode(prompt));
+  if (ids.empty()) return absl::InvalidArgumentError("the prompt encodes to no tokens");
+  return Generate(ids, options);
+}
+
+absl::StatusOr<Completion> Engine::Generate(const std::vector<int64_t>& prompt,
+                                            const RequestOptions& options) const {
+  if (prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
+  if (options.max_new_tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_new_tokens must be >= 1, got ", options.max_new_tokens));
+  }
+  const int64_t length = static_cast<int64_t>(prompt.size()) + options.max_new_tokens;
+  if (length > config().block_size) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "prompt (", prompt.size(), " tokens) plus max_new_tokens (", options.max_new_tokens,
+        ") exceeds the context of ", config().block_size, " tokens"));
+  }
+  RETURN_IF_ERROR(ValidateKVCacheSpec(options.kv_cache));
+  ASSIGN_OR_RETURN(std::unique_ptr<KVCache> cache, NewCache(options.kv_cache, 1, length));
+  return Run(*cache, 0, prompt, options, prompt);
+}
+
+absl::StatusOr<std::vector<Completion>> Engine::GenerateBatch(
+    const std::vector<std::vector<int64_t>>& prompts, const RequestOptions& options) const {
+  if (prompts.empty()) return absl::InvalidArgumentError("no prompts");
+  if (options.on_token || options.on_text || !options.stop_sequences.empty()) {
+    return absl::InvalidArgumentError(
+        "GenerateBatch takes no streaming callbacks or stop sequences");
+  }
+  int64_t longest = 0;
+  for (size_t row = 0; row < prompts.size(); ++row) {
+    RETURN_IF_ERROR(
+        CheckIds(prompts[row], config().PaddedVocabSize(), absl::StrCat("prompt ", row)));
+    longest = std::max<int64_t>(longest, prompts[row].size());
+  }
+  RETURN_IF_ERROR(ValidateKVCacheSpec(options.kv_cache));
+  const int64_t length = std::min(longest + options.max_new_tokens, config().block_size);
+  ASSIGN_OR_RETURN(std::unique_ptr<KVCache> cache,
+                   NewCache(options.kv_cache, static_cast<int64_t>(prompts.size()), length));
+  BatchGenerateOptions batch;
+  batch.max_new_tokens = options.max_new_tokens;
+  batch.sampling = options.sampling;
+  batch.seed = options.seed;
+  batch.prefill_chunk = options.prefill_chunk;
+  batch.stop_tokens = StopTokens(options);
+  GenerateStats stats;
+  ASSIGN_OR_RETURN(std::vector<std::vector<int64_t>> rows,
+                   lgpt::GenerateBatch(*model_, *cache, prompts, batch, &stats));
+  std::vector<Completion> results(rows.size());
+  for (size_t row = 0; row < rows.size(); ++row) {
+    Completion& result = results[row];
+    result.tokens = std::move(rows[row]);
+    result.stats = stats;
+    result.kv_cache_index_bytes = KVCacheIndexBytes(*cache);
+    if (tokenizer_) {
+      // Decode as the streaming path does: primed on the prompt, so leading spaces survive.
+      StreamingDecoder stream(*tokenizer_);
+      RETURN_IF_ERROR(stream.Prime(prompts[row]).status());
+      for (int64_t token : result.tokens) {
+        ASSIGN_OR_RETURN(std::string piece, stream.Push(token));
+        result.text += piece;
+      }
+      result.text += stream.Flush();
+    }
+    const bool stopped = std::find(batch.stop_tokens.begin(), batch.stop_tokens.end(),
+                                   result.tokens.back()) != batch.stop_tokens.end();
+    result.finish_reason = stopped ? FinishReason::kStopToken : FinishReason::kMaxTokens;
+  }
+  return results;
+}
+
+absl::StatusOr<std::unique_ptr<Session>> Engine::NewSession(const KVCacheSpec& kv_cache) const {
+  RETURN_IF_ERROR(ValidateKVCacheSpec(kv_cache));
+  ASSIGN_OR_RETURN(std::unique_ptr<KVCache> cache, NewCache(kv_cache, 1, config().block_size));
+  return std::unique_ptr<Session>(new Session(shared_from_this(), std::move(cache)));
+}
+
+Session::Session(std::shared_ptr<const Engine> engine, std::unique_ptr<KVCache> cache)
+    : engine_(std::move(engine)), cache_(std::move(cache)) {}
+
+int64_t Session::context_left() const {
+  return cache_->max_sequence_length() - context_tokens();
+}
+
+void Session::Reset() {
+  cache_->Reset();
+  history_.clear();
+  cached_ = 0;
+}
+
+absl::StatusOr<Completion> Session::Send(absl::string_view text, const RequestOptions& options) {
+  if (!engine_->tokenizer()) {
+    return absl::FailedPreconditionError("the session's checkpoint has no tokenizer");
+  }
+  std::optional<bool> bos;
+  if (!history_.empty()) bos = false;
+  ASSIGN_OR_RETURN(std::vector<int64_t> ids, engine_->tokenizer()->Encode(text, bos));
+  return Send(ids, options);
+}
+
+absl::StatusOr<Completion> Session::Send(const std::vector<int64_t>& tokens,
+                                         const RequestOptions& options) {
+  if (tokens.empty()) return absl::InvalidArgumentError("nothing to send: no tokens");
+  if (options.max_new_tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_new_tokens must be >= 1, got ", options.max_new_tokens));
+  }
+  RETURN_IF_ERROR(CheckIds(tokens, engine_->config().PaddedVocabSize(), "message"));
+  // The previous reply's last token was sampled but never fed: it goes first.
+  std::vector<int64_t> prompt(history_.begin() + cached_, history_.end());
+  prompt.insert(prompt.end(), tokens.begin(), tokens.end());
+  const int64_t context =
+      std::min(engine_->config().block_size, cache_->max_sequence_length());
+  const int64_t room = context - cached_ - static_cast<int64_t>(prompt.size());
+  if (room < 1) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "context full: the message needs ", tokens.size(), " tokens but only ",
+        std::max<int64_t>(0, context - context_tokens() - 1),
+        " of the context's ", context, " are left"));
+  }
+  RequestOptions capped = options;
+  capped.max_new_tokens = std::min(options.max_new_tokens, room);
+  absl::StatusOr<Completion> result =
+      engine_->Run(*cache_, cached_, prompt, capped, absl::MakeConstSpan(prompt));
+  if (!result.ok()) {
+    // A failed step may have stored part of its entries: start over rather than risk them.
+    Reset();
+    return absl::Status(result.status().code(),
+                        absl::StrCat(result.status().message(), " (the session was reset)"));
+  }
+  cached_ += static_cast<int64_t>(prompt.size()) + static_cast<int64_t>(result->tokens.size()) - 1;
+  history_.insert(history_.end(), tokens.begin(), tokens.end());
+  history_.insert(history_.end(), result->tokens.begin(), result->tokens.end());
+  if (!options.keep_stop_token && result->finish_reason == FinishReason::kStopToken) {
+    history_.pop_back();  // the one token never fed; the next turn's text closes the turn
+  }
+  if (result->finish_reason == FinishReason::kMaxTokens &&
+      capped.max_new_tokens < options.max_new_tokens) {
+    result->finish_reason = FinishReason::kContextFull;
+  }
+  return result;
+}
+
+}  // namespace lgpt

@@ -1,0 +1,173 @@
+// lgpt's library API for services: load a checkpoint once, then generate from many threads.
+//
+//   absl::StatusOr<std::shared_ptr<const lgpt::Engine>> engine =
+//       lgpt::Engine::Load("checkpoints/meta-llama/Llama-3.2-1B");
+//   lgpt::RequestOptions options;
+//   options.max_new_tokens = 64;
+//   options.on_text = [](absl::string_view piece) { std::cout << piece; return true; };
+//   absl::StatusOr<lgpt::Completion> done = (*engine)->Generate("Hello", options);
+//
+// An Engine is immutable after loading and safe to share: every request and every Session
+// owns its KV cache, the weights are shared. A Session keeps its cache across calls, so a
+// multi-turn chat prefills only each new turn.
+#ifndef LGPT_LGPT_H_
+#define LGPT_LGPT_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "cache/kv_cache.h"
+#include "cache/kv_cache_factory.h"
+#include "core/config.h"
+#include "core/model/generate.h"
+#include "core/model/gpt.h"
+#include "core/sampling.h"
+#include "core/tokenizer.h"
+
+namespace lgpt {
+
+struct EngineOptions {
+  c10::ScalarType dtype = c10::kFloat;
+  c10::Device device = c10::Device(c10::kCPU);
+  // Called with a short description of each loading stage.
+  std::function<void(const std::string&)> progress;
+};
+
+enum class FinishReason {
+  kMaxTokens,     // max_new_tokens were generated
+  kStopToken,     // a stop token or stop token sequence (EOS by default) was generated
+  kStopSequence,  // a stop sequence appeared; the text is cut before it
+  kCancelled,     // a callback returned false
+  kContextFull,   // a Session reached the end of the model's context
+};
+const char* FinishReasonName(FinishReason reason);
+
+struct RequestOptions {
+  int64_t max_new_tokens = 256;
+  SamplingOptions sampling = {0.8, 50, 1.0};  // temperature, top_k, top_p (LitGPT's order)
+  uint64_t seed = 1234;
+  // Generation ends at the tokenizer's EOS (when it has one) and at these ids.
+  bool stop_at_eos = true;
+  std::vector<int64_t> stop_tokens;
+  // Id sequences that end generation (a prompt style's stop tokens, some multi-token).
+  std::vector<std::vector<int64_t>> stop_token_sequences;
+  // Text that ends generation; it is held back from on_text while it may still be forming.
+  std::vector<std::string> stop_sequences;
+  // The KV cache of the request: dense by default, or a budgeted / quantised one.
+  KVCacheSpec kv_cache;
+  int64_t prefill_chunk = 0;  // 0: the whole prompt in one step
+  // Streaming: called for each generated token and for each piece of final text (never a
+  // partial UTF-8 character; all pieces concatenate to Completion::text). Returning false
+  // cancels the request (FinishReason::kCancelled), keeping what was produced so far.
+  std::function<bool(int64_t token)> on_token;
+  std::function<bool(absl::string_view text)> on_text;
+  // on_text first receives the prompt's own text, so that the echoed prompt and the pieces
+  // concatenate to the decode of prompt + reply (continuations keep their leading spaces).
+  bool echo_prompt = false;
+  // Sessions: whether a reply's final stop token stays in the context. Chat layouts whose
+  // next-turn text starts with the end-of-turn token (PromptStyle::ContinueChat) say false.
+  bool keep_stop_token = true;
+};
+
+struct Completion {
+  std::vector<int64_t> tokens;  // generated ids, the stop token included when one ended it
+  std::string text;             // decoded text of the tokens (empty without a tokenizer)
+  FinishReason finish_reason = FinishReason::kMaxTokens;
+  GenerateStats stats;
+  int64_t kv_cache_index_bytes = 0;  // positions and scores beside the entries
+};
+
+class Session;
+
+class Engine : public std::enable_shared_from_this<Engine> {
+ public:
+  // Loads model_config.yaml, the weights and (when present) the tokenizer of a LitGPT
+  // checkpoint directory.
+  static absl::StatusOr<std::shared_ptr<const Engine>> Load(const std::string& checkpoint_dir,
+                                                             const EngineOptions& options = {});
+  // Wraps a model built elsewhere (tests, fine-tuned weights); the tokenizer may be null.
+  static std::shared_ptr<const Engine> FromModel(GPT model,
+                                                 std::shared_ptr<const Tokenizer> tokenizer);
+
+  // The prompt is encoded as LitGPT does (BOS when the tokenizer's config asks for it).
+  // FailedPrecondition without a tokenizer.
+  absl::StatusOr<Completion> Generate(absl::string_view prompt,
+                                      const RequestOptions& options) const;
+  absl::StatusOr<Completion> Generate(const std::vector<int64_t>& prompt,
+                                      const RequestOptions& options) const;
+  // Prompts of different lengths at once; each row's result equals its own Generate with the
+  // same options (streaming callbacks are not called; stop sequences are not supported).
+  absl::StatusOr<std::vector<Completion>> GenerateBatch(
+      const std::vector<std::vector<int64_t>>& prompts, const RequestOptions& options) const;
+
+  // A conversation that keeps its KV cache between calls. `kv_cache` chooses the cache;
+  // its context is the model's block_size.
+  absl::StatusOr<std::unique_ptr<Session>> NewSession(const KVCacheSpec& kv_cache = {}) const;
+
+  absl::StatusOr<std::vector<int64_t>> Encode(absl::string_view text) const;
+  const Config& config() const { return model_->config(); }
+  const Tokenizer* tokenizer() const { return tokenizer_.get(); }
+  const std::string& checkpoint_dir() const { return checkpoint_dir_; }
+  GPTImpl& model() const { return *model_; }
+
+ private:
+  friend class Session;
+  Engine(GPT model, std::shared_ptr<const Tokenizer> tokenizer, std::string checkpoint_dir);
+  absl::StatusOr<std::unique_ptr<KVCache>> NewCache(const KVCacheSpec& spec, int64_t batch,
+                                                    int64_t length) const;
+  std::vector<int64_t> StopTokens(const RequestOptions& options) const;
+  // Generates after `prompt` at `start_position` in `cache` with stop sequences, streaming
+  // and cancellation.
+  absl::StatusOr<Completion> Run(KVCache& cache, int64_t start_position,
+                                 const std::vector<int64_t>& prompt,
+                                 const RequestOptions& options,
+                                 absl::Span<const int64_t> stream_context) const;
+
+  GPT model_;
+  std::shared_ptr<const Tokenizer> tokenizer_;
+  std::string checkpoint_dir_;
+};
+
+// One conversation: a KV cache and the tokens it holds. Not thread-safe itself; many
+// Sessions of one Engine run concurrently.
+class Session {
+ public:
+  // Appends `tokens` to the context and generates a reply after them; only the new tokens
+  // are prefilled. max_new_tokens is capped to the context left (FinishReason::kContextFull
+  // when that cap ends the reply); OutOfRange when the new tokens themselves do not fit,
+  // with the session unchanged.
+  absl::StatusOr<Completion> Send(const std::vector<int64_t>& tokens,
+                                  const RequestOptions& options);
+  // Encodes `text` without BOS (a continuation); the first call of a session adds BOS when
+  // the tokenizer asks for it.
+  absl::StatusOr<Completion> Send(absl::string_view text, const RequestOptions& options);
+
+  // Tokens in the context (cached plus the last reply's final token, fed with the next call).
+  int64_t context_tokens() const { return static_cast<int64_t>(history_.size()); }
+  int64_t context_left() const;
+  // Forgets the conversation; keeps the cache's allocations.
+  void Reset();
+  int64_t kv_cache_bytes() const { return cache_->AllocatedBytes(); }
+
+ private:
+  friend class Engine;
+  Session(std::shared_ptr<const Engine> engine, std::unique_ptr<KVCache> cache);
+
+  std::shared_ptr<const Engine> engine_;
+  std::unique_ptr<KVCache> cache_;
+  std::vector<int64_t> history_;  // every token of the conversation, in order
+  int64_t cached_ = 0;            // history_[0, cached_) is in the cache
+};
+
+}  // namespace lgpt
+
+#endif  // LGPT_LGPT_H_

@@ -1,0 +1,250 @@
+#include "lgpt.h"
+
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace lgpt {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kDefaultModel[] = "tools/default_model";
+
+const Engine& DefaultEngine() {
+  static const std::shared_ptr<const Engine>* engine = [] {
+    absl::StatusOr<std::shared_ptr<const Engine>> loaded = Engine::Load(kDefaultModel);
+    CHECK(loaded.ok()) << loaded.status();
+    return new std::shared_ptr<const Engine>(*loaded);
+  }();
+  return **engine;
+}
+
+RequestOptions Greedy(int64_t max_new_tokens) {
+  RequestOptions options;
+  options.max_new_tokens = max_new_tokens;
+  options.sampling.temperature = 0;
+  options.stop_at_eos = false;
+  return options;
+}
+
+RequestOptions Sampled(int64_t max_new_tokens, uint64_t seed) {
+  RequestOptions options;
+  options.max_new_tokens = max_new_tokens;
+  options.sampling = {0.9, 40, 0.95};
+  options.seed = seed;
+  options.stop_at_eos = false;
+  return options;
+}
+
+TEST(EngineTest, GenerateMatchesTheModelLoopAndStreamsItsText) {
+  const Engine& engine = DefaultEngine();
+  const std::vector<int64_t> prompt = *engine.Encode("And God said");
+  std::unique_ptr<DenseKVCache> cache = *engine.model().NewDenseCache(1, 64);
+  GenerateOptions direct;
+  direct.max_new_tokens = 20;
+  const std::vector<int64_t> expected = *lgpt::Generate(engine.model(), *cache, prompt, direct);
+
+  std::string streamed;
+  std::vector<int64_t> streamed_tokens;
+  RequestOptions options = Greedy(20);
+  options.echo_prompt = true;
+  options.on_text = [&](absl::string_view piece) {
+    streamed.append(piece.data(), piece.size());
+    return true;
+  };
+  options.on_token = [&](int64_t token) {
+    streamed_tokens.push_back(token);
+    return true;
+  };
+  absl::StatusOr<Completion> result = engine.Generate("And God said", options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->tokens, expected);
+  EXPECT_EQ(streamed_tokens, expected);
+  EXPECT_EQ(result->finish_reason, FinishReason::kMaxTokens);
+  EXPECT_FALSE(result->text.empty());
+  // The echoed prompt and the pieces continue each other exactly; the text is the reply's.
+  std::vector<int64_t> all = prompt;
+  all.insert(all.end(), expected.begin(), expected.end());
+  EXPECT_EQ(streamed, *engine.tokenizer()->Decode(all));
+  EXPECT_EQ(*engine.tokenizer()->Decode(prompt) + result->text, *engine.tokenizer()->Decode(all));
+  EXPECT_GT(result->stats.kv_cache_bytes, 0);
+}
+
+TEST(EngineTest, ConcurrentRequestsEqualTheirSingleThreadedRuns) {
+  const Engine& engine = DefaultEngine();
+  const std::vector<std::string> prompts = {"In the beginning", "And Jesus answered",
+                                            "The LORD is my shepherd", "Blessed are"};
+  std::vector<Completion> expected;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    expected.push_back(*engine.Generate(prompts[i], Sampled(24, 100 + i)));
+  }
+  std::vector<absl::StatusOr<Completion>> got(prompts.size(),
+                                              absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    threads.emplace_back([&, i] { got[i] = engine.Generate(prompts[i], Sampled(24, 100 + i)); });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_TRUE(got[i].ok()) << got[i].status();
+    EXPECT_EQ(got[i]->tokens, expected[i].tokens) << prompts[i];
+    EXPECT_EQ(got[i]->text, expected[i].text) << prompts[i];
+  }
+}
+
+TEST(EngineTest, SameSeedSameTextDifferentSeedDifferentText) {
+  const Engine& engine = DefaultEngine();
+  const Completion a = *engine.Generate("And he said", Sampled(30, 7));
+  const Completion b = *engine.Generate("And he said", Sampled(30, 7));
+  const Completion c = *engine.Generate("And he said", Sampled(30, 8));
+  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_NE(a.tokens, c.tokens);
+}
+
+TEST(EngineTest, CallbackCancels) {
+  const Engine& engine = DefaultEngine();
+  int pieces = 0;
+  RequestOptions options = Greedy(40);
+  options.on_token = [&](int64_t) { return ++pieces < 3; };
+  const Completion result = *engine.Generate("And God said", options);
+  EXPECT_EQ(result.finish_reason, FinishReason::kCancelled);
+  EXPECT_EQ(result.tokens.size(), 3u);
+}
+
+TEST(EngineTest, StopSequenceCutsTheTextAndIsNeverStreamed) {
+  const Engine& engine = DefaultEngine();
+  const Completion full = *engine.Generate("And God said", Greedy(40));
+  ASSERT_GT(full.text.size(), 20u);
+  // A stop sequence taken from the middle of the greedy reply.
+  const std::string stop = full.text.substr(full.text.size() / 2, 5);
+  const size_t cut = full.text.find(stop);
+  RequestOptions options = Greedy(40);
+  options.stop_sequences = {"never appears in the text", stop};
+  std::string streamed;
+  options.on_text = [&](absl::string_view piece) {
+    streamed.append(piece.data(), piece.size());
+    return true;
+  };
+  const Completion result = *engine.Generate("And God said", options);
+  EXPECT_EQ(result.finish_reason, FinishReason::kStopSequence);
+  EXPECT_EQ(result.text, full.text.substr(0, cut));
+  EXPECT_EQ(streamed, result.text);
+  EXPECT_LT(result.tokens.size(), full.tokens.size());
+}
+
+TEST(EngineTest, BatchOfDifferentLengthsEqualsEachRowAlone) {
+  const Engine& engine = DefaultEngine();
+  const std::vector<std::vector<int64_t>> prompts = {
+      *engine.Encode("And God said"),
+      *engine.Encode("In the beginning God created the heaven and the earth. And the earth"),
+      *engine.Encode("Jesus wept."),
+  };
+  ASSERT_NE(prompts[0].size(), prompts[1].size());
+  for (const RequestOptions& options : {Greedy(16), Sampled(16, 3)}) {
+    absl::StatusOr<std::vector<Completion>> batch = engine.GenerateBatch(prompts, options);
+    ASSERT_TRUE(batch.ok()) << batch.status();
+    ASSERT_EQ(batch->size(), prompts.size());
+    for (size_t row = 0; row < prompts.size(); ++row) {
+      const Completion alone = *engine.Generate(prompts[row], options);
+      EXPECT_EQ((*batch)[row].tokens, alone.tokens) << "row " << row;
+      EXPECT_EQ((*batch)[row].text, alone.text) << "row " << row;
+    }
+  }
+}
+
+TEST(EngineTest, BatchThroughABudgetedQuantisedCacheEqualsEachRowAlone) {
+  const Engine& engine = DefaultEngine();
+  const std::vector<std::vector<int64_t>> prompts = {*engine.Encode("And it came to pass"),
+                                                     *engine.Encode("Jesus wept.")};
+  RequestOptions options = Greedy(12);
+  options.kv_cache.policy = "sink";
+  options.kv_cache.budget = 12;
+  options.kv_cache.bits = 8;
+  const std::vector<Completion> batch = *engine.GenerateBatch(prompts, options);
+  for (size_t row = 0; row < prompts.size(); ++row) {
+    EXPECT_EQ(batch[row].tokens, engine.Generate(prompts[row], options)->tokens) << row;
+  }
+}
+
+TEST(EngineTest, BudgetedCacheAtFullBudgetEqualsDense) {
+  const Engine& engine = DefaultEngine();
+  const Completion dense = *engine.Generate("And God said", Greedy(24));
+  for (const std::string policy : {"window", "sink", "h2o"}) {
+    RequestOptions options = Greedy(24);
+    options.kv_cache.policy = policy;
+    options.kv_cache.budget = 64;
+    absl::StatusOr<Completion> result = engine.Generate("And God said", options);
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->tokens, dense.tokens) << policy;
+  }
+}
+
+TEST(SessionTest, TurnsEqualOneShotGenerationOfTheWholeConversation) {
+  const Engine& engine = DefaultEngine();
+  std::unique_ptr<Session> session = *engine.NewSession();
+  const std::vector<int64_t> first = *engine.Encode("And God said");
+  const Completion reply1 = *session->Send(first, Greedy(8));
+  const std::vector<int64_t> second = *engine.tokenizer()->Encode(" And Moses said", false);
+  const Completion reply2 = *session->Send(second, Greedy(8));
+
+  std::vector<int64_t> whole = first;
+  whole.insert(whole.end(), reply1.tokens.begin(), reply1.tokens.end());
+  whole.insert(whole.end(), second.begin(), second.end());
+  const Completion one_shot = *engine.Generate(whole, Greedy(8));
+  EXPECT_EQ(reply2.tokens, one_shot.tokens);
+  EXPECT_EQ(session->context_tokens(),
+            static_cast<int64_t>(whole.size() + reply2.tokens.size()));
+}
+
+TEST(SessionTest, SaysWhenTheContextIsFull) {
+  const Engine& engine = DefaultEngine();
+  std::unique_ptr<Session> session = *engine.NewSession();
+  const int64_t context = engine.config().block_size;
+  FinishReason last = FinishReason::kMaxTokens;
+  int turns = 0;
+  while (last != FinishReason::kContextFull && turns < 100) {
+    absl::StatusOr<Completion> reply = session->Send(*engine.Encode("And"), Greedy(60));
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    last = reply->finish_reason;
+    ++turns;
+  }
+  EXPECT_EQ(last, FinishReason::kContextFull);
+  EXPECT_EQ(session->context_tokens(), context);
+  const int64_t before = session->context_tokens();
+  absl::StatusOr<Completion> overflow = session->Send(*engine.Encode("And"), Greedy(4));
+  EXPECT_EQ(overflow.status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_THAT(overflow.status().message(), HasSubstr("context full"));
+  EXPECT_EQ(session->context_tokens(), before);  // unchanged
+  session->Reset();
+  EXPECT_TRUE(session->Send(*engine.Encode("And"), Greedy(4)).ok());
+}
+
+TEST(EngineTest, BadInputsAreClearErrors) {
+  const Engine& engine = DefaultEngine();
+  EXPECT_EQ(Engine::Load("/nonexistent/checkpoint").status().code(),
+            absl::StatusCode::kNotFound);
+  const int64_t vocab = engine.config().PaddedVocabSize();
+  absl::StatusOr<Completion> bad_id = engine.Generate(std::vector<int64_t>{1, vocab}, Greedy(4));
+  EXPECT_EQ(bad_id.status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_THAT(bad_id.status().message(), HasSubstr("outside the vocabulary"));
+  EXPECT_EQ(engine.Generate(std::vector<int64_t>{1, -3}, Greedy(4)).status().code(),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(engine.Generate(std::vector<int64_t>{}, Greedy(4)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  std::vector<int64_t> too_long(engine.config().block_size, 5);
+  EXPECT_EQ(engine.Generate(too_long, Greedy(4)).status().code(), absl::StatusCode::kOutOfRange);
+  RequestOptions bad_cache = Greedy(4);
+  bad_cache.kv_cache.policy = "lru";
+  EXPECT_EQ(engine.Generate("And", bad_cache).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  RequestOptions zero = Greedy(0);
+  EXPECT_EQ(engine.Generate("And", zero).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace lgpt
