@@ -198,9 +198,11 @@ int main(int argc, char** argv) {
   // Model: the method's architecture, base weights, only the method's parameters trainable.
   at::manual_seed(absl::GetFlag(FLAGS_seed));
   GPT model = ValueOrDie(CreateFinetuneModel(config, method));
-  std::string base_source;
-  const TensorMap base = ValueOrDie(ReadCheckpointTensors(checkpoint_dir, &base_source));
-  DieIfError(LoadBaseWeights(*model, base, base_source));
+  {
+    std::string base_source;
+    const TensorMap base = ValueOrDie(ReadCheckpointTensors(checkpoint_dir, &base_source));
+    DieIfError(LoadBaseWeights(*model, base, base_source));
+  }  // the base tensors are copied into the model: free them
   MarkTrainable(*model, method);
   int64_t total_parameters = 0;
   for (const auto& p : model->parameters()) total_parameters += p.numel();
