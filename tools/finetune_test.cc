@@ -342,6 +342,14 @@ TEST(FinetuneToolTest, LoraOnTheDefaultModelThenMergeThenGenerate) {
   ASSERT_EQ(a->size(), b->size());
   for (const auto& [name, tensor] : *a) EXPECT_TRUE(at::equal(tensor, b->at(name))) << name;
 
+  // The merged checkpoint loads as a plain model with the unmerged LoRA model's logits.
+  absl::StatusOr<LoadedModel> unmerged = LoadFinetuned(dir + "/lora", FinetuneMethod::kLora);
+  absl::StatusOr<LoadedModel> plain = LoadCheckpoint(dir + "/merged");
+  ASSERT_TRUE(unmerged.ok()) << unmerged.status();
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  const at::Tensor tokens = at::arange(1, 40, at::kLong).unsqueeze(0);
+  EXPECT_LT(MaxDiff(Logits(*plain->model, tokens), Logits(*unmerged->model, tokens)), 1e-5);
+
   const ToolRun generated =
       Execute("generate", absl::StrCat("--checkpoint_dir=", dir,
                                        "/merged --prompt_ids=1,2,3 --max_new_tokens=4 "
