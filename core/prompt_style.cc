@@ -100,7 +100,8 @@ ApplyFn ChatMLApply(std::string default_system) {
 }
 
 std::string ChatMLNext(absl::string_view user) {
-  return absl::StrCat("<|im_end|>\n<|im_start|>user\n", user, "<|im_end|>\n<|im_start|>assistant\n");
+  return absl::StrCat("<|im_end|>\n<|im_start|>user\n", user,
+                      "<|im_end|>\n<|im_start|>assistant\n");
 }
 
 std::string Llama3Next(absl::string_view user) {
@@ -127,15 +128,15 @@ std::vector<PromptStyleSpec> BuildSpecs() {
                      return absl::StrCat(Or(sys, kAlpacaSystem), "### Instruction:\n", prompt,
                                          "\n\n### Response:\n");
                    }});
-  specs.push_back({"flan", "FLAN",
-                   [](absl::string_view prompt, absl::string_view, absl::string_view sys) {
-                     return absl::StrCat(Or(sys, kAlpacaSystem), "### Instruction:\n", prompt,
-                                         "\n\n### Response:\n");
-                   }});
+  specs.push_back(
+      {"flan", "FLAN", [](absl::string_view prompt, absl::string_view, absl::string_view sys) {
+         return absl::StrCat(Or(sys, kAlpacaSystem), "### Instruction:\n", prompt,
+                             "\n\n### Response:\n");
+       }});
   specs.push_back({"longform", "Longform",
                    [](absl::string_view prompt, absl::string_view, absl::string_view sys) {
-                     return absl::StrCat(Or(sys, kAlpacaInputSystem), "### Instruction:\n",
-                                         prompt, "\n\n### Response:\n");
+                     return absl::StrCat(Or(sys, kAlpacaInputSystem), "### Instruction:\n", prompt,
+                                         "\n\n### Response:\n");
                    }});
   {
     PromptStyleSpec spec{"stablelm-alpha", "StableLMAlpha",
@@ -181,13 +182,11 @@ std::vector<PromptStyleSpec> BuildSpecs() {
     PromptStyleSpec spec{
         "llama2", "Llama2",
         [](absl::string_view prompt, absl::string_view, absl::string_view sys) {
-          return absl::StrCat("[INST] <<SYS>>\n", Or(sys, kLlama2System), "\n<</SYS>>\n\n ",
-                              prompt, " [/INST] ");
+          return absl::StrCat("[INST] <<SYS>>\n", Or(sys, kLlama2System), "\n<</SYS>>\n\n ", prompt,
+                              " [/INST] ");
         },
         // Meta's layout: [/INST] answer </s><s>[INST] next [/INST]
-        [](absl::string_view user) {
-          return absl::StrCat(" </s><s>[INST] ", user, " [/INST] ");
-        }};
+        [](absl::string_view user) { return absl::StrCat(" </s><s>[INST] ", user, " [/INST] "); }};
     specs.push_back(std::move(spec));
   }
   specs.push_back({"freewilly2", "FreeWilly2",
@@ -197,26 +196,24 @@ std::vector<PromptStyleSpec> BuildSpecs() {
                          Or(sys, "This is a system prompt, please behave and help the user."),
                          "\n\n### User:\n", prompt, "\n\n### Assistant:\n");
                    }});
-  specs.push_back({"platypus", "Platypus",
-                   [](absl::string_view prompt, absl::string_view, absl::string_view) {
-                     return absl::StrCat("### Instruction:\n\n", prompt, "\n\n### Response:\n");
-                   }});
+  specs.push_back(
+      {"platypus", "Platypus", [](absl::string_view prompt, absl::string_view, absl::string_view) {
+         return absl::StrCat("### Instruction:\n\n", prompt, "\n\n### Response:\n");
+       }});
   specs.push_back({"stablecode", "StableCode",
                    [](absl::string_view prompt, absl::string_view, absl::string_view) {
                      return absl::StrCat("###Instruction\n", prompt, "###Response\n");
                    }});
-  specs.push_back({"codellama", "CodeLlama",
-                   [](absl::string_view prompt, absl::string_view, absl::string_view sys) {
-                     if (!sys.empty()) {
-                       return absl::StrCat("[INST] <<SYS>>\n", sys, "\n<</SYS>>\n\n", prompt,
-                                           " [/INST]");
-                     }
-                     return absl::StrCat("[INST] ", prompt, " [/INST]");
-                   },
-                   // Mistral's layout: [/INST]answer</s>[INST] next [/INST]
-                   [](absl::string_view user) {
-                     return absl::StrCat("</s>[INST] ", user, " [/INST]");
-                   }});
+  specs.push_back(
+      {"codellama", "CodeLlama",
+       [](absl::string_view prompt, absl::string_view, absl::string_view sys) {
+         if (!sys.empty()) {
+           return absl::StrCat("[INST] <<SYS>>\n", sys, "\n<</SYS>>\n\n", prompt, " [/INST]");
+         }
+         return absl::StrCat("[INST] ", prompt, " [/INST]");
+       },
+       // Mistral's layout: [/INST]answer</s>[INST] next [/INST]
+       [](absl::string_view user) { return absl::StrCat("</s>[INST] ", user, " [/INST]"); }});
   {
     PromptStyleSpec spec{"phi-1", "Phi1",
                          [](absl::string_view prompt, absl::string_view, absl::string_view) {
@@ -227,10 +224,10 @@ std::vector<PromptStyleSpec> BuildSpecs() {
                   {StopToken::Id(198), StopToken::Token("Answer"), StopToken::Token(":")}};
     specs.push_back(std::move(spec));
   }
-  specs.push_back({"phi-2", "Phi2",
-                   [](absl::string_view prompt, absl::string_view, absl::string_view) {
-                     return absl::StrCat("Instruct: ", prompt, "\nOutput:");
-                   }});
+  specs.push_back(
+      {"phi-2", "Phi2", [](absl::string_view prompt, absl::string_view, absl::string_view) {
+         return absl::StrCat("Instruct: ", prompt, "\nOutput:");
+       }});
   {
     PromptStyleSpec spec{
         "phi-3", "Phi3",
@@ -245,19 +242,19 @@ std::vector<PromptStyleSpec> BuildSpecs() {
     specs.push_back(std::move(spec));
   }
   {
-    PromptStyleSpec spec{
-        "phi-4", "Phi4",
-        [](absl::string_view prompt, absl::string_view, absl::string_view sys) {
-          std::string text;
-          if (!sys.empty()) text = absl::StrCat("<|im_start|>system<|im_sep|>", sys, "<|im_end|>");
-          absl::StrAppend(&text, "<|im_start|>user<|im_sep|>", prompt,
-                          "<|im_end|><|im_start|>assistant<|im_sep|>");
-          return text;
-        },
-        [](absl::string_view user) {
-          return absl::StrCat("<|im_end|><|im_start|>user<|im_sep|>", user,
-                              "<|im_end|><|im_start|>assistant<|im_sep|>");
-        }};
+    PromptStyleSpec spec{"phi-4", "Phi4",
+                         [](absl::string_view prompt, absl::string_view, absl::string_view sys) {
+                           std::string text;
+                           if (!sys.empty())
+                             text = absl::StrCat("<|im_start|>system<|im_sep|>", sys, "<|im_end|>");
+                           absl::StrAppend(&text, "<|im_start|>user<|im_sep|>", prompt,
+                                           "<|im_end|><|im_start|>assistant<|im_sep|>");
+                           return text;
+                         },
+                         [](absl::string_view user) {
+                           return absl::StrCat("<|im_end|><|im_start|>user<|im_sep|>", user,
+                                               "<|im_end|><|im_start|>assistant<|im_sep|>");
+                         }};
     spec.stops = {{StopToken::Eos()}, {StopToken::Token("<|im_end|>")}};
     specs.push_back(std::move(spec));
   }
@@ -288,9 +285,9 @@ std::vector<PromptStyleSpec> BuildSpecs() {
     PromptStyleSpec spec{
         "phi-4-mini-reasoning", "Phi4MiniReasoning",
         [](absl::string_view prompt, absl::string_view, absl::string_view sys) {
-          return absl::StrCat("<|system|>",
-                              Or(sys, "Your name is Phi, an AI math expert developed by Microsoft."),
-                              "<|end|><|user|>", prompt, "<|end|><|assistant|>");
+          return absl::StrCat(
+              "<|system|>", Or(sys, "Your name is Phi, an AI math expert developed by Microsoft."),
+              "<|end|><|user|>", prompt, "<|end|><|assistant|>");
         },
         phi4_mini_next};
     spec.stops = {{StopToken::Eos()}, {StopToken::Token("<|end|>")}};
@@ -301,46 +298,45 @@ std::vector<PromptStyleSpec> BuildSpecs() {
        [](absl::string_view prompt, absl::string_view, absl::string_view sys) {
          return absl::StrCat(
              "<|system|>\n",
-             Or(sys, "You are a friendly chatbot who always gives helpful, detailed, and polite "
-                     "answers."),
+             Or(sys,
+                "You are a friendly chatbot who always gives helpful, detailed, and polite "
+                "answers."),
              "</s>\n<|user|>\n", prompt, "</s>\n<|assistant|>\n");
        },
        [](absl::string_view user) {
          return absl::StrCat("</s>\n<|user|>\n", user, "</s>\n<|assistant|>\n");
        }});
   {
-    PromptStyleSpec spec{
-        "gemma", "Gemma",
-        [](absl::string_view prompt, absl::string_view, absl::string_view) {
-          return absl::StrCat("<start_of_turn>user\n", prompt,
-                              "<end_of_turn>\n<start_of_turn>model\n");
-        },
-        [](absl::string_view user) {
-          return absl::StrCat("<end_of_turn>\n<start_of_turn>user\n", user,
-                              "<end_of_turn>\n<start_of_turn>model\n");
-        }};
+    PromptStyleSpec spec{"gemma", "Gemma",
+                         [](absl::string_view prompt, absl::string_view, absl::string_view) {
+                           return absl::StrCat("<start_of_turn>user\n", prompt,
+                                               "<end_of_turn>\n<start_of_turn>model\n");
+                         },
+                         [](absl::string_view user) {
+                           return absl::StrCat("<end_of_turn>\n<start_of_turn>user\n", user,
+                                               "<end_of_turn>\n<start_of_turn>model\n");
+                         }};
     spec.stops = {{StopToken::Eos()}, {StopToken::Token("<end_of_turn>")}};
     specs.push_back(std::move(spec));
   }
   {
-    PromptStyleSpec spec{
-        "llama3", "Llama3",
-        [](absl::string_view prompt, absl::string_view, absl::string_view sys) {
-          return absl::StrCat(
-              "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n",
-              Or(sys, "You are a helpful assistant."),
-              "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n", prompt,
-              "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
-        },
-        Llama3Next};
+    PromptStyleSpec spec{"llama3", "Llama3",
+                         [](absl::string_view prompt, absl::string_view, absl::string_view sys) {
+                           return absl::StrCat(
+                               "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n",
+                               Or(sys, "You are a helpful assistant."),
+                               "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n", prompt,
+                               "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
+                         },
+                         Llama3Next};
     spec.strip_turns = spec.strip_system = true;
     spec.stops = {{StopToken::Eos()}, {StopToken::Token("<|eot_id|>")}};
     specs.push_back(std::move(spec));
   }
-  specs.push_back({"olmo", "OLMo",
-                   [](absl::string_view prompt, absl::string_view, absl::string_view) {
-                     return absl::StrCat("<|endoftext|><|user|>\n", prompt, "\n<|assistant|>\n");
-                   }});
+  specs.push_back(
+      {"olmo", "OLMo", [](absl::string_view prompt, absl::string_view, absl::string_view) {
+         return absl::StrCat("<|endoftext|><|user|>\n", prompt, "\n<|assistant|>\n");
+       }});
   specs.push_back(ChatML("qwen2.5", "Qwen2_5",
                          "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."));
   specs.push_back(ChatML("qwen2.5-math", "Qwen2_5_Math",
@@ -354,10 +350,10 @@ std::vector<PromptStyleSpec> BuildSpecs() {
                          "You are a helpful AI assistant named SmolLM, trained by Hugging Face"));
   specs.push_back(ChatML("salamandra", "Salamandra", kSalamandraSystem));
   // Classes LitGPT maps model names to but does not register by name.
-  specs.push_back({"default", "Default",
-                   [](absl::string_view prompt, absl::string_view, absl::string_view) {
-                     return std::string(prompt);
-                   }});
+  specs.push_back(
+      {"default", "Default", [](absl::string_view prompt, absl::string_view, absl::string_view) {
+         return std::string(prompt);
+       }});
   {
     PromptStyleSpec spec{"falcon3", "Falcon3", zephyr_apply, zephyr_next};
     spec.stops = {{StopToken::Eos()}, {StopToken::Token("<|endoftext|>")}};
@@ -431,8 +427,7 @@ absl::StatusOr<std::string> PromptStyle::ApplyChat(const std::vector<ChatMessage
   if (messages.back().role != "user") {
     return absl::InvalidArgumentError("a conversation must end with a user message");
   }
-  std::string text =
-      Apply(Strip(messages[first].content, spec_->strip_turns), "", system);
+  std::string text = Apply(Strip(messages[first].content, spec_->strip_turns), "", system);
   for (size_t i = first + 1; i + 1 < messages.size(); i += 2) {
     absl::StrAppend(&text, Strip(messages[i].content, spec_->strip_turns),
                     spec_->next_turn(Strip(messages[i + 1].content, spec_->strip_turns)));
@@ -484,8 +479,8 @@ absl::StatusOr<PromptStyle> PromptStyleFromName(absl::string_view name) {
   for (const PromptStyleSpec& spec : Specs()) {
     if (spec.name == name) return PromptStyle(&spec);
   }
-  return absl::NotFoundError(absl::StrCat("unknown prompt style '", name, "'; known: ",
-                                          absl::StrJoin(PromptStyleNames(), ", ")));
+  return absl::NotFoundError(absl::StrCat("unknown prompt style '", name,
+                                          "'; known: ", absl::StrJoin(PromptStyleNames(), ", ")));
 }
 
 absl::StatusOr<PromptStyle> PromptStyleFromClassPath(absl::string_view class_path) {
@@ -493,8 +488,8 @@ absl::StatusOr<PromptStyle> PromptStyleFromClassPath(absl::string_view class_pat
   const size_t dot = class_path.rfind('.');
   if (dot != absl::string_view::npos) {
     if (class_path.substr(0, dot) != "litgpt.prompts") {
-      return absl::UnimplementedError(absl::StrCat(
-          "prompt style class '", class_path, "' is not one of litgpt.prompts' classes"));
+      return absl::UnimplementedError(absl::StrCat("prompt style class '", class_path,
+                                                   "' is not one of litgpt.prompts' classes"));
     }
     class_name = class_path.substr(dot + 1);
   }

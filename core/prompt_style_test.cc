@@ -2,13 +2,13 @@
 // make_golden.py running LitGPT's prompts.py), plus the multi-turn and lookup contracts.
 #include "core/prompt_style.h"
 
+#include <sys/stat.h>
+
 #include <cstdlib>
 #include <fstream>
 #include <map>
 #include <sstream>
 #include <string>
-
-#include <sys/stat.h>
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -42,7 +42,8 @@ TEST(PromptStyleTest, ApplyMatchesLitGptByteForByte) {
     ASSERT_TRUE(style.ok()) << style.status();
     const std::string input = c.value("input", "");
     const std::string sys = c.value("sys_prompt", "");
-    EXPECT_EQ(style->Apply(c["prompt"].get<std::string>(), input, sys), c["text"].get<std::string>())
+    EXPECT_EQ(style->Apply(c["prompt"].get<std::string>(), input, sys),
+              c["text"].get<std::string>())
         << c.dump();
   }
 }

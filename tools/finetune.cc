@@ -9,15 +9,15 @@
 // with the PEFT fields, hyperparameters.yaml (naming the base checkpoint), the tokenizer files
 // and prompt_style.yaml; --merge (LoRA) also writes a merged plain lit_model.pth that
 // //tools:generate loads. Final statistics are key=value lines on stdout.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <string>
-
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
@@ -82,9 +82,9 @@ void WriteText(const std::string& path, const std::string& text) {
 std::string HyperparametersYaml(const std::string& base_dir, const Config& config,
                                 FinetuneMethod method) {
   // LitGPT's merge_lora reads checkpoint_dir, precision and the lora_* keys from here.
-  std::string yaml = absl::StrCat("checkpoint_dir: ", fs::absolute(base_dir).string(), "\n",
-                                  "method: ", FinetuneMethodName(method), "\n",
-                                  "precision: 32-true\n");
+  std::string yaml =
+      absl::StrCat("checkpoint_dir: ", fs::absolute(base_dir).string(), "\n",
+                   "method: ", FinetuneMethodName(method), "\n", "precision: 32-true\n");
   if (method == FinetuneMethod::kLora) {
     absl::StrAppend(&yaml, "lora_r: ", config.lora_r, "\nlora_alpha: ", config.lora_alpha,
                     "\nlora_dropout: ", config.lora_dropout,
@@ -130,8 +130,8 @@ int main(int argc, char** argv) {
   }
   if (absl::GetFlag(FLAGS_merge) && method != FinetuneMethod::kLora &&
       method != FinetuneMethod::kFull) {
-    Die(absl::InvalidArgumentError(absl::StrCat(
-        "--merge: ", FinetuneMethodName(method), " cannot be merged into a base checkpoint")));
+    Die(absl::InvalidArgumentError(absl::StrCat("--merge: ", FinetuneMethodName(method),
+                                                " cannot be merged into a base checkpoint")));
   }
   const PromptStyle style = ValueOrDie(PromptStyleFromName(absl::GetFlag(FLAGS_prompt_style)));
 
@@ -182,8 +182,8 @@ int main(int argc, char** argv) {
       TokenizeSft(train_records, style, TokenizerEncoder(*tokenizer), sft, &train_stats));
   std::vector<SftExample> val;
   if (!val_records.empty()) {
-    val = ValueOrDie(
-        TokenizeSft(val_records, style, TokenizerEncoder(*tokenizer), sft, &val_stats));
+    val =
+        ValueOrDie(TokenizeSft(val_records, style, TokenizerEncoder(*tokenizer), sft, &val_stats));
   }
   int64_t longest = 0;
   for (const SftExample& e : train) longest = std::max<int64_t>(longest, e.input_ids.size());
@@ -227,7 +227,8 @@ int main(int argc, char** argv) {
   // Output: LitGPT's layout.
   std::error_code error;
   fs::create_directories(out_dir, error);
-  if (error) Die(absl::InternalError(absl::StrCat("cannot create ", out_dir, ": ", error.message())));
+  if (error)
+    Die(absl::InternalError(absl::StrCat("cannot create ", out_dir, ": ", error.message())));
   const std::string trained_path = out_dir + "/" + TrainedFileName(method);
   DieIfError(WriteTorchStateDict(trained_path, TrainedStateDict(*model, method)));
   WriteText(out_dir + "/model_config.yaml", ConfigToYaml(config));

@@ -1,11 +1,11 @@
 #include "tools/finetune_model.h"
 
+#include <ATen/ATen.h>
+
 #include <fstream>
 #include <set>
 #include <sstream>
 #include <vector>
-
-#include <ATen/ATen.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -25,8 +25,8 @@ absl::StatusOr<FinetuneMethod> ParseFinetuneMethod(absl::string_view name) {
   if (name == "adapter") return FinetuneMethod::kAdapter;
   if (name == "adapter_v2") return FinetuneMethod::kAdapterV2;
   if (name == "full") return FinetuneMethod::kFull;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown fine-tuning method '", name, "' (expected lora, adapter, adapter_v2 or full)"));
+  return absl::InvalidArgumentError(absl::StrCat("unknown fine-tuning method '", name,
+                                                 "' (expected lora, adapter, adapter_v2 or full)"));
 }
 
 absl::string_view FinetuneMethodName(FinetuneMethod method) {
@@ -202,14 +202,14 @@ absl::StatusOr<LoadedModel> LoadFinetuned(const std::string& dir, FinetuneMethod
   ASSIGN_OR_RETURN(TensorMap trained, ReadTorchStateDict(trained_path));
   for (const auto& [name, tensor] : trained) {
     if (!IsTrainedParameter(method, name)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          trained_path, ": tensor ", name, " is not a ", FinetuneMethodName(method), " parameter"));
+      return absl::InvalidArgumentError(absl::StrCat(trained_path, ": tensor ", name, " is not a ",
+                                                     FinetuneMethodName(method), " parameter"));
     }
   }
   for (const auto& [name, tensor] : TrainedStateDict(*model, method)) {
     if (!trained.count(name)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          trained_path, ": missing tensor ", name, " (does model_config.yaml match the file?)"));
+      return absl::InvalidArgumentError(absl::StrCat(trained_path, ": missing tensor ", name,
+                                                     " (does model_config.yaml match the file?)"));
     }
   }
   RETURN_IF_ERROR(LoadStateDict(*model, trained, trained_path,

@@ -5,9 +5,9 @@
 #ifndef LGPT_TOOLS_FINETUNE_MODEL_H_
 #define LGPT_TOOLS_FINETUNE_MODEL_H_
 
-#include <string>
-
 #include <c10/core/ScalarType.h>
+
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"

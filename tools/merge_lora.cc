@@ -42,7 +42,8 @@ int main(int argc, char** argv) {
 
   std::error_code error;
   fs::create_directories(out_dir, error);
-  if (error) Die(absl::InternalError(absl::StrCat("cannot create ", out_dir, ": ", error.message())));
+  if (error)
+    Die(absl::InternalError(absl::StrCat("cannot create ", out_dir, ": ", error.message())));
   DieIfError(WriteTorchStateDict(out_dir + "/lit_model.pth", merged));
   Config plain = loaded.config;
   plain.lora_r = 0;
@@ -53,12 +54,13 @@ int main(int argc, char** argv) {
   {
     std::ofstream out(out_dir + "/model_config.yaml", std::ios::binary);
     out << ConfigToYaml(plain);
-    if (!out) Die(absl::InternalError(absl::StrCat("cannot write ", out_dir, "/model_config.yaml")));
+    if (!out)
+      Die(absl::InternalError(absl::StrCat("cannot write ", out_dir, "/model_config.yaml")));
   }
   if (fs::absolute(out_dir) != fs::absolute(dir)) {
-    for (const char* name : {"tokenizer.model", "tokenizer.json", "tokenizer_config.json",
-                             "generation_config.json", "special_tokens_map.json",
-                             "prompt_style.yaml"}) {
+    for (const char* name :
+         {"tokenizer.model", "tokenizer.json", "tokenizer_config.json", "generation_config.json",
+          "special_tokens_map.json", "prompt_style.yaml"}) {
       const fs::path from = fs::path(dir) / name;
       if (!fs::exists(from)) continue;
       fs::copy_file(from, fs::path(out_dir) / name, fs::copy_options::overwrite_existing, error);

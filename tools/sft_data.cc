@@ -1,10 +1,10 @@
 #include "tools/sft_data.h"
 
+#include <ATen/ATen.h>
+
 #include <algorithm>
 #include <fstream>
 #include <sstream>
-
-#include <ATen/ATen.h>
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
@@ -136,8 +136,8 @@ at::Tensor SftLoss(const at::Tensor& logits, const at::Tensor& labels) {
   const at::Tensor shifted_logits = logits.narrow(1, 0, steps - 1);
   const at::Tensor shifted_labels = labels.narrow(1, 1, steps - 1);
   return at::cross_entropy_loss(shifted_logits.reshape({-1, logits.size(-1)}).to(at::kFloat),
-                                shifted_labels.reshape(-1), /*weight=*/{},
-                                at::Reduction::Mean, kIgnoreIndex);
+                                shifted_labels.reshape(-1), /*weight=*/{}, at::Reduction::Mean,
+                                kIgnoreIndex);
 }
 
 }  // namespace lgpt

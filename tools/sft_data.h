@@ -5,12 +5,12 @@
 #ifndef LGPT_TOOLS_SFT_DATA_H_
 #define LGPT_TOOLS_SFT_DATA_H_
 
+#include <ATen/core/Tensor.h>
+
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
-
-#include <ATen/core/Tensor.h>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -63,8 +63,8 @@ absl::StatusOr<std::vector<SftExample>> TokenizeSft(const std::vector<Instructio
                                                     SftStats* stats = nullptr);
 
 struct SftBatch {
-  at::Tensor input_ids;  // [B, T] int64, padded with pad_id
-  at::Tensor labels;     // [B, T] int64, padded with kIgnoreIndex
+  at::Tensor input_ids;       // [B, T] int64, padded with pad_id
+  at::Tensor labels;          // [B, T] int64, padded with kIgnoreIndex
   int64_t target_tokens = 0;  // labels that count
 };
 SftBatch CollateSft(const std::vector<const SftExample*>& examples, int64_t pad_id);

@@ -1,14 +1,14 @@
 #include "tools/sft_trainer.h"
 
+#include <ATen/ATen.h>
+#include <torch/nn/utils/clip_grad.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <numeric>
 #include <random>
-
-#include <ATen/ATen.h>
-#include <torch/nn/utils/clip_grad.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -46,8 +46,8 @@ double SftValidationLoss(GPTImpl& model, const std::vector<SftExample>& examples
   int64_t tokens = 0;
   for (int64_t b = 0; b < max_batches && static_cast<size_t>(b * micro_batch_size) < order.size();
        ++b) {
-    const SftBatch batch = CollateSft(Slice(examples, order, b * micro_batch_size,
-                                            micro_batch_size), pad_id);
+    const SftBatch batch =
+        CollateSft(Slice(examples, order, b * micro_batch_size, micro_batch_size), pad_id);
     if (batch.target_tokens == 0) continue;
     total += BatchLoss(model, batch).item<double>() * batch.target_tokens;
     tokens += batch.target_tokens;
@@ -57,14 +57,14 @@ double SftValidationLoss(GPTImpl& model, const std::vector<SftExample>& examples
 }
 
 static absl::StatusOr<SftTrainStats> TrainSftUnchecked(GPTImpl& model,
-                                                const std::vector<SftExample>& train,
-                                                const std::vector<SftExample>& val,
-                                                const SftTrainOptions& options) {
+                                                       const std::vector<SftExample>& train,
+                                                       const std::vector<SftExample>& val,
+                                                       const SftTrainOptions& options) {
   const int64_t micro = options.micro_batch_size, global = options.global_batch_size;
   if (micro < 1 || global < micro || global % micro != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "global_batch_size (", global, ") must be a positive multiple of micro_batch_size (",
-        micro, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("global_batch_size (", global,
+                     ") must be a positive multiple of micro_batch_size (", micro, ")"));
   }
   if (options.max_steps < 0 || options.epochs < 1 || options.warmup_steps < 0 ||
       options.eval_interval < 1 || options.log_interval < 1) {
@@ -73,8 +73,7 @@ static absl::StatusOr<SftTrainStats> TrainSftUnchecked(GPTImpl& model,
   }
   if (train.empty()) return absl::InvalidArgumentError("no training examples");
   const int64_t accumulate = global / micro;
-  const int64_t steps_per_epoch =
-      std::max<int64_t>(1, static_cast<int64_t>(train.size()) / global);
+  const int64_t steps_per_epoch = std::max<int64_t>(1, static_cast<int64_t>(train.size()) / global);
   const int64_t max_steps =
       options.max_steps > 0 ? options.max_steps : options.epochs * steps_per_epoch;
 

@@ -37,8 +37,8 @@ struct SftTrainOptions {
 struct SftTrainStats {
   int64_t steps = 0;
   int64_t trainable_parameters = 0;
-  int64_t target_tokens = 0;   // response tokens trained on
-  int64_t tokens = 0;          // all tokens fed, padding included
+  int64_t target_tokens = 0;             // response tokens trained on
+  int64_t tokens = 0;                    // all tokens fed, padding included
   double first_loss = 0, last_loss = 0;  // train loss of the first and last step
   double mean_step_s = 0;
   double tokens_per_s = 0;

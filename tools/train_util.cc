@@ -12,16 +12,16 @@ double LearningRate(int64_t step, int64_t max_steps, int64_t warmup, double lr, 
   return min_lr + 0.5 * (lr - min_lr) * (1 + std::cos(M_PI * progress));
 }
 
-std::unique_ptr<torch::optim::AdamW> MakeAdamW(const std::vector<at::Tensor>& parameters,
-                                               double lr, double weight_decay) {
+std::unique_ptr<torch::optim::AdamW> MakeAdamW(const std::vector<at::Tensor>& parameters, double lr,
+                                               double weight_decay) {
   std::vector<at::Tensor> decay, no_decay;
   for (const auto& p : parameters) (p.dim() >= 2 ? decay : no_decay).push_back(p);
   torch::optim::AdamWOptions adamw(lr);
   adamw.betas({0.9, 0.95}).eps(1e-8);
   std::vector<torch::optim::OptimizerParamGroup> groups;
   if (!decay.empty()) {
-    groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(
-                                   adamw.weight_decay(weight_decay)));
+    groups.emplace_back(
+        decay, std::make_unique<torch::optim::AdamWOptions>(adamw.weight_decay(weight_decay)));
   }
   if (!no_decay.empty()) {
     groups.emplace_back(no_decay,

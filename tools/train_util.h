@@ -3,12 +3,12 @@
 #ifndef LGPT_TOOLS_TRAIN_UTIL_H_
 #define LGPT_TOOLS_TRAIN_UTIL_H_
 
+#include <ATen/core/Tensor.h>
+#include <torch/optim/adamw.h>
+
 #include <cstdint>
 #include <memory>
 #include <vector>
-
-#include <ATen/core/Tensor.h>
-#include <torch/optim/adamw.h>
 
 namespace lgpt {
 
@@ -17,8 +17,8 @@ double LearningRate(int64_t step, int64_t max_steps, int64_t warmup, double lr, 
 
 // AdamW (betas 0.9, 0.95) over `parameters`: weight decay on tensors of two or more
 // dimensions, none on norms and biases.
-std::unique_ptr<torch::optim::AdamW> MakeAdamW(const std::vector<at::Tensor>& parameters,
-                                               double lr, double weight_decay);
+std::unique_ptr<torch::optim::AdamW> MakeAdamW(const std::vector<at::Tensor>& parameters, double lr,
+                                               double weight_decay);
 
 // Sets every parameter group's learning rate.
 void SetLearningRate(torch::optim::AdamW& optimizer, double lr);
