@@ -31,6 +31,7 @@
 #include "core/safetensors.h"
 #include "tools/spm_tools.h"
 #include "tools/tool_util.h"
+#include "tools/train_util.h"
 
 ABSL_FLAG(std::string, model_config, "", "model_config.yaml of the model to train");
 ABSL_FLAG(std::string, model_name, "", "or: a LitGPT preset name");
@@ -78,14 +79,6 @@ void CopyFile(const std::string& from, const std::string& to) { WriteFile(to, Re
 bool Exists(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0;
-}
-
-// Linear warm-up, then cosine decay from lr to min_lr.
-double LearningRate(int64_t step, int64_t max_steps, int64_t warmup, double lr, double min_lr) {
-  if (step < warmup) return lr * (step + 1) / warmup;
-  const double progress =
-      std::min(1.0, static_cast<double>(step - warmup) / std::max<int64_t>(1, max_steps - warmup));
-  return min_lr + 0.5 * (lr - min_lr) * (1 + std::cos(M_PI * progress));
 }
 
 // Random windows of seq_len + 1 tokens: inputs and next-token targets.
@@ -199,16 +192,9 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "%s: %lld parameters\n", config.name.c_str(), static_cast<long long>(parameters));
 
   // Weight decay on matrices only, as usual for transformers.
-  std::vector<at::Tensor> decay, no_decay;
-  for (const auto& p : model->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
-  torch::optim::AdamWOptions adamw(absl::GetFlag(FLAGS_lr));
-  adamw.betas({0.9, 0.95}).eps(1e-8);
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(
-                                 adamw.weight_decay(absl::GetFlag(FLAGS_weight_decay))));
-  groups.emplace_back(no_decay,
-                      std::make_unique<torch::optim::AdamWOptions>(adamw.weight_decay(0)));
-  torch::optim::AdamW optimizer(groups, adamw);
+  std::unique_ptr<torch::optim::AdamW> adamw =
+      MakeAdamW(model->parameters(), absl::GetFlag(FLAGS_lr), absl::GetFlag(FLAGS_weight_decay));
+  torch::optim::AdamW& optimizer = *adamw;
 
   int64_t start_step = 0;
   const std::string state_path = out_dir + "/training_state.pt";
@@ -255,9 +241,7 @@ int main(int argc, char** argv) {
   for (int64_t step = start_step; step < max_steps; ++step) {
     const double lr = LearningRate(step, max_steps, absl::GetFlag(FLAGS_warmup_steps),
                                    absl::GetFlag(FLAGS_lr), absl::GetFlag(FLAGS_min_lr));
-    for (auto& group : optimizer.param_groups()) {
-      static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
-    }
+    SetLearningRate(optimizer, lr);
     optimizer.zero_grad();
     double step_loss = 0;
     for (int64_t m = 0; m < accumulate; ++m) {

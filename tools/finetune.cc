@@ -1,0 +1,266 @@
+// Fine-tunes a LitGPT checkpoint on Alpaca-style instruction data (a JSON list of
+// {instruction, input, output}), as `litgpt finetune` does:
+//   bazel run //tools:finetune -- --method=lora|adapter|adapter_v2|full
+//       --checkpoint_dir=DIR --data=FILE.json --out_dir=DIR [--prompt_style=alpaca]
+//       [--lora_r=8 --lora_alpha=16 ...] [--max_steps=N | --epochs=N] [--merge]
+// The loss covers the response tokens only. Only the method's parameters train (the base
+// stays frozen). out_dir gets the trained parameters alone under LitGPT's names
+// (lit_model.pth.lora / .adapter / .adapter_v2; lit_model.pth for full), model_config.yaml
+// with the PEFT fields, hyperparameters.yaml (naming the base checkpoint), the tokenizer files
+// and prompt_style.yaml; --merge (LoRA) also writes a merged plain lit_model.pth that
+// //tools:generate loads. Final statistics are key=value lines on stdout.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/config.h"
+#include "core/model/checkpoint.h"
+#include "core/prompt_style.h"
+#include "core/tokenizer.h"
+#include "core/torch_pickle_writer.h"
+#include "tools/finetune_model.h"
+#include "tools/sft_data.h"
+#include "tools/sft_trainer.h"
+#include "tools/tool_util.h"
+
+ABSL_FLAG(std::string, method, "lora", "lora, adapter, adapter_v2 or full");
+ABSL_FLAG(std::string, checkpoint_dir, "", "base LitGPT checkpoint; empty: the default model");
+ABSL_FLAG(std::string, data, "", "Alpaca-style JSON: a list of {instruction, input, output}");
+ABSL_FLAG(std::string, out_dir, "", "output directory");
+ABSL_FLAG(std::string, prompt_style, "alpaca", "LitGPT prompt style of the training prompts");
+ABSL_FLAG(int64_t, lora_r, 8, "LoRA rank");
+ABSL_FLAG(double, lora_alpha, 16, "LoRA alpha (scaling = alpha / r)");
+ABSL_FLAG(double, lora_dropout, 0.05, "LoRA dropout");
+ABSL_FLAG(bool, lora_query, true, "LoRA on the query projection");
+ABSL_FLAG(bool, lora_key, false, "LoRA on the key projection");
+ABSL_FLAG(bool, lora_value, true, "LoRA on the value projection");
+ABSL_FLAG(bool, lora_projection, false, "LoRA on the attention output projection");
+ABSL_FLAG(bool, lora_mlp, false, "LoRA on the MLP linears");
+ABSL_FLAG(bool, lora_head, false, "LoRA on the language-model head");
+ABSL_FLAG(int64_t, adapter_prompt_length, 10, "adapter prefix length");
+ABSL_FLAG(int64_t, adapter_start_layer, 2, "first layer with an adapter prefix");
+ABSL_FLAG(int64_t, epochs, 1, "passes over the training data (when --max_steps is 0)");
+ABSL_FLAG(int64_t, max_steps, 0, "optimizer steps; 0: --epochs passes");
+ABSL_FLAG(int64_t, micro_batch_size, 1, "examples per forward pass");
+ABSL_FLAG(int64_t, global_batch_size, 16, "examples per optimizer step (accumulation)");
+ABSL_FLAG(double, lr, 3e-4, "peak learning rate");
+ABSL_FLAG(double, min_lr, 6e-5, "final learning rate of the cosine decay");
+ABSL_FLAG(int64_t, warmup_steps, 10, "linear warm-up steps");
+ABSL_FLAG(double, weight_decay, 0.02, "AdamW weight decay (matrices only)");
+ABSL_FLAG(double, grad_clip, 1.0, "gradient norm clip; 0 disables");
+ABSL_FLAG(int64_t, max_seq_length, 0, "truncate examples to this many tokens; 0: block_size");
+ABSL_FLAG(double, val_split_fraction, 0.05, "share of the examples held out for validation");
+ABSL_FLAG(int64_t, eval_interval, 50, "optimizer steps between validation runs");
+ABSL_FLAG(int64_t, eval_iters, 100, "micro-batches per validation run");
+ABSL_FLAG(int64_t, log_interval, 10, "optimizer steps between progress lines");
+ABSL_FLAG(uint64_t, seed, 1337, "random seed (split, order, initialisation, dropout)");
+ABSL_FLAG(bool, merge, false, "also write a merged plain lit_model.pth (lora, full)");
+ABSL_FLAG(int64_t, threads, 0, "intra-op threads; 0: all cores");
+
+namespace lgpt {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kDefaultModelDir[] = "tools/default_model";
+
+void WriteText(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+  if (!out) Die(absl::InternalError(absl::StrCat("cannot write ", path)));
+}
+
+std::string HyperparametersYaml(const std::string& base_dir, const Config& config,
+                                FinetuneMethod method) {
+  // LitGPT's merge_lora reads checkpoint_dir, precision and the lora_* keys from here.
+  std::string yaml =
+      absl::StrCat("checkpoint_dir: ", fs::absolute(base_dir).string(), "\n",
+                   "method: ", FinetuneMethodName(method), "\n", "precision: 32-true\n");
+  if (method == FinetuneMethod::kLora) {
+    absl::StrAppend(&yaml, "lora_r: ", config.lora_r, "\nlora_alpha: ", config.lora_alpha,
+                    "\nlora_dropout: ", config.lora_dropout,
+                    "\nlora_query: ", config.lora_query ? "true" : "false",
+                    "\nlora_key: ", config.lora_key ? "true" : "false",
+                    "\nlora_value: ", config.lora_value ? "true" : "false",
+                    "\nlora_projection: ", config.lora_projection ? "true" : "false",
+                    "\nlora_mlp: ", config.lora_mlp ? "true" : "false",
+                    "\nlora_head: ", config.lora_head ? "true" : "false", "\n");
+  }
+  absl::StrAppend(&yaml, "data: ", fs::absolute(ResolvePath(absl::GetFlag(FLAGS_data))).string(),
+                  "\nprompt_style: ", absl::GetFlag(FLAGS_prompt_style),
+                  "\nmax_steps: ", absl::GetFlag(FLAGS_max_steps),
+                  "\nepochs: ", absl::GetFlag(FLAGS_epochs),
+                  "\nmicro_batch_size: ", absl::GetFlag(FLAGS_micro_batch_size),
+                  "\nglobal_batch_size: ", absl::GetFlag(FLAGS_global_batch_size),
+                  "\nlr: ", absl::GetFlag(FLAGS_lr), "\nmin_lr: ", absl::GetFlag(FLAGS_min_lr),
+                  "\nwarmup_steps: ", absl::GetFlag(FLAGS_warmup_steps),
+                  "\nweight_decay: ", absl::GetFlag(FLAGS_weight_decay),
+                  "\nseed: ", absl::GetFlag(FLAGS_seed), "\n");
+  return yaml;
+}
+
+}  // namespace
+}  // namespace lgpt
+
+int main(int argc, char** argv) {
+  using namespace lgpt;
+  InitTool(argc, argv,
+           "finetune --method=lora|adapter|adapter_v2|full --checkpoint_dir=DIR "
+           "--data=FILE.json --out_dir=DIR [--max_steps=N] [--merge]");
+  if (absl::GetFlag(FLAGS_threads) > 0) at::set_num_threads(absl::GetFlag(FLAGS_threads));
+  const FinetuneMethod method = ValueOrDie(ParseFinetuneMethod(absl::GetFlag(FLAGS_method)));
+  std::string checkpoint_dir = ResolvePath(absl::GetFlag(FLAGS_checkpoint_dir));
+  if (checkpoint_dir.empty()) checkpoint_dir = kDefaultModelDir;
+  const std::string data_path = ResolvePath(absl::GetFlag(FLAGS_data));
+  const std::string out_dir = ResolvePath(absl::GetFlag(FLAGS_out_dir));
+  if (data_path.empty()) Die(absl::InvalidArgumentError("--data is required"));
+  if (out_dir.empty()) Die(absl::InvalidArgumentError("--out_dir is required"));
+  const double val_fraction = absl::GetFlag(FLAGS_val_split_fraction);
+  if (!(val_fraction >= 0 && val_fraction < 1)) {
+    Die(absl::InvalidArgumentError("--val_split_fraction must be in [0, 1)"));
+  }
+  if (absl::GetFlag(FLAGS_merge) && method != FinetuneMethod::kLora &&
+      method != FinetuneMethod::kFull) {
+    Die(absl::InvalidArgumentError(absl::StrCat("--merge: ", FinetuneMethodName(method),
+                                                " cannot be merged into a base checkpoint")));
+  }
+  const PromptStyle style = ValueOrDie(PromptStyleFromName(absl::GetFlag(FLAGS_prompt_style)));
+
+  // The base model's config with the method's fields.
+  Config config = ValueOrDie(LoadConfigFile(checkpoint_dir + "/model_config.yaml"));
+  if (method == FinetuneMethod::kLora) {
+    config.lora_r = absl::GetFlag(FLAGS_lora_r);
+    config.lora_alpha = absl::GetFlag(FLAGS_lora_alpha);
+    config.lora_dropout = absl::GetFlag(FLAGS_lora_dropout);
+    config.lora_query = absl::GetFlag(FLAGS_lora_query);
+    config.lora_key = absl::GetFlag(FLAGS_lora_key);
+    config.lora_value = absl::GetFlag(FLAGS_lora_value);
+    config.lora_projection = absl::GetFlag(FLAGS_lora_projection);
+    config.lora_mlp = absl::GetFlag(FLAGS_lora_mlp);
+    config.lora_head = absl::GetFlag(FLAGS_lora_head);
+  } else if (method == FinetuneMethod::kAdapter || method == FinetuneMethod::kAdapterV2) {
+    config.adapter_prompt_length = absl::GetFlag(FLAGS_adapter_prompt_length);
+    config.adapter_start_layer = absl::GetFlag(FLAGS_adapter_start_layer);
+  }
+  DieIfError(config.Finalize());
+  int64_t max_seq_length = absl::GetFlag(FLAGS_max_seq_length);
+  if (max_seq_length == 0) max_seq_length = config.block_size;
+  if (max_seq_length < 2 || max_seq_length > config.block_size) {
+    Die(absl::InvalidArgumentError(absl::StrCat("--max_seq_length must be in [2, block_size ",
+                                                config.block_size, "], got ", max_seq_length)));
+  }
+
+  // Data: split, then tokenized as LitGPT's SFTDataset does.
+  std::unique_ptr<Tokenizer> tokenizer = ValueOrDie(Tokenizer::Load(checkpoint_dir));
+  if (!tokenizer->eos_id()) {
+    Die(absl::FailedPreconditionError("the tokenizer has no EOS token to end responses with"));
+  }
+  std::vector<InstructionRecord> records = ValueOrDie(LoadAlpacaJson(data_path));
+  std::mt19937_64 split_rng(absl::GetFlag(FLAGS_seed));
+  std::shuffle(records.begin(), records.end(), split_rng);
+  int64_t val_count = static_cast<int64_t>(records.size() * val_fraction);
+  if (val_fraction > 0) val_count = std::max<int64_t>(val_count, 1);
+  if (val_count >= static_cast<int64_t>(records.size())) {
+    Die(absl::InvalidArgumentError(absl::StrCat(
+        data_path, ": ", records.size(), " examples leave none for training after the split")));
+  }
+  const std::vector<InstructionRecord> val_records(records.begin(), records.begin() + val_count);
+  const std::vector<InstructionRecord> train_records(records.begin() + val_count, records.end());
+  SftOptions sft;
+  sft.max_seq_length = max_seq_length;
+  SftStats train_stats, val_stats;
+  const std::vector<SftExample> train = ValueOrDie(
+      TokenizeSft(train_records, style, TokenizerEncoder(*tokenizer), sft, &train_stats));
+  std::vector<SftExample> val;
+  if (!val_records.empty()) {
+    val =
+        ValueOrDie(TokenizeSft(val_records, style, TokenizerEncoder(*tokenizer), sft, &val_stats));
+  }
+  int64_t longest = 0;
+  for (const SftExample& e : train) longest = std::max<int64_t>(longest, e.input_ids.size());
+  std::fprintf(stderr,
+               "%zu training and %zu validation examples (prompt style %s); longest %lld tokens; "
+               "%lld truncated, %lld dropped (prompt alone >= %lld tokens)\n",
+               train.size(), val.size(), style.name().c_str(), static_cast<long long>(longest),
+               static_cast<long long>(train_stats.truncated + val_stats.truncated),
+               static_cast<long long>(train_stats.dropped + val_stats.dropped),
+               static_cast<long long>(max_seq_length));
+
+  // Model: the method's architecture, base weights, only the method's parameters trainable.
+  at::manual_seed(absl::GetFlag(FLAGS_seed));
+  GPT model = ValueOrDie(CreateFinetuneModel(config, method));
+  {
+    std::string base_source;
+    const TensorMap base = ValueOrDie(ReadCheckpointTensors(checkpoint_dir, &base_source));
+    DieIfError(LoadBaseWeights(*model, base, base_source));
+  }  // the base tensors are copied into the model: free them
+  MarkTrainable(*model, method);
+  int64_t total_parameters = 0;
+  for (const auto& p : model->parameters()) total_parameters += p.numel();
+
+  SftTrainOptions options;
+  options.micro_batch_size = absl::GetFlag(FLAGS_micro_batch_size);
+  options.global_batch_size = absl::GetFlag(FLAGS_global_batch_size);
+  options.max_steps = absl::GetFlag(FLAGS_max_steps);
+  options.epochs = absl::GetFlag(FLAGS_epochs);
+  options.lr = absl::GetFlag(FLAGS_lr);
+  options.min_lr = absl::GetFlag(FLAGS_min_lr);
+  options.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
+  options.weight_decay = absl::GetFlag(FLAGS_weight_decay);
+  options.grad_clip = absl::GetFlag(FLAGS_grad_clip);
+  options.eval_interval = absl::GetFlag(FLAGS_eval_interval);
+  options.eval_max_batches = absl::GetFlag(FLAGS_eval_iters);
+  options.log_interval = absl::GetFlag(FLAGS_log_interval);
+  options.seed = absl::GetFlag(FLAGS_seed);
+  options.log = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
+  const SftTrainStats stats = ValueOrDie(TrainSft(*model, train, val, options));
+
+  // Output: LitGPT's layout.
+  std::error_code error;
+  fs::create_directories(out_dir, error);
+  if (error)
+    Die(absl::InternalError(absl::StrCat("cannot create ", out_dir, ": ", error.message())));
+  const std::string trained_path = out_dir + "/" + TrainedFileName(method);
+  DieIfError(WriteTorchStateDict(trained_path, TrainedStateDict(*model, method)));
+  WriteText(out_dir + "/model_config.yaml", ConfigToYaml(config));
+  WriteText(out_dir + "/hyperparameters.yaml", HyperparametersYaml(checkpoint_dir, config, method));
+  WriteText(out_dir + "/prompt_style.yaml", style.ToYaml());
+  for (const char* name : {"tokenizer.model", "tokenizer.json", "tokenizer_config.json",
+                           "generation_config.json", "special_tokens_map.json"}) {
+    const fs::path from = fs::path(checkpoint_dir) / name;
+    if (fs::exists(from)) {
+      fs::copy_file(from, fs::path(out_dir) / name, fs::copy_options::overwrite_existing, error);
+      if (error) Die(absl::InternalError(absl::StrCat("cannot copy ", from.string())));
+    }
+  }
+  if (absl::GetFlag(FLAGS_merge) && method == FinetuneMethod::kLora) {
+    DieIfError(WriteTorchStateDict(out_dir + "/lit_model.pth",
+                                   ValueOrDie(MergedStateDict(*model, method))));
+  }
+  std::fprintf(stderr, "saved %s\n", trained_path.c_str());
+
+  std::printf("method=%s threads=%d\n", std::string(FinetuneMethodName(method)).c_str(),
+              at::get_num_threads());
+  std::printf("trainable_parameters=%lld total_parameters=%lld\n",
+              static_cast<long long>(stats.trainable_parameters),
+              static_cast<long long>(total_parameters));
+  std::printf("steps=%lld train_examples=%zu val_examples=%zu\n",
+              static_cast<long long>(stats.steps), train.size(), val.size());
+  std::printf("first_train_loss=%.4f last_train_loss=%.4f\n", stats.first_loss, stats.last_loss);
+  if (!stats.val_losses.empty()) {
+    std::printf("initial_val_loss=%.4f final_val_loss=%.4f\n", stats.val_losses.front().second,
+                stats.val_losses.back().second);
+  }
+  std::printf("mean_step_time_s=%.4f tokens_per_s=%.1f\n", stats.mean_step_s, stats.tokens_per_s);
+  std::printf("peak_rss_bytes=%lld\n", static_cast<long long>(PeakRssBytes()));
+  return 0;
+}

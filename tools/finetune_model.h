@@ -1,0 +1,63 @@
+// The model side of fine-tuning: which parameters each method (LoRA, LLaMA-Adapter,
+// Adapter v2, full) trains, building the model on a base checkpoint, and LitGPT's file
+// layout for the result (lit_model.pth.lora / .adapter / .adapter_v2 with LitGPT's names,
+// model_config.yaml with the PEFT fields, hyperparameters.yaml naming the base).
+#ifndef LGPT_TOOLS_FINETUNE_MODEL_H_
+#define LGPT_TOOLS_FINETUNE_MODEL_H_
+
+#include <c10/core/ScalarType.h>
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "core/config.h"
+#include "core/model/checkpoint.h"
+#include "core/model/gpt.h"
+#include "core/tensor_map.h"
+
+namespace lgpt {
+
+enum class FinetuneMethod { kLora, kAdapter, kAdapterV2, kFull };
+
+// "lora", "adapter", "adapter_v2", "full"; InvalidArgument naming them otherwise.
+absl::StatusOr<FinetuneMethod> ParseFinetuneMethod(absl::string_view name);
+absl::string_view FinetuneMethodName(FinetuneMethod method);
+// lit_model.pth.lora, lit_model.pth.adapter, lit_model.pth.adapter_v2; lit_model.pth (full).
+std::string TrainedFileName(FinetuneMethod method);
+
+// LitGPT's lora_filter / adapter_filter / adapter_v2's adapter_filter; every name for full.
+bool IsTrainedParameter(FinetuneMethod method, absl::string_view name);
+
+// A model of the method's architecture for `config` (its lora_* / adapter_* fields).
+absl::StatusOr<GPT> CreateFinetuneModel(const Config& config, FinetuneMethod method);
+
+// Copies base-checkpoint tensors (plain LitGPT names) into the model, mapping x.weight to
+// x.linear.weight where the method wraps linears. Every parameter the method does not add
+// must be present; tensors the model lacks are errors.
+absl::Status LoadBaseWeights(GPTImpl& model, const TensorMap& base, const std::string& source);
+
+// requires_grad only on the method's parameters.
+void MarkTrainable(GPTImpl& model, FinetuneMethod method);
+
+// What the method saves: its parameters under LitGPT's names, detached, on the CPU.
+TensorMap TrainedStateDict(GPTImpl& model, FinetuneMethod method);
+
+// A plain base-model state dict: LoRA merged in, or the full model. Unimplemented for the
+// adapters (their prefix has no place in the base model).
+absl::StatusOr<TensorMap> MergedStateDict(GPTImpl& model, FinetuneMethod method);
+
+// Loads a fine-tuned directory: model_config.yaml (with the PEFT fields), the base weights of
+// `base_dir` (empty: hyperparameters.yaml's checkpoint_dir) and the trained file on top.
+// The model is in eval mode.
+absl::StatusOr<LoadedModel> LoadFinetuned(const std::string& dir, FinetuneMethod method,
+                                          std::string base_dir = "",
+                                          c10::ScalarType dtype = c10::kFloat);
+
+// hyperparameters.yaml's checkpoint_dir (LitGPT writes it for merge_lora).
+absl::StatusOr<std::string> BaseDirFromHyperparameters(const std::string& dir);
+
+}  // namespace lgpt
+
+#endif  // LGPT_TOOLS_FINETUNE_MODEL_H_

@@ -1,0 +1,362 @@
+// Fine-tuning on tiny random models: the loss falls, only the method's parameters change,
+// the saved file reloads on top of the base to the same logits, merged LoRA equals
+// unmerged, prompt tokens carry no loss; and the tools fail cleanly on bad input.
+#include <ATen/ATen.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/strip.h"
+#include "core/config_presets.h"
+#include "core/model/checkpoint.h"
+#include "core/prompt_style.h"
+#include "core/safetensors.h"
+#include "core/torch_pickle_writer.h"
+#include "gtest/gtest.h"
+#include "tests/test_models.h"
+#include "tools/finetune_model.h"
+#include "tools/sft_data.h"
+#include "tools/sft_trainer.h"
+
+namespace lgpt {
+namespace {
+
+std::string TempDir(const std::string& name) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  const std::string dir = absl::StrCat(base ? base : "/tmp", "/", name);
+  std::system(absl::StrCat("mkdir -p ", dir).c_str());
+  return dir;
+}
+
+void WriteText(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+// Characters to ids 3..92 of the tiny models' 96-token vocabulary; BOS 1, EOS 2.
+SftEncoder CharEncoder() {
+  return [](absl::string_view text, bool response) -> absl::StatusOr<std::vector<int64_t>> {
+    std::vector<int64_t> ids;
+    if (!response) ids.push_back(1);
+    for (unsigned char c : text) ids.push_back(3 + c % 90);
+    if (response) ids.push_back(2);
+    return ids;
+  };
+}
+
+std::vector<InstructionRecord> TinyRecords() {
+  return {{"Say hi.", "", "hi"}, {"Say yo.", "", "yo"}, {"Echo", "abc", "abc"},
+          {"Echo", "xy", "xy"},  {"Count", "", "123"},  {"Name", "", "Eve"}};
+}
+
+Config TinyConfig() {
+  Config config = ShrinkConfig(*PresetFromName("Llama-3.2-1B")).value();
+  config.n_layer = 2;
+  config.lora_r = 4;
+  config.lora_alpha = 8;
+  config.lora_query = config.lora_value = config.lora_mlp = true;
+  config.adapter_prompt_length = 4;
+  config.adapter_start_layer = 0;
+  EXPECT_TRUE(config.Finalize().ok());
+  return config;
+}
+
+TensorMap Clone(const TensorMap& tensors) {
+  TensorMap out;
+  for (const auto& [name, t] : tensors) out[name] = t.detach().clone();
+  return out;
+}
+
+at::Tensor Logits(GPTImpl& model, const at::Tensor& tokens) {
+  at::NoGradGuard no_grad;
+  return model.Forward(tokens).value();
+}
+
+double MaxDiff(const at::Tensor& a, const at::Tensor& b) {
+  return (a - b).abs().max().item<double>();
+}
+
+struct Trained {
+  Config config;
+  TensorMap base;  // plain base-model names
+  GPT model;
+  SftTrainStats stats;
+};
+
+Trained Train(FinetuneMethod method, int64_t steps = 30) {
+  Trained out;
+  out.config = TinyConfig();
+  GPT base = *GPTImpl::Create(out.config);
+  RandomizeWeights(*base, 7);
+  out.base = Clone(StateDict(*base));
+  at::manual_seed(11);
+  out.model = *CreateFinetuneModel(out.config, method);
+  EXPECT_TRUE(LoadBaseWeights(*out.model, out.base, "base").ok());
+  MarkTrainable(*out.model, method);
+  const std::vector<SftExample> examples =
+      *TokenizeSft(TinyRecords(), *PromptStyleFromName("phi-2"), CharEncoder(), {64, true});
+  SftTrainOptions options;
+  options.micro_batch_size = 2;
+  options.global_batch_size = 4;
+  options.max_steps = steps;
+  options.lr = 2e-2;
+  options.min_lr = 2e-3;
+  options.warmup_steps = 2;
+  options.eval_interval = steps;
+  absl::StatusOr<SftTrainStats> stats = TrainSft(*out.model, examples, examples, options);
+  EXPECT_TRUE(stats.ok()) << stats.status();
+  if (stats.ok()) out.stats = *stats;
+  return out;
+}
+
+class FinetuneMethodTest : public ::testing::TestWithParam<FinetuneMethod> {};
+
+TEST_P(FinetuneMethodTest, LossFallsAndOnlyTheMethodsParametersChange) {
+  const FinetuneMethod method = GetParam();
+  Trained t = Train(method);
+  ASSERT_EQ(t.stats.val_losses.size(), 2u);
+  // The adapter has few parameters (prefix and gates) and learns slowest.
+  const double margin = method == FinetuneMethod::kAdapter ? 0.05 : 0.3;
+  EXPECT_LT(t.stats.val_losses.back().second, t.stats.val_losses.front().second - margin)
+      << FinetuneMethodName(method) << ": " << t.stats.val_losses.front().second << " -> "
+      << t.stats.val_losses.back().second;
+  int changed = 0;
+  for (const auto& item : t.model->named_parameters()) {
+    const std::string& name = item.key();
+    const bool trained = IsTrainedParameter(method, name);
+    EXPECT_EQ(item.value().requires_grad(), trained) << name;
+    if (!trained) {
+      EXPECT_FALSE(item.value().grad().defined()) << name;
+      const at::Tensor& before = t.base.at(absl::StrReplaceAll(name, {{".linear.", "."}}));
+      EXPECT_TRUE(at::equal(item.value(), before)) << name << " changed";
+    } else if (t.base.count(name) == 0 || !at::equal(item.value(), t.base.at(name))) {
+      ++changed;
+    }
+  }
+  EXPECT_GT(changed, 0);
+}
+
+TEST_P(FinetuneMethodTest, SavedFileLoadsOnTopOfTheBaseToTheSameLogits) {
+  const FinetuneMethod method = GetParam();
+  Trained t = Train(method, 5);
+  const std::string base_dir = TempDir(absl::StrCat("base_", FinetuneMethodName(method)));
+  const std::string out_dir = TempDir(absl::StrCat("out_", FinetuneMethodName(method)));
+  ASSERT_TRUE(WriteSafetensors(base_dir + "/model.safetensors", t.base).ok());
+  WriteText(base_dir + "/model_config.yaml", ConfigToYaml(t.config));
+  const TensorMap trained = TrainedStateDict(*t.model, method);
+  for (const auto& [name, tensor] : trained) EXPECT_TRUE(IsTrainedParameter(method, name)) << name;
+  ASSERT_TRUE(WriteTorchStateDict(out_dir + "/" + TrainedFileName(method), trained).ok());
+  WriteText(out_dir + "/model_config.yaml", ConfigToYaml(t.config));
+  WriteText(out_dir + "/hyperparameters.yaml", absl::StrCat("checkpoint_dir: ", base_dir, "\n"));
+  absl::StatusOr<LoadedModel> loaded = LoadFinetuned(out_dir, method);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  at::manual_seed(3);
+  const at::Tensor tokens = at::randint(0, t.config.vocab_size, {2, 12}, at::kLong);
+  EXPECT_EQ(MaxDiff(Logits(*loaded->model, tokens), Logits(*t.model, tokens)), 0.0);
+  // A file of another method's parameters is refused.
+  if (method == FinetuneMethod::kLora) {
+    EXPECT_FALSE(LoadFinetuned(out_dir, FinetuneMethod::kAdapter, base_dir).ok());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Methods, FinetuneMethodTest,
+                         ::testing::Values(FinetuneMethod::kLora, FinetuneMethod::kAdapter,
+                                           FinetuneMethod::kAdapterV2, FinetuneMethod::kFull),
+                         [](const auto& info) {
+                           return std::string(FinetuneMethodName(info.param));
+                         });
+
+TEST(FinetuneTest, MergedLoraEqualsUnmerged) {
+  Trained t = Train(FinetuneMethod::kLora, 5);
+  GPT plain = *GPTImpl::Create(t.config);
+  ASSERT_TRUE(
+      LoadStateDict(*plain, *MergedStateDict(*t.model, FinetuneMethod::kLora), "merged").ok());
+  at::manual_seed(4);
+  const at::Tensor tokens = at::randint(0, t.config.vocab_size, {1, 16}, at::kLong);
+  EXPECT_LT(MaxDiff(Logits(*plain, tokens), Logits(*t.model, tokens)), 1e-5);
+  EXPECT_EQ(MergedStateDict(*t.model, FinetuneMethod::kAdapter).status().code(),
+            absl::StatusCode::kUnimplemented);
+}
+
+TEST(SftDataTest, PromptTokensCarryNoLoss) {
+  const PromptStyle style = *PromptStyleFromName("alpaca");
+  std::vector<SftExample> examples =
+      *TokenizeSft({{"Echo", "ab", "ab"}, {"Say hi.", "", "hi"}}, style, CharEncoder(), {});
+  const SftExample& e = examples[0];
+  const int64_t prompt = static_cast<int64_t>(style.Apply("Echo", "ab").size()) + 1;  // + BOS
+  ASSERT_EQ(e.prompt_tokens, prompt);
+  ASSERT_EQ(e.input_ids.size(), static_cast<size_t>(prompt + 3));  // "ab" + EOS
+  for (int64_t t = 0; t < prompt; ++t) EXPECT_EQ(e.labels[t], kIgnoreIndex);
+  for (size_t t = prompt; t < e.input_ids.size(); ++t) EXPECT_EQ(e.labels[t], e.input_ids[t]);
+
+  // In a padded batch, only logits that predict response tokens get a gradient: logits at
+  // prompt positions (but the last) and at padding can change without changing the loss.
+  const SftBatch batch = CollateSft({&examples[0], &examples[1]}, /*pad_id=*/0);
+  EXPECT_EQ(batch.target_tokens, 3 + 3);
+  at::manual_seed(5);
+  at::Tensor logits = at::randn({2, batch.input_ids.size(1), 96}).set_requires_grad(true);
+  at::Tensor loss = SftLoss(logits, batch.labels);
+  loss.backward();
+  const at::Tensor touched = logits.grad().abs().sum(-1) > 0;  // [B, T]
+  for (int64_t b = 0; b < 2; ++b) {
+    const SftExample& x = examples[b];
+    for (int64_t t = 0; t < batch.input_ids.size(1); ++t) {
+      const bool predicts_response =
+          t >= x.prompt_tokens - 1 && t < static_cast<int64_t>(x.input_ids.size()) - 1;
+      EXPECT_EQ(touched[b][t].item<bool>(), predicts_response) << b << "," << t;
+    }
+  }
+  // Changing prompt-position logits leaves the loss as it was.
+  at::Tensor edited = logits.detach().clone();
+  edited[0].narrow(0, 0, prompt - 1).normal_();
+  EXPECT_EQ(SftLoss(edited, batch.labels).item<double>(), loss.item<double>());
+  // Without the mask the prompt counts and the loss differs.
+  SftOptions unmasked;
+  unmasked.mask_prompt = false;
+  EXPECT_EQ(TokenizeSft({{"Echo", "ab", "ab"}}, style, CharEncoder(), unmasked)->at(0).labels,
+            e.input_ids);
+}
+
+TEST(SftDataTest, LongExamplesAreTruncatedOrDropped) {
+  const PromptStyle style = *PromptStyleFromName("default");
+  SftStats stats;
+  std::vector<SftExample> examples =
+      *TokenizeSft({{"abc", "", "0123456789"}, {"a long long prompt", "", "x"}, {"ab", "", "c"}},
+                   style, CharEncoder(), {8, true}, &stats);
+  EXPECT_EQ(stats.truncated, 1);
+  EXPECT_EQ(stats.dropped, 1);
+  ASSERT_EQ(examples.size(), 2u);
+  EXPECT_EQ(examples[0].input_ids.size(), 8u);
+  absl::StatusOr<std::vector<SftExample>> none =
+      TokenizeSft({{"a long long prompt", "", "x"}}, style, CharEncoder(), {8, true});
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(none.status().message().find("max_seq_length"), std::string::npos);
+}
+
+TEST(SftDataTest, AlpacaJsonErrors) {
+  EXPECT_EQ(ParseAlpacaJson("[{\"instruction\": \"a\", \"output\": \"b\"}]", "f")->size(), 1u);
+  for (const char* bad : {"[{\"instruction\": ", "{}", "[]", "[1]", "[{\"instruction\": \"a\"}]",
+                          "[{\"instruction\": \"a\", \"output\": 3}]"}) {
+    absl::StatusOr<std::vector<InstructionRecord>> records = ParseAlpacaJson(bad, "f.json");
+    EXPECT_EQ(records.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_TRUE(absl::StartsWith(records.status().message(), "f.json")) << bad;
+  }
+  EXPECT_EQ(LoadAlpacaJson("/nonexistent.json").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ParseFinetuneMethod("qlora").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The tools as a user runs them.
+struct ToolRun {
+  int status = -1;
+  std::string out, err;
+};
+
+ToolRun Execute(const std::string& tool, const std::string& args) {
+  const std::string out = TempDir("run") + "/stdout.txt", err = TempDir("run") + "/stderr.txt";
+  ToolRun run;
+  const int raw =
+      std::system(absl::StrCat("tools/", tool, " ", args, " >", out, " 2>", err).c_str());
+  run.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+  run.out = ReadAll(out);
+  run.err = ReadAll(err);
+  return run;
+}
+
+void ExpectCleanFailure(const ToolRun& run, const std::string& needle) {
+  EXPECT_EQ(run.status, 1) << run.err;
+  const std::string err(absl::StripTrailingAsciiWhitespace(run.err));
+  EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 0) << "more than one line:\n" << err;
+  EXPECT_NE(err.find("error"), std::string::npos) << err;
+  EXPECT_NE(err.find(needle), std::string::npos) << "expected '" << needle << "' in: " << err;
+}
+
+TEST(FinetuneToolTest, BadInputsFailWithOneLine) {
+  const std::string dir = TempDir("tool_bad");
+  WriteText(dir + "/bad.json", "[{\"instruction\": \"a\",");
+  WriteText(dir + "/good.json",
+            "[{\"instruction\": \"a\", \"output\": \"b\"}, "
+            "{\"instruction\": \"c\", \"output\": \"d\"}]");
+  const std::string out = " --out_dir=" + dir + "/out";
+  ExpectCleanFailure(Execute("finetune", "--method=qlora --data=" + dir + "/good.json" + out),
+                     "unknown fine-tuning method 'qlora'");
+  ExpectCleanFailure(Execute("finetune", "--data=" + dir + "/missing.json" + out), "missing.json");
+  ExpectCleanFailure(Execute("finetune", "--data=" + dir + "/bad.json" + out), "malformed JSON");
+  ExpectCleanFailure(
+      Execute("finetune", "--data=" + dir + "/good.json" + out + " --prompt_style=nope"),
+      "unknown prompt style 'nope'");
+  ExpectCleanFailure(
+      Execute("finetune", "--data=" + dir + "/good.json" + out + " --max_seq_length=4"),
+      "max_seq_length");
+  ExpectCleanFailure(
+      Execute("finetune", "--data=" + dir + "/good.json" + out + " --method=adapter --merge"),
+      "--merge");
+  ExpectCleanFailure(Execute("merge_lora", "--checkpoint_dir=" + dir + " --out_dir=" + dir + "/m"),
+                     "lit_model.pth.lora");
+}
+
+TEST(FinetuneToolTest, LoraOnTheDefaultModelThenMergeThenGenerate) {
+  const std::string dir = TempDir("tool_e2e");
+  WriteText(dir + "/data.json",
+            "[{\"instruction\": \"Quote Genesis 1:3.\", \"input\": \"\", \"output\": \"And God "
+            "said, Let there be light: and there was light.\"},"
+            " {\"instruction\": \"Which book?\", \"input\": \"In the beginning\", \"output\": "
+            "\"Genesis\"},"
+            " {\"instruction\": \"Which book?\", \"input\": \"The LORD is my shepherd\", "
+            "\"output\": \"Psalms\"}]");
+  const ToolRun tuned = Execute(
+      "finetune", absl::StrCat("--method=lora --data=", dir, "/data.json --out_dir=", dir,
+                               "/lora --max_steps=3 --global_batch_size=2 --micro_batch_size=1 "
+                               "--val_split_fraction=0.3 --lr=1e-2 --warmup_steps=1 --merge "
+                               "--lora_head"));
+  ASSERT_EQ(tuned.status, 0) << tuned.err;
+  EXPECT_NE(tuned.out.find("peak_rss_bytes="), std::string::npos) << tuned.out;
+  for (const char* file : {"lit_model.pth.lora", "lit_model.pth", "model_config.yaml",
+                           "hyperparameters.yaml", "prompt_style.yaml", "tokenizer.model"}) {
+    EXPECT_FALSE(ReadAll(absl::StrCat(dir, "/lora/", file)).empty()) << file;
+  }
+  EXPECT_EQ(ReadAll(dir + "/lora/prompt_style.yaml"), "class_path: litgpt.prompts.Alpaca\n");
+  EXPECT_NE(ReadAll(dir + "/lora/model_config.yaml").find("lora_r: 8"), std::string::npos);
+
+  // merge_lora (base from hyperparameters.yaml) writes the same merged weights.
+  const ToolRun merged = Execute(
+      "merge_lora", absl::StrCat("--checkpoint_dir=", dir, "/lora --out_dir=", dir, "/merged"));
+  ASSERT_EQ(merged.status, 0) << merged.err;
+  absl::StatusOr<TensorMap> a = ReadCheckpointTensors(dir + "/lora");
+  absl::StatusOr<TensorMap> b = ReadCheckpointTensors(dir + "/merged");
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_EQ(a->size(), b->size());
+  for (const auto& [name, tensor] : *a) EXPECT_TRUE(at::equal(tensor, b->at(name))) << name;
+
+  // The merged checkpoint loads as a plain model with the unmerged LoRA model's logits.
+  absl::StatusOr<LoadedModel> unmerged = LoadFinetuned(dir + "/lora", FinetuneMethod::kLora);
+  absl::StatusOr<LoadedModel> plain = LoadCheckpoint(dir + "/merged");
+  ASSERT_TRUE(unmerged.ok()) << unmerged.status();
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  const at::Tensor tokens = at::arange(1, 40, at::kLong).unsqueeze(0);
+  // Logits here are O(10): float32 rounding of W + B·A leaves ~1e-6 relative.
+  const at::Tensor expected = Logits(*unmerged->model, tokens);
+  EXPECT_LT(MaxDiff(Logits(*plain->model, tokens), expected),
+            1e-6 * expected.abs().max().item<double>() + 1e-5);
+
+  const ToolRun generated =
+      Execute("generate", absl::StrCat("--checkpoint_dir=", dir,
+                                       "/merged --prompt_ids=1,2,3 --max_new_tokens=4 "
+                                       "--temperature=0 --print_ids"));
+  EXPECT_EQ(generated.status, 0) << generated.err;
+}
+
+}  // namespace
+}  // namespace lgpt

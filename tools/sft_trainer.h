@@ -1,0 +1,60 @@
+// The supervised fine-tuning loop: AdamW over the parameters that require grad only,
+// gradient accumulation up to the global batch, linear warm-up plus cosine decay, gradient
+// clipping, periodic validation, and progress lines.
+#ifndef LGPT_TOOLS_SFT_TRAINER_H_
+#define LGPT_TOOLS_SFT_TRAINER_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/model/gpt.h"
+#include "tools/sft_data.h"
+
+namespace lgpt {
+
+struct SftTrainOptions {
+  int64_t micro_batch_size = 1;
+  int64_t global_batch_size = 16;  // a multiple of micro_batch_size
+  int64_t max_steps = 0;           // optimizer steps; 0: `epochs` passes over the data
+  int64_t epochs = 1;
+  double lr = 3e-4;
+  double min_lr = 0;
+  int64_t warmup_steps = 100;
+  double weight_decay = 0.02;
+  double grad_clip = 1.0;          // 0: off
+  int64_t eval_interval = 100;     // optimizer steps between validation runs
+  int64_t eval_max_batches = 100;  // micro-batches per validation run
+  int64_t log_interval = 1;        // optimizer steps between progress lines
+  int64_t pad_id = 0;
+  uint64_t seed = 1337;
+  std::function<void(const std::string&)> log;  // progress lines; null: quiet
+};
+
+struct SftTrainStats {
+  int64_t steps = 0;
+  int64_t trainable_parameters = 0;
+  int64_t target_tokens = 0;             // response tokens trained on
+  int64_t tokens = 0;                    // all tokens fed, padding included
+  double first_loss = 0, last_loss = 0;  // train loss of the first and last step
+  double mean_step_s = 0;
+  double tokens_per_s = 0;
+  // (step, validation loss), step 0 first (before training).
+  std::vector<std::pair<int64_t, double>> val_losses;
+};
+
+// Mean validation loss over up to `max_batches` micro-batches (in order, no dropout).
+double SftValidationLoss(GPTImpl& model, const std::vector<SftExample>& examples,
+                         int64_t micro_batch_size, int64_t pad_id, int64_t max_batches);
+
+// Trains in place. InvalidArgument for bad options or no trainable parameters.
+absl::StatusOr<SftTrainStats> TrainSft(GPTImpl& model, const std::vector<SftExample>& train,
+                                       const std::vector<SftExample>& val,
+                                       const SftTrainOptions& options);
+
+}  // namespace lgpt
+
+#endif  // LGPT_TOOLS_SFT_TRAINER_H_

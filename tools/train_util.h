@@ -1,0 +1,28 @@
+// Training pieces shared by pretrain and finetune: the learning-rate schedule and AdamW
+// with weight decay on matrices only.
+#ifndef LGPT_TOOLS_TRAIN_UTIL_H_
+#define LGPT_TOOLS_TRAIN_UTIL_H_
+
+#include <ATen/core/Tensor.h>
+#include <torch/optim/adamw.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace lgpt {
+
+// Linear warm-up over `warmup` steps, then cosine decay from lr to min_lr at max_steps.
+double LearningRate(int64_t step, int64_t max_steps, int64_t warmup, double lr, double min_lr);
+
+// AdamW (betas 0.9, 0.95) over `parameters`: weight decay on tensors of two or more
+// dimensions, none on norms and biases.
+std::unique_ptr<torch::optim::AdamW> MakeAdamW(const std::vector<at::Tensor>& parameters, double lr,
+                                               double weight_decay);
+
+// Sets every parameter group's learning rate.
+void SetLearningRate(torch::optim::AdamW& optimizer, double lr);
+
+}  // namespace lgpt
+
+#endif  // LGPT_TOOLS_TRAIN_UTIL_H_
