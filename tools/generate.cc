@@ -34,6 +34,7 @@ ABSL_FLAG(int64_t, prefill_chunk, 0, "prefill the prompt in chunks of this many 
 ABSL_FLAG(std::string, stop_ids, "", "comma-separated token ids that end generation");
 ABSL_FLAG(std::vector<std::string>, stop, {},
           "comma-separated stop sequences: text that ends generation (not printed)");
+ABSL_FLAG(bool, stop_at_eos, true, "end generation at the tokenizer's EOS token");
 ABSL_FLAG(bool, print_ids, false, "print the generated ids as the last line of stdout");
 ABSL_FLAG(std::string, precision, "32-true", "32-true, bf16-true or 16-true");
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda[:N]");
@@ -66,6 +67,7 @@ int main(int argc, char** argv) {
   options.seed = absl::GetFlag(FLAGS_seed);
   options.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
   options.stop_sequences = absl::GetFlag(FLAGS_stop);
+  options.stop_at_eos = absl::GetFlag(FLAGS_stop_at_eos);
   if (!absl::GetFlag(FLAGS_stop_ids).empty()) {
     options.stop_tokens = ValueOrDie(ParseIds(absl::GetFlag(FLAGS_stop_ids), "stop_ids"));
   }

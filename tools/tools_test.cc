@@ -127,6 +127,67 @@ TEST(GenerateTest, DefaultModelStreamsTextThatContinuesThePrompt) {
             text);
 }
 
+int64_t StatOf(const std::string& out, const std::string& key) {
+  const size_t at = out.find(key + "=");
+  if (at == std::string::npos) return -1;
+  return std::atoll(out.c_str() + at + key.size() + 1);
+}
+
+TEST(GenerateTest, BudgetedCacheBytesStayFlatWhileDenseGrows) {
+  const std::string args =
+      "--prompt='And God said' --temperature=0 --stop_at_eos=false --max_new_tokens=";
+  auto bytes = [&](const std::string& more) {
+    const ToolRun run = Execute("generate", args + more);
+    EXPECT_EQ(run.status, 0) << run.err;
+    return StatOf(run.out, "kv_cache_bytes");
+  };
+  const int64_t dense_short = bytes("40"), dense_long = bytes("240");
+  const int64_t sink_short = bytes("40 --kv_cache=sink --kv_budget=32");
+  const int64_t sink_long = bytes("240 --kv_cache=sink --kv_budget=32");
+  const int64_t sink8_long = bytes("240 --kv_cache=sink --kv_budget=32 --kv_bits=8");
+  EXPECT_GT(dense_long, dense_short);
+  EXPECT_EQ(sink_long, sink_short);  // the budget was reached within the first 40 tokens
+  EXPECT_LT(sink_long, dense_long / 2);
+  EXPECT_LT(sink8_long, sink_long);
+  const ToolRun sink = Execute("generate", args + "8 --kv_cache=sink --kv_budget=32");
+  EXPECT_NE(sink.out.find("kv_cache=\"sink budget=32"), std::string::npos) << sink.out;
+  ExpectCleanFailure(Execute("generate", args + "8 --kv_cache=lru"), "lru");
+  ExpectCleanFailure(Execute("generate", args + "8 --kv_cache=sink --kv_budget=0"), "budget");
+  ExpectCleanFailure(Execute("generate", args + "8 --kv_bits=3"), "bits");
+}
+
+TEST(ChatTest, KeepsTheCacheAcrossTurnsAndSaysWhenTheContextIsFull) {
+  const std::string input = TempDir() + "/chat_input.txt";
+  std::ofstream(input) << "And God said\nAnd Moses said\n/reset\nAnd Jesus said\n";
+  const ToolRun run = Execute(
+      "chat", "--temperature=0 --max_new_tokens=12 --prompt_style=default < " + input);
+  ASSERT_EQ(run.status, 0) << run.err;
+  // Turn 2 prefills only its own tokens although the context already held turn 1.
+  const size_t turn2 = run.err.find("[turn 2: prefilled ");
+  ASSERT_NE(turn2, std::string::npos) << run.err;
+  const int64_t prefilled = std::atoll(run.err.c_str() + turn2 + 19);
+  const size_t had = run.err.find("(context had ", turn2);
+  ASSERT_NE(had, std::string::npos) << run.err;
+  const int64_t context = std::atoll(run.err.c_str() + had + 13);
+  EXPECT_GT(context, 12);
+  EXPECT_GT(prefilled, 0);
+  EXPECT_LT(prefilled, context);
+  EXPECT_NE(run.err.find("(conversation reset)"), std::string::npos) << run.err;
+  EXPECT_NE(run.err.find("[turn 1: prefilled", run.err.find("(conversation reset)")),
+            std::string::npos)
+      << run.err;
+
+  // Long replies fill the 256-token context: the tool says so and goes on.
+  {
+    std::ofstream lines(input);
+    for (int i = 0; i < 30; ++i) lines << "And the LORD said\n";
+  }
+  const ToolRun full = Execute(
+      "chat", "--temperature=0 --max_new_tokens=100 --prompt_style=default < " + input);
+  ASSERT_EQ(full.status, 0) << full.err;
+  EXPECT_NE(full.err.find("context full"), std::string::npos) << full.err;
+}
+
 TEST(ToolErrorsTest, BadInputIsOneLineAndStatusOne) {
   const std::string ok_dir = absl::StrCat("--checkpoint_dir=", kGolden);
   ExpectCleanFailure(Execute("generate", "--checkpoint_dir=/nonexistent --prompt_ids=1"),

@@ -1,0 +1,159 @@
+// Interactive multi-turn chat with a LitGPT checkpoint (the embedded default model when
+// --checkpoint_dir is not given):
+//   bazel run //tools:chat -- --checkpoint_dir=DIR [--system="..."] [--kv_cache=sink ...]
+// Reads one user message per line from stdin; /reset starts over, /quit (or end of input)
+// ends. The KV cache lives across turns, so each turn prefills only its own tokens (LitGPT
+// re-prefills the whole conversation). When the context is full, the tool says so and the
+// conversation can be reset.
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <ATen/Parallel.h>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "core/device.h"
+#include "core/prompt_style.h"
+#include "lgpt.h"
+#include "tools/tool_util.h"
+
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "LitGPT checkpoint directory; empty: the embedded default model");
+ABSL_FLAG(std::string, prompt_style, "",
+          "prompt style name (alpaca, llama3, chatml, ...); empty: the checkpoint's own");
+ABSL_FLAG(std::string, system, "", "system prompt (styles that have one)");
+ABSL_FLAG(int64_t, max_new_tokens, 200, "most tokens per reply");
+ABSL_FLAG(double, temperature, 0.8, "sampling temperature; 0 is greedy");
+ABSL_FLAG(int64_t, top_k, 50, "sample from the k most likely tokens; 0 means all");
+ABSL_FLAG(double, top_p, 1.0, "nucleus sampling mass in [0, 1]");
+ABSL_FLAG(uint64_t, seed, 1234, "random seed");
+ABSL_FLAG(std::string, precision, "32-true", "32-true, bf16-true or 16-true");
+ABSL_FLAG(std::string, device, "cpu", "cpu or cuda[:N]");
+ABSL_FLAG(std::string, kv_cache, "dense", "KV cache policy: dense, window, sink, h2o or tova");
+ABSL_FLAG(int64_t, kv_budget, 0, "entries kept per layer (and row, group); not for dense");
+ABSL_FLAG(int, kv_bits, 16, "bits per cached key/value: 16, 8 or 4");
+ABSL_FLAG(bool, stats, true, "print statistics after each reply (on stderr)");
+
+constexpr char kDefaultModelDir[] = "tools/default_model";
+
+int main(int argc, char** argv) {
+  using namespace lgpt;
+  InitTool(argc, argv, "chat [--checkpoint_dir=DIR] [--system=TEXT] [--prompt_style=NAME]");
+  std::string checkpoint_dir = ResolvePath(absl::GetFlag(FLAGS_checkpoint_dir));
+  if (checkpoint_dir.empty()) checkpoint_dir = kDefaultModelDir;
+
+  RequestOptions options;
+  options.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
+  options.sampling.temperature = absl::GetFlag(FLAGS_temperature);
+  options.sampling.top_k = absl::GetFlag(FLAGS_top_k);
+  options.sampling.top_p = absl::GetFlag(FLAGS_top_p);
+  options.seed = absl::GetFlag(FLAGS_seed);
+  if (options.max_new_tokens < 1) {
+    Die(absl::InvalidArgumentError(
+        absl::StrCat("--max_new_tokens must be >= 1, got ", options.max_new_tokens)));
+  }
+  DieIfError(ValidateSampling(options.sampling));
+  KVCacheSpec kv_cache;
+  kv_cache.policy = absl::GetFlag(FLAGS_kv_cache);
+  kv_cache.budget = absl::GetFlag(FLAGS_kv_budget);
+  kv_cache.bits = absl::GetFlag(FLAGS_kv_bits);
+  DieIfError(ValidateKVCacheSpec(kv_cache));
+
+  EngineOptions load;
+  load.dtype = ValueOrDie(ParsePrecision(absl::GetFlag(FLAGS_precision)));
+  load.device = ValueOrDie(ParseDevice(absl::GetFlag(FLAGS_device)));
+  load.progress = PrintProgress;
+  std::shared_ptr<const Engine> engine = ValueOrDie(Engine::Load(checkpoint_dir, load));
+  const Tokenizer* tokenizer = engine->tokenizer();
+  if (!tokenizer) {
+    Die(absl::NotFoundError(absl::StrCat(checkpoint_dir, " has no tokenizer: chat needs one")));
+  }
+  const PromptStyle style =
+      absl::GetFlag(FLAGS_prompt_style).empty()
+          ? ValueOrDie(PromptStyleForCheckpoint(checkpoint_dir, engine->config()))
+          : ValueOrDie(PromptStyleFromName(absl::GetFlag(FLAGS_prompt_style)));
+  options.stop_token_sequences = style.StopTokenIds(
+      tokenizer->eos_id(), [&](absl::string_view token) -> std::optional<int64_t> {
+        absl::StatusOr<int64_t> id = tokenizer->TokenToId(token);
+        return id.ok() ? std::optional<int64_t>(*id) : std::nullopt;
+      });
+  // A chat layout's next turn opens by closing the assistant's turn itself.
+  options.keep_stop_token = !style.SupportsChat();
+  options.on_text = [](absl::string_view text) {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
+    return true;
+  };
+  std::unique_ptr<Session> session = ValueOrDie(engine->NewSession(kv_cache));
+
+  const bool interactive = isatty(STDIN_FILENO);
+  std::fprintf(stderr, "chat: %s, prompt style %s, %s, context %lld tokens. /reset, /quit\n",
+               engine->config().name.c_str(), style.name().c_str(),
+               DescribeKVCacheSpec(kv_cache).c_str(),
+               static_cast<long long>(engine->config().block_size));
+  std::string line;
+  int64_t turn = 0;
+  while (true) {
+    if (interactive) std::fprintf(stderr, ">> ");
+    if (!std::getline(std::cin, line)) break;
+    const std::string message(absl::StripAsciiWhitespace(line));
+    if (message.empty()) continue;
+    if (message == "/quit" || message == "/exit") break;
+    if (message == "/reset") {
+      session->Reset();
+      turn = 0;
+      std::fprintf(stderr, "(conversation reset)\n");
+      continue;
+    }
+    std::string text;
+    if (turn == 0) {
+      text = style.SupportsChat()
+                 ? ValueOrDie(style.ApplyChat(
+                       absl::GetFlag(FLAGS_system).empty()
+                           ? std::vector<ChatMessage>{{"user", message}}
+                           : std::vector<ChatMessage>{{"system", absl::GetFlag(FLAGS_system)},
+                                                      {"user", message}}))
+                 : style.Apply(message, "", absl::GetFlag(FLAGS_system));
+    } else {
+      // Only the new turn: the cache already holds everything before it.
+      text = style.SupportsChat() ? ValueOrDie(style.ContinueChat(message))
+                                  : absl::StrCat("\n\n", style.Apply(message));
+    }
+    const int64_t before = session->context_tokens();
+    absl::StatusOr<Completion> reply = session->Send(text, options);
+    if (!reply.ok()) {
+      // The conversation goes on: a full context is reported, not fatal.
+      std::fprintf(stderr, "chat: %s\n", std::string(reply.status().message()).c_str());
+      if (absl::IsOutOfRange(reply.status())) {
+        std::fprintf(stderr, "(context full: /reset to start a new conversation)\n");
+      }
+      continue;
+    }
+    std::printf("\n");
+    std::fflush(stdout);
+    ++turn;
+    if (reply->finish_reason == FinishReason::kContextFull) {
+      std::fprintf(stderr, "(context full: %lld of %lld tokens used; /reset to start over)\n",
+                   static_cast<long long>(session->context_tokens()),
+                   static_cast<long long>(engine->config().block_size));
+    }
+    if (absl::GetFlag(FLAGS_stats)) {
+      const GenerateStats& s = reply->stats;
+      std::fprintf(stderr,
+                   "[turn %lld: prefilled %lld tokens (context had %lld) in %.3f s, %lld new "
+                   "tokens at %.1f tok/s, finish=%s, kv_cache_bytes=%lld]\n",
+                   static_cast<long long>(turn), static_cast<long long>(s.prompt_tokens),
+                   static_cast<long long>(before), s.prefill_s,
+                   static_cast<long long>(s.new_tokens),
+                   s.decode_s > 0 ? (s.new_tokens - 1) / s.decode_s : 0.0,
+                   FinishReasonName(reply->finish_reason),
+                   static_cast<long long>(session->kv_cache_bytes()));
+    }
+  }
+  return 0;
+}
