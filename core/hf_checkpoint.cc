@@ -799,7 +799,9 @@ absl::StatusOr<TensorMap> LitToHf(const Config& config, const TensorMap& lit,
   return hf;
 }
 
-absl::StatusOr<Config> ConfigFromHfDir(const std::string& hf_dir, const std::string& model_name) {
+absl::StatusOr<Config> ConfigFromHfDir(const std::string& hf_dir, const std::string& model_name,
+                                       const std::string& model_config) {
+  if (!model_config.empty()) return LoadConfigFile(model_config);
   const std::string path = hf_dir + "/config.json";
   if (!IsFile(path)) {
     return absl::NotFoundError(
@@ -1080,7 +1082,8 @@ int64_t DataBytes(const TensorMap& tensors) {
 absl::StatusOr<ConvertResult> ConvertHfImpl(const std::string& hf_dir, const std::string& out_dir,
                                             const ConvertOptions& options) {
   Progress(options, "reading config.json");
-  ASSIGN_OR_RETURN(Config config, ConfigFromHfDir(hf_dir, options.model_name));
+  ASSIGN_OR_RETURN(Config config,
+                   ConfigFromHfDir(hf_dir, options.model_name, options.model_config));
   Progress(options, absl::StrCat("reading weights as ", config.name));
   std::vector<std::string> files;
   ASSIGN_OR_RETURN(TensorMap hf, ReadHfTensors(hf_dir, &files));

@@ -87,7 +87,10 @@ absl::StatusOr<TensorMap> LitToHf(const Config& config, const TensorMap& lit,
 // block size where smaller) then override the preset's, so fine-tunes and shrunken variants convert
 // too. Errors: NotFound for a missing config.json; InvalidArgument for malformed JSON or sizes;
 // Unimplemented for an architecture no preset family has, or no matching preset.
-absl::StatusOr<Config> ConfigFromHfDir(const std::string& hf_dir, const std::string& model_name);
+// With `model_config` (a LitGPT model_config.yaml, for models that are no preset), that config
+// is used as it is.
+absl::StatusOr<Config> ConfigFromHfDir(const std::string& hf_dir, const std::string& model_name,
+                                       const std::string& model_config = "");
 
 // config.json text for `config` (as Transformers' config of its family would hold it).
 std::string HfConfigJson(const Config& config, HfFamily family, bool tie_word_embeddings,
@@ -105,6 +108,8 @@ absl::StatusOr<TensorMap> ReadHfTensors(const std::string& hf_dir,
 struct ConvertOptions {
   // HF -> LitGPT: the preset to use instead of config.json's name.
   std::string model_name;
+  // HF -> LitGPT: a model_config.yaml to use instead of a preset.
+  std::string model_config;
   // Converts floating-point weights to this dtype (default: keep the checkpoint's).
   std::optional<c10::ScalarType> dtype;
   // HF -> LitGPT: also write model.safetensors next to lit_model.pth.
