@@ -8,6 +8,7 @@
 #include <array>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <exception>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -310,6 +311,19 @@ absl::StatusOr<std::vector<std::string>> CopyTokenizerFiles(const std::string& f
     copied.push_back(name);
   }
   return copied;
+}
+
+// WriteSafetensors under another name, renamed into place: a source file that is being read
+// through a mapping (converting in place) is never truncated under it.
+absl::Status WriteSafetensorsFile(const std::string& path, const TensorMap& tensors) {
+  const std::string partial = path + ".partial";
+  RETURN_IF_ERROR(WriteSafetensors(partial, tensors));
+  if (std::rename(partial.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    std::remove(partial.c_str());
+    return absl::ErrnoToStatus(err, absl::StrCat(path, ": cannot rename ", partial, " to it"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<TensorMap> ReadWeightsFile(const std::string& path) {
@@ -1092,6 +1106,13 @@ absl::StatusOr<ConvertResult> ConvertHfImpl(const std::string& hf_dir, const std
   hf.clear();  // The lit map holds what it needs.
   lit = ConvertDtype(std::move(lit), options.dtype);
   RETURN_IF_ERROR(MakeDirectory(out_dir));
+  if (options.write_safetensors && SamePath(hf_dir, out_dir) &&
+      IsFile(out_dir + "/model.safetensors")) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(out_dir,
+                     ": writing model.safetensors would replace the Hugging Face weights; choose "
+                     "another --out_dir or leave out --safetensors"));
+  }
   ConvertResult result;
   result.config = config;
   result.tensors = static_cast<int64_t>(lit.size());
@@ -1102,7 +1123,7 @@ absl::StatusOr<ConvertResult> ConvertHfImpl(const std::string& hf_dir, const std
   RETURN_IF_ERROR(WriteTorchStateDict(out_dir + "/lit_model.pth", lit));
   result.written.push_back("lit_model.pth");
   if (options.write_safetensors) {
-    RETURN_IF_ERROR(WriteSafetensors(out_dir + "/model.safetensors", lit));
+    RETURN_IF_ERROR(WriteSafetensorsFile(out_dir + "/model.safetensors", lit));
     result.written.push_back("model.safetensors");
   }
   ASSIGN_OR_RETURN(std::vector<std::string> copied, CopyTokenizerFiles(hf_dir, out_dir));
@@ -1115,6 +1136,12 @@ absl::StatusOr<ConvertResult> ConvertLitImpl(const std::string& checkpoint_dir,
                                              const ConvertOptions& options) {
   if (!IsDirectory(checkpoint_dir)) {
     return absl::NotFoundError(absl::StrCat(checkpoint_dir, ": no such directory"));
+  }
+  if (SamePath(checkpoint_dir, out_dir)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(out_dir,
+                     ": the Hugging Face files would overwrite the LitGPT checkpoint's own; choose "
+                     "another output directory"));
   }
   ASSIGN_OR_RETURN(const Config config, LoadConfigFile(checkpoint_dir + "/model_config.yaml"));
   ASSIGN_OR_RETURN(const HfFamily family, HfFamilyOf(config));
@@ -1142,7 +1169,7 @@ absl::StatusOr<ConvertResult> ConvertLitImpl(const std::string& checkpoint_dir,
   result.written.push_back("config.json");
   if (options.max_shard_bytes <= 0 || result.bytes <= options.max_shard_bytes) {
     Progress(options, absl::StrCat("writing ", hf.size(), " tensors to model.safetensors"));
-    RETURN_IF_ERROR(WriteSafetensors(out_dir + "/model.safetensors", hf));
+    RETURN_IF_ERROR(WriteSafetensorsFile(out_dir + "/model.safetensors", hf));
     result.written.push_back("model.safetensors");
   } else {
     std::vector<TensorMap> shards(1);
@@ -1161,7 +1188,7 @@ absl::StatusOr<ConvertResult> ConvertLitImpl(const std::string& checkpoint_dir,
       char file[64];
       std::snprintf(file, sizeof(file), "model-%05zu-of-%05zu.safetensors", i + 1, shards.size());
       Progress(options, absl::StrCat("writing ", file));
-      RETURN_IF_ERROR(WriteSafetensors(absl::StrCat(out_dir, "/", file), shards[i]));
+      RETURN_IF_ERROR(WriteSafetensorsFile(absl::StrCat(out_dir, "/", file), shards[i]));
       for (const auto& [name, tensor] : shards[i]) weight_map[name] = file;
       shards[i].clear();
       result.written.push_back(file);

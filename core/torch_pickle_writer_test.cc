@@ -263,6 +263,7 @@ TEST(WriteTorchStateDictTest, Rejects) {
     EXPECT_NE(status.message().find(detail), std::string::npos) << status;
     struct stat st;
     EXPECT_NE(stat(where.c_str(), &st), 0) << "nothing is left behind";
+    EXPECT_NE(stat((where + ".partial").c_str(), &st), 0) << "nothing is left behind";
   };
   expect({{"a", at::Tensor()}}, absl::StatusCode::kInvalidArgument, "'a' is undefined", path);
   expect({{"c", at::zeros({2}, at::kComplexFloat)}}, absl::StatusCode::kInvalidArgument, "dtype",
@@ -270,6 +271,22 @@ TEST(WriteTorchStateDictTest, Rejects) {
   expect({{"\xff", at::zeros({2})}}, absl::StatusCode::kInvalidArgument, "UTF-8", path);
   expect({{"a", at::zeros({2})}}, absl::StatusCode::kNotFound, "cannot open",
          TempPath("no_such_dir/x.pth"));
+}
+
+// The old file stays intact for readers that have it mapped: the new one is renamed over it.
+TEST(WriteTorchStateDictTest, OverwritingAMappedFileKeepsItsReadersWhole) {
+  const std::string path = TempPath("overwrite.pth");
+  const at::Tensor original = at::arange(0, 100000, at::kFloat);
+  ASSERT_TRUE(WriteTorchStateDict(path, {{"w", original}}).ok());
+  auto mapped = ReadTorchStateDict(path);
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  ASSERT_TRUE(WriteTorchStateDict(path, {{"w", at::zeros({10})}}).ok());
+  EXPECT_TRUE(at::equal(mapped->at("w"), original));  // Would fault or read zeros if truncated.
+  auto reread = ReadTorchStateDict(path);
+  ASSERT_TRUE(reread.ok()) << reread.status();
+  EXPECT_TRUE(at::equal(reread->at("w"), at::zeros({10})));
+  struct stat st;
+  EXPECT_NE(stat((path + ".partial").c_str(), &st), 0) << "no partial file is left";
 }
 
 TEST(WriteTorchStateDictTest, EmptyDictRoundTrips) {

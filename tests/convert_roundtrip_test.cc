@@ -517,6 +517,20 @@ TEST_F(HostileTest, IndexProblems) {
   ExpectError(Convert(dir), absl::StatusCode::kInvalidArgument, "weight_map");
 }
 
+// LitGPT converts in place by default; that works, but replacing the HF weights does not.
+TEST_F(HostileTest, InPlaceConversion) {
+  const std::string dir = Dir();
+  ASSERT_TRUE(ConvertHfCheckpoint(dir, dir).ok());
+  EXPECT_TRUE(Exists(dir + "/lit_model.pth"));
+  ConvertOptions options;
+  options.write_safetensors = true;
+  ExpectError(ConvertHfCheckpoint(dir, dir, options).status(),
+              absl::StatusCode::kFailedPrecondition, "replace the Hugging Face weights");
+  absl::StatusOr<TensorMap> lit = ReadTorchStateDict(dir + "/lit_model.pth");
+  ASSERT_TRUE(lit.ok()) << lit.status();
+  ExpectBitIdentical(*lit, fixture_->m.state);
+}
+
 TEST_F(HostileTest, NoWeights) {
   const std::string dir = Dir();
   ASSERT_EQ(std::remove((dir + "/model.safetensors").c_str()), 0);
@@ -540,6 +554,8 @@ TEST(ConvertLitErrorsTest, LoraWeightsAndMissingDirs) {
   ASSERT_TRUE(WriteTorchStateDict(dir + "/lit_model.pth", state).ok());
   ExpectError(ConvertLitCheckpoint(dir, NewDir("lora_out")).status(),
               absl::StatusCode::kFailedPrecondition, "merge them");
+  ExpectError(ConvertLitCheckpoint(dir, dir).status(), absl::StatusCode::kFailedPrecondition,
+              "another output directory");
   ExpectError(ConvertLitCheckpoint(dir + "/nope", NewDir("x")).status(),
               absl::StatusCode::kNotFound, "nope");
   state.erase("transformer.h.0.attn.qkv.lora_A");

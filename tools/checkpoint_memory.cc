@@ -7,7 +7,8 @@
 //     loads DIR with LoadCheckpoint (float32, CPU), or with --read_only only reads the tensors
 //     (ReadCheckpointTensors) and touches every byte, and prints
 //     "file_bytes=... baseline_rss=... peak_rss=... ratio=..." (ratio = peak / file size;
-//     baseline = peak RSS before loading).
+//     baseline = peak RSS before loading). --adopt measures a zero-copy load instead: the
+//     model's parameters become the memory-mapped tensors.
 #include <ATen/ATen.h>
 #include <sys/stat.h>
 
@@ -25,6 +26,9 @@
 
 ABSL_FLAG(std::string, checkpoint_dir, "", "checkpoint directory to load");
 ABSL_FLAG(bool, read_only, false, "only read the tensors (no model)");
+ABSL_FLAG(bool, adopt, false,
+          "build the model and make its parameters the mapped tensors (set_data) instead of "
+          "copying them, to measure what a zero-copy LoadCheckpoint would cost");
 ABSL_FLAG(std::string, write_preset, "", "write a random model of this preset");
 ABSL_FLAG(int64_t, n_layer, 0, "with --write_preset: number of layers (default: the preset's)");
 ABSL_FLAG(std::string, out_dir, "", "with --write_preset: where to write");
@@ -68,7 +72,7 @@ void WriteRandom(const std::string& preset, int64_t n_layer, const std::string& 
 int main(int argc, char** argv) {
   using namespace lgpt;
   InitTool(argc, argv,
-           "checkpoint_memory (--checkpoint_dir=DIR [--read_only] | --write_preset=NAME "
+           "checkpoint_memory (--checkpoint_dir=DIR [--read_only | --adopt] | --write_preset=NAME "
            "[--n_layer=N] --out_dir=DIR)");
   if (!absl::GetFlag(FLAGS_write_preset).empty()) {
     const std::string out_dir = ResolvePath(absl::GetFlag(FLAGS_out_dir));
@@ -85,11 +89,28 @@ int main(int argc, char** argv) {
   double checksum = 0;
   if (absl::GetFlag(FLAGS_read_only)) {
     const TensorMap tensors = ValueOrDie(ReadCheckpointTensors(dir));
-    for (const auto& [name, t] : tensors) checksum += t.to(at::kDouble).sum().item<double>();
+    for (const auto& [name, t] : tensors)
+      checksum += t.sum().item<double>();  // Touches every byte, allocates nothing big.
+  } else if (absl::GetFlag(FLAGS_adopt)) {
+    const Config config = ValueOrDie(LoadConfigFile(dir + "/model_config.yaml"));
+    GPT model = ValueOrDie(GPTImpl::Create(config));
+    {
+      const TensorMap tensors = ValueOrDie(ReadCheckpointTensors(dir));
+      at::NoGradGuard no_grad;
+      for (auto& [name, param] : StateDict(*model)) {
+        const auto it = tensors.find(name);
+        if (it == tensors.end() || !it->second.sizes().equals(param.sizes()) ||
+            it->second.scalar_type() != param.scalar_type()) {
+          Die(absl::InvalidArgumentError(absl::StrCat(name, " cannot be adopted")));
+        }
+        param.set_data(it->second);
+      }
+    }
+    for (const auto& [name, t] : StateDict(*model)) checksum += t.sum().item<double>();
   } else {
     LoadedModel loaded = ValueOrDie(LoadCheckpoint(dir));
     for (const auto& [name, t] : StateDict(*loaded.model)) {
-      checksum += t.to(at::kDouble).sum().item<double>();
+      checksum += t.sum().item<double>();  // Touches every byte, allocates nothing big.
     }
   }
   const int64_t peak = PeakRssBytes();
