@@ -347,8 +347,9 @@ absl::StatusOr<std::optional<int64_t>> GetInt(const json& j,
                                               const std::string& source) {
   const json* v = Find(j, keys);
   if (v == nullptr) return std::optional<int64_t>();
-  if (!v->is_number_integer() || v->get<int64_t>() < 0) {
-    return Invalid(source, absl::StrCat("'", *keys.begin(), "' must be a non-negative integer"));
+  // Sizes past 2^31 are hostile, not models (and would overflow shape arithmetic).
+  if (!v->is_number_integer() || v->get<int64_t>() < 0 || v->get<int64_t>() > (int64_t{1} << 31)) {
+    return Invalid(source, absl::StrCat("'", *keys.begin(), "' must be an integer from 0 to 2^31"));
   }
   return std::optional<int64_t>(v->get<int64_t>());
 }
@@ -613,6 +614,13 @@ std::map<std::string, Shape> ExpectedLitShapes(const Config& c) {
 
 absl::Status CheckLitTensors(const Config& config, const TensorMap& tensors,
                              const std::string& source) {
+  // The expected names are enumerated: bound the work a hostile config can ask for.
+  constexpr int64_t kMaxLayerTensors = 1 << 20;
+  if (config.n_layer < 0 || config.n_expert < 0 ||
+      config.n_layer * (config.n_expert + 2) > kMaxLayerTensors) {
+    return Invalid(source, absl::StrCat(config.n_layer, " layers of ", config.n_expert,
+                                        " experts are more than a checkpoint can hold"));
+  }
   const std::map<std::string, Shape> expected = ExpectedLitShapes(config);
   std::vector<std::string> missing, unexpected;
   for (const auto& [name, shape] : expected) {

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 
 #include <fstream>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -119,6 +120,46 @@ TEST(ConfigFromHfDirTest, EveryPresetSurvivesConfigJson) {
   EXPECT_EQ(converted + skipped, static_cast<int>(PresetNames().size()));
   EXPECT_GT(converted, 200);
   std::printf("%d presets converted, %d of families without a conversion\n", converted, skipped);
+}
+
+// Random byte edits of a config.json: every result is a config or a clean error, and a
+// config that comes back checks its tensors in bounded time.
+TEST(ConfigFromHfDirTest, MutatedConfigJsonNeverCrashes) {
+  absl::StatusOr<Config> preset = ConfigFromName("Mixtral-8x7B-v0.1");
+  ASSERT_TRUE(preset.ok());
+  const std::string original = HfConfigJson(*preset, HfFamily::kMixtral, false, at::kBFloat16);
+  std::mt19937 rng(77);
+  const std::string digits = "0123456789";
+  int ok = 0, failed = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    std::string text = original;
+    for (int edit = 0; edit < 1 + static_cast<int>(rng() % 3); ++edit) {
+      const size_t at = rng() % text.size();
+      switch (rng() % 3) {
+        case 0:
+          text[at] = digits[rng() % digits.size()];  // Sizes change, often hugely.
+          break;
+        case 1:
+          text[at] ^= static_cast<char>(1 << (rng() % 8));
+          break;
+        default:
+          text.erase(at, 1 + rng() % 8);
+      }
+    }
+    const std::string dir = DirWithConfig("mutated", text);
+    absl::StatusOr<Config> config = ConfigFromHfDir(dir, "");
+    if (!config.ok()) {
+      ++failed;
+      EXPECT_NE(config.status().message().find("config.json"), std::string::npos)
+          << config.status();
+      continue;
+    }
+    ++ok;
+    // No tensors: a clean "missing" (or "too many") error, never unbounded work.
+    EXPECT_FALSE(CheckLitTensors(*config, {}, "mutated").ok());
+  }
+  EXPECT_GT(ok, 0);
+  EXPECT_GT(failed, 0);
 }
 
 // GPT-NeoX/Falcon interleave [q heads of group g, k_g, v_g] per group.
