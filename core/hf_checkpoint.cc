@@ -395,7 +395,9 @@ std::optional<HfFamily> FamilyOfArchitecture(const std::string& arch) {
 }
 
 // Applies the sizes config.json gives to an unfinalised preset.
-absl::Status OverlayHfSizes(const json& j, const std::string& source, Config& c) {
+// `multimodal`: sizes come from a text_config, whose vocab_size counts image tokens too;
+// LitGPT keeps the text vocabulary (and slices the embedding to it).
+absl::Status OverlayHfSizes(const json& j, const std::string& source, bool multimodal, Config& c) {
   const Config preset = c;
   ASSIGN_OR_RETURN(auto n_layer, GetInt(j, {"num_hidden_layers", "n_layer", "num_layers"}, source));
   ASSIGN_OR_RETURN(auto n_embd, GetInt(j, {"hidden_size", "n_embd", "d_model"}, source));
@@ -438,8 +440,13 @@ absl::Status OverlayHfSizes(const json& j, const std::string& source, Config& c)
   if (n_expert && preset.n_expert > 0) c.n_expert = *n_expert;
   if (per_token && preset.n_expert > 0) c.n_expert_per_token = *per_token;
   if (vocab) {
-    c.padded_vocab_size = *vocab;
-    c.vocab_size = std::min(c.vocab_size, *vocab);
+    int64_t text_rows = *vocab;
+    if (multimodal) {
+      Config finalised = preset;  // padded_vocab_size is derived.
+      if (finalised.Finalize().ok()) text_rows = std::min(text_rows, finalised.PaddedVocabSize());
+    }
+    c.padded_vocab_size = text_rows;
+    c.vocab_size = std::min(c.vocab_size, *c.padded_vocab_size);
   }
   if (positions) c.block_size = std::min(c.block_size, *positions);
   if (window && preset.sliding_window_size) c.sliding_window_size = *window;
@@ -675,7 +682,9 @@ absl::StatusOr<TensorMap> HfToLit(const Config& config, const TensorMap& hf,
   for (const auto& [original, tensor] : hf) {
     std::string name = original;
     if (!text_prefix.empty()) {
-      if (!absl::StartsWith(name, text_prefix)) {
+      if (name == "language_model.lm_head.weight") {
+        name = "lm_head.weight";
+      } else if (!absl::StartsWith(name, text_prefix)) {
         if (absl::StrContains(name, "vision_tower") ||
             absl::StrContains(name, "multi_modal_projector")) {
           continue;
@@ -833,7 +842,8 @@ absl::StatusOr<Config> ConfigFromHfDir(const std::string& hf_dir, const std::str
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return Invalid(path, "not a JSON object");
   // Multimodal configs keep the text model's sizes in text_config.
-  if (j.contains("text_config") && j["text_config"].is_object()) {
+  const bool multimodal = j.contains("text_config") && j["text_config"].is_object();
+  if (multimodal) {
     json merged = j["text_config"];
     for (const char* key : {"architectures", "_name_or_path"}) {
       if (j.contains(key)) merged[key] = j[key];
@@ -910,7 +920,7 @@ absl::StatusOr<Config> ConfigFromHfDir(const std::string& hf_dir, const std::str
         path, absl::StrCat("architecture ", arch, " does not match the preset ", preset->name, " (",
                            HfArchitecture(*preset, *HfFamilyOf(*preset)), ")"));
   }
-  RETURN_IF_ERROR(OverlayHfSizes(j, path, *preset));
+  RETURN_IF_ERROR(OverlayHfSizes(j, path, multimodal, *preset));
   const absl::Status finalised = preset->Finalize();
   if (!finalised.ok()) {
     return Invalid(path, absl::StrCat("sizes do not make a valid ", preset->name,

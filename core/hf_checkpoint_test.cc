@@ -80,6 +80,24 @@ TEST(ConfigFromHfDirTest, PublishedConfigsMatchTheirPresets) {
   }
 }
 
+// Multimodal Gemma 3: sizes under text_config, whose vocab_size counts image tokens; LitGPT
+// keeps the text vocabulary.
+TEST(ConfigFromHfDirTest, MultimodalGemma3KeepsTheTextVocabulary) {
+  absl::StatusOr<Config> expected = ConfigFromName("Gemma-3-4b-it");
+  ASSERT_TRUE(expected.ok());
+  std::string text_config = HfConfigJson(*expected, HfFamily::kGemma3, true, at::kBFloat16);
+  const std::string rows = absl::StrCat("\"vocab_size\": ", expected->PaddedVocabSize());
+  ASSERT_NE(text_config.find(rows), std::string::npos);
+  text_config.replace(text_config.find(rows), rows.size(), "\"vocab_size\": 262208");
+  const std::string dir = DirWithConfig(
+      "gemma3_mm", absl::StrCat(R"({"architectures": ["Gemma3ForConditionalGeneration"],
+          "_name_or_path": "google/gemma-3-4b-it", "model_type": "gemma3", "text_config": )",
+                                text_config, "}"));
+  absl::StatusOr<Config> actual = ConfigFromHfDir(dir, "");
+  ASSERT_TRUE(actual.ok()) << actual.status();
+  ExpectSameConfig(*actual, *expected);
+}
+
 TEST(ConfigFromHfDirTest, SizesSelectAPresetWhenNoNameMatches) {
   const std::string dir = DirWithConfig("renamed_llama", R"({
       "_name_or_path": "/models/my-finetune", "architectures": ["LlamaForCausalLM"],

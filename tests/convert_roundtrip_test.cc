@@ -315,6 +315,56 @@ TEST(ConvertTest, HandBuiltPythiaDirectoryWithInterleavedQkv) {
   ExpectSameLogits(m, out);
 }
 
+// Gemma 3 4b+ checkpoints are multimodal: the text model under model.language_model., sizes
+// under text_config, image-token rows after the text vocabulary, vision weights to skip.
+TEST(ConvertTest, HandBuiltMultimodalGemma3Directory) {
+  const LitModel m = MakeModel("Gemma-3-4b-it", 24);
+  const std::string lit_dir = NewDir("gemma3_lit"), text_dir = NewDir("gemma3_text");
+  WriteLitDir(m, lit_dir);
+  ASSERT_TRUE(ConvertLitCheckpoint(lit_dir, text_dir).ok());
+  absl::StatusOr<TensorMap> text = ReadSafetensors(text_dir + "/model.safetensors");
+  ASSERT_TRUE(text.ok());
+  std::ifstream in(text_dir + "/config.json");
+  std::stringstream text_config;
+  text_config << in.rdbuf();
+  for (const char* prefix : {"model.language_model.", "language_model.model."}) {
+    SCOPED_TRACE(prefix);
+    TensorMap hf;
+    for (const auto& [name, t] : *text) {
+      ASSERT_TRUE(absl::StartsWith(name, "model.") || name == "lm_head.weight") << name;
+      const std::string renamed =
+          name == "lm_head.weight"
+              ? (std::string(prefix) == "language_model.model." ? "language_model.lm_head.weight"
+                                                                : name)
+              : prefix + name.substr(6);
+      hf[renamed] = name == "model.embed_tokens.weight"
+                        ? at::cat({t, at::randn({8, t.size(1)})})  // 8 image tokens.
+                        : t;
+    }
+    hf["model.vision_tower.vision_model.embeddings.patch_embedding.weight"] = at::randn({4, 3});
+    hf["model.multi_modal_projector.mm_input_projection_weight"] = at::randn({4, 4});
+    const std::string dir = NewDir("gemma3_mm"), out = NewDir("gemma3_mm_out");
+    std::string vocab_rows = text_config.str();
+    const std::string rows = absl::StrCat("\"vocab_size\": ", m.config.PaddedVocabSize());
+    ASSERT_NE(vocab_rows.find(rows), std::string::npos);
+    vocab_rows.replace(vocab_rows.find(rows), rows.size(),
+                       absl::StrCat("\"vocab_size\": ", m.config.PaddedVocabSize() + 8));
+    WriteFile(dir + "/config.json",
+              absl::StrCat("{\"architectures\": [\"Gemma3ForConditionalGeneration\"], "
+                           "\"_name_or_path\": \"google/gemma-3-4b-it\", \"text_config\": ",
+                           vocab_rows, "}"));
+    ASSERT_TRUE(WriteSafetensors(dir + "/model.safetensors", hf).ok());
+    // A shrunken model's text vocabulary is no preset's: the yaml gives it (the config side,
+    // text_config with the preset's vocabulary, is in core/hf_checkpoint_test.cc).
+    ConvertOptions options;
+    options.model_config = lit_dir + "/model_config.yaml";
+    absl::StatusOr<ConvertResult> result = ConvertHfCheckpoint(dir, out, options);
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->config.PaddedVocabSize(), m.config.PaddedVocabSize());
+    ExpectSameLogits(m, out);
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // Shards and pytorch_model.bin.
 
