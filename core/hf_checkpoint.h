@@ -73,22 +73,27 @@ absl::StatusOr<TensorMap> HfToLit(const Config& config, const TensorMap& hf,
                                   const std::string& source);
 
 // LitGPT state dict -> Hugging Face tensors (views where possible). lm_head.weight is left
-// out when it equals transformer.wte.weight bit for bit and the family supports tied
-// embeddings (`*tied` then says so). LoRA or adapter weights are errors (merge them first).
+// out when it equals transformer.wte.weight bit for bit (`*tied` then says so; config.json's
+// tie_word_embeddings), except for GPT-NeoX, which never ties, and heads with a bias. The
+// input is checked with CheckLitTensors first. LoRA weights are FailedPrecondition (merge
+// them first), adapter weights Unimplemented.
 absl::StatusOr<TensorMap> LitToHf(const Config& config, const TensorMap& lit,
                                   const std::string& source, bool* tied = nullptr);
 
-// The config of a Hugging Face checkpoint directory: the preset named `model_name` if given,
-// else the preset matching config.json's `_name_or_path` (as given, its last one or two path
-// components) or the directory's name, else the first preset (in config.py's order) whose
-// architecture, layers, width, heads and vocabulary rows match config.json. The sizes config.json
-// gives (layers, widths, heads, query groups, head size, MLP and expert sizes, vocabulary rows as
-// padded_vocab_size, norm epsilon, RoPE base and fraction, window, softcapping, attention scale;
-// block size where smaller) then override the preset's, so fine-tunes and shrunken variants convert
-// too. Errors: NotFound for a missing config.json; InvalidArgument for malformed JSON or sizes;
-// Unimplemented for an architecture no preset family has, or no matching preset.
-// With `model_config` (a LitGPT model_config.yaml, for models that are no preset), that config
-// is used as it is.
+// The config of a Hugging Face checkpoint directory. With `model_config` (a LitGPT
+// model_config.yaml, for models that are no preset) that config is used as it is. Otherwise
+// the preset is the one named `model_name` if given, else the one matching config.json's
+// `_name_or_path` (as given, or its last one or two path components) or the directory's name,
+// else the first preset (in config.py's order) whose architecture, layers, width, heads and
+// vocabulary rows match config.json. The sizes config.json gives then override the preset's
+// (layers, width, heads, query groups, head size, MLP and expert sizes, vocabulary rows as
+// padded_vocab_size, norm epsilon, RoPE base and fraction, window, softcapping, attention
+// scale; block size where smaller), so fine-tunes and shrunken variants convert too. A
+// multimodal config's text_config holds the sizes; its vocabulary (which counts image tokens)
+// is cut to the preset's, as LitGPT does.
+// Errors: NotFound for a missing config.json or an unknown `model_name`; InvalidArgument for
+// malformed JSON or sizes (negative, past 2^31, or not a valid config); Unimplemented for an
+// architecture no family has, or no matching preset (then --model_name or --model_config).
 absl::StatusOr<Config> ConfigFromHfDir(const std::string& hf_dir, const std::string& model_name,
                                        const std::string& model_config = "");
 
@@ -129,16 +134,21 @@ struct ConvertResult {
 };
 
 // Converts the Hugging Face checkpoint in `hf_dir` into a LitGPT checkpoint directory
-// `out_dir` (created if needed; may equal hf_dir): model_config.yaml, lit_model.pth (and
-// model.safetensors with write_safetensors), and copies of tokenizer.json, tokenizer.model,
-// tokenizer_config.json, generation_config.json and special_tokens_map.json where present.
+// `out_dir` (created if needed; may equal hf_dir, as LitGPT converts in place, but then
+// write_safetensors would replace the HF weights and is FailedPrecondition):
+// model_config.yaml, lit_model.pth (and model.safetensors with write_safetensors), and copies
+// of tokenizer.json, tokenizer.model, tokenizer_config.json, generation_config.json and
+// special_tokens_map.json where present. Weight files are written under a temporary name and
+// renamed into place. Memory: the sources are mapped, renamed tensors are views of them, so
+// beyond the mapped pages only fused q/k/v (and --dtype conversions) are allocated.
 absl::StatusOr<ConvertResult> ConvertHfCheckpoint(const std::string& hf_dir,
                                                   const std::string& out_dir,
                                                   const ConvertOptions& options = {});
 
 // Converts the LitGPT checkpoint in `checkpoint_dir` (model_config.yaml plus
-// model.safetensors or lit_model.pth) into a Hugging Face directory `out_dir`: config.json,
-// model.safetensors (or shards plus index), and copies of the tokenizer files.
+// model.safetensors or lit_model.pth) into a Hugging Face directory `out_dir` (not
+// checkpoint_dir itself: FailedPrecondition): config.json, model.safetensors (or shards plus
+// model.safetensors.index.json), and copies of the tokenizer files.
 absl::StatusOr<ConvertResult> ConvertLitCheckpoint(const std::string& checkpoint_dir,
                                                    const std::string& out_dir,
                                                    const ConvertOptions& options = {});
