@@ -391,7 +391,10 @@ absl::Status WriteImpl(const std::string& path, const TensorMap& tensors) {
   }
   const std::string pickle = BuildPickle(tensors);
 
-  std::FILE* file = std::fopen(path.c_str(), "wb");
+  // Written under another name and renamed into place, so a reader that has the old file
+  // mapped keeps seeing it whole, and `path` never holds a partial checkpoint.
+  const std::string partial = path + ".partial";
+  std::FILE* file = std::fopen(partial.c_str(), "wb");
   if (file == nullptr) {
     return absl::ErrnoToStatus(errno, absl::StrCat(path, ": cannot open for writing"));
   }
@@ -421,8 +424,12 @@ absl::Status WriteImpl(const std::string& path, const TensorMap& tensors) {
     if (ok) write_errno = errno;
     ok = false;
   }
+  if (ok && std::rename(partial.c_str(), path.c_str()) != 0) {
+    write_errno = errno;
+    ok = false;
+  }
   if (!ok) {
-    std::remove(path.c_str());
+    std::remove(partial.c_str());
     if (!copy_error.empty()) return absl::InternalError(absl::StrCat(path, ": ", copy_error));
     return absl::ErrnoToStatus(write_errno ? write_errno : EIO,
                                absl::StrCat(path, ": write failed"));
@@ -436,7 +443,6 @@ absl::Status WriteTorchStateDict(const std::string& path, const TensorMap& tenso
   try {
     return WriteImpl(path, tensors);
   } catch (const std::exception& e) {
-    std::remove(path.c_str());
     return absl::InternalError(absl::StrCat(path, ": writing the checkpoint failed: ", e.what()));
   }
 }

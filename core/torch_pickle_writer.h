@@ -26,9 +26,14 @@ namespace lgpt {
 // written as separate storages. requires_grad is written as False.
 //
 // Dtypes: float64, float32, float16, bfloat16, int64, int32, int16, int8, uint8, bool.
+// The file is written as `<path>.partial` and renamed to `path` when complete, so `path` never
+// holds a partial checkpoint and a reader that has the old file memory-mapped (as
+// ReadTorchStateDict and ReadSafetensors do) keeps its data: overwriting the file a model was
+// loaded from is safe.
+//
 // Errors: InvalidArgument naming the path and tensor for an undefined tensor, another dtype
-// or a key that is not valid UTF-8; errno-derived codes when the file cannot be created or
-// written (a partly written file is removed).
+// or a key that is not valid UTF-8; errno-derived codes when the file cannot be created,
+// written or renamed (the partial file is removed).
 absl::Status WriteTorchStateDict(const std::string& path, const TensorMap& tensors);
 
 }  // namespace lgpt
