@@ -46,6 +46,19 @@ class ProjectionImpl : public torch::nn::Module {
 };
 using ProjectionPtr = std::shared_ptr<ProjectionImpl>;
 
+// While one is alive (on this thread), new DenseProjections leave their weights
+// uninitialised: for building a model whose every weight is loaded right after.
+class SkipProjectionInit {
+ public:
+  SkipProjectionInit();
+  ~SkipProjectionInit();
+  SkipProjectionInit(const SkipProjectionInit&) = delete;
+  SkipProjectionInit& operator=(const SkipProjectionInit&) = delete;
+
+ private:
+  bool previous_;
+};
+
 // Plain affine projection, LitGPT's nn.Linear.
 class DenseProjectionImpl : public ProjectionImpl {
  public:

@@ -54,7 +54,7 @@ TensorMap StateDict(const torch::nn::Module& module) {
 }
 
 absl::Status LoadStateDict(torch::nn::Module& module, const TensorMap& tensors,
-                           const std::string& source, bool allow_missing) {
+                           const std::string& source, bool allow_missing, bool adopt_storage) {
   const TensorMap targets = StateDict(module);
   std::vector<std::string> missing, unexpected;
   for (const auto& [name, target] : targets) {
@@ -85,7 +85,12 @@ absl::Status LoadStateDict(torch::nn::Module& module, const TensorMap& tensors,
   at::NoGradGuard no_grad;
   for (const auto& [name, tensor] : tensors) {
     at::Tensor target = targets.at(name);
-    target.copy_(tensor);
+    if (adopt_storage && tensor.scalar_type() == target.scalar_type() &&
+        tensor.device() == target.device() && tensor.is_contiguous()) {
+      target.set_data(tensor);  // every holder of the parameter sees the new storage
+    } else {
+      target.copy_(tensor);
+    }
   }
   return absl::OkStatus();
 }
@@ -135,13 +140,19 @@ absl::StatusOr<LoadedModel> LoadCheckpointUnchecked(const std::string& checkpoin
   progress("reading model_config.yaml");
   ASSIGN_OR_RETURN(Config config, LoadConfigFile(checkpoint_dir + "/model_config.yaml"));
   progress(absl::StrCat("building ", config.name, " (", config.n_layer, " layers)"));
-  ASSIGN_OR_RETURN(GPT model, GPTImpl::Create(config, options.parts));
+  GPT model;
+  {
+    // Every weight is loaded next: random initialisation would only cost time and memory.
+    SkipProjectionInit skip_init;
+    ASSIGN_OR_RETURN(model, GPTImpl::Create(config, options.parts));
+  }
   std::string source;
   progress("reading weights");
   ASSIGN_OR_RETURN(TensorMap tensors, ReadCheckpointTensors(checkpoint_dir, &source));
   progress(absl::StrCat("loading ", tensors.size(), " tensors from ", source));
   model->To(options.device, options.dtype);
-  RETURN_IF_ERROR(LoadStateDict(*model, tensors, source));
+  RETURN_IF_ERROR(LoadStateDict(*model, tensors, source, /*allow_missing=*/false,
+                                /*adopt_storage=*/true));
   model->eval();
   return LoadedModel{model->config(), model};
 }

@@ -22,9 +22,13 @@ namespace lgpt {
 // Copies `tensors` into the module's parameters and buffers by name (with dtype
 // conversion). Missing or unexpected tensors and shape mismatches are errors naming the
 // tensor; `source` names the file in messages. With `allow_missing`, parameters absent
-// from `tensors` keep their values (used to load PEFT weights on top of a base).
+// from `tensors` keep their values (used to load PEFT weights on top of a base). With
+// `adopt_storage`, a contiguous tensor of the parameter's dtype and device becomes the
+// parameter's storage instead of being copied (a memory-mapped checkpoint then costs no
+// second copy; the mapping is private, so later in-place updates never reach the file).
 absl::Status LoadStateDict(torch::nn::Module& module, const TensorMap& tensors,
-                           const std::string& source, bool allow_missing = false);
+                           const std::string& source, bool allow_missing = false,
+                           bool adopt_storage = false);
 
 // The module's parameters and persistent buffers by LitGPT name.
 TensorMap StateDict(const torch::nn::Module& module);
