@@ -420,9 +420,12 @@ absl::Status WriteSafetensorsImpl(const std::string& path, const TensorMap& tens
   text.append((8 - text.size() % 8) % 8, ' ');
   const uint64_t header_len = text.size();
 
-  FILE* file = std::fopen(path.c_str(), "wb");
+  // Written under another name and renamed into place: a model whose parameters are mapped
+  // from `path` (LoadCheckpoint adopts mapped storage) must never see the file truncated.
+  const std::string partial = path + ".partial";
+  FILE* file = std::fopen(partial.c_str(), "wb");
   if (file == nullptr) {
-    return absl::ErrnoToStatus(errno, absl::StrCat(path, ": cannot open for writing"));
+    return absl::ErrnoToStatus(errno, absl::StrCat(partial, ": cannot open for writing"));
   }
   errno = 0;
   bool ok = std::fwrite(&header_len, 8, 1, file) == 1 &&
@@ -433,9 +436,10 @@ absl::Status WriteSafetensorsImpl(const std::string& path, const TensorMap& tens
     ok = nbytes == 0 || std::fwrite(data.data_ptr(), 1, nbytes, file) == nbytes;
   }
   ok = (std::fclose(file) == 0) && ok;
+  ok = ok && std::rename(partial.c_str(), path.c_str()) == 0;
   const int write_errno = errno;
   if (!ok) {
-    std::remove(path.c_str());
+    std::remove(partial.c_str());
     return absl::ErrnoToStatus(write_errno ? write_errno : EIO,
                                absl::StrCat(path, ": write failed"));
   }
