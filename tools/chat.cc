@@ -17,9 +17,9 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "core/device.h"
 #include "core/prompt_style.h"
 #include "lgpt.h"
+#include "tools/generation_flags.h"
 #include "tools/tool_util.h"
 
 ABSL_FLAG(std::string, checkpoint_dir, "",
@@ -28,15 +28,6 @@ ABSL_FLAG(std::string, prompt_style, "",
           "prompt style name (alpaca, llama3, chatml, ...); empty: the checkpoint's own");
 ABSL_FLAG(std::string, system, "", "system prompt (styles that have one)");
 ABSL_FLAG(int64_t, max_new_tokens, 200, "most tokens per reply");
-ABSL_FLAG(double, temperature, 0.8, "sampling temperature; 0 is greedy");
-ABSL_FLAG(int64_t, top_k, 50, "sample from the k most likely tokens; 0 means all");
-ABSL_FLAG(double, top_p, 1.0, "nucleus sampling mass in [0, 1]");
-ABSL_FLAG(uint64_t, seed, 1234, "random seed");
-ABSL_FLAG(std::string, precision, "32-true", "32-true, bf16-true or 16-true");
-ABSL_FLAG(std::string, device, "cpu", "cpu or cuda[:N]");
-ABSL_FLAG(std::string, kv_cache, "dense", "KV cache policy: dense, window, sink, h2o or tova");
-ABSL_FLAG(int64_t, kv_budget, 0, "entries kept per layer (and row, group); not for dense");
-ABSL_FLAG(int, kv_bits, 16, "bits per cached key/value: 16, 8 or 4");
 ABSL_FLAG(bool, stats, true, "print statistics after each reply (on stderr)");
 
 constexpr char kDefaultModelDir[] = "tools/default_model";
@@ -49,26 +40,14 @@ int main(int argc, char** argv) {
 
   RequestOptions options;
   options.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
-  options.sampling.temperature = absl::GetFlag(FLAGS_temperature);
-  options.sampling.top_k = absl::GetFlag(FLAGS_top_k);
-  options.sampling.top_p = absl::GetFlag(FLAGS_top_p);
-  options.seed = absl::GetFlag(FLAGS_seed);
   if (options.max_new_tokens < 1) {
     Die(absl::InvalidArgumentError(
         absl::StrCat("--max_new_tokens must be >= 1, got ", options.max_new_tokens)));
   }
-  DieIfError(ValidateSampling(options.sampling));
-  KVCacheSpec kv_cache;
-  kv_cache.policy = absl::GetFlag(FLAGS_kv_cache);
-  kv_cache.budget = absl::GetFlag(FLAGS_kv_budget);
-  kv_cache.bits = absl::GetFlag(FLAGS_kv_bits);
-  DieIfError(ValidateKVCacheSpec(kv_cache));
-
-  EngineOptions load;
-  load.dtype = ValueOrDie(ParsePrecision(absl::GetFlag(FLAGS_precision)));
-  load.device = ValueOrDie(ParseDevice(absl::GetFlag(FLAGS_device)));
-  load.progress = PrintProgress;
-  std::shared_ptr<const Engine> engine = ValueOrDie(Engine::Load(checkpoint_dir, load));
+  DieIfError(ApplyGenerationFlags(options));
+  const KVCacheSpec kv_cache = options.kv_cache;
+  std::shared_ptr<const Engine> engine =
+      ValueOrDie(Engine::Load(checkpoint_dir, ValueOrDie(EngineOptionsFromFlags())));
   const Tokenizer* tokenizer = engine->tokenizer();
   if (!tokenizer) {
     Die(absl::NotFoundError(absl::StrCat(checkpoint_dir, " has no tokenizer: chat needs one")));

@@ -17,8 +17,8 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "core/device.h"
 #include "lgpt.h"
+#include "tools/generation_flags.h"
 #include "tools/tool_util.h"
 
 ABSL_FLAG(std::string, checkpoint_dir, "",
@@ -26,23 +26,12 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
 ABSL_FLAG(std::string, prompt_ids, "", "comma-separated prompt token ids, e.g. 1,2,3");
 ABSL_FLAG(std::string, prompt, "", "prompt text (needs a checkpoint with a tokenizer)");
 ABSL_FLAG(int64_t, max_new_tokens, 50, "number of tokens to generate");
-ABSL_FLAG(double, temperature, 0.8, "sampling temperature; 0 is greedy");
-ABSL_FLAG(int64_t, top_k, 50, "sample from the k most likely tokens; 0 means all");
-ABSL_FLAG(double, top_p, 1.0, "nucleus sampling mass in [0, 1]");
-ABSL_FLAG(uint64_t, seed, 1234, "random seed");
 ABSL_FLAG(int64_t, prefill_chunk, 0, "prefill the prompt in chunks of this many tokens; 0: whole");
 ABSL_FLAG(std::string, stop_ids, "", "comma-separated token ids that end generation");
 ABSL_FLAG(std::vector<std::string>, stop, {},
           "comma-separated stop sequences: text that ends generation (not printed)");
 ABSL_FLAG(bool, stop_at_eos, true, "end generation at the tokenizer's EOS token");
 ABSL_FLAG(bool, print_ids, false, "print the generated ids as the last line of stdout");
-ABSL_FLAG(std::string, precision, "32-true", "32-true, bf16-true or 16-true");
-ABSL_FLAG(std::string, device, "cpu", "cpu or cuda[:N]");
-ABSL_FLAG(std::string, kv_cache, "dense", "KV cache policy: dense, window, sink, h2o or tova");
-ABSL_FLAG(int64_t, kv_budget, 0, "entries kept per layer (and row, group); not for dense");
-ABSL_FLAG(int, kv_bits, 16, "bits per cached key/value: 16 (the model's dtype), 8 or 4");
-ABSL_FLAG(int64_t, kv_sink, 4, "sink: first tokens always kept");
-ABSL_FLAG(int64_t, kv_residual, 16, "8/4 bits: most recent entries kept in full precision");
 
 // The embedded default model, relative to the runfiles root (see README).
 constexpr char kDefaultModelDir[] = "tools/default_model";
@@ -61,10 +50,6 @@ int main(int argc, char** argv) {
   }
   RequestOptions options;
   options.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
-  options.sampling.temperature = absl::GetFlag(FLAGS_temperature);
-  options.sampling.top_k = absl::GetFlag(FLAGS_top_k);
-  options.sampling.top_p = absl::GetFlag(FLAGS_top_p);
-  options.seed = absl::GetFlag(FLAGS_seed);
   options.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
   options.stop_sequences = absl::GetFlag(FLAGS_stop);
   options.stop_at_eos = absl::GetFlag(FLAGS_stop_at_eos);
@@ -79,19 +64,9 @@ int main(int argc, char** argv) {
     Die(absl::InvalidArgumentError(
         absl::StrCat("--prefill_chunk must be >= 0, got ", options.prefill_chunk)));
   }
-  DieIfError(ValidateSampling(options.sampling));
-  options.kv_cache.policy = absl::GetFlag(FLAGS_kv_cache);
-  options.kv_cache.budget = absl::GetFlag(FLAGS_kv_budget);
-  options.kv_cache.bits = absl::GetFlag(FLAGS_kv_bits);
-  options.kv_cache.sink_tokens = absl::GetFlag(FLAGS_kv_sink);
-  options.kv_cache.residual = absl::GetFlag(FLAGS_kv_residual);
-  DieIfError(ValidateKVCacheSpec(options.kv_cache));
-
-  EngineOptions load;
-  load.dtype = ValueOrDie(ParsePrecision(absl::GetFlag(FLAGS_precision)));
-  load.device = ValueOrDie(ParseDevice(absl::GetFlag(FLAGS_device)));
-  load.progress = PrintProgress;
-  std::shared_ptr<const Engine> engine = ValueOrDie(Engine::Load(checkpoint_dir, load));
+  DieIfError(ApplyGenerationFlags(options));
+  std::shared_ptr<const Engine> engine =
+      ValueOrDie(Engine::Load(checkpoint_dir, ValueOrDie(EngineOptionsFromFlags())));
   const Tokenizer* tokenizer = engine->tokenizer();
   if (text_prompt && !tokenizer) {
     Die(absl::NotFoundError(absl::StrCat(checkpoint_dir,

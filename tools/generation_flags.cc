@@ -1,0 +1,46 @@
+#include "tools/generation_flags.h"
+
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "core/device.h"
+#include "core/status_macros.h"
+#include "tools/tool_util.h"
+
+ABSL_FLAG(double, temperature, 0.8, "sampling temperature; 0 is greedy");
+ABSL_FLAG(int64_t, top_k, 50, "sample from the k most likely tokens; 0 means all");
+ABSL_FLAG(double, top_p, 1.0, "nucleus sampling mass in [0, 1]");
+ABSL_FLAG(uint64_t, seed, 1234, "random seed");
+ABSL_FLAG(std::string, precision, "32-true", "32-true, bf16-true or 16-true");
+ABSL_FLAG(std::string, device, "cpu", "cpu or cuda[:N]");
+ABSL_FLAG(std::string, kv_cache, "dense", "KV cache policy: dense, window, sink, h2o or tova");
+ABSL_FLAG(int64_t, kv_budget, 0, "entries kept per layer (and row, group); not for dense");
+ABSL_FLAG(int, kv_bits, 16, "bits per cached key/value: 16 (the model's dtype), 8 or 4");
+ABSL_FLAG(int64_t, kv_sink, 4, "sink: first tokens always kept");
+ABSL_FLAG(int64_t, kv_residual, 16, "8/4 bits: most recent entries kept in full precision");
+
+namespace lgpt {
+
+absl::Status ApplyGenerationFlags(RequestOptions& options) {
+  options.sampling.temperature = absl::GetFlag(FLAGS_temperature);
+  options.sampling.top_k = absl::GetFlag(FLAGS_top_k);
+  options.sampling.top_p = absl::GetFlag(FLAGS_top_p);
+  options.seed = absl::GetFlag(FLAGS_seed);
+  RETURN_IF_ERROR(ValidateSampling(options.sampling));
+  options.kv_cache.policy = absl::GetFlag(FLAGS_kv_cache);
+  options.kv_cache.budget = absl::GetFlag(FLAGS_kv_budget);
+  options.kv_cache.bits = absl::GetFlag(FLAGS_kv_bits);
+  options.kv_cache.sink_tokens = absl::GetFlag(FLAGS_kv_sink);
+  options.kv_cache.residual = absl::GetFlag(FLAGS_kv_residual);
+  return ValidateKVCacheSpec(options.kv_cache);
+}
+
+absl::StatusOr<EngineOptions> EngineOptionsFromFlags() {
+  EngineOptions options;
+  ASSIGN_OR_RETURN(options.dtype, ParsePrecision(absl::GetFlag(FLAGS_precision)));
+  ASSIGN_OR_RETURN(options.device, ParseDevice(absl::GetFlag(FLAGS_device)));
+  options.progress = PrintProgress;
+  return options;
+}
+
+}  // namespace lgpt
