@@ -300,9 +300,7 @@ absl::StatusOr<std::unique_ptr<Session>> Engine::NewSession(const KVCacheSpec& k
 Session::Session(std::shared_ptr<const Engine> engine, std::unique_ptr<KVCache> cache)
     : engine_(std::move(engine)), cache_(std::move(cache)) {}
 
-int64_t Session::context_left() const {
-  return cache_->max_sequence_length() - context_tokens();
-}
+int64_t Session::context_left() const { return cache_->max_sequence_length() - context_tokens(); }
 
 void Session::Reset() {
   cache_->Reset();
@@ -331,14 +329,13 @@ absl::StatusOr<Completion> Session::Send(const std::vector<int64_t>& tokens,
   // The previous reply's last token was sampled but never fed: it goes first.
   std::vector<int64_t> prompt(history_.begin() + cached_, history_.end());
   prompt.insert(prompt.end(), tokens.begin(), tokens.end());
-  const int64_t context =
-      std::min(engine_->config().block_size, cache_->max_sequence_length());
+  const int64_t context = std::min(engine_->config().block_size, cache_->max_sequence_length());
   const int64_t room = context - cached_ - static_cast<int64_t>(prompt.size());
   if (room < 1) {
-    return absl::OutOfRangeError(absl::StrCat(
-        "context full: the message needs ", tokens.size(), " tokens but only ",
-        std::max<int64_t>(0, context - context_tokens() - 1),
-        " of the context's ", context, " are left"));
+    return absl::OutOfRangeError(absl::StrCat("context full: the message needs ", tokens.size(),
+                                              " tokens but only ",
+                                              std::max<int64_t>(0, context - context_tokens() - 1),
+                                              " of the context's ", context, " are left"));
   }
   RequestOptions capped = options;
   capped.max_new_tokens = std::min(options.max_new_tokens, room);

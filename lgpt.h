@@ -13,15 +13,15 @@
 #ifndef LGPT_LGPT_H_
 #define LGPT_LGPT_H_
 
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <c10/core/Device.h>
-#include <c10/core/ScalarType.h>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -93,7 +93,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // Loads model_config.yaml, the weights and (when present) the tokenizer of a LitGPT
   // checkpoint directory.
   static absl::StatusOr<std::shared_ptr<const Engine>> Load(const std::string& checkpoint_dir,
-                                                             const EngineOptions& options = {});
+                                                            const EngineOptions& options = {});
   // Wraps a model built elsewhere (tests, fine-tuned weights); the tokenizer may be null.
   static std::shared_ptr<const Engine> FromModel(GPT model,
                                                  std::shared_ptr<const Tokenizer> tokenizer);
@@ -128,8 +128,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // Generates after `prompt` at `start_position` in `cache` with stop sequences, streaming
   // and cancellation.
   absl::StatusOr<Completion> Run(KVCache& cache, int64_t start_position,
-                                 const std::vector<int64_t>& prompt,
-                                 const RequestOptions& options,
+                                 const std::vector<int64_t>& prompt, const RequestOptions& options,
                                  absl::Span<const int64_t> stream_context) const;
 
   GPT model_;

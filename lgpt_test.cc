@@ -83,8 +83,7 @@ TEST(EngineTest, ConcurrentRequestsEqualTheirSingleThreadedRuns) {
   for (size_t i = 0; i < prompts.size(); ++i) {
     expected.push_back(*engine.Generate(prompts[i], Sampled(24, 100 + i)));
   }
-  std::vector<absl::StatusOr<Completion>> got(prompts.size(),
-                                              absl::UnknownError("not run"));
+  std::vector<absl::StatusOr<Completion>> got(prompts.size(), absl::UnknownError("not run"));
   std::vector<std::thread> threads;
   for (size_t i = 0; i < prompts.size(); ++i) {
     threads.emplace_back([&, i] { got[i] = engine.Generate(prompts[i], Sampled(24, 100 + i)); });
@@ -197,8 +196,7 @@ TEST(SessionTest, TurnsEqualOneShotGenerationOfTheWholeConversation) {
   whole.insert(whole.end(), second.begin(), second.end());
   const Completion one_shot = *engine.Generate(whole, Greedy(8));
   EXPECT_EQ(reply2.tokens, one_shot.tokens);
-  EXPECT_EQ(session->context_tokens(),
-            static_cast<int64_t>(whole.size() + reply2.tokens.size()));
+  EXPECT_EQ(session->context_tokens(), static_cast<int64_t>(whole.size() + reply2.tokens.size()));
 }
 
 TEST(SessionTest, SaysWhenTheContextIsFull) {
@@ -226,8 +224,7 @@ TEST(SessionTest, SaysWhenTheContextIsFull) {
 
 TEST(EngineTest, BadInputsAreClearErrors) {
   const Engine& engine = DefaultEngine();
-  EXPECT_EQ(Engine::Load("/nonexistent/checkpoint").status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(Engine::Load("/nonexistent/checkpoint").status().code(), absl::StatusCode::kNotFound);
   const int64_t vocab = engine.config().PaddedVocabSize();
   absl::StatusOr<Completion> bad_id = engine.Generate(std::vector<int64_t>{1, vocab}, Greedy(4));
   EXPECT_EQ(bad_id.status().code(), absl::StatusCode::kOutOfRange);
@@ -240,8 +237,7 @@ TEST(EngineTest, BadInputsAreClearErrors) {
   EXPECT_EQ(engine.Generate(too_long, Greedy(4)).status().code(), absl::StatusCode::kOutOfRange);
   RequestOptions bad_cache = Greedy(4);
   bad_cache.kv_cache.policy = "lru";
-  EXPECT_EQ(engine.Generate("And", bad_cache).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine.Generate("And", bad_cache).status().code(), absl::StatusCode::kInvalidArgument);
   RequestOptions zero = Greedy(0);
   EXPECT_EQ(engine.Generate("And", zero).status().code(), absl::StatusCode::kInvalidArgument);
 }

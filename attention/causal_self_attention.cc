@@ -1,8 +1,8 @@
 #include "attention/causal_self_attention.h"
 
-#include <cmath>
-
 #include <ATen/ATen.h>
+
+#include <cmath>
 
 #include "core/status_macros.h"
 
@@ -56,8 +56,7 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const CausalSelfAttentionOption
 
 absl::StatusOr<at::Tensor> CausalSelfAttentionImpl::Forward(const at::Tensor& x,
                                                             const RopeTables& rope,
-                                                            const KVStep& step,
-                                                            KVCache* cache) {
+                                                            const KVStep& step, KVCache* cache) {
   const int64_t batch = x.size(0), steps = x.size(1);
   const int64_t q_size = n_head_ * head_size_, kv_size = n_query_groups_ * head_size_;
   const at::Tensor qkv = qkv_->forward(x);  // [B, T, q_size + 2 · kv_size]

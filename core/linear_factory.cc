@@ -6,14 +6,22 @@ namespace lgpt {
 
 const char* LinearSiteName(LinearSite site) {
   switch (site) {
-    case LinearSite::kQkv: return "qkv";
-    case LinearSite::kAttnProj: return "attn.proj";
-    case LinearSite::kMlpFc: return "mlp.fc";
-    case LinearSite::kMlpFc1: return "mlp.fc_1";
-    case LinearSite::kMlpFc2: return "mlp.fc_2";
-    case LinearSite::kMlpProj: return "mlp.proj";
-    case LinearSite::kMoeGate: return "mlp.gate";
-    case LinearSite::kHead: return "lm_head";
+    case LinearSite::kQkv:
+      return "qkv";
+    case LinearSite::kAttnProj:
+      return "attn.proj";
+    case LinearSite::kMlpFc:
+      return "mlp.fc";
+    case LinearSite::kMlpFc1:
+      return "mlp.fc_1";
+    case LinearSite::kMlpFc2:
+      return "mlp.fc_2";
+    case LinearSite::kMlpProj:
+      return "mlp.proj";
+    case LinearSite::kMoeGate:
+      return "mlp.gate";
+    case LinearSite::kHead:
+      return "lm_head";
   }
   return "?";
 }
@@ -30,10 +38,9 @@ SkipProjectionInit::~SkipProjectionInit() { skip_projection_init = previous_; }
 DenseProjectionImpl::DenseProjectionImpl(const LinearSpec& spec) {
   // LitGPT's _init_weights: N(0, 0.02) weights, zero bias. Skipped, the weight's pages are
   // never written, so a checkpoint load does not hold a random copy beside the real one.
-  weight = register_parameter("weight", skip_projection_init
-                                            ? at::empty({spec.out_features, spec.in_features})
-                                            : at::randn({spec.out_features, spec.in_features}) *
-                                                  0.02);
+  weight = register_parameter(
+      "weight", skip_projection_init ? at::empty({spec.out_features, spec.in_features})
+                                     : at::randn({spec.out_features, spec.in_features}) * 0.02);
   if (spec.bias) bias = register_parameter("bias", at::zeros({spec.out_features}));
 }
 

@@ -5,14 +5,13 @@
 // ends. The KV cache lives across turns, so each turn prefills only its own tokens (LitGPT
 // re-prefills the whole conversation). When the context is full, the tool says so and the
 // conversation can be reset.
+#include <ATen/Parallel.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <iostream>
 #include <string>
 #include <vector>
-
-#include <ATen/Parallel.h>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"

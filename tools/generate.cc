@@ -6,17 +6,18 @@
 // Streams text on stdout as it is produced (token ids on stderr when the checkpoint has no
 // tokenizer), then prints statistics (time to first token, prefill and decode tokens/s,
 // kv_cache_bytes, peak memory). --kv_cache/--kv_budget/--kv_bits choose a budgeted or
-// quantised KV cache (cache/kv_cache_factory.h). With --print_ids, or without a tokenizer, the generated
-// ids, space-separated, are the last line of stdout.
+// quantised KV cache (cache/kv_cache_factory.h). With --print_ids, or without a tokenizer, the
+// generated ids, space-separated, are the last line of stdout.
+#include <ATen/Parallel.h>
+
 #include <cstdio>
 #include <string>
 #include <vector>
 
-#include <ATen/Parallel.h>
-
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/prompt_style.h"
 #include "lgpt.h"
 #include "tools/generation_flags.h"
 #include "tools/tool_util.h"
@@ -25,12 +26,16 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
           "LitGPT checkpoint directory; empty: the embedded default model");
 ABSL_FLAG(std::string, prompt_ids, "", "comma-separated prompt token ids, e.g. 1,2,3");
 ABSL_FLAG(std::string, prompt, "", "prompt text (needs a checkpoint with a tokenizer)");
+ABSL_FLAG(std::string, prompt_style, "",
+          "how --prompt is framed (alpaca, llama3, ...; none: as given); empty: the "
+          "checkpoint's own (prompt_style.yaml, else from the model name), as LitGPT does");
 ABSL_FLAG(int64_t, max_new_tokens, 50, "number of tokens to generate");
 ABSL_FLAG(int64_t, prefill_chunk, 0, "prefill the prompt in chunks of this many tokens; 0: whole");
 ABSL_FLAG(std::string, stop_ids, "", "comma-separated token ids that end generation");
 ABSL_FLAG(std::vector<std::string>, stop, {},
           "comma-separated stop sequences: text that ends generation (not printed)");
-ABSL_FLAG(bool, stop_at_eos, true, "end generation at the tokenizer's EOS token");
+ABSL_FLAG(bool, stop_at_eos, true,
+          "end generation at the tokenizer's EOS token and the prompt style's stop tokens");
 ABSL_FLAG(bool, print_ids, false, "print the generated ids as the last line of stdout");
 
 // The embedded default model, relative to the runfiles root (see README).
@@ -74,16 +79,36 @@ int main(int argc, char** argv) {
                                          "give --prompt_ids instead of --prompt")));
   }
   std::vector<int64_t> prompt;
+  bool framed = false;  // the prompt style changed the text
   if (text_prompt) {
-    prompt = ValueOrDie(engine->Encode(absl::GetFlag(FLAGS_prompt)));
+    std::string text = absl::GetFlag(FLAGS_prompt);
+    const std::string style_name = absl::GetFlag(FLAGS_prompt_style);
+    if (style_name != "none") {
+      const PromptStyle style =
+          style_name.empty()
+              ? ValueOrDie(PromptStyleForCheckpoint(checkpoint_dir, engine->config()))
+              : ValueOrDie(PromptStyleFromName(style_name));
+      const std::string styled = style.Apply(text);
+      framed = styled != text;
+      text = styled;
+      if (options.stop_at_eos) {
+        options.stop_token_sequences = style.StopTokenIds(
+            tokenizer->eos_id(), [&](absl::string_view token) -> std::optional<int64_t> {
+              absl::StatusOr<int64_t> id = tokenizer->TokenToId(token);
+              return id.ok() ? std::optional<int64_t>(*id) : std::nullopt;
+            });
+      }
+    }
+    prompt = ValueOrDie(engine->Encode(text));
     if (prompt.empty()) Die(absl::InvalidArgumentError("--prompt encodes to no tokens"));
   } else {
     prompt = ValueOrDie(ParseIds(absl::GetFlag(FLAGS_prompt_ids), "prompt_ids"));
   }
 
   if (tokenizer) {
-    // The prompt's text first; the streamed reply continues it exactly (spaces included).
-    options.echo_prompt = true;
+    // The prompt's text first (unless a prompt style framed it): the streamed reply
+    // continues it exactly, spaces included.
+    options.echo_prompt = !framed;
     options.on_text = [](absl::string_view text) {
       std::fwrite(text.data(), 1, text.size(), stdout);
       std::fflush(stdout);
@@ -106,8 +131,8 @@ int main(int argc, char** argv) {
   std::printf("model=%s threads=%d kv_cache=\"%s\"\n", engine->config().name.c_str(),
               at::get_num_threads(), DescribeKVCacheSpec(options.kv_cache).c_str());
   std::printf("prompt_tokens=%lld new_tokens=%lld finish=%s\n",
-              static_cast<long long>(stats.prompt_tokens),
-              static_cast<long long>(stats.new_tokens), FinishReasonName(result.finish_reason));
+              static_cast<long long>(stats.prompt_tokens), static_cast<long long>(stats.new_tokens),
+              FinishReasonName(result.finish_reason));
   std::printf("time_to_first_token_s=%.4f\n", stats.time_to_first_token_s);
   std::printf("prefill_tokens_per_s=%.1f\n", prefill_tps);
   std::printf("decode_tokens_per_s=%.1f\n", decode_tps);

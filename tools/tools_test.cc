@@ -156,6 +156,23 @@ TEST(GenerateTest, BudgetedCacheBytesStayFlatWhileDenseGrows) {
   ExpectCleanFailure(Execute("generate", args + "8 --kv_bits=3"), "bits");
 }
 
+TEST(GenerateTest, PromptStyleFramesTextPrompts) {
+  // The default model's style is the identity: the prompt is echoed. A named style frames it
+  // (then only the reply is printed); an unknown one is an error naming it.
+  const ToolRun framed = Execute(
+      "generate", "--prompt='Quote Genesis 1:3.' --prompt_style=alpaca --max_new_tokens=8 "
+                  "--temperature=0 --print_ids");
+  ASSERT_EQ(framed.status, 0) << framed.err;
+  EXPECT_EQ(framed.out.find("Quote Genesis"), std::string::npos) << framed.out;
+  const ToolRun raw = Execute(
+      "generate", "--prompt='Quote Genesis 1:3.' --prompt_style=none --max_new_tokens=8 "
+                  "--temperature=0 --print_ids");
+  ASSERT_EQ(raw.status, 0) << raw.err;
+  EXPECT_EQ(raw.out.rfind("Quote Genesis 1:3.", 0), 0u) << raw.out;
+  EXPECT_NE(LastLine(framed.out), LastLine(raw.out));
+  ExpectCleanFailure(Execute("generate", "--prompt=x --prompt_style=nope"), "nope");
+}
+
 TEST(ChatTest, KeepsTheCacheAcrossTurnsAndSaysWhenTheContextIsFull) {
   const std::string input = TempDir() + "/chat_input.txt";
   std::ofstream(input) << "And God said\nAnd Moses said\n/reset\nAnd Jesus said\n";

@@ -1,11 +1,10 @@
 #include "core/model/checkpoint.h"
 
+#include <ATen/ATen.h>
 #include <sys/stat.h>
+#include <torch/nn/module.h>
 
 #include <set>
-
-#include <ATen/ATen.h>
-#include <torch/nn/module.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -26,12 +25,13 @@ bool IsDirectory(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-std::string Shape(const at::Tensor& t) { return absl::StrCat("[", absl::StrJoin(t.sizes(), ", "), "]"); }
+std::string Shape(const at::Tensor& t) {
+  return absl::StrCat("[", absl::StrJoin(t.sizes(), ", "), "]");
+}
 
 std::string Names(const std::vector<std::string>& names) {
   constexpr size_t kShown = 5;
-  std::vector<std::string> shown(names.begin(),
-                                 names.begin() + std::min(kShown, names.size()));
+  std::vector<std::string> shown(names.begin(), names.begin() + std::min(kShown, names.size()));
   std::string text = absl::StrJoin(shown, ", ");
   if (names.size() > kShown) absl::StrAppend(&text, " and ", names.size() - kShown, " more");
   return text;
@@ -107,8 +107,8 @@ absl::StatusOr<TensorMap> ReadCheckpointTensors(const std::string& checkpoint_di
     if (source) *source = pth;
     return ReadTorchStateDict(pth);
   }
-  return absl::NotFoundError(absl::StrCat(checkpoint_dir,
-                                          ": no model.safetensors or lit_model.pth"));
+  return absl::NotFoundError(
+      absl::StrCat(checkpoint_dir, ": no model.safetensors or lit_model.pth"));
 }
 
 absl::StatusOr<LoadedModel> LoadCheckpoint(const std::string& checkpoint_dir,
@@ -121,8 +121,8 @@ absl::StatusOr<LoadedModel> LoadCheckpoint(const std::string& checkpoint_dir,
   try {
     return LoadCheckpointUnchecked(checkpoint_dir, options);
   } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat(checkpoint_dir, ": loading failed: ",
-                                            e.what_without_backtrace()));
+    return absl::InternalError(
+        absl::StrCat(checkpoint_dir, ": loading failed: ", e.what_without_backtrace()));
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat(checkpoint_dir, ": loading failed: ", e.what()));
   }
@@ -134,8 +134,8 @@ absl::StatusOr<LoadedModel> LoadCheckpointUnchecked(const std::string& checkpoin
     if (options.progress) options.progress(message);
   };
   if (!IsDirectory(checkpoint_dir)) {
-    return absl::NotFoundError(absl::StrCat("checkpoint directory ", checkpoint_dir,
-                                            " does not exist"));
+    return absl::NotFoundError(
+        absl::StrCat("checkpoint directory ", checkpoint_dir, " does not exist"));
   }
   progress("reading model_config.yaml");
   ASSIGN_OR_RETURN(Config config, LoadConfigFile(checkpoint_dir + "/model_config.yaml"));

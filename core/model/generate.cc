@@ -1,11 +1,11 @@
 #include "core/model/generate.h"
 
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <algorithm>
 #include <chrono>
 #include <limits>
-
-#include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
@@ -42,10 +42,10 @@ absl::StatusOr<std::vector<int64_t>> Generate(GPTImpl& model, KVCache& cache,
   const int64_t needed = first + prompt_length + options.max_new_tokens;
   const int64_t context = std::min(model.config().block_size, cache.max_sequence_length());
   if (needed > context) {
-    return absl::OutOfRangeError(absl::StrCat(
-        first > 0 ? absl::StrCat(first, " cached tokens plus ") : "", "prompt (",
-        prompt_length, " tokens) plus max_new_tokens (", options.max_new_tokens,
-        ") exceeds the context of ", context, " tokens"));
+    return absl::OutOfRangeError(
+        absl::StrCat(first > 0 ? absl::StrCat(first, " cached tokens plus ") : "", "prompt (",
+                     prompt_length, " tokens) plus max_new_tokens (", options.max_new_tokens,
+                     ") exceeds the context of ", context, " tokens"));
   }
   at::NoGradGuard no_grad;
   at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(options.seed);
@@ -61,8 +61,7 @@ absl::StatusOr<std::vector<int64_t>> Generate(GPTImpl& model, KVCache& cache,
   for (int64_t begin = 0; begin < prompt_length; begin += chunk) {
     const int64_t length = std::min(chunk, prompt_length - begin);
     ForwardOptions forward;
-    forward.positions =
-        at::arange(first + begin, first + begin + length, at::kLong).unsqueeze(0);
+    forward.positions = at::arange(first + begin, first + begin + length, at::kLong).unsqueeze(0);
     forward.last_logits_only = true;
     ASSIGN_OR_RETURN(logits, model.Forward(tokens.narrow(1, begin, length), &cache, forward));
   }
@@ -105,8 +104,8 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> GenerateBatch(
   const int64_t batch = static_cast<int64_t>(prompts.size());
   if (batch == 0) return absl::InvalidArgumentError("no prompts to generate from");
   if (batch > cache.batch_size()) {
-    return absl::InvalidArgumentError(absl::StrCat(batch, " prompts do not fit a cache of ",
-                                                   cache.batch_size(), " rows"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(batch, " prompts do not fit a cache of ", cache.batch_size(), " rows"));
   }
   if (options.max_new_tokens < 1) {
     return absl::InvalidArgumentError(
@@ -122,9 +121,9 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> GenerateBatch(
     const int64_t length = static_cast<int64_t>(prompts[row].size());
     if (length == 0) return absl::InvalidArgumentError(absl::StrCat("prompt ", row, " is empty"));
     if (length + options.max_new_tokens > context) {
-      return absl::OutOfRangeError(absl::StrCat(
-          "prompt ", row, " (", length, " tokens) plus max_new_tokens (", options.max_new_tokens,
-          ") exceeds the context of ", context, " tokens"));
+      return absl::OutOfRangeError(
+          absl::StrCat("prompt ", row, " (", length, " tokens) plus max_new_tokens (",
+                       options.max_new_tokens, ") exceeds the context of ", context, " tokens"));
     }
     shortest = std::min(shortest, length);
     longest = std::max(longest, length);
@@ -150,8 +149,8 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> GenerateBatch(
   for (int64_t begin = 0; begin < shortest; begin += chunk) {
     const int64_t length = std::min(chunk, shortest - begin);
     ForwardOptions forward;
-    forward.positions = at::arange(begin, begin + length, at::kLong).unsqueeze(0).expand(
-        {batch, length});
+    forward.positions =
+        at::arange(begin, begin + length, at::kLong).unsqueeze(0).expand({batch, length});
     forward.last_logits_only = true;
     ASSIGN_OR_RETURN(logits, model.Forward(common.narrow(1, begin, length), &cache, forward));
   }
@@ -185,10 +184,9 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> GenerateBatch(
         decode_start = std::chrono::steady_clock::now();
       }
       const bool keep_going = !options.on_token || options.on_token(row, token);
-      const bool stop = std::find(options.stop_tokens.begin(), options.stop_tokens.end(),
-                                  token) != options.stop_tokens.end();
-      if (!keep_going || stop ||
-          static_cast<int64_t>(out[row].size()) == options.max_new_tokens) {
+      const bool stop = std::find(options.stop_tokens.begin(), options.stop_tokens.end(), token) !=
+                        options.stop_tokens.end();
+      if (!keep_going || stop || static_cast<int64_t>(out[row].size()) == options.max_new_tokens) {
         done[row] = true;
         --active;
       }

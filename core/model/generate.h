@@ -19,7 +19,7 @@ struct GenerateOptions {
   int64_t max_new_tokens = 50;
   SamplingOptions sampling;
   uint64_t seed = 1234;
-  int64_t prefill_chunk = 0;         // 0: the whole prompt in one step
+  int64_t prefill_chunk = 0;  // 0: the whole prompt in one step
   // Position of the prompt's first token: the cache already holds positions
   // [0, start_position) (a multi-turn session continuing its context).
   int64_t start_position = 0;
@@ -33,7 +33,7 @@ struct GenerateStats {
   int64_t new_tokens = 0;
   double time_to_first_token_s = 0;  // prefill plus the first sample
   double prefill_s = 0;
-  double decode_s = 0;               // the steps after the first token
+  double decode_s = 0;  // the steps after the first token
   int64_t kv_cache_bytes = 0;
 };
 
