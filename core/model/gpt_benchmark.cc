@@ -1,17 +1,23 @@
 // Prefill and decode throughput of GPT with random weights.
 //
-//   bazel run //core/model:gpt_benchmark -- --benchmark_filter=Decode
+//   bazel run //core/model:gpt_benchmark -- --benchmark_filter=Decode [--threads=N]
+//
+// --threads: intra-op threads (default: all hardware threads).
 //
 // Models: "tiny" (tests' size) and "llama-110m" (llama2.c's 110M: n_layer 12, n_embd 768,
 // n_head 12, intermediate 2048, vocab 32000). LGPT_BENCH_PRESET=<preset name> adds any
 // LitGPT preset at full size. Decode runs at several filled lengths with the cache sized
 // for the whole block, to show that its cost follows the filled length.
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <benchmark/benchmark.h>
 
 #include "core/config.h"
@@ -118,6 +124,12 @@ void RegisterAll() {
 }  // namespace lgpt
 
 int main(int argc, char** argv) {
+  int threads = static_cast<int>(std::thread::hardware_concurrency());
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--threads=", 10) == 0) threads = std::atoi(argv[i] + 10);
+  }
+  at::set_num_threads(std::max(threads, 1));
+  benchmark::AddCustomContext("threads", std::to_string(at::get_num_threads()));
   benchmark::Initialize(&argc, argv);
   lgpt::RegisterAll();
   benchmark::RunSpecifiedBenchmarks();
