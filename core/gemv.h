@@ -1,7 +1,7 @@
 // Few-row float32 matrix-vector products for CPU decoding: y = x W^T (+ b) with x of at most
 // kGemvMaxRows rows. BLAS runs such products as a GEMM with M = 1 at a fraction of the memory
 // bandwidth; decoding is bound by reading W once per token, so this path streams each weight
-// row once for all rows of x, over the intra-op threads (at::parallel_for).
+// row once for all rows of x, split over at::get_num_threads() threads of a persistent pool.
 //
 // The AVX2/FMA kernel is chosen at run time; other CPUs get a portable loop, so the target
 // builds anywhere. Accumulation is float32 in a different order than BLAS: results equal
@@ -35,6 +35,11 @@ at::Tensor GemvLinear(const at::Tensor& x, const at::Tensor& weight, const at::T
 // Parallel over n; `use_avx2` false forces the portable loop (for tests and benchmarks).
 void GemvF32(const float* w, const float* bias, const float* x, float* y, int64_t rows,
              int64_t n_out, int64_t k, bool use_avx2 = CpuHasAvx2Fma());
+
+// GemvF32 on the calling thread only (AVX2 where available), for callers that split work
+// themselves.
+void GemvF32Serial(const float* w, const float* bias, const float* x, float* y, int64_t rows,
+                   int64_t n_out, int64_t k);
 
 // Runs fn(begin, end) over [0, n) in blocks of `align` rows (the last may be shorter),
 // split across the intra-op threads when each thread gets at least `min_rows_per_thread`.
