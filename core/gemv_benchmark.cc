@@ -2,6 +2,7 @@
 // streaming read of the same bytes (the memory-bandwidth bound).
 //
 //   bazel run -c opt //core:gemv_benchmark -- [--threads=N]
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -13,6 +14,7 @@
 #include <benchmark/benchmark.h>
 
 #include "core/gemv.h"
+#include "core/quantize.h"
 
 namespace lgpt {
 namespace {
@@ -45,21 +47,34 @@ void BM_AtLinear(benchmark::State& state) {
   SetBytes(state, n_out * k * 4);
 }
 
-// Reads `bytes` of floats over the intra-op threads: the bandwidth the GEMV can reach.
+void BM_Int8Gemv(benchmark::State& state) {
+  const int64_t rows = state.range(0), n_out = state.range(1), k = state.range(2);
+  const Int8Weight w = QuantizeInt8(at::randn({n_out, k}), 0);
+  const at::Tensor x = at::randn({rows, k});
+  at::Tensor y = at::empty({rows, n_out});
+  for (auto _ : state) {
+    Int8Gemv(w, nullptr, x.data_ptr<float>(), y.data_ptr<float>(), rows, CpuHasAvx2Fma());
+    benchmark::DoNotOptimize(y.data_ptr<float>());
+  }
+  SetBytes(state, n_out * k);
+}
+
+// Sums `bytes` of int32 in chunks over the GEMV's threads: the read bandwidth the GEMV can
+// reach (far larger than the caches).
 void BM_StreamRead(benchmark::State& state) {
   const int64_t n = state.range(0) / 4;
-  const at::Tensor data = at::rand({n});
-  const float* p = data.data_ptr<float>();
+  const at::Tensor data = at::randint(0, 100, {n}, at::kInt);
+  const int32_t* p = data.data_ptr<int32_t>();
   for (auto _ : state) {
-    std::vector<float> sums(at::get_num_threads() * 16, 0.0f);
-    at::parallel_for(0, n, n / at::get_num_threads() + 1, [&](int64_t begin, int64_t end) {
-      float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    std::atomic<int64_t> total{0};
+    ParallelForRows(n, 1024, 1 << 20, [&](int64_t begin, int64_t end) {
+      int32_t s[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // Integer sums vectorise without fast-math.
       for (int64_t i = begin; i + 8 <= end; i += 8) {
         for (int j = 0; j < 8; ++j) s[j] += p[i + j];
       }
-      sums[at::get_thread_num() * 16] = s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7];
+      total += s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7];
     });
-    benchmark::DoNotOptimize(sums.data());
+    benchmark::DoNotOptimize(total.load());
   }
   SetBytes(state, n * 4);
 }
@@ -77,6 +92,7 @@ void Shapes(benchmark::internal::Benchmark* b) {
 BENCHMARK_CAPTURE(BM_Gemv, avx2, true)->Apply(Shapes);
 BENCHMARK_CAPTURE(BM_Gemv, portable, false)->Apply(Shapes);
 BENCHMARK(BM_AtLinear)->Apply(Shapes);
+BENCHMARK(BM_Int8Gemv)->Apply(Shapes);
 BENCHMARK(BM_StreamRead)->Arg(int64_t{438} << 20)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
