@@ -20,9 +20,8 @@ bool RowsContiguous(const at::Tensor& t) {
 
 }  // namespace
 
-bool DecodeAttentionApplies(const at::Tensor& q, const at::Tensor& keys,
-                            const at::Tensor& values, const at::Tensor& query_positions,
-                            const at::Tensor& key_positions) {
+bool DecodeAttentionApplies(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
+                            const at::Tensor& query_positions, const at::Tensor& key_positions) {
   for (const at::Tensor* t : {&q, &keys, &values}) {
     if (!t->device().is_cpu() || t->scalar_type() != at::kFloat || t->dim() != 4) return false;
   }
@@ -39,8 +38,7 @@ bool DecodeAttentionApplies(const at::Tensor& q, const at::Tensor& keys,
 
 at::Tensor DecodeAttention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
                            const at::Tensor& query_positions, const at::Tensor& key_positions,
-                           double scale_in, std::optional<double> softcap,
-                           int64_t sliding_window) {
+                           double scale_in, std::optional<double> softcap, int64_t sliding_window) {
   const int64_t batch = q.size(0), n_head = q.size(1), steps = q.size(2), hs = q.size(3);
   const int64_t groups = keys.size(1), entries = keys.size(2);
   const int64_t q_per_kv = n_head / groups;
@@ -85,8 +83,7 @@ at::Tensor DecodeAttention(const at::Tensor& q, const at::Tensor& keys, const at
         for (int64_t e = 0; e < entries; ++e) {
           const int64_t key_pos = kp[e * kp_s];
           const bool allowed = key_pos >= 0 && key_pos <= query_pos &&
-                               (sliding_window <= 0 ||
-                                key_pos > query_pos - sliding_window);
+                               (sliding_window <= 0 || key_pos > query_pos - sliding_window);
           float x = s[e] * scale;
           if (softcap) {
             const float cap = static_cast<float>(*softcap);

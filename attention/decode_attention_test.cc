@@ -27,7 +27,8 @@ TEST_P(DecodeAttentionCases, EqualsGenericPath) {
   const at::Tensor keys = at::randn({batch, c.groups, capacity, hs}).narrow(2, 0, c.entries);
   const at::Tensor values = at::randn({batch, c.groups, capacity, hs}).narrow(2, 0, c.entries);
   // Queries at the last positions; a few empty (-1) slots; row 1 shorter than row 0.
-  at::Tensor key_positions = at::arange(c.entries, at::kLong).view({1, 1, -1}).repeat({batch, 1, 1});
+  at::Tensor key_positions =
+      at::arange(c.entries, at::kLong).view({1, 1, -1}).repeat({batch, 1, 1});
   if (c.entries > 3) key_positions.select(2, 1).fill_(-1);
   at::Tensor query_positions =
       at::arange(c.entries - c.steps, c.entries, at::kLong).view({1, -1}).repeat({batch, 1});
@@ -46,8 +47,8 @@ TEST_P(DecodeAttentionCases, EqualsGenericPath) {
       << (actual - expected).abs().max().item<float>();
   // Through AttendByPositions' own dispatch, with per-group positions expanded.
   const at::Tensor grouped = key_positions.expand({batch, c.groups, c.entries});
-  EXPECT_TRUE(at::allclose(
-      AttendByPositions(q, keys, values, query_positions, grouped, params), expected, 1e-5, 1e-5));
+  EXPECT_TRUE(at::allclose(AttendByPositions(q, keys, values, query_positions, grouped, params),
+                           expected, 1e-5, 1e-5));
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, DecodeAttentionCases,
@@ -71,13 +72,13 @@ TEST(DecodeAttention, RowWithNoAllowedKeyGetsUniformWeights) {
 TEST(DecodeAttention, NotForPrefillOrOtherDtypes) {
   const at::Tensor kv = at::randn({1, 2, 10, 8});
   const at::Tensor kp = at::arange(10, at::kLong).view({1, 1, 10});
-  EXPECT_FALSE(DecodeAttentionApplies(at::randn({1, 2, 5, 8}), kv, kv,
-                                      at::zeros({1, 5}, at::kLong), kp));
-  EXPECT_FALSE(DecodeAttentionApplies(at::randn({1, 2, 1, 8}).to(at::kDouble),
-                                      kv.to(at::kDouble), kv.to(at::kDouble),
+  EXPECT_FALSE(
+      DecodeAttentionApplies(at::randn({1, 2, 5, 8}), kv, kv, at::zeros({1, 5}, at::kLong), kp));
+  EXPECT_FALSE(DecodeAttentionApplies(at::randn({1, 2, 1, 8}).to(at::kDouble), kv.to(at::kDouble),
+                                      kv.to(at::kDouble), at::zeros({1, 1}, at::kLong), kp));
+  EXPECT_FALSE(DecodeAttentionApplies(at::randn({1, 2, 1, 8}),
+                                      kv.transpose(2, 3).contiguous().transpose(2, 3), kv,
                                       at::zeros({1, 1}, at::kLong), kp));
-  EXPECT_FALSE(DecodeAttentionApplies(at::randn({1, 2, 1, 8}), kv.transpose(2, 3).contiguous().transpose(2, 3),
-                                      kv, at::zeros({1, 1}, at::kLong), kp));
 }
 
 }  // namespace

@@ -118,10 +118,14 @@ void GemvRangeAvx2(const float* w, const float* bias, const float* x, float* y, 
 void GemvAvx2(const float* w, const float* bias, const float* x, float* y, int64_t rows,
               int64_t n_out, int64_t k, int64_t begin, int64_t end) {
   switch (rows) {
-    case 1: return GemvRangeAvx2<1>(w, bias, x, y, n_out, k, begin, end);
-    case 2: return GemvRangeAvx2<2>(w, bias, x, y, n_out, k, begin, end);
-    case 3: return GemvRangeAvx2<3>(w, bias, x, y, n_out, k, begin, end);
-    default: return GemvRangeAvx2<4>(w, bias, x, y, n_out, k, begin, end);
+    case 1:
+      return GemvRangeAvx2<1>(w, bias, x, y, n_out, k, begin, end);
+    case 2:
+      return GemvRangeAvx2<2>(w, bias, x, y, n_out, k, begin, end);
+    case 3:
+      return GemvRangeAvx2<3>(w, bias, x, y, n_out, k, begin, end);
+    default:
+      return GemvRangeAvx2<4>(w, bias, x, y, n_out, k, begin, end);
   }
 }
 
@@ -165,8 +169,15 @@ class RowPool {
       wake_.notify_all();
     }
     Work();
-    while (done_.load() != chunks) CpuRelax();
-    while (active_.load() != 0) CpuRelax();
+    // A worker still on its last chunk: spin briefly, then give the CPU away (on a machine
+    // with more runnable threads than cores, that worker may be waiting for this one).
+    for (int spin = 0; done_.load() != chunks || active_.load() != 0; ++spin) {
+      if (spin < 4096) {
+        CpuRelax();
+      } else {
+        std::this_thread::yield();
+      }
+    }
   }
 
  private:
@@ -252,13 +263,6 @@ void ParallelForRows(int64_t n, int64_t align, int64_t min_rows_per_thread,
   const int64_t blocks = (n + align - 1) / align;
   const int64_t min_blocks = std::max<int64_t>(1, min_rows_per_thread / align);
   if (threads <= 1 || blocks < 2 * min_blocks) return fn(0, n);
-  static const bool omp = std::getenv("LGPT_GEMV_OMP") != nullptr;  // TEMP: measuring
-  if (omp) {
-    at::parallel_for(0, blocks, min_blocks, [&](int64_t b, int64_t e) {
-      fn(b * align, std::min(e * align, n));
-    });
-    return;
-  }
   // About 8 chunks per thread: small enough to rebalance, large enough to stream.
   const int64_t per_chunk = std::max(min_blocks, blocks / (8 * threads));
   const int64_t chunks = (blocks + per_chunk - 1) / per_chunk;

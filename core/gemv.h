@@ -9,10 +9,10 @@
 #ifndef LGPT_CORE_GEMV_H_
 #define LGPT_CORE_GEMV_H_
 
+#include <ATen/core/Tensor.h>
+
 #include <cstdint>
 #include <functional>
-
-#include <ATen/core/Tensor.h>
 
 namespace lgpt {
 

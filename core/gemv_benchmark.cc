@@ -20,9 +20,9 @@ namespace lgpt {
 namespace {
 
 void SetBytes(benchmark::State& state, int64_t bytes) {
-  state.counters["GB_per_s"] = benchmark::Counter(
-      static_cast<double>(bytes), benchmark::Counter::kIsIterationInvariantRate,
-      benchmark::Counter::kIs1000);
+  state.counters["GB_per_s"] =
+      benchmark::Counter(static_cast<double>(bytes), benchmark::Counter::kIsIterationInvariantRate,
+                         benchmark::Counter::kIs1000);
 }
 
 // args: rows, n_out, k
@@ -32,8 +32,8 @@ void BM_Gemv(benchmark::State& state, bool avx2) {
   const at::Tensor x = at::randn({rows, k});
   at::Tensor y = at::empty({rows, n_out});
   for (auto _ : state) {
-    GemvF32(w.data_ptr<float>(), nullptr, x.data_ptr<float>(), y.data_ptr<float>(), rows, n_out,
-            k, avx2);
+    GemvF32(w.data_ptr<float>(), nullptr, x.data_ptr<float>(), y.data_ptr<float>(), rows, n_out, k,
+            avx2);
     benchmark::DoNotOptimize(y.data_ptr<float>());
   }
   SetBytes(state, n_out * k * 4);
@@ -103,7 +103,8 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--threads=", 10) == 0) threads = std::atoi(argv[i] + 10);
   }
-  at::set_num_threads(threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency()));
+  at::set_num_threads(threads > 0 ? threads
+                                  : static_cast<int>(std::thread::hardware_concurrency()));
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

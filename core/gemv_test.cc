@@ -38,10 +38,11 @@ TEST_P(GemvShapes, EqualsLinear) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, GemvShapes,
-    ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Values(1, 7, 9, 33, 768, 1031),
-                       ::testing::Values(1, 5, 8, 13, 64, 771), ::testing::Bool()));
+INSTANTIATE_TEST_SUITE_P(Shapes, GemvShapes,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4),
+                                            ::testing::Values(1, 7, 9, 33, 768, 1031),
+                                            ::testing::Values(1, 5, 8, 13, 64, 771),
+                                            ::testing::Bool()));
 
 TEST(GemvLinear, KeepsLeadingDimensions) {
   at::manual_seed(1);
@@ -64,8 +65,8 @@ TEST(GemvApplies, OnlyForFewRowsFloatCpuWithoutGrad) {
   EXPECT_FALSE(GemvApplies(at::randn({1, kGemvMaxRows + 1, 16}), w, at::Tensor()));
   EXPECT_FALSE(GemvApplies(at::randn({1, 16}, at::kDouble), w.to(at::kDouble), at::Tensor()));
   EXPECT_FALSE(GemvApplies(at::randn({1, 15}), w, at::Tensor()));
-  EXPECT_FALSE(GemvApplies(at::randn({1, 16}), w.t().contiguous().t().narrow(0, 0, 8).t(),
-                           at::Tensor()));
+  EXPECT_FALSE(
+      GemvApplies(at::randn({1, 16}), w.t().contiguous().t().narrow(0, 0, 8).t(), at::Tensor()));
   const at::Tensor trained = at::randn({8, 16}).requires_grad_();
   EXPECT_FALSE(GemvApplies(at::randn({1, 16}), trained, at::Tensor()));
   at::NoGradGuard no_grad;

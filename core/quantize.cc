@@ -63,9 +63,8 @@ __attribute__((target("avx2,fma"))) inline __m256 LoadInt8(const int8_t* p) {
 template <int M, int R>
 __attribute__((target("avx2,fma"))) void Int8BlockAvx2(const int8_t* w, const float* scales,
                                                        int64_t group, int64_t groups,
-                                                       const float* bias, const float* x,
-                                                       float* y, int64_t n_out, int64_t k,
-                                                       int64_t n) {
+                                                       const float* bias, const float* x, float* y,
+                                                       int64_t n_out, int64_t k, int64_t n) {
   __m256 acc[R][M];
   float tail[R][M];
 #pragma GCC unroll 4
@@ -132,13 +131,17 @@ void Int8RangeAvx2(const int8_t* w, const float* scales, int64_t group, int64_t 
 }
 
 void Int8Avx2(const int8_t* w, const float* scales, int64_t group, int64_t groups,
-              const float* bias, const float* x, float* y, int64_t rows, int64_t n_out,
-              int64_t k, int64_t begin, int64_t end) {
+              const float* bias, const float* x, float* y, int64_t rows, int64_t n_out, int64_t k,
+              int64_t begin, int64_t end) {
   switch (rows) {
-    case 1: return Int8RangeAvx2<1>(w, scales, group, groups, bias, x, y, n_out, k, begin, end);
-    case 2: return Int8RangeAvx2<2>(w, scales, group, groups, bias, x, y, n_out, k, begin, end);
-    case 3: return Int8RangeAvx2<3>(w, scales, group, groups, bias, x, y, n_out, k, begin, end);
-    default: return Int8RangeAvx2<4>(w, scales, group, groups, bias, x, y, n_out, k, begin, end);
+    case 1:
+      return Int8RangeAvx2<1>(w, scales, group, groups, bias, x, y, n_out, k, begin, end);
+    case 2:
+      return Int8RangeAvx2<2>(w, scales, group, groups, bias, x, y, n_out, k, begin, end);
+    case 3:
+      return Int8RangeAvx2<3>(w, scales, group, groups, bias, x, y, n_out, k, begin, end);
+    default:
+      return Int8RangeAvx2<4>(w, scales, group, groups, bias, x, y, n_out, k, begin, end);
   }
 }
 
@@ -152,7 +155,8 @@ Int8Weight QuantizeInt8(const at::Tensor& weight, int64_t group_size) {
   TORCH_CHECK(k % group == 0, "group size ", group, " does not divide ", k);
   TORCH_CHECK(group == k || group % 8 == 0, "group size ", group, " is not a multiple of 8");
   at::NoGradGuard no_grad;
-  const at::Tensor grouped = weight.detach().to(at::kCPU, at::kFloat).reshape({n, k / group, group});
+  const at::Tensor grouped =
+      weight.detach().to(at::kCPU, at::kFloat).reshape({n, k / group, group});
   // Symmetric: the largest magnitude of a group maps to 127; an all-zero group gets scale 1.
   at::Tensor scales = grouped.abs().amax(-1) / 127.0f;
   scales = at::where(scales > 0, scales, at::ones_like(scales));
@@ -163,13 +167,13 @@ Int8Weight QuantizeInt8(const at::Tensor& weight, int64_t group_size) {
 
 at::Tensor DequantizeInt8(const Int8Weight& weight) {
   const int64_t n = weight.values.size(0), k = weight.values.size(1);
-  const at::Tensor grouped = weight.values.to(at::kFloat).view({n, k / weight.group_size,
-                                                                weight.group_size});
+  const at::Tensor grouped =
+      weight.values.to(at::kFloat).view({n, k / weight.group_size, weight.group_size});
   return (grouped * weight.scales.unsqueeze(-1)).view({n, k});
 }
 
-void Int8Gemv(const Int8Weight& weight, const float* bias, const float* x, float* y,
-              int64_t rows, bool use_avx2) {
+void Int8Gemv(const Int8Weight& weight, const float* bias, const float* x, float* y, int64_t rows,
+              bool use_avx2) {
   const int64_t n_out = weight.values.size(0), k = weight.values.size(1);
   const int64_t group = weight.group_size, groups = k / group;
   const int8_t* w = weight.values.data_ptr<int8_t>();
@@ -192,9 +196,9 @@ absl::Status Int8ProjectionImpl::Quantize() {
   const int64_t k = weight.size(1);
   const int64_t group = options_.group_size > 0 ? options_.group_size : k;
   if (k % group != 0 || (group != k && group % 8 != 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "int8 group size ", options_.group_size, " must divide in_features ", k,
-        " and be a multiple of 8"));
+    return absl::InvalidArgumentError(absl::StrCat("int8 group size ", options_.group_size,
+                                                   " must divide in_features ", k,
+                                                   " and be a multiple of 8"));
   }
   quantized_ = QuantizeInt8(weight, options_.group_size);
   // Frees the float weight; the parameter stays registered (empty) so the module's

@@ -12,12 +12,11 @@
 #ifndef LGPT_CORE_QUANTIZE_H_
 #define LGPT_CORE_QUANTIZE_H_
 
-#include <cstdint>
-
 #include <ATen/core/Tensor.h>
 
-#include "absl/status/status.h"
+#include <cstdint>
 
+#include "absl/status/status.h"
 #include "core/linear_factory.h"
 
 namespace lgpt {
@@ -37,8 +36,8 @@ at::Tensor DequantizeInt8(const Int8Weight& weight);
 
 // y[m, n] = sum_k x[m, k] · dequantised w[n, k] (+ bias[n]) for rows <= kGemvMaxRows; the
 // layout of GemvF32 (core/gemv.h). Parallel over n; `use_avx2` false forces the portable loop.
-void Int8Gemv(const Int8Weight& weight, const float* bias, const float* x, float* y,
-              int64_t rows, bool use_avx2);
+void Int8Gemv(const Int8Weight& weight, const float* bias, const float* x, float* y, int64_t rows,
+              bool use_avx2);
 
 struct Int8Options {
   // 0: per output channel; else a divisor of every quantised in_features, multiple of 8.

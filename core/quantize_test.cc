@@ -52,11 +52,10 @@ TEST_P(Int8GemvShapes, EqualsDequantisedLinear) {
   for (const bool avx2 : {false, true}) {
     if (avx2 && !CpuHasAvx2Fma()) continue;
     at::Tensor y = at::empty({rows, n_out});
-    Int8Gemv(q, with_bias ? b.data_ptr<float>() : nullptr, x.data_ptr<float>(),
-             y.data_ptr<float>(), rows, avx2);
+    Int8Gemv(q, with_bias ? b.data_ptr<float>() : nullptr, x.data_ptr<float>(), y.data_ptr<float>(),
+             rows, avx2);
     EXPECT_TRUE(at::allclose(y, expected, 1e-5, 1e-4))
-        << (avx2 ? "avx2" : "portable") << " max diff "
-        << (y - expected).abs().max().item<float>();
+        << (avx2 ? "avx2" : "portable") << " max diff " << (y - expected).abs().max().item<float>();
   }
 }
 
@@ -105,9 +104,9 @@ TEST(Int8LinearFactory, HeadStaysDenseWhenAsked) {
   spec.in_features = 8;
   spec.out_features = 8;
   EXPECT_NE(dynamic_cast<Int8ProjectionImpl*>(Int8LinearFactory().Make(spec).get()), nullptr);
-  EXPECT_EQ(dynamic_cast<Int8ProjectionImpl*>(
-                Int8LinearFactory(Int8Options{0, false}).Make(spec).get()),
-            nullptr);
+  EXPECT_EQ(
+      dynamic_cast<Int8ProjectionImpl*>(Int8LinearFactory(Int8Options{0, false}).Make(spec).get()),
+      nullptr);
 }
 
 }  // namespace

@@ -26,9 +26,9 @@ absl::Status QuantizeModelInt8(GPTImpl& model) {
     ++quantized;
   }
   if (quantized == 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        model.config().name,
-        ": no quantisable projections; build the model with Int8ModelParts()"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(model.config().name,
+                     ": no quantisable projections; build the model with Int8ModelParts()"));
   }
   return absl::OkStatus();
 }

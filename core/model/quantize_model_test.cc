@@ -35,7 +35,8 @@ TEST(QuantizeModelInt8, LogitsCloseToFloatAndDecodeMatchesFullForward) {
   const double relative = ((full - expected).norm() / expected.norm()).item<double>();
   EXPECT_LT(relative, 0.05);
   // The most likely next token mostly agrees.
-  const double agree = (full.argmax(-1) == expected.argmax(-1)).to(at::kFloat).mean().item<double>();
+  const double agree =
+      (full.argmax(-1) == expected.argmax(-1)).to(at::kFloat).mean().item<double>();
   EXPECT_GT(agree, 0.9);
 
   // Token-by-token decoding (the int8 GEMV) equals the full forward (the dequantising path).
