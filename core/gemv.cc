@@ -169,15 +169,9 @@ class RowPool {
       wake_.notify_all();
     }
     Work();
-    // A worker still on its last chunk: spin briefly, then give the CPU away (on a machine
-    // with more runnable threads than cores, that worker may be waiting for this one).
-    for (int spin = 0; done_.load() != chunks || active_.load() != 0; ++spin) {
-      if (spin < 4096) {
-        CpuRelax();
-      } else {
-        std::this_thread::yield();
-      }
-    }
+    // A worker still on its last chunk. Spinning, not sched_yield: on a loaded machine a
+    // yield can hand the core to another process for a whole time slice.
+    while (done_.load() != chunks || active_.load() != 0) CpuRelax();
   }
 
  private:
