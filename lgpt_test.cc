@@ -222,6 +222,22 @@ TEST(SessionTest, SaysWhenTheContextIsFull) {
   EXPECT_TRUE(session->Send(*engine.Encode("And"), Greedy(4)).ok());
 }
 
+TEST(EngineTest, Int8WeightsGenerateTheSameGreedyTextAlmostEverywhere) {
+  EngineOptions options;
+  options.quantize_int8 = true;
+  absl::StatusOr<std::shared_ptr<const Engine>> int8 = Engine::Load(kDefaultModel, options);
+  ASSERT_TRUE(int8.ok()) << int8.status();
+  const Completion f32 = *DefaultEngine().Generate("And God said", Greedy(12));
+  const Completion q8 = *(*int8)->Generate("And God said", Greedy(12));
+  ASSERT_EQ(q8.tokens.size(), f32.tokens.size());
+  // Per-channel int8 moves logits by ~1e-3: the first greedy tokens agree.
+  EXPECT_EQ(std::vector<int64_t>(q8.tokens.begin(), q8.tokens.begin() + 4),
+            std::vector<int64_t>(f32.tokens.begin(), f32.tokens.begin() + 4));
+  options.dtype = c10::kBFloat16;
+  EXPECT_EQ(Engine::Load(kDefaultModel, options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(EngineTest, BadInputsAreClearErrors) {
   const Engine& engine = DefaultEngine();
   EXPECT_EQ(Engine::Load("/nonexistent/checkpoint").status().code(), absl::StatusCode::kNotFound);

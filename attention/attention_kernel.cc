@@ -4,6 +4,8 @@
 
 #include <ATen/ATen.h>
 
+#include "attention/decode_attention.h"
+
 namespace lgpt {
 
 at::Tensor AttentionMask(const at::Tensor& query_positions, const at::Tensor& key_positions,
@@ -19,6 +21,11 @@ at::Tensor AttendByPositions(const at::Tensor& q, const at::Tensor& keys,
                              const at::Tensor& values, const at::Tensor& query_positions,
                              const at::Tensor& key_positions, const AttentionParams& params,
                              at::Tensor* weights_out) {
+  if (weights_out == nullptr &&
+      DecodeAttentionApplies(q, keys, values, query_positions, key_positions)) {
+    return DecodeAttention(q, keys, values, query_positions, key_positions, params.scale,
+                           params.softcap, params.sliding_window);
+  }
   const int64_t batch = q.size(0), n_head = q.size(1), steps = q.size(2), head_size = q.size(3);
   const int64_t groups = keys.size(1), entries = keys.size(2);
   const int64_t q_per_kv = n_head / groups;

@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include "core/gemv.h"
+
 namespace lgpt {
 
 const char* LinearSiteName(LinearSite site) {
@@ -44,7 +46,11 @@ DenseProjectionImpl::DenseProjectionImpl(const LinearSpec& spec) {
   if (spec.bias) bias = register_parameter("bias", at::zeros({spec.out_features}));
 }
 
-at::Tensor DenseProjectionImpl::forward(const at::Tensor& x) { return at::linear(x, weight, bias); }
+at::Tensor DenseProjectionImpl::forward(const at::Tensor& x) {
+  // Decoding (few rows, no autograd) is bound by reading the weight: see core/gemv.h.
+  if (GemvApplies(x, weight, bias)) return GemvLinear(x, weight, bias);
+  return at::linear(x, weight, bias);
+}
 
 ProjectionPtr LinearFactory::Make(const LinearSpec& spec) const {
   return std::make_shared<DenseProjectionImpl>(spec);

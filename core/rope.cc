@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 
 namespace lgpt {
 namespace {
@@ -16,6 +17,46 @@ double YarnMscale(double scale, double mscale) {
 at::Tensor BaseTheta(double base, int64_t n_elem, const at::TensorOptions& f32) {
   const at::Tensor exponent = at::arange(0, n_elem, 2, f32) / static_cast<double>(n_elem);
   return at::reciprocal(at::pow(base, exponent));
+}
+
+// Decoding rotates a few positions a step; one loop instead of about ten LibTorch operations.
+bool SmallRopeApplies(const at::Tensor& x, const RopeTables& tables, bool interleave) {
+  if (interleave || x.dim() != 4 || x.size(2) > 4 || !x.device().is_cpu()) return false;
+  if (x.scalar_type() != at::kFloat || tables.cos.scalar_type() != at::kFloat) return false;
+  if (!tables.cos.device().is_cpu() || tables.cos.dim() != 3 || tables.sin.dim() != 3) {
+    return false;
+  }
+  if (tables.cos.size(0) != x.size(0) || tables.cos.size(1) != x.size(2)) return false;
+  return !c10::GradMode::is_enabled() || !x.requires_grad();
+}
+
+at::Tensor SmallRope(const at::Tensor& x, const RopeTables& tables) {
+  const int64_t batch = x.size(0), heads = x.size(1), steps = x.size(2), hs = x.size(3);
+  const int64_t n_elem = tables.cos.size(-1), half = n_elem / 2;
+  const at::Tensor cos_t = tables.cos.contiguous(), sin_t = tables.sin.contiguous();
+  at::Tensor y = at::empty({batch, heads, steps, hs}, x.options());
+  const float* in = x.data_ptr<float>();
+  const float* cos = cos_t.data_ptr<float>();
+  const float* sin = sin_t.data_ptr<float>();
+  float* out = y.data_ptr<float>();
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t t = 0; t < steps; ++t) {
+        const float* xv = in + b * x.stride(0) + h * x.stride(1) + t * x.stride(2);
+        const int64_t xs = x.stride(3);
+        const float* c = cos + (b * steps + t) * n_elem;
+        const float* s = sin + (b * steps + t) * n_elem;
+        float* o = out + ((b * heads + h) * steps + t) * hs;
+        for (int64_t i = 0; i < n_elem; ++i) {
+          const float rotated =
+              i < n_elem - half ? -xv[(i + half) * xs] : xv[(i - (n_elem - half)) * xs];
+          o[i] = xv[i * xs] * c[i] + rotated * s[i];
+        }
+        for (int64_t i = n_elem; i < hs; ++i) o[i] = xv[i * xs];
+      }
+    }
+  }
+  return y;
 }
 
 }  // namespace
@@ -96,6 +137,7 @@ RopeTables Rope::Tables(const at::Tensor& positions, bool local) const {
 at::Tensor ApplyRope(const at::Tensor& x, const RopeTables& tables, bool interleave) {
   const int64_t n_elem = tables.cos.size(-1);
   if (n_elem == 0) return x;
+  if (SmallRopeApplies(x, tables, interleave)) return SmallRope(x, tables);
   const int64_t head_size = x.size(-1);
   at::Tensor part = x.narrow(-1, 0, n_elem);
   if (interleave) {

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
 #include "core/device.h"
 #include "core/status_macros.h"
 #include "tools/tool_util.h"
@@ -13,6 +14,8 @@ ABSL_FLAG(double, top_p, 1.0, "nucleus sampling mass in [0, 1]");
 ABSL_FLAG(uint64_t, seed, 1234, "random seed");
 ABSL_FLAG(std::string, precision, "32-true", "32-true, bf16-true or 16-true");
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda[:N]");
+ABSL_FLAG(std::string, quantize, "none",
+          "none, or int8: int8 weight-only projections (CPU, --precision=32-true)");
 ABSL_FLAG(std::string, kv_cache, "dense", "KV cache policy: dense, window, sink, h2o or tova");
 ABSL_FLAG(int64_t, kv_budget, 0, "entries kept per layer (and row, group); not for dense");
 ABSL_FLAG(int, kv_bits, 16, "bits per cached key/value: 16 (the model's dtype), 8 or 4");
@@ -40,6 +43,12 @@ absl::StatusOr<EngineOptions> EngineOptionsFromFlags() {
   ASSIGN_OR_RETURN(options.dtype, ParsePrecision(absl::GetFlag(FLAGS_precision)));
   ASSIGN_OR_RETURN(options.device, ParseDevice(absl::GetFlag(FLAGS_device)));
   options.progress = PrintProgress;
+  const std::string quantize = absl::GetFlag(FLAGS_quantize);
+  if (quantize != "none" && quantize != "int8") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--quantize must be none or int8, got '", quantize, "'"));
+  }
+  options.quantize_int8 = quantize == "int8";
   return options;
 }
 

@@ -55,7 +55,6 @@ ABSL_FLAG(int64_t, save_every, 500, "steps between checkpoints");
 ABSL_FLAG(std::string, save_precision, "bf16-true", "dtype of saved weights");
 ABSL_FLAG(bool, resume, false, "continue from out_dir's training state");
 ABSL_FLAG(uint64_t, seed, 42, "random seed");
-ABSL_FLAG(int64_t, threads, 0, "intra-op threads; 0: all cores");
 
 namespace lgpt {
 namespace {

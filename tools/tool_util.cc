@@ -6,15 +6,21 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <thread>
 
+#include <ATen/Parallel.h>
 #include <glog/logging.h>
 
+#include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+
+ABSL_FLAG(int32_t, threads, 0,
+          "intra-op threads; 0: all hardware threads (or OMP_NUM_THREADS when set)");
 
 namespace lgpt {
 namespace {
@@ -37,6 +43,15 @@ void InitTool(int argc, char** argv, absl::string_view usage) {
     Die(absl::InvalidArgumentError(
         absl::StrCat("unexpected argument '", positional[1], "' (flags look like --name=value)")));
   }
+  // Set once, before any parallel work: Debian's LibTorch otherwise runs one thread.
+  int threads = absl::GetFlag(FLAGS_threads);
+  if (threads < 0) {
+    Die(absl::InvalidArgumentError(absl::StrCat("--threads must be >= 0, got ", threads)));
+  }
+  if (threads == 0 && std::getenv("OMP_NUM_THREADS") == nullptr) {
+    threads = static_cast<int>(std::thread::hardware_concurrency());
+  }
+  if (threads > 0) at::set_num_threads(threads);
   FLAGS_minloglevel = 2;  // LibTorch's warnings would clutter tool output.
   FLAGS_logtostderr = true;
 }

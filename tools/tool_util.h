@@ -9,14 +9,20 @@
 
 #include <c10/core/ScalarType.h>
 
+#include "absl/flags/declare.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
+// --threads: intra-op threads of every tool (LibTorch's and the GEMV pool's); 0: all
+// hardware threads unless OMP_NUM_THREADS says otherwise.
+ABSL_DECLARE_FLAG(int32_t, threads);
+
 namespace lgpt {
 
-// Parses flags (unknown flags and bad values end the program with one line and status 1)
-// and quiets LibTorch's logging. Positional arguments are an error.
+// Parses flags (unknown flags and bad values end the program with one line and status 1),
+// sets the intra-op threads (--threads) and quiets LibTorch's logging. Positional arguments
+// are an error.
 void InitTool(int argc, char** argv, absl::string_view usage);
 
 // Prints "<tool>: error: <message>" on stderr and exits with status 1.

@@ -1,22 +1,30 @@
 // Prefill and decode throughput of GPT with random weights.
 //
-//   bazel run //core/model:gpt_benchmark -- --benchmark_filter=Decode
+//   bazel run //core/model:gpt_benchmark -- --benchmark_filter=Decode [--threads=N]
+//
+// --threads: intra-op threads (default: all hardware threads).
+// --quantize=int8: int8 weight-only projections (core/model/quantize_model.h).
 //
 // Models: "tiny" (tests' size) and "llama-110m" (llama2.c's 110M: n_layer 12, n_embd 768,
 // n_head 12, intermediate 2048, vocab 32000). LGPT_BENCH_PRESET=<preset name> adds any
 // LitGPT preset at full size. Decode runs at several filled lengths with the cache sized
 // for the whole block, to show that its cost follows the filled length.
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <benchmark/benchmark.h>
 
 #include "core/config.h"
 #include "core/config_presets.h"
 #include "core/model/gpt.h"
+#include "core/model/quantize_model.h"
 
 namespace lgpt {
 namespace {
@@ -46,12 +54,18 @@ Config ModelConfig(const std::string& name) {
   return *preset;
 }
 
+bool& UseInt8() {
+  static bool int8 = false;
+  return int8;
+}
+
 GPT& Model(const std::string& name) {
   static auto* models = new std::map<std::string, GPT>();
   auto it = models->find(name);
   if (it == models->end()) {
     at::manual_seed(0);
-    GPT model = *GPTImpl::Create(ModelConfig(name));
+    GPT model = *GPTImpl::Create(ModelConfig(name), UseInt8() ? Int8ModelParts() : ModelParts());
+    if (UseInt8() && !QuantizeModelInt8(*model).ok()) std::abort();
     model->eval();
     it = models->emplace(name, model).first;
   }
@@ -118,6 +132,14 @@ void RegisterAll() {
 }  // namespace lgpt
 
 int main(int argc, char** argv) {
+  int threads = static_cast<int>(std::thread::hardware_concurrency());
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--threads=", 10) == 0) threads = std::atoi(argv[i] + 10);
+    if (std::strcmp(argv[i], "--quantize=int8") == 0) lgpt::UseInt8() = true;
+  }
+  at::set_num_threads(std::max(threads, 1));
+  benchmark::AddCustomContext("threads", std::to_string(at::get_num_threads()));
+  benchmark::AddCustomContext("weights", lgpt::UseInt8() ? "int8" : "float32");
   benchmark::Initialize(&argc, argv);
   lgpt::RegisterAll();
   benchmark::RunSpecifiedBenchmarks();

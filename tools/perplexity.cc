@@ -1,0 +1,81 @@
+// Teacher-forced perplexity of a checkpoint on a text, with float32 or int8 weights:
+//   bible -f Rev21:1-Rev22:21 | sed -E 's/^[0-9A-Za-z]+[0-9]+:[0-9]+ //' > /tmp/rev.txt
+//   bazel run //tools:perplexity -- --text_file=/tmp/rev.txt --lines_bos_eos --quantize=int8
+// The tokens are scored in consecutive windows of the model's block size (each window on
+// its own, as in training); prints tokens, mean negative log-likelihood and perplexity.
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "core/model/checkpoint.h"
+#include "core/model/quantize_model.h"
+#include "core/tokenizer.h"
+#include "tools/tool_util.h"
+
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "LitGPT checkpoint directory; empty: the embedded default model");
+ABSL_FLAG(std::string, text_file, "", "text to score");
+ABSL_FLAG(bool, lines_bos_eos, false,
+          "tokenise each line on its own, between BOS and EOS (the default model's training "
+          "format); else the whole text at once");
+ABSL_FLAG(std::string, quantize, "none", "none or int8 (weight-only)");
+ABSL_FLAG(int64_t, group_size, 0, "int8: input features per scale; 0: one per output channel");
+
+constexpr char kDefaultModelDir[] = "tools/default_model";
+
+int main(int argc, char** argv) {
+  using namespace lgpt;
+  InitTool(argc, argv, "perplexity --text_file=FILE [--lines_bos_eos] [--quantize=int8]");
+  std::string checkpoint_dir = ResolvePath(absl::GetFlag(FLAGS_checkpoint_dir));
+  if (checkpoint_dir.empty()) checkpoint_dir = kDefaultModelDir;
+  const std::string quantize = absl::GetFlag(FLAGS_quantize);
+  if (quantize != "none" && quantize != "int8") {
+    Die(absl::InvalidArgumentError(absl::StrCat("--quantize: unknown value '", quantize, "'")));
+  }
+  std::ifstream file(ResolvePath(absl::GetFlag(FLAGS_text_file)));
+  if (!file) Die(absl::NotFoundError("cannot read --text_file"));
+  std::stringstream buffer;
+  buffer << file.rdbuf();
+  const std::string text = buffer.str();
+
+  LoadOptions load;
+  if (quantize == "int8") load.parts = Int8ModelParts(Int8Options{absl::GetFlag(FLAGS_group_size)});
+  LoadedModel loaded = ValueOrDie(LoadCheckpoint(checkpoint_dir, load));
+  if (quantize == "int8") DieIfError(QuantizeModelInt8(*loaded.model));
+  std::unique_ptr<Tokenizer> tokenizer = ValueOrDie(Tokenizer::Load(checkpoint_dir));
+  std::vector<int64_t> ids;
+  if (absl::GetFlag(FLAGS_lines_bos_eos)) {
+    for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipWhitespace())) {
+      const std::vector<int64_t> line_ids = ValueOrDie(tokenizer->Encode(line, true, true));
+      ids.insert(ids.end(), line_ids.begin(), line_ids.end());
+    }
+  } else {
+    ids = ValueOrDie(tokenizer->Encode(text));
+  }
+  at::NoGradGuard no_grad;
+  const int64_t window = loaded.config.block_size;
+  const at::Tensor all = at::tensor(ids, at::kLong);
+  double nll = 0;
+  int64_t scored = 0;
+  for (int64_t begin = 0; begin + 1 < static_cast<int64_t>(ids.size()); begin += window) {
+    const int64_t length = std::min<int64_t>(window, ids.size() - begin);
+    if (length < 2) break;
+    const at::Tensor tokens = all.narrow(0, begin, length).unsqueeze(0);
+    const at::Tensor logits = ValueOrDie(loaded.model->Forward(tokens));  // [1, T, V]
+    const at::Tensor logp = at::log_softmax(logits[0].narrow(0, 0, length - 1).to(at::kDouble), -1);
+    const at::Tensor target = tokens[0].narrow(0, 1, length - 1).unsqueeze(1);
+    nll -= logp.gather(1, target).sum().item<double>();
+    scored += length - 1;
+  }
+  std::printf("weights=%s tokens=%lld nll=%.5f perplexity=%.3f\n", quantize.c_str(),
+              static_cast<long long>(scored), nll / scored, std::exp(nll / scored));
+  return 0;
+}
