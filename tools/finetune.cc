@@ -64,7 +64,6 @@ ABSL_FLAG(int64_t, eval_iters, 100, "micro-batches per validation run");
 ABSL_FLAG(int64_t, log_interval, 10, "optimizer steps between progress lines");
 ABSL_FLAG(uint64_t, seed, 1337, "random seed (split, order, initialisation, dropout)");
 ABSL_FLAG(bool, merge, false, "also write a merged plain lit_model.pth (lora, full)");
-ABSL_FLAG(int64_t, threads, 0, "intra-op threads; 0: all cores");
 
 namespace lgpt {
 namespace {
@@ -116,7 +115,6 @@ int main(int argc, char** argv) {
   InitTool(argc, argv,
            "finetune --method=lora|adapter|adapter_v2|full --checkpoint_dir=DIR "
            "--data=FILE.json --out_dir=DIR [--max_steps=N] [--merge]");
-  if (absl::GetFlag(FLAGS_threads) > 0) at::set_num_threads(absl::GetFlag(FLAGS_threads));
   const FinetuneMethod method = ValueOrDie(ParseFinetuneMethod(absl::GetFlag(FLAGS_method)));
   std::string checkpoint_dir = ResolvePath(absl::GetFlag(FLAGS_checkpoint_dir));
   if (checkpoint_dir.empty()) checkpoint_dir = kDefaultModelDir;

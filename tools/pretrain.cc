@@ -115,7 +115,6 @@ int main(int argc, char** argv) {
   using namespace lgpt;
   InitTool(argc, argv,
            "pretrain --model_config=FILE|--model_name=NAME --text_file=CORPUS --out_dir=DIR");
-  if (absl::GetFlag(FLAGS_threads) > 0) at::set_num_threads(absl::GetFlag(FLAGS_threads));
   const std::string out_dir = ResolvePath(absl::GetFlag(FLAGS_out_dir));
   const std::string text_file = ResolvePath(absl::GetFlag(FLAGS_text_file));
   if (out_dir.empty()) Die(absl::InvalidArgumentError("--out_dir is required"));
