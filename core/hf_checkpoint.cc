@@ -23,6 +23,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "core/file_util.h"
 #include "core/config_presets.h"
 #include "core/safetensors.h"
 #include "core/status_macros.h"
@@ -238,16 +239,6 @@ absl::Status Invalid(const std::string& source, const std::string& what) {
 
 // ---------------------------------------------------------------------------------------
 // Files.
-
-bool IsFile(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
-
-bool IsDirectory(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
 
 absl::StatusOr<std::string> ReadText(const std::string& path) {
   if (!IsFile(path)) return absl::NotFoundError(absl::StrCat(path, ": no such file"));

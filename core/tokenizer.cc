@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
+#include "core/file_util.h"
 #include "core/sentencepiece_tokenizer.h"
 #include "core/status_macros.h"
 #include "core/tokenizer_backend.h"
@@ -22,11 +23,6 @@ namespace lgpt {
 namespace {
 
 using json = nlohmann::json;
-
-bool IsFile(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   std::ifstream file(path, std::ios::binary);
