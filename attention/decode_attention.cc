@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 
 #include "core/gemv.h"
+#include "core/simd_avx2.h"
 
 namespace lgpt {
 namespace {
@@ -17,6 +18,108 @@ constexpr int64_t kMaxSteps = 4;
 bool RowsContiguous(const at::Tensor& t) {
   return t.dim() == 4 && t.stride(3) == 1 && t.stride(2) == t.size(3);
 }
+
+// s[e] = exp(s[e] - max) in place; returns their sum.
+float ExpAndSumPortable(float* s, int64_t entries, float max_score) {
+  float total = 0;
+  for (int64_t e = 0; e < entries; ++e) {
+    s[e] = std::exp(s[e] - max_score);
+    total += s[e];
+  }
+  return total;
+}
+
+// out_r = inv_r * sum_e w_r[e] v[e] for each of `rows` weight rows, v [entries, hs].
+void WeightedValuesPortable(const float* const* w, const float* v, int64_t rows,
+                            int64_t entries, int64_t hs, const float* inv, float* const* out,
+                            float* acc) {
+  for (int64_t r = 0; r < rows; ++r) {
+    std::fill(acc, acc + hs, 0.0f);
+    for (int64_t e = 0; e < entries; ++e) {
+      const float we = w[r][e];
+      if (we == 0.0f) continue;
+      const float* ve = v + e * hs;
+      for (int64_t i = 0; i < hs; ++i) acc[i] += we * ve[i];
+    }
+    for (int64_t i = 0; i < hs; ++i) out[r][i] = acc[i] * inv[r];
+  }
+}
+
+#ifdef LGPT_SIMD_AVX2
+
+__attribute__((target("avx2,fma"))) float ExpAndSumAvx2(float* s, int64_t entries,
+                                                        float max_score) {
+  const __m256 max_v = _mm256_set1_ps(max_score);
+  __m256 total = _mm256_setzero_ps();
+  int64_t e = 0;
+  for (; e + 8 <= entries; e += 8) {
+    const __m256 x = simd::Exp(_mm256_sub_ps(_mm256_loadu_ps(s + e), max_v));
+    _mm256_storeu_ps(s + e, x);
+    total = _mm256_add_ps(total, x);
+  }
+  if (e < entries) {
+    const __m256i mask = simd::TailMask(entries - e);
+    const __m256 x = simd::Exp(_mm256_sub_ps(_mm256_maskload_ps(s + e, mask), max_v));
+    _mm256_maskstore_ps(s + e, mask, x);
+    total = _mm256_add_ps(total, _mm256_and_ps(x, _mm256_castsi256_ps(mask)));
+  }
+  return simd::HorizontalSum(total);
+}
+
+// R weight rows against V vectors (8·V columns from `col`) of every value row: R·V
+// accumulators stay in registers while the entries stream by, so each value row is read
+// once for all R queries.
+template <int R, int V>
+__attribute__((target("avx2,fma"))) void WeightedValuesBlockAvx2(const float* const* w,
+                                                                 const float* v, int64_t entries,
+                                                                 int64_t hs, int64_t col,
+                                                                 const float* inv,
+                                                                 float* const* out) {
+  __m256 acc[R][V];
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < V; ++j) acc[r][j] = _mm256_setzero_ps();
+  }
+  const float* ve = v + col;
+  for (int64_t e = 0; e < entries; ++e, ve += hs) {
+    __m256 values[V];
+    for (int j = 0; j < V; ++j) values[j] = _mm256_loadu_ps(ve + 8 * j);
+    for (int r = 0; r < R; ++r) {
+      const __m256 we = _mm256_broadcast_ss(w[r] + e);
+      for (int j = 0; j < V; ++j) acc[r][j] = _mm256_fmadd_ps(we, values[j], acc[r][j]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    const __m256 scale = _mm256_set1_ps(inv[r]);
+    for (int j = 0; j < V; ++j) {
+      _mm256_storeu_ps(out[r] + col + 8 * j, _mm256_mul_ps(acc[r][j], scale));
+    }
+  }
+}
+
+// Column chunks of 8·V for R rows; hs must be a multiple of 8.
+template <int R, int V>
+void WeightedValuesRowsAvx2(const float* const* w, const float* v, int64_t entries, int64_t hs,
+                            const float* inv, float* const* out) {
+  int64_t col = 0;
+  for (; col + 8 * V <= hs; col += 8 * V) {
+    WeightedValuesBlockAvx2<R, V>(w, v, entries, hs, col, inv, out);
+  }
+  for (; col < hs; col += 8) WeightedValuesBlockAvx2<R, 1>(w, v, entries, hs, col, inv, out);
+}
+
+// Up to 4 rows share each pass over the values (16 accumulators would spill: 8 at most).
+void WeightedValuesAvx2(const float* const* w, const float* v, int64_t rows, int64_t entries,
+                        int64_t hs, const float* inv, float* const* out) {
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) WeightedValuesRowsAvx2<4, 2>(w + r, v, entries, hs, inv + r, out + r);
+  if (rows - r >= 2) {
+    WeightedValuesRowsAvx2<2, 4>(w + r, v, entries, hs, inv + r, out + r);
+    r += 2;
+  }
+  if (r < rows) WeightedValuesRowsAvx2<1, 8>(w + r, v, entries, hs, inv + r, out + r);
+}
+
+#endif  // LGPT_SIMD_AVX2
 
 }  // namespace
 
@@ -38,7 +141,8 @@ bool DecodeAttentionApplies(const at::Tensor& q, const at::Tensor& keys, const a
 
 at::Tensor DecodeAttention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
                            const at::Tensor& query_positions, const at::Tensor& key_positions,
-                           double scale_in, std::optional<double> softcap, int64_t sliding_window) {
+                           double scale_in, std::optional<double> softcap, int64_t sliding_window,
+                           bool use_avx2) {
   const int64_t batch = q.size(0), n_head = q.size(1), steps = q.size(2), hs = q.size(3);
   const int64_t groups = keys.size(1), entries = keys.size(2);
   const int64_t q_per_kv = n_head / groups;
@@ -56,14 +160,22 @@ at::Tensor DecodeAttention(const at::Tensor& q, const at::Tensor& keys, const at
   const int64_t kp_g = key_positions.size(1) == 1 ? 0 : key_positions.stride(1);
   const float scale = static_cast<float>(scale_in);
   const float lowest = std::numeric_limits<float>::lowest();
+#ifdef LGPT_SIMD_AVX2
+  const bool avx2 = use_avx2 && hs % 8 == 0;
+#else
+  const bool avx2 = false;
+#endif
 
   // One task per (batch row, key group): its keys and values are read once for all of the
-  // group's query heads and steps, as in the generic path.
+  // group's query heads and steps (up to 4 of them per pass over the values).
   const int64_t per_task = 2 * entries * hs;
   const int64_t min_tasks = std::max<int64_t>(1, (int64_t{32} << 10) / per_task);
   ParallelForRows(batch * groups, 1, min_tasks, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(rows * entries);
     std::vector<float> acc(hs);
+    std::vector<const float*> weight_rows(rows);
+    std::vector<float*> out_rows(rows);
+    std::vector<float> inv(rows);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / groups, g = task % groups;
       const float* k = k_data + b * keys.stride(0) + g * keys.stride(1);
@@ -93,23 +205,25 @@ at::Tensor DecodeAttention(const at::Tensor& q, const at::Tensor& keys, const at
           max_score = std::max(max_score, s[e]);
         }
         // Like masked_fill with the lowest finite value: a row with no allowed key gets
-        // uniform weights.
-        float total = 0;
-        for (int64_t e = 0; e < entries; ++e) {
-          s[e] = std::exp(s[e] - max_score);
-          total += s[e];
-        }
-        std::fill(acc.begin(), acc.end(), 0.0f);
-        for (int64_t e = 0; e < entries; ++e) {
-          const float w = s[e];
-          if (w == 0.0f) continue;
-          const float* ve = v + e * hs;
-          for (int64_t i = 0; i < hs; ++i) acc[i] += w * ve[i];
-        }
-        const float inv = 1.0f / total;
-        float* o = out_data + ((b * n_head + g * q_per_kv) * steps + r) * hs;
-        for (int64_t i = 0; i < hs; ++i) o[i] = acc[i] * inv;
+        // uniform weights (every score equals the maximum).
+#ifdef LGPT_SIMD_AVX2
+        const float total = avx2 ? ExpAndSumAvx2(s, entries, max_score)
+                                 : ExpAndSumPortable(s, entries, max_score);
+#else
+        const float total = ExpAndSumPortable(s, entries, max_score);
+#endif
+        inv[r] = 1.0f / total;
+        weight_rows[r] = s;
+        out_rows[r] = out_data + ((b * n_head + g * q_per_kv) * steps + r) * hs;
       }
+#ifdef LGPT_SIMD_AVX2
+      if (avx2) {
+        WeightedValuesAvx2(weight_rows.data(), v, rows, entries, hs, inv.data(), out_rows.data());
+        continue;
+      }
+#endif
+      WeightedValuesPortable(weight_rows.data(), v, rows, entries, hs, inv.data(),
+                             out_rows.data(), acc.data());
     }
   });
   return out;

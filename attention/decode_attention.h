@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <optional>
 
+#include "core/gemv.h"
+
 namespace lgpt {
 
 // Whether DecodeAttention handles these inputs: CPU float32, at most 4 query steps, keys and
@@ -19,9 +21,13 @@ bool DecodeAttentionApplies(const at::Tensor& q, const at::Tensor& keys, const a
 
 // AttendByPositions (see attention_kernel.h; scale, softcap and sliding_window are its
 // AttentionParams) for the inputs DecodeAttentionApplies accepts; returns [B, n_head, T, hs].
+// Cost per (row, group): one pass over the filled keys for up to 4 queries, a vectorised
+// softmax, one pass over the values per 4 queries. `use_avx2` false forces the portable loops
+// (tests); AVX2 needs head_size % 8 == 0.
 at::Tensor DecodeAttention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
                            const at::Tensor& query_positions, const at::Tensor& key_positions,
-                           double scale, std::optional<double> softcap, int64_t sliding_window);
+                           double scale, std::optional<double> softcap, int64_t sliding_window,
+                           bool use_avx2 = CpuHasAvx2Fma());
 
 }  // namespace lgpt
 

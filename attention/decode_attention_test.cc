@@ -14,13 +14,14 @@ struct Case {
   int64_t entries;
   int64_t window;
   bool softcap;
+  int64_t head_size = 20;  // multiples of 8 take the AVX2 kernels
 };
 
 class DecodeAttentionCases : public ::testing::TestWithParam<Case> {};
 
 TEST_P(DecodeAttentionCases, EqualsGenericPath) {
   const Case c = GetParam();
-  const int64_t batch = 2, n_head = 6, hs = 20, capacity = c.entries + 7;
+  const int64_t batch = 2, n_head = 6, hs = c.head_size, capacity = c.entries + 7;
   at::manual_seed(c.groups * 100 + c.steps * 10 + c.entries);
   const at::Tensor q = at::randn({batch, n_head, c.steps, hs});
   // Views of the filled prefix of larger buffers, as the dense cache returns them.
@@ -41,10 +42,13 @@ TEST_P(DecodeAttentionCases, EqualsGenericPath) {
   at::Tensor weights;
   const at::Tensor expected =
       AttendByPositions(q, keys, values, query_positions, key_positions, params, &weights);
-  const at::Tensor actual = DecodeAttention(q, keys, values, query_positions, key_positions,
-                                            params.scale, params.softcap, params.sliding_window);
-  EXPECT_TRUE(at::allclose(actual, expected, 1e-5, 1e-5))
-      << (actual - expected).abs().max().item<float>();
+  for (const bool use_avx2 : {false, CpuHasAvx2Fma()}) {
+    const at::Tensor actual =
+        DecodeAttention(q, keys, values, query_positions, key_positions, params.scale,
+                        params.softcap, params.sliding_window, use_avx2);
+    EXPECT_TRUE(at::allclose(actual, expected, 1e-5, 1e-5))
+        << "avx2 " << use_avx2 << ": " << (actual - expected).abs().max().item<float>();
+  }
   // Through AttendByPositions' own dispatch, with per-group positions expanded.
   const at::Tensor grouped = key_positions.expand({batch, c.groups, c.entries});
   EXPECT_TRUE(at::allclose(AttendByPositions(q, keys, values, query_positions, grouped, params),
@@ -55,7 +59,15 @@ INSTANTIATE_TEST_SUITE_P(Cases, DecodeAttentionCases,
                          ::testing::Values(Case{6, 1, 1, 0, false}, Case{6, 1, 17, 0, false},
                                            Case{2, 1, 100, 0, false}, Case{1, 1, 33, 0, true},
                                            Case{2, 3, 40, 0, false}, Case{3, 4, 9, 0, false},
-                                           Case{2, 1, 64, 8, false}, Case{2, 2, 50, 5, true}));
+                                           Case{2, 1, 64, 8, false}, Case{2, 2, 50, 5, true},
+                                           // AVX2 kernels: 1, 2, 3, 4, 6, 12 and 24 queries
+                                           // a group; head sizes with and without a
+                                           // 64-column block; entries not a multiple of 8.
+                                           Case{6, 1, 1, 0, false, 64}, Case{6, 1, 1000, 0, false, 64},
+                                           Case{3, 1, 77, 0, false, 128}, Case{2, 1, 9, 0, true, 8},
+                                           Case{2, 2, 130, 0, false, 24}, Case{1, 4, 31, 6, false, 40},
+                                           Case{6, 4, 200, 0, false, 16}, Case{3, 2, 64, 0, true, 72},
+                                           Case{1, 1, 257, 0, false, 256}));
 
 TEST(DecodeAttention, RowWithNoAllowedKeyGetsUniformWeights) {
   const at::Tensor q = at::randn({1, 2, 1, 8});

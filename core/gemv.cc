@@ -12,6 +12,8 @@
 #include <ATen/Parallel.h>
 #include <c10/core/GradMode.h>
 
+#include "core/simd_avx2.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define LGPT_GEMV_X86 1
@@ -44,22 +46,6 @@ void GemvPortable(const float* w, const float* bias, const float* x, float* y, i
 
 #ifdef LGPT_GEMV_X86
 
-__attribute__((target("avx2,fma"))) inline float HorizontalSum(__m256 v) {
-  const __m128 low = _mm256_castps256_ps128(v);
-  const __m128 high = _mm256_extractf128_ps(v, 1);
-  __m128 sum = _mm_add_ps(low, high);
-  sum = _mm_add_ps(sum, _mm_movehl_ps(sum, sum));
-  sum = _mm_add_ss(sum, _mm_movehdup_ps(sum));
-  return _mm_cvtss_f32(sum);
-}
-
-// Mask selecting the first `count` (0..7) lanes, for the k % 8 tail.
-__attribute__((target("avx2,fma"))) inline __m256i TailMask(int64_t count) {
-  alignas(32) static const int32_t kLanes[16] = {-1, -1, -1, -1, -1, -1, -1, -1,
-                                                 0,  0,  0,  0,  0,  0,  0,  0};
-  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kLanes + 8 - count));
-}
-
 // R weight rows at once against M rows of x: R * M accumulators, each weight vector loaded
 // once and used M times.
 template <int M, int R>
@@ -86,7 +72,7 @@ __attribute__((target("avx2,fma"))) void GemvBlockAvx2(const float* w, const flo
     }
   }
   if (k8 < k) {
-    const __m256i mask = TailMask(k - k8);
+    const __m256i mask = simd::TailMask(k - k8);
     __m256 xv[M];
 #pragma GCC unroll 4
     for (int m = 0; m < M; ++m) xv[m] = _mm256_maskload_ps(x + m * k + k8, mask);
@@ -101,7 +87,7 @@ __attribute__((target("avx2,fma"))) void GemvBlockAvx2(const float* w, const flo
   for (int r = 0; r < R; ++r) {
     const float b = bias != nullptr ? bias[n + r] : 0.0f;
 #pragma GCC unroll 4
-    for (int m = 0; m < M; ++m) y[m * n_out + n + r] = HorizontalSum(acc[r][m]) + b;
+    for (int m = 0; m < M; ++m) y[m * n_out + n + r] = simd::HorizontalSum(acc[r][m]) + b;
   }
 }
 

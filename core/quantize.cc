@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/gemv.h"
+#include "core/simd_avx2.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -42,15 +43,6 @@ void Int8GemvPortable(const int8_t* w, const float* scales, int64_t group, int64
 }
 
 #ifdef LGPT_QUANTIZE_X86
-
-__attribute__((target("avx2,fma"))) inline float HorizontalSum(__m256 v) {
-  const __m128 low = _mm256_castps256_ps128(v);
-  const __m128 high = _mm256_extractf128_ps(v, 1);
-  __m128 sum = _mm_add_ps(low, high);
-  sum = _mm_add_ps(sum, _mm_movehl_ps(sum, sum));
-  sum = _mm_add_ss(sum, _mm_movehdup_ps(sum));
-  return _mm_cvtss_f32(sum);
-}
 
 __attribute__((target("avx2,fma"))) inline __m256 LoadInt8(const int8_t* p) {
   const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
@@ -113,7 +105,9 @@ __attribute__((target("avx2,fma"))) void Int8BlockAvx2(const int8_t* w, const fl
   for (int r = 0; r < R; ++r) {
     const float b = bias != nullptr ? bias[n + r] : 0.0f;
 #pragma GCC unroll 4
-    for (int m = 0; m < M; ++m) y[m * n_out + n + r] = HorizontalSum(acc[r][m]) + tail[r][m] + b;
+    for (int m = 0; m < M; ++m) {
+      y[m * n_out + n + r] = simd::HorizontalSum(acc[r][m]) + tail[r][m] + b;
+    }
   }
 }
 

@@ -55,6 +55,10 @@ ABSL_FLAG(int64_t, save_every, 500, "steps between checkpoints");
 ABSL_FLAG(std::string, save_precision, "bf16-true", "dtype of saved weights");
 ABSL_FLAG(bool, resume, false, "continue from out_dir's training state");
 ABSL_FLAG(uint64_t, seed, 42, "random seed");
+ABSL_FLAG(int64_t, bos_first, -1,
+          "token id put at position 0 of every training sequence (the rest a random window), "
+          "so the model learns one fixed attention sink (StreamingLLM's sink-token pretraining); "
+          "-1: plain random windows");
 
 namespace lgpt {
 namespace {
@@ -81,13 +85,18 @@ bool Exists(const std::string& path) {
 }
 
 // Random windows of seq_len + 1 tokens: inputs and next-token targets.
+// Random windows of `data`: inputs [batch, seq_len] and next-token targets [batch, seq_len].
+// With first_token >= 0 every input starts with it and the window fills the rest.
 std::pair<at::Tensor, at::Tensor> Batch(const at::Tensor& data, int64_t batch, int64_t seq_len,
-                                        at::Generator& gen) {
+                                        at::Generator& gen, int64_t first_token) {
   const at::Tensor starts =
       at::randint(0, data.size(0) - seq_len - 1, {batch}, gen, at::TensorOptions(at::kLong));
   const at::Tensor offsets = at::arange(seq_len + 1, at::kLong);
-  const at::Tensor windows = data.index_select(0, (starts.unsqueeze(1) + offsets).reshape(-1))
-                                 .view({batch, seq_len + 1});
+  at::Tensor windows = data.index_select(0, (starts.unsqueeze(1) + offsets).reshape(-1))
+                           .view({batch, seq_len + 1});
+  if (first_token >= 0) {
+    windows = at::cat({at::full({batch, 1}, first_token, at::kLong), windows.narrow(1, 0, seq_len)}, 1);
+  }
   return {windows.narrow(1, 0, seq_len), windows.narrow(1, 1, seq_len)};
 }
 
@@ -175,6 +184,12 @@ int main(int argc, char** argv) {
                                                 " tokens, the model's padded vocabulary ",
                                                 config.PaddedVocabSize())));
   }
+  const int64_t bos_first = absl::GetFlag(FLAGS_bos_first);
+  if (bos_first < -1 || bos_first >= config.PaddedVocabSize()) {
+    Die(absl::InvalidArgumentError(absl::StrCat("--bos_first=", bos_first,
+                                                " is not -1 or a token id below ",
+                                                config.PaddedVocabSize())));
+  }
   const at::Tensor all = at::tensor(ids, at::kLong);
   const int64_t val_tokens = static_cast<int64_t>(all.size(0) * val_fraction);
   const at::Tensor train = all.narrow(0, 0, all.size(0) - val_tokens);
@@ -217,7 +232,7 @@ int main(int argc, char** argv) {
     at::Generator val_gen = at::make_generator<at::CPUGeneratorImpl>(7);
     double total = 0;
     for (int64_t i = 0; i < absl::GetFlag(FLAGS_eval_batches); ++i) {
-      auto [x, y] = Batch(val, micro, seq_len, val_gen);
+      auto [x, y] = Batch(val, micro, seq_len, val_gen, bos_first);
       total += Loss(*model, x, y).item<double>();
     }
     model->train();
@@ -243,7 +258,7 @@ int main(int argc, char** argv) {
     optimizer.zero_grad();
     double step_loss = 0;
     for (int64_t m = 0; m < accumulate; ++m) {
-      auto [x, y] = Batch(train, micro, seq_len, gen);
+      auto [x, y] = Batch(train, micro, seq_len, gen, bos_first);
       at::Tensor loss = Loss(*model, x, y) / static_cast<double>(accumulate);
       loss.backward();
       step_loss += loss.item<double>();

@@ -121,7 +121,9 @@ void RegisterAll() {
         ->UseRealTime();
     benchmark::RegisterBenchmark(("Decode/" + name).c_str(), Decode, name)
         ->Arg(16)
+        ->Arg(128)  // the mean context of llama2.c's default 256-step run
         ->Arg(256)
+        ->Arg(512)  // the mean context of a 1024-step run
         ->Arg(1000)
         ->Unit(benchmark::kMillisecond)
         ->UseRealTime();
