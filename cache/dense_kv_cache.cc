@@ -1,10 +1,12 @@
 #include "cache/dense_kv_cache.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include <ATen/ATen.h>
 
 #include "absl/strings/str_cat.h"
+#include "glog/logging.h"
 #include "core/status_macros.h"
 
 namespace lgpt {
@@ -20,6 +22,31 @@ std::string ShapeString(const at::Tensor& t) {
 
 // Writes `src` [B, G, T, hs] into `buffer` [B, G, C, hs] at `slots` [B, T].
 void ScatterSlots(at::Tensor& buffer, const at::Tensor& slots, const at::Tensor& src) {
+  // Decode steps on the CPU: a few rows copied directly. index_copy_/scatter_ cost more in
+  // dispatch and TensorIterator setup than the copy itself, once per layer and token.
+  if (buffer.device().is_cpu() && src.device().is_cpu() && slots.device().is_cpu() &&
+      buffer.scalar_type() == src.scalar_type() && slots.scalar_type() == at::kLong &&
+      buffer.stride(3) == 1 && src.stride(3) == 1 && src.size(2) <= 4) {
+    const int64_t batch = src.size(0), groups = src.size(1), steps = src.size(2);
+    const int64_t row_bytes = src.size(3) * src.element_size();
+    const int64_t capacity = buffer.size(2);
+    const auto slot = slots.accessor<int64_t, 2>();
+    char* dst = static_cast<char*>(buffer.data_ptr());
+    const char* from = static_cast<const char*>(src.data_ptr());
+    const int64_t item = src.element_size();
+    for (int64_t b = 0; b < batch; ++b) {
+      for (int64_t t = 0; t < steps; ++t) {
+        const int64_t c = slot[b][t];
+        CHECK(c >= 0 && c < capacity) << "slot " << c << " outside the cache's " << capacity;
+        for (int64_t g = 0; g < groups; ++g) {
+          std::memcpy(dst + (b * buffer.stride(0) + g * buffer.stride(1) + c * buffer.stride(2)) * item,
+                      from + (b * src.stride(0) + g * src.stride(1) + t * src.stride(2)) * item,
+                      row_bytes);
+        }
+      }
+    }
+    return;
+  }
   if (slots.size(0) == 1 && src.size(0) == 1) {
     buffer.index_copy_(2, slots[0], src);
     return;
