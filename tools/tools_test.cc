@@ -11,6 +11,7 @@
 #include <ATen/ATen.h>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -203,6 +204,76 @@ TEST(ChatTest, KeepsTheCacheAcrossTurnsAndSaysWhenTheContextIsFull) {
       "chat", "--temperature=0 --max_new_tokens=100 --prompt_style=default < " + input);
   ASSERT_EQ(full.status, 0) << full.err;
   EXPECT_NE(full.err.find("context full"), std::string::npos) << full.err;
+}
+
+TEST(EvalCacheTest, WritesTablesPlotAndAttentionReport) {
+  const std::string out_dir = TempDir() + "/eval_cache";
+  const std::string text = TempDir() + "/eval_text.txt";
+  {
+    std::ofstream out(text);
+    for (int i = 0; i < 12; ++i) {
+      out << "And God said, Let there be light: and there was light. And God saw the light, "
+             "that it was good: and God divided the light from the darkness.\n";
+    }
+  }
+  const ToolRun run = Execute(
+      "eval_cache", absl::StrCat("--checkpoint_dir=tools/default_model --text_file=", text,
+                                 " --lines_bos_eos --max_tokens=200 --segment=96 --budgets=16,32 "
+                                 "--policies=dense,window,sink --bits=16,8 --threads=1 --out_dir=",
+                                 out_dir));
+  ASSERT_EQ(run.status, 0) << run.err;
+  const std::string csv = ReadAll(out_dir + "/results.csv");
+  // Header, the baseline, dense int8, and window/sink x 2 budgets x 2 bit widths.
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 1 + 2 + 8) << csv;
+  std::vector<std::string> lines = absl::StrSplit(csv, '\n', absl::SkipEmpty());
+  for (size_t i = 1; i < lines.size(); ++i) {
+    std::vector<std::string> fields = absl::StrSplit(lines[i], ',');
+    ASSERT_EQ(fields.size(), 10u) << lines[i];
+    double ppl = 0;
+    ASSERT_TRUE(absl::SimpleAtod(fields[6], &ppl)) << lines[i];
+    EXPECT_GT(ppl, 1.0) << lines[i];
+    EXPECT_LT(ppl, 4096.0) << lines[i];
+  }
+  const std::string md = ReadAll(out_dir + "/results.md");
+  EXPECT_NE(md.find("| window | 16 | 16 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("Attention on the first 4 tokens"), std::string::npos) << md;
+  // One report row per layer of the default model (4 layers).
+  EXPECT_NE(md.find("\n| 3 | "), std::string::npos) << md;
+  EXPECT_EQ(md.find("\n| 4 | "), std::string::npos) << md;
+  const std::string png = ReadAll(out_dir + "/ppl_vs_kv_bytes.png");
+  ASSERT_GT(png.size(), 8u);
+  EXPECT_EQ(png.substr(1, 3), "PNG");
+  ExpectCleanFailure(Execute("eval_cache", "--checkpoint_dir=tools/default_model "
+                                           "--random_tokens=50 --policies=lru --out_dir=" +
+                                               out_dir),
+                     "lru");
+  ExpectCleanFailure(Execute("eval_cache", "--checkpoint_dir=tools/default_model "
+                                           "--random_tokens=50 --budgets=0 --out_dir=" +
+                                               out_dir),
+                     "budget");
+}
+
+TEST(EvalCacheTest, PoliciesWithABudgetPastTheSegmentEqualDense) {
+  const std::string out_dir = TempDir() + "/eval_cache_full";
+  const ToolRun run = Execute(
+      "eval_cache", "--checkpoint_dir=tools/default_model --random_tokens=120 --segment=60 "
+                    "--budgets=64 --policies=window,sink,h2o,tova --bits=16 "
+                    "--attention_report=false --threads=1 --out_dir=" + out_dir);
+  ASSERT_EQ(run.status, 0) << run.err;
+  std::vector<std::string> lines =
+      absl::StrSplit(ReadAll(out_dir + "/results.csv"), '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 1u + 1 + 4);
+  auto perplexity = [](const std::string& line) {
+    double ppl = 0;
+    EXPECT_TRUE(absl::SimpleAtod(std::vector<std::string>(absl::StrSplit(line, ','))[6], &ppl));
+    return ppl;
+  };
+  const double dense = perplexity(lines[1]);
+  EXPECT_GT(dense, 1.0);
+  for (size_t i = 2; i < lines.size(); ++i) {
+    EXPECT_NEAR(perplexity(lines[i]), dense, dense * 1e-6) << lines[i];
+  }
+  EXPECT_EQ(ReadAll(out_dir + "/results.md").find("Attention on the first"), std::string::npos);
 }
 
 TEST(ToolErrorsTest, BadInputIsOneLineAndStatusOne) {
