@@ -1,17 +1,14 @@
 #include "core/gemv.h"
 
 #include <algorithm>
-#include <atomic>
-#include <condition_variable>
 #include <memory>
-#include <mutex>
-#include <thread>
 #include <vector>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/core/GradMode.h>
 
+#include "core/row_pool.h"
 #include "core/simd_avx2.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -116,113 +113,6 @@ void GemvAvx2(const float* w, const float* bias, const float* x, float* y, int64
 }
 
 #endif  // LGPT_GEMV_X86
-
-inline void CpuRelax() {
-#ifdef LGPT_GEMV_X86
-  _mm_pause();
-#else
-  std::this_thread::yield();
-#endif
-}
-
-// A persistent pool for the row loops. Unlike an OpenMP team (a static split and a barrier
-// per call), chunks are taken from a shared counter, so a worker the OS has descheduled (2
-// cores shared with other work) delays the call by at most one chunk: the caller takes over
-// the rest. Workers spin briefly between calls (decode issues them back to back), then sleep.
-class RowPool {
- public:
-  static RowPool& Get() {
-    static RowPool* pool = new RowPool();  // Never destroyed: workers may outlive main.
-    return *pool;
-  }
-
-  // Runs fn(chunk) for chunk in [0, chunks) on the caller and up to `threads - 1` workers.
-  void Run(int threads, int64_t chunks, const std::function<void(int64_t)>& fn) {
-    std::unique_lock<std::mutex> busy(run_mu_, std::try_to_lock);
-    if (threads <= 1 || chunks <= 1 || !busy.owns_lock()) {  // Another caller has the pool.
-      for (int64_t c = 0; c < chunks; ++c) fn(c);
-      return;
-    }
-    Resize(threads - 1);
-    while (active_.load() != 0) CpuRelax();  // A late worker of the previous call.
-    fn_ = &fn;
-    chunks_ = chunks;
-    next_.store(0);
-    done_.store(0);
-    generation_.fetch_add(1);
-    if (sleepers_.load() > 0) {
-      std::lock_guard<std::mutex> lock(sleep_mu_);
-      wake_.notify_all();
-    }
-    Work();
-    // A worker still on its last chunk. Spinning, not sched_yield: on a loaded machine a
-    // yield can hand the core to another process for a whole time slice.
-    while (done_.load() != chunks || active_.load() != 0) CpuRelax();
-  }
-
- private:
-  void Work() {
-    for (int64_t c = next_.fetch_add(1); c < chunks_; c = next_.fetch_add(1)) {
-      (*fn_)(c);
-      done_.fetch_add(1);
-    }
-  }
-
-  void Resize(int workers) {
-    if (static_cast<int>(workers_.size()) == workers) return;
-    Stop();
-    stop_.store(false);
-    for (int i = 0; i < workers; ++i) workers_.emplace_back([this] { WorkerLoop(); });
-  }
-
-  void Stop() {
-    if (workers_.empty()) return;
-    stop_.store(true);
-    {
-      std::lock_guard<std::mutex> lock(sleep_mu_);
-      wake_.notify_all();
-    }
-    for (std::thread& t : workers_) t.join();
-    workers_.clear();
-  }
-
-  void WorkerLoop() {
-    uint64_t seen = generation_.load();
-    while (true) {
-      // About a millisecond of spinning covers the gaps between a decode step's products.
-      for (int spin = 0; spin < 20000 && generation_.load() == seen && !stop_.load(); ++spin) {
-        CpuRelax();
-      }
-      if (generation_.load() == seen && !stop_.load()) {
-        std::unique_lock<std::mutex> lock(sleep_mu_);
-        sleepers_.fetch_add(1);
-        wake_.wait(lock, [&] { return generation_.load() != seen || stop_.load(); });
-        sleepers_.fetch_sub(1);
-      }
-      if (stop_.load()) return;
-      active_.fetch_add(1);
-      const uint64_t now = generation_.load();
-      if (now != seen) {
-        seen = now;
-        Work();
-      }
-      active_.fetch_sub(1);
-    }
-  }
-
-  std::mutex run_mu_;
-  std::vector<std::thread> workers_;
-  std::atomic<bool> stop_{false};
-  std::atomic<uint64_t> generation_{0};
-  std::atomic<int> active_{0};
-  std::atomic<int> sleepers_{0};
-  std::mutex sleep_mu_;
-  std::condition_variable wake_;
-  const std::function<void(int64_t)>* fn_ = nullptr;
-  int64_t chunks_ = 0;
-  std::atomic<int64_t> next_{0};
-  std::atomic<int64_t> done_{0};
-};
 
 bool RequiresGrad(const at::Tensor& t) { return t.defined() && t.requires_grad(); }
 
