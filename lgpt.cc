@@ -110,6 +110,7 @@ absl::StatusOr<std::shared_ptr<const Engine>> Engine::Load(const std::string& ch
   absl::StatusOr<std::unique_ptr<Tokenizer>> loaded_tokenizer = Tokenizer::Load(checkpoint_dir);
   if (loaded_tokenizer.ok()) {
     tokenizer = *std::move(loaded_tokenizer);
+    RETURN_IF_ERROR(tokenizer->CheckFitsVocabulary(loaded.config.PaddedVocabSize()));
   } else if (!absl::IsNotFound(loaded_tokenizer.status())) {
     return loaded_tokenizer.status();  // present but malformed: say so rather than ignore it
   }
@@ -244,13 +245,14 @@ absl::StatusOr<Completion> Engine::Generate(const std::vector<int64_t>& prompt,
     return absl::InvalidArgumentError(
         absl::StrCat("max_new_tokens must be >= 1, got ", options.max_new_tokens));
   }
-  const int64_t length = static_cast<int64_t>(prompt.size()) + options.max_new_tokens;
-  if (length > config().block_size) {
+  // Compared by subtraction: the sum may overflow int64.
+  if (options.max_new_tokens > config().block_size - static_cast<int64_t>(prompt.size())) {
     return absl::OutOfRangeError(absl::StrCat(
         "prompt (", prompt.size(), " tokens) plus max_new_tokens (", options.max_new_tokens,
         ") exceeds the context of ", config().block_size, " tokens"));
   }
   RETURN_IF_ERROR(ValidateKVCacheSpec(options.kv_cache));
+  const int64_t length = static_cast<int64_t>(prompt.size()) + options.max_new_tokens;
   ASSIGN_OR_RETURN(std::unique_ptr<KVCache> cache, NewCache(options.kv_cache, 1, length));
   return Run(*cache, 0, prompt, options, prompt);
 }
@@ -269,7 +271,9 @@ absl::StatusOr<std::vector<Completion>> Engine::GenerateBatch(
     longest = std::max<int64_t>(longest, prompts[row].size());
   }
   RETURN_IF_ERROR(ValidateKVCacheSpec(options.kv_cache));
-  const int64_t length = std::min(longest + options.max_new_tokens, config().block_size);
+  const int64_t block = config().block_size;  // longest + max_new_tokens, capped without overflow
+  const int64_t length =
+      longest >= block ? block : longest + std::min(options.max_new_tokens, block - longest);
   ASSIGN_OR_RETURN(std::unique_ptr<KVCache> cache,
                    NewCache(options.kv_cache, static_cast<int64_t>(prompts.size()), length));
   BatchGenerateOptions batch;

@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace lgpt {
 
@@ -20,8 +21,10 @@ struct SamplingOptions {
 absl::Status ValidateSampling(const SamplingOptions& options);
 
 // logits [B, V] -> next token ids [B] (int64). `generator` drives the random draws.
-at::Tensor SampleNext(const at::Tensor& logits, const SamplingOptions& options,
-                      at::Generator& generator);
+// FailedPrecondition when a row of logits holds NaN or +inf, or nothing but -inf (a model with
+// non-finite weights or activations): no token is drawn from a broken distribution.
+absl::StatusOr<at::Tensor> SampleNext(const at::Tensor& logits, const SamplingOptions& options,
+                                      at::Generator& generator);
 
 }  // namespace lgpt
 

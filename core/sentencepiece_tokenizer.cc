@@ -176,6 +176,153 @@ class DoubleArray {
   absl::string_view units_;
 };
 
+// A byte trie over a set of pieces: memory linear in their total length. A walk from a text
+// position stops as soon as no piece below the current node can fit in the rest of the text,
+// so text that is a prefix of a huge piece costs nothing extra.
+class PieceTrie {
+ public:
+  void Insert(absl::string_view key, int value) {
+    int32_t node = 0;
+    for (const char c : key) {
+      auto [it, inserted] = children_.try_emplace(Edge(node, c), 0);
+      if (inserted) {
+        it->second = static_cast<int32_t>(values_.size());
+        values_.push_back(-1);
+        parents_.push_back(node);
+        depths_.push_back(depths_[node] + 1);
+      }
+      node = it->second;
+    }
+    values_[node] = value;
+  }
+
+  // After the last Insert: the shortest key length in each node's subtree.
+  void Finalize() {
+    shortest_below_.assign(values_.size(), INT32_MAX);
+    // Children are created after their parents, so a reverse sweep sees children first.
+    for (size_t node = values_.size(); node-- > 0;) {
+      if (values_[node] >= 0)
+        shortest_below_[node] = std::min(shortest_below_[node], depths_[node]);
+      if (node > 0) {
+        int32_t& parent = shortest_below_[parents_[node]];
+        parent = std::min(parent, shortest_below_[node]);
+      }
+    }
+  }
+
+  // Calls fn(length, value) for each key that is a prefix of `text`, shortest first.
+  template <typename Fn>
+  void ForEachPrefix(absl::string_view text, Fn fn) const {
+    int32_t node = 0;
+    for (size_t i = 0; i < text.size(); ++i) {
+      auto it = children_.find(Edge(node, text[i]));
+      if (it == children_.end()) return;
+      node = it->second;
+      if (values_[node] >= 0) fn(i + 1, values_[node]);
+      if (static_cast<size_t>(shortest_below_[node]) > text.size()) return;
+    }
+  }
+
+ private:
+  static uint64_t Edge(int32_t node, char c) {
+    return (static_cast<uint64_t>(node) << 8) | static_cast<unsigned char>(c);
+  }
+
+  absl::flat_hash_map<uint64_t, int32_t> children_;  // (node, byte) -> child node
+  std::vector<int32_t> values_ = {-1};               // per node; -1: no key ends here
+  std::vector<int32_t> parents_ = {-1};
+  std::vector<int32_t> depths_ = {0};
+  std::vector<int32_t> shortest_below_;
+};
+
+// Aho-Corasick over the user-defined symbols: the longest symbol starting at every position of
+// a text in one pass, O(text + matches) however long the symbols are (a per-position scan is
+// O(text x longest symbol), minutes for a hostile 200,000-byte symbol).
+class SymbolMatcher {
+ public:
+  bool empty() const { return depths_.size() == 1; }
+
+  void Insert(absl::string_view key) {
+    int32_t node = 0;
+    for (const char c : key) {
+      auto [it, inserted] = children_.try_emplace(Edge(node, c), 0);
+      if (inserted) {
+        it->second = static_cast<int32_t>(depths_.size());
+        depths_.push_back(depths_[node] + 1);
+        is_key_.push_back(false);
+      }
+      node = it->second;
+    }
+    is_key_[node] = true;
+  }
+
+  // After the last Insert: failure links (longest proper suffix that is a trie node) and
+  // output links (longest proper suffix that is a key), breadth first.
+  void Build() {
+    std::vector<int32_t> parent(depths_.size(), 0);
+    std::vector<unsigned char> label(depths_.size(), 0);
+    for (const auto& [edge, child] : children_) {
+      parent[child] = static_cast<int32_t>(edge >> 8);
+      label[child] = static_cast<unsigned char>(edge & 0xFF);
+    }
+    std::vector<std::vector<int32_t>> levels;
+    for (int32_t node = 1; node < static_cast<int32_t>(depths_.size()); ++node) {
+      if (static_cast<int32_t>(levels.size()) < depths_[node]) levels.resize(depths_[node]);
+      levels[depths_[node] - 1].push_back(node);
+    }
+    fail_.assign(depths_.size(), 0);
+    output_.assign(depths_.size(), -1);
+    for (const std::vector<int32_t>& level : levels) {
+      for (const int32_t node : level) {
+        if (depths_[node] == 1) continue;  // fails to the root
+        int32_t f = fail_[parent[node]];
+        int32_t next = Child(f, label[node]);
+        while (next < 0 && f != 0) {
+          f = fail_[f];
+          next = Child(f, label[node]);
+        }
+        fail_[node] = next >= 0 ? next : 0;
+        output_[node] = is_key_[fail_[node]] ? fail_[node] : output_[fail_[node]];
+      }
+    }
+  }
+
+  // result[i]: length of the longest symbol starting at byte i of `text` (0 if none).
+  std::vector<uint32_t> LongestAt(absl::string_view text) const {
+    std::vector<uint32_t> longest(text.size() + 1, 0);
+    if (empty()) return longest;
+    int32_t state = 0;
+    for (size_t i = 0; i < text.size(); ++i) {
+      const unsigned char c = static_cast<unsigned char>(text[i]);
+      int32_t next = Child(state, c);
+      while (next < 0 && state != 0) {
+        state = fail_[state];
+        next = Child(state, c);
+      }
+      state = next >= 0 ? next : 0;
+      for (int32_t k = is_key_[state] ? state : output_[state]; k > 0; k = output_[k]) {
+        uint32_t& at = longest[i + 1 - depths_[k]];
+        at = std::max(at, static_cast<uint32_t>(depths_[k]));
+      }
+    }
+    return longest;
+  }
+
+ private:
+  static uint64_t Edge(int32_t node, unsigned char c) {
+    return (static_cast<uint64_t>(node) << 8) | c;
+  }
+  int32_t Child(int32_t node, unsigned char c) const {
+    auto it = children_.find(Edge(node, c));
+    return it == children_.end() ? -1 : it->second;
+  }
+
+  absl::flat_hash_map<uint64_t, int32_t> children_;
+  std::vector<int32_t> depths_ = {0};
+  std::vector<bool> is_key_ = {false};
+  std::vector<int32_t> fail_, output_;
+};
+
 }  // namespace
 
 struct SentencePieceModel::Impl {
@@ -186,11 +333,10 @@ struct SentencePieceModel::Impl {
   // The library's pieces_ (normal, user-defined and unused pieces) and reserved_id_map_.
   absl::flat_hash_map<std::string, int> pieces;
   absl::flat_hash_map<std::string, int> reserved;
-  // Unigram: every prefix of a key of `pieces`, to stop scanning as the trie would.
-  absl::flat_hash_set<std::string> piece_prefixes;
+  // Unigram: `pieces` as a trie, for the lattice's prefix scan.
+  PieceTrie piece_trie;
   // User-defined symbols, matched longest first.
-  absl::flat_hash_set<std::string> user_defined;
-  size_t max_user_defined = 0;
+  SymbolMatcher user_defined;
   float min_score = FLT_MAX;  // unigram, over normal pieces
   float max_score = FLT_MIN;
   // Precompiled character map: <uint32 trie size><double array><NUL-terminated strings>.
@@ -198,23 +344,19 @@ struct SentencePieceModel::Impl {
   DoubleArray trie;
   absl::string_view normalized_strings;
 
-  // normalizer::PrefixMatcher::PrefixMatch over the user-defined symbols.
-  size_t PrefixMatch(absl::string_view w, bool* found) const {
-    *found = false;
-    for (size_t n = std::min(max_user_defined, w.size()); n > 0; --n) {
-      if (user_defined.contains(w.substr(0, n))) {
-        *found = true;
-        return n;
-      }
-    }
-    return std::min(w.size(), OneCharLen(w[0]));
+  // normalizer::PrefixMatcher::PrefixMatch over the user-defined symbols, given the length of
+  // the longest symbol at the start of `w` (SymbolMatcher::LongestAt).
+  static size_t PrefixMatch(absl::string_view w, size_t longest_symbol, bool* found) {
+    *found = longest_symbol > 0;
+    return longest_symbol > 0 ? longest_symbol : std::min(w.size(), OneCharLen(w[0]));
   }
 
-  // normalizer::Normalizer::NormalizePrefix.
-  std::pair<absl::string_view, size_t> NormalizePrefix(absl::string_view input) const {
+  // normalizer::Normalizer::NormalizePrefix; `longest_symbol` as for PrefixMatch.
+  std::pair<absl::string_view, size_t> NormalizePrefix(absl::string_view input,
+                                                       size_t longest_symbol) const {
     if (input.empty()) return {};
     bool found;
-    const size_t user = PrefixMatch(input, &found);
+    const size_t user = PrefixMatch(input, longest_symbol, &found);
     if (found) return {input.substr(0, user), user};
     if (!trie.empty()) {
       uint32_t value = 0;
@@ -351,8 +493,7 @@ absl::StatusOr<std::unique_ptr<SentencePieceModel>> SentencePieceModel::Parse(
       return bad(absl::StrCat("piece '", piece, "' is defined twice"));
     }
     if (type == PieceType::kUserDefined) {
-      impl.user_defined.insert(piece);
-      impl.max_user_defined = std::max(impl.max_user_defined, piece.size());
+      impl.user_defined.Insert(piece);
     }
     if (type == PieceType::kUnknown) {
       if (m.unk_id_ >= 0) return bad("two unknown pieces");
@@ -373,15 +514,15 @@ absl::StatusOr<std::unique_ptr<SentencePieceModel>> SentencePieceModel::Parse(
       impl.max_score = std::max(impl.max_score, impl.scores[id]);
     }
   }
+  impl.user_defined.Build();
   if (m.unk_id_ < 0) return bad("no unknown piece");
   if (impl.byte_fallback &&
       std::find(std::begin(byte_found), std::end(byte_found), false) != std::end(byte_found)) {
     return bad("byte_fallback without all 256 byte pieces");
   }
   if (impl.model_type == Impl::Type::kUnigram) {
-    for (const auto& [piece, id] : impl.pieces) {
-      for (size_t n = 1; n <= piece.size(); ++n) impl.piece_prefixes.insert(piece.substr(0, n));
-    }
+    for (const auto& [piece, id] : impl.pieces) impl.piece_trie.Insert(piece, id);
+    impl.piece_trie.Finalize();
   }
   // bos_id() / eos_id(): the named piece when it is a control symbol.
   const int bos = m.PieceToId(bos_piece), eos = m.PieceToId(eos_piece);
@@ -413,9 +554,13 @@ std::string SentencePieceModel::Normalize(absl::string_view input) const {
   const Impl& impl = *impl_;
   std::string normalized;
   if (input.empty()) return normalized;
+  const std::vector<uint32_t> symbols = impl.user_defined.LongestAt(input);
+  const size_t input_size = input.size();
+  // The longest user-defined symbol at the start of what is left of the input.
+  auto symbol_here = [&] { return symbols[input_size - input.size()]; };
   if (remove_extra_whitespaces_) {
     while (!input.empty()) {
-      const auto p = impl.NormalizePrefix(input);
+      const auto p = impl.NormalizePrefix(input, symbol_here());
       if (p.first != " ") break;
       input.remove_prefix(p.second);
     }
@@ -426,7 +571,7 @@ std::string SentencePieceModel::Normalize(absl::string_view input) const {
   if (add_dummy_prefix_) normalized.append(space.data(), space.size());
   bool is_prev_space = remove_extra_whitespaces_;
   while (!input.empty()) {
-    const auto p = impl.NormalizePrefix(input);
+    const auto p = impl.NormalizePrefix(input, symbol_here());
     absl::string_view sp = p.first;
     while (is_prev_space && absl::ConsumePrefix(&sp, " ")) {
     }
@@ -486,11 +631,13 @@ std::vector<int64_t> SentencePieceModel::Encode(absl::string_view text) const {
         rev_merge[piece] = {symbols[left].piece, symbols[right].piece};
       }
     };
+    const std::vector<uint32_t> user_symbols = impl.user_defined.LongestAt(all);
     absl::string_view rest = all;
     int index = 0;
     while (!rest.empty()) {
       Symbol s;
-      const size_t length = impl.PrefixMatch(rest, &s.freeze);
+      const size_t length =
+          impl.PrefixMatch(rest, user_symbols[all.size() - rest.size()], &s.freeze);
       s.piece = rest.substr(0, length);
       s.prev = index == 0 ? -1 : index - 1;
       rest.remove_prefix(length);
@@ -515,15 +662,23 @@ std::vector<int64_t> SentencePieceModel::Encode(absl::string_view text) const {
       maybe_add(left.prev, top.left);
       maybe_add(top.left, left.next);
     }
-    std::function<void(absl::string_view)> resegment = [&](absl::string_view w) {
-      const int id = PieceToId(w);
-      auto p = rev_merge.find(w);
-      if (types_[id] != PieceType::kUnused || p == rev_merge.end()) {
-        result.emplace_back(w, id);
-        return;
+    // Unused pieces are split back into the pair they were merged from (an explicit stack:
+    // the split chain of a hostile model can be as long as its longest piece).
+    std::vector<absl::string_view> pending;
+    auto resegment = [&](absl::string_view piece) {
+      pending.push_back(piece);
+      while (!pending.empty()) {
+        const absl::string_view w = pending.back();
+        pending.pop_back();
+        const int id = PieceToId(w);
+        auto p = rev_merge.find(w);
+        if (types_[id] != PieceType::kUnused || p == rev_merge.end()) {
+          result.emplace_back(w, id);
+          continue;
+        }
+        pending.push_back(p->second.second);  // popped after the first half
+        pending.push_back(p->second.first);
       }
-      resegment(p->second.first);
-      resegment(p->second.second);
     };
     if (!symbols.empty()) {
       for (int i = 0; i != -1; i = symbols[i].next) resegment(symbols[i].piece);
@@ -544,15 +699,9 @@ std::vector<int64_t> SentencePieceModel::Encode(absl::string_view text) const {
       bool has_single_node = false;
       const int mblen =
           std::min<int>(static_cast<int>(OneCharLen(all[starts_at])), size - starts_at);
-      for (int key_pos = starts_at + 1; key_pos <= size; ++key_pos) {
-        const absl::string_view key = all.substr(starts_at, key_pos - starts_at);
-        if (!impl.piece_prefixes.contains(key)) break;
-        auto it = impl.pieces.find(key);
-        if (it == impl.pieces.end()) continue;
-        const int ret = it->second;
-        if (types_[ret] == PieceType::kUnused) continue;
-        auto& target_node = best_path_ends_at[key_pos];
-        const size_t length = key_pos - starts_at;
+      impl.piece_trie.ForEachPrefix(all.substr(starts_at), [&](size_t length, int ret) {
+        if (types_[ret] == PieceType::kUnused) return;
+        auto& target_node = best_path_ends_at[starts_at + length];
         const auto score = types_[ret] == PieceType::kUserDefined ? (length * impl.max_score - 0.1)
                                                                   : impl.scores[ret];
         const auto candidate_best_path_score = score + best_path_score_till_here;
@@ -563,7 +712,7 @@ std::vector<int64_t> SentencePieceModel::Encode(absl::string_view text) const {
           target_node.id = ret;
         }
         if (!has_single_node && static_cast<int>(length) == mblen) has_single_node = true;
-      }
+      });
       if (!has_single_node) {
         auto& target_node = best_path_ends_at[starts_at + mblen];
         const auto candidate_best_path_score = unk_score + best_path_score_till_here;

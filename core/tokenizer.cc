@@ -2,11 +2,11 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <utility>
-
-#include <nlohmann/json.hpp>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -260,6 +260,7 @@ class SentencePieceBackend : public TokenizerBackend {
     return model_->Encode(text);
   }
   int64_t vocab_size() const override { return model_->size(); }
+  int64_t id_limit() const override { return model_->size(); }
   // SentencePieceProcessor::PieceToId answers the unknown piece's id for unknown pieces.
   std::optional<int64_t> TokenToId(absl::string_view token) const override {
     return model_->PieceToId(token);
@@ -315,6 +316,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& ch
   // Some checkpoints have both files; tokenizer.json takes precedence.
   if (IsFile(json_path)) {
     ASSIGN_OR_RETURN(t->backend_, LoadHfTokenizer(json_path));
+    t->file_ = json_path;
     if (IsFile(config_path)) {
       ASSIGN_OR_RETURN(const json config, ReadJsonObject(config_path));
       for (const char* key : {"bos_token", "eos_token"}) {
@@ -353,6 +355,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& ch
     if (model->bos_id() >= 0) t->bos_id_ = model->bos_id();
     if (model->eos_id() >= 0) t->eos_id_ = model->eos_id();
     t->backend_ = std::make_unique<SentencePieceBackend>(std::move(model));
+    t->file_ = model_path;
   } else {
     return absl::NotFoundError(absl::StrCat(
         "no tokenizer.json or tokenizer.model in the checkpoint directory ", checkpoint_dir));
@@ -434,6 +437,17 @@ absl::StatusOr<int64_t> Tokenizer::TokenToId(absl::string_view token) const {
 }
 
 int64_t Tokenizer::vocab_size() const { return backend_->vocab_size(); }
+
+absl::Status Tokenizer::CheckFitsVocabulary(int64_t model_vocabulary) const {
+  int64_t limit = backend_->id_limit();
+  for (const std::optional<int64_t>& special : {bos_id_, eos_id_}) {
+    if (special) limit = std::max(limit, *special + 1);
+  }
+  if (limit <= model_vocabulary) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      file_, " produces token ids up to ", limit - 1, " but the model's vocabulary has ",
+      model_vocabulary, " ids (padded_vocab_size): the tokenizer belongs to another model"));
+}
 
 absl::string_view Tokenizer::backend() const { return backend_->name(); }
 

@@ -69,6 +69,9 @@ class Tokenizer {
   bool use_bos() const { return use_bos_; }
   // Hugging Face: without added tokens (get_vocab_size(with_added_tokens=False)).
   int64_t vocab_size() const;
+  // FailedPrecondition, naming the tokenizer's file, when it can produce an id the model has
+  // no row for (ids >= model_vocabulary): a tokenizer from another model.
+  absl::Status CheckFitsVocabulary(int64_t model_vocabulary) const;
   // "huggingface" or "sentencepiece".
   absl::string_view backend() const;
   // The checkpoint directory's stem, as Path(checkpoint_dir).stem.
@@ -85,6 +88,7 @@ class Tokenizer {
 
   std::unique_ptr<TokenizerBackend> backend_;
   std::string model_name_;
+  std::string file_;  // tokenizer.json or tokenizer.model, with its directory
   bool use_bos_ = false;
   std::optional<int64_t> bos_id_, eos_id_;
   std::optional<int64_t> dummy_id_;  // the decoding fix's dummy token, when it applies

@@ -40,6 +40,9 @@ class TokenizerBackend {
   // Vocabulary size as LitGPT reports it (Hugging Face: without added tokens).
   virtual int64_t vocab_size() const = 0;
 
+  // One more than the largest id Encode or TokenToId can return (added tokens included).
+  virtual int64_t id_limit() const = 0;
+
   // The id of a token string (Hugging Face: added tokens first, then the model's vocabulary;
   // SentencePiece: the piece), or nullopt.
   virtual std::optional<int64_t> TokenToId(absl::string_view token) const = 0;

@@ -5,13 +5,12 @@
 #include <cstdint>
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <queue>
 #include <sstream>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -108,9 +107,16 @@ std::string TypeOf(const json& component) {
   return t != nullptr && t->is_string() ? t->get<std::string>() : std::string("(no type)");
 }
 
+// Real tokenizers nest Sequences one or two deep; the bound keeps a hostile file from
+// overflowing the stack.
+constexpr int kMaxSequenceDepth = 32;
+
 // Flattens nested {"type": "Sequence", <key>: [...]} into its leaves.
 absl::Status Flatten(const json& component, const char* list_key, const JsonReader& r,
-                     absl::string_view where, std::vector<const json*>* out) {
+                     absl::string_view where, std::vector<const json*>* out, int depth = 0) {
+  if (depth > kMaxSequenceDepth) {
+    return r.Error(where, absl::StrCat("Sequences nested more than ", kMaxSequenceDepth, " deep"));
+  }
   if (component.is_null()) return absl::OkStatus();
   if (!component.is_object()) return r.Error(where, "is not an object");
   if (TypeOf(component) != "Sequence") {
@@ -121,7 +127,9 @@ absl::Status Flatten(const json& component, const char* list_key, const JsonRead
   if (list == nullptr || !list->is_array()) {
     return r.Error(where, absl::StrCat("Sequence without a '", list_key, "' list"));
   }
-  for (const json& item : *list) RETURN_IF_ERROR(Flatten(item, list_key, r, where, out));
+  for (const json& item : *list) {
+    RETURN_IF_ERROR(Flatten(item, list_key, r, where, out, depth + 1));
+  }
   return absl::OkStatus();
 }
 
@@ -455,6 +463,7 @@ class BpeModel {
     return &vocab_r_[id];
   }
   int64_t size() const { return static_cast<int64_t>(vocab_.size()); }
+  int64_t id_limit() const { return static_cast<int64_t>(vocab_r_.size()); }
 
  private:
   struct MergeValue {
@@ -689,6 +698,11 @@ class HfTokenizer : public TokenizerBackend {
 
   absl::StatusOr<std::vector<int64_t>> Encode(absl::string_view text) const override;
   int64_t vocab_size() const override { return model_.size(); }
+  int64_t id_limit() const override {
+    int64_t limit = model_.id_limit();
+    for (const auto& [id, token] : added_by_id_) limit = std::max(limit, id + 1);
+    return limit;
+  }
   std::optional<int64_t> TokenToId(absl::string_view token) const override {
     auto it = added_by_content_.find(token);
     if (it != added_by_content_.end()) return it->second;

@@ -1,8 +1,8 @@
 #include "peft/lora.h"
 
-#include <cmath>
-
 #include <ATen/ATen.h>
+
+#include <cmath>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -29,7 +29,8 @@ LoraOptions LoraOptions::FromConfig(const Config& config) {
 absl::Status LoraOptions::Validate() const {
   if (r < 0) return absl::InvalidArgumentError(absl::StrCat("lora_r must be >= 0, got ", r));
   if (!(dropout >= 0 && dropout < 1)) {
-    return absl::InvalidArgumentError(absl::StrCat("lora_dropout must be in [0, 1), got ", dropout));
+    return absl::InvalidArgumentError(
+        absl::StrCat("lora_dropout must be in [0, 1), got ", dropout));
   }
   if (!std::isfinite(alpha)) return absl::InvalidArgumentError("lora_alpha must be finite");
   return absl::OkStatus();
@@ -135,6 +136,13 @@ ProjectionPtr LoraLinearFactory::Make(const LinearSpec& spec) const {
 absl::StatusOr<ModelParts> LoraParts(const Config& config) {
   const LoraOptions options = LoraOptions::FromConfig(config);
   RETURN_IF_ERROR(options.Validate());
+  // Every LoRA site reads or writes n_embd features, so B·A has rank <= n_embd: a larger r
+  // only adds parameters (and can ask for terabytes).
+  if (options.r > config.n_embd) {
+    return absl::InvalidArgumentError(absl::StrCat("lora_r (", options.r, ") must be <= n_embd (",
+                                                   config.n_embd,
+                                                   "): a larger rank adds no expressiveness"));
+  }
   ModelParts parts;
   parts.linear_factory = std::make_shared<LoraLinearFactory>(options);
   return parts;
@@ -168,7 +176,8 @@ TensorMap MergedBaseStateDict(GPTImpl& model) {
       weight = (weight.to(at::kFloat) + lora->DeltaWeight()).to(weight.scalar_type());
     }
     merged[item.key() + ".weight"] = weight.clone();
-    if (lora->linear->bias.defined()) merged[item.key() + ".bias"] = lora->linear->bias.detach().clone();
+    if (lora->linear->bias.defined())
+      merged[item.key() + ".bias"] = lora->linear->bias.detach().clone();
   }
   for (const auto& [name, tensor] : StateDict(model)) {
     if (absl::StrContains(name, ".linear.") || absl::StartsWith(name, "linear.") ||

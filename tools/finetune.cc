@@ -159,6 +159,7 @@ int main(int argc, char** argv) {
 
   // Data: split, then tokenized as LitGPT's SFTDataset does.
   std::unique_ptr<Tokenizer> tokenizer = ValueOrDie(Tokenizer::Load(checkpoint_dir));
+  DieIfError(tokenizer->CheckFitsVocabulary(config.PaddedVocabSize()));
   if (!tokenizer->eos_id()) {
     Die(absl::FailedPreconditionError("the tokenizer has no EOS token to end responses with"));
   }

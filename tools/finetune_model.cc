@@ -123,6 +123,7 @@ absl::Status LoadBaseWeights(GPTImpl& model, const TensorMap& base, const std::s
     return absl::InvalidArgumentError(
         absl::StrCat(source, ": unexpected tensors ", absl::StrJoin(unexpected, ", ")));
   }
+  RETURN_IF_ERROR(CheckFinite(mapped, source));
   return LoadStateDict(model, mapped, source, /*allow_missing=*/true);
 }
 
@@ -212,6 +213,7 @@ absl::StatusOr<LoadedModel> LoadFinetuned(const std::string& dir, FinetuneMethod
                                                      " (does model_config.yaml match the file?)"));
     }
   }
+  RETURN_IF_ERROR(CheckFinite(trained, trained_path));
   RETURN_IF_ERROR(LoadStateDict(*model, trained, trained_path,
                                 /*allow_missing=*/method != FinetuneMethod::kFull));
   model->eval();

@@ -51,6 +51,7 @@ int main(int argc, char** argv) {
   LoadedModel loaded = ValueOrDie(LoadCheckpoint(checkpoint_dir, load));
   if (quantize == "int8") DieIfError(QuantizeModelInt8(*loaded.model));
   std::unique_ptr<Tokenizer> tokenizer = ValueOrDie(Tokenizer::Load(checkpoint_dir));
+  DieIfError(tokenizer->CheckFitsVocabulary(loaded.config.PaddedVocabSize()));
   std::vector<int64_t> ids;
   if (absl::GetFlag(FLAGS_lines_bos_eos)) {
     for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipWhitespace())) {

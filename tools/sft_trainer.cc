@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/status_macros.h"
 #include "tools/train_util.h"
 
 namespace lgpt {
@@ -92,14 +93,21 @@ static absl::StatusOr<SftTrainStats> TrainSftUnchecked(GPTImpl& model,
     if (options.log) options.log(line);
   };
 
-  auto validate = [&](int64_t step) {
-    if (val.empty()) return;
+  // eval_max_batches == 0 turns validation off.
+  auto validate = [&](int64_t step) -> absl::Status {
+    if (val.empty() || options.eval_max_batches == 0) return absl::OkStatus();
     const double loss =
         SftValidationLoss(model, val, micro, options.pad_id, options.eval_max_batches);
+    if (!std::isfinite(loss)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the validation loss is not finite (", loss, ") at step ", step,
+                       ": the model's weights or activations are not numbers"));
+    }
     stats.val_losses.push_back({step, loss});
     log(absl::StrFormat("step %d val_loss %.4f val_ppl %.2f", step, loss, std::exp(loss)));
+    return absl::OkStatus();
   };
-  validate(0);
+  RETURN_IF_ERROR(validate(0));
 
   std::mt19937_64 rng(options.seed);
   std::vector<size_t> order(train.size());
@@ -132,7 +140,13 @@ static absl::StatusOr<SftTrainStats> TrainSftUnchecked(GPTImpl& model,
       const SftBatch batch = next_micro_batch();
       at::Tensor loss = BatchLoss(model, batch) / static_cast<double>(accumulate);
       loss.backward();
-      step_loss += loss.item<double>();
+      const double micro_loss = loss.item<double>();
+      if (!std::isfinite(micro_loss)) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("the training loss is not finite (", micro_loss, ") at step ", step + 1,
+                         ": the model's weights or activations are not numbers (lower --lr?)"));
+      }
+      step_loss += micro_loss;
       step_tokens += batch.input_ids.numel();
       stats.target_tokens += batch.target_tokens;
     }
@@ -149,7 +163,9 @@ static absl::StatusOr<SftTrainStats> TrainSftUnchecked(GPTImpl& model,
       log(absl::StrFormat("step %d/%d loss %.4f lr %.2e step_time %.3fs %.0f tokens/s", step + 1,
                           max_steps, step_loss, lr, step_s, step_tokens / step_s));
     }
-    if ((step + 1) % options.eval_interval == 0 || step + 1 == max_steps) validate(step + 1);
+    if ((step + 1) % options.eval_interval == 0 || step + 1 == max_steps) {
+      RETURN_IF_ERROR(validate(step + 1));
+    }
   }
   model.eval();
   stats.mean_step_s = total_s / std::max<int64_t>(1, stats.steps);
@@ -164,6 +180,10 @@ absl::StatusOr<SftTrainStats> TrainSft(GPTImpl& model, const std::vector<SftExam
     return TrainSftUnchecked(model, train, val, options);
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("training failed: ", e.what_without_backtrace()));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError("training failed: out of memory");
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("training failed: ", e.what()));
   }
 }
 

@@ -27,7 +27,7 @@ struct SftTrainOptions {
   double weight_decay = 0.02;
   double grad_clip = 1.0;          // 0: off
   int64_t eval_interval = 100;     // optimizer steps between validation runs
-  int64_t eval_max_batches = 100;  // micro-batches per validation run
+  int64_t eval_max_batches = 100;  // micro-batches per validation run; 0: no validation
   int64_t log_interval = 1;        // optimizer steps between progress lines
   int64_t pad_id = 0;
   uint64_t seed = 1337;

@@ -1,15 +1,18 @@
 #include "tools/tool_util.h"
 
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+#include <glog/logging.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <iostream>
+#include <new>
 #include <thread>
-
-#include <ATen/Parallel.h>
-#include <glog/logging.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -30,6 +33,47 @@ std::string& ProgramName() {
   return *name;
 }
 
+// The last line of defence: an exception no tool code caught (an allocation LibTorch could not
+// make, say) becomes one error line and exit status 1 instead of an abort with a core dump.
+[[noreturn]] void ReportUncaughtException() {
+  std::string what = "unknown exception";
+  if (std::exception_ptr error = std::current_exception()) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::bad_alloc&) {
+      what = "out of memory (an allocation failed; are the sizes in the flags or files sane?)";
+    } catch (const c10::Error& e) {
+      what = e.what_without_backtrace();
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+  }
+  std::fflush(stdout);
+  std::fprintf(stderr, "%s: error: %s\n", ProgramName().c_str(), what.c_str());
+  std::_Exit(1);
+}
+
+// Threads beyond the hardware's only add switching (and thousands of them take seconds to
+// start), so --threads is capped at the hardware threads.
+int ThreadsFromFlag() {
+  int threads = absl::GetFlag(FLAGS_threads);
+  if (threads < 0) {
+    Die(absl::InvalidArgumentError(absl::StrCat("--threads must be >= 0, got ", threads)));
+  }
+  const int hardware = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  if (threads == 0) {
+    if (std::getenv("OMP_NUM_THREADS") != nullptr) return 0;  // LibTorch reads it.
+    return hardware;
+  }
+  if (threads > hardware) {
+    std::fprintf(stderr, "%s: note: --threads=%d capped to the %d hardware threads\n",
+                 ProgramName().c_str(), threads, hardware);
+    return hardware;
+  }
+  return threads;
+}
+
 }  // namespace
 
 void InitTool(int argc, char** argv, absl::string_view usage) {
@@ -43,14 +87,9 @@ void InitTool(int argc, char** argv, absl::string_view usage) {
     Die(absl::InvalidArgumentError(
         absl::StrCat("unexpected argument '", positional[1], "' (flags look like --name=value)")));
   }
+  std::set_terminate(ReportUncaughtException);
   // Set once, before any parallel work: Debian's LibTorch otherwise runs one thread.
-  int threads = absl::GetFlag(FLAGS_threads);
-  if (threads < 0) {
-    Die(absl::InvalidArgumentError(absl::StrCat("--threads must be >= 0, got ", threads)));
-  }
-  if (threads == 0 && std::getenv("OMP_NUM_THREADS") == nullptr) {
-    threads = static_cast<int>(std::thread::hardware_concurrency());
-  }
+  const int threads = ThreadsFromFlag();
   if (threads > 0) at::set_num_threads(threads);
   FLAGS_minloglevel = 2;  // LibTorch's warnings would clutter tool output.
   FLAGS_logtostderr = true;
@@ -95,8 +134,8 @@ absl::StatusOr<c10::ScalarType> ParsePrecision(absl::string_view precision) {
   if (precision == "bf16-true") return c10::kBFloat16;
   if (precision == "16-true") return c10::kHalf;
   if (precision == "64-true") return c10::kDouble;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "--precision: unknown value '", precision, "' (expected 32-true, bf16-true or 16-true)"));
+  return absl::InvalidArgumentError(absl::StrCat("--precision: unknown value '", precision,
+                                                 "' (expected 32-true, bf16-true or 16-true)"));
 }
 
 void PrintProgress(const std::string& stage) {

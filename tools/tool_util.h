@@ -15,7 +15,8 @@
 #include "absl/strings/string_view.h"
 
 // --threads: intra-op threads of every tool (LibTorch's and the GEMV pool's); 0: all
-// hardware threads unless OMP_NUM_THREADS says otherwise.
+// hardware threads unless OMP_NUM_THREADS says otherwise; more than the hardware threads are
+// capped with a note.
 ABSL_DECLARE_FLAG(int32_t, threads);
 
 namespace lgpt {

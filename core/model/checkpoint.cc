@@ -4,6 +4,8 @@
 #include <sys/stat.h>
 #include <torch/nn/module.h>
 
+#include <algorithm>
+#include <cmath>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -29,6 +31,25 @@ std::string Names(const std::vector<std::string>& names) {
 }
 
 }  // namespace
+
+absl::Status CheckFinite(const TensorMap& tensors, const std::string& source) {
+  constexpr int64_t kSlice = int64_t{1} << 22;  // elements checked at a time
+  for (const auto& [name, tensor] : tensors) {
+    if (!tensor.is_floating_point()) continue;
+    const at::Tensor flat = tensor.reshape({-1});
+    for (int64_t begin = 0; begin < flat.numel(); begin += kSlice) {
+      const at::Tensor slice = flat.narrow(0, begin, std::min(kSlice, flat.numel() - begin));
+      if (at::isfinite(slice).all().item<bool>()) continue;
+      const int64_t index =
+          begin + at::logical_not(at::isfinite(slice)).nonzero()[0][0].item<int64_t>();
+      const double value = flat[index].item<double>();
+      return absl::DataLossError(absl::StrCat(source, ": tensor ", name, " holds ",
+                                              std::isnan(value) ? "NaN" : "infinity",
+                                              " at element ", index, " of ", flat.numel()));
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<LoadedModel> LoadCheckpointUnchecked(const std::string& checkpoint_dir,
                                                     const LoadOptions& options);
@@ -140,6 +161,10 @@ absl::StatusOr<LoadedModel> LoadCheckpointUnchecked(const std::string& checkpoin
   std::string source;
   progress("reading weights");
   ASSIGN_OR_RETURN(TensorMap tensors, ReadCheckpointTensors(checkpoint_dir, &source));
+  if (options.check_finite) {
+    progress("checking the weights are finite");
+    RETURN_IF_ERROR(CheckFinite(tensors, source));
+  }
   progress(absl::StrCat("loading ", tensors.size(), " tensors from ", source));
   model->To(options.device, options.dtype);
   RETURN_IF_ERROR(LoadStateDict(*model, tensors, source, /*allow_missing=*/false,

@@ -39,9 +39,10 @@ absl::StatusOr<std::vector<int64_t>> Generate(GPTImpl& model, KVCache& cache,
         absl::StrCat("start_position must be >= 0, got ", options.start_position));
   }
   const int64_t first = options.start_position;
-  const int64_t needed = first + prompt_length + options.max_new_tokens;
   const int64_t context = std::min(model.config().block_size, cache.max_sequence_length());
-  if (needed > context) {
+  // Compared by subtraction: first + prompt + max_new_tokens may overflow int64.
+  if (first > context || prompt_length > context - first ||
+      options.max_new_tokens > context - first - prompt_length) {
     return absl::OutOfRangeError(
         absl::StrCat(first > 0 ? absl::StrCat(first, " cached tokens plus ") : "", "prompt (",
                      prompt_length, " tokens) plus max_new_tokens (", options.max_new_tokens,
@@ -72,9 +73,9 @@ absl::StatusOr<std::vector<int64_t>> Generate(GPTImpl& model, KVCache& cache,
   at::Tensor position = at::empty({1, 1}, at::kLong);
   at::Tensor token = at::empty({1, 1}, at::kLong);
   for (int64_t i = 0; i < options.max_new_tokens; ++i) {
-    const at::Tensor next_tensor =
-        SampleNext(logits.reshape({1, -1}), options.sampling, generator).cpu();
-    const int64_t next = next_tensor.item<int64_t>();
+    ASSIGN_OR_RETURN(const at::Tensor next_tensor,
+                     SampleNext(logits.reshape({1, -1}), options.sampling, generator));
+    const int64_t next = next_tensor.cpu().item<int64_t>();
     out.push_back(next);
     if (i == 0) {
       s.time_to_first_token_s = SecondsSince(start);
@@ -120,7 +121,7 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> GenerateBatch(
   for (int64_t row = 0; row < batch; ++row) {
     const int64_t length = static_cast<int64_t>(prompts[row].size());
     if (length == 0) return absl::InvalidArgumentError(absl::StrCat("prompt ", row, " is empty"));
-    if (length + options.max_new_tokens > context) {
+    if (length > context || options.max_new_tokens > context - length) {
       return absl::OutOfRangeError(
           absl::StrCat("prompt ", row, " (", length, " tokens) plus max_new_tokens (",
                        options.max_new_tokens, ") exceeds the context of ", context, " tokens"));
@@ -174,9 +175,9 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> GenerateBatch(
         continue;
       }
       if (done[row]) continue;  // keeps feeding its last token; the output is ignored
-      token = SampleNext(row_logits.narrow(0, row, 1), options.sampling, generators[row])
-                  .cpu()
-                  .item<int64_t>();
+      ASSIGN_OR_RETURN(const at::Tensor next,
+                       SampleNext(row_logits.narrow(0, row, 1), options.sampling, generators[row]));
+      token = next.cpu().item<int64_t>();
       out[row].push_back(token);
       if (!first_token_seen) {
         first_token_seen = true;
