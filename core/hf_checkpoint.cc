@@ -23,8 +23,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
-#include "core/file_util.h"
 #include "core/config_presets.h"
+#include "core/file_util.h"
+#include "core/output_dir.h"
 #include "core/safetensors.h"
 #include "core/status_macros.h"
 #include "core/torch_pickle.h"
@@ -249,30 +250,6 @@ absl::StatusOr<std::string> ReadText(const std::string& path) {
   return out.str();
 }
 
-absl::Status WriteText(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  out.close();
-  if (!out) return absl::ErrnoToStatus(errno ? errno : EIO, absl::StrCat(path, ": write failed"));
-  return absl::OkStatus();
-}
-
-absl::Status MakeDirectory(const std::string& dir) {
-  if (IsDirectory(dir)) return absl::OkStatus();
-  std::string partial;
-  for (const absl::string_view part : absl::StrSplit(dir, '/')) {
-    partial = partial.empty() && dir[0] == '/'
-                  ? absl::StrCat("/", part)
-                  : (partial.empty() ? std::string(part) : absl::StrCat(partial, "/", part));
-    if (part.empty() || IsDirectory(partial)) continue;
-    if (::mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) {
-      return absl::ErrnoToStatus(errno, absl::StrCat(dir, ": cannot create directory"));
-    }
-  }
-  if (!IsDirectory(dir)) return absl::NotFoundError(absl::StrCat(dir, ": cannot create directory"));
-  return absl::OkStatus();
-}
-
 std::vector<std::string> ListDir(const std::string& dir) {
   std::vector<std::string> names;
   DIR* d = ::opendir(dir.c_str());
@@ -289,32 +266,18 @@ bool SamePath(const std::string& a, const std::string& b) {
          sa.st_ino == sb.st_ino;
 }
 
-// Copies the tokenizer and generation files of `from` into `to`; returns the names copied.
+// Copies the tokenizer and generation files of `from` into the output; returns the names.
 absl::StatusOr<std::vector<std::string>> CopyTokenizerFiles(const std::string& from,
-                                                            const std::string& to) {
+                                                            OutputDir& out) {
   std::vector<std::string> copied;
   for (const char* name : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json",
                            "generation_config.json", "special_tokens_map.json"}) {
-    const std::string src = absl::StrCat(from, "/", name), dst = absl::StrCat(to, "/", name);
-    if (!IsFile(src) || SamePath(src, dst)) continue;
-    ASSIGN_OR_RETURN(const std::string text, ReadText(src));
-    RETURN_IF_ERROR(WriteText(dst, text));
+    const std::string src = absl::StrCat(from, "/", name);
+    if (!IsFile(src)) continue;
+    RETURN_IF_ERROR(out.CopyFile(src, name));
     copied.push_back(name);
   }
   return copied;
-}
-
-// WriteSafetensors under another name, renamed into place: a source file that is being read
-// through a mapping (converting in place) is never truncated under it.
-absl::Status WriteSafetensorsFile(const std::string& path, const TensorMap& tensors) {
-  const std::string partial = path + ".partial";
-  RETURN_IF_ERROR(WriteSafetensors(partial, tensors));
-  if (std::rename(partial.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    std::remove(partial.c_str());
-    return absl::ErrnoToStatus(err, absl::StrCat(path, ": cannot rename ", partial, " to it"));
-  }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<TensorMap> ReadWeightsFile(const std::string& path) {
@@ -1114,29 +1077,37 @@ absl::StatusOr<ConvertResult> ConvertHfImpl(const std::string& hf_dir, const std
   ASSIGN_OR_RETURN(TensorMap lit, HfToLit(config, hf, source));
   hf.clear();  // The lit map holds what it needs.
   lit = ConvertDtype(std::move(lit), options.dtype);
-  RETURN_IF_ERROR(MakeDirectory(out_dir));
-  if (options.write_safetensors && SamePath(hf_dir, out_dir) &&
-      IsFile(out_dir + "/model.safetensors")) {
+  const bool same_dir = SamePath(hf_dir, out_dir);
+  if (same_dir && options.write_safetensors && IsFile(out_dir + "/model.safetensors")) {
     return absl::FailedPreconditionError(
         absl::StrCat(out_dir,
                      ": writing model.safetensors would replace the Hugging Face weights; choose "
                      "another --out_dir or leave out --safetensors"));
   }
+  // In place, the Hugging Face files stay beside the LitGPT ones (carried over as hard links).
+  std::vector<std::string> inputs;
+  if (!options.in_place) inputs.push_back(hf_dir);
+  OutputDirOptions out_options;
+  if (!same_dir) out_options.drop = {"model.safetensors", "lit_model.pth"};
+  ASSIGN_OR_RETURN(std::unique_ptr<OutputDir> out, OutputDir::Begin(out_dir, inputs, out_options));
   ConvertResult result;
   result.config = config;
   result.tensors = static_cast<int64_t>(lit.size());
   result.bytes = DataBytes(lit);
   Progress(options, absl::StrCat("writing ", lit.size(), " tensors to lit_model.pth"));
-  RETURN_IF_ERROR(WriteText(out_dir + "/model_config.yaml", ConfigToYaml(config)));
+  RETURN_IF_ERROR(out->WriteFile("model_config.yaml", ConfigToYaml(config)));
   result.written.push_back("model_config.yaml");
-  RETURN_IF_ERROR(WriteTorchStateDict(out_dir + "/lit_model.pth", lit));
+  RETURN_IF_ERROR(WriteTorchStateDict(out->Path("lit_model.pth"), lit));
   result.written.push_back("lit_model.pth");
   if (options.write_safetensors) {
-    RETURN_IF_ERROR(WriteSafetensorsFile(out_dir + "/model.safetensors", lit));
+    RETURN_IF_ERROR(WriteSafetensors(out->Path("model.safetensors"), lit));
     result.written.push_back("model.safetensors");
   }
-  ASSIGN_OR_RETURN(std::vector<std::string> copied, CopyTokenizerFiles(hf_dir, out_dir));
-  result.written.insert(result.written.end(), copied.begin(), copied.end());
+  if (!same_dir) {
+    ASSIGN_OR_RETURN(std::vector<std::string> copied, CopyTokenizerFiles(hf_dir, *out));
+    result.written.insert(result.written.end(), copied.begin(), copied.end());
+  }
+  RETURN_IF_ERROR(out->Commit());
   return result;
 }
 
@@ -1166,7 +1137,12 @@ absl::StatusOr<ConvertResult> ConvertLitImpl(const std::string& checkpoint_dir,
   ASSIGN_OR_RETURN(TensorMap hf, LitToHf(config, lit, source, &tied));
   lit.clear();
   hf = ConvertDtype(std::move(hf), options.dtype);
-  RETURN_IF_ERROR(MakeDirectory(out_dir));
+  // Old weights of another layout (a single file vs shards) must not survive beside new ones.
+  OutputDirOptions out_options;
+  out_options.drop = {"model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                      "pytorch_model.bin.index.json"};
+  ASSIGN_OR_RETURN(std::unique_ptr<OutputDir> out,
+                   OutputDir::Begin(out_dir, {checkpoint_dir}, out_options));
   ConvertResult result;
   result.config = config;
   result.tensors = static_cast<int64_t>(hf.size());
@@ -1174,11 +1150,11 @@ absl::StatusOr<ConvertResult> ConvertLitImpl(const std::string& checkpoint_dir,
   const c10::ScalarType dtype = hf.count("model.embed_tokens.weight")
                                     ? hf.at("model.embed_tokens.weight").scalar_type()
                                     : hf.begin()->second.scalar_type();
-  RETURN_IF_ERROR(WriteText(out_dir + "/config.json", HfConfigJson(config, family, tied, dtype)));
+  RETURN_IF_ERROR(out->WriteFile("config.json", HfConfigJson(config, family, tied, dtype)));
   result.written.push_back("config.json");
   if (options.max_shard_bytes <= 0 || result.bytes <= options.max_shard_bytes) {
     Progress(options, absl::StrCat("writing ", hf.size(), " tensors to model.safetensors"));
-    RETURN_IF_ERROR(WriteSafetensorsFile(out_dir + "/model.safetensors", hf));
+    RETURN_IF_ERROR(WriteSafetensors(out->Path("model.safetensors"), hf));
     result.written.push_back("model.safetensors");
   } else {
     std::vector<TensorMap> shards(1);
@@ -1197,17 +1173,18 @@ absl::StatusOr<ConvertResult> ConvertLitImpl(const std::string& checkpoint_dir,
       char file[64];
       std::snprintf(file, sizeof(file), "model-%05zu-of-%05zu.safetensors", i + 1, shards.size());
       Progress(options, absl::StrCat("writing ", file));
-      RETURN_IF_ERROR(WriteSafetensorsFile(absl::StrCat(out_dir, "/", file), shards[i]));
+      RETURN_IF_ERROR(WriteSafetensors(out->Path(file), shards[i]));
       for (const auto& [name, tensor] : shards[i]) weight_map[name] = file;
       shards[i].clear();
       result.written.push_back(file);
     }
     json index = {{"metadata", {{"total_size", result.bytes}}}, {"weight_map", weight_map}};
-    RETURN_IF_ERROR(WriteText(out_dir + "/model.safetensors.index.json", index.dump(2) + "\n"));
+    RETURN_IF_ERROR(out->WriteFile("model.safetensors.index.json", index.dump(2) + "\n"));
     result.written.push_back("model.safetensors.index.json");
   }
-  ASSIGN_OR_RETURN(std::vector<std::string> copied, CopyTokenizerFiles(checkpoint_dir, out_dir));
+  ASSIGN_OR_RETURN(std::vector<std::string> copied, CopyTokenizerFiles(checkpoint_dir, *out));
   result.written.insert(result.written.end(), copied.begin(), copied.end());
+  RETURN_IF_ERROR(out->Commit());
   return result;
 }
 

@@ -119,6 +119,9 @@ struct ConvertOptions {
   std::optional<c10::ScalarType> dtype;
   // HF -> LitGPT: also write model.safetensors next to lit_model.pth.
   bool write_safetensors = false;
+  // HF -> LitGPT: out_dir may be hf_dir (LitGPT's layout after `litgpt download`); without
+  // it, writing into the input directory is FailedPrecondition.
+  bool in_place = false;
   // LitGPT -> HF: split model.safetensors into shards of at most this many bytes (with
   // model.safetensors.index.json); 0 writes one file.
   int64_t max_shard_bytes = 0;
@@ -134,12 +137,12 @@ struct ConvertResult {
 };
 
 // Converts the Hugging Face checkpoint in `hf_dir` into a LitGPT checkpoint directory
-// `out_dir` (created if needed; may equal hf_dir, as LitGPT converts in place, but then
-// write_safetensors would replace the HF weights and is FailedPrecondition):
+// `out_dir` (created if needed; equal to hf_dir only with `in_place`, as LitGPT converts, and
+// then write_safetensors would replace the HF weights and is FailedPrecondition):
 // model_config.yaml, lit_model.pth (and model.safetensors with write_safetensors), and copies
 // of tokenizer.json, tokenizer.model, tokenizer_config.json, generation_config.json and
-// special_tokens_map.json where present. Weight files are written under a temporary name and
-// renamed into place. Memory: the sources are mapped, renamed tensors are views of them, so
+// special_tokens_map.json where present. The output directory is written as one transaction
+// (core/output_dir.h): a killed conversion leaves it as it was. Memory: the sources are mapped, renamed tensors are views of them, so
 // beyond the mapped pages only fused q/k/v (and --dtype conversions) are allocated.
 absl::StatusOr<ConvertResult> ConvertHfCheckpoint(const std::string& hf_dir,
                                                   const std::string& out_dir,
@@ -148,7 +151,7 @@ absl::StatusOr<ConvertResult> ConvertHfCheckpoint(const std::string& hf_dir,
 // Converts the LitGPT checkpoint in `checkpoint_dir` (model_config.yaml plus
 // model.safetensors or lit_model.pth) into a Hugging Face directory `out_dir` (not
 // checkpoint_dir itself: FailedPrecondition): config.json, model.safetensors (or shards plus
-// model.safetensors.index.json), and copies of the tokenizer files.
+// model.safetensors.index.json), and copies of the tokenizer files, as one transaction.
 absl::StatusOr<ConvertResult> ConvertLitCheckpoint(const std::string& checkpoint_dir,
                                                    const std::string& out_dir,
                                                    const ConvertOptions& options = {});

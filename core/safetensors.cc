@@ -435,6 +435,8 @@ absl::Status WriteSafetensorsImpl(const std::string& path, const TensorMap& tens
     const size_t nbytes = data.numel() * data.element_size();
     ok = nbytes == 0 || std::fwrite(data.data_ptr(), 1, nbytes, file) == nbytes;
   }
+  // Durable before the rename makes it visible: a crash never leaves `path` with lost pages.
+  ok = ok && std::fflush(file) == 0 && ::fsync(::fileno(file)) == 0;
   ok = (std::fclose(file) == 0) && ok;
   ok = ok && std::rename(partial.c_str(), path.c_str()) == 0;
   const int write_errno = errno;

@@ -1,6 +1,7 @@
 #include "core/sampling.h"
 
 #include <ATen/ATen.h>
+#include <c10/util/Exception.h>
 
 #include <cmath>
 #include <limits>
@@ -49,7 +50,9 @@ at::Tensor SampleChecked(const at::Tensor& logits, const SamplingOptions& option
   if (options.temperature <= 0 || options.top_p <= 0) return scores.argmax(-1);
   // Subtracting each row's maximum first keeps extreme temperatures finite: the best token
   // scores 0, the others (x - max) / T <= 0, which may round to -inf (a tiny T is greedy).
-  scores = (scores - std::get<0>(scores.max(-1, /*keepdim=*/true))) / options.temperature;
+  // In float64, where a temperature such as 1e-300 is not 0.
+  scores = (scores - std::get<0>(scores.max(-1, /*keepdim=*/true))).to(at::kDouble) /
+           options.temperature;
   if (options.top_p < 1) {
     // Drop the least likely tokens whose cumulative probability stays within 1 - top_p;
     // the most likely token always survives.
@@ -70,7 +73,9 @@ absl::StatusOr<at::Tensor> SampleNext(const at::Tensor& logits, const SamplingOp
     const at::Tensor scores = logits.to(at::kFloat);  // [B, V]
     RETURN_IF_ERROR(CheckLogits(scores));
     return SampleChecked(scores, options, generator);
-  } catch (const std::exception& e) {  // c10::Error and allocation failures alike.
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("sampling failed: ", e.what_without_backtrace()));
+  } catch (const std::exception& e) {  // allocation failures
     return absl::InternalError(absl::StrCat("sampling failed: ", e.what()));
   }
 }

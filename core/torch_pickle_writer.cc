@@ -1,5 +1,7 @@
 #include "core/torch_pickle_writer.h"
 
+#include <unistd.h>
+
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -419,6 +421,8 @@ absl::Status WriteImpl(const std::string& path, const TensorMap& tensors) {
     }
   }
   ok = ok && zip.AddRecord(prefix + "version", "3\n", 2) && zip.Finish();
+  // Durable before the rename makes it visible: a crash never leaves `path` with lost pages.
+  ok = ok && std::fflush(file) == 0 && ::fsync(::fileno(file)) == 0;
   int write_errno = errno;
   if (std::fclose(file) != 0) {
     if (ok) write_errno = errno;

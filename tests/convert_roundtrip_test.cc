@@ -567,12 +567,23 @@ TEST_F(HostileTest, IndexProblems) {
   ExpectError(Convert(dir), absl::StatusCode::kInvalidArgument, "weight_map");
 }
 
-// LitGPT converts in place by default; that works, but replacing the HF weights does not.
+// LitGPT converts in place; lgpt does when asked (in_place), never by accident, and the
+// loader then reads lit_model.pth, not the HF model.safetensors beside it.
 TEST_F(HostileTest, InPlaceConversion) {
   const std::string dir = Dir();
-  ASSERT_TRUE(ConvertHfCheckpoint(dir, dir).ok());
-  EXPECT_TRUE(Exists(dir + "/lit_model.pth"));
+  ExpectError(ConvertHfCheckpoint(dir, dir).status(), absl::StatusCode::kFailedPrecondition,
+              "never writes into its input");
+  EXPECT_FALSE(Exists(dir + "/lit_model.pth"));
   ConvertOptions options;
+  options.in_place = true;
+  ASSERT_TRUE(ConvertHfCheckpoint(dir, dir, options).ok());
+  EXPECT_TRUE(Exists(dir + "/lit_model.pth"));
+  EXPECT_TRUE(Exists(dir + "/config.json"));  // the HF files stay
+  std::string source;
+  absl::StatusOr<TensorMap> loaded = ReadCheckpointTensors(dir, &source);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_NE(source.find("lit_model.pth"), std::string::npos) << source;
+  ExpectBitIdentical(*loaded, fixture_->m.state);
   options.write_safetensors = true;
   ExpectError(ConvertHfCheckpoint(dir, dir, options).status(),
               absl::StatusCode::kFailedPrecondition, "replace the Hugging Face weights");

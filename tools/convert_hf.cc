@@ -23,6 +23,8 @@ ABSL_FLAG(std::string, model_config, "",
           "LitGPT model_config.yaml to use instead of a preset (models that are no preset)");
 ABSL_FLAG(std::string, dtype, "", "float32, bfloat16 or float16 (default: keep the checkpoint's)");
 ABSL_FLAG(bool, safetensors, false, "also write model.safetensors");
+ABSL_FLAG(bool, in_place, false,
+          "allow --out_dir to be --hf_dir (LitGPT's layout: the LitGPT files beside the HF ones)");
 
 namespace lgpt {
 
@@ -52,6 +54,7 @@ int main(int argc, char** argv) {
     options.dtype = ValueOrDie(ParseDtype(absl::GetFlag(FLAGS_dtype)));
   }
   options.write_safetensors = absl::GetFlag(FLAGS_safetensors);
+  options.in_place = absl::GetFlag(FLAGS_in_place);
   options.progress = PrintProgress;
   const auto start = std::chrono::steady_clock::now();
   const ConvertResult result = ValueOrDie(ConvertHfCheckpoint(hf_dir, out_dir, options));

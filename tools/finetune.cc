@@ -24,6 +24,7 @@
 #include "absl/strings/str_format.h"
 #include "core/config.h"
 #include "core/model/checkpoint.h"
+#include "core/output_dir.h"
 #include "core/prompt_style.h"
 #include "core/tokenizer.h"
 #include "core/torch_pickle_writer.h"
@@ -71,12 +72,6 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr char kDefaultModelDir[] = "tools/default_model";
-
-void WriteText(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary);
-  out << text;
-  if (!out) Die(absl::InternalError(absl::StrCat("cannot write ", path)));
-}
 
 std::string HyperparametersYaml(const std::string& base_dir, const Config& config,
                                 FinetuneMethod method) {
@@ -126,12 +121,21 @@ int main(int argc, char** argv) {
   if (!(val_fraction >= 0 && val_fraction < 1)) {
     Die(absl::InvalidArgumentError("--val_split_fraction must be in [0, 1)"));
   }
+  if (absl::GetFlag(FLAGS_eval_iters) < 0) {
+    Die(absl::InvalidArgumentError(absl::StrCat(
+        "--eval_iters must be >= 0 (0: no validation), got ", absl::GetFlag(FLAGS_eval_iters))));
+  }
   if (absl::GetFlag(FLAGS_merge) && method != FinetuneMethod::kLora &&
       method != FinetuneMethod::kFull) {
     Die(absl::InvalidArgumentError(absl::StrCat("--merge: ", FinetuneMethodName(method),
                                                 " cannot be merged into a base checkpoint")));
   }
   const PromptStyle style = ValueOrDie(PromptStyleFromName(absl::GetFlag(FLAGS_prompt_style)));
+  // Checked before any work: never the input directory, and writable.
+  OutputDirOptions out_options;
+  out_options.drop = {"model.safetensors", "lit_model.pth"};
+  const std::unique_ptr<OutputDir> out =
+      ValueOrDie(OutputDir::Begin(out_dir, {checkpoint_dir}, out_options));
 
   // The base model's config with the method's fields.
   Config config = ValueOrDie(LoadConfigFile(checkpoint_dir + "/model_config.yaml"));
@@ -223,28 +227,24 @@ int main(int argc, char** argv) {
   options.log = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
   const SftTrainStats stats = ValueOrDie(TrainSft(*model, train, val, options));
 
-  // Output: LitGPT's layout.
-  std::error_code error;
-  fs::create_directories(out_dir, error);
-  if (error)
-    Die(absl::InternalError(absl::StrCat("cannot create ", out_dir, ": ", error.message())));
-  const std::string trained_path = out_dir + "/" + TrainedFileName(method);
-  DieIfError(WriteTorchStateDict(trained_path, TrainedStateDict(*model, method)));
-  WriteText(out_dir + "/model_config.yaml", ConfigToYaml(config));
-  WriteText(out_dir + "/hyperparameters.yaml", HyperparametersYaml(checkpoint_dir, config, method));
-  WriteText(out_dir + "/prompt_style.yaml", style.ToYaml());
+  // Output: LitGPT's layout, as one transaction (core/output_dir.h).
+  const std::string trained_name = TrainedFileName(method);
+  const std::string trained_path = out_dir + "/" + trained_name;
+  DieIfError(WriteTorchStateDict(out->Path(trained_name), TrainedStateDict(*model, method)));
+  DieIfError(out->WriteFile("model_config.yaml", ConfigToYaml(config)));
+  DieIfError(
+      out->WriteFile("hyperparameters.yaml", HyperparametersYaml(checkpoint_dir, config, method)));
+  DieIfError(out->WriteFile("prompt_style.yaml", style.ToYaml()));
   for (const char* name : {"tokenizer.model", "tokenizer.json", "tokenizer_config.json",
                            "generation_config.json", "special_tokens_map.json"}) {
     const fs::path from = fs::path(checkpoint_dir) / name;
-    if (fs::exists(from)) {
-      fs::copy_file(from, fs::path(out_dir) / name, fs::copy_options::overwrite_existing, error);
-      if (error) Die(absl::InternalError(absl::StrCat("cannot copy ", from.string())));
-    }
+    if (fs::exists(from)) DieIfError(out->CopyFile(from.string(), name));
   }
   if (absl::GetFlag(FLAGS_merge) && method == FinetuneMethod::kLora) {
-    DieIfError(WriteTorchStateDict(out_dir + "/lit_model.pth",
+    DieIfError(WriteTorchStateDict(out->Path("lit_model.pth"),
                                    ValueOrDie(MergedStateDict(*model, method))));
   }
+  DieIfError(out->Commit());
   std::fprintf(stderr, "saved %s\n", trained_path.c_str());
 
   std::printf("method=%s threads=%d\n", std::string(FinetuneMethodName(method)).c_str(),

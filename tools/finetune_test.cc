@@ -305,6 +305,17 @@ TEST(FinetuneToolTest, BadInputsFailWithOneLine) {
       "--merge");
   ExpectCleanFailure(Execute("merge_lora", "--checkpoint_dir=" + dir + " --out_dir=" + dir + "/m"),
                      "lit_model.pth.lora");
+  // The input directory is never the output, and that is known before any training.
+  ExpectCleanFailure(
+      Execute("finetune", "--data=" + dir + "/good.json --out_dir=tools/default_model"),
+      "never writes into its input");
+  WriteText(dir + "/a_file", "x");
+  ExpectCleanFailure(
+      Execute("finetune", "--data=" + dir + "/good.json --out_dir=" + dir + "/a_file"),
+      "is a file");
+  ExpectCleanFailure(
+      Execute("finetune", "--data=" + dir + "/good.json --out_dir=" + dir + "/out --eval_iters=-1"),
+      "eval");
 }
 
 TEST(FinetuneToolTest, LoraOnTheDefaultModelThenMergeThenGenerate) {
@@ -356,6 +367,26 @@ TEST(FinetuneToolTest, LoraOnTheDefaultModelThenMergeThenGenerate) {
                                        "/merged --prompt_ids=1,2,3 --max_new_tokens=4 "
                                        "--temperature=0 --print_ids"));
   EXPECT_EQ(generated.status, 0) << generated.err;
+
+  // The default merge (LitGPT's) leaves the LoRA files as they are: it can run again, and the
+  // directory generates as a plain model.
+  for (int run = 0; run < 2; ++run) {
+    const ToolRun beside = Execute("merge_lora", absl::StrCat("--checkpoint_dir=", dir, "/lora"));
+    ASSERT_EQ(beside.status, 0) << beside.err;
+  }
+  EXPECT_NE(ReadAll(dir + "/lora/model_config.yaml").find("lora_r: 8"), std::string::npos);
+  EXPECT_EQ(Execute("generate", absl::StrCat("--checkpoint_dir=", dir,
+                                             "/lora --prompt_ids=1,2,3 --max_new_tokens=4 "
+                                             "--temperature=0 --print_ids"))
+                .status,
+            0);
+  // Never into the base checkpoint (named by hyperparameters.yaml).
+  const std::string hyper = ReadAll(dir + "/lora/hyperparameters.yaml");
+  const size_t at = hyper.find("checkpoint_dir: ") + 16;
+  const std::string base = hyper.substr(at, hyper.find('\n', at) - at);
+  ExpectCleanFailure(
+      Execute("merge_lora", absl::StrCat("--checkpoint_dir=", dir, "/lora --out_dir=", base)),
+      "never writes into its input");
 }
 
 }  // namespace

@@ -3,17 +3,22 @@
 //       [--out_dir=DIR]
 // DIR holds lit_model.pth.lora and model_config.yaml (with the lora_* fields), as
 // //tools:finetune writes it; the base comes from --pretrained_checkpoint_dir or else
-// hyperparameters.yaml's checkpoint_dir. out_dir (default: DIR) gets lit_model.pth with
-// W + scaling · B·A in every LoRA projection, a model_config.yaml without the LoRA fields,
-// and the tokenizer and prompt-style files, so //tools:generate loads it.
+// hyperparameters.yaml's checkpoint_dir. By default (as LitGPT) DIR gets lit_model.pth with
+// W + scaling · B·A in every LoRA projection and nothing else changes, so DIR loads as a
+// plain model and merges again. With --out_dir, that directory gets a whole plain checkpoint
+// (model_config.yaml without the LoRA fields, tokenizer and prompt-style files), written as
+// one transaction; it may not be the base checkpoint.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
+#include <system_error>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "core/config.h"
+#include "core/output_dir.h"
 #include "core/torch_pickle_writer.h"
 #include "tools/finetune_model.h"
 #include "tools/tool_util.h"
@@ -30,43 +35,55 @@ int main(int argc, char** argv) {
            "merge_lora --checkpoint_dir=DIR [--pretrained_checkpoint_dir=BASE] [--out_dir=DIR]");
   const std::string dir = ResolvePath(absl::GetFlag(FLAGS_checkpoint_dir));
   if (dir.empty()) Die(absl::InvalidArgumentError("--checkpoint_dir is required"));
-  std::string out_dir = ResolvePath(absl::GetFlag(FLAGS_out_dir));
-  if (out_dir.empty()) out_dir = dir;
+  std::string base_dir = ResolvePath(absl::GetFlag(FLAGS_pretrained_checkpoint_dir));
   const std::string lora_file = dir + "/" + TrainedFileName(FinetuneMethod::kLora);
   if (!fs::is_regular_file(lora_file)) {
     Die(absl::NotFoundError(absl::StrCat(dir, ": no ", TrainedFileName(FinetuneMethod::kLora))));
   }
-  LoadedModel loaded = ValueOrDie(LoadFinetuned(
-      dir, FinetuneMethod::kLora, ResolvePath(absl::GetFlag(FLAGS_pretrained_checkpoint_dir))));
-  const TensorMap merged = ValueOrDie(MergedStateDict(*loaded.model, FinetuneMethod::kLora));
-
-  std::error_code error;
-  fs::create_directories(out_dir, error);
-  if (error)
-    Die(absl::InternalError(absl::StrCat("cannot create ", out_dir, ": ", error.message())));
-  DieIfError(WriteTorchStateDict(out_dir + "/lit_model.pth", merged));
-  Config plain = loaded.config;
-  plain.lora_r = 0;
-  plain.lora_alpha = 1;
-  plain.lora_dropout = 0;
-  plain.lora_query = plain.lora_key = plain.lora_value = false;
-  plain.lora_projection = plain.lora_mlp = plain.lora_head = false;
-  {
-    std::ofstream out(out_dir + "/model_config.yaml", std::ios::binary);
-    out << ConfigToYaml(plain);
-    if (!out)
-      Die(absl::InternalError(absl::StrCat("cannot write ", out_dir, "/model_config.yaml")));
+  if (base_dir.empty()) base_dir = ValueOrDie(BaseDirFromHyperparameters(dir));
+  // The default (LitGPT's): lit_model.pth beside the LoRA files, which stay as they are, so the
+  // directory loads as a plain model (lora_* fields are ignored then) and merges again.
+  // Elsewhere: a whole plain checkpoint, written as one transaction; never into the base.
+  std::string out_dir = ResolvePath(absl::GetFlag(FLAGS_out_dir));
+  std::error_code same_error;
+  const bool beside = out_dir.empty() || fs::equivalent(out_dir, dir, same_error);
+  std::unique_ptr<OutputDir> out;
+  if (!beside) {
+    OutputDirOptions options;
+    options.drop = {"model.safetensors", "lit_model.pth", "lit_model.pth.lora",
+                    "hyperparameters.yaml"};
+    out = ValueOrDie(OutputDir::Begin(out_dir, {dir, base_dir}, options));
+  } else {
+    out_dir = dir;
+    if (fs::exists(dir + "/model.safetensors")) {
+      Die(absl::FailedPreconditionError(absl::StrCat(
+          dir,
+          " holds model.safetensors, which loaders prefer to the lit_model.pth a merge "
+          "writes: pass --out_dir")));
+    }
   }
-  if (fs::absolute(out_dir) != fs::absolute(dir)) {
+  LoadedModel loaded = ValueOrDie(LoadFinetuned(dir, FinetuneMethod::kLora, base_dir));
+  const TensorMap merged = ValueOrDie(MergedStateDict(*loaded.model, FinetuneMethod::kLora));
+  if (beside) {
+    DieIfError(WriteTorchStateDict(dir + "/lit_model.pth", merged));
+  } else {
+    DieIfError(WriteTorchStateDict(out->Path("lit_model.pth"), merged));
+    Config plain = loaded.config;
+    plain.lora_r = 0;
+    plain.lora_alpha = 1;
+    plain.lora_dropout = 0;
+    plain.lora_query = plain.lora_key = plain.lora_value = false;
+    plain.lora_projection = plain.lora_mlp = plain.lora_head = false;
+    DieIfError(out->WriteFile("model_config.yaml", ConfigToYaml(plain)));
     for (const char* name :
          {"tokenizer.model", "tokenizer.json", "tokenizer_config.json", "generation_config.json",
           "special_tokens_map.json", "prompt_style.yaml"}) {
       const fs::path from = fs::path(dir) / name;
-      if (!fs::exists(from)) continue;
-      fs::copy_file(from, fs::path(out_dir) / name, fs::copy_options::overwrite_existing, error);
-      if (error) Die(absl::InternalError(absl::StrCat("cannot copy ", from.string())));
+      if (fs::exists(from)) DieIfError(out->CopyFile(from.string(), name));
     }
+    DieIfError(out->Commit());
   }
-  std::printf("merged %zu tensors into %s/lit_model.pth\n", merged.size(), out_dir.c_str());
+  std::fprintf(stderr, "merged %zu tensors into %s/lit_model.pth\n", merged.size(),
+               out_dir.c_str());
   return 0;
 }

@@ -72,6 +72,10 @@ static absl::StatusOr<SftTrainStats> TrainSftUnchecked(GPTImpl& model,
     return absl::InvalidArgumentError(
         "max_steps must be >= 0, and epochs, eval_interval, log_interval >= 1, warmup_steps >= 0");
   }
+  if (options.eval_max_batches < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "eval_max_batches must be >= 0 (0: no validation), got ", options.eval_max_batches));
+  }
   if (train.empty()) return absl::InvalidArgumentError("no training examples");
   const int64_t accumulate = global / micro;
   const int64_t steps_per_epoch = std::max<int64_t>(1, static_cast<int64_t>(train.size()) / global);

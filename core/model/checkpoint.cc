@@ -112,8 +112,13 @@ absl::StatusOr<TensorMap> ReadCheckpointTensors(const std::string& checkpoint_di
   const std::string safetensors = checkpoint_dir + "/model.safetensors";
   const std::string pth = checkpoint_dir + "/lit_model.pth";
   if (IsFile(safetensors)) {
-    if (source) *source = safetensors;
-    return ReadSafetensors(safetensors);
+    ASSIGN_OR_RETURN(TensorMap tensors, ReadSafetensors(safetensors));
+    // A Hugging Face directory converted in place holds the HF model.safetensors beside
+    // lit_model.pth: LitGPT names (every model has transformer.wte.weight) decide.
+    if (tensors.count("transformer.wte.weight") || !IsFile(pth)) {
+      if (source) *source = safetensors;
+      return tensors;
+    }
   }
   if (IsFile(pth)) {
     if (source) *source = pth;
