@@ -7,9 +7,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -624,6 +626,30 @@ TEST(ConvertLitErrorsTest, LoraWeightsAndMissingDirs) {
   ASSERT_TRUE(WriteTorchStateDict(dir + "/lit_model.pth", state).ok());
   ExpectError(ConvertLitCheckpoint(dir, NewDir("x")).status(), absl::StatusCode::kInvalidArgument,
               "transformer.h.1.attn.proj.weight");
+}
+
+// A NaN or infinity anywhere in the weights is refused at load, naming the tensor and the
+// element; check_finite = false skips the pass for trusted files.
+TEST(LoadCheckpointTest, NonFiniteWeightsAreRefused) {
+  const LitModel m = MakeModel("Llama-2-7b-hf", 43);
+  for (const float bad : {std::nanf(""), std::numeric_limits<float>::infinity()}) {
+    const std::string dir = NewDir("nonfinite");
+    TensorMap state = m.state;
+    at::Tensor weight = state.at("transformer.h.1.mlp.fc_2.weight").clone();
+    weight.view({-1})[7] = bad;
+    state["transformer.h.1.mlp.fc_2.weight"] = weight;
+    WriteFile(dir + "/model_config.yaml", ConfigToYaml(m.config));
+    ASSERT_TRUE(WriteTorchStateDict(dir + "/lit_model.pth", state).ok());
+    const absl::StatusOr<LoadedModel> loaded = LoadCheckpoint(dir);
+    ASSERT_FALSE(loaded.ok());
+    EXPECT_EQ(loaded.status().code(), absl::StatusCode::kDataLoss) << loaded.status();
+    EXPECT_NE(loaded.status().message().find("transformer.h.1.mlp.fc_2.weight"), std::string::npos)
+        << loaded.status();
+    EXPECT_NE(loaded.status().message().find("element 7"), std::string::npos) << loaded.status();
+    LoadOptions trusted;
+    trusted.check_finite = false;
+    EXPECT_TRUE(LoadCheckpoint(dir, trusted).ok());
+  }
 }
 
 }  // namespace

@@ -2,15 +2,22 @@
 // Hugging Face directory and back with identical weights, and bad input ends with one error
 // line on stderr and exit status 1.
 #include <ATen/ATen.h>
+#include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <map>
+#include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -116,6 +123,62 @@ TEST(ConvertToolsTest, BadInputIsOneErrorLine) {
   ExpectOneErrorLine(Execute("convert_lit", absl::StrCat("--checkpoint_dir=", kModel, " --out_dir=",
                                                          tmp, "/y --max_shard_mb=-1")),
                      "convert_lit", "max_shard_mb");
+}
+
+// Every regular file under `dir` by name, with its contents.
+std::map<std::string, std::string> Snapshot(const std::string& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.is_regular_file()) files[entry.path().filename().string()] = ReadAll(entry.path());
+  }
+  return files;
+}
+
+// convert_hf killed at random moments while it replaces another checkpoint: the directory
+// always holds the old checkpoint or the new one, never new files beside old weights.
+TEST(ConvertToolsTest, KilledConversionLeavesOldOrNewCheckpoint) {
+  namespace fs = std::filesystem;
+  const std::string hf = TempDir() + "/kill_hf", fresh = TempDir() + "/kill_fresh";
+  const std::string target = TempDir() + "/kill_target";
+  ASSERT_EQ(
+      Execute("convert_lit", absl::StrCat("--checkpoint_dir=", kModel, " --out_dir=", hf)).status,
+      0);
+  const std::string args = absl::StrCat("--hf_dir=", hf, " --model_config=", kModel,
+                                        "/model_config.yaml --dtype=float32 --out_dir=");
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_EQ(Execute("convert_hf", args + fresh).status, 0);
+  const auto run_us = std::chrono::duration_cast<std::chrono::microseconds>(
+                          std::chrono::steady_clock::now() - start)
+                          .count();
+  fs::copy(kModel, target);
+  const std::map<std::string, std::string> old_files = Snapshot(target);
+  // The new checkpoint: what a fresh conversion writes, plus the old files it neither rewrites
+  // nor drops (model.safetensors would shadow the new lit_model.pth, so it goes).
+  std::map<std::string, std::string> new_files = Snapshot(fresh);
+  for (const auto& [name, text] : old_files) {
+    if (name != "model.safetensors" && !new_files.count(name)) new_files[name] = text;
+  }
+  std::mt19937 rng(9);
+  int saw_old = 0, saw_new = 0;
+  for (int round = 0; round < 10; ++round) {
+    fs::remove_all(target);
+    fs::copy(kModel, target);
+    const pid_t pid = fork();
+    if (pid == 0) {
+      const std::string command =
+          absl::StrCat("exec tools/convert_hf ", args, target, " >/dev/null 2>&1");
+      execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % (run_us + 1)));
+    kill(pid, SIGKILL);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    const std::map<std::string, std::string> seen = Snapshot(target);
+    ASSERT_TRUE(seen == old_files || seen == new_files) << "a mixed directory in round " << round;
+    (seen == old_files ? saw_old : saw_new)++;
+  }
+  EXPECT_GT(saw_old + saw_new, 0);
 }
 
 }  // namespace
