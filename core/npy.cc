@@ -1,5 +1,6 @@
 #include "core/npy.h"
 
+#include <ATen/ATen.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -13,8 +14,6 @@
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <ATen/ATen.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -370,7 +369,9 @@ absl::Status WriteNpyImpl(const std::string& path, const at::Tensor& tensor) {
   const uint32_t len = static_cast<uint32_t>(header.size());
   for (size_t i = 0; i < prefix_len - 8; ++i) prefix.push_back(static_cast<char>(len >> (8 * i)));
 
-  FILE* file = std::fopen(path.c_str(), "wb");
+  // Written as `path.partial`, fsynced, then renamed: `path` is never seen truncated.
+  const std::string partial = path + ".partial";
+  FILE* file = std::fopen(partial.c_str(), "wb");
   if (file == nullptr) {
     return absl::ErrnoToStatus(errno, absl::StrCat(path, ": cannot open for writing"));
   }
@@ -379,10 +380,12 @@ absl::Status WriteNpyImpl(const std::string& path, const at::Tensor& tensor) {
   bool ok = std::fwrite(prefix.data(), 1, prefix.size(), file) == prefix.size() &&
             std::fwrite(header.data(), 1, header.size(), file) == header.size() &&
             (nbytes == 0 || std::fwrite(data.data_ptr(), 1, nbytes, file) == nbytes);
+  ok = ok && std::fflush(file) == 0 && ::fsync(::fileno(file)) == 0;
   ok = (std::fclose(file) == 0) && ok;
+  ok = ok && std::rename(partial.c_str(), path.c_str()) == 0;
   const int write_errno = errno;
   if (!ok) {
-    std::remove(path.c_str());
+    std::remove(partial.c_str());
     return absl::ErrnoToStatus(write_errno ? write_errno : EIO,
                                absl::StrCat(path, ": write failed"));
   }

@@ -1,9 +1,9 @@
 // Writes the logits of one full forward pass over given token ids as a NumPy file:
 //   bazel run //tools:score -- --checkpoint_dir=DIR --token_ids=1,2,3 --logits_out=FILE.npy
+#include <ATen/ATen.h>
+
 #include <cstdio>
 #include <string>
-
-#include <ATen/ATen.h>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
@@ -25,7 +25,8 @@ int main(int argc, char** argv) {
   const std::string out = ResolvePath(absl::GetFlag(FLAGS_logits_out));
   if (checkpoint_dir.empty()) Die(absl::InvalidArgumentError("--checkpoint_dir is required"));
   if (out.empty()) Die(absl::InvalidArgumentError("--logits_out is required"));
-  const std::vector<int64_t> ids = ValueOrDie(ParseIds(absl::GetFlag(FLAGS_token_ids), "token_ids"));
+  const std::vector<int64_t> ids =
+      ValueOrDie(ParseIds(absl::GetFlag(FLAGS_token_ids), "token_ids"));
 
   LoadOptions options;
   options.dtype = ValueOrDie(ParsePrecision(absl::GetFlag(FLAGS_precision)));
@@ -33,12 +34,16 @@ int main(int argc, char** argv) {
   options.progress = PrintProgress;
   LoadedModel loaded = ValueOrDie(LoadCheckpoint(checkpoint_dir, options));
   if (static_cast<int64_t>(ids.size()) > loaded.config.block_size) {
-    Die(absl::InvalidArgumentError(absl::StrCat(ids.size(), " tokens exceed the context of ",
-                                                loaded.config.block_size)));
+    Die(absl::InvalidArgumentError(
+        absl::StrCat(ids.size(), " tokens exceed the context of ", loaded.config.block_size)));
   }
   at::NoGradGuard no_grad;
   const at::Tensor tokens = at::tensor(ids, at::kLong).unsqueeze(0);
   const at::Tensor logits = ValueOrDie(loaded.model->Forward(tokens));
+  if (!at::isfinite(logits).all().item<bool>()) {
+    Die(absl::FailedPreconditionError(
+        "the model's logits are not finite (NaN or infinity): its activations overflowed"));
+  }
   DieIfError(WriteNpy(out, logits.squeeze(0).to(at::kCPU, at::kFloat).contiguous()));
   std::fprintf(stderr, "wrote logits [%zu, %lld] to %s\n", ids.size(),
                static_cast<long long>(logits.size(-1)), out.c_str());

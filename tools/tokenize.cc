@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "core/tokenizer.h"
 #include "tools/tool_util.h"
@@ -26,7 +27,12 @@ int main(int argc, char** argv) {
            "tokenize --checkpoint_dir=DIR (--text=TEXT [--bos=true|false] [--eos] | --ids=1,2,3)");
   const std::string checkpoint_dir = ResolvePath(absl::GetFlag(FLAGS_checkpoint_dir));
   if (checkpoint_dir.empty()) Die(absl::InvalidArgumentError("--checkpoint_dir is required"));
-  const bool has_text = !absl::GetFlag(FLAGS_text).empty();
+  // --text="" is a text (with an empty encoding), so presence is what counts.
+  bool has_text = false;
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view arg = argv[i];
+    has_text = has_text || arg == "--text" || absl::StartsWith(arg, "--text=");
+  }
   const bool has_ids = !absl::GetFlag(FLAGS_ids).empty();
   if (has_text == has_ids) Die(absl::InvalidArgumentError("give exactly one of --text and --ids"));
   std::optional<bool> bos;
