@@ -67,6 +67,6 @@ int main(int argc, char** argv) {
       if (error) Die(absl::InternalError(absl::StrCat("cannot copy ", from.string())));
     }
   }
-  std::printf("merged %zu tensors into %s/lit_model.pth\n", merged.size(), out_dir.c_str());
+  std::fprintf(stderr, "merged %zu tensors into %s/lit_model.pth\n", merged.size(), out_dir.c_str());
   return 0;
 }
