@@ -5,13 +5,7 @@
 // holds out the corpus tail for validation, and trains with AdamW, linear warm-up plus
 // cosine decay, gradient clipping and accumulation. Checkpoints are LitGPT directories
 // (model_config.yaml, model.safetensors, tokenizer files) and resume with --resume.
-#include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <sys/stat.h>
-#include <torch/nn/utils/clip_grad.h>
-#include <torch/optim/adamw.h>
-#include <torch/serialize.h>
-#include <torch/types.h>
 
 #include <algorithm>
 #include <chrono>
@@ -20,6 +14,13 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/types.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/adamw.h>
+#include <torch/serialize.h>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
