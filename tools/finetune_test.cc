@@ -31,7 +31,7 @@ namespace {
 std::string TempDir(const std::string& name) {
   const char* base = std::getenv("TEST_TMPDIR");
   const std::string dir = absl::StrCat(base ? base : "/tmp", "/", name);
-  std::system(absl::StrCat("mkdir -p ", dir).c_str());
+  EXPECT_EQ(std::system(absl::StrCat("mkdir -p ", dir).c_str()), 0) << dir;
   return dir;
 }
 
