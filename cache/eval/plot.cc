@@ -278,7 +278,7 @@ Image ScatterPlot(const std::vector<Series>& series, const PlotOptions& options)
   image.Line(left, bottom, right, bottom, black);
   image.Text((left + right - Image::TextWidth(options.x_label, text)) / 2,
              bottom + 20 + glyph_height, options.x_label, grey, text);
-  image.Text(8, top - glyph_height - 10, options.y_label, grey, text);
+  image.Text(8, top - glyph_height - 4, options.y_label, grey, text);
 
   // Series: lines in x order, then markers on top, then the points' labels where they do not
   // cover another label (points of several policies often share a position).
