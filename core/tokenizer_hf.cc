@@ -593,7 +593,10 @@ absl::Status BpeModel::Tokenize(absl::string_view word, std::vector<int64_t>* ou
   }
   std::vector<int64_t> ids;
   std::vector<size_t> lens;
-  std::optional<std::pair<int64_t, size_t>> unk;
+  // The pending unknown token (id, bytes); a plain pair and flag rather than std::optional,
+  // which GCC 12 reports as maybe-uninitialized here.
+  bool has_unk = false;
+  std::pair<int64_t, size_t> unk{0, 0};
   auto add = [&](int64_t id, size_t len) {
     ids.push_back(id);
     lens.push_back(len);
@@ -605,9 +608,9 @@ absl::Status BpeModel::Tokenize(absl::string_view word, std::vector<int64_t>* ou
     if (!NextCodePoint(word, &pos, &c)) pos = start + 1;
     const absl::string_view s = word.substr(start, pos - start);
     if (auto it = vocab_.find(s); it != vocab_.end()) {
-      if (unk) {
-        add(unk->first, unk->second);
-        unk.reset();
+      if (has_unk) {
+        add(unk.first, unk.second);
+        has_unk = false;
       }
       add(it->second, s.size());
       continue;
@@ -626,16 +629,17 @@ absl::Status BpeModel::Tokenize(absl::string_view word, std::vector<int64_t>* ou
         return absl::InvalidArgumentError(
             absl::StrCat("tokenizer.json: unk_token '", *unk_token_, "' is not in the vocabulary"));
       }
-      if (unk && fuse_unk_) {
-        unk->second += s.size();
+      if (has_unk && fuse_unk_) {
+        unk.second += s.size();
       } else {
-        if (unk) add(unk->first, unk->second);
-        unk = std::pair(*unk_id_, s.size());
+        if (has_unk) add(unk.first, unk.second);
+        unk = {*unk_id_, s.size()};
+        has_unk = true;
       }
     }
     // Without an unk_token an unknown character is dropped, as the `tokenizers` crate does.
   }
-  if (unk) add(unk->first, unk->second);
+  if (has_unk) add(unk.first, unk.second);
   MergeAll(&ids, &lens);
   for (size_t i = 0; i < ids.size(); ++i) {
     if (lens[i] > 0) out->push_back(ids[i]);

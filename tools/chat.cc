@@ -1,10 +1,11 @@
 // Interactive multi-turn chat with a LitGPT checkpoint (the embedded default model when
 // --checkpoint_dir is not given):
 //   bazel run //tools:chat -- --checkpoint_dir=DIR [--system="..."] [--kv_cache=sink ...]
-// Reads one user message per line from stdin; /reset starts over, /quit (or end of input)
-// ends. The KV cache lives across turns, so each turn prefills only its own tokens (LitGPT
-// re-prefills the whole conversation). When the context is full, the tool says so and the
-// conversation can be reset.
+// Reads one user message per line from stdin (with line editing and history when stdin is a
+// terminal); /reset starts over, /quit (or end of input) ends, /help lists the commands, and
+// any other /command is refused rather than sent to the model (// sends a literal "/"). The KV
+// cache lives across turns, so each turn prefills only its own tokens (LitGPT re-prefills the whole
+// conversation). When the context is full, the tool says so and the conversation can be reset.
 #include <ATen/Parallel.h>
 #include <unistd.h>
 
@@ -14,11 +15,13 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "core/prompt_style.h"
 #include "lgpt.h"
 #include "tools/generation_flags.h"
+#include "tools/line_reader.h"
 #include "tools/tool_util.h"
 
 ABSL_FLAG(std::string, checkpoint_dir, "",
@@ -29,13 +32,17 @@ ABSL_FLAG(std::string, system, "", "system prompt (styles that have one)");
 ABSL_FLAG(int64_t, max_new_tokens, 200, "most tokens per reply");
 ABSL_FLAG(bool, stats, true, "print statistics after each reply (on stderr)");
 
-constexpr char kDefaultModelDir[] = "tools/default_model";
+constexpr char kCommands[] =
+    "/reset  start a new conversation (empties the KV cache)\n"
+    "/quit   end (also /exit, or end of input)\n"
+    "/help   this list\n"
+    "A message starting with \"/\" is sent as typed after \"//\" (\"//etc\" sends \"/etc\").\n";
 
 int main(int argc, char** argv) {
   using namespace lgpt;
   InitTool(argc, argv, "chat [--checkpoint_dir=DIR] [--system=TEXT] [--prompt_style=NAME]");
   std::string checkpoint_dir = ResolvePath(absl::GetFlag(FLAGS_checkpoint_dir));
-  if (checkpoint_dir.empty()) checkpoint_dir = kDefaultModelDir;
+  if (checkpoint_dir.empty()) checkpoint_dir = DefaultModelDir();
 
   RequestOptions options;
   options.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
@@ -69,23 +76,33 @@ int main(int argc, char** argv) {
   };
   std::unique_ptr<Session> session = ValueOrDie(engine->NewSession(kv_cache));
 
-  const bool interactive = isatty(STDIN_FILENO);
-  std::fprintf(stderr, "chat: %s, prompt style %s, %s, context %lld tokens. /reset, /quit\n",
+  LineReader reader;
+  std::fprintf(stderr, "chat: %s, prompt style %s, %s, context %lld tokens. /help, /reset, /quit\n",
                engine->config().name.c_str(), style.name().c_str(),
                DescribeKVCacheSpec(kv_cache).c_str(),
                static_cast<long long>(engine->config().block_size));
   std::string line;
   int64_t turn = 0;
-  while (true) {
-    if (interactive) std::fprintf(stderr, ">> ");
-    if (!std::getline(std::cin, line)) break;
-    const std::string message(absl::StripAsciiWhitespace(line));
+  while (reader.ReadLine(">> ", &line)) {
+    std::string message(absl::StripAsciiWhitespace(line));
     if (message.empty()) continue;
+    reader.AddHistory(message);
     if (message == "/quit" || message == "/exit") break;
     if (message == "/reset") {
       session->Reset();
       turn = 0;
       std::fprintf(stderr, "(conversation reset)\n");
+      continue;
+    }
+    if (message == "/help") {
+      std::fprintf(stderr, "%s", kCommands);
+      continue;
+    }
+    if (absl::StartsWith(message, "//")) {
+      message.erase(0, 1);
+    } else if (message[0] == '/') {
+      std::fprintf(stderr, "chat: unknown command '%s' (/help lists the commands)\n",
+                   message.substr(0, message.find(' ')).c_str());
       continue;
     }
     std::string text;

@@ -2,29 +2,38 @@
 // sequence through every policy x budget x bits combination, with the dense 16-bit cache as
 // the baseline.
 //
-//   bazel run //tools:eval_cache -- --checkpoint_dir=DIR --text_file=FILE \
+//   bazel run //tools:eval_cache -- --checkpoint_dir=DIR --text_file=FILE
 //       --budgets=64,128,256 --policies=dense,window,sink,h2o --bits=16,8,4 --out_dir=DIR
 //
 // Tokens come from --text_file (tokenised with the checkpoint's tokenizer), --token_file
 // (ids separated by commas or whitespace) or --random_tokens=N (a smoke run); the model from
 // --checkpoint_dir or --random_model=PRESET (random weights: the machinery, not quality).
-// Sequences longer than the model's context are cut into segments of --segment tokens
-// (default: the block size), each starting from an empty cache. Every segment is fed
+// With no flags at all it evaluates the embedded default model on its held-out text
+// (tools/eval_data/kjv_heldout.txt, one verse a line between BOS and EOS) into
+// ./eval_cache_out. Sequences longer than the model's context are cut into segments of
+// --segment tokens (default: the block size the model was trained at), each starting from an
+// empty cache. Every segment is fed
 // --chunk tokens a step (1: token by token, so every step is a decode step and the timing is
 // decode throughput); each step's logits score the next tokens.
 //
 // Writes OUT_DIR/results.csv, OUT_DIR/results.md (policy, budget, bits, kv_bytes, perplexity,
-// ratio to dense, decode tokens/s) and OUT_DIR/ppl_vs_kv_bytes.png; prints progress on
-// stderr and the markdown table on stdout.
+// ratio to dense, decode tokens/s) and OUT_DIR/ppl_vs_kv_bytes.png; prints progress with an
+// ETA and each row as it completes on stderr, and the markdown table on stdout. The CSV is
+// written row by row to OUT_DIR/results.csv.partial (flushed after each row, so a killed run
+// keeps its finished rows there) and renamed to results.csv when every row is done: a file
+// named results.csv is always complete. "bits" is the width the cache really stores: --bits=16
+// means the model's own dtype and is reported as 32 for a float32 model.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <string>
@@ -46,13 +55,17 @@
 #include "core/model/gpt.h"
 #include "core/status_macros.h"
 #include "core/tokenizer.h"
+#include "tools/progress.h"
 #include "tools/tool_util.h"
 
-ABSL_FLAG(std::string, checkpoint_dir, "", "LitGPT checkpoint directory");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "LitGPT checkpoint directory; empty: the embedded default model");
 ABSL_FLAG(std::string, random_model, "",
           "instead of a checkpoint: a LitGPT preset name with random weights (smoke runs)");
 ABSL_FLAG(uint64_t, seed, 1234, "seed of --random_model and --random_tokens");
-ABSL_FLAG(std::string, text_file, "", "text to score (needs the checkpoint's tokenizer)");
+ABSL_FLAG(std::string, text_file, "",
+          "text to score (needs the checkpoint's tokenizer); with no token source at all, the "
+          "default model scores its held-out text (tools/eval_data/kjv_heldout.txt)");
 ABSL_FLAG(bool, lines_bos_eos, false,
           "tokenise each line of --text_file on its own, between BOS and EOS (the format "
           "//tools:pretrain trains on); else the whole text at once");
@@ -61,14 +74,17 @@ ABSL_FLAG(int64_t, random_tokens, 0, "score this many random token ids (smoke ru
 ABSL_FLAG(int64_t, max_tokens, 0, "score at most this many tokens; 0: all");
 ABSL_FLAG(std::string, budgets, "64,128,256", "entries per layer, comma-separated");
 ABSL_FLAG(std::string, policies, "dense,window,sink,h2o", "dense, window, sink, h2o, tova");
-ABSL_FLAG(std::string, bits, "16,8,4", "16 (the model's dtype), 8, 4; comma-separated");
+ABSL_FLAG(std::string, bits, "16,8,4",
+          "16 (full precision: the model's dtype, reported with its real width, e.g. 32 for "
+          "float32), 8, 4; comma-separated");
 ABSL_FLAG(int64_t, kv_sink, 4, "sink tokens of the sink policy");
 ABSL_FLAG(int64_t, kv_residual, 16, "quantised caches: recent entries kept in full precision");
 ABSL_FLAG(int64_t, kv_group, 32, "quantised caches: channels sharing one scale");
 ABSL_FLAG(double, kv_recent_fraction, 0.5, "h2o: the recent window's share of the budget");
 ABSL_FLAG(int64_t, chunk, 1, "tokens fed a step (1: token by token)");
 ABSL_FLAG(int64_t, segment, 0, "tokens per independent segment; 0: the model's block size");
-ABSL_FLAG(std::string, out_dir, "", "directory for results.csv, results.md and the plot");
+ABSL_FLAG(std::string, out_dir, "eval_cache_out",
+          "directory for results.csv, results.md and the plot (created)");
 ABSL_FLAG(bool, attention_report, true,
           "one more dense pass measuring, per layer and head, the attention weight on the first "
           "--kv_sink tokens (whether the model keeps attention sinks the sink policy can save)");
@@ -80,6 +96,8 @@ ABSL_FLAG(std::string, device, "cpu", "cpu or cuda[:N]");
 
 namespace lgpt {
 namespace {
+
+constexpr char kHeldOutText[] = "tools/eval_data/kjv_heldout.txt";
 
 struct Row {
   KVCacheSpec spec;
@@ -137,10 +155,8 @@ absl::StatusOr<LoadedModel> LoadModel(c10::ScalarType dtype, c10::Device device)
     model->eval();
     return LoadedModel{config, model};
   }
-  const std::string dir = ResolvePath(absl::GetFlag(FLAGS_checkpoint_dir));
-  if (dir.empty()) {
-    return absl::InvalidArgumentError("--checkpoint_dir (or --random_model=PRESET) is required");
-  }
+  std::string dir = ResolvePath(absl::GetFlag(FLAGS_checkpoint_dir));
+  if (dir.empty()) dir = DefaultModelDir();
   LoadOptions load;
   load.dtype = dtype;
   load.device = device;
@@ -149,21 +165,31 @@ absl::StatusOr<LoadedModel> LoadModel(c10::ScalarType dtype, c10::Device device)
 }
 
 absl::StatusOr<std::vector<int64_t>> LoadTokens(const Config& config) {
-  const std::string text_file = absl::GetFlag(FLAGS_text_file);
+  std::string text_file = ResolvePath(absl::GetFlag(FLAGS_text_file));
   const std::string token_file = absl::GetFlag(FLAGS_token_file);
   const int64_t random = absl::GetFlag(FLAGS_random_tokens);
-  if ((!text_file.empty()) + (!token_file.empty()) + (random > 0) != 1) {
+  const bool random_model = !absl::GetFlag(FLAGS_random_model).empty();
+  bool lines_bos_eos = absl::GetFlag(FLAGS_lines_bos_eos);
+  const int sources = (!text_file.empty()) + (!token_file.empty()) + (random > 0);
+  if (sources == 0 && !random_model && absl::GetFlag(FLAGS_checkpoint_dir).empty()) {
+    // The default model on the text it never saw, in the format it was trained on.
+    text_file = RunfilesPath(kHeldOutText);
+    lines_bos_eos = true;
+    std::fprintf(stderr, "tokens: the default model's held-out text %s\n", kHeldOutText);
+  } else if (sources != 1) {
     return absl::InvalidArgumentError(
         "pass exactly one of --text_file, --token_file and --random_tokens=N");
   }
   std::vector<int64_t> ids;
   if (!text_file.empty()) {
-    if (absl::GetFlag(FLAGS_checkpoint_dir).empty()) {
+    if (random_model) {
       return absl::UnimplementedError(
           "--text_file needs a checkpoint's tokenizer (--checkpoint_dir); a --random_model has "
           "none: pass --token_file or --random_tokens");
     }
-    auto tokenizer = Tokenizer::Load(ResolvePath(absl::GetFlag(FLAGS_checkpoint_dir)));
+    std::string checkpoint_dir = ResolvePath(absl::GetFlag(FLAGS_checkpoint_dir));
+    if (checkpoint_dir.empty()) checkpoint_dir = DefaultModelDir();
+    auto tokenizer = Tokenizer::Load(checkpoint_dir);
     if (!tokenizer.ok()) {
       return absl::Status(tokenizer.status().code() == absl::StatusCode::kNotFound
                               ? absl::StatusCode::kUnimplemented
@@ -172,8 +198,8 @@ absl::StatusOr<std::vector<int64_t>> LoadTokens(const Config& config) {
                                        tokenizer.status().message(),
                                        "); pass --token_file with token ids instead"));
     }
-    ASSIGN_OR_RETURN(const std::string text, ReadFile(ResolvePath(text_file), "text_file"));
-    if (absl::GetFlag(FLAGS_lines_bos_eos)) {
+    ASSIGN_OR_RETURN(const std::string text, ReadFile(text_file, "text_file"));
+    if (lines_bos_eos) {
       for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipWhitespace())) {
         ASSIGN_OR_RETURN(const std::vector<int64_t> line_ids,
                          (*tokenizer)->Encode(line, /*bos=*/true, /*eos=*/true));
@@ -202,8 +228,10 @@ absl::StatusOr<std::vector<int64_t>> LoadTokens(const Config& config) {
 }
 
 // Teacher-forced negative log-likelihood of `tokens` through `cache`, segment by segment.
+// `on_step` (if set) gets the tokens scored so far after every step.
 absl::StatusOr<Row> Evaluate(GPTImpl& model, KVCache& cache, const KVCacheSpec& spec,
-                             const std::vector<int64_t>& tokens, int64_t segment, int64_t chunk) {
+                             const std::vector<int64_t>& tokens, int64_t segment, int64_t chunk,
+                             const std::function<void(int64_t)>& on_step = nullptr) {
   at::NoGradGuard no_grad;
   Row row;
   row.spec = spec;
@@ -229,6 +257,7 @@ absl::StatusOr<Row> Evaluate(GPTImpl& model, KVCache& cache, const KVCacheSpec& 
         ++decode_steps;
       }
       row.scored += steps;
+      if (on_step) on_step(row.scored);
     }
     row.kv_bytes = std::max(row.kv_bytes, cache.AllocatedBytes());
     row.index_bytes = std::max(row.index_bytes, KVCacheIndexBytes(cache));
@@ -249,6 +278,27 @@ Color PolicyColor(const std::string& policy) {
 
 Marker BitsMarker(int bits) {
   return bits == 16 ? Marker::kCircle : bits == 8 ? Marker::kSquare : Marker::kTriangle;
+}
+
+// The width the cache stores: bits 16 means full precision, i.e. the model's own dtype.
+int StoredBits(const KVCacheSpec& spec, c10::ScalarType dtype) {
+  return spec.bits == 16 ? static_cast<int>(c10::elementSize(dtype)) * 8 : spec.bits;
+}
+
+// "sink budget=32 8-bit", "dense 32-bit".
+std::string RowLabel(const KVCacheSpec& spec, c10::ScalarType dtype) {
+  return absl::StrCat(spec.policy,
+                      spec.policy == "dense" ? "" : absl::StrCat(" budget=", spec.budget), " ",
+                      StoredBits(spec, dtype), "-bit");
+}
+
+// Tokens a pass scores: every token but the last of each segment.
+int64_t ScoredPerPass(int64_t total, int64_t segment) {
+  int64_t scored = 0;
+  for (int64_t begin = 0; begin + 1 < total; begin += segment) {
+    scored += std::min(segment, total - begin) - 1;
+  }
+  return scored;
 }
 
 int Run() {
@@ -303,7 +353,23 @@ int Run() {
   if (segment <= 0 || segment > loaded.config.block_size) segment = loaded.config.block_size;
   segment = std::min<int64_t>(segment, tokens.size());
   if (segment < 2) Die(absl::InvalidArgumentError("--segment must be >= 2"));
-  ::mkdir(out_dir.c_str(), 0755);
+  if (::mkdir(out_dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    Die(absl::NotFoundError(absl::StrCat("--out_dir: cannot create ", out_dir)));
+  }
+  // Rows go to results.csv.partial as they finish; results.csv appears only when complete.
+  const std::string csv_path = out_dir + "/results.csv";
+  const std::string partial_path = csv_path + ".partial";
+  std::remove(csv_path.c_str());
+  std::FILE* csv_file = std::fopen(partial_path.c_str(), "w");
+  if (csv_file == nullptr) Die(absl::NotFoundError(absl::StrCat("cannot write ", partial_path)));
+  auto write_csv = [&](const std::string& text) {
+    if (std::fputs(text.c_str(), csv_file) < 0 || std::fflush(csv_file) != 0) {
+      Die(absl::DataLossError(absl::StrCat("cannot write ", partial_path)));
+    }
+  };
+  write_csv(
+      "policy,budget,bits,kv_bytes,kv_index_bytes,kv_bytes_ratio,perplexity,ppl_ratio,"
+      "decode_tokens_per_s,scored_tokens\n");
 
   KVCacheShape shape;
   shape.max_sequence_length = segment;
@@ -316,29 +382,49 @@ int Run() {
       loaded.config.name.c_str(), static_cast<long long>(loaded.config.n_layer), tokens.size(),
       static_cast<long long>(segment), static_cast<long long>(chunk), at::get_num_threads());
 
+  // Progress over every pass (one per row, one more for the attention report), token by token.
+  const bool attention_report = absl::GetFlag(FLAGS_attention_report);
+  const int64_t per_pass = ScoredPerPass(static_cast<int64_t>(tokens.size()), segment);
+  const int64_t passes = static_cast<int64_t>(specs.size()) + (attention_report ? 1 : 0);
+  Progress progress("eval_cache: tokens", per_pass * passes);
+  int64_t pass = 0;
+  std::string pass_label;
+  auto on_step = [&](int64_t scored) { progress.Update(pass * per_pass + scored, pass_label); };
+
   std::vector<Row> rows;
-  for (size_t i = 0; i < specs.size(); ++i) {
+  for (size_t i = 0; i < specs.size(); ++i, ++pass) {
+    pass_label = absl::StrCat("row ", i + 1, "/", specs.size(), ": ", RowLabel(specs[i], dtype));
     std::unique_ptr<KVCache> cache = ValueOrDie(MakeKVCache(specs[i], shape));
-    Row row = ValueOrDie(Evaluate(*loaded.model, *cache, specs[i], tokens, segment, chunk));
-    std::fprintf(stderr, "[%zu/%zu] %-26s ppl %9.4f (%.4fx dense)  kv %10lld bytes  %7.1f tok/s\n",
-                 i + 1, specs.size(), DescribeKVCacheSpec(specs[i]).c_str(), row.perplexity,
-                 row.perplexity / (rows.empty() ? row.perplexity : rows[0].perplexity),
-                 static_cast<long long>(row.kv_bytes), row.decode_tokens_per_s);
+    Row row =
+        ValueOrDie(Evaluate(*loaded.model, *cache, specs[i], tokens, segment, chunk, on_step));
     rows.push_back(row);
+    const Row& dense = rows[0];  // the baseline comes first
+    const double kv_ratio = static_cast<double>(row.kv_bytes) / dense.kv_bytes;
+    const double ppl_ratio = row.perplexity / dense.perplexity;
+    write_csv(absl::StrFormat("%s,%s,%d,%lld,%lld,%.6f,%.6f,%.6f,%.2f,%lld\n", row.spec.policy,
+                              row.spec.policy == "dense" ? "" : absl::StrCat(row.spec.budget),
+                              StoredBits(row.spec, dtype), static_cast<long long>(row.kv_bytes),
+                              static_cast<long long>(row.index_bytes), kv_ratio, row.perplexity,
+                              ppl_ratio, row.decode_tokens_per_s,
+                              static_cast<long long>(row.scored)));
+    progress.Message(
+        absl::StrFormat("[%zu/%zu] %-26s ppl %9.4f (%.4fx dense)  kv %10lld bytes  %7.1f tok/s",
+                        i + 1, specs.size(), RowLabel(specs[i], dtype), row.perplexity, ppl_ratio,
+                        static_cast<long long>(row.kv_bytes), row.decode_tokens_per_s));
   }
 
   std::string attention_md;
-  if (absl::GetFlag(FLAGS_attention_report)) {
+  if (attention_report) {
     AttentionProbeOptions probe_options;
     probe_options.first_tokens = absl::GetFlag(FLAGS_kv_sink);
     probe_options.min_query_position = absl::GetFlag(FLAGS_attention_report_from) >= 0
                                            ? absl::GetFlag(FLAGS_attention_report_from)
                                            : std::min<int64_t>(64, segment / 2);
-    std::unique_ptr<AttentionProbe> probe = ValueOrDie(
-        AttentionProbe::Create(ValueOrDie(MakeKVCache(specs[0], shape)), probe_options));
-    std::fprintf(stderr, "attention report: dense pass measuring the first %lld tokens\n",
-                 static_cast<long long>(probe_options.first_tokens));
-    ValueOrDie(Evaluate(*loaded.model, *probe, specs[0], tokens, segment, chunk));
+    std::unique_ptr<AttentionProbe> probe =
+        ValueOrDie(AttentionProbe::Create(ValueOrDie(MakeKVCache(specs[0], shape)), probe_options));
+    pass_label = absl::StrCat("attention report: dense pass measuring the first ",
+                              probe_options.first_tokens, " tokens");
+    ValueOrDie(Evaluate(*loaded.model, *probe, specs[0], tokens, segment, chunk, on_step));
     const AttentionStartMass mass = probe->Result();
     attention_md = absl::StrFormat(
         "\n## Attention on the first %lld tokens (dense pass)\n\n"
@@ -363,13 +449,12 @@ int Run() {
                             layer, mean, strongest, static_cast<long long>(strongest_head),
                             mass.uniform[layer], static_cast<long long>(mass.queries[layer]));
     }
+    progress.Finish();
     std::fprintf(stderr, "%s", attention_md.c_str());
   }
+  progress.Finish();
 
   const Row& dense = rows[0];
-  std::string csv =
-      "policy,budget,bits,kv_bytes,kv_index_bytes,kv_bytes_ratio,perplexity,ppl_ratio,"
-      "decode_tokens_per_s,scored_tokens\n";
   std::string md = absl::StrFormat(
       "# KV cache policies: perplexity against KV memory\n\n"
       "Model `%s` (%lld layers, %s), %zu tokens scored teacher-forced in segments of %lld, "
@@ -386,25 +471,21 @@ int Run() {
     const double kv_ratio = static_cast<double>(row.kv_bytes) / dense.kv_bytes;
     const double ppl_ratio = row.perplexity / dense.perplexity;
     const std::string budget = row.spec.policy == "dense" ? "-" : absl::StrCat(row.spec.budget);
-    absl::StrAppendFormat(&csv, "%s,%s,%d,%lld,%lld,%.6f,%.6f,%.6f,%.2f,%lld\n", row.spec.policy,
-                          row.spec.policy == "dense" ? "" : budget, row.spec.bits,
-                          static_cast<long long>(row.kv_bytes),
-                          static_cast<long long>(row.index_bytes), kv_ratio, row.perplexity,
-                          ppl_ratio, row.decode_tokens_per_s, static_cast<long long>(row.scored));
     absl::StrAppendFormat(&md, "| %s | %s | %d | %lld | %.3f | %.4f | %.4f | %.1f |\n",
-                          row.spec.policy, budget, row.spec.bits,
+                          row.spec.policy, budget, StoredBits(row.spec, dtype),
                           static_cast<long long>(row.kv_bytes), kv_ratio, row.perplexity, ppl_ratio,
                           row.decode_tokens_per_s);
     Series& s = series[{row.spec.policy, row.spec.bits}];
-    s.label = absl::StrCat(row.spec.policy, " ", row.spec.bits, "-bit");
+    s.label = absl::StrCat(row.spec.policy, " ", StoredBits(row.spec, dtype), "-bit");
     s.color = PolicyColor(row.spec.policy);
     s.marker = BitsMarker(row.spec.bits);
     s.points.push_back({static_cast<double>(row.kv_bytes), row.perplexity});
+    s.point_labels.push_back(row.spec.policy == "dense" ? "" : budget);
   }
   absl::StrAppend(&md,
                   "\nPlot: `ppl_vs_kv_bytes.png` (x: KV bytes, log scale; colour: policy — "
                   "dense black, window red, sink blue, h2o green, tova orange; marker: bits — "
-                  "16 circle, 8 square, 4 triangle).\n");
+                  "full precision circle, 8 square, 4 triangle; labels: the budget).\n");
   absl::StrAppend(&md, attention_md);
   std::vector<Series> plotted;
   for (auto& [key, s] : series) plotted.push_back(s);
@@ -414,15 +495,19 @@ int Run() {
   plot.y_label = "perplexity";
   plot.log_x = true;
   plot.x_bytes = true;
-  for (const auto& [name, text] :
-       {std::pair<std::string, std::string>{"results.csv", csv}, {"results.md", md}}) {
-    std::ofstream out(out_dir + "/" + name);
-    out << text;
-    if (!out) Die(absl::DataLossError(absl::StrCat("cannot write ", out_dir, "/", name)));
+  plot.note = "labels: budget";
+  {
+    std::ofstream out(out_dir + "/results.md");
+    out << md;
+    if (!out) Die(absl::DataLossError(absl::StrCat("cannot write ", out_dir, "/results.md")));
   }
   DieIfError(WritePng(out_dir + "/ppl_vs_kv_bytes.png", ScatterPlot(plotted, plot)));
+  if (std::fclose(csv_file) != 0 || std::rename(partial_path.c_str(), csv_path.c_str()) != 0) {
+    Die(absl::DataLossError(absl::StrCat("cannot write ", csv_path)));
+  }
   std::printf("%s", md.c_str());
-  std::printf("wrote %s/results.csv, results.md, ppl_vs_kv_bytes.png\n", out_dir.c_str());
+  std::fflush(stdout);
+  std::fprintf(stderr, "wrote %s/results.csv, results.md, ppl_vs_kv_bytes.png\n", out_dir.c_str());
   return 0;
 }
 
@@ -431,8 +516,9 @@ int Run() {
 
 int main(int argc, char** argv) {
   lgpt::InitTool(argc, argv,
-                 "eval_cache --checkpoint_dir=DIR (--text_file=F | --token_file=F | "
-                 "--random_tokens=N) --budgets=64,128 --policies=dense,window,sink,h2o "
-                 "--bits=16,8,4 --out_dir=DIR");
+                 "eval_cache [--checkpoint_dir=DIR] [--text_file=F | --token_file=F | "
+                 "--random_tokens=N] [--budgets=64,128] [--policies=dense,window,sink,h2o] "
+                 "[--bits=16,8,4] [--out_dir=DIR]; no flags: the default model on its held-out "
+                 "text");
   return lgpt::Run();
 }

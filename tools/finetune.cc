@@ -8,7 +8,8 @@
 // (lit_model.pth.lora / .adapter / .adapter_v2; lit_model.pth for full), model_config.yaml
 // with the PEFT fields, hyperparameters.yaml (naming the base checkpoint), the tokenizer files
 // and prompt_style.yaml; --merge (LoRA) also writes a merged plain lit_model.pth that
-// //tools:generate loads. Final statistics are key=value lines on stdout.
+// //tools:generate loads. Progress (with an ETA) and the final statistics, key=value lines,
+// go to stderr.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -16,6 +17,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <random>
 #include <string>
 
@@ -29,6 +31,7 @@
 #include "core/tokenizer.h"
 #include "core/torch_pickle_writer.h"
 #include "tools/finetune_model.h"
+#include "tools/progress.h"
 #include "tools/sft_data.h"
 #include "tools/sft_trainer.h"
 #include "tools/tool_util.h"
@@ -112,7 +115,7 @@ int main(int argc, char** argv) {
            "--data=FILE.json --out_dir=DIR [--max_steps=N] [--merge]");
   const FinetuneMethod method = ValueOrDie(ParseFinetuneMethod(absl::GetFlag(FLAGS_method)));
   std::string checkpoint_dir = ResolvePath(absl::GetFlag(FLAGS_checkpoint_dir));
-  if (checkpoint_dir.empty()) checkpoint_dir = kDefaultModelDir;
+  if (checkpoint_dir.empty()) checkpoint_dir = DefaultModelDir();
   const std::string data_path = ResolvePath(absl::GetFlag(FLAGS_data));
   const std::string out_dir = ResolvePath(absl::GetFlag(FLAGS_out_dir));
   if (data_path.empty()) Die(absl::InvalidArgumentError("--data is required"));
@@ -224,8 +227,21 @@ int main(int argc, char** argv) {
   options.eval_max_batches = absl::GetFlag(FLAGS_eval_iters);
   options.log_interval = absl::GetFlag(FLAGS_log_interval);
   options.seed = absl::GetFlag(FLAGS_seed);
-  options.log = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
+  // Progress with an ETA on stderr; the trainer's lines (validation losses) print beside it.
+  std::unique_ptr<Progress> progress;
+  options.log = [&progress](const std::string& line) {
+    if (progress) {
+      progress->Message(line);
+    } else {
+      std::fprintf(stderr, "%s\n", line.c_str());
+    }
+  };
+  options.on_step = [&progress](int64_t step, int64_t steps, double loss, double lr) {
+    if (!progress) progress = std::make_unique<Progress>("finetune: step", steps);
+    progress->Update(step, absl::StrFormat("loss %.4f lr %.2e", loss, lr));
+  };
   const SftTrainStats stats = ValueOrDie(TrainSft(*model, train, val, options));
+  if (progress) progress->Finish();
 
   // Output: LitGPT's layout, as one transaction (core/output_dir.h).
   const std::string trained_name = TrainedFileName(method);
@@ -247,19 +263,21 @@ int main(int argc, char** argv) {
   DieIfError(out->Commit());
   std::fprintf(stderr, "saved %s\n", trained_path.c_str());
 
-  std::printf("method=%s threads=%d\n", std::string(FinetuneMethodName(method)).c_str(),
-              at::get_num_threads());
-  std::printf("trainable_parameters=%lld total_parameters=%lld\n",
-              static_cast<long long>(stats.trainable_parameters),
-              static_cast<long long>(total_parameters));
-  std::printf("steps=%lld train_examples=%zu val_examples=%zu\n",
-              static_cast<long long>(stats.steps), train.size(), val.size());
-  std::printf("first_train_loss=%.4f last_train_loss=%.4f\n", stats.first_loss, stats.last_loss);
+  std::fprintf(stderr, "method=%s threads=%d\n", std::string(FinetuneMethodName(method)).c_str(),
+               at::get_num_threads());
+  std::fprintf(stderr, "trainable_parameters=%lld total_parameters=%lld\n",
+               static_cast<long long>(stats.trainable_parameters),
+               static_cast<long long>(total_parameters));
+  std::fprintf(stderr, "steps=%lld train_examples=%zu val_examples=%zu\n",
+               static_cast<long long>(stats.steps), train.size(), val.size());
+  std::fprintf(stderr, "first_train_loss=%.4f last_train_loss=%.4f\n", stats.first_loss,
+               stats.last_loss);
   if (!stats.val_losses.empty()) {
-    std::printf("initial_val_loss=%.4f final_val_loss=%.4f\n", stats.val_losses.front().second,
-                stats.val_losses.back().second);
+    std::fprintf(stderr, "initial_val_loss=%.4f final_val_loss=%.4f\n",
+                 stats.val_losses.front().second, stats.val_losses.back().second);
   }
-  std::printf("mean_step_time_s=%.4f tokens_per_s=%.1f\n", stats.mean_step_s, stats.tokens_per_s);
-  std::printf("peak_rss_bytes=%lld\n", static_cast<long long>(PeakRssBytes()));
+  std::fprintf(stderr, "mean_step_time_s=%.4f tokens_per_s=%.1f\n", stats.mean_step_s,
+               stats.tokens_per_s);
+  std::fprintf(stderr, "peak_rss_bytes=%lld\n", static_cast<long long>(PeakRssBytes()));
   return 0;
 }

@@ -31,7 +31,7 @@ namespace {
 std::string TempDir(const std::string& name) {
   const char* base = std::getenv("TEST_TMPDIR");
   const std::string dir = absl::StrCat(base ? base : "/tmp", "/", name);
-  std::system(absl::StrCat("mkdir -p ", dir).c_str());
+  EXPECT_EQ(std::system(absl::StrCat("mkdir -p ", dir).c_str()), 0) << dir;
   return dir;
 }
 
@@ -333,7 +333,9 @@ TEST(FinetuneToolTest, LoraOnTheDefaultModelThenMergeThenGenerate) {
                                "--val_split_fraction=0.3 --lr=1e-2 --warmup_steps=1 --merge "
                                "--lora_head"));
   ASSERT_EQ(tuned.status, 0) << tuned.err;
-  EXPECT_NE(tuned.out.find("peak_rss_bytes="), std::string::npos) << tuned.out;
+  // The statistics go to stderr; stdout stays empty.
+  EXPECT_NE(tuned.err.find("peak_rss_bytes="), std::string::npos) << tuned.err;
+  EXPECT_EQ(tuned.out, "");
   for (const char* file : {"lit_model.pth.lora", "lit_model.pth", "model_config.yaml",
                            "hyperparameters.yaml", "prompt_style.yaml", "tokenizer.model"}) {
     EXPECT_FALSE(ReadAll(absl::StrCat(dir, "/lora/", file)).empty()) << file;

@@ -1,13 +1,14 @@
 // Generates text from a prompt with a LitGPT checkpoint (the embedded default model when
 // --checkpoint_dir is not given):
 //   bazel run //tools:generate -- --prompt="In the beginning"
-//   bazel run //tools:generate -- --checkpoint_dir=DIR --prompt_ids=1,2,3 \
+//   bazel run //tools:generate -- --checkpoint_dir=DIR --prompt_ids=1,2,3
 //       --max_new_tokens=N --temperature=0 --prefill_chunk=K --print_ids
 // Streams text on stdout as it is produced (token ids on stderr when the checkpoint has no
 // tokenizer), then prints statistics (time to first token, prefill and decode tokens/s,
-// kv_cache_bytes, peak memory). --kv_cache/--kv_budget/--kv_bits choose a budgeted or
+// kv_cache_bytes, peak memory) on stderr. --kv_cache/--kv_budget/--kv_bits choose a budgeted or
 // quantised KV cache (cache/kv_cache_factory.h). With --print_ids, or without a tokenizer, the
-// generated ids, space-separated, are the last line of stdout.
+// generated ids, space-separated, are the only line of stdout (the text streams to stderr).
+// So `generate ... > out.txt` holds the text (or the ids) alone.
 #include <ATen/Parallel.h>
 
 #include <cstdio>
@@ -36,10 +37,8 @@ ABSL_FLAG(std::vector<std::string>, stop, {},
           "comma-separated stop sequences: text that ends generation (not printed)");
 ABSL_FLAG(bool, stop_at_eos, true,
           "end generation at the tokenizer's EOS token and the prompt style's stop tokens");
-ABSL_FLAG(bool, print_ids, false, "print the generated ids as the last line of stdout");
-
-// The embedded default model, relative to the runfiles root (see README).
-constexpr char kDefaultModelDir[] = "tools/default_model";
+ABSL_FLAG(bool, print_ids, false,
+          "print the generated ids as the only line of stdout (the text goes to stderr)");
 
 int main(int argc, char** argv) {
   using namespace lgpt;
@@ -48,7 +47,7 @@ int main(int argc, char** argv) {
            "[--max_new_tokens=N] [--temperature=T] [--kv_cache=POLICY --kv_budget=N "
            "--kv_bits=B] [--print_ids]");
   std::string checkpoint_dir = ResolvePath(absl::GetFlag(FLAGS_checkpoint_dir));
-  if (checkpoint_dir.empty()) checkpoint_dir = kDefaultModelDir;
+  if (checkpoint_dir.empty()) checkpoint_dir = DefaultModelDir();
   const bool text_prompt = !absl::GetFlag(FLAGS_prompt).empty();
   if (text_prompt == !absl::GetFlag(FLAGS_prompt_ids).empty()) {
     Die(absl::InvalidArgumentError("give exactly one of --prompt and --prompt_ids"));
@@ -109,9 +108,11 @@ int main(int argc, char** argv) {
     // The prompt's text first (unless a prompt style framed it): the streamed reply
     // continues it exactly, spaces included.
     options.echo_prompt = !framed;
-    options.on_text = [](absl::string_view text) {
-      std::fwrite(text.data(), 1, text.size(), stdout);
-      std::fflush(stdout);
+    // Statistics go to stderr: stdout holds the text alone, or the ids alone (--print_ids).
+    FILE* text_out = absl::GetFlag(FLAGS_print_ids) ? stderr : stdout;
+    options.on_text = [text_out](absl::string_view text) {
+      std::fwrite(text.data(), 1, text.size(), text_out);
+      std::fflush(text_out);
       return true;
     };
   } else {
@@ -122,25 +123,28 @@ int main(int argc, char** argv) {
     };
   }
   const Completion result = ValueOrDie(engine->Generate(prompt, options));
-  std::printf(tokenizer ? "\n\n" : "");
-  if (!tokenizer) std::fprintf(stderr, "\n");
+  const bool print_ids = absl::GetFlag(FLAGS_print_ids) || !tokenizer;
+  std::fprintf(print_ids ? stderr : stdout, "\n");
+  std::fflush(stdout);
+  std::fprintf(stderr, "\n");
 
   const GenerateStats& stats = result.stats;
   const double prefill_tps = stats.prefill_s > 0 ? stats.prompt_tokens / stats.prefill_s : 0;
   const double decode_tps = stats.decode_s > 0 ? (stats.new_tokens - 1) / stats.decode_s : 0;
-  std::printf("model=%s threads=%d kv_cache=\"%s\"\n", engine->config().name.c_str(),
-              at::get_num_threads(), DescribeKVCacheSpec(options.kv_cache).c_str());
-  std::printf("prompt_tokens=%lld new_tokens=%lld finish=%s\n",
-              static_cast<long long>(stats.prompt_tokens), static_cast<long long>(stats.new_tokens),
-              FinishReasonName(result.finish_reason));
-  std::printf("time_to_first_token_s=%.4f\n", stats.time_to_first_token_s);
-  std::printf("prefill_tokens_per_s=%.1f\n", prefill_tps);
-  std::printf("decode_tokens_per_s=%.1f\n", decode_tps);
-  std::printf("kv_cache_bytes=%lld\n", static_cast<long long>(stats.kv_cache_bytes));
-  std::printf("kv_cache_index_bytes=%lld\n", static_cast<long long>(result.kv_cache_index_bytes));
-  std::printf("peak_rss_bytes=%lld\n", static_cast<long long>(PeakRssBytes()));
+  std::fprintf(stderr, "model=%s threads=%d kv_cache=\"%s\"\n", engine->config().name.c_str(),
+               at::get_num_threads(), DescribeKVCacheSpec(options.kv_cache).c_str());
+  std::fprintf(stderr, "prompt_tokens=%lld new_tokens=%lld finish=%s\n",
+               static_cast<long long>(stats.prompt_tokens),
+               static_cast<long long>(stats.new_tokens), FinishReasonName(result.finish_reason));
+  std::fprintf(stderr, "time_to_first_token_s=%.4f\n", stats.time_to_first_token_s);
+  std::fprintf(stderr, "prefill_tokens_per_s=%.1f\n", prefill_tps);
+  std::fprintf(stderr, "decode_tokens_per_s=%.1f\n", decode_tps);
+  std::fprintf(stderr, "kv_cache_bytes=%lld\n", static_cast<long long>(stats.kv_cache_bytes));
+  std::fprintf(stderr, "kv_cache_index_bytes=%lld\n",
+               static_cast<long long>(result.kv_cache_index_bytes));
+  std::fprintf(stderr, "peak_rss_bytes=%lld\n", static_cast<long long>(PeakRssBytes()));
   // Without a tokenizer the ids are the output, so they are printed either way.
-  if (absl::GetFlag(FLAGS_print_ids) || !tokenizer) {
+  if (print_ids) {
     std::printf("%s\n", absl::StrJoin(result.tokens, " ").c_str());
   }
   return 0;

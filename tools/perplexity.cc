@@ -3,14 +3,14 @@
 //   bazel run //tools:perplexity -- --text_file=/tmp/rev.txt --lines_bos_eos --quantize=int8
 // The tokens are scored in consecutive windows of the model's block size (each window on
 // its own, as in training); prints tokens, mean negative log-likelihood and perplexity.
+#include <ATen/ATen.h>
+
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <ATen/ATen.h>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
@@ -29,13 +29,11 @@ ABSL_FLAG(bool, lines_bos_eos, false,
 ABSL_FLAG(std::string, quantize, "none", "none or int8 (weight-only)");
 ABSL_FLAG(int64_t, group_size, 0, "int8: input features per scale; 0: one per output channel");
 
-constexpr char kDefaultModelDir[] = "tools/default_model";
-
 int main(int argc, char** argv) {
   using namespace lgpt;
   InitTool(argc, argv, "perplexity --text_file=FILE [--lines_bos_eos] [--quantize=int8]");
   std::string checkpoint_dir = ResolvePath(absl::GetFlag(FLAGS_checkpoint_dir));
-  if (checkpoint_dir.empty()) checkpoint_dir = kDefaultModelDir;
+  if (checkpoint_dir.empty()) checkpoint_dir = DefaultModelDir();
   const std::string quantize = absl::GetFlag(FLAGS_quantize);
   if (quantize != "none" && quantize != "int8") {
     Die(absl::InvalidArgumentError(absl::StrCat("--quantize: unknown value '", quantize, "'")));

@@ -1,5 +1,5 @@
 // Pretrains a model from a Config preset or yaml on a plain-text corpus:
-//   bazel run //tools:pretrain -- --model_config=FILE.yaml | --model_name=NAME \
+//   bazel run //tools:pretrain -- --model_config=FILE.yaml | --model_name=NAME
 //       --text_file=CORPUS.txt --out_dir=DIR [--tokenizer_dir=DIR | --vocab_size=4096]
 // Trains a SentencePiece BPE tokenizer (byte fallback) on the corpus unless one is given,
 // holds out the corpus tail for validation, and trains with AdamW, linear warm-up plus
@@ -24,11 +24,13 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "core/config.h"
 #include "core/config_presets.h"
 #include "core/model/checkpoint.h"
 #include "core/model/gpt.h"
 #include "core/safetensors.h"
+#include "tools/progress.h"
 #include "tools/spm_tools.h"
 #include "tools/tool_util.h"
 #include "tools/train_util.h"
@@ -92,10 +94,11 @@ std::pair<at::Tensor, at::Tensor> Batch(const at::Tensor& data, int64_t batch, i
   const at::Tensor starts =
       at::randint(0, data.size(0) - seq_len - 1, {batch}, gen, at::TensorOptions(at::kLong));
   const at::Tensor offsets = at::arange(seq_len + 1, at::kLong);
-  at::Tensor windows = data.index_select(0, (starts.unsqueeze(1) + offsets).reshape(-1))
-                           .view({batch, seq_len + 1});
+  at::Tensor windows =
+      data.index_select(0, (starts.unsqueeze(1) + offsets).reshape(-1)).view({batch, seq_len + 1});
   if (first_token >= 0) {
-    windows = at::cat({at::full({batch, 1}, first_token, at::kLong), windows.narrow(1, 0, seq_len)}, 1);
+    windows =
+        at::cat({at::full({batch, 1}, first_token, at::kLong), windows.narrow(1, 0, seq_len)}, 1);
   }
   return {windows.narrow(1, 0, seq_len), windows.narrow(1, 1, seq_len)};
 }
@@ -113,7 +116,8 @@ void SaveCheckpoint(GPTImpl& model, const Config& config, const std::string& out
     tensors[name] = tensor.detach().to(at::kCPU, dtype).contiguous();
   }
   DieIfError(WriteSafetensors(out_dir + "/model.safetensors.tmp", tensors));
-  std::rename((out_dir + "/model.safetensors.tmp").c_str(), (out_dir + "/model.safetensors").c_str());
+  std::rename((out_dir + "/model.safetensors.tmp").c_str(),
+              (out_dir + "/model.safetensors").c_str());
   WriteFile(out_dir + "/model_config.yaml", ConfigToYaml(config));
 }
 
@@ -151,8 +155,8 @@ int main(int argc, char** argv) {
     Die(absl::InvalidArgumentError("--model_config or --model_name is required"));
   }
   if (seq_len > config.block_size) {
-    Die(absl::InvalidArgumentError(absl::StrCat("--seq_len ", seq_len, " exceeds block_size ",
-                                                config.block_size)));
+    Die(absl::InvalidArgumentError(
+        absl::StrCat("--seq_len ", seq_len, " exceeds block_size ", config.block_size)));
   }
   ::mkdir(out_dir.c_str(), 0755);
 
@@ -162,8 +166,8 @@ int main(int argc, char** argv) {
     if (tokenizer_dir.empty()) {
       std::fprintf(stderr, "training a %lld-piece SentencePiece tokenizer on %s\n",
                    static_cast<long long>(absl::GetFlag(FLAGS_vocab_size)), text_file.c_str());
-      DieIfError(TrainSentencePiece(text_file, out_dir + "/tokenizer",
-                                    absl::GetFlag(FLAGS_vocab_size)));
+      DieIfError(
+          TrainSentencePiece(text_file, out_dir + "/tokenizer", absl::GetFlag(FLAGS_vocab_size)));
       std::remove((out_dir + "/tokenizer.vocab").c_str());
       WriteFile(out_dir + "/tokenizer_config.json",
                 "{\"add_bos_token\": true, \"bos_token\": \"<s>\", \"eos_token\": \"</s>\"}\n");
@@ -186,9 +190,8 @@ int main(int argc, char** argv) {
   }
   const int64_t bos_first = absl::GetFlag(FLAGS_bos_first);
   if (bos_first < -1 || bos_first >= config.PaddedVocabSize()) {
-    Die(absl::InvalidArgumentError(absl::StrCat("--bos_first=", bos_first,
-                                                " is not -1 or a token id below ",
-                                                config.PaddedVocabSize())));
+    Die(absl::InvalidArgumentError(absl::StrCat(
+        "--bos_first=", bos_first, " is not -1 or a token id below ", config.PaddedVocabSize())));
   }
   const at::Tensor all = at::tensor(ids, at::kLong);
   const int64_t val_tokens = static_cast<int64_t>(all.size(0) * val_fraction);
@@ -202,7 +205,8 @@ int main(int argc, char** argv) {
   GPT model = ValueOrDie(GPTImpl::Create(config));
   int64_t parameters = 0;
   for (const auto& p : model->parameters()) parameters += p.numel();
-  std::fprintf(stderr, "%s: %lld parameters\n", config.name.c_str(), static_cast<long long>(parameters));
+  std::fprintf(stderr, "%s: %lld parameters\n", config.name.c_str(),
+               static_cast<long long>(parameters));
 
   // Weight decay on matrices only, as usual for transformers.
   std::unique_ptr<torch::optim::AdamW> adamw =
@@ -224,8 +228,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "resumed at step %lld\n", static_cast<long long>(start_step));
   }
 
-  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(absl::GetFlag(FLAGS_seed) + start_step);
-  const c10::ScalarType save_dtype = ValueOrDie(ParsePrecision(absl::GetFlag(FLAGS_save_precision)));
+  at::Generator gen =
+      at::make_generator<at::CPUGeneratorImpl>(absl::GetFlag(FLAGS_seed) + start_step);
+  const c10::ScalarType save_dtype =
+      ValueOrDie(ParsePrecision(absl::GetFlag(FLAGS_save_precision)));
   auto evaluate = [&]() {
     at::NoGradGuard no_grad;
     model->eval();
@@ -251,6 +257,7 @@ int main(int argc, char** argv) {
   model->train();
   const auto begin = std::chrono::steady_clock::now();
   int64_t tokens_seen = 0;
+  Progress progress("pretrain: step", max_steps, start_step);
   for (int64_t step = start_step; step < max_steps; ++step) {
     const double lr = LearningRate(step, max_steps, absl::GetFlag(FLAGS_warmup_steps),
                                    absl::GetFlag(FLAGS_lr), absl::GetFlag(FLAGS_min_lr));
@@ -268,23 +275,18 @@ int main(int argc, char** argv) {
       torch::nn::utils::clip_grad_norm_(model->parameters(), absl::GetFlag(FLAGS_grad_clip));
     }
     optimizer.step();
-    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
-    if (step % 10 == 0 || step + 1 == max_steps) {
-      std::fprintf(stderr, "step %lld/%lld loss %.4f lr %.2e %.0f tokens/s eta %.0fs\n",
-                   static_cast<long long>(step + 1), static_cast<long long>(max_steps), step_loss,
-                   lr, tokens_seen / elapsed,
-                   elapsed / (step + 1 - start_step) * (max_steps - step - 1));
-    }
+    const double elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+    progress.Update(step + 1, absl::StrFormat("loss %.4f lr %.2e %.0f tokens/s", step_loss, lr,
+                                              tokens_seen / elapsed));
     if ((step + 1) % absl::GetFlag(FLAGS_eval_every) == 0 || step + 1 == max_steps) {
       const double val_loss = evaluate();
-      std::fprintf(stderr, "step %lld val_loss %.4f val_ppl %.2f\n",
-                   static_cast<long long>(step + 1), val_loss, std::exp(val_loss));
-      std::printf("step=%lld val_loss=%.4f val_ppl=%.2f\n", static_cast<long long>(step + 1),
-                  val_loss, std::exp(val_loss));
-      std::fflush(stdout);
+      progress.Message(absl::StrFormat("step %d val_loss %.4f val_ppl %.2f", step + 1, val_loss,
+                                       std::exp(val_loss)));
     }
     if ((step + 1) % absl::GetFlag(FLAGS_save_every) == 0 || step + 1 == max_steps) save(step + 1);
   }
+  progress.Finish();
   std::fprintf(stderr, "saved %s\n", out_dir.c_str());
   return 0;
 }

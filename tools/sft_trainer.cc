@@ -163,6 +163,7 @@ static absl::StatusOr<SftTrainStats> TrainSftUnchecked(GPTImpl& model,
     if (step == 0) stats.first_loss = step_loss;
     stats.last_loss = step_loss;
     stats.steps = step + 1;
+    if (options.on_step) options.on_step(step + 1, max_steps, step_loss, lr);
     if ((step + 1) % options.log_interval == 0 || step == 0 || step + 1 == max_steps) {
       log(absl::StrFormat("step %d/%d loss %.4f lr %.2e step_time %.3fs %.0f tokens/s", step + 1,
                           max_steps, step_loss, lr, step_s, step_tokens / step_s));

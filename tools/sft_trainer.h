@@ -32,6 +32,8 @@ struct SftTrainOptions {
   int64_t pad_id = 0;
   uint64_t seed = 1337;
   std::function<void(const std::string&)> log;  // progress lines; null: quiet
+  // After every optimizer step: steps done, steps in all, the step's loss and learning rate.
+  std::function<void(int64_t step, int64_t max_steps, double loss, double lr)> on_step;
 };
 
 struct SftTrainStats {

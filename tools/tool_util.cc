@@ -4,9 +4,11 @@
 #include <c10/util/Exception.h>
 #include <glog/logging.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -17,6 +19,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -82,6 +86,13 @@ void InitTool(int argc, char** argv, absl::string_view usage) {
   if (slash != std::string::npos) name = name.substr(slash + 1);
   ProgramName() = name;
   absl::SetProgramUsageMessage(usage);
+  // --help lists every flag the tool links in (its own, the shared sampling, KV cache,
+  // precision, device and thread flags), not only those of the file named like the tool.
+  absl::FlagsUsageConfig usage_config;
+  usage_config.contains_help_flags = [](absl::string_view file) {
+    return absl::StartsWith(file, "tools/") || absl::StrContains(file, "/tools/");
+  };
+  absl::SetFlagsUsageConfig(usage_config);
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   if (positional.size() > 1) {
     Die(absl::InvalidArgumentError(
@@ -105,6 +116,29 @@ void Die(const absl::Status& status) {
 void DieIfError(const absl::Status& status) {
   if (!status.ok()) Die(status);
 }
+
+std::string RunfilesPath(const std::string& relative) {
+  std::vector<std::string> candidates;
+  // Run directly (./lgpt runs bazel-bin/tools/NAME from the user's directory): the
+  // binary's own runfiles tree.
+  char exe[PATH_MAX];
+  const ssize_t length = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (length > 0) {
+    candidates.push_back(absl::StrCat(absl::string_view(exe, length), ".runfiles/lgpt/", relative));
+  }
+  if (const char* runfiles = std::getenv("RUNFILES_DIR")) {
+    candidates.push_back(absl::StrCat(runfiles, "/lgpt/", relative));
+  }
+  // `bazel run` and tests start in the runfiles root.
+  candidates.push_back(relative);
+  for (const std::string& path : candidates) {
+    struct stat info;
+    if (::stat(path.c_str(), &info) == 0) return path;
+  }
+  return relative;
+}
+
+std::string DefaultModelDir() { return RunfilesPath("tools/default_model"); }
 
 std::string ResolvePath(const std::string& path) {
   if (path.empty() || path[0] == '/') return path;

@@ -3,11 +3,11 @@
 #ifndef LGPT_TOOLS_TOOL_UTIL_H_
 #define LGPT_TOOLS_TOOL_UTIL_H_
 
+#include <c10/core/ScalarType.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
-
-#include <c10/core/ScalarType.h>
 
 #include "absl/flags/declare.h"
 #include "absl/status/status.h"
@@ -40,6 +40,15 @@ T ValueOrDie(absl::StatusOr<T> value) {
 
 // Relative paths are taken from the directory `bazel run` was started in.
 std::string ResolvePath(const std::string& path);
+
+// `relative` (a path in the workspace, e.g. "tools/default_model") in the tool's runfiles,
+// whether the tool runs under `bazel run`, a test, or directly as bazel-bin/tools/NAME from
+// any directory; `relative` itself when not found.
+std::string RunfilesPath(const std::string& relative);
+
+// The embedded default model (//tools/default_model) in the tool's runfiles, whether the
+// tool runs under `bazel run`, a test, or directly as bazel-bin/tools/NAME from anywhere.
+std::string DefaultModelDir();
 
 // "1,2,3" -> {1, 2, 3}; `flag` names the flag in errors.
 absl::StatusOr<std::vector<int64_t>> ParseIds(absl::string_view text, absl::string_view flag);

@@ -1,5 +1,6 @@
 // Runs the tool binaries as a user would: outputs match LitGPT's golden data, and every
 // kind of bad input ends with one error line on stderr and exit status 1.
+#include <ATen/ATen.h>
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -7,8 +8,6 @@
 #include <fstream>
 #include <sstream>
 #include <string>
-
-#include <ATen/ATen.h>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -60,7 +59,8 @@ std::string LastLine(const std::string& text) {
 std::string IdsOf(const std::string& npy) {
   const at::Tensor t = ReadNpy(npy).value().contiguous();
   std::string text;
-  for (int64_t i = 0; i < t.numel(); ++i) absl::StrAppend(&text, i ? "," : "", t[i].item<int64_t>());
+  for (int64_t i = 0; i < t.numel(); ++i)
+    absl::StrAppend(&text, i ? "," : "", t[i].item<int64_t>());
   return text;
 }
 
@@ -74,9 +74,10 @@ void ExpectCleanFailure(const ToolRun& run, const std::string& needle) {
 
 TEST(ScoreTest, WritesLitGptLogits) {
   const std::string out = TempDir() + "/logits.npy";
-  const ToolRun run = Execute("score", absl::StrCat("--checkpoint_dir=", kGolden, " --token_ids=",
-                                                IdsOf(absl::StrCat(kGolden, "/tokens.npy")),
-                                                " --logits_out=", out));
+  const ToolRun run =
+      Execute("score", absl::StrCat("--checkpoint_dir=", kGolden,
+                                    " --token_ids=", IdsOf(absl::StrCat(kGolden, "/tokens.npy")),
+                                    " --logits_out=", out));
   ASSERT_EQ(run.status, 0) << run.err;
   const at::Tensor got = ReadNpy(out).value();
   const at::Tensor want = ReadNpy(absl::StrCat(kGolden, "/logits.npy")).value();
@@ -90,17 +91,18 @@ TEST(GenerateTest, GreedyIdsAreTheLastLineForAnyPrefillChunk) {
   std::replace(expected.begin(), expected.end(), ',', ' ');
   for (int chunk : {0, 1, 3}) {
     const ToolRun run = Execute(
-        "generate", absl::StrCat("--checkpoint_dir=", kGolden, " --prompt_ids=",
-                                 IdsOf(absl::StrCat(kGolden, "/prompt.npy")),
+        "generate", absl::StrCat("--checkpoint_dir=", kGolden,
+                                 " --prompt_ids=", IdsOf(absl::StrCat(kGolden, "/prompt.npy")),
                                  " --max_new_tokens=12 --temperature=0 --print_ids",
                                  " --prefill_chunk=", chunk));
     ASSERT_EQ(run.status, 0) << run.err;
-    EXPECT_EQ(LastLine(run.out), expected) << "chunk " << chunk;
+    // The ids alone on stdout; the statistics on stderr.
+    EXPECT_EQ(run.out, expected + "\n") << "chunk " << chunk;
     // llama2 golden: 2 layers, 4 query groups, head_size 16 (n_embd 64 / 4 heads),
     // float32, capacity = 8 prompt + 12 new tokens.
-    EXPECT_NE(run.out.find(absl::StrCat("kv_cache_bytes=", 2 * 2 * 1 * 4 * 20 * 16 * 4, "\n")),
+    EXPECT_NE(run.err.find(absl::StrCat("kv_cache_bytes=", 2 * 2 * 1 * 4 * 20 * 16 * 4, "\n")),
               std::string::npos)
-        << run.out;
+        << run.err;
   }
 }
 
@@ -116,15 +118,19 @@ TEST(GenerateTest, SeededSamplingIsReproducible) {
 TEST(GenerateTest, DefaultModelStreamsTextThatContinuesThePrompt) {
   const ToolRun run = Execute("generate", "--prompt='And God said' --max_new_tokens=30 --seed=1");
   ASSERT_EQ(run.status, 0) << run.err;
-  // The text starts with the prompt and continues it with words, then the statistics.
+  // stdout is the text alone: the prompt continued with words, one final newline. The
+  // statistics are on stderr, so `generate > out.txt` is clean.
   ASSERT_EQ(run.out.rfind("And God said ", 0), 0u) << run.out;
-  const std::string text = run.out.substr(0, run.out.find("\n\n"));
+  const std::string text = run.out;
   EXPECT_GT(text.size(), std::string("And God said ").size() + 20) << run.out;
-  EXPECT_NE(run.out.find("model=lgpt-kjv-3m"), std::string::npos);
-  EXPECT_NE(run.out.find("decode_tokens_per_s="), std::string::npos);
+  EXPECT_EQ(text.back(), '\n');
+  EXPECT_EQ(run.out.find("="), std::string::npos) << run.out;
+  EXPECT_EQ(run.out.find("\n\n"), std::string::npos) << run.out;
+  EXPECT_NE(run.err.find("model=lgpt-kjv-3m"), std::string::npos) << run.err;
+  EXPECT_NE(run.err.find("decode_tokens_per_s="), std::string::npos) << run.err;
   // Same seed, same text.
-  EXPECT_EQ(Execute("generate", "--prompt='And God said' --max_new_tokens=30 --seed=1").out
-                .substr(0, text.size()),
+  EXPECT_EQ(Execute("generate", "--prompt='And God said' --max_new_tokens=30 --seed=1")
+                .out.substr(0, text.size()),
             text);
 }
 
@@ -140,7 +146,7 @@ TEST(GenerateTest, BudgetedCacheBytesStayFlatWhileDenseGrows) {
   auto bytes = [&](const std::string& more) {
     const ToolRun run = Execute("generate", args + more);
     EXPECT_EQ(run.status, 0) << run.err;
-    return StatOf(run.out, "kv_cache_bytes");
+    return StatOf(run.err, "kv_cache_bytes");
   };
   const int64_t dense_short = bytes("40"), dense_long = bytes("240");
   const int64_t sink_short = bytes("40 --kv_cache=sink --kv_budget=32");
@@ -151,7 +157,7 @@ TEST(GenerateTest, BudgetedCacheBytesStayFlatWhileDenseGrows) {
   EXPECT_LT(sink_long, dense_long / 2);
   EXPECT_LT(sink8_long, sink_long);
   const ToolRun sink = Execute("generate", args + "8 --kv_cache=sink --kv_budget=32");
-  EXPECT_NE(sink.out.find("kv_cache=\"sink budget=32"), std::string::npos) << sink.out;
+  EXPECT_NE(sink.err.find("kv_cache=\"sink budget=32"), std::string::npos) << sink.err;
   ExpectCleanFailure(Execute("generate", args + "8 --kv_cache=lru"), "lru");
   ExpectCleanFailure(Execute("generate", args + "8 --kv_cache=sink --kv_budget=0"), "budget");
   ExpectCleanFailure(Execute("generate", args + "8 --kv_bits=3"), "bits");
@@ -159,17 +165,23 @@ TEST(GenerateTest, BudgetedCacheBytesStayFlatWhileDenseGrows) {
 
 TEST(GenerateTest, PromptStyleFramesTextPrompts) {
   // The default model's style is the identity: the prompt is echoed. A named style frames it
-  // (then only the reply is printed); an unknown one is an error naming it.
-  const ToolRun framed = Execute(
-      "generate", "--prompt='Quote Genesis 1:3.' --prompt_style=alpaca --max_new_tokens=8 "
-                  "--temperature=0 --print_ids");
+  // (then only the reply is printed); an unknown one is an error naming it. With --print_ids
+  // the text streams to stderr and stdout holds only the ids.
+  const ToolRun framed =
+      Execute("generate",
+              "--prompt='Quote Genesis 1:3.' --prompt_style=alpaca --max_new_tokens=8 "
+              "--temperature=0 --print_ids");
   ASSERT_EQ(framed.status, 0) << framed.err;
+  EXPECT_EQ(framed.err.find("Quote Genesis"), std::string::npos) << framed.err;
   EXPECT_EQ(framed.out.find("Quote Genesis"), std::string::npos) << framed.out;
-  const ToolRun raw = Execute(
-      "generate", "--prompt='Quote Genesis 1:3.' --prompt_style=none --max_new_tokens=8 "
-                  "--temperature=0 --print_ids");
+  const ToolRun raw =
+      Execute("generate",
+              "--prompt='Quote Genesis 1:3.' --prompt_style=none --max_new_tokens=8 "
+              "--temperature=0 --print_ids");
   ASSERT_EQ(raw.status, 0) << raw.err;
-  EXPECT_EQ(raw.out.rfind("Quote Genesis 1:3.", 0), 0u) << raw.out;
+  EXPECT_EQ(raw.err.rfind("Quote Genesis 1:3.", 0), 0u) << raw.err;
+  EXPECT_EQ(raw.out.find("Quote Genesis"), std::string::npos) << raw.out;
+  EXPECT_EQ(std::count(raw.out.begin(), raw.out.end(), '\n'), 1) << raw.out;
   EXPECT_NE(LastLine(framed.out), LastLine(raw.out));
   ExpectCleanFailure(Execute("generate", "--prompt=x --prompt_style=nope"), "nope");
 }
@@ -177,8 +189,8 @@ TEST(GenerateTest, PromptStyleFramesTextPrompts) {
 TEST(ChatTest, KeepsTheCacheAcrossTurnsAndSaysWhenTheContextIsFull) {
   const std::string input = TempDir() + "/chat_input.txt";
   std::ofstream(input) << "And God said\nAnd Moses said\n/reset\nAnd Jesus said\n";
-  const ToolRun run = Execute(
-      "chat", "--temperature=0 --max_new_tokens=12 --prompt_style=default < " + input);
+  const ToolRun run =
+      Execute("chat", "--temperature=0 --max_new_tokens=12 --prompt_style=default < " + input);
   ASSERT_EQ(run.status, 0) << run.err;
   // Turn 2 prefills only its own tokens although the context already held turn 1.
   const size_t turn2 = run.err.find("[turn 2: prefilled ");
@@ -200,10 +212,24 @@ TEST(ChatTest, KeepsTheCacheAcrossTurnsAndSaysWhenTheContextIsFull) {
     std::ofstream lines(input);
     for (int i = 0; i < 30; ++i) lines << "And the LORD said\n";
   }
-  const ToolRun full = Execute(
-      "chat", "--temperature=0 --max_new_tokens=100 --prompt_style=default < " + input);
+  const ToolRun full =
+      Execute("chat", "--temperature=0 --max_new_tokens=100 --prompt_style=default < " + input);
   ASSERT_EQ(full.status, 0) << full.err;
   EXPECT_NE(full.err.find("context full"), std::string::npos) << full.err;
+}
+
+TEST(ChatTest, HelpListsCommandsAndUnknownCommandsAreNotSentToTheModel) {
+  const std::string input = TempDir() + "/chat_commands.txt";
+  std::ofstream(input) << "/help\n/bogus thing\nAnd God said\n";
+  const ToolRun run =
+      Execute("chat", "--temperature=0 --max_new_tokens=4 --prompt_style=default < " + input);
+  ASSERT_EQ(run.status, 0) << run.err;
+  EXPECT_NE(run.err.find("/reset"), std::string::npos) << run.err;
+  EXPECT_NE(run.err.find("/help"), std::string::npos) << run.err;
+  EXPECT_NE(run.err.find("unknown command '/bogus'"), std::string::npos) << run.err;
+  // Only the real message became a turn.
+  EXPECT_NE(run.err.find("[turn 1: "), std::string::npos) << run.err;
+  EXPECT_EQ(run.err.find("[turn 2: "), std::string::npos) << run.err;
 }
 
 TEST(EvalCacheTest, WritesTablesPlotAndAttentionReport) {
@@ -223,19 +249,28 @@ TEST(EvalCacheTest, WritesTablesPlotAndAttentionReport) {
                                  out_dir));
   ASSERT_EQ(run.status, 0) << run.err;
   const std::string csv = ReadAll(out_dir + "/results.csv");
+  // Complete: the partial file was renamed.
+  EXPECT_FALSE(std::ifstream(out_dir + "/results.csv.partial").good());
   // Header, the baseline, dense int8, and window/sink x 2 budgets x 2 bit widths.
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 1 + 2 + 8) << csv;
   std::vector<std::string> lines = absl::StrSplit(csv, '\n', absl::SkipEmpty());
   for (size_t i = 1; i < lines.size(); ++i) {
     std::vector<std::string> fields = absl::StrSplit(lines[i], ',');
     ASSERT_EQ(fields.size(), 10u) << lines[i];
+    // Full precision is the model's float32: labelled 32 bits, never 16.
+    EXPECT_TRUE(fields[2] == "32" || fields[2] == "8") << lines[i];
     double ppl = 0;
     ASSERT_TRUE(absl::SimpleAtod(fields[6], &ppl)) << lines[i];
     EXPECT_GT(ppl, 1.0) << lines[i];
     EXPECT_LT(ppl, 4096.0) << lines[i];
   }
   const std::string md = ReadAll(out_dir + "/results.md");
-  EXPECT_NE(md.find("| window | 16 | 16 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| window | 16 | 32 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| window | 16 | 8 |"), std::string::npos) << md;
+  EXPECT_EQ(md.find("| 16 | 16 |"), std::string::npos) << md;
+  // Each finished row is reported on stderr as it completes; stdout is the table.
+  EXPECT_NE(run.err.find("[10/10] sink budget=32 8-bit"), std::string::npos) << run.err;
+  EXPECT_EQ(run.out.rfind("# KV cache policies", 0), 0u) << run.out;
   EXPECT_NE(md.find("Attention on the first 4 tokens"), std::string::npos) << md;
   // One report row per layer of the default model (4 layers).
   EXPECT_NE(md.find("\n| 3 | "), std::string::npos) << md;
@@ -243,22 +278,27 @@ TEST(EvalCacheTest, WritesTablesPlotAndAttentionReport) {
   const std::string png = ReadAll(out_dir + "/ppl_vs_kv_bytes.png");
   ASSERT_GT(png.size(), 8u);
   EXPECT_EQ(png.substr(1, 3), "PNG");
-  ExpectCleanFailure(Execute("eval_cache", "--checkpoint_dir=tools/default_model "
-                                           "--random_tokens=50 --policies=lru --out_dir=" +
-                                               out_dir),
+  EXPECT_LT(png.size(), 100000u);  // compressed (the raw pixels are 2.7 MB)
+  ExpectCleanFailure(Execute("eval_cache",
+                             "--checkpoint_dir=tools/default_model "
+                             "--random_tokens=50 --policies=lru --out_dir=" +
+                                 out_dir),
                      "lru");
-  ExpectCleanFailure(Execute("eval_cache", "--checkpoint_dir=tools/default_model "
-                                           "--random_tokens=50 --budgets=0 --out_dir=" +
-                                               out_dir),
+  ExpectCleanFailure(Execute("eval_cache",
+                             "--checkpoint_dir=tools/default_model "
+                             "--random_tokens=50 --budgets=0 --out_dir=" +
+                                 out_dir),
                      "budget");
 }
 
 TEST(EvalCacheTest, PoliciesWithABudgetPastTheSegmentEqualDense) {
   const std::string out_dir = TempDir() + "/eval_cache_full";
-  const ToolRun run = Execute(
-      "eval_cache", "--checkpoint_dir=tools/default_model --random_tokens=120 --segment=60 "
-                    "--budgets=64 --policies=window,sink,h2o,tova --bits=16 "
-                    "--attention_report=false --threads=1 --out_dir=" + out_dir);
+  const ToolRun run =
+      Execute("eval_cache",
+              "--checkpoint_dir=tools/default_model --random_tokens=120 --segment=60 "
+              "--budgets=64 --policies=window,sink,h2o,tova --bits=16 "
+              "--attention_report=false --threads=1 --out_dir=" +
+                  out_dir);
   ASSERT_EQ(run.status, 0) << run.err;
   std::vector<std::string> lines =
       absl::StrSplit(ReadAll(out_dir + "/results.csv"), '\n', absl::SkipEmpty());
@@ -274,6 +314,61 @@ TEST(EvalCacheTest, PoliciesWithABudgetPastTheSegmentEqualDense) {
     EXPECT_NEAR(perplexity(lines[i]), dense, dense * 1e-6) << lines[i];
   }
   EXPECT_EQ(ReadAll(out_dir + "/results.md").find("Attention on the first"), std::string::npos);
+}
+
+TEST(EvalCacheTest, NoFlagsScoresTheDefaultModelOnItsHeldOutText) {
+  // No checkpoint and no token source: the default model on its held-out verses (limited
+  // here to keep the test short), segments of its block size.
+  const std::string out_dir = TempDir() + "/eval_cache_default";
+  const ToolRun run = Execute("eval_cache",
+                              "--max_tokens=300 --policies=window --budgets=32 --bits=16 "
+                              "--attention_report=false --threads=1 --out_dir=" +
+                                  out_dir);
+  ASSERT_EQ(run.status, 0) << run.err;
+  EXPECT_NE(run.err.find("held-out text"), std::string::npos) << run.err;
+  EXPECT_NE(run.err.find("in segments of 256"), std::string::npos) << run.err;
+  std::vector<std::string> lines =
+      absl::StrSplit(ReadAll(out_dir + "/results.csv"), '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[1].rfind("dense,,32,", 0), 0u) << lines[1];
+  EXPECT_EQ(lines[2].rfind("window,32,32,", 0), 0u) << lines[2];
+  // 300 tokens in segments of 256 and 44: 255 + 43 scored.
+  EXPECT_EQ(lines[2].substr(lines[2].rfind(',') + 1), "298") << lines[2];
+}
+
+TEST(EvalCacheTest, AKilledRunLeavesItsFinishedRowsAndNoResultsCsv) {
+  const std::string out_dir = TempDir() + "/eval_cache_killed";
+  const std::string partial = out_dir + "/results.csv.partial";
+  // Many rows; killed as soon as two have been written.
+  const std::string script = absl::StrCat(
+      "tools/eval_cache --random_tokens=1000 --segment=256 --policies=window,sink,h2o "
+      "--budgets=16,32,64,128 --bits=16,8,4 --attention_report=false --threads=1 --out_dir=",
+      out_dir, " >/dev/null 2>&1 & pid=$!; for i in $(seq 1200); do ", "[ -f ", partial,
+      " ] && [ $(wc -l < ", partial, ") -ge 3 ] && break; sleep 0.05; done; ",
+      "kill $pid; wait $pid; exit 0");
+  ASSERT_EQ(std::system(("bash -c '" + script + "'").c_str()), 0);
+  EXPECT_FALSE(std::ifstream(out_dir + "/results.csv").good());
+  std::vector<std::string> lines = absl::StrSplit(ReadAll(partial), '\n', absl::SkipEmpty());
+  ASSERT_GE(lines.size(), 3u);
+  EXPECT_EQ(lines[0].rfind("policy,budget,bits,", 0), 0u);
+  for (size_t i = 1; i < lines.size(); ++i) {
+    EXPECT_EQ(std::count(lines[i].begin(), lines[i].end(), ','), 9) << lines[i];
+  }
+}
+
+TEST(ToolHelpTest, HelpListsTheSharedFlags) {
+  for (const std::string tool : {"generate", "chat"}) {
+    const ToolRun run = Execute(tool, "--help");
+    for (const char* flag : {"--temperature", "--top_k", "--kv_cache", "--kv_budget", "--precision",
+                             "--device", "--threads", "--checkpoint_dir"}) {
+      EXPECT_NE(run.out.find(flag), std::string::npos) << tool << " --help lacks " << flag;
+    }
+  }
+  const ToolRun eval = Execute("eval_cache", "--help");
+  EXPECT_NE(eval.out.find("--threads"), std::string::npos) << eval.out;
+  EXPECT_NE(eval.out.find("--budgets"), std::string::npos) << eval.out;
+  const ToolRun score = Execute("score", "--help");
+  EXPECT_NE(score.out.find("--threads"), std::string::npos) << score.out;
 }
 
 TEST(ToolErrorsTest, BadInputIsOneLineAndStatusOne) {
@@ -315,7 +410,8 @@ TEST(ToolErrorsTest, BrokenCheckpointsAreOneLineAndStatusOne) {
   // Good config, truncated weights.
   std::ofstream(dir + "/model_config.yaml") << ReadAll(absl::StrCat(kGolden, "/model_config.yaml"));
   const std::string weights = ReadAll(absl::StrCat(kGolden, "/model.safetensors"));
-  std::ofstream(dir + "/model.safetensors", std::ios::binary) << weights.substr(0, weights.size() / 2);
+  std::ofstream(dir + "/model.safetensors", std::ios::binary)
+      << weights.substr(0, weights.size() / 2);
   ExpectCleanFailure(Execute("generate", args), "model.safetensors");
   // Weights of another model: shape mismatch names the tensor.
   ASSERT_EQ(std::system(("cp tests/testdata/golden/pythia/model.safetensors " + dir).c_str()), 0);

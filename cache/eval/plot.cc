@@ -1,8 +1,11 @@
 #include "cache/eval/plot.h"
 
+#include <png.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <limits>
 
@@ -47,32 +50,6 @@ constexpr uint8_t kFont[95][5] = {
     {0x00, 0x41, 0x36, 0x08, 0x00}, {0x08, 0x04, 0x08, 0x10, 0x08},
 };
 
-const uint32_t* CrcTable() {
-  static uint32_t* table = [] {
-    auto* t = new uint32_t[256];
-    for (uint32_t n = 0; n < 256; ++n) {
-      uint32_t c = n;
-      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-      t[n] = c;
-    }
-    return t;
-  }();
-  return table;
-}
-
-void PutU32(std::string& out, uint32_t v) {
-  for (int shift = 24; shift >= 0; shift -= 8)
-    out.push_back(static_cast<char>((v >> shift) & 0xFF));
-}
-
-void PutChunk(std::string& out, const char* type, const std::string& data) {
-  PutU32(out, static_cast<uint32_t>(data.size()));
-  std::string body = type;
-  body += data;
-  out += body;
-  PutU32(out, Crc32(reinterpret_cast<const uint8_t*>(body.data()), body.size()));
-}
-
 // Tick values covering [lo, hi]: 1, 2 or 5 times a power of ten, about `count` of them.
 std::vector<double> LinearTicks(double lo, double hi, int count) {
   const double raw = (hi - lo) / std::max(count, 1);
@@ -114,7 +91,7 @@ std::string FormatBytes(double v) {
 }
 
 void DrawMarker(Image& image, int x, int y, Marker marker, Color color) {
-  const int r = 4;
+  const int r = 6;
   for (int dy = -r; dy <= r; ++dy) {
     for (int dx = -r; dx <= r; ++dx) {
       bool inside = false;
@@ -201,76 +178,55 @@ void Image::Text(int x, int y, absl::string_view text, Color color, int scale) {
   }
 }
 
-uint32_t Crc32(const uint8_t* data, size_t size, uint32_t crc) {
-  const uint32_t* table = CrcTable();
-  uint32_t c = crc ^ 0xFFFFFFFFu;
-  for (size_t i = 0; i < size; ++i) c = table[(c ^ data[i]) & 0xFF] ^ (c >> 8);
-  return c ^ 0xFFFFFFFFu;
-}
-
-uint32_t Adler32(const uint8_t* data, size_t size, uint32_t adler) {
-  uint32_t a = adler & 0xFFFF, b = adler >> 16;
-  for (size_t i = 0; i < size; ++i) {
-    a = (a + data[i]) % 65521;
-    b = (b + a) % 65521;
+absl::StatusOr<std::string> EncodePng(const Image& image) {
+  png_image png;
+  std::memset(&png, 0, sizeof(png));
+  png.version = PNG_IMAGE_VERSION;
+  png.width = static_cast<png_uint_32>(image.width());
+  png.height = static_cast<png_uint_32>(image.height());
+  png.format = PNG_FORMAT_RGB;
+  const png_int_32 row_stride = image.width() * 3;
+  png_alloc_size_t size = 0;
+  // First the size, then the bytes (libpng's simplified API, zlib's default compression).
+  if (!png_image_write_to_memory(&png, nullptr, &size, 0, image.rgb().data(), row_stride,
+                                 nullptr)) {
+    const std::string message = png.message;
+    png_image_free(&png);
+    return absl::InternalError(absl::StrCat("libpng: ", message));
   }
-  return (b << 16) | a;
-}
-
-std::string EncodePng(const Image& image) {
-  // Raw scanlines: a filter byte (0, none) then the row's RGB bytes.
-  std::string raw;
-  const size_t row_bytes = static_cast<size_t>(image.width()) * 3;
-  raw.reserve((row_bytes + 1) * image.height());
-  for (int y = 0; y < image.height(); ++y) {
-    raw.push_back('\0');
-    raw.append(reinterpret_cast<const char*>(image.rgb().data() + y * row_bytes), row_bytes);
+  std::string bytes(size, '\0');
+  if (!png_image_write_to_memory(&png, bytes.data(), &size, 0, image.rgb().data(), row_stride,
+                                 nullptr)) {
+    const std::string message = png.message;
+    png_image_free(&png);
+    return absl::InternalError(absl::StrCat("libpng: ", message));
   }
-  // zlib stream: header 0x78 0x01, stored deflate blocks of at most 65535 bytes, Adler-32.
-  std::string zlib = {'\x78', '\x01'};
-  size_t offset = 0;
-  do {
-    const size_t length = std::min<size_t>(65535, raw.size() - offset);
-    const bool last = offset + length == raw.size();
-    zlib.push_back(last ? '\x01' : '\x00');
-    zlib.push_back(static_cast<char>(length & 0xFF));
-    zlib.push_back(static_cast<char>(length >> 8));
-    zlib.push_back(static_cast<char>(~length & 0xFF));
-    zlib.push_back(static_cast<char>((~length >> 8) & 0xFF));
-    zlib.append(raw, offset, length);
-    offset += length;
-  } while (offset < raw.size());
-  PutU32(zlib, Adler32(reinterpret_cast<const uint8_t*>(raw.data()), raw.size()));
-
-  std::string png = "\x89PNG\r\n\x1a\n";
-  std::string header;
-  PutU32(header, static_cast<uint32_t>(image.width()));
-  PutU32(header, static_cast<uint32_t>(image.height()));
-  header += std::string("\x08\x02\x00\x00\x00", 5);  // 8 bits, RGB, deflate, filter 0, no interlace
-  PutChunk(png, "IHDR", header);
-  PutChunk(png, "IDAT", zlib);
-  PutChunk(png, "IEND", "");
-  return png;
+  bytes.resize(size);
+  return bytes;
 }
 
 absl::Status WritePng(const std::string& path, const Image& image) {
+  absl::StatusOr<std::string> png = EncodePng(image);
+  if (!png.ok()) return png.status();
   std::ofstream out(path, std::ios::binary);
   if (!out) return absl::NotFoundError(absl::StrCat("cannot write ", path));
-  const std::string png = EncodePng(image);
-  out.write(png.data(), static_cast<std::streamsize>(png.size()));
+  out.write(png->data(), static_cast<std::streamsize>(png->size()));
   if (!out) return absl::DataLossError(absl::StrCat("failed writing ", path));
   return absl::OkStatus();
 }
 
 Image ScatterPlot(const std::vector<Series>& series, const PlotOptions& options) {
   const Color black{0, 0, 0}, grid{225, 225, 225}, grey{90, 90, 90};
+  const int text = options.text_scale, glyph_height = 7 * text;
   Image image(options.width, options.height);
   int legend_width = 0;
-  for (const Series& s : series) legend_width = std::max(legend_width, Image::TextWidth(s.label));
-  legend_width += 40;
-  const int left = 70, right = options.width - legend_width - 20, top = 40,
-            bottom = options.height - 50;
-  image.Text(left, 12, options.title, black, 2);
+  for (const Series& s : series) {
+    legend_width = std::max(legend_width, Image::TextWidth(s.label, text));
+  }
+  legend_width += 60;
+  const int left = 24 + Image::TextWidth("0000.0", text), right = options.width - legend_width - 20,
+            top = 40 + 7 * (text + 1), bottom = options.height - 30 - 3 * glyph_height;
+  image.Text(left, 16, options.title, black, text + 1);
 
   double x_lo = std::numeric_limits<double>::infinity(), x_hi = -x_lo, y_lo = x_lo, y_hi = -x_lo;
   auto tx = [&](double x) { return options.log_x ? std::log2(std::max(x, 1e-300)) : x; };
@@ -286,7 +242,7 @@ Image ScatterPlot(const std::vector<Series>& series, const PlotOptions& options)
   if (!std::isfinite(x_lo)) x_lo = 0, x_hi = 1, y_lo = 0, y_hi = 1;
   if (x_hi - x_lo < 1e-12) x_lo -= 0.5, x_hi += 0.5;
   if (y_hi - y_lo < 1e-12 * std::max(1.0, std::abs(y_hi))) y_lo -= 0.5, y_hi += 0.5;
-  const double x_pad = 0.05 * (x_hi - x_lo), y_pad = 0.08 * (y_hi - y_lo);
+  const double x_pad = 0.06 * (x_hi - x_lo), y_pad = 0.1 * (y_hi - y_lo);
   x_lo -= x_pad, x_hi += x_pad, y_lo -= y_pad, y_hi += y_pad;
   auto px = [&](double x) {
     return left + static_cast<int>(std::lround((tx(x) - x_lo) / (x_hi - x_lo) * (right - left)));
@@ -299,7 +255,7 @@ Image ScatterPlot(const std::vector<Series>& series, const PlotOptions& options)
   std::vector<double> x_ticks;
   if (options.log_x) {
     const int first = static_cast<int>(std::ceil(x_lo)), last = static_cast<int>(std::floor(x_hi));
-    const int stride = std::max(1, (last - first + 1) / 7 + 1);
+    const int stride = std::max(1, (last - first + 1) / 6 + 1);
     for (int e = first; e <= last; e += stride) x_ticks.push_back(std::ldexp(1.0, e));
   } else {
     x_ticks = LinearTicks(x_lo, x_hi, 6);
@@ -307,24 +263,30 @@ Image ScatterPlot(const std::vector<Series>& series, const PlotOptions& options)
   for (double t : x_ticks) {
     const int x = px(t);
     image.Line(x, top, x, bottom, grid);
-    image.Line(x, bottom, x, bottom + 4, black);
+    image.Line(x, bottom, x, bottom + 5, black);
     const std::string label = options.x_bytes ? FormatBytes(t) : FormatTick(t);
-    image.Text(x - Image::TextWidth(label) / 2, bottom + 8, label, black);
+    image.Text(x - Image::TextWidth(label, text) / 2, bottom + 10, label, black, text);
   }
   for (double t : LinearTicks(y_lo, y_hi, 5)) {
     const int y = py(t);
     image.Line(left, y, right, y, grid);
-    image.Line(left - 4, y, left, y, black);
+    image.Line(left - 5, y, left, y, black);
     const std::string label = FormatTick(t);
-    image.Text(left - 8 - Image::TextWidth(label), y - 3, label, black);
+    image.Text(left - 10 - Image::TextWidth(label, text), y - glyph_height / 2, label, black, text);
   }
   image.Line(left, top, left, bottom, black);
   image.Line(left, bottom, right, bottom, black);
-  image.Text((left + right - Image::TextWidth(options.x_label)) / 2, bottom + 26, options.x_label,
-             grey);
-  image.Text(8, top - 14, options.y_label, grey);
+  image.Text((left + right - Image::TextWidth(options.x_label, text)) / 2,
+             bottom + 20 + glyph_height, options.x_label, grey, text);
+  image.Text(8, top - glyph_height - 4, options.y_label, grey, text);
 
-  // Series: lines in x order, then markers on top.
+  // Series: lines in x order, then markers on top, then the points' labels where they do not
+  // cover another label (points of several policies often share a position).
+  struct Box {
+    int x0, y0, x1, y1;
+    bool Overlaps(const Box& o) const { return x0 < o.x1 && o.x0 < x1 && y0 < o.y1 && o.y0 < y1; }
+  };
+  std::vector<Box> taken;
   for (const Series& s : series) {
     std::vector<std::pair<double, double>> points;
     for (const auto& p : s.points) {
@@ -337,13 +299,37 @@ Image ScatterPlot(const std::vector<Series>& series, const PlotOptions& options)
     }
     for (const auto& [x, y] : points) DrawMarker(image, px(x), py(y), s.marker, s.color);
   }
+  for (const Series& s : series) {
+    for (size_t i = 0; i < s.points.size() && i < s.point_labels.size(); ++i) {
+      const auto& [x, y] = s.points[i];
+      if (!std::isfinite(x) || !std::isfinite(y) || s.point_labels[i].empty()) continue;
+      const int w = Image::TextWidth(s.point_labels[i], text);
+      const int cx = px(x), cy = py(y);
+      // Above the marker, below it, then to its right.
+      for (const auto& [lx, ly] : {std::pair<int, int>{cx - w / 2, cy - 10 - glyph_height},
+                                   {cx - w / 2, cy + 10},
+                                   {cx + 10, cy - glyph_height / 2}}) {
+        const Box box{lx - 2, ly - 2, lx + w + 2, ly + glyph_height + 2};
+        if (std::any_of(taken.begin(), taken.end(),
+                        [&](const Box& b) { return b.Overlaps(box); })) {
+          continue;
+        }
+        taken.push_back(box);
+        image.Text(lx, ly, s.point_labels[i], s.color, text);
+        break;
+      }
+    }
+  }
   // Legend.
   int y = top + 4;
   for (const Series& s : series) {
-    DrawMarker(image, right + 30, y + 3, s.marker, s.color);
-    image.Line(right + 22, y + 3, right + 38, y + 3, s.color);
-    image.Text(right + 46, y, s.label, black);
-    y += 14;
+    DrawMarker(image, right + 36, y + glyph_height / 2, s.marker, s.color);
+    image.Line(right + 22, y + glyph_height / 2, right + 50, y + glyph_height / 2, s.color);
+    image.Text(right + 60, y, s.label, black, text);
+    y += glyph_height + 12;
+  }
+  if (!options.note.empty()) {
+    image.Text(right + 22, y + 8, options.note, grey, text);
   }
   return image;
 }

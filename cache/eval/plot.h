@@ -1,7 +1,6 @@
-// A minimal chart maker for the KV cache evaluation (no plotting or image library is
-// available): RGB images, line-and-marker scatter plots with axes, ticks, labels and a legend
-// drawn in a built-in 5x7 bitmap font, and a PNG encoder that needs no zlib (stored deflate
-// blocks, with its own CRC-32 and Adler-32).
+// A minimal chart maker for the KV cache evaluation (no plotting library is available): RGB
+// images, line-and-marker scatter plots with axes, ticks, labels on the points and a legend
+// drawn in a built-in 5x7 bitmap font (scaled), written as PNG by Debian's libpng.
 #ifndef LGPT_CACHE_EVAL_PLOT_H_
 #define LGPT_CACHE_EVAL_PLOT_H_
 
@@ -12,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 namespace lgpt {
@@ -44,11 +44,8 @@ class Image {
   std::vector<uint8_t> rgb_;
 };
 
-uint32_t Crc32(const uint8_t* data, size_t size, uint32_t crc = 0);
-uint32_t Adler32(const uint8_t* data, size_t size, uint32_t adler = 1);
-
-// The PNG file bytes: 8-bit RGB, filter 0 on every row, zlib stream of stored blocks.
-std::string EncodePng(const Image& image);
+// The PNG file bytes (8-bit RGB, compressed by libpng/zlib).
+absl::StatusOr<std::string> EncodePng(const Image& image);
 absl::Status WritePng(const std::string& path, const Image& image);
 
 enum class Marker { kCircle, kSquare, kTriangle, kDiamond };
@@ -58,13 +55,18 @@ struct Series {
   Color color;
   Marker marker = Marker::kCircle;
   std::vector<std::pair<double, double>> points;  // (x, y), joined in x order
+  // Optional text beside each point (e.g. its KV budget), parallel to `points`; a label that
+  // would cover another is left out.
+  std::vector<std::string> point_labels = {};
 };
 
 struct PlotOptions {
   std::string title, x_label, y_label;
   bool log_x = false;
   bool x_bytes = false;  // x tick labels in binary units (KiB, MiB, GiB)
-  int width = 900, height = 560;
+  std::string note;      // a line under the legend (e.g. what the point labels mean)
+  int width = 1200, height = 760;
+  int text_scale = 2;  // 5x7 glyphs drawn this many pixels a dot (the title one more)
 };
 
 // Axes with about five ticks each (log_x: powers of two), every series' points joined by a
