@@ -12,11 +12,14 @@
 #include <fstream>
 #include <sstream>
 #include <system_error>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "core/status_macros.h"
 
 namespace lgpt {
 namespace {
@@ -41,6 +44,28 @@ fs::path Normalised(const std::string& path) {
   std::error_code error;
   fs::path p = fs::weakly_canonical(fs::absolute(path, error), error);
   return error ? fs::absolute(path).lexically_normal() : p;
+}
+
+// Whether a file of `dir` is a file of `input` (symbolic links followed): a directory of links
+// to the input (a Bazel runfiles tree, say) is the input too.
+bool SharesFiles(const fs::path& dir, const fs::path& input) {
+  std::error_code error;
+  std::vector<std::pair<dev_t, ino_t>> files;
+  for (const fs::directory_entry& entry : fs::directory_iterator(input, error)) {
+    struct stat st;
+    if (::stat(entry.path().c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
+      files.emplace_back(st.st_dev, st.st_ino);
+    }
+  }
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir, error)) {
+    struct stat st;
+    if (::stat(entry.path().c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    if (std::find(files.begin(), files.end(), std::make_pair(st.st_dev, st.st_ino)) !=
+        files.end()) {
+      return true;
+    }
+  }
+  return false;
 }
 
 std::string StagingPrefix(const fs::path& dir) {
@@ -148,15 +173,13 @@ absl::Status WriteFileAtomically(const std::string& path, absl::string_view cont
   return SyncPath(fs::absolute(path).parent_path().string());
 }
 
-absl::StatusOr<std::unique_ptr<OutputDir>> OutputDir::Begin(const std::string& dir,
-                                                            const std::vector<std::string>& inputs,
-                                                            const OutputDirOptions& options) {
+absl::Status OutputDir::Check(const std::string& dir, const std::vector<std::string>& inputs) {
   if (dir.empty()) return absl::InvalidArgumentError("the output directory is empty");
   const fs::path target = Normalised(dir);
   for (const std::string& input : inputs) {
     if (input.empty()) continue;
     const fs::path source = Normalised(input);
-    if (IsWithin(target, source) || IsWithin(source, target)) {
+    if (IsWithin(target, source) || IsWithin(source, target) || SharesFiles(target, source)) {
       return absl::FailedPreconditionError(
           absl::StrCat("the output directory ", dir, " is, holds or lies inside the input ", input,
                        ": a tool never writes into its input; choose another output directory"));
@@ -166,17 +189,33 @@ absl::StatusOr<std::unique_ptr<OutputDir>> OutputDir::Begin(const std::string& d
   if (fs::exists(target, error) && !fs::is_directory(target, error)) {
     return absl::FailedPreconditionError(absl::StrCat("the output directory ", dir, " is a file"));
   }
+  // The nearest existing ancestor must be a writable directory (the rest is created).
+  fs::path existing = target.parent_path();
+  while (!existing.empty() && !fs::exists(existing, error)) existing = existing.parent_path();
+  if (!fs::is_directory(existing, error)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        existing.string(), " is a file: the output directory ", dir, " cannot be made under it"));
+  }
+  if (::access(existing.c_str(), W_OK | X_OK) != 0) {
+    return ErrnoError(errno, absl::StrCat(existing.string(), ": cannot write the output there"));
+  }
+  if (fs::exists(target) && ::access(target.c_str(), W_OK | X_OK) != 0) {
+    return ErrnoError(errno, absl::StrCat(dir, ": cannot write the output there"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<OutputDir>> OutputDir::Begin(const std::string& dir,
+                                                            const std::vector<std::string>& inputs,
+                                                            const OutputDirOptions& options) {
+  RETURN_IF_ERROR(Check(dir, inputs));
+  const fs::path target = Normalised(dir);
   const fs::path parent = target.parent_path();
+  std::error_code error;
   fs::create_directories(parent, error);
   if (error || !fs::is_directory(parent)) {
     return ErrnoError(error ? error.value() : ENOTDIR,
                       absl::StrCat(parent.string(), ": cannot create the output's parent"));
-  }
-  if (::access(parent.c_str(), W_OK | X_OK) != 0) {
-    return ErrnoError(errno, absl::StrCat(parent.string(), ": cannot write the output there"));
-  }
-  if (fs::exists(target) && ::access(target.c_str(), W_OK | X_OK) != 0) {
-    return ErrnoError(errno, absl::StrCat(dir, ": cannot write the output there"));
   }
   CleanUpStale(target);
   const fs::path staging = parent / absl::StrCat(StagingPrefix(target), ::getpid(), ".partial");

@@ -39,6 +39,9 @@ class OutputDir {
   static absl::StatusOr<std::unique_ptr<OutputDir>> Begin(const std::string& dir,
                                                           const std::vector<std::string>& inputs,
                                                           const OutputDirOptions& options = {});
+  // Begin's checks alone, creating nothing: for tools that check their output before long
+  // work and Begin when they have something to write.
+  static absl::Status Check(const std::string& dir, const std::vector<std::string>& inputs);
   ~OutputDir();
   OutputDir(const OutputDir&) = delete;
   OutputDir& operator=(const OutputDir&) = delete;

@@ -119,6 +119,10 @@ TEST(OutputDirTest, RefusesInputsFilesAndImpossibleParents) {
     ASSERT_FALSE(out.ok()) << bad;
     EXPECT_EQ(out.status().code(), absl::StatusCode::kFailedPrecondition) << out.status();
   }
+  // A directory of links to the input's files is the input too.
+  fs::create_directories(root / "links");
+  fs::create_symlink(root / "in" / "model_config.yaml", root / "links" / "model_config.yaml");
+  EXPECT_FALSE(OutputDir::Begin((root / "links").string(), {(root / "in").string()}).ok());
   // The same directory through another spelling.
   auto dotted = OutputDir::Begin((root / "in" / ".").string(), {(root / "in").string()});
   EXPECT_FALSE(dotted.ok());

@@ -30,6 +30,7 @@
 #include "core/prompt_style.h"
 #include "core/tokenizer.h"
 #include "core/torch_pickle_writer.h"
+#include "peft/lora.h"
 #include "tools/finetune_model.h"
 #include "tools/progress.h"
 #include "tools/sft_data.h"
@@ -135,10 +136,7 @@ int main(int argc, char** argv) {
   }
   const PromptStyle style = ValueOrDie(PromptStyleFromName(absl::GetFlag(FLAGS_prompt_style)));
   // Checked before any work: never the input directory, and writable.
-  OutputDirOptions out_options;
-  out_options.drop = {"model.safetensors", "lit_model.pth"};
-  const std::unique_ptr<OutputDir> out =
-      ValueOrDie(OutputDir::Begin(out_dir, {checkpoint_dir}, out_options));
+  DieIfError(OutputDir::Check(out_dir, {checkpoint_dir}));
 
   // The base model's config with the method's fields.
   Config config = ValueOrDie(LoadConfigFile(checkpoint_dir + "/model_config.yaml"));
@@ -157,6 +155,8 @@ int main(int argc, char** argv) {
     config.adapter_start_layer = absl::GetFlag(FLAGS_adapter_start_layer);
   }
   DieIfError(config.Finalize());
+  // The model's config is checked before the data is read (a bad --lora_r fails at once).
+  if (method == FinetuneMethod::kLora) DieIfError(LoraParts(config).status());
   int64_t max_seq_length = absl::GetFlag(FLAGS_max_seq_length);
   if (max_seq_length == 0) max_seq_length = config.block_size;
   if (max_seq_length < 2 || max_seq_length > config.block_size) {
@@ -244,6 +244,10 @@ int main(int argc, char** argv) {
   if (progress) progress->Finish();
 
   // Output: LitGPT's layout, as one transaction (core/output_dir.h).
+  OutputDirOptions out_options;
+  out_options.drop = {"model.safetensors", "lit_model.pth"};
+  const std::unique_ptr<OutputDir> out =
+      ValueOrDie(OutputDir::Begin(out_dir, {checkpoint_dir}, out_options));
   const std::string trained_name = TrainedFileName(method);
   const std::string trained_path = out_dir + "/" + trained_name;
   DieIfError(WriteTorchStateDict(out->Path(trained_name), TrainedStateDict(*model, method)));

@@ -47,12 +47,8 @@ int main(int argc, char** argv) {
   std::string out_dir = ResolvePath(absl::GetFlag(FLAGS_out_dir));
   std::error_code same_error;
   const bool beside = out_dir.empty() || fs::equivalent(out_dir, dir, same_error);
-  std::unique_ptr<OutputDir> out;
   if (!beside) {
-    OutputDirOptions options;
-    options.drop = {"model.safetensors", "lit_model.pth", "lit_model.pth.lora",
-                    "hyperparameters.yaml"};
-    out = ValueOrDie(OutputDir::Begin(out_dir, {dir, base_dir}, options));
+    DieIfError(OutputDir::Check(out_dir, {dir, base_dir}));
   } else {
     out_dir = dir;
     if (fs::exists(dir + "/model.safetensors")) {
@@ -67,6 +63,11 @@ int main(int argc, char** argv) {
   if (beside) {
     DieIfError(WriteTorchStateDict(dir + "/lit_model.pth", merged));
   } else {
+    OutputDirOptions options;
+    options.drop = {"model.safetensors", "lit_model.pth", "lit_model.pth.lora",
+                    "hyperparameters.yaml"};
+    const std::unique_ptr<OutputDir> out =
+        ValueOrDie(OutputDir::Begin(out_dir, {dir, base_dir}, options));
     DieIfError(WriteTorchStateDict(out->Path("lit_model.pth"), merged));
     Config plain = loaded.config;
     plain.lora_r = 0;
