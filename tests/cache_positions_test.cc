@@ -97,7 +97,9 @@ TEST_P(OneLayerReferenceTest, DecodeStepsEqualAnUncachedPassOverTheKeptTokensAtC
         if (stream.shifted() != last_shift) ++shifts, last_shift = stream.shifted();
         // The entries this step attends to besides its own: the same for every group.
         const std::vector<int64_t> kept = cache->KeptPositions(0, 0, 0);
-        EXPECT_EQ(kept, cache->KeptPositions(0, 0, 1));
+        if (model->config().QueryGroups() > 1) {
+          EXPECT_EQ(kept, cache->KeptPositions(0, 0, 1));
+        }
         const int64_t query_position = stream.next();
         ForwardOptions options;
         options.positions = stream.Take(*length);
@@ -282,7 +284,9 @@ TEST(CachePositionsTest, SessionTurnsGoPastTheBlockSize) {
     ASSERT_TRUE(reply.ok()) << "turn " << turn << ": " << reply.status();
     EXPECT_EQ(reply->finish_reason, FinishReason::kMaxTokens);
     if (turn == 2) bytes = (*session)->kv_cache_bytes();
-    if (turn > 2) EXPECT_EQ((*session)->kv_cache_bytes(), bytes);
+    if (turn > 2) {
+      EXPECT_EQ((*session)->kv_cache_bytes(), bytes);
+    }
   }
   EXPECT_GT((*session)->context_tokens(), 4 * block);
   // The same conversation through Generate: a session's turns continue one stream.
