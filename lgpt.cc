@@ -249,11 +249,11 @@ absl::StatusOr<Completion> Engine::Generate(const std::vector<int64_t>& prompt,
   const bool unbounded = UsesCachePositions(options.kv_cache);
   const int64_t length = static_cast<int64_t>(prompt.size()) + options.max_new_tokens;
   if (length > config().block_size && !unbounded) {
-    return absl::OutOfRangeError(absl::StrCat(
-        "prompt (", prompt.size(), " tokens) plus max_new_tokens (", options.max_new_tokens,
-        ") exceeds the context of ", config().block_size,
-        " tokens (with KVCacheSpec.positions=absolute; a window or sink cache with "
-        "positions=cache, --kv_positions=cache, goes past it)"));
+    return absl::OutOfRangeError(
+        absl::StrCat("prompt (", prompt.size(), " tokens) plus max_new_tokens (",
+                     options.max_new_tokens, ") exceeds the context of ", config().block_size,
+                     " tokens (with KVCacheSpec.positions=absolute; a window or sink cache with "
+                     "positions=cache, --kv_positions=cache, goes past it)"));
   }
   // Cache positions: the cache spans the whole context and shifts within it.
   ASSIGN_OR_RETURN(std::unique_ptr<KVCache> cache,

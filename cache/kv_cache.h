@@ -9,12 +9,12 @@
 #ifndef LGPT_CACHE_KV_CACHE_H_
 #define LGPT_CACHE_KV_CACHE_H_
 
+#include <ATen/core/Tensor.h>
+
 #include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
-
-#include <ATen/core/Tensor.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -46,8 +46,7 @@ struct KVAttentionParams {
 // rotation whose angle is linear in the position, so R(p - shift) = R(-shift) · R(p) exactly):
 // keys [B, G, S, head_size] of `layer` -> [B, G, S, head_size]. The model provides it
 // (GPTImpl::ShiftKeys), with its rotary dims, base frequencies (local or global) and scaling.
-using KeyShifter =
-    std::function<at::Tensor(int64_t layer, const at::Tensor& keys, int64_t shift)>;
+using KeyShifter = std::function<at::Tensor(int64_t layer, const at::Tensor& keys, int64_t shift)>;
 
 // Per-layer geometry a cache is built for.
 struct KVLayerSpec {

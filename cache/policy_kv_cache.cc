@@ -107,8 +107,8 @@ PolicyKVCache::PolicyKVCache(const PolicyKVCacheOptions& options) : options_(opt
 
 std::string PolicyKVCache::DebugName() const {
   return absl::StrCat(PolicyName(options_.policy.kind), "(budget=", options_.policy.budget,
-                      ", bits=", options_.bits,
-                      options_.cache_positions ? ", positions=cache" : "", ")");
+                      ", bits=", options_.bits, options_.cache_positions ? ", positions=cache" : "",
+                      ")");
 }
 
 int64_t PolicyKVCache::MaxMainCapacity(const Layer& layer) const {
@@ -507,7 +507,7 @@ void PolicyKVCache::Shift(int64_t index, Layer& layer, int64_t shift,
     const EntryCodec& codec = store == &layer.main ? *layer.codec : *layer.ring_codec;
     const int64_t high = store->high;
     at::Tensor positions = store->positions.narrow(2, 0, high);  // [B, G, high]
-    const at::Tensor moves = positions >= sinks;                   // empty slots (-1) stay
+    const at::Tensor moves = positions >= sinks;                 // empty slots (-1) stay
     // Quantised entries are decoded a block at a time, as UpdateAndAttend reads them.
     const int64_t block = codec.bits() < 16 ? options_.block_size : high;
     for (int64_t begin = 0; begin < high; begin += block) {
@@ -515,8 +515,8 @@ void PolicyKVCache::Shift(int64_t index, Layer& layer, int64_t shift,
       std::vector<at::Tensor> slice;
       for (const at::Tensor& part : store->parts) slice.push_back(part.narrow(2, begin, length));
       at::Tensor keys;
-      codec.Decode(slice, &keys, nullptr);                          // [B, G, length, hs]
-      const at::Tensor shifted = shift_keys(index, keys, shift);   // [B, G, length, hs]
+      codec.Decode(slice, &keys, nullptr);                                   // [B, G, length, hs]
+      const at::Tensor shifted = shift_keys(index, keys, shift);             // [B, G, length, hs]
       const at::Tensor move = moves.narrow(2, begin, length).unsqueeze(-1);  // [B, G, length, 1]
       // Encode takes keys and values: the value parts of this encoding are discarded.
       const std::vector<at::Tensor> encoded = codec.Encode(shifted, shifted);

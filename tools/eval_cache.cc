@@ -338,8 +338,8 @@ int Run() {
   std::vector<Row> rows;
   for (size_t i = 0; i < specs.size(); ++i) {
     std::unique_ptr<KVCache> cache = ValueOrDie(MakeKVCache(specs[i], shape));
-    Row row = ValueOrDie(
-        Evaluate(*loaded.model, *cache, specs[i], tokens, segment_of(specs[i]), chunk));
+    Row row =
+        ValueOrDie(Evaluate(*loaded.model, *cache, specs[i], tokens, segment_of(specs[i]), chunk));
     std::fprintf(stderr, "[%zu/%zu] %-26s ppl %9.4f (%.4fx dense)  kv %10lld bytes  %7.1f tok/s\n",
                  i + 1, specs.size(), DescribeKVCacheSpec(specs[i]).c_str(), row.perplexity,
                  row.perplexity / (rows.empty() ? row.perplexity : rows[0].perplexity),

@@ -333,10 +333,10 @@ TEST(CachePositionsToolsTest, GenerateAndChatGoPastTheContext) {
       "--prompt='And God said' --stop_at_eos=false --kv_cache=sink --kv_budget=64 "
       "--max_new_tokens=";
   int64_t flat = -1;
-  for (const char* more : {"600 --kv_positions=cache", "600 --kv_positions=cache --kv_bits=8",
-                           "600 --kv_positions=cache --kv_bits=4",
-                           "600 --kv_positions=cache --kv_cache=window",
-                           "100 --kv_positions=cache"}) {
+  for (const char* more :
+       {"600 --kv_positions=cache", "600 --kv_positions=cache --kv_bits=8",
+        "600 --kv_positions=cache --kv_bits=4", "600 --kv_positions=cache --kv_cache=window",
+        "100 --kv_positions=cache"}) {
     const ToolRun run = Execute("generate", args + more);
     ASSERT_EQ(run.status, 0) << more << ": " << run.err;
     const std::string all = run.out + run.err;  // statistics: wherever the tool prints them

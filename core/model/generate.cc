@@ -43,11 +43,12 @@ absl::StatusOr<std::vector<int64_t>> Generate(GPTImpl& model, KVCache& cache,
   const int64_t needed = first + prompt_length + options.max_new_tokens;
   const int64_t context = std::min(model.config().block_size, cache.max_sequence_length());
   if (needed > context && !cache.ShiftsPositions()) {
-    return absl::OutOfRangeError(absl::StrCat(
-        first > 0 ? absl::StrCat(first, " cached tokens plus ") : "", "prompt (", prompt_length,
-        " tokens) plus max_new_tokens (", options.max_new_tokens, ") exceeds the context of ",
-        context, " tokens (a window or sink KV cache with cache positions, "
-        "KVCacheSpec.positions=cache, goes past it)"));
+    return absl::OutOfRangeError(
+        absl::StrCat(first > 0 ? absl::StrCat(first, " cached tokens plus ") : "", "prompt (",
+                     prompt_length, " tokens) plus max_new_tokens (", options.max_new_tokens,
+                     ") exceeds the context of ", context,
+                     " tokens (a window or sink KV cache with cache positions, "
+                     "KVCacheSpec.positions=cache, goes past it)"));
   }
   at::NoGradGuard no_grad;
   at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(options.seed);
@@ -62,8 +63,7 @@ absl::StatusOr<std::vector<int64_t>> Generate(GPTImpl& model, KVCache& cache,
   CachePositions stream(model, cache, first);
   at::Tensor logits;
   for (int64_t begin = 0; begin < prompt_length;) {
-    ASSIGN_OR_RETURN(const int64_t length,
-                     stream.Reserve(std::min(chunk, prompt_length - begin)));
+    ASSIGN_OR_RETURN(const int64_t length, stream.Reserve(std::min(chunk, prompt_length - begin)));
     ForwardOptions forward;
     forward.positions = stream.Take(length);
     forward.last_logits_only = true;
