@@ -1,6 +1,7 @@
 #include "lgpt.h"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -245,15 +246,22 @@ absl::StatusOr<Completion> Engine::Generate(const std::vector<int64_t>& prompt,
     return absl::InvalidArgumentError(
         absl::StrCat("max_new_tokens must be >= 1, got ", options.max_new_tokens));
   }
-  // Compared by subtraction: the sum may overflow int64.
-  if (options.max_new_tokens > config().block_size - static_cast<int64_t>(prompt.size())) {
-    return absl::OutOfRangeError(absl::StrCat(
-        "prompt (", prompt.size(), " tokens) plus max_new_tokens (", options.max_new_tokens,
-        ") exceeds the context of ", config().block_size, " tokens"));
-  }
   RETURN_IF_ERROR(ValidateKVCacheSpec(options.kv_cache));
-  const int64_t length = static_cast<int64_t>(prompt.size()) + options.max_new_tokens;
-  ASSIGN_OR_RETURN(std::unique_ptr<KVCache> cache, NewCache(options.kv_cache, 1, length));
+  const bool unbounded = UsesCachePositions(options.kv_cache);
+  // Compared by subtraction: prompt + max_new_tokens may overflow int64.
+  const int64_t prompt_length = static_cast<int64_t>(prompt.size());
+  if (options.max_new_tokens > config().block_size - prompt_length && !unbounded) {
+    return absl::OutOfRangeError(
+        absl::StrCat("prompt (", prompt.size(), " tokens) plus max_new_tokens (",
+                     options.max_new_tokens, ") exceeds the context of ", config().block_size,
+                     " tokens (with KVCacheSpec.positions=absolute; a window or sink cache with "
+                     "positions=cache, --kv_positions=cache, goes past it)"));
+  }
+  // Cache positions: the cache spans the whole context and shifts within it.
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<KVCache> cache,
+      NewCache(options.kv_cache, 1,
+               unbounded ? config().block_size : prompt_length + options.max_new_tokens));
   return Run(*cache, 0, prompt, options, prompt);
 }
 
@@ -272,8 +280,9 @@ absl::StatusOr<std::vector<Completion>> Engine::GenerateBatch(
   }
   RETURN_IF_ERROR(ValidateKVCacheSpec(options.kv_cache));
   const int64_t block = config().block_size;  // longest + max_new_tokens, capped without overflow
-  const int64_t length =
-      longest >= block ? block : longest + std::min(options.max_new_tokens, block - longest);
+  const int64_t length = UsesCachePositions(options.kv_cache) || longest >= block
+                             ? block
+                             : longest + std::min(options.max_new_tokens, block - longest);
   ASSIGN_OR_RETURN(std::unique_ptr<KVCache> cache,
                    NewCache(options.kv_cache, static_cast<int64_t>(prompts.size()), length));
   BatchGenerateOptions batch;
@@ -317,12 +326,16 @@ absl::StatusOr<std::unique_ptr<Session>> Engine::NewSession(const KVCacheSpec& k
 Session::Session(std::shared_ptr<const Engine> engine, std::unique_ptr<KVCache> cache)
     : engine_(std::move(engine)), cache_(std::move(cache)) {}
 
-int64_t Session::context_left() const { return cache_->max_sequence_length() - context_tokens(); }
+int64_t Session::context_left() const {
+  if (cache_->ShiftsPositions()) return std::numeric_limits<int64_t>::max();
+  return cache_->max_sequence_length() - context_tokens();
+}
 
 void Session::Reset() {
   cache_->Reset();
   history_.clear();
   cached_ = 0;
+  shifted_ = 0;
 }
 
 absl::StatusOr<Completion> Session::Send(absl::string_view text, const RequestOptions& options) {
@@ -347,7 +360,9 @@ absl::StatusOr<Completion> Session::Send(const std::vector<int64_t>& tokens,
   std::vector<int64_t> prompt(history_.begin() + cached_, history_.end());
   prompt.insert(prompt.end(), tokens.begin(), tokens.end());
   const int64_t context = std::min(engine_->config().block_size, cache_->max_sequence_length());
-  const int64_t room = context - cached_ - static_cast<int64_t>(prompt.size());
+  const int64_t room = cache_->ShiftsPositions()
+                           ? options.max_new_tokens  // cache positions: no end of context
+                           : context - cached_ - static_cast<int64_t>(prompt.size());
   if (room < 1) {
     return absl::OutOfRangeError(absl::StrCat("context full: the message needs ", tokens.size(),
                                               " tokens but only ",
@@ -357,7 +372,7 @@ absl::StatusOr<Completion> Session::Send(const std::vector<int64_t>& tokens,
   RequestOptions capped = options;
   capped.max_new_tokens = std::min(options.max_new_tokens, room);
   absl::StatusOr<Completion> result =
-      engine_->Run(*cache_, cached_, prompt, capped, absl::MakeConstSpan(prompt));
+      engine_->Run(*cache_, cached_ - shifted_, prompt, capped, absl::MakeConstSpan(prompt));
   if (!result.ok()) {
     // A failed step may have stored part of its entries: start over rather than risk them.
     Reset();
@@ -365,6 +380,7 @@ absl::StatusOr<Completion> Session::Send(const std::vector<int64_t>& tokens,
                         absl::StrCat(result.status().message(), " (the session was reset)"));
   }
   cached_ += static_cast<int64_t>(prompt.size()) + static_cast<int64_t>(result->tokens.size()) - 1;
+  shifted_ += result->stats.position_shift;
   history_.insert(history_.end(), tokens.begin(), tokens.end());
   history_.insert(history_.end(), result->tokens.begin(), result->tokens.end());
   if (!options.keep_stop_token && result->finish_reason == FinishReason::kStopToken) {

@@ -66,7 +66,9 @@ struct RequestOptions {
   std::vector<std::vector<int64_t>> stop_token_sequences;
   // Text that ends generation; it is held back from on_text while it may still be forming.
   std::vector<std::string> stop_sequences;
-  // The KV cache of the request: dense by default, or a budgeted / quantised one.
+  // The KV cache of the request: dense by default, or a budgeted / quantised one. A window or
+  // sink cache with kv_cache.positions = "cache" has no length limit: max_new_tokens may take
+  // the stream past the model's block_size in flat memory (cache/policy_kv_cache.h).
   KVCacheSpec kv_cache;
   int64_t prefill_chunk = 0;  // 0: the whole prompt in one step
   // Streaming: called for each generated token and for each piece of final text (never a
@@ -114,7 +116,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
       const std::vector<std::vector<int64_t>>& prompts, const RequestOptions& options) const;
 
   // A conversation that keeps its KV cache between calls. `kv_cache` chooses the cache;
-  // its context is the model's block_size.
+  // its context is the model's block_size, unless kv_cache.positions is "cache" (window and
+  // sink caches): then the conversation never fills the context.
   absl::StatusOr<std::unique_ptr<Session>> NewSession(const KVCacheSpec& kv_cache = {}) const;
 
   absl::StatusOr<std::vector<int64_t>> Encode(absl::string_view text) const;
@@ -147,7 +150,7 @@ class Session {
   // Appends `tokens` to the context and generates a reply after them; only the new tokens
   // are prefilled. max_new_tokens is capped to the context left (FinishReason::kContextFull
   // when that cap ends the reply); OutOfRange when the new tokens themselves do not fit,
-  // with the session unchanged.
+  // with the session unchanged. With cache positions nothing is capped or refused.
   absl::StatusOr<Completion> Send(const std::vector<int64_t>& tokens,
                                   const RequestOptions& options);
   // Encodes `text` without BOS (a continuation); the first call of a session adds BOS when
@@ -169,6 +172,9 @@ class Session {
   std::unique_ptr<KVCache> cache_;
   std::vector<int64_t> history_;  // every token of the conversation, in order
   int64_t cached_ = 0;            // history_[0, cached_) is in the cache
+  // Cache positions (KVCacheSpec.positions = "cache"): how far the cache has moved its entries
+  // down; the next token's cache position is cached_ - shifted_.
+  int64_t shifted_ = 0;
 };
 
 }  // namespace lgpt

@@ -9,11 +9,12 @@
 #ifndef LGPT_CACHE_KV_CACHE_H_
 #define LGPT_CACHE_KV_CACHE_H_
 
+#include <ATen/core/Tensor.h>
+
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
-
-#include <ATen/core/Tensor.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -40,6 +41,12 @@ struct KVAttentionParams {
   std::optional<double> softcap;  // tanh soft-capping of the scores
   int64_t sliding_window = 0;     // 0: global; w: key positions q-w+1 .. q
 };
+
+// Moves keys that a layer's RoPE rotated at positions p to positions p - shift (RoPE is a
+// rotation whose angle is linear in the position, so R(p - shift) = R(-shift) · R(p) exactly):
+// keys [B, G, S, head_size] of `layer` -> [B, G, S, head_size]. The model provides it
+// (GPTImpl::ShiftKeys), with its rotary dims, base frequencies (local or global) and scaling.
+using KeyShifter = std::function<at::Tensor(int64_t layer, const at::Tensor& keys, int64_t shift)>;
 
 // Per-layer geometry a cache is built for.
 struct KVLayerSpec {
@@ -96,6 +103,20 @@ class KVCache {
                                                      const at::Tensor& values,
                                                      const KVAttentionParams& params) {
     return absl::UnimplementedError(DebugName() + " KV cache does not attend in place");
+  }
+
+  // Cache positions (KVCacheSpec.positions = "cache"; window and sink caches): positions are
+  // places in the cache, not in the stream, so a stream of any length stays below
+  // max_sequence_length(). The caller calls MakeRoom before every step and feeds the positions
+  // it leaves (core/model/cache_positions.h does this).
+  virtual bool ShiftsPositions() const { return false; }
+  // Before a step of `steps` tokens starting at cache position `next`: when next + steps would
+  // pass max_sequence_length(), moves every kept entry except the sinks down by the returned
+  // shift (keys re-rotated by `shift_keys`), so the stream continues at next - shift; 0 when
+  // nothing moved. Caches that do not shift return 0.
+  virtual absl::StatusOr<int64_t> MakeRoom(int64_t next, int64_t steps,
+                                           const KeyShifter& shift_keys) {
+    return 0;
   }
 
   virtual std::string DebugName() const = 0;

@@ -38,12 +38,24 @@ absl::Status ValidateKVCacheSpec(const KVCacheSpec& spec) {
     return absl::InvalidArgumentError(
         absl::StrCat("KV attention block size must be >= 1, got ", spec.block_size));
   }
+  if (spec.positions != "absolute" && spec.positions != "cache") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv_positions (KVCacheSpec.positions) must be absolute or cache, got '",
+                     spec.positions, "'"));
+  }
+  if (UsesCachePositions(spec) && kind != PolicyKind::kWindow && kind != PolicyKind::kSink) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kv_positions=cache (KVCacheSpec.positions) needs --kv_cache=window or sink (whose "
+        "kept entries are contiguous in position), got --kv_cache=",
+        spec.policy));
+  }
   return absl::OkStatus();
 }
 
 std::string DescribeKVCacheSpec(const KVCacheSpec& spec) {
   if (spec.policy == "dense") return absl::StrCat("dense bits=", spec.bits);
-  return absl::StrCat(spec.policy, " budget=", spec.budget, " bits=", spec.bits);
+  return absl::StrCat(spec.policy, " budget=", spec.budget, " bits=", spec.bits,
+                      UsesCachePositions(spec) ? " positions=cache" : "");
 }
 
 absl::StatusOr<std::unique_ptr<KVCache>> MakeKVCache(const KVCacheSpec& spec,
@@ -75,6 +87,7 @@ absl::StatusOr<std::unique_ptr<KVCache>> MakeKVCache(const KVCacheSpec& spec,
   options.residual = spec.residual;
   options.group_size = spec.group_size;
   options.block_size = spec.block_size;
+  options.cache_positions = UsesCachePositions(spec);
   ASSIGN_OR_RETURN(std::unique_ptr<PolicyKVCache> cache, PolicyKVCache::Create(options));
   return std::unique_ptr<KVCache>(std::move(cache));
 }

@@ -1,6 +1,8 @@
 // Building a KV cache from what a tool or a caller names: --kv_cache=dense|window|sink|h2o|tova,
 // --kv_budget=N (entries kept per layer), --kv_bits=16|8|4 (16: the model's own dtype), plus
-// the finer --kv_sink, --kv_residual and --kv_group. The dense policy at 16 bits is the exact
+// the finer --kv_sink, --kv_residual and --kv_group, and --kv_positions=absolute|cache (whether
+// a window or sink cache keeps stream positions, bounded by the context, or positions within the
+// cache, unbounded: see cache/policy_kv_cache.h). The dense policy at 16 bits is the exact
 // DenseKVCache; everything else is a PolicyKVCache (cache/policy_kv_cache.h).
 #ifndef LGPT_CACHE_KV_CACHE_FACTORY_H_
 #define LGPT_CACHE_KV_CACHE_FACTORY_H_
@@ -28,10 +30,18 @@ struct KVCacheSpec {
   int64_t residual = 16;         // quantised: most recent entries kept in full precision
   int64_t group_size = 32;       // quantised: channels per scale
   int64_t block_size = 512;      // quantised: entries decoded at a time when attending in place
+  // "absolute": entries keep their stream positions, so a stream ends at the context.
+  // "cache" (window and sink only): positions within the cache, shifted down when they reach
+  // the context, so generation goes on indefinitely in flat memory (StreamingLLM).
+  std::string positions = "absolute";
 };
 
+// Whether `spec` asks for cache positions (a stream not bounded by the context).
+inline bool UsesCachePositions(const KVCacheSpec& spec) { return spec.positions == "cache"; }
+
 // Errors name the flag and the value: unknown policy, budget < 1, bits not 16/8/4, more sink
-// tokens than the budget, negative residual.
+// tokens than the budget, negative residual, positions other than absolute/cache, cache positions
+// with a policy other than window and sink.
 absl::Status ValidateKVCacheSpec(const KVCacheSpec& spec);
 
 // "h2o budget=256 bits=8", or "dense bits=16".

@@ -34,6 +34,7 @@ class FullCodec : public EntryCodec {
   int64_t BytesPerEntry() const override {
     return 2 * head_size_ * static_cast<int64_t>(c10::elementSize(dtype_));
   }
+  int key_parts() const override { return 1; }
   int bits() const override { return 16; }
   int64_t head_size() const override { return head_size_; }
 
@@ -74,6 +75,7 @@ class QuantCodec : public EntryCodec {
   int64_t BytesPerEntry() const override {
     return 2 * (head_size_ * bits_ / 8 + 2 * (head_size_ / group_));
   }
+  int key_parts() const override { return 2; }
   int bits() const override { return bits_; }
   int64_t head_size() const override { return head_size_; }
 

@@ -50,6 +50,8 @@ class EntryCodec {
                                            int64_t capacity) const = 0;
   // Bytes of keys plus values of one entry of one (row, group), scales included.
   virtual int64_t BytesPerEntry() const = 0;
+  // Storage tensors [0, key_parts()) of Encode/Allocate hold the keys, the rest the values.
+  virtual int key_parts() const = 0;
   // 16 stands for the model's own dtype, whatever its width.
   virtual int bits() const = 0;
   virtual int64_t head_size() const = 0;

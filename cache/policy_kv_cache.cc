@@ -67,6 +67,19 @@ absl::StatusOr<std::unique_ptr<PolicyKVCache>> PolicyKVCache::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("KV attention block size must be >= 1, got ", options.block_size));
   }
+  if (options.cache_positions) {
+    if (policy.kind != PolicyKind::kWindow && policy.kind != PolicyKind::kSink) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--kv_positions=cache (KVCacheSpec.positions) needs --kv_cache=window or sink, got "
+          "--kv_cache=",
+          PolicyName(policy.kind)));
+    }
+    if (policy.budget >= options.max_sequence_length) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--kv_positions=cache (KVCacheSpec.positions) needs --kv_budget below the context (",
+          options.max_sequence_length, " tokens), got ", policy.budget));
+    }
+  }
   std::unique_ptr<PolicyKVCache> cache(new PolicyKVCache(options));
   for (size_t i = 0; i < options.layers.size(); ++i) {
     const KVLayerSpec& spec = options.layers[i];
@@ -94,7 +107,8 @@ PolicyKVCache::PolicyKVCache(const PolicyKVCacheOptions& options) : options_(opt
 
 std::string PolicyKVCache::DebugName() const {
   return absl::StrCat(PolicyName(options_.policy.kind), "(budget=", options_.policy.budget,
-                      ", bits=", options_.bits, ")");
+                      ", bits=", options_.bits, options_.cache_positions ? ", positions=cache" : "",
+                      ")");
 }
 
 int64_t PolicyKVCache::MaxMainCapacity(const Layer& layer) const {
@@ -462,6 +476,60 @@ void PolicyKVCache::Compact(Layer& layer, const at::Tensor& chunk_scores) {
   const bool all_rows = rows == options_.batch_size;
   main.used = all_rows ? kept : std::max(main.used, kept);
   main.high = all_rows ? kept : std::max(main.high, kept);
+}
+
+absl::StatusOr<int64_t> PolicyKVCache::MakeRoom(int64_t next, int64_t steps,
+                                                const KeyShifter& shift_keys) {
+  if (!options_.cache_positions) return 0;
+  if (next < 0 || steps < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MakeRoom: bad next position ", next, " or step of ", steps, " tokens"));
+  }
+  if (next + steps <= options_.max_sequence_length) return 0;
+  // After the previous step's eviction a layer holds its sinks [0, s) and its most recent
+  // entries, all at or above next - budget: moving them down by this puts the window right
+  // after the sinks and the stream at `budget`.
+  const int64_t shift = next - options_.policy.budget;
+  if (shift <= 0) return 0;  // the caller shortens the step instead
+  if (!shift_keys) return absl::InvalidArgumentError("MakeRoom: no key shifter");
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    Settle(layers_[i], at::Tensor());
+    Shift(static_cast<int64_t>(i), layers_[i], shift, shift_keys);
+  }
+  return shift;
+}
+
+void PolicyKVCache::Shift(int64_t index, Layer& layer, int64_t shift,
+                          const KeyShifter& shift_keys) {
+  const int64_t sinks = layer.plan.sink_tokens;  // positions below stay where they are
+  for (Store* store : {&layer.main, &layer.ring}) {
+    if (store->capacity == 0 || store->high == 0) continue;
+    const EntryCodec& codec = store == &layer.main ? *layer.codec : *layer.ring_codec;
+    const int64_t high = store->high;
+    at::Tensor positions = store->positions.narrow(2, 0, high);  // [B, G, high]
+    const at::Tensor moves = positions >= sinks;                 // empty slots (-1) stay
+    // Quantised entries are decoded a block at a time, as UpdateAndAttend reads them.
+    const int64_t block = codec.bits() < 16 ? options_.block_size : high;
+    for (int64_t begin = 0; begin < high; begin += block) {
+      const int64_t length = std::min(block, high - begin);
+      std::vector<at::Tensor> slice;
+      for (const at::Tensor& part : store->parts) slice.push_back(part.narrow(2, begin, length));
+      at::Tensor keys;
+      codec.Decode(slice, &keys, nullptr);                                   // [B, G, length, hs]
+      const at::Tensor shifted = shift_keys(index, keys, shift);             // [B, G, length, hs]
+      const at::Tensor move = moves.narrow(2, begin, length).unsqueeze(-1);  // [B, G, length, 1]
+      // Encode takes keys and values: the value parts of this encoding are discarded.
+      const std::vector<at::Tensor> encoded = codec.Encode(shifted, shifted);
+      for (int i = 0; i < codec.key_parts(); ++i) {
+        slice[i].copy_(at::where(move, encoded[i], slice[i]));
+      }
+    }
+    positions.copy_(at::where(moves, positions - shift, positions));
+    // Kept non-sink entries are at or above the shift (see MakeRoom); anything else is an entry
+    // no later query could see: dropped rather than moved onto the sinks.
+    positions.masked_fill_(moves.logical_and(positions < sinks), -1);
+  }
+  layer.max_written -= shift;
 }
 
 void PolicyKVCache::Reset() {

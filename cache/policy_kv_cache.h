@@ -28,6 +28,26 @@
 // Costs per decode step and layer: O(slots) for slot choice and eviction (argmin over
 // positions/priorities), O(head_size) to encode the one entry that enters main, no
 // allocation of storage except when main grows, so bytes stay flat once the budget is reached.
+//
+// Cache positions (options.cache_positions; window and sink policies): StreamingLLM's point,
+// generating past the model's context. RoPE scores depend only on the query-key distance, so
+// what a window cache lacks is positions beyond the context; a sink cache also wants its sinks
+// right before the window. Design: llama.cpp's context shift, amortised. The stream writes at
+// positions within the cache; when a step would reach max_sequence_length (the context L),
+// MakeRoom moves every kept entry except the sinks down by shift = next - budget, re-rotating its
+// key by -shift (KeyShifter: RoPE rotations compose exactly), so the sinks stay at 0 .. s-1, the
+// window lands right after them at s .. budget-1 (StreamingLLM's layout) and the stream goes on
+// at position `budget`. Until the next shift, L - budget steps later, the window drifts up while
+// the sinks stay: every query-key distance the model sees is below L, window distances are the
+// true ones, and the sinks sit between `budget` and L positions back. Equivalent to attending at
+// those positions from scratch (tests/cache_positions_test.cc checks this against uncached
+// forward passes). Costs: O(budget · head_size) per layer once every L - budget steps (O(1)
+// amortised per step; e.g. 64 of a 256 context: every 192 steps), nothing per ordinary step; no
+// extra storage; the sinks are never touched. Quantised main entries are decoded, rotated and
+// re-encoded (block by block, never the whole layer at once): each re-encode adds up to half a
+// quantisation step, and a window entry is shifted at most ceil(budget / (L - budget)) times
+// in its life (once for budgets up to L/2); full-precision entries (16 bits and the ring) rotate
+// with float32 rounding only.
 #ifndef LGPT_CACHE_POLICY_KV_CACHE_H_
 #define LGPT_CACHE_POLICY_KV_CACHE_H_
 
@@ -59,6 +79,9 @@ struct PolicyKVCacheOptions {
   int64_t residual = 16;     // quantised: most recent entries kept in full precision
   int64_t group_size = 32;   // quantised: channels sharing one scale
   int64_t block_size = 512;  // entries decoded at a time by UpdateAndAttend
+  // Positions within the cache (window and sink policies, budget below max_sequence_length):
+  // MakeRoom shifts kept entries down when the stream reaches max_sequence_length.
+  bool cache_positions = false;
 };
 
 class PolicyKVCache : public KVCache {
@@ -84,6 +107,9 @@ class PolicyKVCache : public KVCache {
   absl::StatusOr<at::Tensor> UpdateAndAttend(int64_t layer, const KVStep& step, const at::Tensor& q,
                                              const at::Tensor& keys, const at::Tensor& values,
                                              const KVAttentionParams& params) override;
+  bool ShiftsPositions() const override { return options_.cache_positions; }
+  absl::StatusOr<int64_t> MakeRoom(int64_t next, int64_t steps,
+                                   const KeyShifter& shift_keys) override;
   std::string DebugName() const override;
 
   const LayerPlan& plan(int64_t layer) const { return layers_[layer].plan; }
@@ -141,6 +167,8 @@ class PolicyKVCache : public KVCache {
                   const at::Tensor& positions, const at::Tensor& scores);
   void EvictDecode(Layer& layer);
   void Compact(Layer& layer, const at::Tensor& chunk_scores);
+  // Moves the layer's entries at or above its sink positions down by `shift`.
+  void Shift(int64_t index, Layer& layer, int64_t shift, const KeyShifter& shift_keys);
   void Reserve(Store& store, const EntryCodec& codec, int64_t groups, int64_t capacity);
   int64_t MaxMainCapacity(const Layer& layer) const;
   std::vector<KVBlockSource> Sources(Layer& layer, int64_t rows);

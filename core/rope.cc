@@ -120,13 +120,17 @@ Rope::Rope(const Config& config, const at::Device& device)
   }
 }
 
-RopeTables Rope::Tables(const at::Tensor& positions, bool local) const {
+RopeTables Rope::RotationTables(const at::Tensor& shift, bool local) const {
   const at::Tensor& theta = local ? local_theta_ : theta_;
-  const at::Tensor seq = positions.to(theta.device(), at::kFloat) / condense_ratio_;
+  const at::Tensor seq = shift.to(theta.device(), at::kFloat) / condense_ratio_;
   at::Tensor angles = seq.unsqueeze(-1) * theta;  // [B, T, ceil(n_elem / 2)]
   angles = at::cat({angles, angles}, -1);
   if (angles.size(-1) > n_elem_ && n_elem_ > 1) angles = angles.narrow(-1, 0, n_elem_);
-  RopeTables tables{at::cos(angles), at::sin(angles)};
+  return RopeTables{at::cos(angles), at::sin(angles)};
+}
+
+RopeTables Rope::Tables(const at::Tensor& positions, bool local) const {
+  RopeTables tables = RotationTables(positions, local);
   if (attention_scaling_ != 1.0) {
     tables.cos = tables.cos * attention_scaling_;
     tables.sin = tables.sin * attention_scaling_;

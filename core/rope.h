@@ -26,6 +26,10 @@ class Rope {
   // Tables for the global base frequency, or the local one (`rope_local_base_freq`).
   // positions [B, T] int64.
   RopeTables Tables(const at::Tensor& positions, bool local) const;
+  // Tables of the pure rotation by `shift` positions [B, T] (no YaRN magnitude factor). RoPE
+  // angles are linear in the position, so ApplyRope with these tables moves features rotated
+  // at position p to position p + shift (KV caches with cache positions move keys this way).
+  RopeTables RotationTables(const at::Tensor& shift, bool local) const;
 
   bool has_local() const { return local_theta_.defined(); }
   int64_t n_elem() const { return n_elem_; }

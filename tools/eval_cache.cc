@@ -16,6 +16,10 @@
 // --chunk tokens a step (1: token by token, so every step is a decode step and the timing is
 // decode throughput); each step's logits score the next tokens.
 //
+// --kv_positions=cache streams window and sink caches with positions within the cache
+// (cache/policy_kv_cache.h): their segments may then be longer than the block size (e.g. the
+// whole text, --segment=1000000), while the dense baseline keeps context-sized segments.
+//
 // Writes OUT_DIR/results.csv, OUT_DIR/results.md (policy, budget, bits, kv_bytes, perplexity,
 // ratio to dense, decode tokens/s) and OUT_DIR/ppl_vs_kv_bytes.png; prints progress with an
 // ETA and each row as it completes on stderr, and the markdown table on stdout. The CSV is
@@ -51,6 +55,7 @@
 #include "cache/kv_cache_factory.h"
 #include "core/config_presets.h"
 #include "core/device.h"
+#include "core/model/cache_positions.h"
 #include "core/model/checkpoint.h"
 #include "core/model/gpt.h"
 #include "core/status_macros.h"
@@ -82,6 +87,9 @@ ABSL_FLAG(int64_t, kv_residual, 16, "quantised caches: recent entries kept in fu
 ABSL_FLAG(int64_t, kv_group, 32, "quantised caches: channels sharing one scale");
 ABSL_FLAG(double, kv_recent_fraction, 0.5, "h2o: the recent window's share of the budget");
 ABSL_FLAG(int64_t, chunk, 1, "tokens fed a step (1: token by token)");
+ABSL_FLAG(std::string, kv_positions, "absolute",
+          "absolute, or cache: window and sink caches stream with positions within the cache, "
+          "so --segment may pass the block size (the dense baseline stays within it)");
 ABSL_FLAG(int64_t, segment, 0, "tokens per independent segment; 0: the model's block size");
 ABSL_FLAG(std::string, out_dir, "eval_cache_out",
           "directory for results.csv, results.md and the plot (created)");
@@ -239,13 +247,15 @@ absl::StatusOr<Row> Evaluate(GPTImpl& model, KVCache& cache, const KVCacheSpec& 
   int64_t decode_steps = 0;
   const at::Tensor all = at::tensor(tokens, at::kLong).unsqueeze(0).to(model.device());
   const int64_t total = static_cast<int64_t>(tokens.size());
+  int64_t steps = 0;
   for (int64_t begin = 0; begin + 1 < total; begin += segment) {
     const int64_t length = std::min(segment, total - begin);
     cache.Reset();
-    for (int64_t position = 0; position + 1 < length; position += chunk) {
-      const int64_t steps = std::min(chunk, length - 1 - position);
+    CachePositions stream(model, cache);
+    for (int64_t position = 0; position + 1 < length; position += steps) {
+      ASSIGN_OR_RETURN(steps, stream.Reserve(std::min(chunk, length - 1 - position)));
       ForwardOptions options;
-      options.positions = at::arange(position, position + steps, at::kLong).unsqueeze(0);
+      options.positions = stream.Take(steps);
       const auto start = std::chrono::steady_clock::now();
       ASSIGN_OR_RETURN(const at::Tensor logits,
                        model.Forward(all.narrow(1, begin + position, steps), &cache, options));
@@ -326,6 +336,7 @@ int Run() {
     spec.residual = absl::GetFlag(FLAGS_kv_residual);
     spec.group_size = absl::GetFlag(FLAGS_kv_group);
     spec.recent_fraction = absl::GetFlag(FLAGS_kv_recent_fraction);
+    if (policy != "dense") spec.positions = absl::GetFlag(FLAGS_kv_positions);
     if (absl::Status status = ValidateKVCacheSpec(spec); !status.ok()) {
       Die(absl::InvalidArgumentError(absl::StrCat("--policies/--budgets/--bits combination ",
                                                   policy, " budget ", budget, " bits ", bits, ": ",
@@ -350,9 +361,17 @@ int Run() {
   LoadedModel loaded = ValueOrDie(LoadModel(dtype, device));
   const std::vector<int64_t> tokens = ValueOrDie(LoadTokens(loaded.config));
   int64_t segment = absl::GetFlag(FLAGS_segment);
-  if (segment <= 0 || segment > loaded.config.block_size) segment = loaded.config.block_size;
+  const bool streaming = absl::GetFlag(FLAGS_kv_positions) == "cache";
+  if (segment <= 0 || (segment > loaded.config.block_size && !streaming)) {
+    segment = loaded.config.block_size;
+  }
   segment = std::min<int64_t>(segment, tokens.size());
   if (segment < 2) Die(absl::InvalidArgumentError("--segment must be >= 2"));
+  // Segments of caches with cache positions may pass the context; the others stay within it.
+  const int64_t context_segment = std::min(segment, loaded.config.block_size);
+  auto segment_of = [&](const KVCacheSpec& spec) {
+    return UsesCachePositions(spec) ? segment : context_segment;
+  };
   if (::mkdir(out_dir.c_str(), 0755) != 0 && errno != EEXIST) {
     Die(absl::NotFoundError(absl::StrCat("--out_dir: cannot create ", out_dir)));
   }
@@ -372,11 +391,11 @@ int Run() {
       "decode_tokens_per_s,scored_tokens\n");
 
   KVCacheShape shape;
-  shape.max_sequence_length = segment;
+  shape.max_sequence_length = context_segment;
   shape.layers = loaded.model->CacheLayout();
   shape.dtype = dtype;
   shape.device = device;
-  shape.initial_capacity = segment;
+  shape.initial_capacity = context_segment;
   std::fprintf(
       stderr, "model %s (%lld layers), %zu tokens in segments of %lld, chunk %lld, %d threads\n",
       loaded.config.name.c_str(), static_cast<long long>(loaded.config.n_layer), tokens.size(),
@@ -395,8 +414,8 @@ int Run() {
   for (size_t i = 0; i < specs.size(); ++i, ++pass) {
     pass_label = absl::StrCat("row ", i + 1, "/", specs.size(), ": ", RowLabel(specs[i], dtype));
     std::unique_ptr<KVCache> cache = ValueOrDie(MakeKVCache(specs[i], shape));
-    Row row =
-        ValueOrDie(Evaluate(*loaded.model, *cache, specs[i], tokens, segment, chunk, on_step));
+    Row row = ValueOrDie(
+        Evaluate(*loaded.model, *cache, specs[i], tokens, segment_of(specs[i]), chunk, on_step));
     rows.push_back(row);
     const Row& dense = rows[0];  // the baseline comes first
     const double kv_ratio = static_cast<double>(row.kv_bytes) / dense.kv_bytes;
@@ -419,12 +438,12 @@ int Run() {
     probe_options.first_tokens = absl::GetFlag(FLAGS_kv_sink);
     probe_options.min_query_position = absl::GetFlag(FLAGS_attention_report_from) >= 0
                                            ? absl::GetFlag(FLAGS_attention_report_from)
-                                           : std::min<int64_t>(64, segment / 2);
+                                           : std::min<int64_t>(64, context_segment / 2);
     std::unique_ptr<AttentionProbe> probe =
         ValueOrDie(AttentionProbe::Create(ValueOrDie(MakeKVCache(specs[0], shape)), probe_options));
     pass_label = absl::StrCat("attention report: dense pass measuring the first ",
                               probe_options.first_tokens, " tokens");
-    ValueOrDie(Evaluate(*loaded.model, *probe, specs[0], tokens, segment, chunk, on_step));
+    ValueOrDie(Evaluate(*loaded.model, *probe, specs[0], tokens, context_segment, chunk, on_step));
     const AttentionStartMass mass = probe->Result();
     attention_md = absl::StrFormat(
         "\n## Attention on the first %lld tokens (dense pass)\n\n"
@@ -481,6 +500,13 @@ int Run() {
     s.marker = BitsMarker(row.spec.bits);
     s.points.push_back({static_cast<double>(row.kv_bytes), row.perplexity});
     s.point_labels.push_back(row.spec.policy == "dense" ? "" : budget);
+  }
+  if (streaming && segment > context_segment) {
+    absl::StrAppendFormat(&md,
+                          "\nWindow and sink rows use cache positions (--kv_positions=cache): each "
+                          "segment of %lld tokens streams through one cache; dense rows score "
+                          "segments of %lld (the context).\n",
+                          static_cast<long long>(segment), static_cast<long long>(context_segment));
   }
   absl::StrAppend(&md,
                   "\nPlot: `ppl_vs_kv_bytes.png` (x: KV bytes, log scale; colour: policy — "

@@ -21,6 +21,9 @@ ABSL_FLAG(int64_t, kv_budget, 0, "entries kept per layer (and row, group); not f
 ABSL_FLAG(int, kv_bits, 16, "bits per cached key/value: 16 (the model's dtype), 8 or 4");
 ABSL_FLAG(int64_t, kv_sink, 4, "sink: first tokens always kept");
 ABSL_FLAG(int64_t, kv_residual, 16, "8/4 bits: most recent entries kept in full precision");
+ABSL_FLAG(std::string, kv_positions, "absolute",
+          "absolute: stream positions (generation ends at the context); cache (window and sink "
+          "caches): positions within the cache, so generation goes past the context");
 
 namespace lgpt {
 
@@ -35,6 +38,7 @@ absl::Status ApplyGenerationFlags(RequestOptions& options) {
   options.kv_cache.bits = absl::GetFlag(FLAGS_kv_bits);
   options.kv_cache.sink_tokens = absl::GetFlag(FLAGS_kv_sink);
   options.kv_cache.residual = absl::GetFlag(FLAGS_kv_residual);
+  options.kv_cache.positions = absl::GetFlag(FLAGS_kv_positions);
   return ValidateKVCacheSpec(options.kv_cache);
 }
 

@@ -422,5 +422,56 @@ TEST(ToolErrorsTest, BrokenCheckpointsAreOneLineAndStatusOne) {
   ExpectCleanFailure(Execute("generate", args), "lit_model.pth");
 }
 
+// --kv_positions=cache: window and sink caches generate and chat past the 256-token context in
+// flat memory; absolute positions (the default) refuse, and other policies reject the flag.
+TEST(CachePositionsToolsTest, GenerateAndChatGoPastTheContext) {
+  const std::string args =
+      "--prompt='And God said' --stop_at_eos=false --kv_cache=sink --kv_budget=64 "
+      "--max_new_tokens=";
+  int64_t flat = -1;
+  for (const char* more :
+       {"600 --kv_positions=cache", "600 --kv_positions=cache --kv_bits=8",
+        "600 --kv_positions=cache --kv_bits=4", "600 --kv_positions=cache --kv_cache=window",
+        "100 --kv_positions=cache"}) {
+    const ToolRun run = Execute("generate", args + more);
+    ASSERT_EQ(run.status, 0) << more << ": " << run.err;
+    const std::string all = run.out + run.err;  // statistics: wherever the tool prints them
+    const int64_t length = std::atoll(more);
+    EXPECT_EQ(StatOf(all, "new_tokens"), length) << more;
+    if (std::string(more) == "600 --kv_positions=cache") flat = StatOf(all, "kv_cache_bytes");
+    if (length == 100) {
+      EXPECT_EQ(StatOf(all, "kv_cache_bytes"), flat);
+    }
+  }
+  ExpectCleanFailure(Execute("generate", args + "600"), "--kv_positions=cache");
+  ExpectCleanFailure(Execute("generate", args + "600 --kv_positions=cache --kv_cache=h2o"),
+                     "KVCacheSpec.positions");
+  ExpectCleanFailure(Execute("generate", args + "60 --kv_positions=cache --kv_cache=dense"),
+                     "KVCacheSpec.positions");
+  ExpectCleanFailure(Execute("generate", args + "60 --kv_positions=sideways"),
+                     "KVCacheSpec.positions");
+
+  // The conversation passes the context that the default positions fill.
+  const std::string input = TempDir() + "/chat_stream_input.txt";
+  {
+    std::ofstream lines(input);
+    for (int i = 0; i < 30; ++i) lines << "And the LORD said\n";
+  }
+  const std::string chat_args =
+      "--temperature=0 --max_new_tokens=100 --prompt_style=default --kv_cache=sink "
+      "--kv_budget=64 ";
+  const ToolRun full = Execute("chat", chat_args + "< " + input);
+  ASSERT_EQ(full.status, 0) << full.err;
+  EXPECT_NE(full.err.find("context full"), std::string::npos) << full.err;
+  const ToolRun streaming = Execute("chat", chat_args + "--kv_positions=cache < " + input);
+  ASSERT_EQ(streaming.status, 0) << streaming.err;
+  EXPECT_EQ(streaming.err.find("context full"), std::string::npos) << streaming.err;
+  const size_t last = streaming.err.find("[turn 30: prefilled ");
+  ASSERT_NE(last, std::string::npos) << streaming.err;
+  const size_t had = streaming.err.find("(context had ", last);
+  ASSERT_NE(had, std::string::npos);
+  EXPECT_GT(std::atoll(streaming.err.c_str() + had + 13), 256) << streaming.err.substr(last);
+}
+
 }  // namespace
 }  // namespace lgpt

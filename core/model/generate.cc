@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "core/model/cache_positions.h"
 #include "core/status_macros.h"
 
 namespace lgpt {
@@ -41,12 +42,15 @@ absl::StatusOr<std::vector<int64_t>> Generate(GPTImpl& model, KVCache& cache,
   const int64_t first = options.start_position;
   const int64_t context = std::min(model.config().block_size, cache.max_sequence_length());
   // Compared by subtraction: first + prompt + max_new_tokens may overflow int64.
-  if (first > context || prompt_length > context - first ||
-      options.max_new_tokens > context - first - prompt_length) {
+  const bool too_long = first > context || prompt_length > context - first ||
+                        options.max_new_tokens > context - first - prompt_length;
+  if (too_long && !cache.ShiftsPositions()) {
     return absl::OutOfRangeError(
         absl::StrCat(first > 0 ? absl::StrCat(first, " cached tokens plus ") : "", "prompt (",
                      prompt_length, " tokens) plus max_new_tokens (", options.max_new_tokens,
-                     ") exceeds the context of ", context, " tokens"));
+                     ") exceeds the context of ", context,
+                     " tokens (a window or sink KV cache with cache positions, "
+                     "KVCacheSpec.positions=cache, goes past it)"));
   }
   at::NoGradGuard no_grad;
   at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(options.seed);
@@ -58,19 +62,20 @@ absl::StatusOr<std::vector<int64_t>> Generate(GPTImpl& model, KVCache& cache,
   const auto start = std::chrono::steady_clock::now();
   const at::Tensor tokens = at::tensor(prompt, at::kLong).unsqueeze(0);
   const int64_t chunk = options.prefill_chunk > 0 ? options.prefill_chunk : prompt_length;
+  CachePositions stream(model, cache, first);
   at::Tensor logits;
-  for (int64_t begin = 0; begin < prompt_length; begin += chunk) {
-    const int64_t length = std::min(chunk, prompt_length - begin);
+  for (int64_t begin = 0; begin < prompt_length;) {
+    ASSIGN_OR_RETURN(const int64_t length, stream.Reserve(std::min(chunk, prompt_length - begin)));
     ForwardOptions forward;
-    forward.positions = at::arange(first + begin, first + begin + length, at::kLong).unsqueeze(0);
+    forward.positions = stream.Take(length);
     forward.last_logits_only = true;
     ASSIGN_OR_RETURN(logits, model.Forward(tokens.narrow(1, begin, length), &cache, forward));
+    begin += length;
   }
   s.prefill_s = SecondsSince(start);
 
   std::vector<int64_t> out;
   auto decode_start = std::chrono::steady_clock::now();
-  at::Tensor position = at::empty({1, 1}, at::kLong);
   at::Tensor token = at::empty({1, 1}, at::kLong);
   for (int64_t i = 0; i < options.max_new_tokens; ++i) {
     ASSIGN_OR_RETURN(const at::Tensor next_tensor,
@@ -85,16 +90,17 @@ absl::StatusOr<std::vector<int64_t>> Generate(GPTImpl& model, KVCache& cache,
     const bool stop = std::find(options.stop_tokens.begin(), options.stop_tokens.end(), next) !=
                       options.stop_tokens.end();
     if (!keep_going || stop || i + 1 == options.max_new_tokens) break;
-    position.fill_(first + prompt_length + i);
     token.fill_(next);
+    RETURN_IF_ERROR(stream.Reserve(1).status());
     ForwardOptions forward;
-    forward.positions = position;
+    forward.positions = stream.Take(1);
     forward.last_logits_only = true;
     ASSIGN_OR_RETURN(logits, model.Forward(token, &cache, forward));
   }
   if (!out.empty()) s.decode_s = SecondsSince(decode_start);
   s.new_tokens = static_cast<int64_t>(out.size());
   s.kv_cache_bytes = cache.AllocatedBytes();
+  s.position_shift = stream.shifted();
   return out;
 }
 
@@ -121,7 +127,8 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> GenerateBatch(
   for (int64_t row = 0; row < batch; ++row) {
     const int64_t length = static_cast<int64_t>(prompts[row].size());
     if (length == 0) return absl::InvalidArgumentError(absl::StrCat("prompt ", row, " is empty"));
-    if (length > context || options.max_new_tokens > context - length) {
+    const bool too_long = length > context || options.max_new_tokens > context - length;
+    if (too_long && !cache.ShiftsPositions()) {
       return absl::OutOfRangeError(
           absl::StrCat("prompt ", row, " (", length, " tokens) plus max_new_tokens (",
                        options.max_new_tokens, ") exceeds the context of ", context, " tokens"));
@@ -146,14 +153,15 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> GenerateBatch(
               common.data_ptr<int64_t>() + row * shortest);
   }
   const int64_t chunk = options.prefill_chunk > 0 ? options.prefill_chunk : shortest;
+  CachePositions stream(model, cache);
   at::Tensor logits;  // [B, 1, V]
-  for (int64_t begin = 0; begin < shortest; begin += chunk) {
-    const int64_t length = std::min(chunk, shortest - begin);
+  for (int64_t begin = 0; begin < shortest;) {
+    ASSIGN_OR_RETURN(const int64_t length, stream.Reserve(std::min(chunk, shortest - begin)));
     ForwardOptions forward;
-    forward.positions =
-        at::arange(begin, begin + length, at::kLong).unsqueeze(0).expand({batch, length});
+    forward.positions = stream.Take(length, batch);
     forward.last_logits_only = true;
     ASSIGN_OR_RETURN(logits, model.Forward(common.narrow(1, begin, length), &cache, forward));
+    begin += length;
   }
   s.prefill_s = SecondsSince(start);
 
@@ -163,7 +171,6 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> GenerateBatch(
   bool first_token_seen = false;
   auto decode_start = start;
   at::Tensor tokens = at::empty({batch, 1}, at::kLong);
-  at::Tensor positions = at::empty({batch, 1}, at::kLong);
   for (int64_t position = shortest; active > 0; ++position) {
     // The token at `position` for each row: its prompt's, or one sampled from the logits.
     const at::Tensor row_logits = logits.reshape({batch, -1});
@@ -193,15 +200,16 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> GenerateBatch(
       }
     }
     if (active == 0) break;
-    positions.fill_(position);
+    RETURN_IF_ERROR(stream.Reserve(1).status());
     ForwardOptions forward;
-    forward.positions = positions;
+    forward.positions = stream.Take(1, batch);
     forward.last_logits_only = true;
     ASSIGN_OR_RETURN(logits, model.Forward(tokens, &cache, forward));
   }
   s.decode_s = SecondsSince(decode_start);
   for (const auto& row : out) s.new_tokens += static_cast<int64_t>(row.size());
   s.kv_cache_bytes = cache.AllocatedBytes();
+  s.position_shift = stream.shifted();
   return out;
 }
 

@@ -21,7 +21,9 @@ struct GenerateOptions {
   uint64_t seed = 1234;
   int64_t prefill_chunk = 0;  // 0: the whole prompt in one step
   // Position of the prompt's first token: the cache already holds positions
-  // [0, start_position) (a multi-turn session continuing its context).
+  // [0, start_position) (a multi-turn session continuing its context). With a cache that
+  // shifts positions (KVCache::ShiftsPositions) this is a cache position, and there is no
+  // length limit: the cache makes room as the stream reaches the context.
   int64_t start_position = 0;
   std::vector<int64_t> stop_tokens;  // generation ends after emitting one of these
   // Called with each new token; returning false stops generation.
@@ -35,10 +37,14 @@ struct GenerateStats {
   double prefill_s = 0;
   double decode_s = 0;  // the steps after the first token
   int64_t kv_cache_bytes = 0;
+  // Cache positions: how far the cache moved its entries down during the call (the next
+  // token's cache position is start_position + prompt + new tokens - position_shift).
+  int64_t position_shift = 0;
 };
 
 // Generates up to max_new_tokens after `prompt`; the cache must hold exactly positions
-// [0, start_position) and be large enough for start_position + prompt + new tokens.
+// [0, start_position) and be large enough for start_position + prompt + new tokens, unless it
+// shifts positions (then any length goes; long prompts are prefilled in chunks that fit).
 absl::StatusOr<std::vector<int64_t>> Generate(GPTImpl& model, KVCache& cache,
                                               const std::vector<int64_t>& prompt,
                                               const GenerateOptions& options,
@@ -61,7 +67,8 @@ struct BatchGenerateOptions {
 // works unchanged and no padding ever enters the cache: the shortest prompt's length is
 // prefilled as one batched step, then each row is fed the rest of its own prompt one token
 // per step (teacher forcing) while rows whose prompt is done sample. Cost: prompt tokens
-// beyond the shortest prompt run at batched decode speed. Stats are for the whole batch.
+// beyond the shortest prompt run at batched decode speed. Stats are for the whole batch. A cache
+// that shifts positions lifts the length limit as for Generate.
 absl::StatusOr<std::vector<std::vector<int64_t>>> GenerateBatch(
     GPTImpl& model, KVCache& cache, const std::vector<std::vector<int64_t>>& prompts,
     const BatchGenerateOptions& options, GenerateStats* stats = nullptr);

@@ -70,6 +70,14 @@ std::vector<KVLayerSpec> GPTImpl::CacheLayout() const {
   return layers;
 }
 
+at::Tensor GPTImpl::ShiftKeys(int64_t layer, const at::Tensor& keys, int64_t shift) const {
+  if (rope_->n_elem() == 0 || shift == 0) return keys;
+  const at::Tensor delta =
+      at::full({1, 1}, -shift, at::TensorOptions().dtype(at::kLong).device(keys.device()));
+  const bool local = config_.UsesLocalRope(layer) && rope_->has_local();
+  return ApplyRope(keys, rope_->RotationTables(delta, local), config_.rope_interleave);
+}
+
 absl::StatusOr<std::unique_ptr<DenseKVCache>> GPTImpl::NewDenseCache(
     int64_t batch_size, int64_t max_sequence_length, int64_t initial_capacity) {
   if (max_sequence_length > config_.block_size) {

@@ -63,6 +63,11 @@ class GPTImpl : public torch::nn::Module {
                                                               int64_t max_sequence_length,
                                                               int64_t initial_capacity = 0);
   std::vector<KVLayerSpec> CacheLayout() const;
+  // Keys of `layer` as the KV cache holds them (RoPE applied at positions p), re-rotated to
+  // positions p - shift with the layer's RoPE (rotary dims, local or global base, scaling,
+  // interleaving); the KeyShifter of caches with cache positions. Models without rotary
+  // features return the keys as they are (positions then enter through the mask alone).
+  at::Tensor ShiftKeys(int64_t layer, const at::Tensor& keys, int64_t shift) const;
 
   const Config& config() const { return config_; }
   c10::Device device() const;
