@@ -52,9 +52,12 @@ absl::Status ValidateKVCacheSpec(const KVCacheSpec& spec) {
   return absl::OkStatus();
 }
 
-std::string DescribeKVCacheSpec(const KVCacheSpec& spec) {
-  if (spec.policy == "dense") return absl::StrCat("dense bits=", spec.bits);
-  return absl::StrCat(spec.policy, " budget=", spec.budget, " bits=", spec.bits,
+std::string DescribeKVCacheSpec(const KVCacheSpec& spec,
+                                std::optional<c10::ScalarType> model_dtype) {
+  const int64_t bits =
+      spec.bits == 16 && model_dtype ? 8 * c10::elementSize(*model_dtype) : spec.bits;
+  if (spec.policy == "dense") return absl::StrCat("dense bits=", bits);
+  return absl::StrCat(spec.policy, " budget=", spec.budget, " bits=", bits,
                       UsesCachePositions(spec) ? " positions=cache" : "");
 }
 

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,8 +45,10 @@ inline bool UsesCachePositions(const KVCacheSpec& spec) { return spec.positions 
 // with a policy other than window and sink.
 absl::Status ValidateKVCacheSpec(const KVCacheSpec& spec);
 
-// "h2o budget=256 bits=8", or "dense bits=16".
-std::string DescribeKVCacheSpec(const KVCacheSpec& spec);
+// "h2o budget=256 bits=8", or "dense bits=16". With the model's dtype, full-precision storage
+// (bits 16: the model's dtype) shows its real width: "dense bits=32" for float32.
+std::string DescribeKVCacheSpec(const KVCacheSpec& spec,
+                                std::optional<c10::ScalarType> model_dtype = std::nullopt);
 
 // The model-side shape of a cache (GPTImpl::CacheLayout() gives `layers`).
 struct KVCacheShape {

@@ -52,8 +52,8 @@ int main(int argc, char** argv) {
   }
   DieIfError(ApplyGenerationFlags(options));
   const KVCacheSpec kv_cache = options.kv_cache;
-  std::shared_ptr<const Engine> engine =
-      ValueOrDie(Engine::Load(checkpoint_dir, ValueOrDie(EngineOptionsFromFlags())));
+  const EngineOptions engine_options = ValueOrDie(EngineOptionsFromFlags());
+  std::shared_ptr<const Engine> engine = ValueOrDie(Engine::Load(checkpoint_dir, engine_options));
   const Tokenizer* tokenizer = engine->tokenizer();
   if (!tokenizer) {
     Die(absl::NotFoundError(absl::StrCat(checkpoint_dir, " has no tokenizer: chat needs one")));
@@ -77,10 +77,14 @@ int main(int argc, char** argv) {
   std::unique_ptr<Session> session = ValueOrDie(engine->NewSession(kv_cache));
 
   LineReader reader;
-  std::fprintf(stderr, "chat: %s, prompt style %s, %s, context %lld tokens. /help, /reset, /quit\n",
+  const std::string context =
+      UsesCachePositions(kv_cache)
+          ? absl::StrCat("context unbounded (the cache streams within ",
+                         engine->config().block_size, " positions)")
+          : absl::StrCat("context ", engine->config().block_size, " tokens");
+  std::fprintf(stderr, "chat: %s, prompt style %s, %s, %s. /help, /reset, /quit\n",
                engine->config().name.c_str(), style.name().c_str(),
-               DescribeKVCacheSpec(kv_cache).c_str(),
-               static_cast<long long>(engine->config().block_size));
+               DescribeKVCacheSpec(kv_cache, engine_options.dtype).c_str(), context.c_str());
   std::string line;
   int64_t turn = 0;
   while (reader.ReadLine(">> ", &line)) {

@@ -69,8 +69,8 @@ int main(int argc, char** argv) {
         absl::StrCat("--prefill_chunk must be >= 0, got ", options.prefill_chunk)));
   }
   DieIfError(ApplyGenerationFlags(options));
-  std::shared_ptr<const Engine> engine =
-      ValueOrDie(Engine::Load(checkpoint_dir, ValueOrDie(EngineOptionsFromFlags())));
+  const EngineOptions engine_options = ValueOrDie(EngineOptionsFromFlags());
+  std::shared_ptr<const Engine> engine = ValueOrDie(Engine::Load(checkpoint_dir, engine_options));
   const Tokenizer* tokenizer = engine->tokenizer();
   if (text_prompt && !tokenizer) {
     Die(absl::NotFoundError(absl::StrCat(checkpoint_dir,
@@ -132,7 +132,8 @@ int main(int argc, char** argv) {
   const double prefill_tps = stats.prefill_s > 0 ? stats.prompt_tokens / stats.prefill_s : 0;
   const double decode_tps = stats.decode_s > 0 ? (stats.new_tokens - 1) / stats.decode_s : 0;
   std::fprintf(stderr, "model=%s threads=%d kv_cache=\"%s\"\n", engine->config().name.c_str(),
-               at::get_num_threads(), DescribeKVCacheSpec(options.kv_cache).c_str());
+               at::get_num_threads(),
+               DescribeKVCacheSpec(options.kv_cache, engine_options.dtype).c_str());
   std::fprintf(stderr, "prompt_tokens=%lld new_tokens=%lld finish=%s\n",
                static_cast<long long>(stats.prompt_tokens),
                static_cast<long long>(stats.new_tokens), FinishReasonName(result.finish_reason));
