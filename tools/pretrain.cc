@@ -29,6 +29,7 @@
 #include "core/config_presets.h"
 #include "core/model/checkpoint.h"
 #include "core/model/gpt.h"
+#include "core/output_dir.h"
 #include "core/safetensors.h"
 #include "tools/progress.h"
 #include "tools/spm_tools.h"
@@ -73,10 +74,9 @@ std::string ReadFile(const std::string& path) {
   return buffer.str();
 }
 
+// Through a .partial file, fsynced and renamed: a killed run never leaves a truncated yaml.
 void WriteFile(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary);
-  out << text;
-  if (!out) Die(absl::InternalError(absl::StrCat("cannot write ", path)));
+  DieIfError(WriteFileAtomically(path, text));
 }
 
 void CopyFile(const std::string& from, const std::string& to) { WriteFile(to, ReadFile(from)); }
