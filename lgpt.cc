@@ -115,8 +115,10 @@ absl::StatusOr<std::shared_ptr<const Engine>> Engine::Load(const std::string& ch
   } else if (!absl::IsNotFound(loaded_tokenizer.status())) {
     return loaded_tokenizer.status();  // present but malformed: say so rather than ignore it
   }
-  return std::shared_ptr<const Engine>(
+  std::shared_ptr<Engine> engine(
       new Engine(std::move(loaded.model), std::move(tokenizer), checkpoint_dir));
+  engine->warnings_ = std::move(loaded.warnings);
+  return std::shared_ptr<const Engine>(std::move(engine));
 }
 
 std::shared_ptr<const Engine> Engine::FromModel(GPT model,

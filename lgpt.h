@@ -124,6 +124,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   const Config& config() const { return model_->config(); }
   const Tokenizer* tokenizer() const { return tokenizer_.get(); }
   const std::string& checkpoint_dir() const { return checkpoint_dir_; }
+  // Notes from loading (LoadedModel::warnings), e.g. a block_size past the trained context.
+  const std::vector<std::string>& warnings() const { return warnings_; }
   GPTImpl& model() const { return *model_; }
 
  private:
@@ -141,6 +143,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   GPT model_;
   std::shared_ptr<const Tokenizer> tokenizer_;
   std::string checkpoint_dir_;
+  std::vector<std::string> warnings_;
 };
 
 // One conversation: a KV cache and the tokens it holds. Not thread-safe itself; many

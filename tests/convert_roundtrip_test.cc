@@ -652,5 +652,27 @@ TEST(LoadCheckpointTest, NonFiniteWeightsAreRefused) {
   }
 }
 
+// A block_size past the trained context (train_config.yaml's, or the preset's) is loaded, with
+// a warning that says so.
+TEST(LoadCheckpointTest, BlockSizeBeyondTheTrainedContextWarns) {
+  const LitModel m = MakeModel("Llama-2-7b-hf", 44);
+  const std::string dir = NewDir("context");
+  WriteFile(dir + "/model_config.yaml", ConfigToYaml(m.config));
+  ASSERT_TRUE(WriteTorchStateDict(dir + "/lit_model.pth", m.state).ok());
+  absl::StatusOr<LoadedModel> loaded = LoadCheckpoint(dir);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_TRUE(loaded->warnings.empty());
+  Config trained = m.config;
+  trained.block_size = m.config.block_size / 2;
+  WriteFile(dir + "/train_config.yaml", ConfigToYaml(trained));
+  loaded = LoadCheckpoint(dir);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_EQ(loaded->warnings.size(), 1u);
+  EXPECT_NE(
+      loaded->warnings[0].find(absl::StrCat(trained.block_size, " tokens the model was trained")),
+      std::string::npos)
+      << loaded->warnings[0];
+}
+
 }  // namespace
 }  // namespace lgpt

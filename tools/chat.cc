@@ -54,6 +54,9 @@ int main(int argc, char** argv) {
   const KVCacheSpec kv_cache = options.kv_cache;
   const EngineOptions engine_options = ValueOrDie(EngineOptionsFromFlags());
   std::shared_ptr<const Engine> engine = ValueOrDie(Engine::Load(checkpoint_dir, engine_options));
+  for (const std::string& warning : engine->warnings()) {
+    std::fprintf(stderr, "chat: note: %s\n", warning.c_str());
+  }
   const Tokenizer* tokenizer = engine->tokenizer();
   if (!tokenizer) {
     Die(absl::NotFoundError(absl::StrCat(checkpoint_dir, " has no tokenizer: chat needs one")));

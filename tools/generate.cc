@@ -71,6 +71,9 @@ int main(int argc, char** argv) {
   DieIfError(ApplyGenerationFlags(options));
   const EngineOptions engine_options = ValueOrDie(EngineOptionsFromFlags());
   std::shared_ptr<const Engine> engine = ValueOrDie(Engine::Load(checkpoint_dir, engine_options));
+  for (const std::string& warning : engine->warnings()) {
+    std::fprintf(stderr, "generate: note: %s\n", warning.c_str());
+  }
   const Tokenizer* tokenizer = engine->tokenizer();
   if (text_prompt && !tokenizer) {
     Die(absl::NotFoundError(absl::StrCat(checkpoint_dir,

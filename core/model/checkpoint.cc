@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/config_presets.h"
 #include "core/file_util.h"
 #include "core/safetensors.h"
 #include "core/status_macros.h"
@@ -145,6 +146,17 @@ absl::StatusOr<LoadedModel> LoadCheckpoint(const std::string& checkpoint_dir,
   }
 }
 
+std::optional<int64_t> TrainedContext(const std::string& checkpoint_dir, const Config& config) {
+  const std::string train_config = checkpoint_dir + "/train_config.yaml";
+  if (IsFile(train_config)) {
+    absl::StatusOr<Config> trained = LoadConfigFile(train_config);
+    if (trained.ok()) return trained->block_size;
+  }
+  absl::StatusOr<Config> preset = PresetFromName(config.name);
+  if (preset.ok()) return preset->block_size;
+  return std::nullopt;
+}
+
 absl::StatusOr<LoadedModel> LoadCheckpointUnchecked(const std::string& checkpoint_dir,
                                                     const LoadOptions& options) {
   auto progress = [&](const std::string& message) {
@@ -175,7 +187,14 @@ absl::StatusOr<LoadedModel> LoadCheckpointUnchecked(const std::string& checkpoin
   RETURN_IF_ERROR(LoadStateDict(*model, tensors, source, /*allow_missing=*/false,
                                 /*adopt_storage=*/true));
   model->eval();
-  return LoadedModel{model->config(), model};
+  LoadedModel loaded{model->config(), model, {}};
+  if (const std::optional<int64_t> trained = TrainedContext(checkpoint_dir, config);
+      trained && config.block_size > *trained) {
+    loaded.warnings.push_back(absl::StrCat(
+        "block_size ", config.block_size, " in model_config.yaml exceeds the ", *trained,
+        " tokens the model was trained on; positions past ", *trained, " are extrapolation"));
+  }
+  return loaded;
 }
 
 }  // namespace lgpt

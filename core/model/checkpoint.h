@@ -3,12 +3,14 @@
 #ifndef LGPT_CORE_MODEL_CHECKPOINT_H_
 #define LGPT_CORE_MODEL_CHECKPOINT_H_
 
-#include <functional>
-#include <string>
-
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 #include <torch/nn/module.h>
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -57,7 +59,14 @@ struct LoadOptions {
 struct LoadedModel {
   Config config;
   GPT model;
+  // Things a user should hear about, e.g. a block_size beyond the trained context.
+  std::vector<std::string> warnings;
 };
+
+// The context the model was trained for, when the directory says: train_config.yaml's
+// block_size (lgpt pretrain writes it), else the block_size of the preset named like the
+// config. nullopt when neither is known.
+std::optional<int64_t> TrainedContext(const std::string& checkpoint_dir, const Config& config);
 
 absl::StatusOr<LoadedModel> LoadCheckpoint(const std::string& checkpoint_dir,
                                            const LoadOptions& options = {});
