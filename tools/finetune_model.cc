@@ -123,7 +123,7 @@ absl::Status LoadBaseWeights(GPTImpl& model, const TensorMap& base, const std::s
     return absl::InvalidArgumentError(
         absl::StrCat(source, ": unexpected tensors ", absl::StrJoin(unexpected, ", ")));
   }
-  RETURN_IF_ERROR(CheckFinite(mapped, source));
+  RETURN_IF_ERROR(CheckFinite(base, source));  // names as in the file
   return LoadStateDict(model, mapped, source, /*allow_missing=*/true);
 }
 

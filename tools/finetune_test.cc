@@ -4,8 +4,10 @@
 #include <ATen/ATen.h>
 #include <sys/wait.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <string>
 
@@ -189,6 +191,42 @@ TEST(FinetuneTest, MergedLoraEqualsUnmerged) {
   EXPECT_LT(MaxDiff(Logits(*plain, tokens), Logits(*t.model, tokens)), 1e-5);
   EXPECT_EQ(MergedStateDict(*t.model, FinetuneMethod::kAdapter).status().code(),
             absl::StatusCode::kUnimplemented);
+}
+
+// A model whose activations are not numbers stops training with an error naming the step,
+// and a NaN base is refused before training.
+TEST(FinetuneTest, NonFiniteLossIsAnError) {
+  const Config config = TinyConfig();
+  GPT base = *GPTImpl::Create(config);
+  RandomizeWeights(*base, 7);
+  TensorMap weights = Clone(StateDict(*base));
+  weights.at("transformer.h.0.mlp.fc_1.weight").view({-1})[3] = std::nanf("");
+  GPT model = *CreateFinetuneModel(config, FinetuneMethod::kLora);
+  const absl::Status refused = LoadBaseWeights(*model, weights, "base");
+  EXPECT_EQ(refused.code(), absl::StatusCode::kDataLoss) << refused;
+  EXPECT_NE(refused.message().find("transformer.h.0.mlp.fc_1.weight"), std::string::npos);
+
+  weights = Clone(StateDict(*base));
+  ASSERT_TRUE(LoadBaseWeights(*model, weights, "base").ok());
+  MarkTrainable(*model, FinetuneMethod::kLora);
+  {
+    at::NoGradGuard no_grad;  // activations overflow after loading
+    for (auto& p : model->parameters()) {
+      if (!p.requires_grad()) p.fill_(std::numeric_limits<float>::infinity());
+    }
+  }
+  const std::vector<SftExample> examples =
+      *TokenizeSft(TinyRecords(), *PromptStyleFromName("phi-2"), CharEncoder(), {64, true});
+  SftTrainOptions options;
+  options.micro_batch_size = 2;
+  options.global_batch_size = 2;
+  options.max_steps = 2;
+  options.eval_max_batches = 0;  // no validation: the training loss itself must be caught
+  const absl::StatusOr<SftTrainStats> stats = TrainSft(*model, examples, examples, options);
+  ASSERT_FALSE(stats.ok());
+  EXPECT_EQ(stats.status().code(), absl::StatusCode::kFailedPrecondition) << stats.status();
+  EXPECT_NE(stats.status().message().find("training loss is not finite"), std::string::npos)
+      << stats.status();
 }
 
 TEST(SftDataTest, PromptTokensCarryNoLoss) {
