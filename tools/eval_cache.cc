@@ -206,6 +206,7 @@ absl::StatusOr<std::vector<int64_t>> LoadTokens(const Config& config) {
                                        tokenizer.status().message(),
                                        "); pass --token_file with token ids instead"));
     }
+    RETURN_IF_ERROR((*tokenizer)->CheckFitsVocabulary(config.PaddedVocabSize()));
     ASSIGN_OR_RETURN(const std::string text, ReadFile(text_file, "text_file"));
     if (lines_bos_eos) {
       for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipWhitespace())) {
