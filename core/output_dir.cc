@@ -9,8 +9,6 @@
 #include <cerrno>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <system_error>
 #include <utility>
 #include <vector>
@@ -25,10 +23,6 @@ namespace lgpt {
 namespace {
 
 namespace fs = std::filesystem;
-
-absl::Status ErrnoError(int error, const std::string& what) {
-  return absl::ErrnoToStatus(error, what);
-}
 
 // Whether `inner` is `outer` or lies inside it (both absolute and normalised).
 bool IsWithin(const fs::path& inner, const fs::path& outer) {
@@ -94,9 +88,10 @@ void CleanUpStale(const fs::path& dir) {
   }
 }
 
-absl::Status WriteAll(const std::string& path, absl::string_view contents) {
+// Writes `contents` to `path`; with `sync`, fsyncs it before closing.
+absl::Status WriteAll(const std::string& path, absl::string_view contents, bool sync) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoError(errno, absl::StrCat(path, ": cannot create"));
+  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat(path, ": cannot create"));
   size_t done = 0;
   while (done < contents.size()) {
     const ssize_t n = ::write(fd, contents.data() + done, contents.size() - done);
@@ -104,14 +99,14 @@ absl::Status WriteAll(const std::string& path, absl::string_view contents) {
     if (n <= 0) {
       const int error = errno;
       ::close(fd);
-      return ErrnoError(error ? error : EIO, absl::StrCat(path, ": write failed"));
+      return absl::ErrnoToStatus(error ? error : EIO, absl::StrCat(path, ": write failed"));
     }
     done += static_cast<size_t>(n);
   }
-  const bool synced = ::fsync(fd) == 0;
+  const bool synced = !sync || ::fsync(fd) == 0;
   const int error = errno;
   if (::close(fd) != 0 || !synced) {
-    return ErrnoError(synced ? errno : error, absl::StrCat(path, ": write failed"));
+    return absl::ErrnoToStatus(synced ? errno : error, absl::StrCat(path, ": write failed"));
   }
   return absl::OkStatus();
 }
@@ -124,7 +119,8 @@ absl::Status Mirror(const fs::path& from, const fs::path& to) {
     fs::copy_symlink(from, to, error);
   } else if (fs::is_directory(status)) {
     fs::create_directory(to, error);
-    if (error) return ErrnoError(error.value(), absl::StrCat(to.string(), ": cannot create"));
+    if (error)
+      return absl::ErrnoToStatus(error.value(), absl::StrCat(to.string(), ": cannot create"));
     for (const fs::directory_entry& entry : fs::directory_iterator(from, error)) {
       absl::Status status = Mirror(entry.path(), to / entry.path().filename());
       if (!status.ok()) return status;
@@ -132,7 +128,8 @@ absl::Status Mirror(const fs::path& from, const fs::path& to) {
   } else if (::link(from.c_str(), to.c_str()) != 0) {
     fs::copy_file(from, to, error);
   }
-  if (error) return ErrnoError(error.value(), absl::StrCat(from.string(), ": cannot carry over"));
+  if (error)
+    return absl::ErrnoToStatus(error.value(), absl::StrCat(from.string(), ": cannot carry over"));
   return absl::OkStatus();
 }
 
@@ -144,7 +141,8 @@ absl::Status SyncTree(const fs::path& root) {
       if (!status.ok()) return status;
     }
   }
-  if (error) return ErrnoError(error.value(), absl::StrCat(root.string(), ": cannot list"));
+  if (error)
+    return absl::ErrnoToStatus(error.value(), absl::StrCat(root.string(), ": cannot list"));
   return SyncPath(root.string());
 }
 
@@ -152,19 +150,19 @@ absl::Status SyncTree(const fs::path& root) {
 
 absl::Status SyncPath(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError(errno, absl::StrCat(path, ": cannot open to sync"));
+  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat(path, ": cannot open to sync"));
   const bool ok = ::fsync(fd) == 0 || errno == EINVAL;  // some file systems cannot sync dirs
   const int error = errno;
   ::close(fd);
-  if (!ok) return ErrnoError(error, absl::StrCat(path, ": fsync failed"));
+  if (!ok) return absl::ErrnoToStatus(error, absl::StrCat(path, ": fsync failed"));
   return absl::OkStatus();
 }
 
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents) {
   const std::string partial = path + ".partial";
-  absl::Status status = WriteAll(partial, contents);
+  absl::Status status = WriteAll(partial, contents, /*sync=*/true);
   if (status.ok() && std::rename(partial.c_str(), path.c_str()) != 0) {
-    status = ErrnoError(errno, absl::StrCat(path, ": cannot rename ", partial, " to it"));
+    status = absl::ErrnoToStatus(errno, absl::StrCat(path, ": cannot rename ", partial, " to it"));
   }
   if (!status.ok()) {
     std::remove(partial.c_str());
@@ -197,10 +195,11 @@ absl::Status OutputDir::Check(const std::string& dir, const std::vector<std::str
         existing.string(), " is a file: the output directory ", dir, " cannot be made under it"));
   }
   if (::access(existing.c_str(), W_OK | X_OK) != 0) {
-    return ErrnoError(errno, absl::StrCat(existing.string(), ": cannot write the output there"));
+    return absl::ErrnoToStatus(errno,
+                               absl::StrCat(existing.string(), ": cannot write the output there"));
   }
   if (fs::exists(target) && ::access(target.c_str(), W_OK | X_OK) != 0) {
-    return ErrnoError(errno, absl::StrCat(dir, ": cannot write the output there"));
+    return absl::ErrnoToStatus(errno, absl::StrCat(dir, ": cannot write the output there"));
   }
   return absl::OkStatus();
 }
@@ -214,15 +213,17 @@ absl::StatusOr<std::unique_ptr<OutputDir>> OutputDir::Begin(const std::string& d
   std::error_code error;
   fs::create_directories(parent, error);
   if (error || !fs::is_directory(parent)) {
-    return ErrnoError(error ? error.value() : ENOTDIR,
-                      absl::StrCat(parent.string(), ": cannot create the output's parent"));
+    return absl::ErrnoToStatus(
+        error ? error.value() : ENOTDIR,
+        absl::StrCat(parent.string(), ": cannot create the output's parent"));
   }
   CleanUpStale(target);
   const fs::path staging = parent / absl::StrCat(StagingPrefix(target), ::getpid(), ".partial");
   fs::remove_all(staging, error);
   if (!fs::create_directory(staging, error)) {
-    return ErrnoError(error ? error.value() : EEXIST,
-                      absl::StrCat(staging.string(), ": cannot create the staging directory"));
+    return absl::ErrnoToStatus(
+        error ? error.value() : EEXIST,
+        absl::StrCat(staging.string(), ": cannot create the staging directory"));
   }
   return std::unique_ptr<OutputDir>(new OutputDir(target.string(), staging.string(), options));
 }
@@ -237,17 +238,16 @@ std::string OutputDir::Path(absl::string_view name) const {
   return absl::StrCat(staging_, "/", name);
 }
 
+// Staged files are fsynced once, by Commit.
 absl::Status OutputDir::WriteFile(absl::string_view name, absl::string_view contents) {
-  return WriteAll(Path(name), contents);
+  return WriteAll(Path(name), contents, /*sync=*/false);
 }
 
 absl::Status OutputDir::CopyFile(const std::string& from, absl::string_view name) {
-  std::ifstream in(from, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(from, ": cannot open"));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return absl::DataLossError(absl::StrCat(from, ": cannot read"));
-  return WriteFile(name, text.str());
+  std::error_code error;
+  fs::copy_file(from, Path(name), fs::copy_options::overwrite_existing, error);
+  if (error) return absl::ErrnoToStatus(error.value(), absl::StrCat(from, ": cannot copy"));
+  return absl::OkStatus();
 }
 
 absl::Status OutputDir::Commit() {
@@ -264,13 +264,14 @@ absl::Status OutputDir::Commit() {
       absl::Status status = Mirror(entry.path(), staging / name);
       if (!status.ok()) return status;
     }
-    if (error) return ErrnoError(error.value(), absl::StrCat(dir_, ": cannot list"));
+    if (error) return absl::ErrnoToStatus(error.value(), absl::StrCat(dir_, ": cannot list"));
   }
   absl::Status synced = SyncTree(staging);
   if (!synced.ok()) return synced;
   if (!fs::exists(target)) {
     if (std::rename(staging_.c_str(), dir_.c_str()) != 0) {
-      return ErrnoError(errno, absl::StrCat(dir_, ": cannot rename the staging directory to it"));
+      return absl::ErrnoToStatus(errno,
+                                 absl::StrCat(dir_, ": cannot rename the staging directory to it"));
     }
   } else if (::renameat2(AT_FDCWD, staging_.c_str(), AT_FDCWD, dir_.c_str(), RENAME_EXCHANGE) ==
              0) {
@@ -284,7 +285,8 @@ absl::Status OutputDir::Commit() {
         std::rename(staging_.c_str(), dir_.c_str()) != 0) {
       const int rename_error = errno;
       if (!fs::exists(target)) std::rename(old.c_str(), dir_.c_str());
-      return ErrnoError(rename_error, absl::StrCat(dir_, ": cannot replace the directory"));
+      return absl::ErrnoToStatus(rename_error,
+                                 absl::StrCat(dir_, ": cannot replace the directory"));
     }
     fs::remove_all(old, error);
   }
