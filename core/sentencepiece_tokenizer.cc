@@ -186,10 +186,11 @@ class PieceTrie {
     for (const char c : key) {
       auto [it, inserted] = children_.try_emplace(Edge(node, c), 0);
       if (inserted) {
-        it->second = static_cast<int32_t>(values_.size());
+        it->second = nodes();
         values_.push_back(-1);
         parents_.push_back(node);
         depths_.push_back(depths_[node] + 1);
+        labels_.push_back(c);
       }
       node = it->second;
     }
@@ -200,9 +201,8 @@ class PieceTrie {
   void Finalize() {
     shortest_below_.assign(values_.size(), INT32_MAX);
     // Children are created after their parents, so a reverse sweep sees children first.
-    for (size_t node = values_.size(); node-- > 0;) {
-      if (values_[node] >= 0)
-        shortest_below_[node] = std::min(shortest_below_[node], depths_[node]);
+    for (int32_t node = nodes(); node-- > 0;) {
+      if (is_key(node)) shortest_below_[node] = std::min(shortest_below_[node], depths_[node]);
       if (node > 0) {
         int32_t& parent = shortest_below_[parents_[node]];
         parent = std::min(parent, shortest_below_[node]);
@@ -215,13 +215,23 @@ class PieceTrie {
   void ForEachPrefix(absl::string_view text, Fn fn) const {
     int32_t node = 0;
     for (size_t i = 0; i < text.size(); ++i) {
-      auto it = children_.find(Edge(node, text[i]));
-      if (it == children_.end()) return;
-      node = it->second;
-      if (values_[node] >= 0) fn(i + 1, values_[node]);
+      node = Child(node, text[i]);
+      if (node < 0) return;
+      if (is_key(node)) fn(i + 1, values_[node]);
       if (static_cast<size_t>(shortest_below_[node]) > text.size()) return;
     }
   }
+
+  // Node 0 is the root; a child's number is larger than its parent's.
+  int32_t nodes() const { return static_cast<int32_t>(values_.size()); }
+  int32_t Child(int32_t node, char c) const {
+    auto it = children_.find(Edge(node, c));
+    return it == children_.end() ? -1 : it->second;
+  }
+  int32_t parent(int32_t node) const { return parents_[node]; }
+  int32_t depth(int32_t node) const { return depths_[node]; }
+  char label(int32_t node) const { return labels_[node]; }  // the byte leading to `node`
+  bool is_key(int32_t node) const { return values_[node] >= 0; }
 
  private:
   static uint64_t Edge(int32_t node, char c) {
@@ -232,6 +242,7 @@ class PieceTrie {
   std::vector<int32_t> values_ = {-1};               // per node; -1: no key ends here
   std::vector<int32_t> parents_ = {-1};
   std::vector<int32_t> depths_ = {0};
+  std::vector<char> labels_ = {0};
   std::vector<int32_t> shortest_below_;
 };
 
@@ -240,49 +251,26 @@ class PieceTrie {
 // O(text x longest symbol), minutes for a hostile 200,000-byte symbol).
 class SymbolMatcher {
  public:
-  bool empty() const { return depths_.size() == 1; }
+  bool empty() const { return trie_.nodes() == 1; }
 
-  void Insert(absl::string_view key) {
-    int32_t node = 0;
-    for (const char c : key) {
-      auto [it, inserted] = children_.try_emplace(Edge(node, c), 0);
-      if (inserted) {
-        it->second = static_cast<int32_t>(depths_.size());
-        depths_.push_back(depths_[node] + 1);
-        is_key_.push_back(false);
-      }
-      node = it->second;
-    }
-    is_key_[node] = true;
-  }
+  void Insert(absl::string_view key) { trie_.Insert(key, 0); }
 
   // After the last Insert: failure links (longest proper suffix that is a trie node) and
   // output links (longest proper suffix that is a key), breadth first.
   void Build() {
-    std::vector<int32_t> parent(depths_.size(), 0);
-    std::vector<unsigned char> label(depths_.size(), 0);
-    for (const auto& [edge, child] : children_) {
-      parent[child] = static_cast<int32_t>(edge >> 8);
-      label[child] = static_cast<unsigned char>(edge & 0xFF);
+    std::vector<std::vector<int32_t>> levels;  // nodes by depth - 1
+    for (int32_t node = 1; node < trie_.nodes(); ++node) {
+      if (static_cast<int32_t>(levels.size()) < trie_.depth(node)) levels.resize(trie_.depth(node));
+      levels[trie_.depth(node) - 1].push_back(node);
     }
-    std::vector<std::vector<int32_t>> levels;
-    for (int32_t node = 1; node < static_cast<int32_t>(depths_.size()); ++node) {
-      if (static_cast<int32_t>(levels.size()) < depths_[node]) levels.resize(depths_[node]);
-      levels[depths_[node] - 1].push_back(node);
-    }
-    fail_.assign(depths_.size(), 0);
-    output_.assign(depths_.size(), -1);
+    fail_.assign(trie_.nodes(), 0);
+    output_.assign(trie_.nodes(), -1);
     for (const std::vector<int32_t>& level : levels) {
       for (const int32_t node : level) {
-        if (depths_[node] == 1) continue;  // fails to the root
-        int32_t f = fail_[parent[node]];
-        int32_t next = Child(f, label[node]);
-        while (next < 0 && f != 0) {
-          f = fail_[f];
-          next = Child(f, label[node]);
-        }
-        fail_[node] = next >= 0 ? next : 0;
-        output_[node] = is_key_[fail_[node]] ? fail_[node] : output_[fail_[node]];
+        if (trie_.depth(node) == 1) continue;  // fails to the root
+        const int32_t f = Next(fail_[trie_.parent(node)], trie_.label(node));
+        fail_[node] = f;
+        output_[node] = trie_.is_key(f) ? f : output_[f];
       }
     }
   }
@@ -293,33 +281,28 @@ class SymbolMatcher {
     if (empty()) return longest;
     int32_t state = 0;
     for (size_t i = 0; i < text.size(); ++i) {
-      const unsigned char c = static_cast<unsigned char>(text[i]);
-      int32_t next = Child(state, c);
-      while (next < 0 && state != 0) {
-        state = fail_[state];
-        next = Child(state, c);
-      }
-      state = next >= 0 ? next : 0;
-      for (int32_t k = is_key_[state] ? state : output_[state]; k > 0; k = output_[k]) {
-        uint32_t& at = longest[i + 1 - depths_[k]];
-        at = std::max(at, static_cast<uint32_t>(depths_[k]));
+      state = Next(state, text[i]);
+      for (int32_t k = trie_.is_key(state) ? state : output_[state]; k > 0; k = output_[k]) {
+        const uint32_t length = static_cast<uint32_t>(trie_.depth(k));
+        uint32_t& at = longest[i + 1 - length];
+        at = std::max(at, length);
       }
     }
     return longest;
   }
 
  private:
-  static uint64_t Edge(int32_t node, unsigned char c) {
-    return (static_cast<uint64_t>(node) << 8) | c;
-  }
-  int32_t Child(int32_t node, unsigned char c) const {
-    auto it = children_.find(Edge(node, c));
-    return it == children_.end() ? -1 : it->second;
+  // The automaton's move from `state` on byte `c`: the child, else the failure chain's.
+  int32_t Next(int32_t state, char c) const {
+    int32_t next = trie_.Child(state, c);
+    while (next < 0 && state != 0) {
+      state = fail_[state];
+      next = trie_.Child(state, c);
+    }
+    return next >= 0 ? next : 0;
   }
 
-  absl::flat_hash_map<uint64_t, int32_t> children_;
-  std::vector<int32_t> depths_ = {0};
-  std::vector<bool> is_key_ = {false};
+  PieceTrie trie_;
   std::vector<int32_t> fail_, output_;
 };
 
