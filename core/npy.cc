@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "core/output_dir.h"
 #include "core/status_macros.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
@@ -380,16 +381,7 @@ absl::Status WriteNpyImpl(const std::string& path, const at::Tensor& tensor) {
   bool ok = std::fwrite(prefix.data(), 1, prefix.size(), file) == prefix.size() &&
             std::fwrite(header.data(), 1, header.size(), file) == header.size() &&
             (nbytes == 0 || std::fwrite(data.data_ptr(), 1, nbytes, file) == nbytes);
-  ok = ok && std::fflush(file) == 0 && ::fsync(::fileno(file)) == 0;
-  ok = (std::fclose(file) == 0) && ok;
-  ok = ok && std::rename(partial.c_str(), path.c_str()) == 0;
-  const int write_errno = errno;
-  if (!ok) {
-    std::remove(partial.c_str());
-    return absl::ErrnoToStatus(write_errno ? write_errno : EIO,
-                               absl::StrCat(path, ": write failed"));
-  }
-  return absl::OkStatus();
+  return FinishPartialFile(file, partial, path, ok);
 }
 
 }  // namespace

@@ -158,6 +158,18 @@ absl::Status SyncPath(const std::string& path) {
   return absl::OkStatus();
 }
 
+absl::Status FinishPartialFile(std::FILE* file, const std::string& partial, const std::string& path,
+                               bool written) {
+  auto last_error = [] { return errno != 0 ? errno : EIO; };
+  int error = written ? 0 : last_error();
+  if (error == 0 && (std::fflush(file) != 0 || ::fsync(::fileno(file)) != 0)) error = last_error();
+  if (std::fclose(file) != 0 && error == 0) error = last_error();
+  if (error == 0 && std::rename(partial.c_str(), path.c_str()) != 0) error = last_error();
+  if (error == 0) return absl::OkStatus();
+  std::remove(partial.c_str());
+  return absl::ErrnoToStatus(error, absl::StrCat(path, ": write failed"));
+}
+
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents) {
   const std::string partial = path + ".partial";
   absl::Status status = WriteAll(partial, contents, /*sync=*/true);

@@ -16,6 +16,7 @@
 #ifndef LGPT_CORE_OUTPUT_DIR_H_
 #define LGPT_CORE_OUTPUT_DIR_H_
 
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
@@ -71,6 +72,13 @@ class OutputDir {
 // Writes `contents` to `path` through `path.partial`, fsynced and renamed into place, so
 // `path` is never seen truncated.
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents);
+
+// The end of a write through `partial` (a file opened with fopen, to become `path`): when
+// `written` (everything before succeeded) flushes and fsyncs it; closes it; renames it to
+// `path`. On any failure, or when not `written`, `partial` is removed and the error (errno at
+// the first failure) names `path`. So `path` is never seen truncated.
+absl::Status FinishPartialFile(std::FILE* file, const std::string& partial, const std::string& path,
+                               bool written);
 
 // fsync of a written file or a directory (so a rename into it is durable).
 absl::Status SyncPath(const std::string& path);

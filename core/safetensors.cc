@@ -1,5 +1,6 @@
 #include "core/safetensors.h"
 
+#include <ATen/ATen.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -11,14 +12,13 @@
 #include <cstring>
 #include <exception>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <utility>
 
-#include <ATen/ATen.h>
-#include <nlohmann/json.hpp>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "core/output_dir.h"
 #include "core/status_macros.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
@@ -435,17 +435,7 @@ absl::Status WriteSafetensorsImpl(const std::string& path, const TensorMap& tens
     const size_t nbytes = data.numel() * data.element_size();
     ok = nbytes == 0 || std::fwrite(data.data_ptr(), 1, nbytes, file) == nbytes;
   }
-  // Durable before the rename makes it visible: a crash never leaves `path` with lost pages.
-  ok = ok && std::fflush(file) == 0 && ::fsync(::fileno(file)) == 0;
-  ok = (std::fclose(file) == 0) && ok;
-  ok = ok && std::rename(partial.c_str(), path.c_str()) == 0;
-  const int write_errno = errno;
-  if (!ok) {
-    std::remove(partial.c_str());
-    return absl::ErrnoToStatus(write_errno ? write_errno : EIO,
-                               absl::StrCat(path, ": write failed"));
-  }
-  return absl::OkStatus();
+  return FinishPartialFile(file, partial, path, ok);
 }
 
 }  // namespace

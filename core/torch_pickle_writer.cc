@@ -1,8 +1,7 @@
 #include "core/torch_pickle_writer.h"
 
-#include <unistd.h>
-
 #include <ATen/ATen.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -18,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "core/output_dir.h"
 #include "core/safetensors.h"
 
 namespace lgpt {
@@ -421,24 +421,11 @@ absl::Status WriteImpl(const std::string& path, const TensorMap& tensors) {
     }
   }
   ok = ok && zip.AddRecord(prefix + "version", "3\n", 2) && zip.Finish();
-  // Durable before the rename makes it visible: a crash never leaves `path` with lost pages.
-  ok = ok && std::fflush(file) == 0 && ::fsync(::fileno(file)) == 0;
-  int write_errno = errno;
-  if (std::fclose(file) != 0) {
-    if (ok) write_errno = errno;
-    ok = false;
+  absl::Status finished = FinishPartialFile(file, partial, path, ok);
+  if (!finished.ok() && !copy_error.empty()) {
+    return absl::InternalError(absl::StrCat(path, ": ", copy_error));
   }
-  if (ok && std::rename(partial.c_str(), path.c_str()) != 0) {
-    write_errno = errno;
-    ok = false;
-  }
-  if (!ok) {
-    std::remove(partial.c_str());
-    if (!copy_error.empty()) return absl::InternalError(absl::StrCat(path, ": ", copy_error));
-    return absl::ErrnoToStatus(write_errno ? write_errno : EIO,
-                               absl::StrCat(path, ": write failed"));
-  }
-  return absl::OkStatus();
+  return finished;
 }
 
 }  // namespace
