@@ -27,11 +27,11 @@
 #include "absl/strings/string_view.h"
 #include "cache/kv_cache.h"
 #include "cache/kv_cache_factory.h"
-#include "core/config.h"
+#include "core/config/config.h"
 #include "core/model/generate.h"
 #include "core/model/gpt.h"
-#include "core/sampling.h"
-#include "core/tokenizer.h"
+#include "core/model/sampling.h"
+#include "core/text/tokenizer.h"
 
 namespace lgpt {
 

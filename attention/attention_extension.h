@@ -9,9 +9,9 @@
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
 
-#include "attention/attention_kernel.h"
-#include "core/config.h"
-#include "core/linear_factory.h"
+#include "core/ops/attention.h"
+#include "core/config/config.h"
+#include "core/nn/linear_factory.h"
 
 namespace lgpt {
 

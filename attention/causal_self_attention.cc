@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "core/status_macros.h"
+#include "core/base/status_macros.h"
 
 namespace lgpt {
 
@@ -80,7 +80,7 @@ absl::StatusOr<at::Tensor> CausalSelfAttentionImpl::Forward(const at::Tensor& x,
   at::Tensor y;  // [B, nh, T, hs]
   if (cache != nullptr && cache->AttendsInPlace(layer_)) {
     // Quantised storage: the cache reads its blocks itself, never a full float copy.
-    const KVAttentionParams params{params_.scale, params_.softcap, params_.sliding_window};
+    const AttentionParams params{params_.scale, params_.softcap, params_.sliding_window};
     ASSIGN_OR_RETURN(y, cache->UpdateAndAttend(layer_, step, q, k, v, params));
   } else {
     KVView view;

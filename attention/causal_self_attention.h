@@ -14,12 +14,12 @@
 
 #include "absl/status/statusor.h"
 #include "attention/attention_extension.h"
-#include "attention/attention_kernel.h"
+#include "core/ops/attention.h"
 #include "cache/kv_cache.h"
-#include "core/config.h"
-#include "core/linear_factory.h"
-#include "core/norm.h"
-#include "core/rope.h"
+#include "core/config/config.h"
+#include "core/nn/linear_factory.h"
+#include "core/nn/norm.h"
+#include "core/nn/rope.h"
 
 namespace lgpt {
 

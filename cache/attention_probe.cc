@@ -5,7 +5,7 @@
 #include <ATen/ATen.h>
 
 #include "absl/strings/str_cat.h"
-#include "core/status_macros.h"
+#include "core/base/status_macros.h"
 
 namespace lgpt {
 

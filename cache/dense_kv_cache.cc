@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
-#include "core/status_macros.h"
+#include "core/base/status_macros.h"
 
 namespace lgpt {
 namespace {

@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/ops/attention.h"
 
 namespace lgpt {
 
@@ -33,13 +34,6 @@ struct KVView {
   at::Tensor keys;       // [B, n_query_groups, S, head_size]
   at::Tensor values;     // [B, n_query_groups, S, head_size]
   at::Tensor positions;  // [B, 1, S] or [B, n_query_groups, S], int64
-};
-
-// The scalars of one layer's attention, for caches that attend in place (UpdateAndAttend).
-struct KVAttentionParams {
-  double scale = 1.0;             // multiplies q·k
-  std::optional<double> softcap;  // tanh soft-capping of the scores
-  int64_t sliding_window = 0;     // 0: global; w: key positions q-w+1 .. q
 };
 
 // Moves keys that a layer's RoPE rotated at positions p to positions p - shift (RoPE is a
@@ -101,7 +95,7 @@ class KVCache {
   virtual absl::StatusOr<at::Tensor> UpdateAndAttend(int64_t layer, const KVStep& step,
                                                      const at::Tensor& q, const at::Tensor& keys,
                                                      const at::Tensor& values,
-                                                     const KVAttentionParams& params) {
+                                                     const AttentionParams& params) {
     return absl::UnimplementedError(DebugName() + " KV cache does not attend in place");
   }
 

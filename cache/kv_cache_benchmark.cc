@@ -15,7 +15,7 @@
 #include <memory>
 #include <string>
 
-#include "cache/blockwise_attention.h"
+#include "core/ops/blockwise_attention.h"
 #include "cache/kv_cache_factory.h"
 
 namespace lgpt {
@@ -45,7 +45,7 @@ void DecodeStep(benchmark::State& state) {
   shape.layers = {{kGroups, kHeadSize, 0}};
   std::unique_ptr<KVCache> cache = *MakeKVCache(spec, shape);
   at::manual_seed(0);
-  KVAttentionParams params;
+  AttentionParams params;
   params.scale = 1.0 / std::sqrt(static_cast<double>(kHeadSize));
   // Fill the context in prefill chunks of 512.
   for (int64_t start = 0; start < kContext; start += 512) {

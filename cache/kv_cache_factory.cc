@@ -4,7 +4,7 @@
 #include "cache/dense_kv_cache.h"
 #include "cache/eviction_policy.h"
 #include "cache/policy_kv_cache.h"
-#include "core/status_macros.h"
+#include "core/base/status_macros.h"
 
 namespace lgpt {
 

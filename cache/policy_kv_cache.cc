@@ -6,7 +6,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
-#include "core/status_macros.h"
+#include "core/base/status_macros.h"
 
 namespace lgpt {
 namespace {
@@ -190,7 +190,7 @@ absl::StatusOr<at::Tensor> PolicyKVCache::UpdateAndAttend(int64_t layer_index, c
                                                           const at::Tensor& q,
                                                           const at::Tensor& keys,
                                                           const at::Tensor& values,
-                                                          const KVAttentionParams& params) {
+                                                          const AttentionParams& params) {
   RETURN_IF_ERROR(Validate(layer_index, step, keys, values));
   Layer& layer = layers_[layer_index];
   const int64_t groups = layer.spec.n_query_groups;

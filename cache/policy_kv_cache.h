@@ -22,7 +22,7 @@
 // Reading: Update returns a KVView; for full-precision storage it is a view of main (decode
 // steps copy nothing), for quantised storage it decodes the whole layer (a transient copy:
 // the fallback for attention layers that do not attend in place). UpdateAndAttend
-// (AttendsInPlace() is true) attends block by block (cache/blockwise_attention.h): at most
+// (AttendsInPlace() is true) attends block by block (core/ops/blockwise_attention.h): at most
 // `block_size` entries are decoded at a time, so no full-precision copy of the layer exists.
 //
 // Costs per decode step and layer: O(slots) for slot choice and eviction (argmin over
@@ -61,7 +61,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "cache/blockwise_attention.h"
+#include "core/ops/blockwise_attention.h"
 #include "cache/eviction_policy.h"
 #include "cache/kv_cache.h"
 #include "cache/kv_codec.h"
@@ -106,7 +106,7 @@ class PolicyKVCache : public KVCache {
   bool AttendsInPlace(int64_t layer) const override { return options_.bits < 16; }
   absl::StatusOr<at::Tensor> UpdateAndAttend(int64_t layer, const KVStep& step, const at::Tensor& q,
                                              const at::Tensor& keys, const at::Tensor& values,
-                                             const KVAttentionParams& params) override;
+                                             const AttentionParams& params) override;
   bool ShiftsPositions() const override { return options_.cache_positions; }
   absl::StatusOr<int64_t> MakeRoom(int64_t next, int64_t steps,
                                    const KeyShifter& shift_keys) override;

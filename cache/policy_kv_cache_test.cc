@@ -6,7 +6,7 @@
 #include <set>
 
 #include "absl/strings/match.h"
-#include "cache/blockwise_attention.h"
+#include "core/ops/blockwise_attention.h"
 #include "cache/dense_kv_cache.h"
 #include "cache/kv_cache_factory.h"
 #include "gtest/gtest.h"
@@ -72,7 +72,7 @@ at::Tensor Queries(int64_t batch, int64_t start, int64_t length) {
 at::Tensor Drive(KVCache& cache, int64_t total, int64_t prompt, int64_t chunk, bool in_place,
                  int64_t batch = 1, int64_t window = 0) {
   std::vector<at::Tensor> outputs;
-  KVAttentionParams params;
+  AttentionParams params;
   params.scale = 1.0 / std::sqrt(static_cast<double>(kHeadSize));
   int64_t position = 0;
   while (position < total) {
@@ -325,7 +325,7 @@ TEST(PolicyKVCacheTest, BytesStayFlatOnceTheBudgetIsReached) {
     for (int bits : {16, 8, 4}) {
       auto cache = MakeCache(Options(kind, 32, bits, {0, 8}));
       int64_t flat_bytes = -1;
-      KVAttentionParams params;
+      AttentionParams params;
       for (int64_t p = 0; p < 200; p += p < 10 ? 10 : 1) {
         const int64_t length = p < 10 ? 10 : 1;
         auto [k, v] = Entries(1, p, length);

@@ -4,8 +4,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "attention/attention_kernel.h"
-#include "core/status_macros.h"
+#include "core/ops/attention.h"
+#include "core/base/status_macros.h"
 
 namespace lgpt {
 

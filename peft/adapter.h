@@ -19,7 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "attention/attention_extension.h"
-#include "core/config.h"
+#include "core/config/config.h"
 #include "core/model/gpt.h"
 #include "core/model/model_parts.h"
 

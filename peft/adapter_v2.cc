@@ -5,7 +5,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/model/checkpoint.h"
-#include "core/status_macros.h"
+#include "core/base/status_macros.h"
 #include "peft/adapter.h"
 
 namespace lgpt {

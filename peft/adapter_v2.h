@@ -10,11 +10,11 @@
 #include <ATen/core/Tensor.h>
 
 #include "absl/status/statusor.h"
-#include "core/config.h"
-#include "core/linear_factory.h"
+#include "core/config/config.h"
+#include "core/nn/linear_factory.h"
 #include "core/model/gpt.h"
 #include "core/model/model_parts.h"
-#include "core/tensor_map.h"
+#include "core/io/tensor_map.h"
 
 namespace lgpt {
 

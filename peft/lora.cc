@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "core/model/checkpoint.h"
-#include "core/status_macros.h"
+#include "core/base/status_macros.h"
 
 namespace lgpt {
 

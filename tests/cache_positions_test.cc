@@ -20,8 +20,8 @@
 
 #include "cache/kv_cache_factory.h"
 #include "cache/policy_kv_cache.h"
-#include "core/config_presets.h"
-#include "core/device.h"
+#include "core/config/config_presets.h"
+#include "core/base/device.h"
 #include "core/model/gpt.h"
 #include "gtest/gtest.h"
 #include "lgpt.h"

@@ -1,4 +1,4 @@
-// Hugging Face <-> LitGPT conversion (core/hf_checkpoint.h), end to end on small random models
+// Hugging Face <-> LitGPT conversion (core/convert/hf_checkpoint.h), end to end on small random models
 // of every family: lit dir -> HF dir -> lit dir gives bit-identical tensors and equal logits;
 // hand-built HF directories (names and layouts written out here, not by the converter) load
 // with the original logits; sharded safetensors, pytorch_model.bin and its shards convert; and
@@ -18,14 +18,14 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "core/config.h"
-#include "core/config_presets.h"
-#include "core/hf_checkpoint.h"
+#include "core/config/config.h"
+#include "core/config/config_presets.h"
+#include "core/convert/hf_checkpoint.h"
 #include "core/model/checkpoint.h"
 #include "core/model/gpt.h"
-#include "core/safetensors.h"
-#include "core/torch_pickle.h"
-#include "core/torch_pickle_writer.h"
+#include "core/io/safetensors.h"
+#include "core/io/torch_pickle.h"
+#include "core/io/torch_pickle_writer.h"
 #include "gtest/gtest.h"
 #include "tests/test_models.h"
 
@@ -357,7 +357,7 @@ TEST(ConvertTest, HandBuiltMultimodalGemma3Directory) {
                            vocab_rows, "}"));
     ASSERT_TRUE(WriteSafetensors(dir + "/model.safetensors", hf).ok());
     // A shrunken model's text vocabulary is no preset's: the yaml gives it (the config side,
-    // text_config with the preset's vocabulary, is in core/hf_checkpoint_test.cc).
+    // text_config with the preset's vocabulary, is in core/convert/hf_checkpoint_test.cc).
     ConvertOptions options;
     options.model_config = lit_dir + "/model_config.yaml";
     absl::StatusOr<ConvertResult> result = ConvertHfCheckpoint(dir, out, options);

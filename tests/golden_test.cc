@@ -6,11 +6,11 @@
 
 #include <ATen/ATen.h>
 
-#include "core/device.h"
+#include "core/base/device.h"
 #include "core/model/checkpoint.h"
 #include "core/model/gpt.h"
-#include "core/npy.h"
-#include "core/torch_pickle.h"
+#include "core/io/npy.h"
+#include "core/io/torch_pickle.h"
 #include "gtest/gtest.h"
 
 namespace lgpt {

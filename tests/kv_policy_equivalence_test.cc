@@ -11,12 +11,12 @@
 #include <string>
 #include <vector>
 
-#include "attention/attention_kernel.h"
+#include "core/ops/attention.h"
 #include "cache/dense_kv_cache.h"
 #include "cache/kv_cache_factory.h"
 #include "cache/policy_kv_cache.h"
-#include "core/config_presets.h"
-#include "core/device.h"
+#include "core/config/config_presets.h"
+#include "core/base/device.h"
 #include "core/model/gpt.h"
 #include "gtest/gtest.h"
 #include "tests/test_models.h"

@@ -17,7 +17,7 @@
 #include "core/model/checkpoint.h"
 #include "core/model/generate.h"
 #include "core/model/gpt.h"
-#include "core/tokenizer.h"
+#include "core/text/tokenizer.h"
 #include "gtest/gtest.h"
 
 namespace lgpt {

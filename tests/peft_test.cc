@@ -8,11 +8,11 @@
 #include <ATen/ATen.h>
 
 #include "absl/strings/str_replace.h"
-#include "core/config_presets.h"
-#include "core/device.h"
+#include "core/config/config_presets.h"
+#include "core/base/device.h"
 #include "core/model/checkpoint.h"
 #include "core/model/gpt.h"
-#include "core/npy.h"
+#include "core/io/npy.h"
 #include "gtest/gtest.h"
 #include "peft/adapter.h"
 #include "peft/adapter_v2.h"

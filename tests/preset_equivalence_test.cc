@@ -8,8 +8,8 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
-#include "core/config_presets.h"
-#include "core/device.h"
+#include "core/config/config_presets.h"
+#include "core/base/device.h"
 #include "core/model/gpt.h"
 #include "gtest/gtest.h"
 #include "tests/test_models.h"

@@ -5,7 +5,7 @@
 #define LGPT_TESTS_TEST_MODELS_H_
 
 #include "absl/status/statusor.h"
-#include "core/config.h"
+#include "core/config/config.h"
 #include "core/model/gpt.h"
 
 namespace lgpt {

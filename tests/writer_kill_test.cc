@@ -16,11 +16,11 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "core/npy.h"
-#include "core/output_dir.h"
-#include "core/safetensors.h"
-#include "core/torch_pickle.h"
-#include "core/torch_pickle_writer.h"
+#include "core/io/npy.h"
+#include "core/base/output_dir.h"
+#include "core/io/safetensors.h"
+#include "core/io/torch_pickle.h"
+#include "core/io/torch_pickle_writer.h"
 #include "gtest/gtest.h"
 
 namespace lgpt {

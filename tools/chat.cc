@@ -18,7 +18,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "core/prompt_style.h"
+#include "core/text/prompt_style.h"
 #include "lgpt.h"
 #include "tools/generation_flags.h"
 #include "tools/line_reader.h"

@@ -17,11 +17,11 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
-#include "core/config_presets.h"
+#include "core/config/config_presets.h"
 #include "core/model/checkpoint.h"
 #include "core/model/gpt.h"
-#include "core/safetensors.h"
-#include "core/torch_pickle_writer.h"
+#include "core/io/safetensors.h"
+#include "core/io/torch_pickle_writer.h"
 #include "tools/tool_util.h"
 
 ABSL_FLAG(std::string, checkpoint_dir, "", "checkpoint directory to load");

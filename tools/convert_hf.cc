@@ -13,7 +13,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "core/hf_checkpoint.h"
+#include "core/convert/hf_checkpoint.h"
 #include "tools/tool_util.h"
 
 ABSL_FLAG(std::string, hf_dir, "", "Hugging Face checkpoint directory (config.json + weights)");

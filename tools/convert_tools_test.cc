@@ -21,8 +21,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "core/safetensors.h"
-#include "core/torch_pickle.h"
+#include "core/io/safetensors.h"
+#include "core/io/torch_pickle.h"
 #include "gtest/gtest.h"
 
 namespace lgpt {

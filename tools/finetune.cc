@@ -24,12 +24,12 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "core/config.h"
+#include "core/config/config.h"
 #include "core/model/checkpoint.h"
-#include "core/output_dir.h"
-#include "core/prompt_style.h"
-#include "core/tokenizer.h"
-#include "core/torch_pickle_writer.h"
+#include "core/base/output_dir.h"
+#include "core/text/prompt_style.h"
+#include "core/text/tokenizer.h"
+#include "core/io/torch_pickle_writer.h"
 #include "peft/lora.h"
 #include "tools/finetune_model.h"
 #include "tools/progress.h"
@@ -243,7 +243,7 @@ int main(int argc, char** argv) {
   const SftTrainStats stats = ValueOrDie(TrainSft(*model, train, val, options));
   if (progress) progress->Finish();
 
-  // Output: LitGPT's layout, as one transaction (core/output_dir.h).
+  // Output: LitGPT's layout, as one transaction (core/base/output_dir.h).
   OutputDirOptions out_options;
   out_options.drop = {"model.safetensors", "lit_model.pth"};
   const std::unique_ptr<OutputDir> out =

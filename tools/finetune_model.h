@@ -12,10 +12,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "core/config.h"
+#include "core/config/config.h"
 #include "core/model/checkpoint.h"
 #include "core/model/gpt.h"
-#include "core/tensor_map.h"
+#include "core/io/tensor_map.h"
 
 namespace lgpt {
 

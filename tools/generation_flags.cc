@@ -4,8 +4,8 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
-#include "core/device.h"
-#include "core/status_macros.h"
+#include "core/base/device.h"
+#include "core/base/status_macros.h"
 #include "tools/tool_util.h"
 
 ABSL_FLAG(double, temperature, 0.8, "sampling temperature; 0 is greedy");

@@ -17,9 +17,9 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
-#include "core/config.h"
-#include "core/output_dir.h"
-#include "core/torch_pickle_writer.h"
+#include "core/config/config.h"
+#include "core/base/output_dir.h"
+#include "core/io/torch_pickle_writer.h"
 #include "tools/finetune_model.h"
 #include "tools/tool_util.h"
 

@@ -17,7 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "core/model/checkpoint.h"
 #include "core/model/quantize_model.h"
-#include "core/tokenizer.h"
+#include "core/text/tokenizer.h"
 #include "tools/tool_util.h"
 
 ABSL_FLAG(std::string, checkpoint_dir, "",

@@ -7,9 +7,9 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
-#include "core/device.h"
+#include "core/base/device.h"
 #include "core/model/checkpoint.h"
-#include "core/npy.h"
+#include "core/io/npy.h"
 #include "tools/tool_util.h"
 
 ABSL_FLAG(std::string, checkpoint_dir, "", "LitGPT checkpoint directory");

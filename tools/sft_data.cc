@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
-#include "core/status_macros.h"
+#include "core/base/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace lgpt {

@@ -14,8 +14,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "core/prompt_style.h"
-#include "core/tokenizer.h"
+#include "core/text/prompt_style.h"
+#include "core/text/tokenizer.h"
 
 namespace lgpt {
 

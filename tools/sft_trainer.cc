@@ -12,7 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "core/status_macros.h"
+#include "core/base/status_macros.h"
 #include "tools/train_util.h"
 
 namespace lgpt {

@@ -12,7 +12,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
-#include "core/tokenizer.h"
+#include "core/text/tokenizer.h"
 #include "tools/tool_util.h"
 
 ABSL_FLAG(std::string, checkpoint_dir, "", "checkpoint directory with the tokenizer files");

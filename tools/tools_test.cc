@@ -14,7 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "core/npy.h"
+#include "core/io/npy.h"
 #include "gtest/gtest.h"
 
 namespace lgpt {

@@ -2,7 +2,7 @@
 
 #include <ATen/ATen.h>
 
-#include "core/status_macros.h"
+#include "core/base/status_macros.h"
 
 namespace lgpt {
 namespace {

@@ -10,11 +10,11 @@
 #include "absl/status/statusor.h"
 #include "attention/causal_self_attention.h"
 #include "cache/kv_cache.h"
-#include "core/config.h"
-#include "core/mlp.h"
+#include "core/config/config.h"
+#include "core/nn/mlp.h"
 #include "core/model/model_parts.h"
-#include "core/norm.h"
-#include "core/rope.h"
+#include "core/nn/norm.h"
+#include "core/nn/rope.h"
 
 namespace lgpt {
 

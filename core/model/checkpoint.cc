@@ -10,11 +10,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "core/config_presets.h"
-#include "core/file_util.h"
-#include "core/safetensors.h"
-#include "core/status_macros.h"
-#include "core/torch_pickle.h"
+#include "core/config/config_presets.h"
+#include "core/base/file_util.h"
+#include "core/io/safetensors.h"
+#include "core/base/status_macros.h"
+#include "core/io/torch_pickle.h"
 
 namespace lgpt {
 namespace {

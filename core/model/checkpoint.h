@@ -14,10 +14,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "core/config.h"
+#include "core/config/config.h"
 #include "core/model/gpt.h"
 #include "core/model/model_parts.h"
-#include "core/tensor_map.h"
+#include "core/io/tensor_map.h"
 
 namespace lgpt {
 

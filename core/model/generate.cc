@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/model/cache_positions.h"
-#include "core/status_macros.h"
+#include "core/base/status_macros.h"
 
 namespace lgpt {
 namespace {

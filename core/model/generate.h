@@ -11,7 +11,7 @@
 #include "absl/status/statusor.h"
 #include "cache/kv_cache.h"
 #include "core/model/gpt.h"
-#include "core/sampling.h"
+#include "core/model/sampling.h"
 
 namespace lgpt {
 

@@ -6,7 +6,7 @@
 #include <torch/nn/modules/container/modulelist.h>
 
 #include "absl/strings/str_cat.h"
-#include "core/status_macros.h"
+#include "core/base/status_macros.h"
 
 namespace lgpt {
 

@@ -20,12 +20,12 @@
 #include "absl/status/statusor.h"
 #include "cache/dense_kv_cache.h"
 #include "cache/kv_cache.h"
-#include "core/config.h"
-#include "core/linear_factory.h"
+#include "core/config/config.h"
+#include "core/nn/linear_factory.h"
 #include "core/model/block.h"
 #include "core/model/model_parts.h"
-#include "core/norm.h"
-#include "core/rope.h"
+#include "core/nn/norm.h"
+#include "core/nn/rope.h"
 
 namespace lgpt {
 

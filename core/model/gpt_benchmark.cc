@@ -21,8 +21,8 @@
 #include <ATen/Parallel.h>
 #include <benchmark/benchmark.h>
 
-#include "core/config.h"
-#include "core/config_presets.h"
+#include "core/config/config.h"
+#include "core/config/config_presets.h"
 #include "core/model/gpt.h"
 #include "core/model/quantize_model.h"
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "attention/attention_extension.h"
-#include "core/linear_factory.h"
+#include "core/nn/linear_factory.h"
 
 namespace lgpt {
 

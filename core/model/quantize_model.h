@@ -1,4 +1,4 @@
-// int8 weight-only quantisation of a whole model (see core/quantize.h for the format).
+// int8 weight-only quantisation of a whole model (see core/ops/quantize.h for the format).
 //
 //   LoadOptions load;
 //   load.parts = Int8ModelParts();           // projections that can become int8
@@ -13,7 +13,7 @@
 #include "absl/status/status.h"
 #include "core/model/gpt.h"
 #include "core/model/model_parts.h"
-#include "core/quantize.h"
+#include "core/nn/int8_linear.h"
 
 namespace lgpt {
 

@@ -1,0 +1,46 @@
+#include "core/base/device.h"
+
+#include <cstdlib>
+
+#include <ATen/Context.h>
+#include <glog/logging.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+
+namespace lgpt {
+
+bool CudaAvailable() { return at::hasCUDA(); }
+
+absl::StatusOr<c10::Device> ParseDevice(absl::string_view name) {
+  if (name == "cpu") return c10::Device(c10::kCPU);
+  absl::string_view rest = name;
+  if (absl::ConsumePrefix(&rest, "cuda")) {
+    int index = 0;
+    if (!rest.empty() && (!absl::ConsumePrefix(&rest, ":") || !absl::SimpleAtoi(rest, &index) ||
+                          index < 0 || index > 64)) {
+      return absl::InvalidArgumentError(absl::StrCat("bad device '", name, "'"));
+    }
+    if (!CudaAvailable()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("device '", name, "' requested but this LibTorch sees no CUDA GPU"));
+    }
+    return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown device '", name, "' (expected cpu, cuda or cuda:N)"));
+}
+
+c10::Device DefaultDevice() {
+  const char* env = std::getenv("LGPT_DEVICE");
+  if (env == nullptr || *env == '\0') return c10::Device(c10::kCPU);
+  absl::StatusOr<c10::Device> device = ParseDevice(env);
+  if (!device.ok()) {
+    LOG(WARNING) << "LGPT_DEVICE: " << device.status().message() << "; using cpu";
+    return c10::Device(c10::kCPU);
+  }
+  return *device;
+}
+
+}  // namespace lgpt

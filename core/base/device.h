@@ -1,0 +1,25 @@
+// Chooses the device computations run on. Tests and tools take it from one place: the
+// LGPT_DEVICE environment variable ("cpu" by default, "cuda" under --config=cuda).
+#ifndef LGPT_CORE_BASE_DEVICE_H_
+#define LGPT_CORE_BASE_DEVICE_H_
+
+#include <c10/core/Device.h>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace lgpt {
+
+// Parses "cpu", "cuda" or "cuda:N"; fails when CUDA is asked for and absent.
+absl::StatusOr<c10::Device> ParseDevice(absl::string_view name);
+
+// The device named by LGPT_DEVICE (CPU when unset). A CUDA request without a GPU falls back
+// to CPU with a warning, so that CPU-capable tests still run.
+c10::Device DefaultDevice();
+
+// Whether LibTorch sees a usable CUDA device.
+bool CudaAvailable();
+
+}  // namespace lgpt
+
+#endif  // LGPT_CORE_BASE_DEVICE_H_

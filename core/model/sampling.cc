@@ -1,0 +1,83 @@
+#include "core/model/sampling.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "core/base/status_macros.h"
+
+namespace lgpt {
+
+absl::Status ValidateSampling(const SamplingOptions& options) {
+  if (!(options.temperature >= 0) || std::isinf(options.temperature)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("temperature must be a finite value >= 0, got ", options.temperature));
+  }
+  if (options.top_k < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("top_k must be >= 0, got ", options.top_k));
+  }
+  if (!(options.top_p >= 0 && options.top_p <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("top_p must be in [0, 1], got ", options.top_p));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+absl::Status CheckLogits(const at::Tensor& scores) {
+  // [B]: a row is usable when it has no NaN and no +inf and at least one finite entry.
+  const at::Tensor usable = at::logical_and(
+      at::logical_not(at::logical_or(at::isnan(scores), at::isposinf(scores)).any(-1)),
+      at::isfinite(scores).any(-1));
+  if (usable.all().item<bool>()) return absl::OkStatus();
+  const int64_t row = at::logical_not(usable).nonzero().flatten()[0].item<int64_t>();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the model's logits are not finite (row ", row,
+      " holds NaN or infinity): its weights or activations overflowed or are not numbers"));
+}
+
+at::Tensor SampleChecked(const at::Tensor& logits, const SamplingOptions& options,
+                         at::Generator& generator) {
+  at::Tensor scores = logits;  // [B, V] float32, every row usable
+  const double neg_inf = -std::numeric_limits<double>::infinity();
+  if (options.top_k > 0) {
+    auto [values, indices] = at::topk(scores, std::min(options.top_k, scores.size(-1)));
+    scores = at::full_like(scores, neg_inf).scatter_(-1, indices, values);
+  }
+  if (options.temperature <= 0 || options.top_p <= 0) return scores.argmax(-1);
+  // Subtracting each row's maximum first keeps extreme temperatures finite: the best token
+  // scores 0, the others (x - max) / T <= 0, which may round to -inf (a tiny T is greedy).
+  // In float64, where a temperature such as 1e-300 is not 0.
+  scores = (scores - std::get<0>(scores.max(-1, /*keepdim=*/true))).to(at::kDouble) /
+           options.temperature;
+  if (options.top_p < 1) {
+    // Drop the least likely tokens whose cumulative probability stays within 1 - top_p;
+    // the most likely token always survives.
+    auto [sorted, order] = at::sort(scores, -1, /*descending=*/false);
+    at::Tensor remove = sorted.softmax(-1).cumsum(-1) <= (1 - options.top_p);
+    remove.select(-1, remove.size(-1) - 1).fill_(false);
+    scores = scores.masked_fill(remove.scatter(-1, order, remove), neg_inf);
+  }
+  const at::Tensor probs = at::softmax(scores, -1);
+  return at::multinomial(probs, 1, /*replacement=*/false, generator).squeeze(-1);
+}
+
+}  // namespace
+
+absl::StatusOr<at::Tensor> SampleNext(const at::Tensor& logits, const SamplingOptions& options,
+                                      at::Generator& generator) {
+  try {
+    const at::Tensor scores = logits.to(at::kFloat);  // [B, V]
+    RETURN_IF_ERROR(CheckLogits(scores));
+    return SampleChecked(scores, options, generator);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("sampling failed: ", e.what_without_backtrace()));
+  } catch (const std::exception& e) {  // allocation failures
+    return absl::InternalError(absl::StrCat("sampling failed: ", e.what()));
+  }
+}
+
+}  // namespace lgpt

@@ -1,0 +1,127 @@
+#include "core/model/sampling.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace lgpt {
+namespace {
+
+TEST(SamplingTest, GreedyWhenTemperatureOrTopPIsZero) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(1);
+  const at::Tensor logits = at::tensor({0.1f, 3.0f, 0.2f, 2.9f}).view({1, 4});
+  EXPECT_EQ(SampleNext(logits, {0.0, 0, 1.0}, gen).value().item<int64_t>(), 1);
+  EXPECT_EQ(SampleNext(logits, {1.0, 0, 0.0}, gen).value().item<int64_t>(), 1);
+}
+
+TEST(SamplingTest, TopKOneIsGreedyAtAnyTemperature) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(1);
+  const at::Tensor logits = at::randn({3, 50});
+  const at::Tensor sampled = SampleNext(logits, {5.0, 1, 1.0}, gen).value();
+  EXPECT_TRUE(at::equal(sampled, logits.argmax(-1)));
+}
+
+TEST(SamplingTest, TopKAndTopPOnlyDrawAllowedTokens) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(3);
+  const at::Tensor logits = at::tensor({5.0f, 4.9f, 0.0f, -1.0f, 4.8f}).view({1, 5});
+  for (int i = 0; i < 200; ++i) {
+    const int64_t k = SampleNext(logits, {1.0, 2, 1.0}, gen).value().item<int64_t>();
+    EXPECT_TRUE(k == 0 || k == 1) << k;
+    // top_p 0.5 keeps only the two most likely (0.37 + 0.34 > 0.5).
+    const int64_t p = SampleNext(logits, {1.0, 0, 0.5}, gen).value().item<int64_t>();
+    EXPECT_TRUE(p == 0 || p == 1) << p;
+  }
+}
+
+TEST(SamplingTest, SameSeedSameDraws) {
+  const at::Tensor logits = at::randn({2, 100});
+  at::Generator a = at::make_generator<at::CPUGeneratorImpl>(42);
+  at::Generator b = at::make_generator<at::CPUGeneratorImpl>(42);
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_TRUE(at::equal(SampleNext(logits, {0.9, 40, 0.9}, a).value(),
+                          SampleNext(logits, {0.9, 40, 0.9}, b).value()));
+  }
+}
+
+// Empirical frequencies over many draws match softmax(logits / T): a sampler that ignored its
+// temperature or its generator would fail here.
+TEST(SamplingTest, DrawsFollowTheTemperedDistribution) {
+  const at::Tensor logits = at::tensor({1.0f, 0.0f, -1.0f, 2.0f}).view({1, 4});
+  constexpr int kDraws = 20000;
+  for (const double temperature : {0.5, 1.0, 3.0}) {
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(11);
+    std::vector<int> counts(4, 0);
+    for (int i = 0; i < kDraws; ++i)
+      ++counts[SampleNext(logits, {temperature, 0, 1.0}, gen).value().item<int64_t>()];
+    const at::Tensor expected = at::softmax(logits.to(at::kDouble) / temperature, -1).flatten();
+    for (int v = 0; v < 4; ++v) {
+      const double p = expected[v].item<double>();
+      const double sigma = std::sqrt(p * (1 - p) / kDraws);
+      EXPECT_NEAR(counts[v] / static_cast<double>(kDraws), p, 5 * sigma + 1e-9)
+          << "token " << v << " at temperature " << temperature;
+    }
+  }
+}
+
+TEST(SamplingTest, DifferentSeedsDrawDifferentSequences) {
+  const at::Tensor logits = at::zeros({1, 1000});
+  at::Generator a = at::make_generator<at::CPUGeneratorImpl>(1);
+  at::Generator b = at::make_generator<at::CPUGeneratorImpl>(2);
+  int same = 0;
+  for (int i = 0; i < 50; ++i) {
+    same += SampleNext(logits, {1.0, 0, 1.0}, a).value().item<int64_t>() ==
+            SampleNext(logits, {1.0, 0, 1.0}, b).value().item<int64_t>();
+  }
+  EXPECT_LT(same, 5);
+}
+
+TEST(SamplingTest, ExtremeTemperaturesStayFinite) {
+  const at::Tensor logits = at::tensor({0.5f, 3.0f, -2.0f, 2.9f}).view({1, 4});
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  for (const double tiny : {1e-300, 1e-40, 1e-12}) {
+    for (int i = 0; i < 20; ++i) {
+      EXPECT_EQ(SampleNext(logits, {tiny, 0, 1.0}, gen).value().item<int64_t>(), 1) << tiny;
+      EXPECT_EQ(SampleNext(logits, {tiny, 0, 0.9}, gen).value().item<int64_t>(), 1) << tiny;
+    }
+  }
+  std::vector<int> seen(4, 0);  // A huge temperature is (nearly) uniform.
+  for (int i = 0; i < 400; ++i)
+    ++seen[SampleNext(logits, {1e300, 0, 1.0}, gen).value().item<int64_t>()];
+  for (int v = 0; v < 4; ++v) EXPECT_GT(seen[v], 50) << v;
+}
+
+TEST(SamplingTest, NonFiniteLogitsAreAnError) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const float bad : {NAN, inf}) {
+    const at::Tensor logits = at::tensor({0.5f, bad, 1.0f, 0.0f, 0.0f, 2.0f}).view({2, 3});
+    for (const SamplingOptions& options :
+         {SamplingOptions{0.0, 0, 1.0}, SamplingOptions{1.0, 2, 0.9}}) {
+      const absl::StatusOr<at::Tensor> next = SampleNext(logits, options, gen);
+      ASSERT_FALSE(next.ok());
+      EXPECT_EQ(next.status().code(), absl::StatusCode::kFailedPrecondition);
+      EXPECT_NE(next.status().message().find("row 0"), std::string::npos) << next.status();
+    }
+  }
+  const at::Tensor all_masked = at::full({1, 3}, -inf);
+  EXPECT_FALSE(SampleNext(all_masked, {1.0, 0, 1.0}, gen).ok());
+  // -inf next to finite entries is a masked token, not an error.
+  const at::Tensor masked = at::tensor({-inf, 1.0f, -inf}).view({1, 3});
+  EXPECT_EQ(SampleNext(masked, {1.0, 0, 1.0}, gen).value().item<int64_t>(), 1);
+}
+
+TEST(SamplingTest, RejectsImpossibleOptions) {
+  EXPECT_FALSE(ValidateSampling({-1.0, 0, 1.0}).ok());
+  EXPECT_FALSE(ValidateSampling({1.0, -3, 1.0}).ok());
+  EXPECT_FALSE(ValidateSampling({1.0, 0, 1.5}).ok());
+  EXPECT_FALSE(ValidateSampling({NAN, 0, 1.0}).ok());
+  EXPECT_TRUE(ValidateSampling({0.8, 50, 0.9}).ok());
+}
+
+}  // namespace
+}  // namespace lgpt

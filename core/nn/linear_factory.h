@@ -1,0 +1,83 @@
+// The linear-factory seam: every projection of the model is created through a
+// LinearFactory, so PEFT variants (LoRA, adapter v2) and quantised weights replace
+// projections without touching model code. The base factory makes plain projections whose
+// parameters are named as LitGPT's nn.Linear ("weight", "bias").
+#ifndef LGPT_CORE_NN_LINEAR_FACTORY_H_
+#define LGPT_CORE_NN_LINEAR_FACTORY_H_
+
+#include <memory>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+
+namespace lgpt {
+
+// The role a projection plays, so a factory can choose per site.
+enum class LinearSite {
+  kQkv,       // attn.qkv: fused [Q | K | V]
+  kAttnProj,  // attn.proj
+  kMlpFc,     // GptNeoxMLP fc
+  kMlpFc1,    // LLaMAMLP / GemmaMLP fc_1 (gate)
+  kMlpFc2,    // LLaMAMLP / GemmaMLP fc_2 (up)
+  kMlpProj,   // MLP proj (down)
+  kMoeGate,   // LLaMAMoE router
+  kHead,      // lm_head
+};
+
+const char* LinearSiteName(LinearSite site);
+
+struct LinearSpec {
+  LinearSite site = LinearSite::kHead;
+  int64_t layer = -1;   // Block index; -1 outside blocks.
+  int64_t expert = -1;  // MoE expert index; -1 otherwise, -2 for shared experts.
+  int64_t in_features = 0;
+  int64_t out_features = 0;
+  bool bias = false;
+  // For kQkv: widths of the Q and of each of K and V inside out_features.
+  int64_t q_size = 0;
+  int64_t kv_size = 0;
+};
+
+// A projection y = f(x) from [..., in_features] to [..., out_features].
+class ProjectionImpl : public torch::nn::Module {
+ public:
+  virtual at::Tensor forward(const at::Tensor& x) = 0;
+};
+using ProjectionPtr = std::shared_ptr<ProjectionImpl>;
+
+// While one is alive (on this thread), new DenseProjections leave their weights
+// uninitialised: for building a model whose every weight is loaded right after.
+class SkipProjectionInit {
+ public:
+  SkipProjectionInit();
+  ~SkipProjectionInit();
+  SkipProjectionInit(const SkipProjectionInit&) = delete;
+  SkipProjectionInit& operator=(const SkipProjectionInit&) = delete;
+
+ private:
+  bool previous_;
+};
+
+// Plain affine projection, LitGPT's nn.Linear.
+class DenseProjectionImpl : public ProjectionImpl {
+ public:
+  explicit DenseProjectionImpl(const LinearSpec& spec);
+  at::Tensor forward(const at::Tensor& x) override;
+
+  at::Tensor weight;  // [out_features, in_features]
+  at::Tensor bias;    // [out_features]; undefined without bias
+};
+
+class LinearFactory {
+ public:
+  virtual ~LinearFactory() = default;
+  virtual ProjectionPtr Make(const LinearSpec& spec) const;
+};
+
+// The factory of the base model.
+std::shared_ptr<const LinearFactory> DefaultLinearFactory();
+
+}  // namespace lgpt
+
+#endif  // LGPT_CORE_NN_LINEAR_FACTORY_H_

@@ -1,0 +1,163 @@
+#include "core/nn/rope.h"
+
+#include <cmath>
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+
+namespace lgpt {
+namespace {
+
+// YaRN's attention magnitude correction.
+double YarnMscale(double scale, double mscale) {
+  if (scale <= 1) return 1.0;
+  return 0.1 * mscale * std::log(scale) + 1.0;
+}
+
+at::Tensor BaseTheta(double base, int64_t n_elem, const at::TensorOptions& f32) {
+  const at::Tensor exponent = at::arange(0, n_elem, 2, f32) / static_cast<double>(n_elem);
+  return at::reciprocal(at::pow(base, exponent));
+}
+
+// Decoding rotates a few positions a step; one loop instead of about ten LibTorch operations.
+bool SmallRopeApplies(const at::Tensor& x, const RopeTables& tables, bool interleave) {
+  if (interleave || x.dim() != 4 || x.size(2) > 4 || !x.device().is_cpu()) return false;
+  if (x.scalar_type() != at::kFloat || tables.cos.scalar_type() != at::kFloat) return false;
+  if (!tables.cos.device().is_cpu() || tables.cos.dim() != 3 || tables.sin.dim() != 3) {
+    return false;
+  }
+  if (tables.cos.size(0) != x.size(0) || tables.cos.size(1) != x.size(2)) return false;
+  return !c10::GradMode::is_enabled() || !x.requires_grad();
+}
+
+at::Tensor SmallRope(const at::Tensor& x, const RopeTables& tables) {
+  const int64_t batch = x.size(0), heads = x.size(1), steps = x.size(2), hs = x.size(3);
+  const int64_t n_elem = tables.cos.size(-1), half = n_elem / 2;
+  const at::Tensor cos_t = tables.cos.contiguous(), sin_t = tables.sin.contiguous();
+  at::Tensor y = at::empty({batch, heads, steps, hs}, x.options());
+  const float* in = x.data_ptr<float>();
+  const float* cos = cos_t.data_ptr<float>();
+  const float* sin = sin_t.data_ptr<float>();
+  float* out = y.data_ptr<float>();
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t t = 0; t < steps; ++t) {
+        const float* xv = in + b * x.stride(0) + h * x.stride(1) + t * x.stride(2);
+        const int64_t xs = x.stride(3);
+        const float* c = cos + (b * steps + t) * n_elem;
+        const float* s = sin + (b * steps + t) * n_elem;
+        float* o = out + ((b * heads + h) * steps + t) * hs;
+        for (int64_t i = 0; i < n_elem; ++i) {
+          const float rotated =
+              i < n_elem - half ? -xv[(i + half) * xs] : xv[(i - (n_elem - half)) * xs];
+          o[i] = xv[i * xs] * c[i] + rotated * s[i];
+        }
+        for (int64_t i = n_elem; i < hs; ++i) o[i] = xv[i * xs];
+      }
+    }
+  }
+  return y;
+}
+
+}  // namespace
+
+Rope::Rope(const Config& config, const at::Device& device)
+    : n_elem_(config.rope_n_elem),
+      condense_ratio_(static_cast<double>(config.rope_condense_ratio)) {
+  const at::TensorOptions f32 = at::TensorOptions().dtype(at::kFloat).device(device);
+  const double base = config.rope_base;
+  at::Tensor theta = BaseTheta(base, n_elem_, f32);
+  if (config.rope_adjustments) {
+    const RopeAdjustments& adj = *config.rope_adjustments;
+    const double factor = adj.factor.value_or(1.0);
+    if (adj.IsYarn()) {
+      const double beta_fast = adj.beta_fast.value_or(32);
+      const double beta_slow = adj.beta_slow.value_or(1);
+      const double original = adj.original_max_seq_len.value_or(4096);
+      const double mscale = adj.mscale.value_or(0);
+      const double mscale_all_dim = adj.mscale_all_dim.value_or(0);
+      if (mscale != 0 && mscale_all_dim != 0) {
+        attention_scaling_ = YarnMscale(factor, mscale) / YarnMscale(factor, mscale_all_dim);
+      } else if (mscale_all_dim != 0) {
+        attention_scaling_ = YarnMscale(factor, mscale_all_dim);
+      } else if (mscale != 0) {
+        attention_scaling_ = YarnMscale(factor, mscale);
+      }
+      const at::Tensor pos_freqs =
+          at::pow(base, at::arange(0, n_elem_, 2, f32) / static_cast<double>(n_elem_));
+      const at::Tensor extrapolation = at::reciprocal(pos_freqs);
+      const at::Tensor interpolation = at::reciprocal(pos_freqs * factor);
+      auto correction_dim = [&](double rotations) {
+        return (n_elem_ * std::log(original / (rotations * 2 * M_PI))) / (2 * std::log(base));
+      };
+      double low = correction_dim(beta_fast);
+      double high = correction_dim(beta_slow);
+      if (adj.truncate.value_or(true)) {
+        low = std::floor(low);
+        high = std::ceil(high);
+      }
+      low = std::max(low, 0.0);
+      high = std::min(high, static_cast<double>(n_elem_ / 2 - 1));
+      if (low == high) high += 0.001;  // Avoids a zero-width ramp.
+      const at::Tensor ramp =
+          at::clamp((at::arange(n_elem_ / 2, f32) - low) / (high - low), 0.0, 1.0);
+      theta = interpolation * (1 - ramp) + extrapolation * ramp;
+    } else if (adj.original_max_seq_len) {
+      const double low_freq_factor = adj.low_freq_factor.value_or(1);
+      const double high_freq_factor = adj.high_freq_factor.value_or(4);
+      const at::Tensor wavelen = (2 * M_PI) / theta;
+      const at::Tensor ratio = *adj.original_max_seq_len / wavelen;
+      const at::Tensor smooth =
+          at::clamp((ratio - low_freq_factor) / (high_freq_factor - low_freq_factor), 0.0, 1.0);
+      theta = (1 - smooth) * (theta / factor) + smooth * theta;
+    } else if (adj.factor) {
+      theta = theta / factor;
+    }
+  }
+  theta_ = theta;
+  if (config.rope_local_base_freq) {
+    local_theta_ = BaseTheta(*config.rope_local_base_freq, n_elem_, f32);
+  }
+}
+
+RopeTables Rope::RotationTables(const at::Tensor& shift, bool local) const {
+  const at::Tensor& theta = local ? local_theta_ : theta_;
+  const at::Tensor seq = shift.to(theta.device(), at::kFloat) / condense_ratio_;
+  at::Tensor angles = seq.unsqueeze(-1) * theta;  // [B, T, ceil(n_elem / 2)]
+  angles = at::cat({angles, angles}, -1);
+  if (angles.size(-1) > n_elem_ && n_elem_ > 1) angles = angles.narrow(-1, 0, n_elem_);
+  return RopeTables{at::cos(angles), at::sin(angles)};
+}
+
+RopeTables Rope::Tables(const at::Tensor& positions, bool local) const {
+  RopeTables tables = RotationTables(positions, local);
+  if (attention_scaling_ != 1.0) {
+    tables.cos = tables.cos * attention_scaling_;
+    tables.sin = tables.sin * attention_scaling_;
+  }
+  return tables;
+}
+
+at::Tensor ApplyRope(const at::Tensor& x, const RopeTables& tables, bool interleave) {
+  const int64_t n_elem = tables.cos.size(-1);
+  if (n_elem == 0) return x;
+  if (SmallRopeApplies(x, tables, interleave)) return SmallRope(x, tables);
+  const int64_t head_size = x.size(-1);
+  at::Tensor part = x.narrow(-1, 0, n_elem);
+  if (interleave) {
+    // Gathers even then odd features, as Hugging Face's interleaved RoPE does.
+    std::vector<int64_t> shape = part.sizes().vec();
+    shape.back() = n_elem / 2;
+    shape.push_back(2);
+    part = part.reshape(shape).transpose(-1, -2).reshape(part.sizes());
+  }
+  const int64_t half = n_elem / 2;
+  const at::Tensor rotated = at::cat({-part.narrow(-1, half, n_elem - half), part.narrow(-1, 0, half)}, -1);
+  const at::Tensor cos = tables.cos.unsqueeze(1);  // [B, 1, T, n_elem]
+  const at::Tensor sin = tables.sin.unsqueeze(1);
+  const at::Tensor roped = (part * cos + rotated * sin).to(x.scalar_type());
+  if (n_elem == head_size) return roped;
+  return at::cat({roped, x.narrow(-1, n_elem, head_size - n_elem)}, -1);
+}
+
+}  // namespace lgpt

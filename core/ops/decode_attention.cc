@@ -1,0 +1,232 @@
+#include "core/ops/decode_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "core/ops/gemv.h"
+#include "core/ops/simd_avx2.h"
+
+namespace lgpt {
+namespace {
+
+constexpr int64_t kMaxSteps = 4;
+
+bool RowsContiguous(const at::Tensor& t) {
+  return t.dim() == 4 && t.stride(3) == 1 && t.stride(2) == t.size(3);
+}
+
+// s[e] = exp(s[e] - max) in place; returns their sum.
+float ExpAndSumPortable(float* s, int64_t entries, float max_score) {
+  float total = 0;
+  for (int64_t e = 0; e < entries; ++e) {
+    s[e] = std::exp(s[e] - max_score);
+    total += s[e];
+  }
+  return total;
+}
+
+// out_r = inv_r * sum_e w_r[e] v[e] for each of `rows` weight rows, v [entries, hs].
+void WeightedValuesPortable(const float* const* w, const float* v, int64_t rows,
+                            int64_t entries, int64_t hs, const float* inv, float* const* out,
+                            float* acc) {
+  for (int64_t r = 0; r < rows; ++r) {
+    std::fill(acc, acc + hs, 0.0f);
+    for (int64_t e = 0; e < entries; ++e) {
+      const float we = w[r][e];
+      if (we == 0.0f) continue;
+      const float* ve = v + e * hs;
+      for (int64_t i = 0; i < hs; ++i) acc[i] += we * ve[i];
+    }
+    for (int64_t i = 0; i < hs; ++i) out[r][i] = acc[i] * inv[r];
+  }
+}
+
+#ifdef LGPT_SIMD_AVX2
+
+__attribute__((target("avx2,fma"))) float ExpAndSumAvx2(float* s, int64_t entries,
+                                                        float max_score) {
+  const __m256 max_v = _mm256_set1_ps(max_score);
+  __m256 total = _mm256_setzero_ps();
+  int64_t e = 0;
+  for (; e + 8 <= entries; e += 8) {
+    const __m256 x = simd::Exp(_mm256_sub_ps(_mm256_loadu_ps(s + e), max_v));
+    _mm256_storeu_ps(s + e, x);
+    total = _mm256_add_ps(total, x);
+  }
+  if (e < entries) {
+    const __m256i mask = simd::TailMask(entries - e);
+    const __m256 x = simd::Exp(_mm256_sub_ps(_mm256_maskload_ps(s + e, mask), max_v));
+    _mm256_maskstore_ps(s + e, mask, x);
+    total = _mm256_add_ps(total, _mm256_and_ps(x, _mm256_castsi256_ps(mask)));
+  }
+  return simd::HorizontalSum(total);
+}
+
+// R weight rows against V vectors (8·V columns from `col`) of every value row: R·V
+// accumulators stay in registers while the entries stream by, so each value row is read
+// once for all R queries.
+template <int R, int V>
+__attribute__((target("avx2,fma"))) void WeightedValuesBlockAvx2(const float* const* w,
+                                                                 const float* v, int64_t entries,
+                                                                 int64_t hs, int64_t col,
+                                                                 const float* inv,
+                                                                 float* const* out) {
+  __m256 acc[R][V];
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < V; ++j) acc[r][j] = _mm256_setzero_ps();
+  }
+  const float* ve = v + col;
+  for (int64_t e = 0; e < entries; ++e, ve += hs) {
+    __m256 values[V];
+    for (int j = 0; j < V; ++j) values[j] = _mm256_loadu_ps(ve + 8 * j);
+    for (int r = 0; r < R; ++r) {
+      const __m256 we = _mm256_broadcast_ss(w[r] + e);
+      for (int j = 0; j < V; ++j) acc[r][j] = _mm256_fmadd_ps(we, values[j], acc[r][j]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    const __m256 scale = _mm256_set1_ps(inv[r]);
+    for (int j = 0; j < V; ++j) {
+      _mm256_storeu_ps(out[r] + col + 8 * j, _mm256_mul_ps(acc[r][j], scale));
+    }
+  }
+}
+
+// Column chunks of 8·V for R rows; hs must be a multiple of 8.
+template <int R, int V>
+void WeightedValuesRowsAvx2(const float* const* w, const float* v, int64_t entries, int64_t hs,
+                            const float* inv, float* const* out) {
+  int64_t col = 0;
+  for (; col + 8 * V <= hs; col += 8 * V) {
+    WeightedValuesBlockAvx2<R, V>(w, v, entries, hs, col, inv, out);
+  }
+  for (; col < hs; col += 8) WeightedValuesBlockAvx2<R, 1>(w, v, entries, hs, col, inv, out);
+}
+
+// Up to 4 rows share each pass over the values (16 accumulators would spill: 8 at most).
+void WeightedValuesAvx2(const float* const* w, const float* v, int64_t rows, int64_t entries,
+                        int64_t hs, const float* inv, float* const* out) {
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) WeightedValuesRowsAvx2<4, 2>(w + r, v, entries, hs, inv + r, out + r);
+  if (rows - r >= 2) {
+    WeightedValuesRowsAvx2<2, 4>(w + r, v, entries, hs, inv + r, out + r);
+    r += 2;
+  }
+  if (r < rows) WeightedValuesRowsAvx2<1, 8>(w + r, v, entries, hs, inv + r, out + r);
+}
+
+#endif  // LGPT_SIMD_AVX2
+
+}  // namespace
+
+bool DecodeAttentionApplies(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
+                            const at::Tensor& query_positions, const at::Tensor& key_positions) {
+  for (const at::Tensor* t : {&q, &keys, &values}) {
+    if (!t->device().is_cpu() || t->scalar_type() != at::kFloat || t->dim() != 4) return false;
+  }
+  if (!query_positions.device().is_cpu() || !key_positions.device().is_cpu() ||
+      query_positions.scalar_type() != at::kLong || key_positions.scalar_type() != at::kLong ||
+      key_positions.dim() != 3) {
+    return false;
+  }
+  if (q.size(2) > kMaxSteps || keys.size(2) < 1) return false;
+  if (q.requires_grad() || keys.requires_grad() || values.requires_grad()) return false;
+  if (keys.size(1) < 1 || q.size(1) % keys.size(1) != 0) return false;
+  return RowsContiguous(keys) && RowsContiguous(values) && keys.sizes() == values.sizes();
+}
+
+at::Tensor DecodeAttention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
+                           const at::Tensor& query_positions, const at::Tensor& key_positions,
+                           double scale_in, std::optional<double> softcap, int64_t sliding_window,
+                           bool use_avx2) {
+  const int64_t batch = q.size(0), n_head = q.size(1), steps = q.size(2), hs = q.size(3);
+  const int64_t groups = keys.size(1), entries = keys.size(2);
+  const int64_t q_per_kv = n_head / groups;
+  const int64_t rows = q_per_kv * steps;  // queries of one group
+  const at::Tensor qc = q.contiguous();
+  const at::Tensor qpos = query_positions.contiguous();
+  at::Tensor out = at::empty({batch, n_head, steps, hs}, q.options());
+  const float* q_data = qc.data_ptr<float>();
+  float* out_data = out.data_ptr<float>();
+  const float* k_data = keys.data_ptr<float>();
+  const float* v_data = values.data_ptr<float>();
+  const int64_t* qp_data = qpos.data_ptr<int64_t>();
+  const int64_t* kp_data = key_positions.data_ptr<int64_t>();
+  const int64_t kp_b = key_positions.stride(0), kp_s = key_positions.stride(2);
+  const int64_t kp_g = key_positions.size(1) == 1 ? 0 : key_positions.stride(1);
+  const float scale = static_cast<float>(scale_in);
+  const float lowest = std::numeric_limits<float>::lowest();
+#ifdef LGPT_SIMD_AVX2
+  const bool avx2 = use_avx2 && hs % 8 == 0;
+#else
+  const bool avx2 = false;
+#endif
+
+  // One task per (batch row, key group): its keys and values are read once for all of the
+  // group's query heads and steps (up to 4 of them per pass over the values).
+  const int64_t per_task = 2 * entries * hs;
+  const int64_t min_tasks = std::max<int64_t>(1, (int64_t{32} << 10) / per_task);
+  ParallelForRows(batch * groups, 1, min_tasks, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(rows * entries);
+    std::vector<float> acc(hs);
+    std::vector<const float*> weight_rows(rows);
+    std::vector<float*> out_rows(rows);
+    std::vector<float> inv(rows);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / groups, g = task % groups;
+      const float* k = k_data + b * keys.stride(0) + g * keys.stride(1);
+      const float* v = v_data + b * values.stride(0) + g * values.stride(1);
+      const int64_t* kp = kp_data + b * kp_b + g * kp_g;
+      // The group's queries are contiguous in q: heads g·q_per_kv .. (g+1)·q_per_kv - 1.
+      const float* qg = q_data + ((b * n_head + g * q_per_kv) * steps) * hs;
+      for (int64_t r = 0; r < rows; r += kGemvMaxRows) {
+        const int64_t n = std::min(kGemvMaxRows, rows - r);
+        GemvF32Serial(k, nullptr, qg + r * hs, scores.data() + r * entries, n, entries, hs);
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t t = r % steps;
+        const int64_t query_pos = qp_data[b * steps + t];
+        float* s = scores.data() + r * entries;
+        float max_score = lowest;
+        for (int64_t e = 0; e < entries; ++e) {
+          const int64_t key_pos = kp[e * kp_s];
+          const bool allowed = key_pos >= 0 && key_pos <= query_pos &&
+                               (sliding_window <= 0 || key_pos > query_pos - sliding_window);
+          float x = s[e] * scale;
+          if (softcap) {
+            const float cap = static_cast<float>(*softcap);
+            x = std::tanh(x / cap) * cap;
+          }
+          s[e] = allowed ? x : lowest;
+          max_score = std::max(max_score, s[e]);
+        }
+        // Like masked_fill with the lowest finite value: a row with no allowed key gets
+        // uniform weights (every score equals the maximum).
+#ifdef LGPT_SIMD_AVX2
+        const float total = avx2 ? ExpAndSumAvx2(s, entries, max_score)
+                                 : ExpAndSumPortable(s, entries, max_score);
+#else
+        const float total = ExpAndSumPortable(s, entries, max_score);
+#endif
+        inv[r] = 1.0f / total;
+        weight_rows[r] = s;
+        out_rows[r] = out_data + ((b * n_head + g * q_per_kv) * steps + r) * hs;
+      }
+#ifdef LGPT_SIMD_AVX2
+      if (avx2) {
+        WeightedValuesAvx2(weight_rows.data(), v, rows, entries, hs, inv.data(), out_rows.data());
+        continue;
+      }
+#endif
+      WeightedValuesPortable(weight_rows.data(), v, rows, entries, hs, inv.data(),
+                             out_rows.data(), acc.data());
+    }
+  });
+  return out;
+}
+
+}  // namespace lgpt

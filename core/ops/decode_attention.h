@@ -1,0 +1,34 @@
+// Attention for decoding steps on the CPU: a few float32 queries against the filled cache,
+// without building the [B, ·, T, S] mask and score tensors that AttendByPositions' generic
+// path allocates (at one token a step, those small LibTorch operations cost more than the
+// arithmetic). Same semantics as AttendByPositions, float32 softmax included.
+#ifndef LGPT_CORE_OPS_DECODE_ATTENTION_H_
+#define LGPT_CORE_OPS_DECODE_ATTENTION_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <optional>
+
+#include "core/ops/gemv.h"
+
+namespace lgpt {
+
+// Whether DecodeAttention handles these inputs: CPU float32, at most 4 query steps, keys and
+// values with contiguous [S, hs] rows per (batch, group), int64 positions.
+bool DecodeAttentionApplies(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
+                            const at::Tensor& query_positions, const at::Tensor& key_positions);
+
+// AttendByPositions (see core/ops/attention.h; scale, softcap and sliding_window are its
+// AttentionParams) for the inputs DecodeAttentionApplies accepts; returns [B, n_head, T, hs].
+// Cost per (row, group): one pass over the filled keys for up to 4 queries, a vectorised
+// softmax, one pass over the values per 4 queries. `use_avx2` false forces the portable loops
+// (tests); AVX2 needs head_size % 8 == 0.
+at::Tensor DecodeAttention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
+                           const at::Tensor& query_positions, const at::Tensor& key_positions,
+                           double scale, std::optional<double> softcap, int64_t sliding_window,
+                           bool use_avx2 = CpuHasAvx2Fma());
+
+}  // namespace lgpt
+
+#endif  // LGPT_CORE_OPS_DECODE_ATTENTION_H_

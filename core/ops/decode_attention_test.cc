@@ -1,0 +1,97 @@
+#include "core/ops/decode_attention.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "core/ops/attention.h"
+
+namespace lgpt {
+namespace {
+
+struct Case {
+  int64_t groups;
+  int64_t steps;
+  int64_t entries;
+  int64_t window;
+  bool softcap;
+  int64_t head_size = 20;  // multiples of 8 take the AVX2 kernels
+};
+
+class DecodeAttentionCases : public ::testing::TestWithParam<Case> {};
+
+TEST_P(DecodeAttentionCases, EqualsGenericPath) {
+  const Case c = GetParam();
+  const int64_t batch = 2, n_head = 6, hs = c.head_size, capacity = c.entries + 7;
+  at::manual_seed(c.groups * 100 + c.steps * 10 + c.entries);
+  const at::Tensor q = at::randn({batch, n_head, c.steps, hs});
+  // Views of the filled prefix of larger buffers, as the dense cache returns them.
+  const at::Tensor keys = at::randn({batch, c.groups, capacity, hs}).narrow(2, 0, c.entries);
+  const at::Tensor values = at::randn({batch, c.groups, capacity, hs}).narrow(2, 0, c.entries);
+  // Queries at the last positions; a few empty (-1) slots; row 1 shorter than row 0.
+  at::Tensor key_positions =
+      at::arange(c.entries, at::kLong).view({1, 1, -1}).repeat({batch, 1, 1});
+  if (c.entries > 3) key_positions.select(2, 1).fill_(-1);
+  at::Tensor query_positions =
+      at::arange(c.entries - c.steps, c.entries, at::kLong).view({1, -1}).repeat({batch, 1});
+  query_positions[1].sub_(std::min<int64_t>(2, c.entries - c.steps));
+  AttentionParams params;
+  params.scale = 0.3;
+  if (c.softcap) params.softcap = 5.0;
+  params.sliding_window = c.window;
+  ASSERT_TRUE(DecodeAttentionApplies(q, keys, values, query_positions, key_positions));
+  at::Tensor weights;
+  const at::Tensor expected =
+      AttendByPositions(q, keys, values, query_positions, key_positions, params, &weights);
+  for (const bool use_avx2 : {false, CpuHasAvx2Fma()}) {
+    const at::Tensor actual =
+        DecodeAttention(q, keys, values, query_positions, key_positions, params.scale,
+                        params.softcap, params.sliding_window, use_avx2);
+    EXPECT_TRUE(at::allclose(actual, expected, 1e-5, 1e-5))
+        << "avx2 " << use_avx2 << ": " << (actual - expected).abs().max().item<float>();
+  }
+  // Through AttendByPositions' own dispatch, with per-group positions expanded.
+  const at::Tensor grouped = key_positions.expand({batch, c.groups, c.entries});
+  EXPECT_TRUE(at::allclose(AttendByPositions(q, keys, values, query_positions, grouped, params),
+                           expected, 1e-5, 1e-5));
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, DecodeAttentionCases,
+                         ::testing::Values(Case{6, 1, 1, 0, false}, Case{6, 1, 17, 0, false},
+                                           Case{2, 1, 100, 0, false}, Case{1, 1, 33, 0, true},
+                                           Case{2, 3, 40, 0, false}, Case{3, 4, 9, 0, false},
+                                           Case{2, 1, 64, 8, false}, Case{2, 2, 50, 5, true},
+                                           // AVX2 kernels: 1, 2, 3, 4, 6, 12 and 24 queries
+                                           // a group; head sizes with and without a
+                                           // 64-column block; entries not a multiple of 8.
+                                           Case{6, 1, 1, 0, false, 64}, Case{6, 1, 1000, 0, false, 64},
+                                           Case{3, 1, 77, 0, false, 128}, Case{2, 1, 9, 0, true, 8},
+                                           Case{2, 2, 130, 0, false, 24}, Case{1, 4, 31, 6, false, 40},
+                                           Case{6, 4, 200, 0, false, 16}, Case{3, 2, 64, 0, true, 72},
+                                           Case{1, 1, 257, 0, false, 256}));
+
+TEST(DecodeAttention, RowWithNoAllowedKeyGetsUniformWeights) {
+  const at::Tensor q = at::randn({1, 2, 1, 8});
+  const at::Tensor keys = at::randn({1, 1, 5, 8});
+  const at::Tensor values = at::randn({1, 1, 5, 8});
+  const at::Tensor key_positions = at::full({1, 1, 5}, -1, at::kLong);
+  const at::Tensor query_positions = at::zeros({1, 1}, at::kLong);
+  const at::Tensor actual =
+      DecodeAttention(q, keys, values, query_positions, key_positions, 1.0, std::nullopt, 0);
+  const at::Tensor mean = values.mean(2, /*keepdim=*/true).expand({1, 2, 1, 8});
+  EXPECT_TRUE(at::allclose(actual, mean, 1e-5, 1e-6));
+}
+
+TEST(DecodeAttention, NotForPrefillOrOtherDtypes) {
+  const at::Tensor kv = at::randn({1, 2, 10, 8});
+  const at::Tensor kp = at::arange(10, at::kLong).view({1, 1, 10});
+  EXPECT_FALSE(
+      DecodeAttentionApplies(at::randn({1, 2, 5, 8}), kv, kv, at::zeros({1, 5}, at::kLong), kp));
+  EXPECT_FALSE(DecodeAttentionApplies(at::randn({1, 2, 1, 8}).to(at::kDouble), kv.to(at::kDouble),
+                                      kv.to(at::kDouble), at::zeros({1, 1}, at::kLong), kp));
+  EXPECT_FALSE(DecodeAttentionApplies(at::randn({1, 2, 1, 8}),
+                                      kv.transpose(2, 3).contiguous().transpose(2, 3), kv,
+                                      at::zeros({1, 1}, at::kLong), kp));
+}
+
+}  // namespace
+}  // namespace lgpt

@@ -1,0 +1,195 @@
+#include "core/ops/gemv.h"
+
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/core/GradMode.h>
+
+#include "core/base/row_pool.h"
+#include "core/ops/simd_avx2.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define LGPT_GEMV_X86 1
+#endif
+
+namespace lgpt {
+namespace {
+
+// Portable loop: 8 partial sums per product keep the compiler's vectoriser (SSE2) busy
+// without -ffast-math.
+void GemvPortable(const float* w, const float* bias, const float* x, float* y, int64_t rows,
+                  int64_t n_out, int64_t k, int64_t begin, int64_t end) {
+  for (int64_t n = begin; n < end; ++n) {
+    const float* wn = w + n * k;
+    for (int64_t m = 0; m < rows; ++m) {
+      const float* xm = x + m * k;
+      float partial[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      int64_t i = 0;
+      for (; i + 8 <= k; i += 8) {
+        for (int j = 0; j < 8; ++j) partial[j] += wn[i + j] * xm[i + j];
+      }
+      for (; i < k; ++i) partial[i & 7] += wn[i] * xm[i];
+      float sum = ((partial[0] + partial[1]) + (partial[2] + partial[3])) +
+                  ((partial[4] + partial[5]) + (partial[6] + partial[7]));
+      if (bias != nullptr) sum += bias[n];
+      y[m * n_out + n] = sum;
+    }
+  }
+}
+
+#ifdef LGPT_GEMV_X86
+
+// R weight rows at once against M rows of x: R * M accumulators, each weight vector loaded
+// once and used M times.
+template <int M, int R>
+__attribute__((target("avx2,fma"))) void GemvBlockAvx2(const float* w, const float* bias,
+                                                       const float* x, float* y, int64_t n_out,
+                                                       int64_t k, int64_t n) {
+  __m256 acc[R][M];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+    for (int m = 0; m < M; ++m) acc[r][m] = _mm256_setzero_ps();
+  }
+  const float* wn = w + n * k;
+  const int64_t k8 = k & ~int64_t{7};
+  for (int64_t i = 0; i < k8; i += 8) {
+    __m256 xv[M];
+#pragma GCC unroll 4
+    for (int m = 0; m < M; ++m) xv[m] = _mm256_loadu_ps(x + m * k + i);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m256 wv = _mm256_loadu_ps(wn + r * k + i);
+#pragma GCC unroll 4
+      for (int m = 0; m < M; ++m) acc[r][m] = _mm256_fmadd_ps(wv, xv[m], acc[r][m]);
+    }
+  }
+  if (k8 < k) {
+    const __m256i mask = simd::TailMask(k - k8);
+    __m256 xv[M];
+#pragma GCC unroll 4
+    for (int m = 0; m < M; ++m) xv[m] = _mm256_maskload_ps(x + m * k + k8, mask);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m256 wv = _mm256_maskload_ps(wn + r * k + k8, mask);
+#pragma GCC unroll 4
+      for (int m = 0; m < M; ++m) acc[r][m] = _mm256_fmadd_ps(wv, xv[m], acc[r][m]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    const float b = bias != nullptr ? bias[n + r] : 0.0f;
+#pragma GCC unroll 4
+    for (int m = 0; m < M; ++m) y[m * n_out + n + r] = simd::HorizontalSum(acc[r][m]) + b;
+  }
+}
+
+template <int M>
+void GemvRangeAvx2(const float* w, const float* bias, const float* x, float* y, int64_t n_out,
+                   int64_t k, int64_t begin, int64_t end) {
+  // Four rows at a time for one x row; two for more (R * M <= 8 accumulators).
+  constexpr int R = M == 1 ? 4 : 2;
+  int64_t n = begin;
+  for (; n + R <= end; n += R) GemvBlockAvx2<M, R>(w, bias, x, y, n_out, k, n);
+  for (; n < end; ++n) GemvBlockAvx2<M, 1>(w, bias, x, y, n_out, k, n);
+}
+
+void GemvAvx2(const float* w, const float* bias, const float* x, float* y, int64_t rows,
+              int64_t n_out, int64_t k, int64_t begin, int64_t end) {
+  switch (rows) {
+    case 1:
+      return GemvRangeAvx2<1>(w, bias, x, y, n_out, k, begin, end);
+    case 2:
+      return GemvRangeAvx2<2>(w, bias, x, y, n_out, k, begin, end);
+    case 3:
+      return GemvRangeAvx2<3>(w, bias, x, y, n_out, k, begin, end);
+    default:
+      return GemvRangeAvx2<4>(w, bias, x, y, n_out, k, begin, end);
+  }
+}
+
+#endif  // LGPT_GEMV_X86
+
+bool RequiresGrad(const at::Tensor& t) { return t.defined() && t.requires_grad(); }
+
+}  // namespace
+
+bool CpuHasAvx2Fma() {
+#ifdef LGPT_GEMV_X86
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return has;
+#else
+  return false;
+#endif
+}
+
+void ParallelForRows(int64_t n, int64_t align, int64_t min_rows_per_thread,
+                     const std::function<void(int64_t, int64_t)>& fn) {
+  const int threads = at::get_num_threads();
+  const int64_t blocks = (n + align - 1) / align;
+  const int64_t min_blocks = std::max<int64_t>(1, min_rows_per_thread / align);
+  if (threads <= 1 || blocks < 2 * min_blocks) return fn(0, n);
+  // About 8 chunks per thread: small enough to rebalance, large enough to stream.
+  const int64_t per_chunk = std::max(min_blocks, blocks / (8 * threads));
+  const int64_t chunks = (blocks + per_chunk - 1) / per_chunk;
+  RowPool::Get().Run(threads, chunks, [&](int64_t c) {
+    const int64_t begin = c * per_chunk * align;
+    fn(begin, std::min(begin + per_chunk * align, n));
+  });
+}
+
+void GemvF32(const float* w, const float* bias, const float* x, float* y, int64_t rows,
+             int64_t n_out, int64_t k, bool use_avx2) {
+  // Below ~64 KiB of weights per thread the fork costs more than it saves.
+  const int64_t min_rows = std::max<int64_t>(16, (int64_t{16} << 10) / std::max<int64_t>(k, 1));
+  ParallelForRows(n_out, 8, min_rows, [&](int64_t begin, int64_t end) {
+#ifdef LGPT_GEMV_X86
+    if (use_avx2) return GemvAvx2(w, bias, x, y, rows, n_out, k, begin, end);
+#endif
+    GemvPortable(w, bias, x, y, rows, n_out, k, begin, end);
+  });
+}
+
+void GemvF32Serial(const float* w, const float* bias, const float* x, float* y, int64_t rows,
+                   int64_t n_out, int64_t k) {
+#ifdef LGPT_GEMV_X86
+  if (CpuHasAvx2Fma()) return GemvAvx2(w, bias, x, y, rows, n_out, k, 0, n_out);
+#endif
+  GemvPortable(w, bias, x, y, rows, n_out, k, 0, n_out);
+}
+
+bool GemvApplies(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  if (!x.defined() || !weight.defined() || x.dim() < 1 || weight.dim() != 2) return false;
+  if (!x.device().is_cpu() || !weight.device().is_cpu()) return false;
+  if (x.scalar_type() != at::kFloat || weight.scalar_type() != at::kFloat) return false;
+  if (x.size(-1) != weight.size(1) || !weight.is_contiguous()) return false;
+  if (bias.defined() && (bias.scalar_type() != at::kFloat || !bias.device().is_cpu() ||
+                         bias.dim() != 1 || bias.size(0) != weight.size(0))) {
+    return false;
+  }
+  if (x.numel() == 0 || x.numel() / x.size(-1) > kGemvMaxRows) return false;
+  if (c10::GradMode::is_enabled() &&
+      (RequiresGrad(x) || RequiresGrad(weight) || RequiresGrad(bias))) {
+    return false;
+  }
+  return true;
+}
+
+at::Tensor GemvLinear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  const int64_t k = weight.size(1), n_out = weight.size(0);
+  const at::Tensor xc = x.contiguous();
+  const int64_t rows = xc.numel() / k;
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape.back() = n_out;
+  at::Tensor y = at::empty(shape, x.options());
+  const at::Tensor b = bias.defined() ? bias.contiguous() : bias;
+  GemvF32(weight.data_ptr<float>(), b.defined() ? b.data_ptr<float>() : nullptr,
+          xc.data_ptr<float>(), y.data_ptr<float>(), rows, n_out, k);
+  return y;
+}
+
+}  // namespace lgpt

@@ -1,0 +1,52 @@
+// Few-row float32 matrix-vector products for CPU decoding: y = x W^T (+ b) with x of at most
+// kGemvMaxRows rows. BLAS runs such products as a GEMM with M = 1 at a fraction of the memory
+// bandwidth; decoding is bound by reading W once per token, so this path streams each weight
+// row once for all rows of x, split over at::get_num_threads() threads of a persistent pool.
+//
+// The AVX2/FMA kernel is chosen at run time; other CPUs get a portable loop, so the target
+// builds anywhere. Accumulation is float32 in a different order than BLAS: results equal
+// at::linear to float32 rounding, not bit for bit.
+#ifndef LGPT_CORE_OPS_GEMV_H_
+#define LGPT_CORE_OPS_GEMV_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+
+namespace lgpt {
+
+// Rows of x (the product of its leading dimensions) up to which the GEMV path is used.
+inline constexpr int64_t kGemvMaxRows = 4;
+
+// Whether the CPU has AVX2 and FMA (the fast kernels' requirement).
+bool CpuHasAvx2Fma();
+
+// Whether GemvLinear can stand in for at::linear(x, weight, bias): CPU float32 tensors, a
+// contiguous [N, K] weight, x [..., K] with at most kGemvMaxRows rows, and no autograd
+// graph to record (grad mode off or nothing requiring grad).
+bool GemvApplies(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
+
+// at::linear(x, weight, bias) for the inputs GemvApplies accepts.
+at::Tensor GemvLinear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
+
+// The kernel: y[m, n] = sum_k x[m, k] w[n, k] (+ bias[n]) for m < rows (<= kGemvMaxRows),
+// n < n_out; x rows are k floats apart, y rows n_out floats apart; bias may be null.
+// Parallel over n; `use_avx2` false forces the portable loop (for tests and benchmarks).
+void GemvF32(const float* w, const float* bias, const float* x, float* y, int64_t rows,
+             int64_t n_out, int64_t k, bool use_avx2 = CpuHasAvx2Fma());
+
+// GemvF32 on the calling thread only (AVX2 where available), for callers that split work
+// themselves.
+void GemvF32Serial(const float* w, const float* bias, const float* x, float* y, int64_t rows,
+                   int64_t n_out, int64_t k);
+
+// Runs fn(begin, end) over [0, n) in blocks of `align` rows (the last may be shorter),
+// split across the intra-op threads when each thread gets at least `min_rows_per_thread`.
+// Shared by the float and quantised kernels.
+void ParallelForRows(int64_t n, int64_t align, int64_t min_rows_per_thread,
+                     const std::function<void(int64_t, int64_t)>& fn);
+
+}  // namespace lgpt
+
+#endif  // LGPT_CORE_OPS_GEMV_H_

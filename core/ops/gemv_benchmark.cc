@@ -1,0 +1,112 @@
+// The few-row GEMV against at::linear (OpenBLAS) at decode shapes of the 110M Llama, and a
+// streaming read of the same bytes (the memory-bandwidth bound).
+//
+//   bazel run -c opt //core:gemv_benchmark -- [--threads=N]
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <benchmark/benchmark.h>
+
+#include "core/ops/gemv.h"
+#include "core/ops/quantize.h"
+
+namespace lgpt {
+namespace {
+
+void SetBytes(benchmark::State& state, int64_t bytes) {
+  state.counters["GB_per_s"] =
+      benchmark::Counter(static_cast<double>(bytes), benchmark::Counter::kIsIterationInvariantRate,
+                         benchmark::Counter::kIs1000);
+}
+
+// args: rows, n_out, k
+void BM_Gemv(benchmark::State& state, bool avx2) {
+  const int64_t rows = state.range(0), n_out = state.range(1), k = state.range(2);
+  const at::Tensor w = at::randn({n_out, k});
+  const at::Tensor x = at::randn({rows, k});
+  at::Tensor y = at::empty({rows, n_out});
+  for (auto _ : state) {
+    GemvF32(w.data_ptr<float>(), nullptr, x.data_ptr<float>(), y.data_ptr<float>(), rows, n_out, k,
+            avx2);
+    benchmark::DoNotOptimize(y.data_ptr<float>());
+  }
+  SetBytes(state, n_out * k * 4);
+}
+
+void BM_AtLinear(benchmark::State& state) {
+  const int64_t rows = state.range(0), n_out = state.range(1), k = state.range(2);
+  const at::Tensor w = at::randn({n_out, k});
+  const at::Tensor x = at::randn({1, rows, k});
+  for (auto _ : state) benchmark::DoNotOptimize(at::linear(x, w));
+  SetBytes(state, n_out * k * 4);
+}
+
+void BM_Int8Gemv(benchmark::State& state) {
+  const int64_t rows = state.range(0), n_out = state.range(1), k = state.range(2);
+  const Int8Weight w = QuantizeInt8(at::randn({n_out, k}), 0);
+  const at::Tensor x = at::randn({rows, k});
+  at::Tensor y = at::empty({rows, n_out});
+  for (auto _ : state) {
+    Int8Gemv(w, nullptr, x.data_ptr<float>(), y.data_ptr<float>(), rows, CpuHasAvx2Fma());
+    benchmark::DoNotOptimize(y.data_ptr<float>());
+  }
+  SetBytes(state, n_out * k);
+}
+
+// Sums `bytes` of int32 in chunks over the GEMV's threads: the read bandwidth the GEMV can
+// reach (far larger than the caches).
+void BM_StreamRead(benchmark::State& state) {
+  const int64_t n = state.range(0) / 4;
+  const at::Tensor data = at::randint(0, 100, {n}, at::kInt);
+  const int32_t* p = data.data_ptr<int32_t>();
+  for (auto _ : state) {
+    std::atomic<int64_t> total{0};
+    ParallelForRows(n, 1024, 1 << 20, [&](int64_t begin, int64_t end) {
+      int32_t s[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // Integer sums vectorise without fast-math.
+      for (int64_t i = begin; i + 8 <= end; i += 8) {
+        for (int j = 0; j < 8; ++j) s[j] += p[i + j];
+      }
+      total += s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7];
+    });
+    benchmark::DoNotOptimize(total.load());
+  }
+  SetBytes(state, n * 4);
+}
+
+void Shapes(benchmark::internal::Benchmark* b) {
+  for (const int64_t rows : {1, 4}) {
+    b->Args({rows, 2304, 768});   // qkv
+    b->Args({rows, 2048, 768});   // fc_1 / fc_2
+    b->Args({rows, 768, 2048});   // proj
+    b->Args({rows, 32000, 768});  // lm_head
+  }
+  b->Unit(benchmark::kMicrosecond)->UseRealTime();
+}
+
+BENCHMARK_CAPTURE(BM_Gemv, avx2, true)->Apply(Shapes);
+BENCHMARK_CAPTURE(BM_Gemv, portable, false)->Apply(Shapes);
+BENCHMARK(BM_AtLinear)->Apply(Shapes);
+BENCHMARK(BM_Int8Gemv)->Apply(Shapes);
+BENCHMARK(BM_StreamRead)->Arg(int64_t{438} << 20)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+}  // namespace
+}  // namespace lgpt
+
+int main(int argc, char** argv) {
+  int threads = 0;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--threads=", 10) == 0) threads = std::atoi(argv[i] + 10);
+  }
+  at::set_num_threads(threads > 0 ? threads
+                                  : static_cast<int>(std::thread::hardware_concurrency()));
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
