@@ -97,8 +97,8 @@ absl::StatusOr<std::shared_ptr<const Engine>> Engine::Load(const std::string& ch
   if (options.quantize_int8) {
     if (!options.device.is_cpu() || options.dtype != c10::kFloat) {
       return absl::InvalidArgumentError(
-          "int8 quantisation runs on the CPU with float32 activations: use --precision=32-true "
-          "--device=cpu with --quantize=int8");
+          "EngineOptions.quantize_int8 needs EngineOptions.dtype float32 and EngineOptions.device "
+          "cpu (int8 quantisation runs on the CPU with float32 activations)");
     }
     load.parts = Int8ModelParts();
   }
@@ -218,7 +218,7 @@ absl::StatusOr<Completion> Engine::Run(KVCache& cache, int64_t start_position,
     emit(text);
     if (!stopped_by_sequence) emit(filter.Rest());
   }
-  result.kv_cache_index_bytes = KVCacheIndexBytes(cache);
+  result.kv_cache_index_bytes = cache.IndexBytes();
   const std::vector<int64_t> stops = StopTokens(options);
   if (cancelled) {
     result.finish_reason = FinishReason::kCancelled;
@@ -257,7 +257,7 @@ absl::StatusOr<Completion> Engine::Generate(const std::vector<int64_t>& prompt,
         absl::StrCat("prompt (", prompt.size(), " tokens) plus max_new_tokens (",
                      options.max_new_tokens, ") exceeds the context of ", config().block_size,
                      " tokens (with KVCacheSpec.positions=absolute; a window or sink cache with "
-                     "positions=cache, --kv_positions=cache, goes past it)"));
+                     "KVCacheSpec.positions=cache goes past it)"));
   }
   // Cache positions: the cache spans the whole context and shifts within it.
   ASSIGN_OR_RETURN(
@@ -301,7 +301,7 @@ absl::StatusOr<std::vector<Completion>> Engine::GenerateBatch(
     Completion& result = results[row];
     result.tokens = std::move(rows[row]);
     result.stats = stats;
-    result.kv_cache_index_bytes = KVCacheIndexBytes(*cache);
+    result.kv_cache_index_bytes = cache->IndexBytes();
     if (tokenizer_) {
       // Decode as the streaming path does: primed on the prompt, so leading spaces survive.
       StreamingDecoder stream(*tokenizer_);

@@ -78,22 +78,10 @@ absl::StatusOr<at::Tensor> CausalSelfAttentionImpl::Forward(const at::Tensor& x,
   k = ApplyRope(k, rope, rope_interleave_);
 
   at::Tensor y;  // [B, nh, T, hs]
-  if (cache != nullptr && cache->AttendsInPlace(layer_)) {
-    // Quantised storage: the cache reads its blocks itself, never a full float copy.
-    const AttentionParams params{params_.scale, params_.softcap, params_.sliding_window};
-    ASSIGN_OR_RETURN(y, cache->UpdateAndAttend(layer_, step, q, k, v, params));
+  if (cache != nullptr) {
+    ASSIGN_OR_RETURN(y, cache->UpdateAndAttend(layer_, step, q, k, v, params_));
   } else {
-    KVView view;
-    if (cache != nullptr) {
-      ASSIGN_OR_RETURN(view, cache->Update(layer_, step, k, v));
-    } else {
-      view = KVView{k, v, step.positions.unsqueeze(1)};
-    }
-    const bool want_weights = cache != nullptr && cache->WantsAttentionWeights(layer_);
-    at::Tensor weights;
-    y = AttendByPositions(q, view.keys, view.values, step.positions, view.positions, params_,
-                          want_weights ? &weights : nullptr);
-    if (want_weights) cache->ObserveAttentionWeights(layer_, weights);
+    y = AttendByPositions(q, k, v, step.positions, step.positions.unsqueeze(1), params_);
   }
   for (const auto& extension : extensions_) {
     const at::Tensor extra = extension->Contribute({q, qkv_.get(), &params_});

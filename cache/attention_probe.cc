@@ -12,13 +12,6 @@ namespace lgpt {
 absl::StatusOr<std::unique_ptr<AttentionProbe>> AttentionProbe::Create(
     std::unique_ptr<KVCache> inner, const AttentionProbeOptions& options) {
   if (inner == nullptr) return absl::InvalidArgumentError("attention probe: no cache to wrap");
-  for (int64_t layer = 0; layer < inner->num_layers(); ++layer) {
-    if (inner->AttendsInPlace(layer)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "attention probe: ", inner->DebugName(), " attends in place at layer ", layer,
-          "; its attention weights cannot be observed"));
-    }
-  }
   if (options.first_tokens < 1 || options.min_query_position < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "attention probe: first_tokens ", options.first_tokens, " must be >= 1 and ",

@@ -3,8 +3,9 @@
 // sinks" there (StreamingLLM) decides whether the sink policy can beat a plain window, so
 // //tools:eval_cache reports it next to the perplexities.
 //
-// The probe forwards storage to the wrapped cache and asks the attention for its weights
-// (so the attention takes its generic path: a measuring tool, not a serving cache).
+// The probe forwards storage to the wrapped cache and attends over the wrapped cache's views
+// (KVCache's default UpdateAndAttend) to see the weights: quantised caches are decoded whole
+// each step, and the decode-step kernel is not used: a measuring tool, not a serving cache.
 #ifndef LGPT_CACHE_ATTENTION_PROBE_H_
 #define LGPT_CACHE_ATTENTION_PROBE_H_
 
@@ -34,8 +35,7 @@ struct AttentionStartMass {
 
 class AttentionProbe : public KVCache {
  public:
-  // Fails when `inner` attends in place (its weights never leave the cache) or the options
-  // are out of range.
+  // Fails when `inner` is null or the options are out of range.
   static absl::StatusOr<std::unique_ptr<AttentionProbe>> Create(std::unique_ptr<KVCache> inner,
                                                                 const AttentionProbeOptions& options);
 
@@ -47,6 +47,7 @@ class AttentionProbe : public KVCache {
   // Resets the wrapped cache; the measurements accumulate across resets (segments).
   void Reset() override { inner_->Reset(); }
   int64_t AllocatedBytes() const override { return inner_->AllocatedBytes(); }
+  int64_t IndexBytes() const override { return inner_->IndexBytes(); }
   int64_t max_sequence_length() const override { return inner_->max_sequence_length(); }
   int64_t batch_size() const override { return inner_->batch_size(); }
   int64_t num_layers() const override { return inner_->num_layers(); }

@@ -73,17 +73,41 @@ TEST(AttentionProbe, ForwardsStorageAndKeepsMeasuringAcrossResets) {
   EXPECT_NEAR(result.per_head[1][0], (3 * (1.0 / 3) + 1.0) / 4, 1e-6);
 }
 
-TEST(AttentionProbe, RejectsCachesThatAttendInPlaceAndBadOptions) {
+// A quantised cache attends block by block on its own; behind the probe it serves decoded
+// views instead, so the probe sees the weights, and the attention output stays the same.
+TEST(AttentionProbe, MeasuresQuantisedCachesThroughTheirViews) {
   KVCacheSpec spec;
   spec.bits = 8;
   KVCacheShape shape;
   shape.max_sequence_length = 32;
   shape.layers.assign(1, KVLayerSpec{kGroups, 32, 0});
-  auto quantised = MakeKVCache(spec, shape);
-  ASSERT_TRUE(quantised.ok()) << quantised.status();
-  ASSERT_TRUE((*quantised)->AttendsInPlace(0));
-  EXPECT_EQ(AttentionProbe::Create(std::move(*quantised), {}).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  auto direct = MakeKVCache(spec, shape);
+  auto wrapped = MakeKVCache(spec, shape);
+  ASSERT_TRUE(direct.ok() && wrapped.ok()) << direct.status();
+  AttentionProbeOptions options;
+  options.first_tokens = 2;
+  options.min_query_position = 0;
+  auto probe = AttentionProbe::Create(std::move(*wrapped), options);
+  ASSERT_TRUE(probe.ok()) << probe.status();
+  at::manual_seed(4);
+  AttentionParams params;
+  params.scale = 0.2;
+  for (const auto& [first, count] : {std::pair<int64_t, int64_t>{0, 20}, {20, 1}, {21, 1}}) {
+    const at::Tensor q = at::randn({1, kHeads, count, 32});
+    const at::Tensor k = at::randn({1, kGroups, count, 32});
+    const at::Tensor v = at::randn({1, kGroups, count, 32});
+    auto a = (*direct)->UpdateAndAttend(0, Step(first, count), q, k, v, params);
+    auto b = (*probe)->UpdateAndAttend(0, Step(first, count), q, k, v, params);
+    ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+    EXPECT_LT((*a - *b).abs().max().item<double>(), 1e-5) << "step at " << first;
+  }
+  const AttentionStartMass result = (*probe)->Result();
+  EXPECT_EQ(result.queries[0], 22);
+  EXPECT_GT(result.per_head[0][0], 0.0);
+  EXPECT_LT(result.per_head[0][0], 1.0);
+}
+
+TEST(AttentionProbe, RejectsBadOptions) {
   AttentionProbeOptions bad;
   bad.first_tokens = 0;
   EXPECT_EQ(AttentionProbe::Create(Dense(1), bad).status().code(),

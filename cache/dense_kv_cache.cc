@@ -12,14 +12,6 @@
 namespace lgpt {
 namespace {
 
-constexpr int64_t kMinGrowth = 64;
-
-std::string ShapeString(const at::Tensor& t) {
-  std::string s = "[";
-  for (int64_t i = 0; i < t.dim(); ++i) absl::StrAppend(&s, i ? ", " : "", t.size(i));
-  return s + "]";
-}
-
 // Writes `src` [B, G, T, hs] into `buffer` [B, G, C, hs] at `slots` [B, T].
 void ScatterSlots(at::Tensor& buffer, const at::Tensor& slots, const at::Tensor& src) {
   // Decode steps on the CPU: a few rows copied directly. index_copy_/scatter_ cost more in
@@ -59,23 +51,11 @@ void ScatterSlots(at::Tensor& buffer, const at::Tensor& slots, const at::Tensor&
 
 absl::StatusOr<std::unique_ptr<DenseKVCache>> DenseKVCache::Create(
     const DenseKVCacheOptions& options) {
-  if (options.batch_size < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KV cache batch_size must be >= 1, got ", options.batch_size));
-  }
-  if (options.max_sequence_length < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "KV cache max_sequence_length must be >= 1, got ", options.max_sequence_length));
-  }
-  if (options.layers.empty()) return absl::InvalidArgumentError("KV cache has no layers");
-  for (size_t i = 0; i < options.layers.size(); ++i) {
-    const KVLayerSpec& spec = options.layers[i];
-    if (spec.n_query_groups < 1 || spec.head_size < 1 || spec.sliding_window < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("KV cache layer ", i, ": bad geometry"));
-    }
-  }
+  RETURN_IF_ERROR(CheckCacheGeometry("DenseKVCacheOptions", options.batch_size,
+                                     options.max_sequence_length, options.layers));
   if (options.initial_capacity < 0) {
-    return absl::InvalidArgumentError("KV cache initial_capacity must be >= 0");
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DenseKVCacheOptions.initial_capacity must be >= 0, got ", options.initial_capacity));
   }
   return std::unique_ptr<DenseKVCache>(new DenseKVCache(options));
 }
@@ -105,9 +85,11 @@ DenseKVCache::DenseKVCache(const DenseKVCacheOptions& options) : options_(option
 
 void DenseKVCache::Grow(Layer& layer, int64_t needed) {
   if (needed <= layer.capacity) return;
-  int64_t capacity = std::max({needed, 2 * layer.capacity, kMinGrowth});
-  if (layer.capacity == 0 && options_.initial_capacity > 0) capacity = needed;
-  capacity = std::min(capacity, options_.max_sequence_length);
+  // A caller that gave initial_capacity knows the length: no doubling past it.
+  const int64_t capacity =
+      layer.capacity == 0 && options_.initial_capacity > 0
+          ? std::min(needed, options_.max_sequence_length)
+          : GrownCapacity(needed, layer.capacity, options_.max_sequence_length);
   const at::TensorOptions opts =
       at::TensorOptions().dtype(options_.dtype).device(options_.device);
   const KVLayerSpec& spec = layer.spec;
@@ -136,21 +118,10 @@ absl::Status DenseKVCache::CheckStep(const KVStep& step, int64_t batch_size) con
 
 absl::StatusOr<KVView> DenseKVCache::Update(int64_t layer_index, const KVStep& step,
                                             const at::Tensor& keys, const at::Tensor& values) {
-  if (layer_index < 0 || layer_index >= num_layers()) {
-    return absl::OutOfRangeError(absl::StrCat("KV cache has no layer ", layer_index));
-  }
+  RETURN_IF_ERROR(CheckLayerStep(layer_index, options_.layers, step, keys, values,
+                                 options_.batch_size, options_.max_sequence_length));
   Layer& layer = layers_[layer_index];
   const int64_t batch = keys.size(0);
-  RETURN_IF_ERROR(CheckStep(step, batch));
-  if (keys.dim() != 4 || keys.sizes() != values.sizes() ||
-      keys.size(1) != layer.spec.n_query_groups || keys.size(3) != layer.spec.head_size ||
-      step.positions.dim() != 2 || step.positions.size(0) != batch ||
-      step.positions.size(1) != keys.size(2)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "KV cache layer ", layer_index, ": keys ", ShapeString(keys), ", values ",
-        ShapeString(values), ", positions ", ShapeString(step.positions), " do not match [B, ",
-        layer.spec.n_query_groups, ", T, ", layer.spec.head_size, "] and [B, T]"));
-  }
   const at::Tensor k = keys.to(options_.dtype);
   const at::Tensor v = values.to(options_.dtype);
   if (layer.ring) return RingUpdate(layer, step, k, v);

@@ -46,8 +46,8 @@ class DenseKVCache : public KVCache {
   // Key and value storage: 2 · batch · n_query_groups · capacity · head_size · element size,
   // summed over layers (capacity window-sized on windowed layers).
   int64_t AllocatedBytes() const override;
-  // Bookkeeping beside the entries: ring-slot positions and the shared position ramp.
-  int64_t IndexBytes() const;
+  // Ring-slot positions and the shared position ramp.
+  int64_t IndexBytes() const override;
   int64_t max_sequence_length() const override { return options_.max_sequence_length; }
   int64_t batch_size() const override { return options_.batch_size; }
   int64_t num_layers() const override { return static_cast<int64_t>(layers_.size()); }

@@ -29,7 +29,7 @@ absl::StatusOr<PolicyKind> ParsePolicyKind(absl::string_view name) {
   if (name == "sink") return PolicyKind::kSink;
   if (name == "h2o") return PolicyKind::kH2O;
   if (name == "tova") return PolicyKind::kTova;
-  return absl::InvalidArgumentError(absl::StrCat("--kv_cache: unknown policy '", name,
+  return absl::InvalidArgumentError(absl::StrCat("unknown KV cache policy '", name,
                                                  "' (expected one of ",
                                                  absl::StrJoin(PolicyNames(), ", "), ")"));
 }
@@ -120,6 +120,30 @@ at::Tensor StepScores(const LayerPlan& plan, const at::Tensor& weights, int64_t 
   const at::Tensor w = weights.view({batch, groups, n_head / groups, steps, entries});
   if (plan.kind == PolicyKind::kTova) return w.select(3, steps - 1).mean(2);
   return w.sum({2, 3});
+}
+
+absl::Status ValidateEvictionPolicy(const EvictionPolicyOptions& policy,
+                                    absl::string_view owner) {
+  if (policy.kind != PolicyKind::kDense && policy.budget < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(owner, ".budget must be >= 1 for policy ",
+                                                   PolicyName(policy.kind), ", got ",
+                                                   policy.budget));
+  }
+  if (policy.kind == PolicyKind::kSink &&
+      (policy.sink_tokens < 0 || policy.sink_tokens > policy.budget)) {
+    return absl::InvalidArgumentError(absl::StrCat(owner, ".sink_tokens=", policy.sink_tokens,
+                                                   " must be in [0, ", owner,
+                                                   ".budget=", policy.budget, "]"));
+  }
+  if (!(policy.recent_fraction >= 0 && policy.recent_fraction <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(owner, ".recent_fraction must be in [0, 1], got ",
+                                                   policy.recent_fraction));
+  }
+  return absl::OkStatus();
+}
+
+bool KeepsContiguousPositions(PolicyKind kind) {
+  return kind == PolicyKind::kWindow || kind == PolicyKind::kSink;
 }
 
 }  // namespace lgpt

@@ -43,6 +43,15 @@ struct EvictionPolicyOptions {
   double recent_fraction = 0.5;  // h2o: share of the budget kept for the most recent entries
 };
 
+// Checks budget (>= 1 unless dense), sink_tokens (in [0, budget] for sink) and
+// recent_fraction (in [0, 1]); errors name the fields under `owner` ("KVCacheSpec.budget").
+absl::Status ValidateEvictionPolicy(const EvictionPolicyOptions& policy,
+                                    absl::string_view owner);
+
+// Whether the policy keeps a contiguous run of positions (plus sinks), as cache positions
+// (shifting kept entries down) require: window and sink.
+bool KeepsContiguousPositions(PolicyKind kind);
+
 // What one layer of a cache does, derived from the options and the layer's geometry.
 struct LayerPlan {
   PolicyKind kind = PolicyKind::kDense;

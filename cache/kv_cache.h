@@ -1,10 +1,10 @@
 // The KV cache contract between attention and storage.
 //
 // A cache is a plain object owned by the caller (one per generation session); the model
-// takes it as an argument, so one set of weights serves many sessions. For each layer,
-// Update() stores the step's keys and values and returns what the step's queries may attend
-// to: views of the stored entries with the token position each holds. The attention builds
-// its mask from those positions (causality, sliding windows and evicted entries all follow
+// takes it as an argument, so one set of weights serves many sessions. For each layer, the
+// attention calls UpdateAndAttend(), which stores the step's keys and values and attends to
+// what the step's queries may see; Update() stores them and returns those entries as views
+// with the token position each holds. The mask follows from those positions (causality, sliding windows and evicted entries all follow
 // from them), so a cache may keep any subset of entries in any slot order.
 #ifndef LGPT_CACHE_KV_CACHE_H_
 #define LGPT_CACHE_KV_CACHE_H_
@@ -15,9 +15,11 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "core/ops/attention.h"
 
 namespace lgpt {
@@ -49,10 +51,30 @@ struct KVLayerSpec {
   int64_t sliding_window = 0;  // 0: global attention; else the layer's window size
 };
 
-// The bounds every cache checks before a step: 1 <= batch_size <= max_batch_size and
-// positions in [0, max_sequence_length).
+// Checks every cache makes; errors name what is wrong and where.
+// Options of a new cache: batch_size >= 1, max_sequence_length >= 1, at least one layer, each
+// with n_query_groups >= 1, head_size >= 1, sliding_window >= 0. `owner` names the options
+// struct in errors ("DenseKVCacheOptions").
+absl::Status CheckCacheGeometry(absl::string_view owner, int64_t batch_size,
+                                int64_t max_sequence_length,
+                                const std::vector<KVLayerSpec>& layers);
+// The bounds of a step: 1 <= batch_size <= max_batch_size, positions in
+// [0, max_sequence_length).
 absl::Status CheckStepBounds(const KVStep& step, int64_t batch_size, int64_t max_batch_size,
                              int64_t max_sequence_length);
+// One layer's step: the layer exists, keys and values are [B, n_query_groups, T, head_size]
+// with positions [B, T], within the bounds above.
+absl::Status CheckLayerStep(int64_t layer, const std::vector<KVLayerSpec>& layers,
+                            const KVStep& step, const at::Tensor& keys, const at::Tensor& values,
+                            int64_t max_batch_size, int64_t max_sequence_length);
+// Queries of UpdateAndAttend: q [B, n_head, T, head_size] matching keys [B, G, T, head_size],
+// n_head a multiple of G.
+absl::Status CheckQueries(int64_t layer, const at::Tensor& q, const at::Tensor& keys);
+// "[2, 4, 7, 64]".
+std::string ShapeString(const at::Tensor& t);
+// Slots to allocate for `needed` entries when `current` are allocated: doubling (at least 64),
+// never above `limit`, so growth costs O(1) amortised per entry.
+int64_t GrownCapacity(int64_t needed, int64_t current, int64_t limit);
 
 class KVCache {
  public:
@@ -71,33 +93,35 @@ class KVCache {
   // Forgets every entry; keeps allocations for reuse.
   virtual void Reset() = 0;
 
-  // Bytes of storage currently allocated (buffers, positions and any scales).
+  // Bytes of entry storage currently allocated: keys and values (encoded entries and their
+  // quantisation scales for quantised caches), whether filled or not.
   virtual int64_t AllocatedBytes() const = 0;
+  // Bytes of bookkeeping beside the entries: slot positions, policy scores, position ramps.
+  virtual int64_t IndexBytes() const = 0;
 
   // Largest position a step may write plus one (the context length this cache serves).
   virtual int64_t max_sequence_length() const = 0;
   virtual int64_t batch_size() const = 0;
   virtual int64_t num_layers() const = 0;
 
+  // The one call the attention layer makes: stores the step's keys/values for `layer` (as
+  // Update) and returns the attention of q over what the step may attend to, with the mask rule
+  // of core/ops/attention_mask.h and softmax in float32.
+  // q [B, n_head, T, head_size] (after RoPE); keys/values as for Update. Returns
+  // [B, n_head, T, head_size] in q's dtype. Errors leave the cache unchanged.
+  // The default: Update, then AttendByPositions over the returned view, handing the weights to
+  // ObserveAttentionWeights when WantsAttentionWeights(layer). Caches whose storage is not
+  // plain tensors (quantised entries) override it to read their storage block by block
+  // (AttendBlockwise), so no full-precision copy of the layer is ever made.
+  virtual absl::StatusOr<at::Tensor> UpdateAndAttend(int64_t layer, const KVStep& step,
+                                                     const at::Tensor& q, const at::Tensor& keys,
+                                                     const at::Tensor& values,
+                                                     const AttentionParams& params);
+
   // Policies that score entries by attention ask for the step's attention weights.
   virtual bool WantsAttentionWeights(int64_t layer) const { return false; }
   // weights [B, n_head, T, S] over the entries of the last KVView of `layer`.
   virtual void ObserveAttentionWeights(int64_t layer, const at::Tensor& weights) {}
-
-  // Caches whose storage is not plain tensors (quantised entries) can attend in place:
-  // UpdateAndAttend stores the step like Update, then computes the attention reading the
-  // storage block by block, so no full-precision copy of the whole layer is ever made. An
-  // attention layer may call it instead of Update + its kernel + ObserveAttentionWeights when
-  // AttendsInPlace(layer); the result is the same (the mask rules above, softmax in float32).
-  virtual bool AttendsInPlace(int64_t layer) const { return false; }
-  // q [B, n_head, T, head_size] (after RoPE); keys/values as for Update. Returns the
-  // attention output [B, n_head, T, head_size] in q's dtype.
-  virtual absl::StatusOr<at::Tensor> UpdateAndAttend(int64_t layer, const KVStep& step,
-                                                     const at::Tensor& q, const at::Tensor& keys,
-                                                     const at::Tensor& values,
-                                                     const AttentionParams& params) {
-    return absl::UnimplementedError(DebugName() + " KV cache does not attend in place");
-  }
 
   // Cache positions (KVCacheSpec.positions = "cache"; window and sink caches): positions are
   // places in the cache, not in the stream, so a stream of any length stays below

@@ -15,7 +15,7 @@
 #include <memory>
 #include <string>
 
-#include "core/ops/blockwise_attention.h"
+#include "core/ops/attention.h"
 #include "cache/kv_cache_factory.h"
 
 namespace lgpt {
@@ -67,7 +67,7 @@ void DecodeStep(benchmark::State& state) {
       at::Tensor weights;
       const bool scored = cache->WantsAttentionWeights(0);
       benchmark::DoNotOptimize(
-          BlockwiseAttention(q, kGroups, {TensorSource(view.keys, view.values, view.positions)},
+          AttendBlockwise(q, kGroups, {TensorSource(view.keys, view.values, view.positions)},
                              step.positions, params, scored ? &weights : nullptr));
       if (scored) cache->ObserveAttentionWeights(0, weights);
     }

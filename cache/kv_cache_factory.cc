@@ -8,45 +8,40 @@
 
 namespace lgpt {
 
+namespace {
+
+EvictionPolicyOptions PolicyOptions(const KVCacheSpec& spec, PolicyKind kind) {
+  EvictionPolicyOptions policy;
+  policy.kind = kind;
+  policy.budget = spec.budget;
+  policy.sink_tokens = spec.sink_tokens;
+  policy.recent_fraction = spec.recent_fraction;
+  return policy;
+}
+
+absl::StatusOr<PolicyKind> SpecPolicy(const KVCacheSpec& spec) {
+  absl::StatusOr<PolicyKind> kind = ParsePolicyKind(spec.policy);
+  if (!kind.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("KVCacheSpec.policy: ", kind.status().message()));
+  }
+  return kind;
+}
+
+}  // namespace
+
 absl::Status ValidateKVCacheSpec(const KVCacheSpec& spec) {
-  ASSIGN_OR_RETURN(const PolicyKind kind, ParsePolicyKind(spec.policy));
-  if (spec.bits != 16 && spec.bits != 8 && spec.bits != 4) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--kv_bits must be 16, 8 or 4, got ", spec.bits));
-  }
-  if (kind != PolicyKind::kDense && spec.budget < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--kv_budget must be >= 1 for --kv_cache=", spec.policy, ", got ", spec.budget));
-  }
-  if (kind == PolicyKind::kSink && (spec.sink_tokens < 0 || spec.sink_tokens > spec.budget)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--kv_sink=", spec.sink_tokens, " must be in [0, --kv_budget=", spec.budget, "]"));
-  }
-  if (spec.residual < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--kv_residual must be >= 0, got ", spec.residual));
-  }
-  if (spec.group_size < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--kv_group must be >= 1, got ", spec.group_size));
-  }
-  if (!(spec.recent_fraction >= 0 && spec.recent_fraction <= 1)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("h2o recent fraction must be in [0, 1], got ", spec.recent_fraction));
-  }
-  if (spec.block_size < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KV attention block size must be >= 1, got ", spec.block_size));
-  }
+  ASSIGN_OR_RETURN(const PolicyKind kind, SpecPolicy(spec));
+  RETURN_IF_ERROR(ValidateEvictionPolicy(PolicyOptions(spec, kind), "KVCacheSpec"));
+  RETURN_IF_ERROR(ValidateEntryStorage(spec.bits, spec.residual, spec.group_size,
+                                       spec.block_size, "KVCacheSpec"));
   if (spec.positions != "absolute" && spec.positions != "cache") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--kv_positions (KVCacheSpec.positions) must be absolute or cache, got '",
-                     spec.positions, "'"));
-  }
-  if (UsesCachePositions(spec) && kind != PolicyKind::kWindow && kind != PolicyKind::kSink) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--kv_positions=cache (KVCacheSpec.positions) needs --kv_cache=window or sink (whose "
-        "kept entries are contiguous in position), got --kv_cache=",
+        "KVCacheSpec.positions must be absolute or cache, got '", spec.positions, "'"));
+  }
+  if (UsesCachePositions(spec) && !KeepsContiguousPositions(kind)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KVCacheSpec.positions=cache needs KVCacheSpec.policy window or sink (whose kept entries "
+        "are contiguous in position), got ",
         spec.policy));
   }
   return absl::OkStatus();
@@ -64,7 +59,7 @@ std::string DescribeKVCacheSpec(const KVCacheSpec& spec,
 absl::StatusOr<std::unique_ptr<KVCache>> MakeKVCache(const KVCacheSpec& spec,
                                                      const KVCacheShape& shape) {
   RETURN_IF_ERROR(ValidateKVCacheSpec(spec));
-  ASSIGN_OR_RETURN(const PolicyKind kind, ParsePolicyKind(spec.policy));
+  ASSIGN_OR_RETURN(const PolicyKind kind, SpecPolicy(spec));
   if (kind == PolicyKind::kDense && spec.bits == 16) {
     DenseKVCacheOptions options;
     options.batch_size = shape.batch_size;
@@ -82,10 +77,7 @@ absl::StatusOr<std::unique_ptr<KVCache>> MakeKVCache(const KVCacheSpec& spec,
   options.layers = shape.layers;
   options.dtype = shape.dtype;
   options.device = shape.device;
-  options.policy.kind = kind;
-  options.policy.budget = spec.budget;
-  options.policy.sink_tokens = spec.sink_tokens;
-  options.policy.recent_fraction = spec.recent_fraction;
+  options.policy = PolicyOptions(spec, kind);
   options.bits = spec.bits;
   options.residual = spec.residual;
   options.group_size = spec.group_size;
@@ -93,14 +85,6 @@ absl::StatusOr<std::unique_ptr<KVCache>> MakeKVCache(const KVCacheSpec& spec,
   options.cache_positions = UsesCachePositions(spec);
   ASSIGN_OR_RETURN(std::unique_ptr<PolicyKVCache> cache, PolicyKVCache::Create(options));
   return std::unique_ptr<KVCache>(std::move(cache));
-}
-
-int64_t KVCacheIndexBytes(const KVCache& cache) {
-  if (const auto* dense = dynamic_cast<const DenseKVCache*>(&cache)) return dense->IndexBytes();
-  if (const auto* policy = dynamic_cast<const PolicyKVCache*>(&cache)) {
-    return policy->IndexBytes();
-  }
-  return 0;
 }
 
 }  // namespace lgpt

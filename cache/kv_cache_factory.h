@@ -1,8 +1,8 @@
-// Building a KV cache from what a tool or a caller names: --kv_cache=dense|window|sink|h2o|tova,
-// --kv_budget=N (entries kept per layer), --kv_bits=16|8|4 (16: the model's own dtype), plus
-// the finer --kv_sink, --kv_residual and --kv_group, and --kv_positions=absolute|cache (whether
-// a window or sink cache keeps stream positions, bounded by the context, or positions within the
-// cache, unbounded: see cache/policy_kv_cache.h). The dense policy at 16 bits is the exact
+// Building a KV cache from what a caller names (KVCacheSpec): policy dense|window|sink|h2o|tova,
+// budget (entries kept per layer), bits 16|8|4 (16: the model's own dtype), the finer
+// sink_tokens, residual and group_size, and positions absolute|cache (whether a window or sink
+// cache keeps stream positions, bounded by the context, or positions within the cache,
+// unbounded: see cache/policy_kv_cache.h). Tools fill it from --kv_cache, --kv_budget, ... The dense policy at 16 bits is the exact
 // DenseKVCache; everything else is a PolicyKVCache (cache/policy_kv_cache.h).
 #ifndef LGPT_CACHE_KV_CACHE_FACTORY_H_
 #define LGPT_CACHE_KV_CACHE_FACTORY_H_
@@ -40,9 +40,10 @@ struct KVCacheSpec {
 // Whether `spec` asks for cache positions (a stream not bounded by the context).
 inline bool UsesCachePositions(const KVCacheSpec& spec) { return spec.positions == "cache"; }
 
-// Errors name the flag and the value: unknown policy, budget < 1, bits not 16/8/4, more sink
-// tokens than the budget, negative residual, positions other than absolute/cache, cache positions
-// with a policy other than window and sink.
+// Errors name the field and the value ("KVCacheSpec.budget must be >= 1 for policy h2o, got
+// 0"): unknown policy, budget < 1, bits not 16/8/4, more sink tokens than the budget, negative
+// residual, group or block size < 1, positions other than absolute/cache, cache positions with
+// a policy other than window and sink. Tools show them in flag terms (tools/tool_util.h).
 absl::Status ValidateKVCacheSpec(const KVCacheSpec& spec);
 
 // "h2o budget=256 bits=8", or "dense bits=16". With the model's dtype, full-precision storage
@@ -63,8 +64,6 @@ struct KVCacheShape {
 absl::StatusOr<std::unique_ptr<KVCache>> MakeKVCache(const KVCacheSpec& spec,
                                                      const KVCacheShape& shape);
 
-// Bookkeeping bytes beside the entries (positions, scores) of caches built here; 0 otherwise.
-int64_t KVCacheIndexBytes(const KVCache& cache);
 
 }  // namespace lgpt
 

@@ -11,14 +11,6 @@
 namespace lgpt {
 namespace {
 
-constexpr int64_t kMinGrowth = 64;
-
-std::string ShapeString(const at::Tensor& t) {
-  std::string s = "[";
-  for (int64_t i = 0; i < t.dim(); ++i) absl::StrAppend(&s, i ? ", " : "", t.size(i));
-  return s + "]";
-}
-
 at::Tensor Rows(const at::Tensor& t, int64_t rows) { return t.narrow(0, 0, rows); }
 
 // index [rows, G, n] -> [rows, G, n, width], to gather or scatter entries along dim 2.
@@ -28,64 +20,48 @@ at::Tensor Expand4(const at::Tensor& index, int64_t width) {
 
 }  // namespace
 
+absl::Status ValidateEntryStorage(int bits, int64_t residual, int64_t group_size,
+                                  int64_t block_size, absl::string_view owner) {
+  if (bits != 16 && bits != 8 && bits != 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(owner, ".bits must be 16, 8 or 4, got ", bits));
+  }
+  if (residual < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(owner, ".residual must be >= 0, got ", residual));
+  }
+  if (group_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(owner, ".group_size must be >= 1, got ", group_size));
+  }
+  if (block_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(owner, ".block_size must be >= 1, got ", block_size));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<PolicyKVCache>> PolicyKVCache::Create(
     const PolicyKVCacheOptions& options) {
-  if (options.batch_size < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KV cache batch_size must be >= 1, got ", options.batch_size));
-  }
-  if (options.max_sequence_length < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "KV cache max_sequence_length must be >= 1, got ", options.max_sequence_length));
-  }
-  if (options.layers.empty()) return absl::InvalidArgumentError("KV cache has no layers");
+  RETURN_IF_ERROR(CheckCacheGeometry("PolicyKVCacheOptions", options.batch_size,
+                                     options.max_sequence_length, options.layers));
+  RETURN_IF_ERROR(ValidateEvictionPolicy(options.policy, "PolicyKVCacheOptions.policy"));
+  RETURN_IF_ERROR(ValidateEntryStorage(options.bits, options.residual, options.group_size,
+                                       options.block_size, "PolicyKVCacheOptions"));
   const EvictionPolicyOptions& policy = options.policy;
-  if (policy.kind != PolicyKind::kDense && policy.budget < 1) {
+  if (options.cache_positions && !KeepsContiguousPositions(policy.kind)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--kv_budget must be >= 1 for --kv_cache=", PolicyName(policy.kind), ", got ",
-                     policy.budget));
+        absl::StrCat("PolicyKVCacheOptions.cache_positions needs policy window or sink, got ",
+                     PolicyName(policy.kind)));
   }
-  if (policy.kind == PolicyKind::kSink &&
-      (policy.sink_tokens < 0 || policy.sink_tokens > policy.budget)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--kv_sink=", policy.sink_tokens,
-                     " sink tokens must be in [0, --kv_budget=", policy.budget, "]"));
-  }
-  if (!(policy.recent_fraction >= 0 && policy.recent_fraction <= 1)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("h2o recent fraction must be in [0, 1], got ", policy.recent_fraction));
-  }
-  if (options.bits != 16 && options.bits != 8 && options.bits != 4) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--kv_bits must be 16, 8 or 4, got ", options.bits));
-  }
-  if (options.residual < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--kv_residual must be >= 0, got ", options.residual));
-  }
-  if (options.block_size < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KV attention block size must be >= 1, got ", options.block_size));
-  }
-  if (options.cache_positions) {
-    if (policy.kind != PolicyKind::kWindow && policy.kind != PolicyKind::kSink) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--kv_positions=cache (KVCacheSpec.positions) needs --kv_cache=window or sink, got "
-          "--kv_cache=",
-          PolicyName(policy.kind)));
-    }
-    if (policy.budget >= options.max_sequence_length) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--kv_positions=cache (KVCacheSpec.positions) needs --kv_budget below the context (",
-          options.max_sequence_length, " tokens), got ", policy.budget));
-    }
+  if (options.cache_positions && policy.budget >= options.max_sequence_length) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PolicyKVCacheOptions.cache_positions needs a budget below the context (",
+        options.max_sequence_length, " tokens), got ", policy.budget));
   }
   std::unique_ptr<PolicyKVCache> cache(new PolicyKVCache(options));
   for (size_t i = 0; i < options.layers.size(); ++i) {
     const KVLayerSpec& spec = options.layers[i];
-    if (spec.n_query_groups < 1 || spec.head_size < 1 || spec.sliding_window < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("KV cache layer ", i, ": bad geometry"));
-    }
     Layer layer;
     layer.spec = spec;
     layer.plan = MakeLayerPlan(policy, spec.sliding_window, options.max_sequence_length);
@@ -141,33 +117,10 @@ absl::Status PolicyKVCache::CheckStep(const KVStep& step, int64_t batch_size) co
   return CheckStepBounds(step, batch_size, options_.batch_size, options_.max_sequence_length);
 }
 
-absl::Status PolicyKVCache::Validate(int64_t layer_index, const KVStep& step,
-                                     const at::Tensor& keys, const at::Tensor& values) const {
-  if (layer_index < 0 || layer_index >= num_layers()) {
-    return absl::OutOfRangeError(absl::StrCat("KV cache has no layer ", layer_index));
-  }
-  const KVLayerSpec& spec = layers_[layer_index].spec;
-  if (keys.dim() != 4) {
-    return absl::InvalidArgumentError(absl::StrCat("KV cache layer ", layer_index, ": keys ",
-                                                   ShapeString(keys),
-                                                   " are not [B, G, T, head_size]"));
-  }
-  const int64_t batch = keys.size(0);
-  RETURN_IF_ERROR(CheckStep(step, batch));
-  if (keys.sizes() != values.sizes() || keys.size(1) != spec.n_query_groups ||
-      keys.size(3) != spec.head_size || step.positions.dim() != 2 ||
-      step.positions.size(0) != batch || step.positions.size(1) != keys.size(2)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "KV cache layer ", layer_index, ": keys ", ShapeString(keys), ", values ",
-        ShapeString(values), ", positions ", ShapeString(step.positions), " do not match [B, ",
-        spec.n_query_groups, ", T, ", spec.head_size, "] and [B, T]"));
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<KVView> PolicyKVCache::Update(int64_t layer_index, const KVStep& step,
                                              const at::Tensor& keys, const at::Tensor& values) {
-  RETURN_IF_ERROR(Validate(layer_index, step, keys, values));
+  RETURN_IF_ERROR(CheckLayerStep(layer_index, options_.layers, step, keys, values,
+                                 options_.batch_size, options_.max_sequence_length));
   Layer& layer = layers_[layer_index];
   const std::vector<KVBlockSource> sources = Begin(layer, step, keys, values);
   const int64_t rows = keys.size(0), groups = layer.spec.n_query_groups;
@@ -191,19 +144,15 @@ absl::StatusOr<at::Tensor> PolicyKVCache::UpdateAndAttend(int64_t layer_index, c
                                                           const at::Tensor& keys,
                                                           const at::Tensor& values,
                                                           const AttentionParams& params) {
-  RETURN_IF_ERROR(Validate(layer_index, step, keys, values));
+  if (options_.bits == 16) return KVCache::UpdateAndAttend(layer_index, step, q, keys, values, params);
+  RETURN_IF_ERROR(CheckLayerStep(layer_index, options_.layers, step, keys, values,
+                                 options_.batch_size, options_.max_sequence_length));
+  RETURN_IF_ERROR(CheckQueries(layer_index, q, keys));
   Layer& layer = layers_[layer_index];
-  const int64_t groups = layer.spec.n_query_groups;
-  if (q.dim() != 4 || q.size(0) != keys.size(0) || q.size(1) % groups != 0 ||
-      q.size(2) != keys.size(2) || q.size(3) != layer.spec.head_size) {
-    return absl::InvalidArgumentError(absl::StrCat("KV cache layer ", layer_index, ": queries ",
-                                                   ShapeString(q), " do not match keys ",
-                                                   ShapeString(keys)));
-  }
   const std::vector<KVBlockSource> sources = Begin(layer, step, keys, values);
   at::Tensor weights;
-  at::Tensor y = BlockwiseAttention(q, groups, sources, step.positions, params,
-                                    layer.plan.scored ? &weights : nullptr);
+  at::Tensor y = AttendBlockwise(q, layer.spec.n_query_groups, sources, step.positions, params,
+                                 layer.plan.scored ? &weights : nullptr);
   Settle(layer, weights);
   return y;
 }
@@ -325,7 +274,7 @@ void PolicyKVCache::InsertMain(Layer& layer, int64_t rows, const at::Tensor& key
   if (main.used + 1 > main.capacity) {
     Reserve(
         main, *layer.codec, groups,
-        std::min(std::max({main.used + 1, 2 * main.capacity, kMinGrowth}), MaxMainCapacity(layer)));
+        GrownCapacity(main.used + 1, main.capacity, MaxMainCapacity(layer)));
   }
   at::Tensor main_positions = Rows(main.positions, rows);
   // The first empty slot (empty slots hold -1, below every position).
@@ -463,7 +412,7 @@ void PolicyKVCache::Compact(Layer& layer, const at::Tensor& chunk_scores) {
   const int64_t needed = std::min(kept + 1, MaxMainCapacity(layer));
   if (needed > main.capacity) {
     Reserve(main, *layer.codec, groups,
-            std::min(std::max({needed, 2 * main.capacity, kMinGrowth}), MaxMainCapacity(layer)));
+            GrownCapacity(needed, main.capacity, MaxMainCapacity(layer)));
   }
   Rows(main.positions, rows).fill_(-1);
   if (kept > 0) {

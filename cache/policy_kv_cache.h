@@ -19,11 +19,12 @@
 // policy equals the dense cache. Eviction waits for the step's attention weights
 // (ObserveAttentionWeights) or, for policies that do not score, for the layer's next step.
 //
-// Reading: Update returns a KVView; for full-precision storage it is a view of main (decode
-// steps copy nothing), for quantised storage it decodes the whole layer (a transient copy:
-// the fallback for attention layers that do not attend in place). UpdateAndAttend
-// (AttendsInPlace() is true) attends block by block (core/ops/blockwise_attention.h): at most
-// `block_size` entries are decoded at a time, so no full-precision copy of the layer exists.
+// Reading: UpdateAndAttend on quantised storage attends block by block (AttendBlockwise in
+// core/ops/attention.h): at most `block_size` entries are decoded at a time, so no
+// full-precision copy of the layer exists. Full-precision storage takes KVCache's default
+// (Update, whose view of main copies nothing on decode steps, then AttendByPositions). Update
+// on quantised storage decodes the whole layer (a transient copy, for callers that want the
+// entries themselves, such as the attention probe).
 //
 // Costs per decode step and layer: O(slots) for slot choice and eviction (argmin over
 // positions/priorities), O(head_size) to encode the one entry that enters main, no
@@ -61,7 +62,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "core/ops/blockwise_attention.h"
+#include "core/ops/attention.h"
 #include "cache/eviction_policy.h"
 #include "cache/kv_cache.h"
 #include "cache/kv_codec.h"
@@ -84,6 +85,11 @@ struct PolicyKVCacheOptions {
   bool cache_positions = false;
 };
 
+// Checks the storage fields: bits (16, 8 or 4), residual (>= 0), group_size (>= 1) and
+// block_size (>= 1); errors name the fields under `owner` ("KVCacheSpec.bits").
+absl::Status ValidateEntryStorage(int bits, int64_t residual, int64_t group_size,
+                                  int64_t block_size, absl::string_view owner);
+
 class PolicyKVCache : public KVCache {
  public:
   static absl::StatusOr<std::unique_ptr<PolicyKVCache>> Create(const PolicyKVCacheOptions& options);
@@ -94,16 +100,15 @@ class PolicyKVCache : public KVCache {
   void Reset() override;
   // Entry storage (main and ring, scales included), summed over layers.
   int64_t AllocatedBytes() const override;
-  // Bookkeeping beside the entries: positions (int64) and scores (float32) of every slot.
-  int64_t IndexBytes() const;
+  // Positions (int64) and scores (float32) of every slot.
+  int64_t IndexBytes() const override;
   int64_t max_sequence_length() const override { return options_.max_sequence_length; }
   int64_t batch_size() const override { return options_.batch_size; }
   int64_t num_layers() const override { return static_cast<int64_t>(layers_.size()); }
   bool WantsAttentionWeights(int64_t layer) const override;
   void ObserveAttentionWeights(int64_t layer, const at::Tensor& weights) override;
-  // Quantised storage: the attention should call UpdateAndAttend (UpdateAndAttend works at
-  // every width; full-precision views cost nothing, so those layers keep the plain kernel).
-  bool AttendsInPlace(int64_t layer) const override { return options_.bits < 16; }
+  // Quantised storage attends block by block (AttendBlockwise); full-precision storage takes
+  // KVCache's default (views of main cost nothing and decoding steps get the decode kernel).
   absl::StatusOr<at::Tensor> UpdateAndAttend(int64_t layer, const KVStep& step, const at::Tensor& q,
                                              const at::Tensor& keys, const at::Tensor& values,
                                              const AttentionParams& params) override;
@@ -153,8 +158,6 @@ class PolicyKVCache : public KVCache {
   };
 
   explicit PolicyKVCache(const PolicyKVCacheOptions& options);
-  absl::Status Validate(int64_t layer, const KVStep& step, const at::Tensor& keys,
-                        const at::Tensor& values) const;
   // Settles the previous step, drops rewound entries and places the step's entries; returns
   // the sources the step attends to, in view order: main, ring, chunk.
   std::vector<KVBlockSource> Begin(Layer& layer, const KVStep& step, const at::Tensor& keys,

@@ -6,7 +6,7 @@
 #include <set>
 
 #include "absl/strings/match.h"
-#include "core/ops/blockwise_attention.h"
+#include "core/ops/attention.h"
 #include "cache/dense_kv_cache.h"
 #include "cache/kv_cache_factory.h"
 #include "gtest/gtest.h"
@@ -92,7 +92,7 @@ at::Tensor Drive(KVCache& cache, int64_t total, int64_t prompt, int64_t chunk, b
       EXPECT_TRUE(view.ok()) << view.status();
       at::Tensor weights;
       const at::Tensor y =
-          BlockwiseAttention(q, kGroups, {TensorSource(view->keys, view->values, view->positions)},
+          AttendBlockwise(q, kGroups, {TensorSource(view->keys, view->values, view->positions)},
                              step.positions, params, &weights);
       if (cache.WantsAttentionWeights(layer)) cache.ObserveAttentionWeights(layer, weights);
       outputs.push_back(y);
@@ -227,9 +227,8 @@ TEST(PolicyKVCacheTest, InPlaceAttentionEqualsAttentionOverTheView) {
 }
 
 TEST(PolicyKVCacheTest, QuantisedCachesKeepTheRecentEntriesInFullPrecision) {
-  EXPECT_FALSE(MakeCache(Options(PolicyKind::kWindow, 12, 16))->AttendsInPlace(0));
+  EXPECT_EQ(MakeCache(Options(PolicyKind::kWindow, 12, 16))->residual(0), 0);
   auto cache = MakeCache(Options(PolicyKind::kWindow, 12, 4));
-  EXPECT_TRUE(cache->AttendsInPlace(0));
   EXPECT_EQ(cache->residual(0), 4);
   Drive(*cache, 19, 0, 1, false);
   auto [k, v] = Entries(1, 19, 1);
@@ -400,7 +399,7 @@ TEST(PolicyKVCacheTest, BadShapesAndPositionsAreErrors) {
   EXPECT_TRUE(cache->KeptPositions(0, 0, 0).empty());
 }
 
-TEST(KVCacheFactoryTest, BadSpecsNameTheFlagAndTheValue) {
+TEST(KVCacheFactoryTest, BadSpecsNameTheFieldAndTheValue) {
   KVCacheShape shape;
   shape.max_sequence_length = 64;
   shape.layers = {{kGroups, kHeadSize, 0}};
@@ -409,16 +408,19 @@ TEST(KVCacheFactoryTest, BadSpecsNameTheFlagAndTheValue) {
     std::vector<std::string> words;
   };
   std::vector<Bad> bad;
-  bad.push_back({{"lru", 8, 16}, {"--kv_cache", "lru", "h2o"}});
-  bad.push_back({{"window", 0, 16}, {"--kv_budget", "0", "window"}});
-  bad.push_back({{"h2o", -3, 8}, {"--kv_budget", "-3"}});
-  bad.push_back({{"sink", 16, 3}, {"--kv_bits", "3"}});
+  bad.push_back({{"lru", 8, 16}, {"KVCacheSpec.policy", "lru", "h2o"}});
+  bad.push_back({{"window", 0, 16}, {"KVCacheSpec.budget", "0", "window"}});
+  bad.push_back({{"h2o", -3, 8}, {"KVCacheSpec.budget", "-3"}});
+  bad.push_back({{"sink", 16, 3}, {"KVCacheSpec.bits", "3"}});
   KVCacheSpec sink{"sink", 4, 16};
   sink.sink_tokens = 8;
-  bad.push_back({sink, {"--kv_sink=8", "--kv_budget=4"}});
+  bad.push_back({sink, {"KVCacheSpec.sink_tokens=8", "KVCacheSpec.budget=4"}});
   KVCacheSpec residual{"window", 4, 8};
   residual.residual = -1;
-  bad.push_back({residual, {"--kv_residual", "-1"}});
+  bad.push_back({residual, {"KVCacheSpec.residual", "-1"}});
+  KVCacheSpec group{"window", 4, 8};
+  group.group_size = 0;
+  bad.push_back({group, {"KVCacheSpec.group_size", "0"}});
   for (const Bad& b : bad) {
     auto cache = MakeKVCache(b.spec, shape);
     ASSERT_FALSE(cache.ok()) << DescribeKVCacheSpec(b.spec);

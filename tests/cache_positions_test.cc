@@ -197,7 +197,7 @@ TEST(CachePositionsTest, SpecsNameTheField) {
     const absl::Status status = ValidateKVCacheSpec(spec);
     EXPECT_TRUE(absl::IsInvalidArgument(status)) << policy;
     EXPECT_NE(status.message().find("KVCacheSpec.positions"), std::string::npos) << status;
-    EXPECT_NE(status.message().find("--kv_positions=cache"), std::string::npos) << status;
+    EXPECT_NE(status.message().find("KVCacheSpec.positions=cache"), std::string::npos) << status;
   }
   KVCacheSpec spec{"sink", 16, 8};
   spec.positions = "relative";

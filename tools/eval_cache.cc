@@ -271,7 +271,7 @@ absl::StatusOr<Row> Evaluate(GPTImpl& model, KVCache& cache, const KVCacheSpec& 
       if (on_step) on_step(row.scored);
     }
     row.kv_bytes = std::max(row.kv_bytes, cache.AllocatedBytes());
-    row.index_bytes = std::max(row.index_bytes, KVCacheIndexBytes(cache));
+    row.index_bytes = std::max(row.index_bytes, cache.IndexBytes());
   }
   row.perplexity = std::exp(nll / std::max<int64_t>(row.scored, 1));
   row.decode_tokens_per_s = decode_s > 0 ? decode_steps / decode_s : 0;

@@ -23,6 +23,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 
@@ -106,10 +107,29 @@ void InitTool(int argc, char** argv, absl::string_view usage) {
   FLAGS_logtostderr = true;
 }
 
+std::string InFlagTerms(absl::string_view message) {
+  // Longest field names first, so a prefix never replaces part of a longer name.
+  static const std::pair<const char*, const char*> kFlags[] = {
+      {"KVCacheSpec.sink_tokens", "--kv_sink"},
+      {"KVCacheSpec.group_size", "--kv_group"},
+      {"KVCacheSpec.positions", "--kv_positions"},
+      {"KVCacheSpec.residual", "--kv_residual"},
+      {"KVCacheSpec.policy", "--kv_cache"},
+      {"KVCacheSpec.budget", "--kv_budget"},
+      {"KVCacheSpec.bits", "--kv_bits"},
+      {"EngineOptions.quantize_int8", "--quantize=int8"},
+      {"EngineOptions.dtype float32", "--precision=32-true"},
+      {"EngineOptions.device cpu", "--device=cpu"},
+  };
+  std::string text(message);
+  for (const auto& [field, flag] : kFlags) text = absl::StrReplaceAll(text, {{field, flag}});
+  return text;
+}
+
 void Die(const absl::Status& status) {
   std::cout.flush();
   std::fprintf(stderr, "%s: error: %s\n", ProgramName().c_str(),
-               std::string(status.message()).c_str());
+               InFlagTerms(status.message()).c_str());
   std::exit(1);
 }
 

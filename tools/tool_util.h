@@ -26,7 +26,11 @@ namespace lgpt {
 // are an error.
 void InitTool(int argc, char** argv, absl::string_view usage);
 
-// Prints "<tool>: error: <message>" on stderr and exits with status 1.
+// The library names fields in its errors ("KVCacheSpec.budget must be >= 1"); tools speak of
+// the flags that set them ("--kv_budget must be >= 1"). Fields no flag sets stay as they are.
+std::string InFlagTerms(absl::string_view message);
+
+// Prints "<tool>: error: <message>" (in flag terms) on stderr and exits with status 1.
 [[noreturn]] void Die(const absl::Status& status);
 
 // Exits via Die() when `status` is not OK.

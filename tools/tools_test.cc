@@ -159,8 +159,10 @@ TEST(GenerateTest, BudgetedCacheBytesStayFlatWhileDenseGrows) {
   const ToolRun sink = Execute("generate", args + "8 --kv_cache=sink --kv_budget=32");
   EXPECT_NE(sink.err.find("kv_cache=\"sink budget=32"), std::string::npos) << sink.err;
   ExpectCleanFailure(Execute("generate", args + "8 --kv_cache=lru"), "lru");
-  ExpectCleanFailure(Execute("generate", args + "8 --kv_cache=sink --kv_budget=0"), "budget");
-  ExpectCleanFailure(Execute("generate", args + "8 --kv_bits=3"), "bits");
+  // The library names KVCacheSpec fields; the tool names its flags.
+  ExpectCleanFailure(Execute("generate", args + "8 --kv_cache=sink --kv_budget=0"),
+                     "--kv_budget must be >= 1");
+  ExpectCleanFailure(Execute("generate", args + "8 --kv_bits=3"), "--kv_bits must be 16, 8 or 4");
 }
 
 TEST(GenerateTest, PromptStyleFramesTextPrompts) {
@@ -445,11 +447,11 @@ TEST(CachePositionsToolsTest, GenerateAndChatGoPastTheContext) {
   }
   ExpectCleanFailure(Execute("generate", args + "600"), "--kv_positions=cache");
   ExpectCleanFailure(Execute("generate", args + "600 --kv_positions=cache --kv_cache=h2o"),
-                     "KVCacheSpec.positions");
+                     "--kv_positions=cache needs --kv_cache window or sink");
   ExpectCleanFailure(Execute("generate", args + "60 --kv_positions=cache --kv_cache=dense"),
-                     "KVCacheSpec.positions");
+                     "--kv_positions=cache needs --kv_cache window or sink");
   ExpectCleanFailure(Execute("generate", args + "60 --kv_positions=sideways"),
-                     "KVCacheSpec.positions");
+                     "--kv_positions must be absolute or cache");
 
   // The conversation passes the context that the default positions fill.
   const std::string input = TempDir() + "/chat_stream_input.txt";

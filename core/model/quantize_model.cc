@@ -16,7 +16,7 @@ ModelParts Int8ModelParts(const Int8Options& options) {
 absl::Status QuantizeModelInt8(GPTImpl& model) {
   if (!model.device().is_cpu() || model.dtype() != c10::kFloat) {
     return absl::FailedPreconditionError(
-        "int8 quantisation needs a float32 model on the CPU (load with --precision=32-true)");
+        "int8 quantisation needs a float32 model on the CPU");
   }
   int quantized = 0;
   for (const std::shared_ptr<torch::nn::Module>& module : model.modules()) {

@@ -1,50 +1,143 @@
 #include "core/ops/attention.h"
 
-#include <limits>
-
 #include <ATen/ATen.h>
+
+#include <algorithm>
+#include <limits>
 
 #include "core/ops/decode_attention.h"
 
 namespace lgpt {
+namespace {
 
-at::Tensor AttentionMask(const at::Tensor& query_positions, const at::Tensor& key_positions,
-                         int64_t sliding_window) {
-  const at::Tensor q = query_positions.unsqueeze(1).unsqueeze(-1);  // [B, 1, T, 1]
-  const at::Tensor k = key_positions.unsqueeze(2);                   // [B, g, 1, S]
-  at::Tensor allowed = at::logical_and(k >= 0, k <= q);  // broadcasts to [B, g, T, S]
-  if (sliding_window > 0) allowed.logical_and_(k > q - sliding_window);
-  return allowed;
+int64_t BlockSize(const KVBlockSource& source) {
+  return source.block_size > 0 ? source.block_size : source.size;
 }
 
-at::Tensor AttendByPositions(const at::Tensor& q, const at::Tensor& keys,
-                             const at::Tensor& values, const at::Tensor& query_positions,
-                             const at::Tensor& key_positions, const AttentionParams& params,
-                             at::Tensor* weights_out) {
-  if (weights_out == nullptr &&
-      DecodeAttentionApplies(q, keys, values, query_positions, key_positions)) {
-    return DecodeAttention(q, keys, values, query_positions, key_positions, params.scale,
-                           params.softcap, params.sliding_window);
+// Scores q·k of every source, [B, G, q_per_kv, T, S] float32, unscaled.
+at::Tensor Scores(const at::Tensor& q_grouped, int64_t q_per_kv, int64_t steps,
+                  const std::vector<KVBlockSource>& sources, int64_t total) {
+  const int64_t batch = q_grouped.size(0), groups = q_grouped.size(1);
+  const std::vector<int64_t> shape = {batch, groups, q_per_kv, steps, total};
+  if (sources.size() == 1 && BlockSize(sources[0]) >= total) {
+    at::Tensor keys;  // one read: no copy into a preallocated buffer
+    sources[0].read(0, total, &keys, nullptr);
+    return at::matmul(q_grouped, keys.transpose(-1, -2)).view(shape).to(at::kFloat);
   }
+  at::Tensor scores = at::empty(shape, q_grouped.options().dtype(at::kFloat));
+  int64_t offset = 0;
+  for (const KVBlockSource& source : sources) {
+    for (int64_t begin = 0; begin < source.size; begin += BlockSize(source)) {
+      const int64_t length = std::min(BlockSize(source), source.size - begin);
+      at::Tensor keys;
+      source.read(begin, length, &keys, nullptr);
+      const at::Tensor block = at::matmul(q_grouped, keys.transpose(-1, -2));  // [B, G, q·T, n]
+      scores.narrow(-1, offset + begin, length)
+          .copy_(block.view({batch, groups, q_per_kv, steps, length}));
+    }
+    offset += source.size;
+  }
+  return scores;
+}
+
+// The key positions of all sources, [B, 1 or G, S].
+at::Tensor KeyPositions(const std::vector<KVBlockSource>& sources, int64_t batch, int64_t groups) {
+  if (sources.size() == 1) return sources[0].positions;
+  bool grouped = false;
+  for (const KVBlockSource& source : sources) grouped = grouped || source.positions.size(1) != 1;
+  std::vector<at::Tensor> positions;
+  for (const KVBlockSource& source : sources) {
+    positions.push_back(grouped ? source.positions.expand({batch, groups, source.size})
+                                : source.positions);
+  }
+  return at::cat(positions, -1);
+}
+
+// weights [B, G, q·T, S] float32 times the values of every source: [B, G, q·T, hs].
+at::Tensor WeightedValues(const at::Tensor& weights, const std::vector<KVBlockSource>& sources) {
+  if (sources.size() == 1 && sources[0].block_size <= 0) {
+    // One source read whole: in the values' dtype, as LitGPT's attention.
+    at::Tensor values;
+    sources[0].read(0, sources[0].size, nullptr, &values);
+    return at::matmul(weights.to(values.scalar_type()), values);
+  }
+  at::Tensor y;
+  int64_t offset = 0;
+  for (const KVBlockSource& source : sources) {
+    for (int64_t begin = 0; begin < source.size; begin += BlockSize(source)) {
+      const int64_t length = std::min(BlockSize(source), source.size - begin);
+      at::Tensor values;
+      source.read(begin, length, nullptr, &values);
+      const at::Tensor part =
+          at::matmul(weights.narrow(-1, offset + begin, length), values.to(at::kFloat));
+      if (y.defined()) {
+        y.add_(part);
+      } else {
+        y = part;
+      }
+    }
+    offset += source.size;
+  }
+  return y;
+}
+
+}  // namespace
+
+KVBlockSource TensorSource(const at::Tensor& keys, const at::Tensor& values,
+                           const at::Tensor& positions) {
+  KVBlockSource source;
+  source.size = keys.size(2);
+  source.positions = positions;
+  source.read = [keys, values](int64_t begin, int64_t length, at::Tensor* k, at::Tensor* v) {
+    if (k != nullptr)
+      *k = begin == 0 && length == keys.size(2) ? keys : keys.narrow(2, begin, length);
+    if (v != nullptr) {
+      *v = begin == 0 && length == values.size(2) ? values : values.narrow(2, begin, length);
+    }
+  };
+  return source;
+}
+
+at::Tensor AttendBlockwise(const at::Tensor& q, int64_t groups,
+                           const std::vector<KVBlockSource>& sources,
+                           const at::Tensor& query_positions, const AttentionParams& params,
+                           at::Tensor* weights_out) {
   const int64_t batch = q.size(0), n_head = q.size(1), steps = q.size(2), head_size = q.size(3);
-  const int64_t groups = keys.size(1), entries = keys.size(2);
   const int64_t q_per_kv = n_head / groups;
+  int64_t total = 0;
+  for (const KVBlockSource& source : sources) total += source.size;
+  if (total == 0) {
+    if (weights_out != nullptr)
+      *weights_out = at::zeros({batch, n_head, steps, 0}, q.options().dtype(at::kFloat));
+    return at::zeros_like(q);
+  }
   // Query head h uses key group h / q_per_kv (LitGPT's repeat_interleave layout).
   const at::Tensor q_grouped = q.reshape({batch, groups, q_per_kv * steps, head_size});
-  at::Tensor scores = at::matmul(q_grouped, keys.transpose(-1, -2));  // [B, G, q·T, S]
-  // Softmax runs in float32 whatever the model's dtype, as LitGPT's does.
-  scores = scores.view({batch, groups, q_per_kv, steps, entries}).to(at::kFloat) * params.scale;
+  at::Tensor scores = Scores(q_grouped, q_per_kv, steps, sources, total);  // [B, G, q, T, S]
+  scores.mul_(params.scale);
   if (params.softcap) scores = at::tanh(scores / *params.softcap) * *params.softcap;
   const at::Tensor allowed =
-      AttentionMask(query_positions, key_positions, params.sliding_window).unsqueeze(2);
+      AttentionMask(query_positions, KeyPositions(sources, batch, groups), params.sliding_window)
+          .unsqueeze(2);
   // The lowest finite value instead of -inf: a row with no allowed key (a padding query)
   // yields uniform weights rather than NaN.
-  scores = scores.masked_fill(allowed.logical_not(), std::numeric_limits<float>::lowest());
-  at::Tensor weights = at::softmax(scores, -1, at::kFloat);
-  if (weights_out != nullptr) *weights_out = weights.view({batch, n_head, steps, entries});
-  weights = weights.to(q.scalar_type()).view({batch, groups, q_per_kv * steps, entries});
-  const at::Tensor y = at::matmul(weights, values);  // [B, G, q·T, hs]
-  return y.view({batch, n_head, steps, head_size});
+  scores.masked_fill_(allowed.logical_not(), std::numeric_limits<float>::lowest());
+  const at::Tensor weights = at::softmax(scores, -1, at::kFloat);  // [B, G, q, T, S]
+  if (weights_out != nullptr) *weights_out = weights.view({batch, n_head, steps, total});
+  const at::Tensor y =
+      WeightedValues(weights.view({batch, groups, q_per_kv * steps, total}), sources);
+  return y.to(q.scalar_type()).view({batch, n_head, steps, head_size});
+}
+
+at::Tensor AttendByPositions(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
+                             const at::Tensor& query_positions, const at::Tensor& key_positions,
+                             const AttentionParams& params, at::Tensor* weights_out) {
+  if (weights_out == nullptr &&
+      DecodeAttentionApplies(q, keys, values, query_positions, key_positions)) {
+    return DecodeAttention(q, keys, values, query_positions, key_positions, params);
+  }
+  return AttendBlockwise(q, keys.size(1), {TensorSource(keys, values, key_positions)},
+                         query_positions, params, weights_out);
 }
 
 }  // namespace lgpt

@@ -87,5 +87,36 @@ TEST(AttentionKernelTest, WeightsSumToOneAndFollowTheMask) {
   EXPECT_EQ(weights.select(2, 0).select(-1, 3).abs().max().item<double>(), 0.0);
 }
 
+// The scalar rule (the decode-step kernel's) and the tensor rule agree on every pair, empty
+// slots, windows and per-group positions included.
+TEST(AttentionMaskTest, ScalarAndTensorRulesAgree) {
+  at::manual_seed(11);
+  const at::Tensor query_positions = at::randint(0, 40, {3, 5}, at::kLong);
+  const at::Tensor key_positions = at::randint(-3, 45, {3, 2, 17}, at::kLong);
+  for (const int64_t window : {0, 1, 4, 100}) {
+    const at::Tensor mask = AttentionMask(query_positions, key_positions, window);
+    ASSERT_EQ(mask.sizes(), (at::IntArrayRef{3, 2, 5, 17}));
+    int64_t allowed = 0;
+    for (int64_t b = 0; b < 3; ++b) {
+      for (int64_t g = 0; g < 2; ++g) {
+        for (int64_t t = 0; t < 5; ++t) {
+          for (int64_t s = 0; s < 17; ++s) {
+            const bool expected = KeyAllowed(query_positions[b][t].item<int64_t>(),
+                                             key_positions[b][g][s].item<int64_t>(), window);
+            ASSERT_EQ(mask[b][g][t][s].item<bool>(), expected)
+                << "window " << window << " at " << b << g << t << s;
+            allowed += expected;
+          }
+        }
+      }
+    }
+    EXPECT_GT(allowed, 0);
+  }
+  EXPECT_FALSE(KeyAllowed(5, -1, 0));
+  EXPECT_FALSE(KeyAllowed(5, 6, 0));
+  EXPECT_TRUE(KeyAllowed(5, 5, 1));
+  EXPECT_FALSE(KeyAllowed(5, 4, 1));
+}
+
 }  // namespace
 }  // namespace lgpt

@@ -141,8 +141,8 @@ bool DecodeAttentionApplies(const at::Tensor& q, const at::Tensor& keys, const a
 
 at::Tensor DecodeAttention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
                            const at::Tensor& query_positions, const at::Tensor& key_positions,
-                           double scale_in, std::optional<double> softcap, int64_t sliding_window,
-                           bool use_avx2) {
+                           const AttentionParams& params, bool use_avx2) {
+  const std::optional<double> softcap = params.softcap;
   const int64_t batch = q.size(0), n_head = q.size(1), steps = q.size(2), hs = q.size(3);
   const int64_t groups = keys.size(1), entries = keys.size(2);
   const int64_t q_per_kv = n_head / groups;
@@ -158,7 +158,7 @@ at::Tensor DecodeAttention(const at::Tensor& q, const at::Tensor& keys, const at
   const int64_t* kp_data = key_positions.data_ptr<int64_t>();
   const int64_t kp_b = key_positions.stride(0), kp_s = key_positions.stride(2);
   const int64_t kp_g = key_positions.size(1) == 1 ? 0 : key_positions.stride(1);
-  const float scale = static_cast<float>(scale_in);
+  const float scale = static_cast<float>(params.scale);
   const float lowest = std::numeric_limits<float>::lowest();
 #ifdef LGPT_SIMD_AVX2
   const bool avx2 = use_avx2 && hs % 8 == 0;
@@ -194,8 +194,7 @@ at::Tensor DecodeAttention(const at::Tensor& q, const at::Tensor& keys, const at
         float max_score = lowest;
         for (int64_t e = 0; e < entries; ++e) {
           const int64_t key_pos = kp[e * kp_s];
-          const bool allowed = key_pos >= 0 && key_pos <= query_pos &&
-                               (sliding_window <= 0 || key_pos > query_pos - sliding_window);
+          const bool allowed = KeyAllowed(query_pos, key_pos, params.sliding_window);
           float x = s[e] * scale;
           if (softcap) {
             const float cap = static_cast<float>(*softcap);

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <optional>
 
+#include "core/ops/attention_mask.h"
 #include "core/ops/gemv.h"
 
 namespace lgpt {
@@ -19,15 +20,14 @@ namespace lgpt {
 bool DecodeAttentionApplies(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
                             const at::Tensor& query_positions, const at::Tensor& key_positions);
 
-// AttendByPositions (see core/ops/attention.h; scale, softcap and sliding_window are its
-// AttentionParams) for the inputs DecodeAttentionApplies accepts; returns [B, n_head, T, hs].
+// AttendByPositions (core/ops/attention.h) for the inputs DecodeAttentionApplies accepts;
+// returns [B, n_head, T, hs].
 // Cost per (row, group): one pass over the filled keys for up to 4 queries, a vectorised
 // softmax, one pass over the values per 4 queries. `use_avx2` false forces the portable loops
 // (tests); AVX2 needs head_size % 8 == 0.
 at::Tensor DecodeAttention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
                            const at::Tensor& query_positions, const at::Tensor& key_positions,
-                           double scale, std::optional<double> softcap, int64_t sliding_window,
-                           bool use_avx2 = CpuHasAvx2Fma());
+                           const AttentionParams& params, bool use_avx2 = CpuHasAvx2Fma());
 
 }  // namespace lgpt
 

@@ -44,8 +44,7 @@ TEST_P(DecodeAttentionCases, EqualsGenericPath) {
       AttendByPositions(q, keys, values, query_positions, key_positions, params, &weights);
   for (const bool use_avx2 : {false, CpuHasAvx2Fma()}) {
     const at::Tensor actual =
-        DecodeAttention(q, keys, values, query_positions, key_positions, params.scale,
-                        params.softcap, params.sliding_window, use_avx2);
+        DecodeAttention(q, keys, values, query_positions, key_positions, params, use_avx2);
     EXPECT_TRUE(at::allclose(actual, expected, 1e-5, 1e-5))
         << "avx2 " << use_avx2 << ": " << (actual - expected).abs().max().item<float>();
   }
@@ -76,7 +75,7 @@ TEST(DecodeAttention, RowWithNoAllowedKeyGetsUniformWeights) {
   const at::Tensor key_positions = at::full({1, 1, 5}, -1, at::kLong);
   const at::Tensor query_positions = at::zeros({1, 1}, at::kLong);
   const at::Tensor actual =
-      DecodeAttention(q, keys, values, query_positions, key_positions, 1.0, std::nullopt, 0);
+      DecodeAttention(q, keys, values, query_positions, key_positions, AttentionParams{});
   const at::Tensor mean = values.mean(2, /*keepdim=*/true).expand({1, 2, 1, 8});
   EXPECT_TRUE(at::allclose(actual, mean, 1e-5, 1e-6));
 }

@@ -1,4 +1,4 @@
-#include "core/ops/blockwise_attention.h"
+#include "core/ops/attention.h"
 
 #include <ATen/ATen.h>
 
@@ -38,7 +38,7 @@ struct Case {
   int64_t window;
 };
 
-TEST(BlockwiseAttentionTest, EqualsPlainAttentionOverTheConcatenatedSources) {
+TEST(AttendBlockwiseTest, EqualsPlainAttentionOverTheConcatenatedSources) {
   at::manual_seed(3);
   const int64_t batch = 2, groups = 2, n_head = 6, head_size = 8;
   for (const Case& c : {Case{1, std::nullopt, 0}, Case{5, 2.5, 0}, Case{4, std::nullopt, 6}}) {
@@ -69,7 +69,7 @@ TEST(BlockwiseAttentionTest, EqualsPlainAttentionOverTheConcatenatedSources) {
     }
     at::Tensor weights, expected_weights;
     const at::Tensor got =
-        BlockwiseAttention(q, groups, sources, query_positions, params, &weights);
+        AttendBlockwise(q, groups, sources, query_positions, params, &weights);
     const at::Tensor expected =
         Reference(q, keys, values, query_positions, positions, params, &expected_weights);
     EXPECT_LT((got - expected).abs().max().item<double>(), 1e-5) << "steps " << c.steps;
@@ -78,7 +78,7 @@ TEST(BlockwiseAttentionTest, EqualsPlainAttentionOverTheConcatenatedSources) {
   }
 }
 
-TEST(BlockwiseAttentionTest, ReadsCompressedStorageOneBlockAtATime) {
+TEST(AttendBlockwiseTest, ReadsCompressedStorageOneBlockAtATime) {
   at::manual_seed(5);
   const int64_t batch = 1, groups = 2, n_head = 4, head_size = 32, entries = 50, block = 8;
   const at::Tensor keys = at::randn({batch, groups, entries, head_size});
@@ -102,7 +102,7 @@ TEST(BlockwiseAttentionTest, ReadsCompressedStorageOneBlockAtATime) {
   AttentionParams params;
   params.scale = 1.0 / std::sqrt(32.0);
   at::Tensor weights, expected_weights;
-  const at::Tensor got = BlockwiseAttention(q, groups, {source}, query_positions, params, &weights);
+  const at::Tensor got = AttendBlockwise(q, groups, {source}, query_positions, params, &weights);
   const at::Tensor expected = Reference(q, kq.to(at::kFloat), vq.to(at::kFloat), query_positions,
                                         positions, params, &expected_weights);
   EXPECT_LT((got - expected).abs().max().item<double>(), 1e-5);
