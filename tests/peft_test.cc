@@ -1,4 +1,5 @@
-// PEFT variants composed on the base model: LitGPT's LoRA golden outputs, fresh variants
+// PEFT variants composed on the base model: LitGPT's LoRA, LLaMA-Adapter and Adapter v2
+// golden outputs (with and without a KV cache), fresh variants
 // equal the base model exactly, cached decoding equals the full forward pass for every
 // chunking (sliding-window presets included), and merged LoRA equals unmerged LoRA.
 #include <functional>
@@ -215,6 +216,82 @@ TEST(LoraTest, MatchesLitGptGolden) {
   ASSERT_TRUE(LoadStateDict(*base, MergedBaseStateDict(*loaded->model), "merged").ok());
   EXPECT_LT(MaxDiff(Logits(*base, tokens).squeeze(0), expected), 1e-4);
 }
+
+// LitGPT's adapter.py / adapter_v2.py goldens (tests/testdata/golden_adapter, made by
+// make_golden_adapter.py): GQA, prefix on layers 1 and 2 only, every gate, prefix, adapter
+// bias and scale non-zero. LitGPT splits the prefix's QKV projection per query group, so
+// its checkpoints load with legacy_qkv_split.
+absl::StatusOr<LoadedModel> LoadAdapterGolden(const std::string& dir, bool v2,
+                                              bool legacy_qkv_split) {
+  absl::StatusOr<Config> config = LoadConfigFile(dir + "/model_config.yaml");
+  if (!config.ok()) return config.status();
+  LoadOptions options;
+  options.device = DefaultDevice();
+  absl::StatusOr<ModelParts> parts =
+      v2 ? AdapterV2Parts(*config, legacy_qkv_split) : AdapterParts(*config, legacy_qkv_split);
+  if (!parts.ok()) return parts.status();
+  options.parts = *parts;
+  return LoadCheckpoint(dir, options);
+}
+
+// Greedy continuation recomputed without a cache (argmax over all padded logits).
+at::Tensor Greedy(GPTImpl& model, const at::Tensor& prompt, int64_t steps) {
+  at::Tensor sequence = prompt.unsqueeze(0);
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < steps; ++i) {
+    const int64_t next = Logits(model, sequence)[0][-1].argmax().item<int64_t>();
+    out.push_back(next);
+    sequence = at::cat({sequence, at::full({1, 1}, next, at::kLong)}, 1);
+  }
+  return at::tensor(out, at::kLong);
+}
+
+class AdapterGoldenTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(AdapterGoldenTest, MatchesLitGpt) {
+  const std::string dir = "tests/testdata/golden_adapter/" + GetParam();
+  const bool v2 = GetParam() == "adapter_v2";
+  absl::StatusOr<LoadedModel> loaded = LoadAdapterGolden(dir, v2, /*legacy_qkv_split=*/true);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  GPTImpl& model = *loaded->model;
+  EXPECT_EQ(loaded->config.adapter_prompt_length, 5);
+  EXPECT_EQ(loaded->config.adapter_start_layer, 1);
+  const TensorMap state = StateDict(model);
+  EXPECT_EQ(state.count("transformer.h.0.attn.gating_factor"), 0u);
+  ASSERT_EQ(state.count("transformer.h.1.attn.gating_factor"), 1u);
+  EXPECT_EQ(state.count("lm_head.adapter_scale"), v2 ? 1u : 0u);
+
+  const at::Tensor tokens = ReadNpy(dir + "/tokens.npy").value().unsqueeze(0);
+  const at::Tensor expected = ReadNpy(dir + "/logits.npy").value();
+  EXPECT_LT(MaxDiff(Logits(model, tokens).squeeze(0), expected), 1e-4);
+  // Cached decoding: prompt prefilled in chunks, then one token a step.
+  for (int64_t chunk : {1, 3, 8}) {
+    EXPECT_LT(MaxDiff(CachedLogits(model, tokens, chunk, 8).squeeze(0), expected), 1e-4)
+        << "chunk " << chunk;
+  }
+  EXPECT_LT(MaxDiff(CachedLogits(model, tokens, 20, 20).squeeze(0), expected), 1e-4);
+  const at::Tensor prompt = ReadNpy(dir + "/prompt.npy").value();
+  const at::Tensor greedy = ReadNpy(dir + "/greedy.npy").value();
+  EXPECT_TRUE(at::equal(Greedy(model, prompt, greedy.size(0)), greedy))
+      << Greedy(model, prompt, greedy.size(0)) << " vs " << greedy;
+
+  // The comparison is sensitive to the prefix: one layer's gates zeroed change the logits...
+  {
+    at::NoGradGuard no_grad;
+    at::Tensor gate = state.at("transformer.h.2.attn.gating_factor");
+    const at::Tensor saved = gate.clone();
+    gate.zero_();
+    EXPECT_GT(MaxDiff(Logits(model, tokens).squeeze(0), expected), 1e-2);
+    gate.copy_(saved);
+    EXPECT_LT(MaxDiff(Logits(model, tokens).squeeze(0), expected), 1e-4);
+  }
+  // ... and to the layout: the [Q | K | V] split of the prefix does not reproduce LitGPT.
+  absl::StatusOr<LoadedModel> split = LoadAdapterGolden(dir, v2, /*legacy_qkv_split=*/false);
+  ASSERT_TRUE(split.ok()) << split.status();
+  EXPECT_GT(MaxDiff(Logits(*split->model, tokens).squeeze(0), expected), 1e-2);
+}
+
+INSTANTIATE_TEST_SUITE_P(LitGpt, AdapterGoldenTest, ::testing::Values("adapter", "adapter_v2"));
 
 TEST(PeftTrainableTest, OnlyTheMethodsParametersTrain) {
   const Config config = PeftConfig("Llama-3.2-1B");

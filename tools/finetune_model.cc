@@ -83,10 +83,13 @@ absl::StatusOr<GPT> CreateFinetuneModel(const Config& config, FinetuneMethod met
             "lora_value, lora_projection, lora_mlp, lora_head");
       }
       return CreateLoraGPT(config);
+    // The adapter files are LitGPT's (lit_model.pth.adapter / .adapter_v2): LitGPT's
+    // adapter.py splits the prefix projection per query group, so training and loading use
+    // that split (legacy_qkv_split) and the files mean the same in lgpt and in LitGPT.
     case FinetuneMethod::kAdapter:
-      return CreateAdapterGPT(config);
+      return CreateAdapterGPT(config, /*legacy_qkv_split=*/true);
     case FinetuneMethod::kAdapterV2:
-      return CreateAdapterV2GPT(config);
+      return CreateAdapterV2GPT(config, /*legacy_qkv_split=*/true);
     case FinetuneMethod::kFull:
       return GPTImpl::Create(config);
   }

@@ -30,7 +30,8 @@ std::string TrainedFileName(FinetuneMethod method);
 // LitGPT's lora_filter / adapter_filter / adapter_v2's adapter_filter; every name for full.
 bool IsTrainedParameter(FinetuneMethod method, absl::string_view name);
 
-// A model of the method's architecture for `config` (its lora_* / adapter_* fields).
+// A model of the method's architecture for `config` (its lora_* / adapter_* fields). The
+// adapters split their prefix projection as LitGPT does (legacy_qkv_split, peft/adapter.h).
 absl::StatusOr<GPT> CreateFinetuneModel(const Config& config, FinetuneMethod method);
 
 // Copies base-checkpoint tensors (plain LitGPT names) into the model, mapping x.weight to

@@ -19,6 +19,7 @@
 #include "core/config/config_presets.h"
 #include "core/model/checkpoint.h"
 #include "core/text/prompt_style.h"
+#include "core/io/npy.h"
 #include "core/io/safetensors.h"
 #include "core/io/torch_pickle_writer.h"
 #include "gtest/gtest.h"
@@ -177,6 +178,44 @@ TEST_P(FinetuneMethodTest, SavedFileLoadsOnTopOfTheBaseToTheSameLogits) {
 INSTANTIATE_TEST_SUITE_P(Methods, FinetuneMethodTest,
                          ::testing::Values(FinetuneMethod::kLora, FinetuneMethod::kAdapter,
                                            FinetuneMethod::kAdapterV2, FinetuneMethod::kFull),
+                         [](const auto& info) {
+                           return std::string(FinetuneMethodName(info.param));
+                         });
+
+// A LitGPT adapter fine-tune (base lit_model.pth plus lit_model.pth.adapter /
+// .adapter_v2, split from LitGPT's golden model in tests/testdata/golden_adapter) loads to
+// LitGPT's logits: LoadFinetuned uses LitGPT's per-group split of the prefix projection.
+class LitGptAdapterFilesTest : public ::testing::TestWithParam<FinetuneMethod> {};
+
+TEST_P(LitGptAdapterFilesTest, LoadToLitGptLogits) {
+  const FinetuneMethod method = GetParam();
+  const std::string name(FinetuneMethodName(method));
+  const std::string golden = "tests/testdata/golden_adapter/" + name;
+  absl::StatusOr<TensorMap> tensors = ReadCheckpointTensors(golden);
+  ASSERT_TRUE(tensors.ok()) << tensors.status();
+  TensorMap base, trained;
+  for (const auto& [tensor_name, tensor] : *tensors) {
+    if (IsTrainedParameter(method, tensor_name)) trained[tensor_name] = tensor;
+    // The base checkpoint: every base-model tensor (norms included) under plain names.
+    if (!absl::StrContains(tensor_name, "adapter_") &&
+        !absl::StrContains(tensor_name, "gating_factor")) {
+      base[absl::StrReplaceAll(tensor_name, {{".linear.", "."}})] = tensor;
+    }
+  }
+  const std::string base_dir = TempDir("litgpt_base_" + name);
+  const std::string out_dir = TempDir("litgpt_" + name);
+  ASSERT_TRUE(WriteTorchStateDict(base_dir + "/lit_model.pth", base).ok());
+  WriteText(out_dir + "/model_config.yaml", ReadAll(golden + "/model_config.yaml"));
+  ASSERT_TRUE(WriteTorchStateDict(out_dir + "/" + TrainedFileName(method), trained).ok());
+  absl::StatusOr<LoadedModel> loaded = LoadFinetuned(out_dir, method, base_dir);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  const at::Tensor tokens = ReadNpy(golden + "/tokens.npy").value().unsqueeze(0);
+  const at::Tensor expected = ReadNpy(golden + "/logits.npy").value();
+  EXPECT_LT(MaxDiff(Logits(*loaded->model, tokens).squeeze(0), expected), 1e-4);
+}
+
+INSTANTIATE_TEST_SUITE_P(Adapters, LitGptAdapterFilesTest,
+                         ::testing::Values(FinetuneMethod::kAdapter, FinetuneMethod::kAdapterV2),
                          [](const auto& info) {
                            return std::string(FinetuneMethodName(info.param));
                          });
