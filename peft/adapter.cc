@@ -115,12 +115,4 @@ absl::StatusOr<GPT> CreateAdapterGPT(const Config& config, bool legacy_qkv_split
   return GPTImpl::Create(config, parts);
 }
 
-void MarkOnlyAdapterTrainable(GPTImpl& model) {
-  for (auto& item : model.named_parameters()) {
-    const std::string& name = item.key();
-    item.value().set_requires_grad(absl::StrContains(name, "adapter_wte") ||
-                                   absl::StrContains(name, "gating_factor"));
-  }
-}
-
 }  // namespace lgpt

@@ -66,8 +66,6 @@ class AdapterExtensionFactory : public AttentionExtensionFactory {
 
 absl::StatusOr<ModelParts> AdapterParts(const Config& config, bool legacy_qkv_split = false);
 absl::StatusOr<GPT> CreateAdapterGPT(const Config& config, bool legacy_qkv_split = false);
-// Freezes everything but adapter_wte and gating_factor.
-void MarkOnlyAdapterTrainable(GPTImpl& model);
 
 }  // namespace lgpt
 

@@ -7,11 +7,12 @@
 #include "core/model/checkpoint.h"
 #include "core/base/status_macros.h"
 #include "peft/adapter.h"
+#include "peft/peft_method.h"
 
 namespace lgpt {
 
-AdapterV2ProjectionImpl::AdapterV2ProjectionImpl(const LinearSpec& spec) {
-  linear = register_module("linear", std::make_shared<DenseProjectionImpl>(spec));
+AdapterV2ProjectionImpl::AdapterV2ProjectionImpl(const LinearSpec& spec, ProjectionPtr base) {
+  linear = register_module("linear", std::move(base));
   adapter_bias = register_parameter("adapter_bias", at::zeros({spec.out_features}));
   adapter_scale = register_parameter("adapter_scale", at::ones({spec.out_features}));
 }
@@ -21,7 +22,7 @@ at::Tensor AdapterV2ProjectionImpl::forward(const at::Tensor& x) {
 }
 
 ProjectionPtr AdapterV2LinearFactory::Make(const LinearSpec& spec) const {
-  return std::make_shared<AdapterV2ProjectionImpl>(spec);
+  return std::make_shared<AdapterV2ProjectionImpl>(spec, base_->Make(spec));
 }
 
 absl::StatusOr<ModelParts> AdapterV2Parts(const Config& config, bool legacy_qkv_split) {
@@ -35,41 +36,24 @@ absl::StatusOr<GPT> CreateAdapterV2GPT(const Config& config, bool legacy_qkv_spl
   return GPTImpl::Create(config, parts);
 }
 
-void MarkOnlyAdapterV2Trainable(GPTImpl& model) {
-  for (auto& item : model.named_parameters()) {
-    const std::string& name = item.key();
-    bool trainable = false;
-    for (const char* part : {"adapter_wte", "gating_factor", "adapter_scale", "adapter_bias",
-                             "norm_1", "norm_2", "ln_f"}) {
-      trainable = trainable || absl::StrContains(name, part);
-    }
-    item.value().set_requires_grad(trainable);
-  }
-}
-
 absl::StatusOr<TensorMap> FoldedAdapterV2StateDict(GPTImpl& model) {
-  TensorMap folded;
   at::NoGradGuard no_grad;
+  TensorMap folded = UnwrapToBaseStateDict(StateDict(model));
   for (const auto& item : model.named_modules("", /*include_self=*/false)) {
     auto v2 = std::dynamic_pointer_cast<AdapterV2ProjectionImpl>(item.value());
     if (!v2) continue;
     const at::Tensor scale = v2->adapter_scale.detach();
-    folded[item.key() + ".weight"] = (v2->linear->weight.detach() * scale.unsqueeze(1)).clone();
-    at::Tensor bias = v2->adapter_bias.detach();
-    if (v2->linear->bias.defined()) {
-      folded[item.key() + ".bias"] = (scale * (bias + v2->linear->bias.detach())).clone();
+    folded[item.key() + ".weight"] = v2->linear->DenseWeight() * scale.unsqueeze(1);
+    const at::Tensor bias = v2->adapter_bias.detach();
+    const at::Tensor base_bias = v2->linear->DenseBias();
+    if (base_bias.defined()) {
+      folded[item.key() + ".bias"] = scale * (bias + base_bias);
     } else if (bias.abs().max().item<double>() != 0) {
       return absl::FailedPreconditionError(absl::StrCat(
           item.key(), " has a non-zero adapter_bias but the base model has no bias there"));
     }
   }
-  for (const auto& [name, tensor] : StateDict(model)) {
-    if (absl::StrContains(name, ".linear.") || absl::StrContains(name, "adapter_bias") ||
-        absl::StrContains(name, "adapter_scale")) {
-      continue;
-    }
-    folded[name] = tensor.detach().clone();
-  }
+  for (auto& [name, tensor] : folded) tensor = tensor.detach().clone();
   return folded;
 }
 

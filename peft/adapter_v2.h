@@ -18,26 +18,31 @@
 
 namespace lgpt {
 
+// scale · (linear(x) + bias) over any base projection `linear`.
 class AdapterV2ProjectionImpl : public ProjectionImpl {
  public:
-  explicit AdapterV2ProjectionImpl(const LinearSpec& spec);
+  AdapterV2ProjectionImpl(const LinearSpec& spec, ProjectionPtr base);
   at::Tensor forward(const at::Tensor& x) override;
 
-  std::shared_ptr<DenseProjectionImpl> linear;
+  ProjectionPtr linear;  // the base projection, LitGPT's `linear`
   at::Tensor adapter_bias;   // [out_features], zero-initialised
   at::Tensor adapter_scale;  // [out_features], one-initialised
 };
 
+// Decorates every projection `base` makes (dense by default, int8, ...).
 class AdapterV2LinearFactory : public LinearFactory {
  public:
+  explicit AdapterV2LinearFactory(
+      std::shared_ptr<const LinearFactory> base = DefaultLinearFactory())
+      : base_(std::move(base)) {}
   ProjectionPtr Make(const LinearSpec& spec) const override;
+
+ private:
+  std::shared_ptr<const LinearFactory> base_;
 };
 
 absl::StatusOr<ModelParts> AdapterV2Parts(const Config& config, bool legacy_qkv_split = false);
 absl::StatusOr<GPT> CreateAdapterV2GPT(const Config& config, bool legacy_qkv_split = false);
-// Trainable: adapter_wte, gating_factor, adapter_bias, adapter_scale and the norms
-// (norm_1, norm_2, ln_f), as LitGPT's adapter_filter.
-void MarkOnlyAdapterV2Trainable(GPTImpl& model);
 // A plain base-model state dict with scale and bias folded into each linear:
 // W' = diag(scale) · W, b' = scale · (b + adapter_bias). Fails where a linear without a bias
 // has a non-zero adapter_bias (the base model has no slot for it).

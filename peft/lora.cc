@@ -9,6 +9,7 @@
 #include "absl/strings/str_replace.h"
 #include "core/model/checkpoint.h"
 #include "core/base/status_macros.h"
+#include "peft/peft_method.h"
 
 namespace lgpt {
 
@@ -36,10 +37,15 @@ absl::Status LoraOptions::Validate() const {
   return absl::OkStatus();
 }
 
-LoraProjectionImpl::LoraProjectionImpl(const LinearSpec& spec, int64_t r, double alpha,
-                                       double dropout, std::array<bool, 3> enabled_parts)
-    : r_(r), scaling_(r > 0 ? alpha / r : 0.0), dropout_(dropout) {
-  linear = register_module("linear", std::make_shared<DenseProjectionImpl>(spec));
+LoraProjectionImpl::LoraProjectionImpl(const LinearSpec& spec, ProjectionPtr base, int64_t r,
+                                       double alpha, double dropout,
+                                       std::array<bool, 3> enabled_parts)
+    : r_(r),
+      in_features_(spec.in_features),
+      out_features_(spec.out_features),
+      scaling_(r > 0 ? alpha / r : 0.0),
+      dropout_(dropout) {
+  linear = register_module("linear", std::move(base));
   if (spec.site == LinearSite::kQkv) {
     const int64_t widths[3] = {spec.q_size, spec.kv_size, spec.kv_size};
     int64_t offset = 0;
@@ -92,8 +98,8 @@ at::Tensor LoraProjectionImpl::forward(const at::Tensor& x) {
 }
 
 at::Tensor LoraProjectionImpl::DeltaWeight() const {
-  at::Tensor delta = at::zeros_like(linear->weight);
-  if (r_ == 0) return delta;
+  if (r_ == 0) return at::zeros({out_features_, in_features_});
+  at::Tensor delta = at::zeros({out_features_, in_features_}, lora_A.options());
   at::NoGradGuard no_grad;
   int64_t b_row = 0;
   for (size_t i = 0; i < parts_.size(); ++i) {
@@ -106,11 +112,25 @@ at::Tensor LoraProjectionImpl::DeltaWeight() const {
   return delta;
 }
 
-void LoraProjectionImpl::Merge() {
-  if (r_ == 0 || merged_) return;
+at::Tensor LoraProjectionImpl::DenseWeight() const {
+  const at::Tensor base = linear->DenseWeight();
+  if (!base.defined() || r_ == 0 || merged_) return base;
+  return (base.to(at::kFloat) + DeltaWeight().to(base.device(), at::kFloat))
+      .to(base.scalar_type());
+}
+
+absl::Status LoraProjectionImpl::Merge() {
+  if (r_ == 0 || merged_) return absl::OkStatus();
+  auto* dense = dynamic_cast<DenseProjectionImpl*>(linear.get());
+  if (dense == nullptr || !dense->weight.defined() || dense->weight.numel() == 0) {
+    return absl::FailedPreconditionError(
+        "LoRA merge needs a float base weight to write into; this base is quantised or not "
+        "dense (merge into the float checkpoint instead: merge_lora)");
+  }
   at::NoGradGuard no_grad;
-  linear->weight.add_(DeltaWeight());
+  dense->weight.add_(DeltaWeight().to(dense->weight.scalar_type()));
   merged_ = true;
+  return absl::OkStatus();
 }
 
 ProjectionPtr LoraLinearFactory::Make(const LinearSpec& spec) const {
@@ -129,11 +149,12 @@ ProjectionPtr LoraLinearFactory::Make(const LinearSpec& spec) const {
       enabled[0] = options_.mlp;
       break;
   }
-  return std::make_shared<LoraProjectionImpl>(spec, options_.r, options_.alpha, options_.dropout,
-                                              enabled);
+  return std::make_shared<LoraProjectionImpl>(spec, base_->Make(spec), options_.r,
+                                              options_.alpha, options_.dropout, enabled);
 }
 
-absl::StatusOr<ModelParts> LoraParts(const Config& config) {
+absl::StatusOr<ModelParts> LoraParts(const Config& config,
+                                     std::shared_ptr<const LinearFactory> base) {
   const LoraOptions options = LoraOptions::FromConfig(config);
   RETURN_IF_ERROR(options.Validate());
   // Every LoRA site reads or writes n_embd features, so B·A has rank <= n_embd: a larger r
@@ -144,7 +165,8 @@ absl::StatusOr<ModelParts> LoraParts(const Config& config) {
                                                    "): a larger rank adds no expressiveness"));
   }
   ModelParts parts;
-  parts.linear_factory = std::make_shared<LoraLinearFactory>(options);
+  parts.linear_factory =
+      std::make_shared<LoraLinearFactory>(options, base ? std::move(base) : DefaultLinearFactory());
   return parts;
 }
 
@@ -161,31 +183,32 @@ std::vector<std::shared_ptr<LoraProjectionImpl>> LoraProjections(GPTImpl& model)
   return out;
 }
 
-void MergeLora(GPTImpl& model) {
-  for (const auto& lora : LoraProjections(model)) lora->Merge();
+absl::Status MergeLora(GPTImpl& model) {
+  const std::vector<std::shared_ptr<LoraProjectionImpl>> loras = LoraProjections(model);
+  for (const auto& lora : loras) {
+    const at::Tensor base = lora->linear->DenseWeight();
+    if (lora->rank() > 0 && !lora->merged() && (!base.defined() || base.numel() == 0 ||
+                                                !std::dynamic_pointer_cast<DenseProjectionImpl>(lora->linear))) {
+      return absl::FailedPreconditionError(
+          "LoRA merge needs float base weights to write into; this model's are quantised or "
+          "not dense (merge into the float checkpoint instead: merge_lora)");
+    }
+  }
+  for (const auto& lora : loras) RETURN_IF_ERROR(lora->Merge());
+  return absl::OkStatus();
 }
 
 TensorMap MergedBaseStateDict(GPTImpl& model) {
-  TensorMap merged;
   at::NoGradGuard no_grad;
+  TensorMap merged = UnwrapToBaseStateDict(StateDict(model));
   for (const auto& item : model.named_modules("", /*include_self=*/false)) {
     auto lora = std::dynamic_pointer_cast<LoraProjectionImpl>(item.value());
     if (!lora) continue;
-    at::Tensor weight = lora->linear->weight.detach();
-    if (!lora->merged()) {
-      weight = (weight.to(at::kFloat) + lora->DeltaWeight()).to(weight.scalar_type());
-    }
-    merged[item.key() + ".weight"] = weight.clone();
-    if (lora->linear->bias.defined())
-      merged[item.key() + ".bias"] = lora->linear->bias.detach().clone();
+    merged[item.key() + ".weight"] = lora->DenseWeight().clone();
+    const at::Tensor bias = lora->DenseBias();
+    if (bias.defined()) merged[item.key() + ".bias"] = bias.clone();
   }
-  for (const auto& [name, tensor] : StateDict(model)) {
-    if (absl::StrContains(name, ".linear.") || absl::StartsWith(name, "linear.") ||
-        absl::StrContains(name, "lora_")) {
-      continue;
-    }
-    merged[name] = tensor.detach().clone();
-  }
+  for (auto& [name, tensor] : merged) tensor = tensor.detach().clone();
   return merged;
 }
 
@@ -195,12 +218,6 @@ TensorMap LoraStateDict(GPTImpl& model) {
     if (absl::StrContains(name, "lora_")) out[name] = tensor;
   }
   return out;
-}
-
-void MarkOnlyLoraTrainable(GPTImpl& model) {
-  for (auto& item : model.named_parameters()) {
-    item.value().set_requires_grad(absl::StrContains(item.key(), "lora_"));
-  }
 }
 
 }  // namespace lgpt

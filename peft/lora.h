@@ -35,57 +35,68 @@ struct LoraOptions {
   double scaling() const { return r > 0 ? alpha / static_cast<double>(r) : 0.0; }
 };
 
-// y = linear(x) + scaling · B·A·dropout(x). For the fused QKV projection, A and B hold one
-// rank-r pair per enabled part (query, key, value) and the update is zero for disabled parts.
+// y = linear(x) + scaling · B·A·dropout(x), where `linear` is any base projection (dense,
+// int8, adapter v2, ...). For the fused QKV projection, A and B hold one rank-r pair per
+// enabled part (query, key, value) and the update is zero for disabled parts.
 class LoraProjectionImpl : public ProjectionImpl {
  public:
-  LoraProjectionImpl(const LinearSpec& spec, int64_t r, double alpha, double dropout,
-                     std::array<bool, 3> enabled_parts);
+  LoraProjectionImpl(const LinearSpec& spec, ProjectionPtr base, int64_t r, double alpha,
+                     double dropout, std::array<bool, 3> enabled_parts);
   at::Tensor forward(const at::Tensor& x) override;
+  // The base weight plus the update, W + scaling · B·A.
+  at::Tensor DenseWeight() const override;
+  at::Tensor DenseBias() const override { return linear->DenseBias(); }
 
-  // scaling · B·A laid out like linear.weight: [out_features, in_features].
+  // scaling · B·A laid out like the base weight: [out_features, in_features].
   at::Tensor DeltaWeight() const;
-  // Writes the update into linear.weight; later forwards skip the LoRA branch.
-  void Merge();
+  // Writes the update into the base's float weight; later forwards skip the LoRA branch.
+  // Fails (and changes nothing) when the base has no float weight to write into (int8).
+  absl::Status Merge();
   bool merged() const { return merged_; }
   int64_t rank() const { return r_; }
 
-  std::shared_ptr<DenseProjectionImpl> linear;
+  ProjectionPtr linear;  // the base projection, LitGPT's `linear`
   at::Tensor lora_A;  // [r · enabled parts, in_features]; undefined at rank 0
   at::Tensor lora_B;  // [sum of enabled part widths, r]; undefined at rank 0
 
  private:
   int64_t r_;
+  int64_t in_features_, out_features_;
   double scaling_;
   double dropout_;
   bool merged_ = false;
   std::vector<std::pair<int64_t, int64_t>> parts_;  // (offset, width) in out_features
 };
 
+// Decorates every projection `base` makes with LoRA: LoRA over int8 weights (QLoRA-style
+// fine-tuning), over adapter v2, or over plain dense weights (the default).
 class LoraLinearFactory : public LinearFactory {
  public:
-  explicit LoraLinearFactory(const LoraOptions& options) : options_(options) {}
+  explicit LoraLinearFactory(const LoraOptions& options,
+                             std::shared_ptr<const LinearFactory> base = DefaultLinearFactory())
+      : options_(options), base_(std::move(base)) {}
   ProjectionPtr Make(const LinearSpec& spec) const override;
 
  private:
   LoraOptions options_;
+  std::shared_ptr<const LinearFactory> base_;
 };
 
-// The parts of a LoRA model for `config`'s lora_* fields.
-absl::StatusOr<ModelParts> LoraParts(const Config& config);
+// The parts of a LoRA model for `config`'s lora_* fields, decorating `base` (null: dense).
+absl::StatusOr<ModelParts> LoraParts(const Config& config,
+                                     std::shared_ptr<const LinearFactory> base = nullptr);
 absl::StatusOr<GPT> CreateLoraGPT(const Config& config);
 
 // Every LoRA projection of the model.
 std::vector<std::shared_ptr<LoraProjectionImpl>> LoraProjections(GPTImpl& model);
-// Merges every LoRA update into its base weight, in place.
-void MergeLora(GPTImpl& model);
+// Merges every LoRA update into its base weight, in place; fails before changing anything when
+// a base has no float weight (int8).
+absl::Status MergeLora(GPTImpl& model);
 // A plain base-model state dict (LitGPT's names without `.linear.`, no lora_*), with the LoRA
-// updates merged: W + scaling · B·A. The model itself is left unchanged.
+// updates merged: W + scaling · B·A (int8 bases dequantised). The model is left unchanged.
 TensorMap MergedBaseStateDict(GPTImpl& model);
 // Only the LoRA parameters (LitGPT's `lit_model.pth.lora` content).
 TensorMap LoraStateDict(GPTImpl& model);
-// Freezes everything but lora_A / lora_B.
-void MarkOnlyLoraTrainable(GPTImpl& model);
 
 }  // namespace lgpt
 

@@ -18,6 +18,7 @@
 #include "peft/adapter.h"
 #include "peft/adapter_v2.h"
 #include "peft/lora.h"
+#include "peft/peft_method.h"
 #include "tests/test_models.h"
 
 namespace lgpt {
@@ -138,7 +139,7 @@ TEST_P(PeftPresetTest, MergedLoraEqualsUnmergedLora) {
   ASSERT_TRUE(LoadStateDict(*base, MergedBaseStateDict(*lora), "merged").ok());
   EXPECT_LT(MaxDiff(Logits(*base, tokens), unmerged), 1e-5);
   // ... and merged in place.
-  MergeLora(*lora);
+  ASSERT_TRUE(MergeLora(*lora).ok());
   EXPECT_LT(MaxDiff(Logits(*lora, tokens), unmerged), 1e-5);
   EXPECT_GT(MaxDiff(Logits(*base, tokens), Logits(*GPTImpl::Create(config).value(), tokens)), 0);
 }
@@ -189,7 +190,7 @@ TEST(LoraTest, GqaWithOnlyQueryAndValue) {
   const at::Tensor tokens = at::randint(0, config.vocab_size, {1, 10}, at::kLong);
   const at::Tensor unmerged = Logits(*lora, tokens);
   EXPECT_LT(MaxDiff(CachedLogits(*lora, tokens, 3, 6), unmerged), 1e-5);
-  MergeLora(*lora);
+  ASSERT_TRUE(MergeLora(*lora).ok());
   EXPECT_LT(MaxDiff(Logits(*lora, tokens), unmerged), 1e-5);
 }
 
@@ -296,12 +297,12 @@ INSTANTIATE_TEST_SUITE_P(LitGpt, AdapterGoldenTest, ::testing::Values("adapter",
 TEST(PeftTrainableTest, OnlyTheMethodsParametersTrain) {
   const Config config = PeftConfig("Llama-3.2-1B");
   GPT lora = *CreateLoraGPT(config);
-  MarkOnlyLoraTrainable(*lora);
+  MarkTrainable(*lora, PeftMethod::kLora);
   for (const auto& p : lora->named_parameters()) {
     EXPECT_EQ(p.value().requires_grad(), p.key().find("lora_") != std::string::npos) << p.key();
   }
   GPT adapter = *CreateAdapterGPT(config);
-  MarkOnlyAdapterTrainable(*adapter);
+  MarkTrainable(*adapter, PeftMethod::kAdapter);
   int trainable = 0;
   for (const auto& p : adapter->named_parameters()) trainable += p.value().requires_grad();
   // adapter_wte and gating_factor on layers 1 .. n_layer-1.

@@ -31,6 +31,7 @@
 #include "core/text/tokenizer.h"
 #include "core/io/torch_pickle_writer.h"
 #include "peft/lora.h"
+#include "core/model/quantize_model.h"
 #include "tools/finetune_model.h"
 #include "tools/progress.h"
 #include "tools/sft_data.h"
@@ -69,6 +70,9 @@ ABSL_FLAG(int64_t, eval_iters, 100, "micro-batches per validation run");
 ABSL_FLAG(int64_t, log_interval, 10, "optimizer steps between progress lines");
 ABSL_FLAG(uint64_t, seed, 1337, "random seed (split, order, initialisation, dropout)");
 ABSL_FLAG(bool, merge, false, "also write a merged plain lit_model.pth (lora, full)");
+ABSL_FLAG(std::string, quantize, "none",
+          "lora only: int8 freezes the base projections in int8 (QLoRA-style; the saved LoRA "
+          "file applies to the float base)");
 
 namespace lgpt {
 namespace {
@@ -78,12 +82,12 @@ namespace fs = std::filesystem;
 constexpr char kDefaultModelDir[] = "tools/default_model";
 
 std::string HyperparametersYaml(const std::string& base_dir, const Config& config,
-                                FinetuneMethod method) {
+                                PeftMethod method) {
   // LitGPT's merge_lora reads checkpoint_dir, precision and the lora_* keys from here.
   std::string yaml =
       absl::StrCat("checkpoint_dir: ", fs::absolute(base_dir).string(), "\n",
-                   "method: ", FinetuneMethodName(method), "\n", "precision: 32-true\n");
-  if (method == FinetuneMethod::kLora) {
+                   "method: ", PeftMethodName(method), "\n", "precision: 32-true\n");
+  if (method == PeftMethod::kLora) {
     absl::StrAppend(&yaml, "lora_r: ", config.lora_r, "\nlora_alpha: ", config.lora_alpha,
                     "\nlora_dropout: ", config.lora_dropout,
                     "\nlora_query: ", config.lora_query ? "true" : "false",
@@ -114,7 +118,7 @@ int main(int argc, char** argv) {
   InitTool(argc, argv,
            "finetune --method=lora|adapter|adapter_v2|full --checkpoint_dir=DIR "
            "--data=FILE.json --out_dir=DIR [--max_steps=N] [--merge]");
-  const FinetuneMethod method = ValueOrDie(ParseFinetuneMethod(absl::GetFlag(FLAGS_method)));
+  const PeftMethod method = ValueOrDie(ParsePeftMethod(absl::GetFlag(FLAGS_method)));
   std::string checkpoint_dir = ResolvePath(absl::GetFlag(FLAGS_checkpoint_dir));
   if (checkpoint_dir.empty()) checkpoint_dir = DefaultModelDir();
   const std::string data_path = ResolvePath(absl::GetFlag(FLAGS_data));
@@ -129,10 +133,25 @@ int main(int argc, char** argv) {
     Die(absl::InvalidArgumentError(absl::StrCat(
         "--eval_iters must be >= 0 (0: no validation), got ", absl::GetFlag(FLAGS_eval_iters))));
   }
-  if (absl::GetFlag(FLAGS_merge) && method != FinetuneMethod::kLora &&
-      method != FinetuneMethod::kFull) {
-    Die(absl::InvalidArgumentError(absl::StrCat("--merge: ", FinetuneMethodName(method),
+  if (absl::GetFlag(FLAGS_merge) && method != PeftMethod::kLora &&
+      method != PeftMethod::kFull) {
+    Die(absl::InvalidArgumentError(absl::StrCat("--merge: ", PeftMethodName(method),
                                                 " cannot be merged into a base checkpoint")));
+  }
+  const std::string quantize = absl::GetFlag(FLAGS_quantize);
+  if (quantize != "none" && quantize != "int8") {
+    Die(absl::InvalidArgumentError(
+        absl::StrCat("--quantize must be none or int8, got '", quantize, "'")));
+  }
+  const bool int8_base = quantize == "int8";
+  if (int8_base && method != PeftMethod::kLora) {
+    Die(absl::InvalidArgumentError(absl::StrCat("--quantize=int8 is for --method=lora, not ",
+                                                PeftMethodName(method))));
+  }
+  if (int8_base && absl::GetFlag(FLAGS_merge)) {
+    Die(absl::InvalidArgumentError(
+        "--merge with --quantize=int8 would merge into dequantised weights; merge the saved "
+        "LoRA file into the float base with merge_lora instead"));
   }
   const PromptStyle style = ValueOrDie(PromptStyleFromName(absl::GetFlag(FLAGS_prompt_style)));
   // Checked before any work: never the input directory, and writable.
@@ -140,7 +159,7 @@ int main(int argc, char** argv) {
 
   // The base model's config with the method's fields.
   Config config = ValueOrDie(LoadConfigFile(checkpoint_dir + "/model_config.yaml"));
-  if (method == FinetuneMethod::kLora) {
+  if (method == PeftMethod::kLora) {
     config.lora_r = absl::GetFlag(FLAGS_lora_r);
     config.lora_alpha = absl::GetFlag(FLAGS_lora_alpha);
     config.lora_dropout = absl::GetFlag(FLAGS_lora_dropout);
@@ -150,13 +169,13 @@ int main(int argc, char** argv) {
     config.lora_projection = absl::GetFlag(FLAGS_lora_projection);
     config.lora_mlp = absl::GetFlag(FLAGS_lora_mlp);
     config.lora_head = absl::GetFlag(FLAGS_lora_head);
-  } else if (method == FinetuneMethod::kAdapter || method == FinetuneMethod::kAdapterV2) {
+  } else if (method == PeftMethod::kAdapter || method == PeftMethod::kAdapterV2) {
     config.adapter_prompt_length = absl::GetFlag(FLAGS_adapter_prompt_length);
     config.adapter_start_layer = absl::GetFlag(FLAGS_adapter_start_layer);
   }
   DieIfError(config.Finalize());
   // The model's config is checked before the data is read (a bad --lora_r fails at once).
-  if (method == FinetuneMethod::kLora) DieIfError(LoraParts(config).status());
+  if (method == PeftMethod::kLora) DieIfError(LoraParts(config).status());
   int64_t max_seq_length = absl::GetFlag(FLAGS_max_seq_length);
   if (max_seq_length == 0) max_seq_length = config.block_size;
   if (max_seq_length < 2 || max_seq_length > config.block_size) {
@@ -203,13 +222,17 @@ int main(int argc, char** argv) {
 
   // Model: the method's architecture, base weights, only the method's parameters trainable.
   at::manual_seed(absl::GetFlag(FLAGS_seed));
-  GPT model = ValueOrDie(CreateFinetuneModel(config, method));
+  GPT model = ValueOrDie(CreateFinetuneModel(config, method, int8_base));
   {
     std::string base_source;
     const TensorMap base = ValueOrDie(ReadCheckpointTensors(checkpoint_dir, &base_source));
     DieIfError(LoadBaseWeights(*model, base, base_source));
   }  // the base tensors are copied into the model: free them
+  if (int8_base) DieIfError(QuantizeModelInt8(*model));  // frees the float base weights
   MarkTrainable(*model, method);
+  const int64_t weight_bytes = ModelWeightBytes(*model);
+  // Peak memory of training alone: loading holds the float checkpoint once, whatever the base.
+  ResetPeakRss();
   int64_t total_parameters = 0;
   for (const auto& p : model->parameters()) total_parameters += p.numel();
 
@@ -241,6 +264,7 @@ int main(int argc, char** argv) {
     progress->Update(step, absl::StrFormat("loss %.4f lr %.2e", loss, lr));
   };
   const SftTrainStats stats = ValueOrDie(TrainSft(*model, train, val, options));
+  const int64_t train_peak_rss = PeakRssBytes();
   if (progress) progress->Finish();
 
   // Output: LitGPT's layout, as one transaction (core/base/output_dir.h).
@@ -260,14 +284,14 @@ int main(int argc, char** argv) {
     const fs::path from = fs::path(checkpoint_dir) / name;
     if (fs::exists(from)) DieIfError(out->CopyFile(from.string(), name));
   }
-  if (absl::GetFlag(FLAGS_merge) && method == FinetuneMethod::kLora) {
+  if (absl::GetFlag(FLAGS_merge) && method == PeftMethod::kLora) {
     DieIfError(WriteTorchStateDict(out->Path("lit_model.pth"),
                                    ValueOrDie(MergedStateDict(*model, method))));
   }
   DieIfError(out->Commit());
   std::fprintf(stderr, "saved %s\n", trained_path.c_str());
 
-  std::fprintf(stderr, "method=%s threads=%d\n", std::string(FinetuneMethodName(method)).c_str(),
+  std::fprintf(stderr, "method=%s threads=%d\n", std::string(PeftMethodName(method)).c_str(),
                at::get_num_threads());
   std::fprintf(stderr, "trainable_parameters=%lld total_parameters=%lld\n",
                static_cast<long long>(stats.trainable_parameters),
@@ -282,6 +306,9 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr, "mean_step_time_s=%.4f tokens_per_s=%.1f\n", stats.mean_step_s,
                stats.tokens_per_s);
+  std::fprintf(stderr, "base=%s weight_bytes=%lld train_peak_rss_bytes=%lld\n",
+               int8_base ? "int8" : "float32", static_cast<long long>(weight_bytes),
+               static_cast<long long>(train_peak_rss));
   std::fprintf(stderr, "peak_rss_bytes=%lld\n", static_cast<long long>(PeakRssBytes()));
   return 0;
 }

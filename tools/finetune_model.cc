@@ -16,62 +16,26 @@
 #include "peft/adapter.h"
 #include "peft/adapter_v2.h"
 #include "peft/lora.h"
+#include "peft/peft_method.h"
+#include "core/nn/int8_linear.h"
 #include "yaml-cpp/yaml.h"
 
 namespace lgpt {
 
-absl::StatusOr<FinetuneMethod> ParseFinetuneMethod(absl::string_view name) {
-  if (name == "lora") return FinetuneMethod::kLora;
-  if (name == "adapter") return FinetuneMethod::kAdapter;
-  if (name == "adapter_v2") return FinetuneMethod::kAdapterV2;
-  if (name == "full") return FinetuneMethod::kFull;
-  return absl::InvalidArgumentError(absl::StrCat("unknown fine-tuning method '", name,
-                                                 "' (expected lora, adapter, adapter_v2 or full)"));
+std::string TrainedFileName(PeftMethod method) {
+  if (method == PeftMethod::kFull) return "lit_model.pth";
+  return absl::StrCat("lit_model.pth.", PeftMethodName(method));
 }
 
-absl::string_view FinetuneMethodName(FinetuneMethod method) {
-  switch (method) {
-    case FinetuneMethod::kLora:
-      return "lora";
-    case FinetuneMethod::kAdapter:
-      return "adapter";
-    case FinetuneMethod::kAdapterV2:
-      return "adapter_v2";
-    case FinetuneMethod::kFull:
-      return "full";
+absl::StatusOr<GPT> CreateFinetuneModel(const Config& config, PeftMethod method,
+                                        bool int8_base) {
+  if (int8_base && method != PeftMethod::kLora) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "an int8 base is for LoRA only (QLoRA-style); ", PeftMethodName(method),
+        " trains parameters inside the base projections or needs float ones"));
   }
-  return "";
-}
-
-std::string TrainedFileName(FinetuneMethod method) {
-  if (method == FinetuneMethod::kFull) return "lit_model.pth";
-  return absl::StrCat("lit_model.pth.", FinetuneMethodName(method));
-}
-
-bool IsTrainedParameter(FinetuneMethod method, absl::string_view name) {
-  auto any_of = [name](std::initializer_list<const char*> parts) {
-    for (const char* part : parts) {
-      if (absl::StrContains(name, part)) return true;
-    }
-    return false;
-  };
   switch (method) {
-    case FinetuneMethod::kLora:
-      return any_of({"lora_"});
-    case FinetuneMethod::kAdapter:
-      return any_of({"adapter_wte", "gating_factor"});
-    case FinetuneMethod::kAdapterV2:
-      return any_of({"adapter_wte", "gating_factor", "adapter_scale", "adapter_bias", "norm_1",
-                     "norm_2", "ln_f"});
-    case FinetuneMethod::kFull:
-      return true;
-  }
-  return false;
-}
-
-absl::StatusOr<GPT> CreateFinetuneModel(const Config& config, FinetuneMethod method) {
-  switch (method) {
-    case FinetuneMethod::kLora:
+    case PeftMethod::kLora:
       if (config.lora_r < 1) {
         return absl::InvalidArgumentError(
             absl::StrCat("LoRA needs lora_r >= 1, got ", config.lora_r));
@@ -82,15 +46,20 @@ absl::StatusOr<GPT> CreateFinetuneModel(const Config& config, FinetuneMethod met
             "LoRA enabled on no projection: set at least one of lora_query, lora_key, "
             "lora_value, lora_projection, lora_mlp, lora_head");
       }
+      if (int8_base) {
+        ASSIGN_OR_RETURN(ModelParts parts,
+                         LoraParts(config, std::make_shared<Int8LinearFactory>()));
+        return GPTImpl::Create(config, parts);
+      }
       return CreateLoraGPT(config);
     // The adapter files are LitGPT's (lit_model.pth.adapter / .adapter_v2): LitGPT's
     // adapter.py splits the prefix projection per query group, so training and loading use
     // that split (legacy_qkv_split) and the files mean the same in lgpt and in LitGPT.
-    case FinetuneMethod::kAdapter:
+    case PeftMethod::kAdapter:
       return CreateAdapterGPT(config, /*legacy_qkv_split=*/true);
-    case FinetuneMethod::kAdapterV2:
+    case PeftMethod::kAdapterV2:
       return CreateAdapterV2GPT(config, /*legacy_qkv_split=*/true);
-    case FinetuneMethod::kFull:
+    case PeftMethod::kFull:
       return GPTImpl::Create(config);
   }
   return absl::InternalError("unknown method");
@@ -101,14 +70,12 @@ absl::Status LoadBaseWeights(GPTImpl& model, const TensorMap& base, const std::s
   std::set<std::string> used;
   std::vector<std::string> missing, unexpected;
   for (const auto& [name, tensor] : StateDict(model)) {
-    // LitGPT's PEFT projections wrap the base linear as `.linear.` (lm_head.linear.weight too).
-    const std::string base_name = absl::StrReplaceAll(name, {{".linear.", "."}});
+    const std::string base_name = BaseParameterName(name);
     auto it = base.find(base_name);
     if (it != base.end()) {
       mapped[name] = it->second;
       used.insert(base_name);
-    } else if (!absl::StrContains(name, "lora_") && !absl::StrContains(name, "adapter_") &&
-               !absl::StrContains(name, "gating_factor")) {
+    } else if (!IsPeftOnlyParameter(name)) {
       missing.push_back(base_name);
     }
   }
@@ -130,24 +97,7 @@ absl::Status LoadBaseWeights(GPTImpl& model, const TensorMap& base, const std::s
   return LoadStateDict(model, mapped, source, /*allow_missing=*/true);
 }
 
-void MarkTrainable(GPTImpl& model, FinetuneMethod method) {
-  switch (method) {
-    case FinetuneMethod::kLora:
-      MarkOnlyLoraTrainable(model);
-      break;
-    case FinetuneMethod::kAdapter:
-      MarkOnlyAdapterTrainable(model);
-      break;
-    case FinetuneMethod::kAdapterV2:
-      MarkOnlyAdapterV2Trainable(model);
-      break;
-    case FinetuneMethod::kFull:
-      for (auto& p : model.parameters()) p.set_requires_grad(true);
-      break;
-  }
-}
-
-TensorMap TrainedStateDict(GPTImpl& model, FinetuneMethod method) {
+TensorMap TrainedStateDict(GPTImpl& model, PeftMethod method) {
   TensorMap out;
   for (const auto& [name, tensor] : StateDict(model)) {
     if (IsTrainedParameter(method, name)) out[name] = tensor.detach().cpu().contiguous();
@@ -155,15 +105,15 @@ TensorMap TrainedStateDict(GPTImpl& model, FinetuneMethod method) {
   return out;
 }
 
-absl::StatusOr<TensorMap> MergedStateDict(GPTImpl& model, FinetuneMethod method) {
+absl::StatusOr<TensorMap> MergedStateDict(GPTImpl& model, PeftMethod method) {
   switch (method) {
-    case FinetuneMethod::kLora:
+    case PeftMethod::kLora:
       return MergedBaseStateDict(model);
-    case FinetuneMethod::kFull:
+    case PeftMethod::kFull:
       return TrainedStateDict(model, method);
     default:
       return absl::UnimplementedError(
-          absl::StrCat("--merge: ", FinetuneMethodName(method),
+          absl::StrCat("--merge: ", PeftMethodName(method),
                        " cannot be merged into a base checkpoint (its prefix has no place "
                        "there); only lora and full"));
   }
@@ -189,7 +139,7 @@ absl::StatusOr<std::string> BaseDirFromHyperparameters(const std::string& dir) {
   return absl::InvalidArgumentError(absl::StrCat(path, ": no checkpoint_dir"));
 }
 
-absl::StatusOr<LoadedModel> LoadFinetuned(const std::string& dir, FinetuneMethod method,
+absl::StatusOr<LoadedModel> LoadFinetuned(const std::string& dir, PeftMethod method,
                                           std::string base_dir, c10::ScalarType dtype) {
   ASSIGN_OR_RETURN(Config config, LoadConfigFile(dir + "/model_config.yaml"));
   if (base_dir.empty()) {
@@ -197,7 +147,7 @@ absl::StatusOr<LoadedModel> LoadFinetuned(const std::string& dir, FinetuneMethod
   }
   ASSIGN_OR_RETURN(GPT model, CreateFinetuneModel(config, method));
   model->To(c10::Device(c10::kCPU), dtype);
-  if (method != FinetuneMethod::kFull) {
+  if (method != PeftMethod::kFull) {
     std::string source;
     ASSIGN_OR_RETURN(TensorMap base, ReadCheckpointTensors(base_dir, &source));
     RETURN_IF_ERROR(LoadBaseWeights(*model, base, source));
@@ -207,7 +157,7 @@ absl::StatusOr<LoadedModel> LoadFinetuned(const std::string& dir, FinetuneMethod
   for (const auto& [name, tensor] : trained) {
     if (!IsTrainedParameter(method, name)) {
       return absl::InvalidArgumentError(absl::StrCat(trained_path, ": tensor ", name, " is not a ",
-                                                     FinetuneMethodName(method), " parameter"));
+                                                     PeftMethodName(method), " parameter"));
     }
   }
   for (const auto& [name, tensor] : TrainedStateDict(*model, method)) {
@@ -218,7 +168,7 @@ absl::StatusOr<LoadedModel> LoadFinetuned(const std::string& dir, FinetuneMethod
   }
   RETURN_IF_ERROR(CheckFinite(trained, trained_path));
   RETURN_IF_ERROR(LoadStateDict(*model, trained, trained_path,
-                                /*allow_missing=*/method != FinetuneMethod::kFull));
+                                /*allow_missing=*/method != PeftMethod::kFull));
   model->eval();
   return LoadedModel{model->config(), model};
 }

@@ -16,43 +16,36 @@
 #include "core/model/checkpoint.h"
 #include "core/model/gpt.h"
 #include "core/io/tensor_map.h"
+#include "peft/peft_method.h"
 
 namespace lgpt {
 
-enum class FinetuneMethod { kLora, kAdapter, kAdapterV2, kFull };
-
-// "lora", "adapter", "adapter_v2", "full"; InvalidArgument naming them otherwise.
-absl::StatusOr<FinetuneMethod> ParseFinetuneMethod(absl::string_view name);
-absl::string_view FinetuneMethodName(FinetuneMethod method);
 // lit_model.pth.lora, lit_model.pth.adapter, lit_model.pth.adapter_v2; lit_model.pth (full).
-std::string TrainedFileName(FinetuneMethod method);
-
-// LitGPT's lora_filter / adapter_filter / adapter_v2's adapter_filter; every name for full.
-bool IsTrainedParameter(FinetuneMethod method, absl::string_view name);
+std::string TrainedFileName(PeftMethod method);
 
 // A model of the method's architecture for `config` (its lora_* / adapter_* fields). The
 // adapters split their prefix projection as LitGPT does (legacy_qkv_split, peft/adapter.h).
-absl::StatusOr<GPT> CreateFinetuneModel(const Config& config, FinetuneMethod method);
+// `int8_base` (LoRA only): the base projections are int8 projections (Int8LinearFactory
+// under LoraLinearFactory), to be quantised by QuantizeModelInt8 after the base weights load.
+absl::StatusOr<GPT> CreateFinetuneModel(const Config& config, PeftMethod method,
+                                        bool int8_base = false);
 
 // Copies base-checkpoint tensors (plain LitGPT names) into the model, mapping x.weight to
 // x.linear.weight where the method wraps linears. Every parameter the method does not add
 // must be present; tensors the model lacks are errors.
 absl::Status LoadBaseWeights(GPTImpl& model, const TensorMap& base, const std::string& source);
 
-// requires_grad only on the method's parameters.
-void MarkTrainable(GPTImpl& model, FinetuneMethod method);
-
 // What the method saves: its parameters under LitGPT's names, detached, on the CPU.
-TensorMap TrainedStateDict(GPTImpl& model, FinetuneMethod method);
+TensorMap TrainedStateDict(GPTImpl& model, PeftMethod method);
 
 // A plain base-model state dict: LoRA merged in, or the full model. Unimplemented for the
 // adapters (their prefix has no place in the base model).
-absl::StatusOr<TensorMap> MergedStateDict(GPTImpl& model, FinetuneMethod method);
+absl::StatusOr<TensorMap> MergedStateDict(GPTImpl& model, PeftMethod method);
 
 // Loads a fine-tuned directory: model_config.yaml (with the PEFT fields), the base weights of
 // `base_dir` (empty: hyperparameters.yaml's checkpoint_dir) and the trained file on top.
 // The model is in eval mode.
-absl::StatusOr<LoadedModel> LoadFinetuned(const std::string& dir, FinetuneMethod method,
+absl::StatusOr<LoadedModel> LoadFinetuned(const std::string& dir, PeftMethod method,
                                           std::string base_dir = "",
                                           c10::ScalarType dtype = c10::kFloat);
 

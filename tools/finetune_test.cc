@@ -99,7 +99,7 @@ struct Trained {
   SftTrainStats stats;
 };
 
-Trained Train(FinetuneMethod method, int64_t steps = 30) {
+Trained Train(PeftMethod method, int64_t steps = 30) {
   Trained out;
   out.config = TinyConfig();
   GPT base = *GPTImpl::Create(out.config);
@@ -125,16 +125,16 @@ Trained Train(FinetuneMethod method, int64_t steps = 30) {
   return out;
 }
 
-class FinetuneMethodTest : public ::testing::TestWithParam<FinetuneMethod> {};
+class PeftMethodTest : public ::testing::TestWithParam<PeftMethod> {};
 
-TEST_P(FinetuneMethodTest, LossFallsAndOnlyTheMethodsParametersChange) {
-  const FinetuneMethod method = GetParam();
+TEST_P(PeftMethodTest, LossFallsAndOnlyTheMethodsParametersChange) {
+  const PeftMethod method = GetParam();
   Trained t = Train(method);
   ASSERT_EQ(t.stats.val_losses.size(), 2u);
   // The adapter has few parameters (prefix and gates) and learns slowest.
-  const double margin = method == FinetuneMethod::kAdapter ? 0.05 : 0.3;
+  const double margin = method == PeftMethod::kAdapter ? 0.05 : 0.3;
   EXPECT_LT(t.stats.val_losses.back().second, t.stats.val_losses.front().second - margin)
-      << FinetuneMethodName(method) << ": " << t.stats.val_losses.front().second << " -> "
+      << PeftMethodName(method) << ": " << t.stats.val_losses.front().second << " -> "
       << t.stats.val_losses.back().second;
   int changed = 0;
   for (const auto& item : t.model->named_parameters()) {
@@ -152,11 +152,11 @@ TEST_P(FinetuneMethodTest, LossFallsAndOnlyTheMethodsParametersChange) {
   EXPECT_GT(changed, 0);
 }
 
-TEST_P(FinetuneMethodTest, SavedFileLoadsOnTopOfTheBaseToTheSameLogits) {
-  const FinetuneMethod method = GetParam();
+TEST_P(PeftMethodTest, SavedFileLoadsOnTopOfTheBaseToTheSameLogits) {
+  const PeftMethod method = GetParam();
   Trained t = Train(method, 5);
-  const std::string base_dir = TempDir(absl::StrCat("base_", FinetuneMethodName(method)));
-  const std::string out_dir = TempDir(absl::StrCat("out_", FinetuneMethodName(method)));
+  const std::string base_dir = TempDir(absl::StrCat("base_", PeftMethodName(method)));
+  const std::string out_dir = TempDir(absl::StrCat("out_", PeftMethodName(method)));
   ASSERT_TRUE(WriteSafetensors(base_dir + "/model.safetensors", t.base).ok());
   WriteText(base_dir + "/model_config.yaml", ConfigToYaml(t.config));
   const TensorMap trained = TrainedStateDict(*t.model, method);
@@ -170,26 +170,26 @@ TEST_P(FinetuneMethodTest, SavedFileLoadsOnTopOfTheBaseToTheSameLogits) {
   const at::Tensor tokens = at::randint(0, t.config.vocab_size, {2, 12}, at::kLong);
   EXPECT_EQ(MaxDiff(Logits(*loaded->model, tokens), Logits(*t.model, tokens)), 0.0);
   // A file of another method's parameters is refused.
-  if (method == FinetuneMethod::kLora) {
-    EXPECT_FALSE(LoadFinetuned(out_dir, FinetuneMethod::kAdapter, base_dir).ok());
+  if (method == PeftMethod::kLora) {
+    EXPECT_FALSE(LoadFinetuned(out_dir, PeftMethod::kAdapter, base_dir).ok());
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Methods, FinetuneMethodTest,
-                         ::testing::Values(FinetuneMethod::kLora, FinetuneMethod::kAdapter,
-                                           FinetuneMethod::kAdapterV2, FinetuneMethod::kFull),
+INSTANTIATE_TEST_SUITE_P(Methods, PeftMethodTest,
+                         ::testing::Values(PeftMethod::kLora, PeftMethod::kAdapter,
+                                           PeftMethod::kAdapterV2, PeftMethod::kFull),
                          [](const auto& info) {
-                           return std::string(FinetuneMethodName(info.param));
+                           return std::string(PeftMethodName(info.param));
                          });
 
 // A LitGPT adapter fine-tune (base lit_model.pth plus lit_model.pth.adapter /
 // .adapter_v2, split from LitGPT's golden model in tests/testdata/golden_adapter) loads to
 // LitGPT's logits: LoadFinetuned uses LitGPT's per-group split of the prefix projection.
-class LitGptAdapterFilesTest : public ::testing::TestWithParam<FinetuneMethod> {};
+class LitGptAdapterFilesTest : public ::testing::TestWithParam<PeftMethod> {};
 
 TEST_P(LitGptAdapterFilesTest, LoadToLitGptLogits) {
-  const FinetuneMethod method = GetParam();
-  const std::string name(FinetuneMethodName(method));
+  const PeftMethod method = GetParam();
+  const std::string name(PeftMethodName(method));
   const std::string golden = "tests/testdata/golden_adapter/" + name;
   absl::StatusOr<TensorMap> tensors = ReadCheckpointTensors(golden);
   ASSERT_TRUE(tensors.ok()) << tensors.status();
@@ -215,20 +215,20 @@ TEST_P(LitGptAdapterFilesTest, LoadToLitGptLogits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Adapters, LitGptAdapterFilesTest,
-                         ::testing::Values(FinetuneMethod::kAdapter, FinetuneMethod::kAdapterV2),
+                         ::testing::Values(PeftMethod::kAdapter, PeftMethod::kAdapterV2),
                          [](const auto& info) {
-                           return std::string(FinetuneMethodName(info.param));
+                           return std::string(PeftMethodName(info.param));
                          });
 
 TEST(FinetuneTest, MergedLoraEqualsUnmerged) {
-  Trained t = Train(FinetuneMethod::kLora, 5);
+  Trained t = Train(PeftMethod::kLora, 5);
   GPT plain = *GPTImpl::Create(t.config);
   ASSERT_TRUE(
-      LoadStateDict(*plain, *MergedStateDict(*t.model, FinetuneMethod::kLora), "merged").ok());
+      LoadStateDict(*plain, *MergedStateDict(*t.model, PeftMethod::kLora), "merged").ok());
   at::manual_seed(4);
   const at::Tensor tokens = at::randint(0, t.config.vocab_size, {1, 16}, at::kLong);
   EXPECT_LT(MaxDiff(Logits(*plain, tokens), Logits(*t.model, tokens)), 1e-5);
-  EXPECT_EQ(MergedStateDict(*t.model, FinetuneMethod::kAdapter).status().code(),
+  EXPECT_EQ(MergedStateDict(*t.model, PeftMethod::kAdapter).status().code(),
             absl::StatusCode::kUnimplemented);
 }
 
@@ -240,14 +240,14 @@ TEST(FinetuneTest, NonFiniteLossIsAnError) {
   RandomizeWeights(*base, 7);
   TensorMap weights = Clone(StateDict(*base));
   weights.at("transformer.h.0.mlp.fc_1.weight").view({-1})[3] = std::nanf("");
-  GPT model = *CreateFinetuneModel(config, FinetuneMethod::kLora);
+  GPT model = *CreateFinetuneModel(config, PeftMethod::kLora);
   const absl::Status refused = LoadBaseWeights(*model, weights, "base");
   EXPECT_EQ(refused.code(), absl::StatusCode::kDataLoss) << refused;
   EXPECT_NE(refused.message().find("transformer.h.0.mlp.fc_1.weight"), std::string::npos);
 
   weights = Clone(StateDict(*base));
   ASSERT_TRUE(LoadBaseWeights(*model, weights, "base").ok());
-  MarkTrainable(*model, FinetuneMethod::kLora);
+  MarkTrainable(*model, PeftMethod::kLora);
   {
     at::NoGradGuard no_grad;  // activations overflow after loading
     for (auto& p : model->parameters()) {
@@ -332,7 +332,7 @@ TEST(SftDataTest, AlpacaJsonErrors) {
     EXPECT_TRUE(absl::StartsWith(records.status().message(), "f.json")) << bad;
   }
   EXPECT_EQ(LoadAlpacaJson("/nonexistent.json").status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(ParseFinetuneMethod("qlora").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParsePeftMethod("qlora").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // The tools as a user runs them.
@@ -431,7 +431,7 @@ TEST(FinetuneToolTest, LoraOnTheDefaultModelThenMergeThenGenerate) {
   for (const auto& [name, tensor] : *a) EXPECT_TRUE(at::equal(tensor, b->at(name))) << name;
 
   // The merged checkpoint loads as a plain model with the unmerged LoRA model's logits.
-  absl::StatusOr<LoadedModel> unmerged = LoadFinetuned(dir + "/lora", FinetuneMethod::kLora);
+  absl::StatusOr<LoadedModel> unmerged = LoadFinetuned(dir + "/lora", PeftMethod::kLora);
   absl::StatusOr<LoadedModel> plain = LoadCheckpoint(dir + "/merged");
   ASSERT_TRUE(unmerged.ok()) << unmerged.status();
   ASSERT_TRUE(plain.ok()) << plain.status();

@@ -36,9 +36,9 @@ int main(int argc, char** argv) {
   const std::string dir = ResolvePath(absl::GetFlag(FLAGS_checkpoint_dir));
   if (dir.empty()) Die(absl::InvalidArgumentError("--checkpoint_dir is required"));
   std::string base_dir = ResolvePath(absl::GetFlag(FLAGS_pretrained_checkpoint_dir));
-  const std::string lora_file = dir + "/" + TrainedFileName(FinetuneMethod::kLora);
+  const std::string lora_file = dir + "/" + TrainedFileName(PeftMethod::kLora);
   if (!fs::is_regular_file(lora_file)) {
-    Die(absl::NotFoundError(absl::StrCat(dir, ": no ", TrainedFileName(FinetuneMethod::kLora))));
+    Die(absl::NotFoundError(absl::StrCat(dir, ": no ", TrainedFileName(PeftMethod::kLora))));
   }
   if (base_dir.empty()) base_dir = ValueOrDie(BaseDirFromHyperparameters(dir));
   // The default (LitGPT's): lit_model.pth beside the LoRA files, which stay as they are, so the
@@ -58,8 +58,8 @@ int main(int argc, char** argv) {
           "writes: pass --out_dir")));
     }
   }
-  LoadedModel loaded = ValueOrDie(LoadFinetuned(dir, FinetuneMethod::kLora, base_dir));
-  const TensorMap merged = ValueOrDie(MergedStateDict(*loaded.model, FinetuneMethod::kLora));
+  LoadedModel loaded = ValueOrDie(LoadFinetuned(dir, PeftMethod::kLora, base_dir));
+  const TensorMap merged = ValueOrDie(MergedStateDict(*loaded.model, PeftMethod::kLora));
   if (beside) {
     DieIfError(WriteTorchStateDict(dir + "/lit_model.pth", merged));
   } else {

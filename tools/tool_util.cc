@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <fstream>
 #include <iostream>
 #include <new>
 #include <thread>
@@ -198,9 +199,24 @@ void PrintProgress(const std::string& stage) {
 }
 
 int64_t PeakRssBytes() {
+  // VmHWM follows ResetPeakRss; getrusage's maximum never goes down.
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    int64_t kb = 0;
+    if (absl::StartsWith(line, "VmHWM:") &&
+        absl::SimpleAtoi(absl::StripAsciiWhitespace(absl::StripSuffix(line.substr(6), "kB")), &kb)) {
+      return kb * 1024;
+    }
+  }
   struct rusage usage;
   if (getrusage(RUSAGE_SELF, &usage) != 0) return 0;
   return static_cast<int64_t>(usage.ru_maxrss) * 1024;
+}
+
+void ResetPeakRss() {
+  std::ofstream clear_refs("/proc/self/clear_refs");
+  clear_refs << "5";
 }
 
 }  // namespace lgpt

@@ -66,6 +66,8 @@ void PrintProgress(const std::string& stage);
 
 // Peak resident memory of this process, in bytes.
 int64_t PeakRssBytes();
+// Starts a new peak for PeakRssBytes (Linux /proc/self/clear_refs); a no-op where unsupported.
+void ResetPeakRss();
 
 }  // namespace lgpt
 

@@ -33,4 +33,18 @@ absl::Status QuantizeModelInt8(GPTImpl& model) {
   return absl::OkStatus();
 }
 
+int64_t ModelWeightBytes(GPTImpl& model) {
+  int64_t bytes = 0;
+  for (const at::Tensor& p : model.parameters()) {
+    bytes += p.numel() * static_cast<int64_t>(p.element_size());
+  }
+  for (const std::shared_ptr<torch::nn::Module>& module : model.modules()) {
+    auto* projection = dynamic_cast<Int8ProjectionImpl*>(module.get());
+    if (projection == nullptr || !projection->quantized()) continue;
+    const Int8Weight& weight = projection->int8_weight();
+    bytes += weight.values.numel() + weight.scales.numel() * 4;
+  }
+  return bytes;
+}
+
 }  // namespace lgpt

@@ -26,6 +26,10 @@ ModelParts Int8ModelParts(const Int8Options& options = {});
 // quantising twice is a no-op.
 absl::Status QuantizeModelInt8(GPTImpl& model);
 
+// Bytes of the model's weights as held: every parameter plus the int8 values and scales of
+// quantised projections.
+int64_t ModelWeightBytes(GPTImpl& model);
+
 }  // namespace lgpt
 
 #endif  // LGPT_CORE_MODEL_QUANTIZE_MODEL_H_

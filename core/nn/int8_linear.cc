@@ -8,8 +8,43 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/ops/gemv.h"
+#include "torch/csrc/autograd/custom_function.h"
 
 namespace lgpt {
+namespace {
+
+// y = x · dequantised(W)^T + b with autograd, saving only the int8 weight and its scales for
+// the backward pass: the float weight exists during each matmul only, never for the whole
+// forward-backward of a training step (the frozen base of QLoRA-style fine-tuning).
+class Int8Linear : public torch::autograd::Function<Int8Linear> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            const at::Tensor& values, const at::Tensor& scales,
+                            int64_t group_size, const at::Tensor& bias) {
+    ctx->save_for_backward({values, scales});
+    ctx->saved_data["group_size"] = group_size;
+    ctx->saved_data["has_bias"] = bias.defined();
+    const Int8Weight weight{values, scales, group_size};
+    return at::linear(x, DequantizeInt8(weight).to(x.device(), x.scalar_type()),
+                      bias.defined() ? bias.to(x.scalar_type()) : bias);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const Int8Weight weight{saved[0], saved[1], ctx->saved_data["group_size"].toInt()};
+    const at::Tensor& grad_y = grads[0];  // [..., out_features]
+    const at::Tensor grad_x =
+        at::matmul(grad_y, DequantizeInt8(weight).to(grad_y.device(), grad_y.scalar_type()));
+    at::Tensor grad_bias;
+    if (ctx->saved_data["has_bias"].toBool()) {
+      grad_bias = grad_y.reshape({-1, grad_y.size(-1)}).sum(0);
+    }
+    return {grad_x, at::Tensor(), at::Tensor(), at::Tensor(), grad_bias};
+  }
+};
+
+}  // namespace
 
 Int8ProjectionImpl::Int8ProjectionImpl(const LinearSpec& spec, const Int8Options& options)
     : DenseProjectionImpl(spec), options_(options) {}
@@ -39,10 +74,10 @@ at::Tensor Int8ProjectionImpl::forward(const at::Tensor& x) {
                     (!bias.defined() || bias.scalar_type() == at::kFloat) &&
                     !(c10::GradMode::is_enabled() && x.requires_grad());
   if (!gemv) {
-    // Larger inputs (prefill): dequantise and multiply; the weight is rebuilt per call,
-    // which costs about what reading it once costs.
-    return at::linear(x, DequantizeInt8(quantized_).to(x.device(), x.scalar_type()),
-                      bias.defined() ? bias.to(x.scalar_type()) : bias);
+    // Larger inputs (prefill, training): dequantise and multiply; the weight is rebuilt per
+    // call, which costs about what reading it once costs.
+    return Int8Linear::apply(x, quantized_.values, quantized_.scales, quantized_.group_size,
+                             bias);
   }
   const at::Tensor xc = x.contiguous();
   std::vector<int64_t> shape = x.sizes().vec();
@@ -52,6 +87,11 @@ at::Tensor Int8ProjectionImpl::forward(const at::Tensor& x) {
   Int8Gemv(quantized_, b.defined() ? b.data_ptr<float>() : nullptr, xc.data_ptr<float>(),
            y.data_ptr<float>(), xc.numel() / k, CpuHasAvx2Fma());
   return y;
+}
+
+at::Tensor Int8ProjectionImpl::DenseWeight() const {
+  if (!quantized()) return DenseProjectionImpl::DenseWeight();
+  return DequantizeInt8(quantized_).to(weight.scalar_type());
 }
 
 ProjectionPtr Int8LinearFactory::Make(const LinearSpec& spec) const {

@@ -30,7 +30,11 @@ struct Int8Options {
 class Int8ProjectionImpl : public DenseProjectionImpl {
  public:
   Int8ProjectionImpl(const LinearSpec& spec, const Int8Options& options);
+  // Quantised: the GEMV for few CPU rows without autograd; otherwise the dequantised weight,
+  // through an autograd function that keeps only the int8 weight for the backward pass (a
+  // frozen int8 base under trained LoRA weights stores no float copy of itself).
   at::Tensor forward(const at::Tensor& x) override;
+  at::Tensor DenseWeight() const override;
 
   // Replaces the float weight by its int8 form; the "weight" parameter becomes empty (so
   // move the model to its device and dtype first). Fails on group sizes that do not divide

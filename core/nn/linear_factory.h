@@ -40,9 +40,16 @@ struct LinearSpec {
 };
 
 // A projection y = f(x) from [..., in_features] to [..., out_features].
+// Decorators (LoRA, adapter v2) wrap any projection, so they read the base's weight through
+// DenseWeight() instead of assuming a dense one.
 class ProjectionImpl : public torch::nn::Module {
  public:
   virtual at::Tensor forward(const at::Tensor& x) = 0;
+  // The weight [out_features, in_features] this projection computes with, as a detached
+  // float tensor of the model's dtype (dequantised for int8); undefined where there is none.
+  virtual at::Tensor DenseWeight() const { return at::Tensor(); }
+  // Its bias [out_features], detached; undefined without one.
+  virtual at::Tensor DenseBias() const { return at::Tensor(); }
 };
 using ProjectionPtr = std::shared_ptr<ProjectionImpl>;
 
@@ -64,6 +71,8 @@ class DenseProjectionImpl : public ProjectionImpl {
  public:
   explicit DenseProjectionImpl(const LinearSpec& spec);
   at::Tensor forward(const at::Tensor& x) override;
+  at::Tensor DenseWeight() const override { return weight.detach(); }
+  at::Tensor DenseBias() const override { return bias.defined() ? bias.detach() : bias; }
 
   at::Tensor weight;  // [out_features, in_features]
   at::Tensor bias;    // [out_features]; undefined without bias
