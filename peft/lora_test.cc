@@ -68,20 +68,24 @@ TEST(LoraLinearFactory, DecoratesTheBaseFactorysProjections) {
 
 // LoRA over int8 weights equals LoRA over the dequantised weights, in the forward pass and in
 // the gradients of the LoRA parameters and of the input (the int8 autograd function).
-TEST(LoraOverInt8, EqualsLoraOverTheDequantisedWeightsWithGradients) {
+class LoraOverInt8 : public ::testing::TestWithParam<bool> {};
+
+TEST_P(LoraOverInt8, EqualsLoraOverTheDequantisedWeightsWithGradients) {
   at::manual_seed(7);
-  const LinearSpec spec = Spec(LinearSite::kMlpFc1, 64, 40, true);
+  const bool with_bias = GetParam();
+  const LinearSpec spec = Spec(LinearSite::kMlpFc1, 64, 40, with_bias);
   auto lora = std::dynamic_pointer_cast<LoraProjectionImpl>(
       LoraLinearFactory(Options(), std::make_shared<Int8LinearFactory>()).Make(spec));
   Randomise(*lora);
   auto* int8 = dynamic_cast<Int8ProjectionImpl*>(lora->linear.get());
-  {
+  if (with_bias) {
     at::NoGradGuard no_grad;
     int8->bias.normal_();
   }
   ASSERT_TRUE(int8->Quantize().ok());
   const at::Tensor dequantised = DequantizeInt8(int8->int8_weight());
-  auto twin = DenseTwin(spec, *lora, dequantised, int8->bias.detach());
+  auto twin =
+      DenseTwin(spec, *lora, dequantised, with_bias ? int8->bias.detach() : at::Tensor());
   for (auto* model : {lora.get(), twin.get()}) {
     for (auto& p : model->parameters()) p.set_requires_grad(false);
     model->lora_A.set_requires_grad(true);
@@ -112,7 +116,9 @@ TEST(LoraOverInt8, EqualsLoraOverTheDequantisedWeightsWithGradients) {
   EXPECT_EQ(int8->weight.numel(), 0);
 }
 
-TEST(LoraOverInt8, MergeRefusesAndMergedStateDictDequantises) {
+INSTANTIATE_TEST_SUITE_P(Bias, LoraOverInt8, ::testing::Bool());
+
+TEST(LoraOverInt8Merge, MergeRefusesAndMergedStateDictDequantises) {
   at::manual_seed(8);
   const LinearSpec spec = Spec(LinearSite::kAttnProj, 32, 32, false);
   auto lora = std::dynamic_pointer_cast<LoraProjectionImpl>(

@@ -23,10 +23,10 @@ class Int8Linear : public torch::autograd::Function<Int8Linear> {
                             int64_t group_size, const at::Tensor& bias) {
     ctx->save_for_backward({values, scales});
     ctx->saved_data["group_size"] = group_size;
-    ctx->saved_data["has_bias"] = bias.defined();
+    ctx->saved_data["bias_grad"] = bias.requires_grad();
     const Int8Weight weight{values, scales, group_size};
     return at::linear(x, DequantizeInt8(weight).to(x.device(), x.scalar_type()),
-                      bias.defined() ? bias.to(x.scalar_type()) : bias);
+                      bias.to(x.scalar_type()));
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -37,9 +37,7 @@ class Int8Linear : public torch::autograd::Function<Int8Linear> {
     const at::Tensor grad_x =
         at::matmul(grad_y, DequantizeInt8(weight).to(grad_y.device(), grad_y.scalar_type()));
     at::Tensor grad_bias;
-    if (ctx->saved_data["has_bias"].toBool()) {
-      grad_bias = grad_y.reshape({-1, grad_y.size(-1)}).sum(0);
-    }
+    if (ctx->saved_data["bias_grad"].toBool()) grad_bias = grad_y.reshape({-1, grad_y.size(-1)}).sum(0);
     return {grad_x, at::Tensor(), at::Tensor(), at::Tensor(), grad_bias};
   }
 };
@@ -76,8 +74,9 @@ at::Tensor Int8ProjectionImpl::forward(const at::Tensor& x) {
   if (!gemv) {
     // Larger inputs (prefill, training): dequantise and multiply; the weight is rebuilt per
     // call, which costs about what reading it once costs.
-    return Int8Linear::apply(x, quantized_.values, quantized_.scales, quantized_.group_size,
-                             bias);
+    // Autograd functions take defined tensors only: a projection without bias adds zeros.
+    const at::Tensor b = bias.defined() ? bias : at::zeros({n_out}, x.options());
+    return Int8Linear::apply(x, quantized_.values, quantized_.scales, quantized_.group_size, b);
   }
   const at::Tensor xc = x.contiguous();
   std::vector<int64_t> shape = x.sizes().vec();
