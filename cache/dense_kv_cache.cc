@@ -51,8 +51,7 @@ void ScatterSlots(at::Tensor& buffer, const at::Tensor& slots, const at::Tensor&
 
 absl::StatusOr<std::unique_ptr<DenseKVCache>> DenseKVCache::Create(
     const DenseKVCacheOptions& options) {
-  RETURN_IF_ERROR(CheckCacheGeometry("DenseKVCacheOptions", options.batch_size,
-                                     options.max_sequence_length, options.layers));
+  RETURN_IF_ERROR(CheckCacheGeometry("DenseKVCacheOptions", options));
   if (options.initial_capacity < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "DenseKVCacheOptions.initial_capacity must be >= 0, got ", options.initial_capacity));

@@ -23,12 +23,7 @@
 
 namespace lgpt {
 
-struct DenseKVCacheOptions {
-  int64_t batch_size = 1;
-  int64_t max_sequence_length = 0;
-  std::vector<KVLayerSpec> layers;
-  c10::ScalarType dtype = c10::kFloat;
-  c10::Device device = c10::Device(c10::kCPU);
+struct DenseKVCacheOptions : KVCacheGeometry {
   // Slots allocated up front for global layers; 0 grows on demand. Callers that know the
   // final length (prompt + new tokens) pass it to avoid any regrowth.
   int64_t initial_capacity = 0;

@@ -14,9 +14,10 @@ std::string ShapeString(const at::Tensor& t) {
   return s + "]";
 }
 
-absl::Status CheckCacheGeometry(absl::string_view owner, int64_t batch_size,
-                                int64_t max_sequence_length,
-                                const std::vector<KVLayerSpec>& layers) {
+absl::Status CheckCacheGeometry(absl::string_view owner, const KVCacheGeometry& geometry) {
+  const int64_t batch_size = geometry.batch_size;
+  const int64_t max_sequence_length = geometry.max_sequence_length;
+  const std::vector<KVLayerSpec>& layers = geometry.layers;
   if (batch_size < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat(owner, ".batch_size must be >= 1, got ", batch_size));

@@ -10,6 +10,8 @@
 #define LGPT_CACHE_KV_CACHE_H_
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
 
 #include <cstdint>
 #include <functional>
@@ -51,13 +53,21 @@ struct KVLayerSpec {
   int64_t sliding_window = 0;  // 0: global attention; else the layer's window size
 };
 
+// What every cache is built for: rows, context, per-layer geometry, dtype and device of the
+// full-precision entries. The options of each cache extend it.
+struct KVCacheGeometry {
+  int64_t batch_size = 1;
+  int64_t max_sequence_length = 0;
+  std::vector<KVLayerSpec> layers;
+  c10::ScalarType dtype = c10::kFloat;  // the model's dtype
+  c10::Device device = c10::Device(c10::kCPU);
+};
+
 // Checks every cache makes; errors name what is wrong and where.
-// Options of a new cache: batch_size >= 1, max_sequence_length >= 1, at least one layer, each
-// with n_query_groups >= 1, head_size >= 1, sliding_window >= 0. `owner` names the options
-// struct in errors ("DenseKVCacheOptions").
-absl::Status CheckCacheGeometry(absl::string_view owner, int64_t batch_size,
-                                int64_t max_sequence_length,
-                                const std::vector<KVLayerSpec>& layers);
+// A new cache's geometry: batch_size >= 1, max_sequence_length >= 1, at least one layer,
+// each with n_query_groups >= 1, head_size >= 1, sliding_window >= 0. `owner` names the
+// options struct in errors ("DenseKVCacheOptions").
+absl::Status CheckCacheGeometry(absl::string_view owner, const KVCacheGeometry& geometry);
 // The bounds of a step: 1 <= batch_size <= max_batch_size, positions in
 // [0, max_sequence_length).
 absl::Status CheckStepBounds(const KVStep& step, int64_t batch_size, int64_t max_batch_size,

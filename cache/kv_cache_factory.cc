@@ -62,21 +62,13 @@ absl::StatusOr<std::unique_ptr<KVCache>> MakeKVCache(const KVCacheSpec& spec,
   ASSIGN_OR_RETURN(const PolicyKind kind, SpecPolicy(spec));
   if (kind == PolicyKind::kDense && spec.bits == 16) {
     DenseKVCacheOptions options;
-    options.batch_size = shape.batch_size;
-    options.max_sequence_length = shape.max_sequence_length;
-    options.layers = shape.layers;
-    options.dtype = shape.dtype;
-    options.device = shape.device;
+    static_cast<KVCacheGeometry&>(options) = shape;
     options.initial_capacity = shape.initial_capacity;
     ASSIGN_OR_RETURN(std::unique_ptr<DenseKVCache> cache, DenseKVCache::Create(options));
     return std::unique_ptr<KVCache>(std::move(cache));
   }
   PolicyKVCacheOptions options;
-  options.batch_size = shape.batch_size;
-  options.max_sequence_length = shape.max_sequence_length;
-  options.layers = shape.layers;
-  options.dtype = shape.dtype;
-  options.device = shape.device;
+  static_cast<KVCacheGeometry&>(options) = shape;
   options.policy = PolicyOptions(spec, kind);
   options.bits = spec.bits;
   options.residual = spec.residual;

@@ -52,12 +52,7 @@ std::string DescribeKVCacheSpec(const KVCacheSpec& spec,
                                 std::optional<c10::ScalarType> model_dtype = std::nullopt);
 
 // The model-side shape of a cache (GPTImpl::CacheLayout() gives `layers`).
-struct KVCacheShape {
-  int64_t batch_size = 1;
-  int64_t max_sequence_length = 0;
-  std::vector<KVLayerSpec> layers;
-  c10::ScalarType dtype = c10::kFloat;
-  c10::Device device = c10::Device(c10::kCPU);
+struct KVCacheShape : KVCacheGeometry {
   int64_t initial_capacity = 0;  // dense only: slots allocated up front
 };
 

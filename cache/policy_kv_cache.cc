@@ -43,8 +43,7 @@ absl::Status ValidateEntryStorage(int bits, int64_t residual, int64_t group_size
 
 absl::StatusOr<std::unique_ptr<PolicyKVCache>> PolicyKVCache::Create(
     const PolicyKVCacheOptions& options) {
-  RETURN_IF_ERROR(CheckCacheGeometry("PolicyKVCacheOptions", options.batch_size,
-                                     options.max_sequence_length, options.layers));
+  RETURN_IF_ERROR(CheckCacheGeometry("PolicyKVCacheOptions", options));
   RETURN_IF_ERROR(ValidateEvictionPolicy(options.policy, "PolicyKVCacheOptions.policy"));
   RETURN_IF_ERROR(ValidateEntryStorage(options.bits, options.residual, options.group_size,
                                        options.block_size, "PolicyKVCacheOptions"));

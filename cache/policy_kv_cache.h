@@ -69,12 +69,7 @@
 
 namespace lgpt {
 
-struct PolicyKVCacheOptions {
-  int64_t batch_size = 1;
-  int64_t max_sequence_length = 0;
-  std::vector<KVLayerSpec> layers;
-  c10::ScalarType dtype = c10::kFloat;  // the model's dtype (full-precision entries)
-  c10::Device device = c10::Device(c10::kCPU);
+struct PolicyKVCacheOptions : KVCacheGeometry {
   EvictionPolicyOptions policy;
   int bits = 16;             // 16: the model's dtype; 8 or 4: quantised entries
   int64_t residual = 16;     // quantised: most recent entries kept in full precision
