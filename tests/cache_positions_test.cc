@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "cache/kv_cache_factory.h"
 #include "cache/policy_kv_cache.h"
 #include "core/config/config_presets.h"
@@ -33,10 +34,14 @@ namespace {
 constexpr int64_t kContext = 24;  // the caches' context (max_sequence_length); block size 64
 constexpr int64_t kBudget = 10, kSinks = 2;
 
+// "NAME+interleave": the preset with LitGPT's interleaved RoPE layout.
 GPT RandomModel(const std::string& preset, int64_t layers) {
-  absl::StatusOr<Config> config = PresetFromName(preset);
+  const bool interleave = absl::EndsWith(preset, "+interleave");
+  absl::StatusOr<Config> config =
+      PresetFromName(interleave ? preset.substr(0, preset.size() - 11) : preset);
   EXPECT_TRUE(config.ok()) << config.status();
   if (layers > 0) config->n_layer = layers;
+  if (interleave) config->rope_interleave = true;
   absl::StatusOr<Config> shrunk = ShrinkConfig(*config);
   EXPECT_TRUE(shrunk.ok()) << shrunk.status();
   absl::StatusOr<GPT> model = GPTImpl::Create(*shrunk);
@@ -143,7 +148,8 @@ TEST_P(OneLayerReferenceTest, DecodeStepsEqualAnUncachedPassOverTheKeptTokensAtC
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, OneLayerReferenceTest,
-                         ::testing::Values("Llama-3.2-1B", "phi-2", "Gemma-3-1b-it"),
+                         ::testing::Values("Llama-3.2-1B", "phi-2", "Gemma-3-1b-it",
+                                           "Llama-3.2-1B+interleave"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            std::string name;
                            for (char c : info.param) name += std::isalnum(c) ? c : '_';

@@ -75,7 +75,9 @@ at::Tensor GPTImpl::ShiftKeys(int64_t layer, const at::Tensor& keys, int64_t shi
   const at::Tensor delta =
       at::full({1, 1}, -shift, at::TensorOptions().dtype(at::kLong).device(keys.device()));
   const bool local = config_.UsesLocalRope(layer) && rope_->has_local();
-  return ApplyRope(keys, rope_->RotationTables(delta, local), config_.rope_interleave);
+  // Roped keys are already in half-split order (the interleaved layout is gathered into
+  // halves when RoPE is applied), so the shift rotates them half-split, whatever the config.
+  return ApplyRope(keys, rope_->RotationTables(delta, local), /*interleave=*/false);
 }
 
 absl::StatusOr<std::unique_ptr<DenseKVCache>> GPTImpl::NewDenseCache(
