@@ -23,8 +23,7 @@ at::Tensor Expand4(const at::Tensor& index, int64_t width) {
 absl::Status ValidateEntryStorage(int bits, int64_t residual, int64_t group_size,
                                   int64_t block_size, absl::string_view owner) {
   if (bits != 16 && bits != 8 && bits != 4) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(owner, ".bits must be 16, 8 or 4, got ", bits));
+    return absl::InvalidArgumentError(absl::StrCat(owner, ".bits must be 16, 8 or 4, got ", bits));
   }
   if (residual < 0) {
     return absl::InvalidArgumentError(
@@ -54,9 +53,9 @@ absl::StatusOr<std::unique_ptr<PolicyKVCache>> PolicyKVCache::Create(
                      PolicyName(policy.kind)));
   }
   if (options.cache_positions && policy.budget >= options.max_sequence_length) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "PolicyKVCacheOptions.cache_positions needs a budget below the context (",
-        options.max_sequence_length, " tokens), got ", policy.budget));
+    return absl::InvalidArgumentError(
+        absl::StrCat("PolicyKVCacheOptions.cache_positions needs a budget below the context (",
+                     options.max_sequence_length, " tokens), got ", policy.budget));
   }
   std::unique_ptr<PolicyKVCache> cache(new PolicyKVCache(options));
   for (size_t i = 0; i < options.layers.size(); ++i) {
@@ -143,7 +142,8 @@ absl::StatusOr<at::Tensor> PolicyKVCache::UpdateAndAttend(int64_t layer_index, c
                                                           const at::Tensor& keys,
                                                           const at::Tensor& values,
                                                           const AttentionParams& params) {
-  if (options_.bits == 16) return KVCache::UpdateAndAttend(layer_index, step, q, keys, values, params);
+  if (options_.bits == 16)
+    return KVCache::UpdateAndAttend(layer_index, step, q, keys, values, params);
   RETURN_IF_ERROR(CheckLayerStep(layer_index, options_.layers, step, keys, values,
                                  options_.batch_size, options_.max_sequence_length));
   RETURN_IF_ERROR(CheckQueries(layer_index, q, keys));
@@ -271,9 +271,8 @@ void PolicyKVCache::InsertMain(Layer& layer, int64_t rows, const at::Tensor& key
   Store& main = layer.main;
   const int64_t groups = layer.spec.n_query_groups;
   if (main.used + 1 > main.capacity) {
-    Reserve(
-        main, *layer.codec, groups,
-        GrownCapacity(main.used + 1, main.capacity, MaxMainCapacity(layer)));
+    Reserve(main, *layer.codec, groups,
+            GrownCapacity(main.used + 1, main.capacity, MaxMainCapacity(layer)));
   }
   at::Tensor main_positions = Rows(main.positions, rows);
   // The first empty slot (empty slots hold -1, below every position).
@@ -344,16 +343,21 @@ void PolicyKVCache::EvictDecode(Layer& layer) {
 }
 
 void PolicyKVCache::Compact(Layer& layer, const at::Tensor& chunk_scores) {
+  KeepInMain(layer, TakeIntoRing(layer, chunk_scores));
+}
+
+PolicyKVCache::Recent PolicyKVCache::TakeIntoRing(Layer& layer, const at::Tensor& chunk_scores) {
   const Pending& pending = layer.pending;
   const int64_t rows = pending.rows, groups = layer.spec.n_query_groups;
   const int64_t head_size = layer.spec.head_size, steps = pending.positions.size(2);
-  Store& main = layer.main;
   Store& ring = layer.ring;
-
   // The ring and the chunk: the ring keeps the `residual` most recent, the rest go to main.
-  at::Tensor recent_positions = pending.positions, recent_scores = chunk_scores;
-  at::Tensor recent_keys = pending.keys, recent_values = pending.values;
-  at::Tensor migrant_positions = recent_positions;
+  Recent recent{pending.positions, chunk_scores, pending.keys, pending.values, pending.positions};
+  at::Tensor& recent_positions = recent.positions;
+  at::Tensor& recent_scores = recent.scores;
+  at::Tensor& recent_keys = recent.keys;
+  at::Tensor& recent_values = recent.values;
+  at::Tensor& migrant_positions = recent.migrant_positions;
   if (layer.residual > 0) {
     if (ring.capacity == 0) Reserve(ring, *layer.ring_codec, groups, layer.residual);
     recent_positions = at::cat({Rows(ring.positions, rows), pending.positions}, 2);
@@ -373,7 +377,15 @@ void PolicyKVCache::Compact(Layer& layer, const at::Tensor& chunk_scores) {
     ring.used = std::min(layer.residual, ring.used + steps);
     ring.high = ring.capacity;
   }
+  return recent;
+}
 
+void PolicyKVCache::KeepInMain(Layer& layer, const Recent& recent) {
+  const Pending& pending = layer.pending;
+  const int64_t rows = pending.rows, groups = layer.spec.n_query_groups;
+  Store& main = layer.main;
+  const at::Tensor& migrant_positions = recent.migrant_positions;
+  const at::Tensor& recent_scores = recent.scores;
   // Main keeps the policy's top main_budget among its entries and the migrants, in position
   // order (so with nothing evicted the slots hold the sequence in order).
   const int64_t high = main.high;
@@ -384,7 +396,7 @@ void PolicyKVCache::Compact(Layer& layer, const at::Tensor& chunk_scores) {
     candidate_scores = at::cat({Rows(main.scores, rows).narrow(2, 0, high), recent_scores}, 2);
   }
   const int64_t kept = std::min(layer.main_budget, candidate_positions.size(2));
-  const std::vector<at::Tensor> encoded = layer.codec->Encode(recent_keys, recent_values);
+  const std::vector<at::Tensor> encoded = layer.codec->Encode(recent.keys, recent.values);
   std::vector<at::Tensor> gathered;
   at::Tensor kept_positions, kept_scores;
   if (kept > 0) {

@@ -164,7 +164,18 @@ class PolicyKVCache : public KVCache {
   void InsertMain(Layer& layer, int64_t rows, const at::Tensor& keys, const at::Tensor& values,
                   const at::Tensor& positions, const at::Tensor& scores);
   void EvictDecode(Layer& layer);
+  // After a chunk: the ring takes the newest entries, main keeps the policy's choice.
   void Compact(Layer& layer, const at::Tensor& chunk_scores);
+  // The ring's entries and the chunk's [rows, G, ·]: the ring keeps the `residual` newest;
+  // the others (migrant_positions, -1 where the ring kept them) move on to main.
+  struct Recent {
+    at::Tensor positions, scores, keys, values;
+    at::Tensor migrant_positions;
+  };
+  Recent TakeIntoRing(Layer& layer, const at::Tensor& chunk_scores);
+  // Rebuilds main from its entries and the migrants: the policy's top main_budget, in
+  // position order.
+  void KeepInMain(Layer& layer, const Recent& recent);
   // Moves the layer's entries at or above its sink positions down by `shift`.
   void Shift(int64_t index, Layer& layer, int64_t shift, const KeyShifter& shift_keys);
   void Reserve(Store& store, const EntryCodec& codec, int64_t groups, int64_t capacity);

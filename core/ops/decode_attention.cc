@@ -1,11 +1,11 @@
 #include "core/ops/decode_attention.h"
 
+#include <ATen/ATen.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
-
-#include <ATen/ATen.h>
 
 #include "core/ops/gemv.h"
 #include "core/ops/simd_avx2.h"
@@ -30,9 +30,8 @@ float ExpAndSumPortable(float* s, int64_t entries, float max_score) {
 }
 
 // out_r = inv_r * sum_e w_r[e] v[e] for each of `rows` weight rows, v [entries, hs].
-void WeightedValuesPortable(const float* const* w, const float* v, int64_t rows,
-                            int64_t entries, int64_t hs, const float* inv, float* const* out,
-                            float* acc) {
+void WeightedValuesPortable(const float* const* w, const float* v, int64_t rows, int64_t entries,
+                            int64_t hs, const float* inv, float* const* out, float* acc) {
   for (int64_t r = 0; r < rows; ++r) {
     std::fill(acc, acc + hs, 0.0f);
     for (int64_t e = 0; e < entries; ++e) {
@@ -111,7 +110,8 @@ void WeightedValuesRowsAvx2(const float* const* w, const float* v, int64_t entri
 void WeightedValuesAvx2(const float* const* w, const float* v, int64_t rows, int64_t entries,
                         int64_t hs, const float* inv, float* const* out) {
   int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) WeightedValuesRowsAvx2<4, 2>(w + r, v, entries, hs, inv + r, out + r);
+  for (; r + 4 <= rows; r += 4)
+    WeightedValuesRowsAvx2<4, 2>(w + r, v, entries, hs, inv + r, out + r);
   if (rows - r >= 2) {
     WeightedValuesRowsAvx2<2, 4>(w + r, v, entries, hs, inv + r, out + r);
     r += 2;
@@ -120,6 +120,30 @@ void WeightedValuesAvx2(const float* const* w, const float* v, int64_t rows, int
 }
 
 #endif  // LGPT_SIMD_AVX2
+
+// One query's scores s[0, entries) -> unnormalised softmax weights in place: scaled,
+// soft-capped, masked by positions (core/ops/attention_mask.h) with the lowest finite value,
+// exponentiated against the row maximum. Returns their sum. A row with no allowed key gets
+// uniform weights (every score equals the maximum), as masked_fill with that value does.
+float SoftmaxRow(float* s, int64_t entries, int64_t query_pos, const int64_t* kp, int64_t kp_s,
+                 const AttentionParams& params, bool avx2) {
+  const float scale = static_cast<float>(params.scale);
+  const float lowest = std::numeric_limits<float>::lowest();
+  float max_score = lowest;
+  for (int64_t e = 0; e < entries; ++e) {
+    float x = s[e] * scale;
+    if (params.softcap) {
+      const float cap = static_cast<float>(*params.softcap);
+      x = std::tanh(x / cap) * cap;
+    }
+    s[e] = KeyAllowed(query_pos, kp[e * kp_s], params.sliding_window) ? x : lowest;
+    max_score = std::max(max_score, s[e]);
+  }
+#ifdef LGPT_SIMD_AVX2
+  if (avx2) return ExpAndSumAvx2(s, entries, max_score);
+#endif
+  return ExpAndSumPortable(s, entries, max_score);
+}
 
 }  // namespace
 
@@ -142,7 +166,6 @@ bool DecodeAttentionApplies(const at::Tensor& q, const at::Tensor& keys, const a
 at::Tensor DecodeAttention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
                            const at::Tensor& query_positions, const at::Tensor& key_positions,
                            const AttentionParams& params, bool use_avx2) {
-  const std::optional<double> softcap = params.softcap;
   const int64_t batch = q.size(0), n_head = q.size(1), steps = q.size(2), hs = q.size(3);
   const int64_t groups = keys.size(1), entries = keys.size(2);
   const int64_t q_per_kv = n_head / groups;
@@ -158,8 +181,6 @@ at::Tensor DecodeAttention(const at::Tensor& q, const at::Tensor& keys, const at
   const int64_t* kp_data = key_positions.data_ptr<int64_t>();
   const int64_t kp_b = key_positions.stride(0), kp_s = key_positions.stride(2);
   const int64_t kp_g = key_positions.size(1) == 1 ? 0 : key_positions.stride(1);
-  const float scale = static_cast<float>(params.scale);
-  const float lowest = std::numeric_limits<float>::lowest();
 #ifdef LGPT_SIMD_AVX2
   const bool avx2 = use_avx2 && hs % 8 == 0;
 #else
@@ -188,30 +209,9 @@ at::Tensor DecodeAttention(const at::Tensor& q, const at::Tensor& keys, const at
         GemvF32Serial(k, nullptr, qg + r * hs, scores.data() + r * entries, n, entries, hs);
       }
       for (int64_t r = 0; r < rows; ++r) {
-        const int64_t t = r % steps;
-        const int64_t query_pos = qp_data[b * steps + t];
         float* s = scores.data() + r * entries;
-        float max_score = lowest;
-        for (int64_t e = 0; e < entries; ++e) {
-          const int64_t key_pos = kp[e * kp_s];
-          const bool allowed = KeyAllowed(query_pos, key_pos, params.sliding_window);
-          float x = s[e] * scale;
-          if (softcap) {
-            const float cap = static_cast<float>(*softcap);
-            x = std::tanh(x / cap) * cap;
-          }
-          s[e] = allowed ? x : lowest;
-          max_score = std::max(max_score, s[e]);
-        }
-        // Like masked_fill with the lowest finite value: a row with no allowed key gets
-        // uniform weights (every score equals the maximum).
-#ifdef LGPT_SIMD_AVX2
-        const float total = avx2 ? ExpAndSumAvx2(s, entries, max_score)
-                                 : ExpAndSumPortable(s, entries, max_score);
-#else
-        const float total = ExpAndSumPortable(s, entries, max_score);
-#endif
-        inv[r] = 1.0f / total;
+        const int64_t query_pos = qp_data[b * steps + r % steps];
+        inv[r] = 1.0f / SoftmaxRow(s, entries, query_pos, kp, kp_s, params, avx2);
         weight_rows[r] = s;
         out_rows[r] = out_data + ((b * n_head + g * q_per_kv) * steps + r) * hs;
       }
@@ -221,8 +221,8 @@ at::Tensor DecodeAttention(const at::Tensor& q, const at::Tensor& keys, const at
         continue;
       }
 #endif
-      WeightedValuesPortable(weight_rows.data(), v, rows, entries, hs, inv.data(),
-                             out_rows.data(), acc.data());
+      WeightedValuesPortable(weight_rows.data(), v, rows, entries, hs, inv.data(), out_rows.data(),
+                             acc.data());
     }
   });
   return out;

@@ -578,146 +578,146 @@ std::string SentencePieceModel::Normalize(absl::string_view input) const {
 }
 
 std::vector<int64_t> SentencePieceModel::Encode(absl::string_view text) const {
-  const Impl& impl = *impl_;
   const std::string normalized = Normalize(text);
-  const absl::string_view all(normalized);
-  // (piece, id) as the model's Encode returns them.
-  std::vector<std::pair<absl::string_view, int>> result;
+  return PiecesToIds(impl_->model_type == Impl::Type::kBpe ? EncodeBpe(normalized)
+                                                           : EncodeUnigram(normalized));
+}
 
-  if (impl.model_type == Impl::Type::kBpe) {
-    // bpe::Model::SampleEncode without dropout.
-    struct Symbol {
-      int prev, next;
-      bool freeze;
-      absl::string_view piece;
-    };
-    struct Pair {
-      int left, right;
-      float score;
-      size_t size;
-    };
-    auto worse = [](const Pair& a, const Pair& b) {
-      return a.score < b.score || (a.score == b.score && a.left > b.left);
-    };
-    std::priority_queue<Pair, std::vector<Pair>, decltype(worse)> agenda(worse);
-    std::vector<Symbol> symbols;
-    absl::flat_hash_map<absl::string_view, std::pair<absl::string_view, absl::string_view>>
-        rev_merge;
-    auto maybe_add = [&](int left, int right) {
-      if (left == -1 || right == -1 || symbols[left].freeze || symbols[right].freeze) return;
-      const absl::string_view piece(symbols[left].piece.data(),
-                                    symbols[left].piece.size() + symbols[right].piece.size());
-      auto it = impl.pieces.find(piece);
-      if (it == impl.pieces.end()) return;
-      agenda.push({left, right, impl.scores[it->second], piece.size()});
-      if (types_[it->second] == PieceType::kUnused) {
-        rev_merge[piece] = {symbols[left].piece, symbols[right].piece};
-      }
-    };
-    const std::vector<uint32_t> user_symbols = impl.user_defined.LongestAt(all);
-    absl::string_view rest = all;
-    int index = 0;
-    while (!rest.empty()) {
-      Symbol s;
-      const size_t length =
-          impl.PrefixMatch(rest, user_symbols[all.size() - rest.size()], &s.freeze);
-      s.piece = rest.substr(0, length);
-      s.prev = index == 0 ? -1 : index - 1;
-      rest.remove_prefix(length);
-      s.next = rest.empty() ? -1 : index + 1;
-      ++index;
-      symbols.push_back(s);
+SentencePieceModel::Pieces SentencePieceModel::EncodeBpe(absl::string_view all) const {
+  const Impl& impl = *impl_;
+  Pieces result;
+  struct Symbol {
+    int prev, next;
+    bool freeze;
+    absl::string_view piece;
+  };
+  struct Pair {
+    int left, right;
+    float score;
+    size_t size;
+  };
+  auto worse = [](const Pair& a, const Pair& b) {
+    return a.score < b.score || (a.score == b.score && a.left > b.left);
+  };
+  std::priority_queue<Pair, std::vector<Pair>, decltype(worse)> agenda(worse);
+  std::vector<Symbol> symbols;
+  absl::flat_hash_map<absl::string_view, std::pair<absl::string_view, absl::string_view>> rev_merge;
+  auto maybe_add = [&](int left, int right) {
+    if (left == -1 || right == -1 || symbols[left].freeze || symbols[right].freeze) return;
+    const absl::string_view piece(symbols[left].piece.data(),
+                                  symbols[left].piece.size() + symbols[right].piece.size());
+    auto it = impl.pieces.find(piece);
+    if (it == impl.pieces.end()) return;
+    agenda.push({left, right, impl.scores[it->second], piece.size()});
+    if (types_[it->second] == PieceType::kUnused) {
+      rev_merge[piece] = {symbols[left].piece, symbols[right].piece};
     }
-    for (size_t i = 1; i < symbols.size(); ++i) maybe_add(i - 1, i);
-    while (!agenda.empty()) {
-      const Pair top = agenda.top();
-      agenda.pop();
-      Symbol& left = symbols[top.left];
-      Symbol& right = symbols[top.right];
-      if (left.piece.empty() || right.piece.empty() ||
-          left.piece.size() + right.piece.size() != top.size) {
+  };
+  const std::vector<uint32_t> user_symbols = impl.user_defined.LongestAt(all);
+  absl::string_view rest = all;
+  int index = 0;
+  while (!rest.empty()) {
+    Symbol s;
+    const size_t length = impl.PrefixMatch(rest, user_symbols[all.size() - rest.size()], &s.freeze);
+    s.piece = rest.substr(0, length);
+    s.prev = index == 0 ? -1 : index - 1;
+    rest.remove_prefix(length);
+    s.next = rest.empty() ? -1 : index + 1;
+    ++index;
+    symbols.push_back(s);
+  }
+  for (size_t i = 1; i < symbols.size(); ++i) maybe_add(i - 1, i);
+  while (!agenda.empty()) {
+    const Pair top = agenda.top();
+    agenda.pop();
+    Symbol& left = symbols[top.left];
+    Symbol& right = symbols[top.right];
+    if (left.piece.empty() || right.piece.empty() ||
+        left.piece.size() + right.piece.size() != top.size) {
+      continue;
+    }
+    left.piece = absl::string_view(left.piece.data(), left.piece.size() + right.piece.size());
+    left.next = right.next;
+    if (right.next >= 0) symbols[right.next].prev = top.left;
+    right.piece = absl::string_view();
+    maybe_add(left.prev, top.left);
+    maybe_add(top.left, left.next);
+  }
+  // Unused pieces are split back into the pair they were merged from (an explicit stack:
+  // the split chain of a hostile model can be as long as its longest piece).
+  std::vector<absl::string_view> pending;
+  auto resegment = [&](absl::string_view piece) {
+    pending.push_back(piece);
+    while (!pending.empty()) {
+      const absl::string_view w = pending.back();
+      pending.pop_back();
+      const int id = PieceToId(w);
+      auto p = rev_merge.find(w);
+      if (types_[id] != PieceType::kUnused || p == rev_merge.end()) {
+        result.emplace_back(w, id);
         continue;
       }
-      left.piece = absl::string_view(left.piece.data(), left.piece.size() + right.piece.size());
-      left.next = right.next;
-      if (right.next >= 0) symbols[right.next].prev = top.left;
-      right.piece = absl::string_view();
-      maybe_add(left.prev, top.left);
-      maybe_add(top.left, left.next);
+      pending.push_back(p->second.second);  // popped after the first half
+      pending.push_back(p->second.first);
     }
-    // Unused pieces are split back into the pair they were merged from (an explicit stack:
-    // the split chain of a hostile model can be as long as its longest piece).
-    std::vector<absl::string_view> pending;
-    auto resegment = [&](absl::string_view piece) {
-      pending.push_back(piece);
-      while (!pending.empty()) {
-        const absl::string_view w = pending.back();
-        pending.pop_back();
-        const int id = PieceToId(w);
-        auto p = rev_merge.find(w);
-        if (types_[id] != PieceType::kUnused || p == rev_merge.end()) {
-          result.emplace_back(w, id);
-          continue;
-        }
-        pending.push_back(p->second.second);  // popped after the first half
-        pending.push_back(p->second.first);
-      }
-    };
-    if (!symbols.empty()) {
-      for (int i = 0; i != -1; i = symbols[i].next) resegment(symbols[i].piece);
-    }
-  } else {
-    // unigram::Model::EncodeOptimized, with the same float arithmetic.
-    struct BestPathNode {
-      int id = -1;
-      float best_path_score = 0;
-      int starts_at = -1;
-    };
-    const int size = static_cast<int>(all.size());
-    const float unk_score = impl.min_score - 10.0f;
-    std::vector<BestPathNode> best_path_ends_at(size + 1);
-    int starts_at = 0;
-    while (starts_at < size) {
-      const auto best_path_score_till_here = best_path_ends_at[starts_at].best_path_score;
-      bool has_single_node = false;
-      const int mblen =
-          std::min<int>(static_cast<int>(OneCharLen(all[starts_at])), size - starts_at);
-      impl.piece_trie.ForEachPrefix(all.substr(starts_at), [&](size_t length, int ret) {
-        if (types_[ret] == PieceType::kUnused) return;
-        auto& target_node = best_path_ends_at[starts_at + length];
-        const auto score = types_[ret] == PieceType::kUserDefined ? (length * impl.max_score - 0.1)
-                                                                  : impl.scores[ret];
-        const auto candidate_best_path_score = score + best_path_score_till_here;
-        if (target_node.starts_at == -1 ||
-            candidate_best_path_score > target_node.best_path_score) {
-          target_node.best_path_score = candidate_best_path_score;
-          target_node.starts_at = starts_at;
-          target_node.id = ret;
-        }
-        if (!has_single_node && static_cast<int>(length) == mblen) has_single_node = true;
-      });
-      if (!has_single_node) {
-        auto& target_node = best_path_ends_at[starts_at + mblen];
-        const auto candidate_best_path_score = unk_score + best_path_score_till_here;
-        if (target_node.starts_at == -1 ||
-            candidate_best_path_score > target_node.best_path_score) {
-          target_node.best_path_score = candidate_best_path_score;
-          target_node.starts_at = starts_at;
-          target_node.id = unk_id_;
-        }
-      }
-      starts_at += mblen;
-    }
-    for (int ends_at = size; ends_at > 0;) {
-      const BestPathNode& node = best_path_ends_at[ends_at];
-      result.emplace_back(all.substr(node.starts_at, ends_at - node.starts_at), node.id);
-      ends_at = node.starts_at;
-    }
-    std::reverse(result.begin(), result.end());
+  };
+  if (!symbols.empty()) {
+    for (int i = 0; i != -1; i = symbols[i].next) resegment(symbols[i].piece);
   }
+  return result;
+}
 
-  // SentencePieceProcessor::PopulateSentencePieceText: unknown pieces become bytes with byte
-  // fallback, otherwise runs of them merge into one.
+SentencePieceModel::Pieces SentencePieceModel::EncodeUnigram(absl::string_view all) const {
+  const Impl& impl = *impl_;
+  Pieces result;
+  struct BestPathNode {
+    int id = -1;
+    float best_path_score = 0;
+    int starts_at = -1;
+  };
+  const int size = static_cast<int>(all.size());
+  const float unk_score = impl.min_score - 10.0f;
+  std::vector<BestPathNode> best_path_ends_at(size + 1);
+  int starts_at = 0;
+  while (starts_at < size) {
+    const auto best_path_score_till_here = best_path_ends_at[starts_at].best_path_score;
+    bool has_single_node = false;
+    const int mblen = std::min<int>(static_cast<int>(OneCharLen(all[starts_at])), size - starts_at);
+    impl.piece_trie.ForEachPrefix(all.substr(starts_at), [&](size_t length, int ret) {
+      if (types_[ret] == PieceType::kUnused) return;
+      auto& target_node = best_path_ends_at[starts_at + length];
+      const auto score = types_[ret] == PieceType::kUserDefined ? (length * impl.max_score - 0.1)
+                                                                : impl.scores[ret];
+      const auto candidate_best_path_score = score + best_path_score_till_here;
+      if (target_node.starts_at == -1 || candidate_best_path_score > target_node.best_path_score) {
+        target_node.best_path_score = candidate_best_path_score;
+        target_node.starts_at = starts_at;
+        target_node.id = ret;
+      }
+      if (!has_single_node && static_cast<int>(length) == mblen) has_single_node = true;
+    });
+    if (!has_single_node) {
+      auto& target_node = best_path_ends_at[starts_at + mblen];
+      const auto candidate_best_path_score = unk_score + best_path_score_till_here;
+      if (target_node.starts_at == -1 || candidate_best_path_score > target_node.best_path_score) {
+        target_node.best_path_score = candidate_best_path_score;
+        target_node.starts_at = starts_at;
+        target_node.id = unk_id_;
+      }
+    }
+    starts_at += mblen;
+  }
+  for (int ends_at = size; ends_at > 0;) {
+    const BestPathNode& node = best_path_ends_at[ends_at];
+    result.emplace_back(all.substr(node.starts_at, ends_at - node.starts_at), node.id);
+    ends_at = node.starts_at;
+  }
+  std::reverse(result.begin(), result.end());
+  return result;
+}
+
+std::vector<int64_t> SentencePieceModel::PiecesToIds(const Pieces& result) const {
+  const Impl& impl = *impl_;
   std::vector<int64_t> ids;
   ids.reserve(result.size());
   bool is_prev_unk = false;

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -58,7 +59,15 @@ class SentencePieceModel {
 
  private:
   struct Impl;
+  // (piece, id) pairs as the library's models return them, before byte fallback.
+  using Pieces = std::vector<std::pair<absl::string_view, int>>;
   SentencePieceModel();
+  // bpe::Model::SampleEncode without dropout, over the normalized text.
+  Pieces EncodeBpe(absl::string_view normalized) const;
+  // unigram::Model::EncodeOptimized (Viterbi), with the library's float arithmetic.
+  Pieces EncodeUnigram(absl::string_view normalized) const;
+  // SentencePieceProcessor::PopulateSentencePieceText: byte fallback or merged unknowns.
+  std::vector<int64_t> PiecesToIds(const Pieces& pieces) const;
 
   std::unique_ptr<Impl> impl_;
   std::vector<std::string> pieces_;
