@@ -514,7 +514,7 @@ TEST_F(HostileTest, NoPresetMatches) {
   ASSERT_NE(config.find(layers), std::string::npos) << config;
   config.replace(config.find(layers), layers.size(), "\"num_hidden_layers\": 3");
   const std::string dir = Dir(nullptr, &config);
-  ExpectError(Convert(dir), absl::StatusCode::kUnimplemented, "--model_name");
+  ExpectError(Convert(dir), absl::StatusCode::kUnimplemented, "ConvertOptions.model_name");
   ConvertOptions options;
   options.model_name = "no-such-model";
   ExpectError(ConvertHfCheckpoint(dir, NewDir("x"), options).status(), absl::StatusCode::kNotFound,

@@ -121,6 +121,7 @@ std::string InFlagTerms(absl::string_view message) {
       {"EngineOptions.quantize_int8", "--quantize=int8"},
       {"EngineOptions.dtype float32", "--precision=32-true"},
       {"EngineOptions.device cpu", "--device=cpu"},
+      {"ConvertOptions.model_name", "--model_name"},
   };
   std::string text(message);
   for (const auto& [field, flag] : kFlags) text = absl::StrReplaceAll(text, {{field, flag}});

@@ -785,6 +785,15 @@ absl::Status Config::Finalize() {
   }
   if (name.empty()) name = hf_name;
 
+  RETURN_IF_ERROR(FinalizeSizes());
+  RETURN_IF_ERROR(FinalizeRope());
+  RETURN_IF_ERROR(CheckAttentionAndBlock());
+  RETURN_IF_ERROR(CheckExperts());
+  RETURN_IF_ERROR(CheckPeft());
+  return absl::OkStatus();
+}
+
+absl::Status Config::FinalizeSizes() {
   RETURN_IF_ERROR(InRange("n_layer", n_layer, 1, kMaxLayers));
   RETURN_IF_ERROR(InRange("n_embd", n_embd, 1, kMaxSize));
   RETURN_IF_ERROR(InRange("n_head", n_head, 1, kMaxSize));
@@ -827,7 +836,10 @@ absl::Status Config::Finalize() {
     intermediate_size = 4 * n_embd;
   }
   RETURN_IF_ERROR(InRange("intermediate_size", *intermediate_size, 1, kMaxSize));
+  return absl::OkStatus();
+}
 
+absl::Status Config::FinalizeRope() {
   RETURN_IF_ERROR(Finite("rotary_percentage", rotary_percentage));
   if (rotary_percentage < 0 || rotary_percentage > 1) {
     return absl::InvalidArgumentError(
@@ -856,7 +868,10 @@ absl::Status Config::Finalize() {
     RETURN_IF_ERROR(Positive("rope_local_base_freq", *rope_local_base_freq));
     RETURN_IF_ERROR(CheckIndicator("rope_indices", rope_indices, n_layer));
   }
+  return absl::OkStatus();
+}
 
+absl::Status Config::CheckAttentionAndBlock() {
   RETURN_IF_ERROR(OptionalPositive("attention_scores_scalar", attention_scores_scalar));
   RETURN_IF_ERROR(OptionalPositive("attention_logit_softcapping", attention_logit_softcapping));
   RETURN_IF_ERROR(OptionalPositive("final_logit_softcapping", final_logit_softcapping));
@@ -869,8 +884,10 @@ absl::Status Config::Finalize() {
     return absl::InvalidArgumentError(
         "shared_attention_norm (true) needs parallel_residual (false given)");
   }
+  return absl::OkStatus();
+}
 
-  // Mixture of experts.
+absl::Status Config::CheckExperts() {
   RETURN_IF_ERROR(InRange("n_expert", n_expert, 0, kMaxSize));
   RETURN_IF_ERROR(AtLeast("n_expert_per_token", n_expert_per_token, 0));
   if (moe_intermediate_size) {
@@ -921,8 +938,10 @@ absl::Status Config::Finalize() {
                        ") must be in [1, n_expert / n_expert_groups (", experts_per_group, ")]"));
     }
   }
+  return absl::OkStatus();
+}
 
-  // PEFT fields.
+absl::Status Config::CheckPeft() {
   RETURN_IF_ERROR(AtLeast("lora_r", lora_r, 0));
   RETURN_IF_ERROR(Finite("lora_alpha", lora_alpha));
   RETURN_IF_ERROR(Finite("lora_dropout", lora_dropout));

@@ -141,6 +141,14 @@ struct Config {
   // Softmax scale of attention: 1/sqrt(attention_scores_scalar or head_size), times YaRN's
   // mscale squared.
   double AttentionScale() const;
+
+ private:
+  // Finalize's steps, in order.
+  absl::Status FinalizeSizes();  // layers, widths, head_size, vocabulary, query groups, MLP
+  absl::Status FinalizeRope();   // rotary dims, bases, norms' eps, windows, local RoPE
+  absl::Status CheckAttentionAndBlock();  // scaling, soft-capping, GELU, residual layout
+  absl::Status CheckExperts();            // mixture of experts and expert groups
+  absl::Status CheckPeft();               // LoRA and adapter fields
 };
 
 // Parses LitGPT's model_config.yaml text; `source` names the file in errors.

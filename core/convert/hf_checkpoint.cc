@@ -847,7 +847,7 @@ absl::StatusOr<Config> ConfigFromHfDir(const std::string& hf_dir, const std::str
   if (!preset) {
     // By architecture and sizes.
     if (arch.empty()) {
-      return Invalid(path, "no 'architectures' and no known model name; pass --model_name");
+      return Invalid(path, "no 'architectures' and no known model name; set ConvertOptions.model_name");
     }
     ASSIGN_OR_RETURN(auto n_layer, GetInt(j, {"num_hidden_layers", "n_layer", "num_layers"}, path));
     ASSIGN_OR_RETURN(auto n_embd, GetInt(j, {"hidden_size", "n_embd", "d_model"}, path));
@@ -866,7 +866,7 @@ absl::StatusOr<Config> ConfigFromHfDir(const std::string& hf_dir, const std::str
     if (!preset) {
       return absl::UnimplementedError(
           absl::StrCat(path, ": no preset of architecture ", arch,
-                       " has these sizes; pass --model_name=<LitGPT name> to choose one"));
+                       " has these sizes; set ConvertOptions.model_name to a LitGPT name to choose one"));
     }
   }
   if (!arch_matches(*preset)) {

@@ -93,7 +93,7 @@ absl::StatusOr<TensorMap> LitToHf(const Config& config, const TensorMap& lit,
 // is cut to the preset's, as LitGPT does.
 // Errors: NotFound for a missing config.json or an unknown `model_name`; InvalidArgument for
 // malformed JSON or sizes (negative, past 2^31, or not a valid config); Unimplemented for an
-// architecture no family has, or no matching preset (then --model_name or --model_config).
+// architecture no family has, or no matching preset (then set ConvertOptions.model_name or model_config).
 absl::StatusOr<Config> ConfigFromHfDir(const std::string& hf_dir, const std::string& model_name,
                                        const std::string& model_config = "");
 
