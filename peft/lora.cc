@@ -7,8 +7,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
-#include "core/model/checkpoint.h"
 #include "core/base/status_macros.h"
+#include "core/model/checkpoint.h"
 #include "peft/peft_method.h"
 
 namespace lgpt {
@@ -115,18 +115,23 @@ at::Tensor LoraProjectionImpl::DeltaWeight() const {
 at::Tensor LoraProjectionImpl::DenseWeight() const {
   const at::Tensor base = linear->DenseWeight();
   if (!base.defined() || r_ == 0 || merged_) return base;
-  return (base.to(at::kFloat) + DeltaWeight().to(base.device(), at::kFloat))
-      .to(base.scalar_type());
+  return (base.to(at::kFloat) + DeltaWeight().to(base.device(), at::kFloat)).to(base.scalar_type());
+}
+
+bool LoraProjectionImpl::CanMerge() const {
+  if (r_ == 0 || merged_) return true;
+  const auto* dense = dynamic_cast<const DenseProjectionImpl*>(linear.get());
+  return dense != nullptr && dense->weight.defined() && dense->weight.numel() > 0;
 }
 
 absl::Status LoraProjectionImpl::Merge() {
   if (r_ == 0 || merged_) return absl::OkStatus();
-  auto* dense = dynamic_cast<DenseProjectionImpl*>(linear.get());
-  if (dense == nullptr || !dense->weight.defined() || dense->weight.numel() == 0) {
+  if (!CanMerge()) {
     return absl::FailedPreconditionError(
         "LoRA merge needs a float base weight to write into; this base is quantised or not "
         "dense (merge into the float checkpoint instead: merge_lora)");
   }
+  auto* dense = dynamic_cast<DenseProjectionImpl*>(linear.get());
   at::NoGradGuard no_grad;
   dense->weight.add_(DeltaWeight().to(dense->weight.scalar_type()));
   merged_ = true;
@@ -149,8 +154,8 @@ ProjectionPtr LoraLinearFactory::Make(const LinearSpec& spec) const {
       enabled[0] = options_.mlp;
       break;
   }
-  return std::make_shared<LoraProjectionImpl>(spec, base_->Make(spec), options_.r,
-                                              options_.alpha, options_.dropout, enabled);
+  return std::make_shared<LoraProjectionImpl>(spec, base_->Make(spec), options_.r, options_.alpha,
+                                              options_.dropout, enabled);
 }
 
 absl::StatusOr<ModelParts> LoraParts(const Config& config,
@@ -170,8 +175,8 @@ absl::StatusOr<ModelParts> LoraParts(const Config& config,
   return parts;
 }
 
-absl::StatusOr<GPT> CreateLoraGPT(const Config& config) {
-  ASSIGN_OR_RETURN(ModelParts parts, LoraParts(config));
+absl::StatusOr<GPT> CreateLoraGPT(const Config& config, std::shared_ptr<const LinearFactory> base) {
+  ASSIGN_OR_RETURN(ModelParts parts, LoraParts(config, std::move(base)));
   return GPTImpl::Create(config, parts);
 }
 
@@ -185,10 +190,9 @@ std::vector<std::shared_ptr<LoraProjectionImpl>> LoraProjections(GPTImpl& model)
 
 absl::Status MergeLora(GPTImpl& model) {
   const std::vector<std::shared_ptr<LoraProjectionImpl>> loras = LoraProjections(model);
+  // All or nothing: every projection is checked before any weight changes.
   for (const auto& lora : loras) {
-    const at::Tensor base = lora->linear->DenseWeight();
-    if (lora->rank() > 0 && !lora->merged() && (!base.defined() || base.numel() == 0 ||
-                                                !std::dynamic_pointer_cast<DenseProjectionImpl>(lora->linear))) {
+    if (!lora->CanMerge()) {
       return absl::FailedPreconditionError(
           "LoRA merge needs float base weights to write into; this model's are quantised or "
           "not dense (merge into the float checkpoint instead: merge_lora)");

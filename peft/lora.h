@@ -7,19 +7,19 @@
 #ifndef LGPT_PEFT_LORA_H_
 #define LGPT_PEFT_LORA_H_
 
+#include <ATen/core/Tensor.h>
+
 #include <array>
 #include <memory>
 #include <vector>
 
-#include <ATen/core/Tensor.h>
-
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/config/config.h"
-#include "core/nn/linear_factory.h"
+#include "core/io/tensor_map.h"
 #include "core/model/gpt.h"
 #include "core/model/model_parts.h"
-#include "core/io/tensor_map.h"
+#include "core/nn/linear_factory.h"
 
 namespace lgpt {
 
@@ -52,12 +52,14 @@ class LoraProjectionImpl : public ProjectionImpl {
   // Writes the update into the base's float weight; later forwards skip the LoRA branch.
   // Fails (and changes nothing) when the base has no float weight to write into (int8).
   absl::Status Merge();
+  // Whether Merge() can write the update: nothing to merge, or a float dense base.
+  bool CanMerge() const;
   bool merged() const { return merged_; }
   int64_t rank() const { return r_; }
 
   ProjectionPtr linear;  // the base projection, LitGPT's `linear`
-  at::Tensor lora_A;  // [r · enabled parts, in_features]; undefined at rank 0
-  at::Tensor lora_B;  // [sum of enabled part widths, r]; undefined at rank 0
+  at::Tensor lora_A;     // [r · enabled parts, in_features]; undefined at rank 0
+  at::Tensor lora_B;     // [sum of enabled part widths, r]; undefined at rank 0
 
  private:
   int64_t r_;
@@ -85,7 +87,8 @@ class LoraLinearFactory : public LinearFactory {
 // The parts of a LoRA model for `config`'s lora_* fields, decorating `base` (null: dense).
 absl::StatusOr<ModelParts> LoraParts(const Config& config,
                                      std::shared_ptr<const LinearFactory> base = nullptr);
-absl::StatusOr<GPT> CreateLoraGPT(const Config& config);
+absl::StatusOr<GPT> CreateLoraGPT(const Config& config,
+                                  std::shared_ptr<const LinearFactory> base = nullptr);
 
 // Every LoRA projection of the model.
 std::vector<std::shared_ptr<LoraProjectionImpl>> LoraProjections(GPTImpl& model);

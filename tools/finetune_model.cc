@@ -13,11 +13,11 @@
 #include "absl/strings/str_replace.h"
 #include "core/base/status_macros.h"
 #include "core/io/torch_pickle.h"
+#include "core/nn/int8_linear.h"
 #include "peft/adapter.h"
 #include "peft/adapter_v2.h"
 #include "peft/lora.h"
 #include "peft/peft_method.h"
-#include "core/nn/int8_linear.h"
 #include "yaml-cpp/yaml.h"
 
 namespace lgpt {
@@ -27,12 +27,11 @@ std::string TrainedFileName(PeftMethod method) {
   return absl::StrCat("lit_model.pth.", PeftMethodName(method));
 }
 
-absl::StatusOr<GPT> CreateFinetuneModel(const Config& config, PeftMethod method,
-                                        bool int8_base) {
+absl::StatusOr<GPT> CreateFinetuneModel(const Config& config, PeftMethod method, bool int8_base) {
   if (int8_base && method != PeftMethod::kLora) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "an int8 base is for LoRA only (QLoRA-style); ", PeftMethodName(method),
-        " trains parameters inside the base projections or needs float ones"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("an int8 base is for LoRA only (QLoRA-style); ", PeftMethodName(method),
+                     " trains parameters inside the base projections or needs float ones"));
   }
   switch (method) {
     case PeftMethod::kLora:
@@ -46,12 +45,7 @@ absl::StatusOr<GPT> CreateFinetuneModel(const Config& config, PeftMethod method,
             "LoRA enabled on no projection: set at least one of lora_query, lora_key, "
             "lora_value, lora_projection, lora_mlp, lora_head");
       }
-      if (int8_base) {
-        ASSIGN_OR_RETURN(ModelParts parts,
-                         LoraParts(config, std::make_shared<Int8LinearFactory>()));
-        return GPTImpl::Create(config, parts);
-      }
-      return CreateLoraGPT(config);
+      return CreateLoraGPT(config, int8_base ? std::make_shared<Int8LinearFactory>() : nullptr);
     // The adapter files are LitGPT's (lit_model.pth.adapter / .adapter_v2): LitGPT's
     // adapter.py splits the prefix projection per query group, so training and loading use
     // that split (legacy_qkv_split) and the files mean the same in lgpt and in LitGPT.

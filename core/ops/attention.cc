@@ -14,6 +14,19 @@ int64_t BlockSize(const KVBlockSource& source) {
   return source.block_size > 0 ? source.block_size : source.size;
 }
 
+// Calls visit(source, column, begin, length) for each block of each source in order, where
+// column is the block's first column among all sources' entries.
+template <typename Visit>
+void ForEachBlock(const std::vector<KVBlockSource>& sources, Visit visit) {
+  int64_t offset = 0;
+  for (const KVBlockSource& source : sources) {
+    for (int64_t begin = 0; begin < source.size; begin += BlockSize(source)) {
+      visit(source, offset + begin, begin, std::min(BlockSize(source), source.size - begin));
+    }
+    offset += source.size;
+  }
+}
+
 // Scores q·k of every source, [B, G, q_per_kv, T, S] float32, unscaled.
 at::Tensor Scores(const at::Tensor& q_grouped, int64_t q_per_kv, int64_t steps,
                   const std::vector<KVBlockSource>& sources, int64_t total) {
@@ -25,18 +38,13 @@ at::Tensor Scores(const at::Tensor& q_grouped, int64_t q_per_kv, int64_t steps,
     return at::matmul(q_grouped, keys.transpose(-1, -2)).view(shape).to(at::kFloat);
   }
   at::Tensor scores = at::empty(shape, q_grouped.options().dtype(at::kFloat));
-  int64_t offset = 0;
-  for (const KVBlockSource& source : sources) {
-    for (int64_t begin = 0; begin < source.size; begin += BlockSize(source)) {
-      const int64_t length = std::min(BlockSize(source), source.size - begin);
-      at::Tensor keys;
-      source.read(begin, length, &keys, nullptr);
-      const at::Tensor block = at::matmul(q_grouped, keys.transpose(-1, -2));  // [B, G, q·T, n]
-      scores.narrow(-1, offset + begin, length)
-          .copy_(block.view({batch, groups, q_per_kv, steps, length}));
-    }
-    offset += source.size;
-  }
+  ForEachBlock(sources, [&](const KVBlockSource& source, int64_t column, int64_t begin,
+                            int64_t length) {
+    at::Tensor keys;
+    source.read(begin, length, &keys, nullptr);
+    const at::Tensor block = at::matmul(q_grouped, keys.transpose(-1, -2));  // [B, G, q·T, n]
+    scores.narrow(-1, column, length).copy_(block.view({batch, groups, q_per_kv, steps, length}));
+  });
   return scores;
 }
 
@@ -62,22 +70,17 @@ at::Tensor WeightedValues(const at::Tensor& weights, const std::vector<KVBlockSo
     return at::matmul(weights.to(values.scalar_type()), values);
   }
   at::Tensor y;
-  int64_t offset = 0;
-  for (const KVBlockSource& source : sources) {
-    for (int64_t begin = 0; begin < source.size; begin += BlockSize(source)) {
-      const int64_t length = std::min(BlockSize(source), source.size - begin);
-      at::Tensor values;
-      source.read(begin, length, nullptr, &values);
-      const at::Tensor part =
-          at::matmul(weights.narrow(-1, offset + begin, length), values.to(at::kFloat));
-      if (y.defined()) {
-        y.add_(part);
-      } else {
-        y = part;
-      }
+  ForEachBlock(sources, [&](const KVBlockSource& source, int64_t column, int64_t begin,
+                            int64_t length) {
+    at::Tensor values;
+    source.read(begin, length, nullptr, &values);
+    const at::Tensor part = at::matmul(weights.narrow(-1, column, length), values.to(at::kFloat));
+    if (y.defined()) {
+      y.add_(part);
+    } else {
+      y = part;
     }
-    offset += source.size;
-  }
+  });
   return y;
 }
 
@@ -89,11 +92,8 @@ KVBlockSource TensorSource(const at::Tensor& keys, const at::Tensor& values,
   source.size = keys.size(2);
   source.positions = positions;
   source.read = [keys, values](int64_t begin, int64_t length, at::Tensor* k, at::Tensor* v) {
-    if (k != nullptr)
-      *k = begin == 0 && length == keys.size(2) ? keys : keys.narrow(2, begin, length);
-    if (v != nullptr) {
-      *v = begin == 0 && length == values.size(2) ? values : values.narrow(2, begin, length);
-    }
+    if (k != nullptr) *k = keys.narrow(2, begin, length);
+    if (v != nullptr) *v = values.narrow(2, begin, length);
   };
   return source;
 }
