@@ -117,7 +117,7 @@ const std::vector<std::string> kFamilies = {
     "Qwen2.5-0.5B",   "Qwen3-0.6B",    "Qwen3-30B-A3B",   "SmolLM2-135M",
     "pythia-14m",     "falcon-7b",     "falcon-40b",      "Gemma-2b",
     "Gemma-2-2b",     "Gemma-3-1b-it", "phi-2",           "Phi-3-mini-4k-instruct",
-    "OLMo-2-1124-7B",
+    "OLMo-2-1124-7B", "stablelm-3b-4e1t",
 };
 
 class RoundTripTest : public ::testing::TestWithParam<std::string> {};
@@ -148,6 +148,28 @@ TEST_P(RoundTripTest, LitToHfToLitIsBitIdenticalWithEqualLogits) {
   absl::StatusOr<TensorMap> lit = ReadTorchStateDict(back_dir + "/lit_model.pth");
   ASSERT_TRUE(lit.ok()) << lit.status();
   ExpectBitIdentical(*lit, m.state);
+  ExpectSameLogits(m, back_dir);
+}
+
+// config.json alone (no name that matches a preset) is enough: the derived config computes
+// the same logits.
+TEST_P(RoundTripTest, ConfigJsonAloneDerivesTheSameModel) {
+  const LitModel m = MakeModel(GetParam(), 12);
+  const std::string lit_dir = NewDir("lit"), hf_dir = NewDir("hf"), back_dir = NewDir("back");
+  WriteLitDir(m, lit_dir);
+  ASSERT_TRUE(ConvertLitCheckpoint(lit_dir, hf_dir).ok());
+  std::ifstream in(hf_dir + "/config.json");
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string config = text.str();
+  const size_t name = config.find("\"_name_or_path\"");
+  ASSERT_NE(name, std::string::npos);
+  config.erase(name, config.find('\n', name) + 1 - name);
+  WriteFile(hf_dir + "/config.json", config);
+  absl::StatusOr<ConvertResult> back = ConvertHfCheckpoint(hf_dir, back_dir);
+  ASSERT_TRUE(back.ok()) << back.status() << "\n" << config;
+  EXPECT_EQ(back->preset, "");
+  EXPECT_TRUE(absl::StrContains(back->config.name, "convert_hf_")) << back->config.name;
   ExpectSameLogits(m, back_dir);
 }
 
@@ -227,6 +249,81 @@ TEST(ConvertTest, HandBuiltLlamaDirectoryWithSeparateQkv) {
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->config.name, "Llama-2-7b-hf");
   ExpectSameLogits(m, out);
+}
+
+// Hand-written config.json files with each RoPE scaling type, over the weights of a Llama whose
+// LitGPT config has the matching rope_adjustments: equal logits.
+TEST(ConvertTest, HandWrittenRopeScalingOfEveryType) {
+  struct Case {
+    const char* name;
+    std::optional<RopeAdjustments> lit;
+    std::string rope_scaling;
+  };
+  RopeAdjustments llama3, linear4, linear25, yarn;
+  llama3.factor = 8;
+  llama3.low_freq_factor = 1;
+  llama3.high_freq_factor = 4;
+  llama3.original_max_seq_len = 16;
+  linear4.factor = 4;
+  linear25.factor = 2.5;
+  yarn.factor = 4;
+  yarn.original_max_seq_len = 16;
+  yarn.beta_fast = 32;
+  yarn.beta_slow = 1;
+  const std::vector<Case> cases = {
+      {"llama3", llama3,
+       R"({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+           "original_max_position_embeddings": 16})"},
+      {"linear_whole", linear4, R"({"type": "linear", "factor": 4.0})"},
+      {"linear", linear25, R"({"rope_type": "linear", "factor": 2.5})"},
+      {"yarn", yarn,
+       R"({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16})"},
+      {"dynamic", std::nullopt, R"({"rope_type": "dynamic", "factor": 2.0})"},
+      {"none", std::nullopt, "null"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    absl::StatusOr<Config> preset = PresetFromName("Llama-3.2-1B");
+    ASSERT_TRUE(preset.ok());
+    absl::StatusOr<Config> config = ShrinkConfig(*preset);
+    ASSERT_TRUE(config.ok());
+    config->rope_adjustments = c.lit;
+    ASSERT_TRUE(config->Finalize().ok());
+    absl::StatusOr<GPT> model = GPTImpl::Create(*config);
+    ASSERT_TRUE(model.ok());
+    RandomizeWeights(**model, 31);
+    (*model)->eval();
+    LitModel m{*config, *model, {}, {}, {}};
+    for (const auto& [name, t] : StateDict(*m.model)) m.state[name] = t.detach().clone();
+    at::manual_seed(32);
+    m.tokens = at::randint(0, m.config.vocab_size, {1, 40}, at::kLong);  // Past 16 positions.
+    m.logits = *m.model->Forward(m.tokens);
+    const std::string lit_dir = NewDir("rope_lit"), hf_dir = NewDir("rope_hf"),
+                      out = NewDir("rope_out");
+    WriteLitDir(m, lit_dir);
+    ASSERT_TRUE(ConvertLitCheckpoint(lit_dir, hf_dir).ok());
+    const Config& k = m.config;
+    WriteFile(hf_dir + "/config.json",
+              absl::StrCat(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": )", k.n_embd,
+                           R"(, "intermediate_size": )", k.IntermediateSize(),
+                           R"(, "num_hidden_layers": )", k.n_layer, R"(, "num_attention_heads": )",
+                           k.n_head, R"(, "num_key_value_heads": )", k.QueryGroups(),
+                           R"(, "head_dim": )", k.HeadSize(), R"(, "vocab_size": )",
+                           k.PaddedVocabSize(), R"(, "max_position_embeddings": 64,
+                           "rms_norm_eps": )", k.norm_eps, R"(, "rope_theta": )", k.rope_base,
+                           R"(, "tie_word_embeddings": false, "rope_scaling": )", c.rope_scaling,
+                           "}"));
+    absl::StatusOr<ConvertResult> result = ConvertHfCheckpoint(hf_dir, out);
+    ASSERT_TRUE(result.ok()) << result.status();
+    absl::StatusOr<LoadedModel> loaded = LoadCheckpoint(out);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    const at::Tensor logits = *loaded->model->Forward(m.tokens);
+    // A whole linear factor becomes rope_condense_ratio: positions / 4 instead of
+    // frequencies / 4, equal to rounding.
+    EXPECT_TRUE(at::allclose(logits, m.logits, 0, 1e-5))
+        << (logits - m.logits).abs().max().item<double>();
+    if (std::string(c.name) == "dynamic") EXPECT_EQ(result->notes.size(), 1u);
+  }
 }
 
 TEST(ConvertTest, HandBuiltPhi3DirectoryWithFusedQkvAndGateUp) {
@@ -507,14 +604,16 @@ TEST_F(HostileTest, UnknownArchitecture) {
               "unknown architecture MambaForCausalLM");
 }
 
-TEST_F(HostileTest, NoPresetMatches) {
+// A model no preset knows converts from config.json alone; an unknown preset name is an error.
+TEST_F(HostileTest, NoPresetNeeded) {
   std::string config = ConfigText();
   config.replace(config.find("meta-llama/Llama-2-7b-hf"), 24, "someone/unheard-of-model");
-  const std::string layers = "\"num_hidden_layers\": 6";
-  ASSERT_NE(config.find(layers), std::string::npos) << config;
-  config.replace(config.find(layers), layers.size(), "\"num_hidden_layers\": 3");
   const std::string dir = Dir(nullptr, &config);
-  ExpectError(Convert(dir), absl::StatusCode::kUnimplemented, "ConvertOptions.model_name");
+  absl::StatusOr<ConvertResult> result = ConvertHfCheckpoint(dir, NewDir("hostile_out"));
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->config.name, "unheard-of-model");
+  EXPECT_EQ(result->config.hf_org, "someone");
+  EXPECT_EQ(result->preset, "");
   ConvertOptions options;
   options.model_name = "no-such-model";
   ExpectError(ConvertHfCheckpoint(dir, NewDir("x"), options).status(), absl::StatusCode::kNotFound,

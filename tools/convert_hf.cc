@@ -2,8 +2,9 @@
 // convert_hf_checkpoint.py does:
 //   bazel run //tools:convert_hf -- --hf_dir=DIR --out_dir=DIR [--model_name=NAME]
 //       [--model_config=FILE.yaml] [--dtype=float32|bfloat16|float16] [--safetensors]
-// Reads config.json (the preset is --model_name, else config.json's name, else the preset of
-// the same architecture and sizes) and model.safetensors, pytorch_model.bin or their shards;
+// Derives the config from config.json (a preset, --model_name or the one named like the model,
+// only fills what config.json leaves out; the fields where config.json overrides the preset are
+// printed) and reads model.safetensors, pytorch_model.bin or their shards;
 // writes model_config.yaml, lit_model.pth (and model.safetensors with --safetensors) and
 // copies the tokenizer files. Prints statistics (tensors, bytes, seconds, peak RSS) on stderr.
 #include <chrono>
@@ -18,7 +19,9 @@
 
 ABSL_FLAG(std::string, hf_dir, "", "Hugging Face checkpoint directory (config.json + weights)");
 ABSL_FLAG(std::string, out_dir, "", "LitGPT checkpoint directory to write (may equal --hf_dir)");
-ABSL_FLAG(std::string, model_name, "", "LitGPT preset name (default: from config.json)");
+ABSL_FLAG(std::string, model_name, "",
+          "LitGPT preset filling what config.json does not state (default: the preset named like "
+          "the model, if any; config.json alone suffices)");
 ABSL_FLAG(std::string, model_config, "",
           "LitGPT model_config.yaml to use instead of a preset (models that are no preset)");
 ABSL_FLAG(std::string, dtype, "", "float32, bfloat16 or float16 (default: keep the checkpoint's)");
@@ -58,6 +61,14 @@ int main(int argc, char** argv) {
   options.progress = PrintProgress;
   const auto start = std::chrono::steady_clock::now();
   const ConvertResult result = ValueOrDie(ConvertHfCheckpoint(hf_dir, out_dir, options));
+  if (!result.preset.empty()) {
+    std::fprintf(stderr, "preset %s fills what config.json does not state\n",
+                 result.preset.c_str());
+  }
+  for (const std::string& field : result.overridden) {
+    std::fprintf(stderr, "config.json overrides %s\n", field.c_str());
+  }
+  for (const std::string& note : result.notes) std::fprintf(stderr, "note: %s\n", note.c_str());
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::fprintf(

@@ -80,15 +80,7 @@ std::string Names(const std::vector<std::string>& names) {
   return text;
 }
 
-bool StartsWithLower(absl::string_view name, absl::string_view prefix) {
-  return absl::StartsWith(absl::AsciiStrToLower(name), prefix);
-}
-
 bool InterleavedQkv(HfFamily f) { return f == HfFamily::kGptNeoX || f == HfFamily::kFalcon; }
-
-bool FalconNewArchitecture(const Config& config) {
-  return absl::StrContains(config.name, "40b") || absl::StrContains(config.name, "180B");
-}
 
 // The (LitGPT template, HF template) pairs of a family, q/k/v and Phi-3's gate_up_proj aside.
 std::vector<std::pair<std::string, std::string>> NameRules(const Config& config, HfFamily f) {
@@ -117,7 +109,7 @@ std::vector<std::pair<std::string, std::string>> NameRules(const Config& config,
     add_wb(lit + "attn.proj", hf + "self_attention.dense");
     add_wb(lit + "mlp.fc", hf + "mlp.dense_h_to_4h");
     add_wb(lit + "mlp.proj", hf + "mlp.dense_4h_to_h");
-    if (FalconNewArchitecture(config)) {
+    if (FalconNewDecoderArchitecture(config)) {
       add_wb(lit + "norm_1", hf + "ln_attn");
       add_wb(lit + "norm_2", hf + "ln_mlp");
     } else {
@@ -285,238 +277,9 @@ absl::StatusOr<TensorMap> ReadWeightsFile(const std::string& path) {
   return ReadTorchStateDict(path);
 }
 
-// ---------------------------------------------------------------------------------------
-// config.json.
-
-const json* Find(const json& j, std::initializer_list<const char*> keys) {
-  for (const char* key : keys) {
-    const auto it = j.find(key);
-    if (it != j.end() && !it->is_null()) return &*it;
-  }
-  return nullptr;
-}
-
-absl::StatusOr<std::optional<int64_t>> GetInt(const json& j,
-                                              std::initializer_list<const char*> keys,
-                                              const std::string& source) {
-  const json* v = Find(j, keys);
-  if (v == nullptr) return std::optional<int64_t>();
-  // Sizes past 2^31 are hostile, not models (and would overflow shape arithmetic).
-  if (!v->is_number_integer() || v->get<int64_t>() < 0 || v->get<int64_t>() > (int64_t{1} << 31)) {
-    return Invalid(source, absl::StrCat("'", *keys.begin(), "' must be an integer from 0 to 2^31"));
-  }
-  return std::optional<int64_t>(v->get<int64_t>());
-}
-
-absl::StatusOr<std::optional<double>> GetDouble(const json& j,
-                                                std::initializer_list<const char*> keys,
-                                                const std::string& source) {
-  const json* v = Find(j, keys);
-  if (v == nullptr) return std::optional<double>();
-  if (!v->is_number())
-    return Invalid(source, absl::StrCat("'", *keys.begin(), "' must be a number"));
-  return std::optional<double>(v->get<double>());
-}
-
-// Architectures a family writes and reads.
-const std::vector<std::pair<std::string, HfFamily>>& KnownArchitectures() {
-  static const auto* const known = new std::vector<std::pair<std::string, HfFamily>>{
-      {"LlamaForCausalLM", HfFamily::kLlama},
-      {"MistralForCausalLM", HfFamily::kLlama},
-      {"MixtralForCausalLM", HfFamily::kMixtral},
-      {"GemmaForCausalLM", HfFamily::kGemma},
-      {"Gemma2ForCausalLM", HfFamily::kGemma2},
-      {"Gemma3ForCausalLM", HfFamily::kGemma3},
-      {"Gemma3ForConditionalGeneration", HfFamily::kGemma3},
-      {"Qwen2ForCausalLM", HfFamily::kQwen2},
-      {"Qwen3ForCausalLM", HfFamily::kQwen3},
-      {"Qwen3MoeForCausalLM", HfFamily::kQwen3},
-      {"Olmo2ForCausalLM", HfFamily::kOlmo2},
-      {"PhiForCausalLM", HfFamily::kPhi},
-      {"Phi3ForCausalLM", HfFamily::kPhi3},
-      {"GPTNeoXForCausalLM", HfFamily::kGptNeoX},
-      {"FalconForCausalLM", HfFamily::kFalcon},
-      {"RWForCausalLM", HfFamily::kFalcon},
-  };
-  return *known;
-}
-
-std::optional<HfFamily> FamilyOfArchitecture(const std::string& arch) {
-  for (const auto& [name, family] : KnownArchitectures()) {
-    if (name == arch) return family;
-  }
-  return std::nullopt;
-}
-
-// Applies the sizes config.json gives to an unfinalised preset.
-// `multimodal`: sizes come from a text_config, whose vocab_size counts image tokens too;
-// LitGPT keeps the text vocabulary (and slices the embedding to it).
-absl::Status OverlayHfSizes(const json& j, const std::string& source, bool multimodal, Config& c) {
-  const Config preset = c;
-  ASSIGN_OR_RETURN(auto n_layer, GetInt(j, {"num_hidden_layers", "n_layer", "num_layers"}, source));
-  ASSIGN_OR_RETURN(auto n_embd, GetInt(j, {"hidden_size", "n_embd", "d_model"}, source));
-  ASSIGN_OR_RETURN(auto n_head, GetInt(j, {"num_attention_heads", "n_head"}, source));
-  ASSIGN_OR_RETURN(auto groups, GetInt(j, {"num_key_value_heads", "num_kv_heads"}, source));
-  ASSIGN_OR_RETURN(auto head_dim, GetInt(j, {"head_dim"}, source));
-  ASSIGN_OR_RETURN(auto intermediate, GetInt(j, {"intermediate_size", "ffn_hidden_size"}, source));
-  ASSIGN_OR_RETURN(auto moe_intermediate, GetInt(j, {"moe_intermediate_size"}, source));
-  ASSIGN_OR_RETURN(auto n_expert, GetInt(j, {"num_local_experts", "num_experts"}, source));
-  ASSIGN_OR_RETURN(auto per_token, GetInt(j, {"num_experts_per_tok"}, source));
-  ASSIGN_OR_RETURN(auto vocab, GetInt(j, {"vocab_size"}, source));
-  ASSIGN_OR_RETURN(auto positions, GetInt(j, {"max_position_embeddings", "n_positions"}, source));
-  ASSIGN_OR_RETURN(auto window, GetInt(j, {"sliding_window"}, source));
-  ASSIGN_OR_RETURN(auto eps,
-                   GetDouble(j, {"rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon"}, source));
-  ASSIGN_OR_RETURN(auto rope_theta, GetDouble(j, {"rope_theta", "rotary_emb_base"}, source));
-  ASSIGN_OR_RETURN(auto rotary, GetDouble(j, {"partial_rotary_factor", "rotary_pct"}, source));
-  ASSIGN_OR_RETURN(auto query_scalar, GetDouble(j, {"query_pre_attn_scalar"}, source));
-  ASSIGN_OR_RETURN(auto attn_softcap, GetDouble(j, {"attn_logit_softcapping"}, source));
-  ASSIGN_OR_RETURN(auto final_softcap, GetDouble(j, {"final_logit_softcapping"}, source));
-  ASSIGN_OR_RETURN(auto local_base, GetDouble(j, {"rope_local_base_freq"}, source));
-
-  if (n_layer) c.n_layer = *n_layer;
-  if (n_embd) c.n_embd = *n_embd;
-  if (n_head) c.n_head = *n_head;
-  if (groups) {
-    c.n_query_groups = *groups;
-  } else if (const json* mq = Find(j, {"multi_query"}); mq && mq->is_boolean() && *mq) {
-    c.n_query_groups = 1;
-  } else if (n_head && preset.n_query_groups && *preset.n_query_groups == preset.n_head) {
-    c.n_query_groups = c.n_head;  // Multi-head attention stays multi-head.
-  }
-  if (head_dim) {
-    c.head_size = *head_dim;
-  } else if (c.n_embd != preset.n_embd || c.n_head != preset.n_head) {
-    c.head_size.reset();
-  }
-  if (intermediate) c.intermediate_size = *intermediate;
-  if (moe_intermediate) c.moe_intermediate_size = *moe_intermediate;
-  if (n_expert && preset.n_expert > 0) c.n_expert = *n_expert;
-  if (per_token && preset.n_expert > 0) c.n_expert_per_token = *per_token;
-  if (vocab) {
-    int64_t text_rows = *vocab;
-    if (multimodal) {
-      Config finalised = preset;  // padded_vocab_size is derived.
-      if (finalised.Finalize().ok()) text_rows = std::min(text_rows, finalised.PaddedVocabSize());
-    }
-    c.padded_vocab_size = text_rows;
-    c.vocab_size = std::min(c.vocab_size, *c.padded_vocab_size);
-  }
-  if (positions) c.block_size = std::min(c.block_size, *positions);
-  if (window && preset.sliding_window_size) c.sliding_window_size = *window;
-  if (eps) c.norm_eps = *eps;
-  if (rope_theta) c.rope_base = *rope_theta;
-  if (rotary) c.rotary_percentage = *rotary;
-  if (query_scalar && preset.attention_scores_scalar) c.attention_scores_scalar = *query_scalar;
-  if (attn_softcap && preset.attention_logit_softcapping) {
-    c.attention_logit_softcapping = *attn_softcap;
-  }
-  if (final_softcap && preset.final_logit_softcapping) c.final_logit_softcapping = *final_softcap;
-  if (local_base && preset.rope_local_base_freq) c.rope_local_base_freq = *local_base;
-  return absl::OkStatus();
-}
-
-std::string DtypeName(c10::ScalarType t) {
-  switch (t) {
-    case c10::kBFloat16:
-      return "bfloat16";
-    case c10::kHalf:
-      return "float16";
-    case c10::kDouble:
-      return "float64";
-    default:
-      return "float32";
-  }
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------
-
-absl::StatusOr<HfFamily> HfFamilyOf(const Config& c) {
-  const std::string& name = c.name;
-  if (absl::StartsWith(name, "falcon-")) return HfFamily::kFalcon;
-  if (StartsWithLower(name, "gemma-2")) return HfFamily::kGemma2;
-  if (StartsWithLower(name, "gemma-3")) return HfFamily::kGemma3;
-  if (StartsWithLower(name, "phi-3") || StartsWithLower(name, "phi-4")) return HfFamily::kPhi3;
-  if (StartsWithLower(name, "phi")) return HfFamily::kPhi;
-  if (StartsWithLower(name, "qwen2.5") || StartsWithLower(name, "qwq")) return HfFamily::kQwen2;
-  if (StartsWithLower(name, "olmo-2-")) return HfFamily::kOlmo2;
-  if (StartsWithLower(name, "qwen3")) return HfFamily::kQwen3;
-  if (c.has_latent_attention) {
-    return absl::UnimplementedError(
-        absl::StrCat(name, ": multi-head latent attention checkpoints cannot be converted"));
-  }
-  if (c.mlp_class == MlpClass::kLLaMAMoE) return HfFamily::kMixtral;
-  if (c.mlp_class == MlpClass::kGemmaMLP) return HfFamily::kGemma;
-  if (c.mlp_class == MlpClass::kLLaMAMLP) return HfFamily::kLlama;
-  if (c.mlp_class == MlpClass::kGptNeoxMLP && c.parallel_residual &&
-      c.norm_class == NormClass::kLayerNorm) {
-    return HfFamily::kGptNeoX;
-  }
-  return absl::UnimplementedError(
-      absl::StrCat(name, ": no Hugging Face conversion for this model family"));
-}
-
-std::string HfArchitecture(const Config& c, HfFamily f) {
-  switch (f) {
-    case HfFamily::kLlama:
-      return StartsWithLower(c.name, "mistral") ? "MistralForCausalLM" : "LlamaForCausalLM";
-    case HfFamily::kMixtral:
-      return "MixtralForCausalLM";
-    case HfFamily::kGemma:
-      return "GemmaForCausalLM";
-    case HfFamily::kGemma2:
-      return "Gemma2ForCausalLM";
-    case HfFamily::kGemma3:
-      return "Gemma3ForCausalLM";
-    case HfFamily::kQwen2:
-      return "Qwen2ForCausalLM";
-    case HfFamily::kQwen3:
-      return c.n_expert > 0 ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM";
-    case HfFamily::kOlmo2:
-      return "Olmo2ForCausalLM";
-    case HfFamily::kPhi:
-      return "PhiForCausalLM";
-    case HfFamily::kPhi3:
-      return "Phi3ForCausalLM";
-    case HfFamily::kGptNeoX:
-      return "GPTNeoXForCausalLM";
-    case HfFamily::kFalcon:
-      return "FalconForCausalLM";
-  }
-  return "";
-}
-
-std::string HfModelType(const Config& c, HfFamily f) {
-  switch (f) {
-    case HfFamily::kLlama:
-      return StartsWithLower(c.name, "mistral") ? "mistral" : "llama";
-    case HfFamily::kMixtral:
-      return "mixtral";
-    case HfFamily::kGemma:
-      return "gemma";
-    case HfFamily::kGemma2:
-      return "gemma2";
-    case HfFamily::kGemma3:
-      return "gemma3_text";
-    case HfFamily::kQwen2:
-      return "qwen2";
-    case HfFamily::kQwen3:
-      return c.n_expert > 0 ? "qwen3_moe" : "qwen3";
-    case HfFamily::kOlmo2:
-      return "olmo2";
-    case HfFamily::kPhi:
-      return "phi";
-    case HfFamily::kPhi3:
-      return "phi3";
-    case HfFamily::kGptNeoX:
-      return "gpt_neox";
-    case HfFamily::kFalcon:
-      return "falcon";
-  }
-  return "";
-}
 
 std::map<std::string, Shape> ExpectedLitShapes(const Config& c) {
   std::map<std::string, Shape> s;
@@ -608,8 +371,11 @@ absl::Status CheckLitTensors(const Config& config, const TensorMap& tensors,
 }
 
 absl::StatusOr<TensorMap> HfToLit(const Config& config, const TensorMap& hf,
-                                  const std::string& source) {
-  ASSIGN_OR_RETURN(const HfFamily family, HfFamilyOf(config));
+                                  const std::string& source, std::optional<HfFamily> hf_family) {
+  if (!hf_family) {
+    ASSIGN_OR_RETURN(hf_family, HfFamilyOf(config));
+  }
+  const HfFamily family = *hf_family;
   std::map<std::string, std::string> rules;  // HF template -> LitGPT template.
   for (const auto& [lit, h] : NameRules(config, family)) rules[h] = lit;
   const QkvSizes sizes = Sizes(config);
@@ -784,191 +550,6 @@ absl::StatusOr<TensorMap> LitToHf(const Config& config, const TensorMap& lit,
   return hf;
 }
 
-absl::StatusOr<Config> ConfigFromHfDir(const std::string& hf_dir, const std::string& model_name,
-                                       const std::string& model_config) {
-  if (!model_config.empty()) return LoadConfigFile(model_config);
-  const std::string path = hf_dir + "/config.json";
-  if (!IsFile(path)) {
-    return absl::NotFoundError(
-        absl::StrCat(hf_dir, ": no config.json (is this a Hugging Face checkpoint directory?)"));
-  }
-  ASSIGN_OR_RETURN(const std::string text, ReadText(path));
-  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return Invalid(path, "not a JSON object");
-  // Multimodal configs keep the text model's sizes in text_config.
-  const bool multimodal = j.contains("text_config") && j["text_config"].is_object();
-  if (multimodal) {
-    json merged = j["text_config"];
-    for (const char* key : {"architectures", "_name_or_path"}) {
-      if (j.contains(key)) merged[key] = j[key];
-    }
-    j = merged;
-  }
-  std::string arch;
-  if (const json* a = Find(j, {"architectures"})) {
-    if (!a->is_array() || a->empty() || !(*a)[0].is_string()) {
-      return Invalid(path, "'architectures' must be a list of names");
-    }
-    arch = (*a)[0].get<std::string>();
-  }
-  if (!arch.empty() && !FamilyOfArchitecture(arch)) {
-    return absl::UnimplementedError(absl::StrCat(path, ": unknown architecture ", arch,
-                                                 " (no LitGPT conversion exists for it)"));
-  }
-  auto arch_matches = [&](const Config& c) {
-    if (arch.empty()) return true;
-    absl::StatusOr<HfFamily> f = HfFamilyOf(c);
-    return f.ok() && FamilyOfArchitecture(arch) == *f;
-  };
-
-  std::optional<Config> preset;
-  if (!model_name.empty()) {
-    ASSIGN_OR_RETURN(Config c, PresetFromName(model_name));
-    preset = c;
-  } else {
-    std::vector<std::string> candidates;
-    if (const json* n = Find(j, {"_name_or_path"}); n && n->is_string()) {
-      const std::string name = n->get<std::string>();
-      candidates.push_back(name);
-      const std::vector<std::string> parts = absl::StrSplit(name, '/', absl::SkipEmpty());
-      if (!parts.empty()) candidates.push_back(parts.back());
-      if (parts.size() >= 2) candidates.push_back(parts[parts.size() - 2] + "/" + parts.back());
-    }
-    const std::vector<std::string> dir_parts = absl::StrSplit(hf_dir, '/', absl::SkipEmpty());
-    if (!dir_parts.empty()) candidates.push_back(dir_parts.back());
-    for (const std::string& name : candidates) {
-      absl::StatusOr<Config> c = PresetFromName(name);
-      if (c.ok() && arch_matches(*c)) {
-        preset = *c;
-        break;
-      }
-    }
-  }
-  if (!preset) {
-    // By architecture and sizes.
-    if (arch.empty()) {
-      return Invalid(path, "no 'architectures' and no known model name; set ConvertOptions.model_name");
-    }
-    ASSIGN_OR_RETURN(auto n_layer, GetInt(j, {"num_hidden_layers", "n_layer", "num_layers"}, path));
-    ASSIGN_OR_RETURN(auto n_embd, GetInt(j, {"hidden_size", "n_embd", "d_model"}, path));
-    ASSIGN_OR_RETURN(auto n_head, GetInt(j, {"num_attention_heads", "n_head"}, path));
-    ASSIGN_OR_RETURN(auto vocab, GetInt(j, {"vocab_size"}, path));
-    for (const std::string& name : PresetNames()) {
-      absl::StatusOr<Config> c = ConfigFromName(name);
-      if (!c.ok() || !arch_matches(*c)) continue;
-      if ((n_layer && *n_layer != c->n_layer) || (n_embd && *n_embd != c->n_embd) ||
-          (n_head && *n_head != c->n_head) || (vocab && *vocab != c->PaddedVocabSize())) {
-        continue;
-      }
-      preset = *PresetFromName(name);
-      break;
-    }
-    if (!preset) {
-      return absl::UnimplementedError(
-          absl::StrCat(path, ": no preset of architecture ", arch,
-                       " has these sizes; set ConvertOptions.model_name to a LitGPT name to choose one"));
-    }
-  }
-  if (!arch_matches(*preset)) {
-    return Invalid(
-        path, absl::StrCat("architecture ", arch, " does not match the preset ", preset->name, " (",
-                           HfArchitecture(*preset, *HfFamilyOf(*preset)), ")"));
-  }
-  RETURN_IF_ERROR(OverlayHfSizes(j, path, multimodal, *preset));
-  const absl::Status finalised = preset->Finalize();
-  if (!finalised.ok()) {
-    return Invalid(path, absl::StrCat("sizes do not make a valid ", preset->name,
-                                      " config: ", finalised.message()));
-  }
-  return *preset;
-}
-
-std::string HfConfigJson(const Config& c, HfFamily f, bool tie_word_embeddings,
-                         c10::ScalarType dtype) {
-  json j;
-  j["architectures"] = {HfArchitecture(c, f)};
-  j["model_type"] = HfModelType(c, f);
-  if (!c.hf_name.empty()) {
-    j["_name_or_path"] = c.hf_org.empty() ? c.hf_name : c.hf_org + "/" + c.hf_name;
-  }
-  j["hidden_size"] = c.n_embd;
-  j["num_hidden_layers"] = c.n_layer;
-  j["num_attention_heads"] = c.n_head;
-  j["vocab_size"] = c.PaddedVocabSize();
-  j["max_position_embeddings"] = c.block_size;
-  j["tie_word_embeddings"] = tie_word_embeddings;
-  j["torch_dtype"] = DtypeName(dtype);
-  j["intermediate_size"] = c.IntermediateSize();
-  // Only Llama-style configs have head_dim; the others derive it from the width, so it is
-  // written for them only when that would be wrong (shrunken test models).
-  if (c.n_embd != c.n_head * c.HeadSize()) j["head_dim"] = c.HeadSize();
-  if (f == HfFamily::kGptNeoX) {
-    j["layer_norm_eps"] = c.norm_eps;
-    j["rotary_pct"] = c.rotary_percentage;
-    j["rotary_emb_base"] = c.rope_base;
-    j["use_parallel_residual"] = c.parallel_residual;
-    j["hidden_act"] = "gelu";
-    return j.dump(2) + "\n";
-  }
-  if (f == HfFamily::kFalcon) {
-    j["num_kv_heads"] = c.QueryGroups();
-    j["multi_query"] = c.QueryGroups() == 1;
-    j["new_decoder_architecture"] = FalconNewArchitecture(c);
-    j["parallel_attn"] = c.parallel_residual;
-    j["bias"] = c.bias;
-    j["layer_norm_epsilon"] = c.norm_eps;
-    j["rope_theta"] = c.rope_base;
-    j["alibi"] = false;
-    return j.dump(2) + "\n";
-  }
-  j["num_key_value_heads"] = c.QueryGroups();
-  j["head_dim"] = c.HeadSize();
-  j["rope_theta"] = c.rope_base;
-  if (f == HfFamily::kPhi) {
-    j["layer_norm_eps"] = c.norm_eps;
-    j["partial_rotary_factor"] = c.rotary_percentage;
-    j["hidden_act"] = "gelu_new";
-    return j.dump(2) + "\n";
-  }
-  j["rms_norm_eps"] = c.norm_eps;
-  j["attention_bias"] = c.attn_bias || c.bias;
-  j["mlp_bias"] = c.bias;
-  j["hidden_act"] = c.mlp_class == MlpClass::kGemmaMLP ? "gelu_pytorch_tanh" : "silu";
-  if (c.rotary_percentage != 1.0) j["partial_rotary_factor"] = c.rotary_percentage;
-  if (c.sliding_window_size) j["sliding_window"] = *c.sliding_window_size;
-  if (c.n_expert > 0) {
-    j[f == HfFamily::kMixtral ? "num_local_experts" : "num_experts"] = c.n_expert;
-    j["num_experts_per_tok"] = c.n_expert_per_token;
-    if (c.moe_intermediate_size) j["moe_intermediate_size"] = *c.moe_intermediate_size;
-    j["norm_topk_prob"] = c.norm_topk_prob;
-  }
-  if (c.attention_scores_scalar) j["query_pre_attn_scalar"] = *c.attention_scores_scalar;
-  if (c.attention_logit_softcapping) j["attn_logit_softcapping"] = *c.attention_logit_softcapping;
-  if (c.final_logit_softcapping) j["final_logit_softcapping"] = *c.final_logit_softcapping;
-  if (c.rope_local_base_freq) j["rope_local_base_freq"] = *c.rope_local_base_freq;
-  if (c.rope_adjustments) {
-    const RopeAdjustments& r = *c.rope_adjustments;
-    json s;
-    if (r.IsLlama3()) {
-      s["rope_type"] = "llama3";
-    } else if (r.IsYarn()) {
-      s["rope_type"] = "yarn";
-    } else {
-      s["rope_type"] = "linear";
-    }
-    if (r.factor) s["factor"] = *r.factor;
-    if (r.low_freq_factor) s["low_freq_factor"] = *r.low_freq_factor;
-    if (r.high_freq_factor) s["high_freq_factor"] = *r.high_freq_factor;
-    if (r.original_max_seq_len) {
-      s["original_max_position_embeddings"] = static_cast<int64_t>(*r.original_max_seq_len);
-    }
-    if (r.beta_fast) s["beta_fast"] = *r.beta_fast;
-    if (r.beta_slow) s["beta_slow"] = *r.beta_slow;
-    j["rope_scaling"] = s;
-  }
-  return j.dump(2) + "\n";
-}
-
 absl::StatusOr<TensorMap> ReadHfTensors(const std::string& hf_dir,
                                         std::vector<std::string>* files) {
   if (!IsDirectory(hf_dir)) {
@@ -1068,13 +649,14 @@ int64_t DataBytes(const TensorMap& tensors) {
 absl::StatusOr<ConvertResult> ConvertHfImpl(const std::string& hf_dir, const std::string& out_dir,
                                             const ConvertOptions& options) {
   Progress(options, "reading config.json");
-  ASSIGN_OR_RETURN(Config config,
-                   ConfigFromHfDir(hf_dir, options.model_name, options.model_config));
+  ASSIGN_OR_RETURN(HfConfig read,
+                   ReadHfConfig(hf_dir, options.model_name, options.model_config));
+  const Config& config = read.config;
   Progress(options, absl::StrCat("reading weights as ", config.name));
   std::vector<std::string> files;
   ASSIGN_OR_RETURN(TensorMap hf, ReadHfTensors(hf_dir, &files));
   const std::string source = files.size() == 1 ? files[0] : hf_dir;
-  ASSIGN_OR_RETURN(TensorMap lit, HfToLit(config, hf, source));
+  ASSIGN_OR_RETURN(TensorMap lit, HfToLit(config, hf, source, read.family));
   hf.clear();  // The lit map holds what it needs.
   lit = ConvertDtype(std::move(lit), options.dtype);
   const bool same_dir = SamePath(hf_dir, out_dir);
@@ -1092,6 +674,9 @@ absl::StatusOr<ConvertResult> ConvertHfImpl(const std::string& hf_dir, const std
   ASSIGN_OR_RETURN(std::unique_ptr<OutputDir> out, OutputDir::Begin(out_dir, inputs, out_options));
   ConvertResult result;
   result.config = config;
+  result.preset = read.preset;
+  result.overridden = read.overridden;
+  result.notes = read.notes;
   result.tensors = static_cast<int64_t>(lit.size());
   result.bytes = DataBytes(lit);
   Progress(options, absl::StrCat("writing ", lit.size(), " tensors to lit_model.pth"));

@@ -2,12 +2,12 @@
 // pytorch_model.bin, or shards of either with an index) and LitGPT checkpoint directories
 // (model_config.yaml plus lit_model.pth), as LitGPT's convert_hf_checkpoint.py and
 // convert_lit_checkpoint.py do: weight names, the fused QKV layout and fused MLP weights of
-// each family, tied embeddings, and the model config.
+// each family, tied embeddings; the model config comes from core/convert/hf_config.h.
 //
 // Families: Llama 2/3 (and Mistral, SmolLM2, Falcon 3 and other LLaMAMLP models), Mixtral (MoE),
 // Gemma 1/2/3, Qwen 2.5 (qkv bias), Qwen 3 (q/k norms; MoE too), OLMo 2, Phi 1.5/2, Phi 3/4
-// (fused qkv_proj and gate_up_proj), GPT-NeoX/Pythia and Falcon (7b, 40b, 180B), the last two
-// with their per-group interleaved query_key_value.
+// (fused qkv_proj and gate_up_proj), StableLM (LayerNorm), GPT-NeoX/Pythia and Falcon (7b,
+// 40b, 180B), the last two with their per-group interleaved query_key_value.
 //
 // LitGPT's fused qkv is [Q | K | V] along dim 0: Q = n_head * head_size rows (heads in order),
 // then K and V with n_query_groups * head_size rows each. GPT-NeoX and Falcon interleave per
@@ -27,32 +27,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/config/config.h"
+#include "core/convert/hf_config.h"
 #include "core/io/tensor_map.h"
 
 namespace lgpt {
-
-enum class HfFamily {
-  kLlama,    // LlamaForCausalLM, MistralForCausalLM: q/k/v_proj, gate/up/down_proj.
-  kMixtral,  // MixtralForCausalLM: block_sparse_moe.experts.{e}.w1/w3/w2.
-  kGemma,    // GemmaForCausalLM: Llama names, tied embeddings.
-  kGemma2,   // Gemma2ForCausalLM: pre/post feed-forward norms.
-  kGemma3,   // Gemma3ForCausalLM (text only): Gemma 2 names plus q/k norms.
-  kQwen2,    // Qwen2ForCausalLM: Llama names with q/k/v biases.
-  kQwen3,    // Qwen3ForCausalLM / Qwen3MoeForCausalLM: q/k norms; mlp.experts.{e}.*_proj.
-  kOlmo2,    // Olmo2ForCausalLM: post-attention/feed-forward norms only, q/k norms.
-  kPhi,      // PhiForCausalLM (phi-1.5, phi-2): dense, fc1/fc2, final_layernorm, biases.
-  kPhi3,     // Phi3ForCausalLM (Phi-3, Phi-4): fused qkv_proj and gate_up_proj.
-  kGptNeoX,  // GPTNeoXForCausalLM (Pythia): interleaved query_key_value.
-  kFalcon,   // FalconForCausalLM (falcon-7b/40b/180B): interleaved query_key_value.
-};
-
-// The family of a LitGPT config, chosen as LitGPT's converters choose it (by name, then by
-// MLP class). Unimplemented for configs no converter handles.
-absl::StatusOr<HfFamily> HfFamilyOf(const Config& config);
-
-// The Hugging Face `architectures[0]` and `model_type` of a config's family.
-std::string HfArchitecture(const Config& config, HfFamily family);
-std::string HfModelType(const Config& config, HfFamily family);
 
 // Every tensor of a LitGPT model with `config` (finalised) and its shape, by LitGPT name: what
 // GPTImpl builds, without building it.
@@ -63,14 +41,16 @@ std::map<std::string, std::vector<int64_t>> ExpectedLitShapes(const Config& conf
 absl::Status CheckLitTensors(const Config& config, const TensorMap& tensors,
                              const std::string& source);
 
-// Hugging Face tensors (names as in the checkpoint) -> LitGPT state dict. Tensors are
+// Hugging Face tensors (names as in the checkpoint) -> LitGPT state dict, for the layout of
+// `family` (default: HfFamilyOf(config); config.json's architecture says it better). Tensors are
 // renamed without copying where possible; q/k/v and gate/up pairs are concatenated, and
 // interleaved query_key_value reordered. A missing lm_head.weight is tied to the embedding.
 // Rotary inv_freq buffers and GPT-NeoX's attention masks are dropped; other unknown names,
 // incomplete q/k/v sets and misshapen tensors are InvalidArgument errors naming `source`.
 // The result is checked with CheckLitTensors.
 absl::StatusOr<TensorMap> HfToLit(const Config& config, const TensorMap& hf,
-                                  const std::string& source);
+                                  const std::string& source,
+                                  std::optional<HfFamily> family = std::nullopt);
 
 // LitGPT state dict -> Hugging Face tensors (views where possible). lm_head.weight is left
 // out when it equals transformer.wte.weight bit for bit (`*tied` then says so; config.json's
@@ -79,27 +59,6 @@ absl::StatusOr<TensorMap> HfToLit(const Config& config, const TensorMap& hf,
 // them first), adapter weights Unimplemented.
 absl::StatusOr<TensorMap> LitToHf(const Config& config, const TensorMap& lit,
                                   const std::string& source, bool* tied = nullptr);
-
-// The config of a Hugging Face checkpoint directory. With `model_config` (a LitGPT
-// model_config.yaml, for models that are no preset) that config is used as it is. Otherwise
-// the preset is the one named `model_name` if given, else the one matching config.json's
-// `_name_or_path` (as given, or its last one or two path components) or the directory's name,
-// else the first preset (in config.py's order) whose architecture, layers, width, heads and
-// vocabulary rows match config.json. The sizes config.json gives then override the preset's
-// (layers, width, heads, query groups, head size, MLP and expert sizes, vocabulary rows as
-// padded_vocab_size, norm epsilon, RoPE base and fraction, window, softcapping, attention
-// scale; block size where smaller), so fine-tunes and shrunken variants convert too. A
-// multimodal config's text_config holds the sizes; its vocabulary (which counts image tokens)
-// is cut to the preset's, as LitGPT does.
-// Errors: NotFound for a missing config.json or an unknown `model_name`; InvalidArgument for
-// malformed JSON or sizes (negative, past 2^31, or not a valid config); Unimplemented for an
-// architecture no family has, or no matching preset (then set ConvertOptions.model_name or model_config).
-absl::StatusOr<Config> ConfigFromHfDir(const std::string& hf_dir, const std::string& model_name,
-                                       const std::string& model_config = "");
-
-// config.json text for `config` (as Transformers' config of its family would hold it).
-std::string HfConfigJson(const Config& config, HfFamily family, bool tie_word_embeddings,
-                         c10::ScalarType dtype);
 
 // Reads the weights of a Hugging Face directory: model.safetensors.index.json or
 // pytorch_model.bin.index.json (every shard they name), else every *.safetensors, else every
@@ -111,7 +70,8 @@ absl::StatusOr<TensorMap> ReadHfTensors(const std::string& hf_dir,
                                         std::vector<std::string>* files = nullptr);
 
 struct ConvertOptions {
-  // HF -> LitGPT: the preset to use instead of config.json's name.
+  // HF -> LitGPT: a preset to fill what config.json does not state (default: the preset named
+  // like config.json or the directory, if any; config.json alone is enough).
   std::string model_name;
   // HF -> LitGPT: a model_config.yaml to use instead of a preset.
   std::string model_config;
@@ -131,6 +91,11 @@ struct ConvertOptions {
 
 struct ConvertResult {
   Config config;
+  // HF -> LitGPT (HfConfig): the preset that filled what config.json leaves out (empty: none),
+  // the preset fields config.json changed, and notes for the user.
+  std::string preset;
+  std::vector<std::string> overridden;
+  std::vector<std::string> notes;
   int64_t tensors = 0;               // Tensors written.
   int64_t bytes = 0;                 // Their data bytes.
   std::vector<std::string> written;  // Files written in out_dir (names).
