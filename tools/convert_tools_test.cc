@@ -21,6 +21,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/config/config.h"
 #include "core/io/safetensors.h"
 #include "core/io/torch_pickle.h"
 #include "gtest/gtest.h"
@@ -98,6 +99,44 @@ TEST(ConvertToolsTest, DefaultModelRoundTrip) {
   absl::StatusOr<TensorMap> converted = ReadTorchStateDict(f32 + "/lit_model.pth");
   ASSERT_TRUE(converted.ok());
   EXPECT_EQ(converted->at("transformer.wte.weight").scalar_type(), at::kFloat);
+}
+
+// Without --model_config, config.json alone says what the model computes; with a preset that
+// disagrees, config.json wins and the tool says where.
+TEST(ConvertToolsTest, ConfigJsonAloneAndOverAPreset) {
+  const std::string hf = TempDir() + "/hf_alone", lit = TempDir() + "/lit_alone";
+  ToolRun run =
+      Execute("convert_lit", absl::StrCat("--checkpoint_dir=", kModel, " --out_dir=", hf));
+  ASSERT_EQ(run.status, 0) << run.err;
+  run = Execute("convert_hf", absl::StrCat("--hf_dir=", hf, " --out_dir=", lit));
+  ASSERT_EQ(run.status, 0) << run.err;
+  EXPECT_FALSE(absl::StrContains(run.err, "overrides")) << run.err;
+  absl::StatusOr<Config> original = LoadConfigFile(std::string(kModel) + "/model_config.yaml");
+  absl::StatusOr<Config> derived = LoadConfigFile(lit + "/model_config.yaml");
+  ASSERT_TRUE(original.ok() && derived.ok());
+  EXPECT_EQ(derived->name, "hf_alone");  // The directory's name.
+  derived->name = original->name;
+  derived->hf_org = original->hf_org;
+  derived->hf_name = original->hf_name;
+  derived->vocab_size = original->vocab_size;  // The tokenizer's size is no config.json key.
+  derived->padding_multiple = original->padding_multiple;
+  EXPECT_EQ(ConfigToYaml(*derived), ConfigToYaml(*original));
+  absl::StatusOr<TensorMap> weights = ReadTorchStateDict(lit + "/lit_model.pth");
+  absl::StatusOr<TensorMap> expected = ReadSafetensors(std::string(kModel) + "/model.safetensors");
+  ASSERT_TRUE(weights.ok() && expected.ok());
+  for (const auto& [name, t] : *expected) EXPECT_TRUE(at::equal(weights->at(name), t)) << name;
+
+  const std::string over = TempDir() + "/lit_over";
+  run = Execute("convert_hf",
+                absl::StrCat("--hf_dir=", hf, " --out_dir=", over, " --model_name=Llama-3.2-1B"));
+  ASSERT_EQ(run.status, 0) << run.err;
+  EXPECT_TRUE(absl::StrContains(run.err, "preset Llama-3.2-1B fills")) << run.err;
+  EXPECT_TRUE(absl::StrContains(run.err, "config.json overrides n_layer: ")) << run.err;
+  EXPECT_TRUE(absl::StrContains(run.err, "config.json overrides rope_adjustments: none")) << run.err;
+  absl::StatusOr<Config> over_config = LoadConfigFile(over + "/model_config.yaml");
+  ASSERT_TRUE(over_config.ok());
+  EXPECT_EQ(over_config->n_layer, original->n_layer);
+  EXPECT_FALSE(over_config->rope_adjustments.has_value());
 }
 
 TEST(ConvertToolsTest, BadInputIsOneErrorLine) {
