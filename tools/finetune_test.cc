@@ -164,14 +164,14 @@ TEST_P(PeftMethodTest, SavedFileLoadsOnTopOfTheBaseToTheSameLogits) {
   ASSERT_TRUE(WriteTorchStateDict(out_dir + "/" + TrainedFileName(method), trained).ok());
   WriteText(out_dir + "/model_config.yaml", ConfigToYaml(t.config));
   WriteText(out_dir + "/hyperparameters.yaml", absl::StrCat("checkpoint_dir: ", base_dir, "\n"));
-  absl::StatusOr<LoadedModel> loaded = LoadFinetuned(out_dir, method);
+  absl::StatusOr<LoadedModel> loaded = LoadPeftCheckpoint(out_dir, method);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   at::manual_seed(3);
   const at::Tensor tokens = at::randint(0, t.config.vocab_size, {2, 12}, at::kLong);
   EXPECT_EQ(MaxDiff(Logits(*loaded->model, tokens), Logits(*t.model, tokens)), 0.0);
   // A file of another method's parameters is refused.
   if (method == PeftMethod::kLora) {
-    EXPECT_FALSE(LoadFinetuned(out_dir, PeftMethod::kAdapter, base_dir).ok());
+    EXPECT_FALSE(LoadPeftCheckpoint(out_dir, PeftMethod::kAdapter, {}, base_dir).ok());
   }
 }
 
@@ -184,7 +184,7 @@ INSTANTIATE_TEST_SUITE_P(Methods, PeftMethodTest,
 
 // A LitGPT adapter fine-tune (base lit_model.pth plus lit_model.pth.adapter /
 // .adapter_v2, split from LitGPT's golden model in tests/testdata/golden_adapter) loads to
-// LitGPT's logits: LoadFinetuned uses LitGPT's per-group split of the prefix projection.
+// LitGPT's logits: LoadPeftCheckpoint uses LitGPT's per-group split of the prefix projection.
 class LitGptAdapterFilesTest : public ::testing::TestWithParam<PeftMethod> {};
 
 TEST_P(LitGptAdapterFilesTest, LoadToLitGptLogits) {
@@ -205,9 +205,10 @@ TEST_P(LitGptAdapterFilesTest, LoadToLitGptLogits) {
   const std::string base_dir = TempDir("litgpt_base_" + name);
   const std::string out_dir = TempDir("litgpt_" + name);
   ASSERT_TRUE(WriteTorchStateDict(base_dir + "/lit_model.pth", base).ok());
+  WriteText(base_dir + "/model_config.yaml", ReadAll(golden + "/model_config.yaml"));
   WriteText(out_dir + "/model_config.yaml", ReadAll(golden + "/model_config.yaml"));
   ASSERT_TRUE(WriteTorchStateDict(out_dir + "/" + TrainedFileName(method), trained).ok());
-  absl::StatusOr<LoadedModel> loaded = LoadFinetuned(out_dir, method, base_dir);
+  absl::StatusOr<LoadedModel> loaded = LoadPeftCheckpoint(out_dir, method, {}, base_dir);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   const at::Tensor tokens = ReadNpy(golden + "/tokens.npy").value().unsqueeze(0);
   const at::Tensor expected = ReadNpy(golden + "/logits.npy").value();
@@ -431,7 +432,7 @@ TEST(FinetuneToolTest, LoraOnTheDefaultModelThenMergeThenGenerate) {
   for (const auto& [name, tensor] : *a) EXPECT_TRUE(at::equal(tensor, b->at(name))) << name;
 
   // The merged checkpoint loads as a plain model with the unmerged LoRA model's logits.
-  absl::StatusOr<LoadedModel> unmerged = LoadFinetuned(dir + "/lora", PeftMethod::kLora);
+  absl::StatusOr<LoadedModel> unmerged = LoadPeftCheckpoint(dir + "/lora", PeftMethod::kLora);
   absl::StatusOr<LoadedModel> plain = LoadCheckpoint(dir + "/merged");
   ASSERT_TRUE(unmerged.ok()) << unmerged.status();
   ASSERT_TRUE(plain.ok()) << plain.status();
