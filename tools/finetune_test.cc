@@ -469,5 +469,85 @@ TEST(FinetuneToolTest, LoraOnTheDefaultModelThenMergeThenGenerate) {
       "never writes into its input");
 }
 
+// A `finetune` LoRA used at run time: the fine-tune directory itself and --lora over the base
+// score, generate and measure perplexity as the merge_lora output does; bad --lora values
+// end with one error line.
+TEST(FinetuneToolTest, LoraAtRunTimeEqualsTheMergedLora) {
+  const std::string dir = TempDir("tool_runtime");
+  const std::string base = "tools/default_model";
+  WriteText(dir + "/data.json",
+            "[{\"instruction\": \"Which book?\", \"input\": \"In the beginning\", \"output\": "
+            "\"Genesis\"},"
+            " {\"instruction\": \"Which book?\", \"input\": \"The LORD is my shepherd\", "
+            "\"output\": \"Psalms\"},"
+            " {\"instruction\": \"Which book?\", \"input\": \"Let there be light\", "
+            "\"output\": \"Genesis\"}]");
+  const ToolRun tuned = Execute(
+      "finetune", absl::StrCat("--method=lora --data=", dir, "/data.json --out_dir=", dir,
+                               "/lora --max_steps=3 --global_batch_size=1 --micro_batch_size=1 "
+                               "--val_split_fraction=0.3 --lr=2e-2 --warmup_steps=1 --lora_mlp "
+                               "--lora_head"));
+  ASSERT_EQ(tuned.status, 0) << tuned.err;
+  const ToolRun merged = Execute(
+      "merge_lora", absl::StrCat("--checkpoint_dir=", dir, "/lora --out_dir=", dir, "/merged"));
+  ASSERT_EQ(merged.status, 0) << merged.err;
+
+  int scored = 0;
+  auto score = [&](const std::string& flags) {
+    const std::string out = absl::StrCat(dir, "/logits", scored++, ".npy");
+    const ToolRun run =
+        Execute("score", absl::StrCat(flags, " --token_ids=1,5,9,20,33,7,2 --logits_out=", out));
+    EXPECT_EQ(run.status, 0) << flags << ": " << run.err;
+    return ReadNpy(out).value();
+  };
+  const at::Tensor finetune = score("--checkpoint_dir=" + dir + "/lora");
+  const at::Tensor merged_logits = score("--checkpoint_dir=" + dir + "/merged");
+  const at::Tensor base_logits = score("--checkpoint_dir=" + base);
+  EXPECT_GT(MaxDiff(finetune, base_logits), 1e-4);  // the fine-tune matters
+  // Logits here are O(10): float32 rounding leaves ~1e-6 relative.
+  const double tolerance = 1e-6 * finetune.abs().max().item<double>() + 1e-5;
+  EXPECT_LT(MaxDiff(finetune, merged_logits), tolerance);
+  EXPECT_EQ(MaxDiff(score("--checkpoint_dir=" + base + " --lora=" + dir + "/lora"), finetune), 0);
+  // Repeated and comma-separated --lora stack: halves add up to the whole.
+  const std::string half = dir + "/lora:0.5";
+  EXPECT_LT(MaxDiff(score("--checkpoint_dir=" + base + " --lora=" + half + " --lora " + half),
+                    finetune),
+            tolerance);
+  EXPECT_LT(MaxDiff(score(absl::StrCat("--checkpoint_dir=", base, " --lora=", dir,
+                                       "/lora:0.25,", dir, "/lora:0.75")),
+                    finetune),
+            tolerance);
+  EXPECT_LT(MaxDiff(score("--checkpoint_dir=" + base + " --lora=" + dir + "/lora:0"), base_logits),
+            1e-6);
+
+  const std::string greedy = " --prompt_ids=1,2,3 --max_new_tokens=8 --temperature=0 --print_ids";
+  const ToolRun generated = Execute("generate", "--checkpoint_dir=" + dir + "/lora" + greedy);
+  ASSERT_EQ(generated.status, 0) << generated.err;
+  EXPECT_EQ(Execute("generate", "--checkpoint_dir=" + dir + "/merged" + greedy).out,
+            generated.out);
+  EXPECT_EQ(Execute("generate", "--lora=" + dir + "/lora" + greedy).out, generated.out);
+
+  WriteText(dir + "/text.txt", "In the beginning God created the heaven and the earth.\n");
+  const std::string text = " --text_file=" + dir + "/text.txt";
+  const ToolRun perplexity = Execute("perplexity", "--checkpoint_dir=" + dir + "/lora" + text);
+  ASSERT_EQ(perplexity.status, 0) << perplexity.err;
+  EXPECT_EQ(Execute("perplexity", "--lora=" + dir + "/lora" + text).out, perplexity.out);
+
+  // Bad --lora values: one line, status 1, naming the flag.
+  const std::string ids = " --token_ids=1,2 --logits_out=" + dir + "/bad.npy";
+  ExpectCleanFailure(Execute("score", "--checkpoint_dir=" + base + " --lora=" + dir +
+                                          "/nowhere" + ids),
+                     "--lora[0] " + dir + "/nowhere: no such directory");
+  ExpectCleanFailure(Execute("score", "--checkpoint_dir=" + base + " --lora=" + base + ids),
+                     "no lit_model.pth.lora");
+  ExpectCleanFailure(Execute("generate", "--lora=" + dir + "/lora:abc" + greedy),
+                     "scale 'abc' is not a number");
+  ExpectCleanFailure(Execute("generate", "--lora=" + dir + "/lora:-1" + greedy),
+                     "must be finite and >= 0");
+  ExpectCleanFailure(Execute("chat", "--lora=" + dir + "/lora:nan"), "--lora=");
+  ExpectCleanFailure(Execute("perplexity", "--lora=:1" + text), "names no directory");
+  ExpectCleanFailure(Execute("generate", "--lora=" + greedy), "--lora is empty");
+}
+
 }  // namespace
 }  // namespace lgpt
