@@ -4,12 +4,14 @@
 #include <ATen/ATen.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -533,6 +535,27 @@ TEST(FinetuneToolTest, LoraAtRunTimeEqualsTheMergedLora) {
   ASSERT_EQ(perplexity.status, 0) << perplexity.err;
   EXPECT_EQ(Execute("perplexity", "--lora=" + dir + "/lora" + text).out, perplexity.out);
 
+  // eval_cache: the dense perplexity (column 7 of results.csv) is the fine-tune's both ways.
+  auto eval_cache = [&](const std::string& flags) {
+    const std::string out = dir + "/eval_cache" + std::to_string(scored++);
+    const ToolRun run = Execute(
+        "eval_cache", flags + " --random_tokens=64 --policies=dense --bits=16 "
+                              "--attention_report=false --out_dir=" + out);
+    EXPECT_EQ(run.status, 0) << flags << ": " << run.err;
+    const std::string csv = ReadAll(out + "/results.csv");
+    const std::string row = csv.substr(csv.find('\n') + 1);
+    std::vector<std::string> cells;
+    for (size_t begin = 0, end; begin <= row.size(); begin = end + 1) {
+      end = std::min(row.find_first_of(",\n", begin), row.size());
+      cells.push_back(row.substr(begin, end - begin));
+    }
+    return cells.size() > 6 ? cells[6] : "";
+  };
+  const std::string finetune_ppl = eval_cache("--checkpoint_dir=" + dir + "/lora");
+  EXPECT_FALSE(finetune_ppl.empty());
+  EXPECT_EQ(eval_cache("--lora=" + dir + "/lora --checkpoint_dir=" + base), finetune_ppl);
+  EXPECT_NE(eval_cache("--checkpoint_dir=" + base), finetune_ppl);
+
   // Bad --lora values: one line, status 1, naming the flag.
   const std::string ids = " --token_ids=1,2 --logits_out=" + dir + "/bad.npy";
   ExpectCleanFailure(Execute("score", "--checkpoint_dir=" + base + " --lora=" + dir +
@@ -547,6 +570,9 @@ TEST(FinetuneToolTest, LoraAtRunTimeEqualsTheMergedLora) {
   ExpectCleanFailure(Execute("chat", "--lora=" + dir + "/lora:nan"), "--lora=");
   ExpectCleanFailure(Execute("perplexity", "--lora=:1" + text), "names no directory");
   ExpectCleanFailure(Execute("generate", "--lora=" + greedy), "--lora is empty");
+  ExpectCleanFailure(
+      Execute("eval_cache", "--random_model=pythia-14m --random_tokens=8 --lora=" + dir + "/lora"),
+      "--lora applies to a --checkpoint_dir");
 }
 
 }  // namespace
