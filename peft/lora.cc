@@ -37,7 +37,8 @@ absl::Status LoraOptions::Validate() const {
   }
   if (!std::isfinite(alpha)) return absl::InvalidArgumentError("lora_alpha must be finite");
   if (!std::isfinite(scale)) {
-    return absl::InvalidArgumentError(absl::StrCat("LoraOptions.scale must be finite, got ", scale));
+    return absl::InvalidArgumentError(
+        absl::StrCat("LoraOptions.scale must be finite, got ", scale));
   }
   return absl::OkStatus();
 }

@@ -39,8 +39,9 @@ struct LoraOptions {
 };
 
 // y = linear(x) + scaling · B·A·dropout(x), where `linear` is any base projection (dense,
-// int8, adapter v2, another LoRA projection: stacked adapters), scaling = scale · alpha / r. For the fused QKV projection, A and B hold one rank-r pair per
-// enabled part (query, key, value) and the update is zero for disabled parts.
+// int8, adapter v2, another LoRA projection: stacked adapters) and scaling = scale · alpha / r.
+// For the fused QKV projection, A and B hold one rank-r pair per enabled part (query, key,
+// value) and the update is zero for disabled parts.
 class LoraProjectionImpl : public ProjectionImpl {
  public:
   LoraProjectionImpl(const LinearSpec& spec, ProjectionPtr base, int64_t r, double alpha,

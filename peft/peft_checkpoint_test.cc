@@ -233,7 +233,8 @@ TwoAdapters MakeTwoAdapters(const std::string& name) {
 GPT HandMerged(const TwoAdapters& adapters, double s1, double s2) {
   TensorMap weights;
   for (const auto& [name, tensor] : adapters.base) {
-    weights[name] = tensor + s1 * adapters.first_delta.at(name) + s2 * adapters.second_delta.at(name);
+    weights[name] =
+        tensor + s1 * adapters.first_delta.at(name) + s2 * adapters.second_delta.at(name);
   }
   GPT model = *GPTImpl::Create(adapters.config);
   EXPECT_TRUE(LoadStateDict(*model, weights, "hand-merged").ok());

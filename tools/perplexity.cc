@@ -47,8 +47,8 @@ int main(int argc, char** argv) {
 
   LoadOptions load;
   if (quantize == "int8") load.parts = Int8ModelParts(Int8Options{absl::GetFlag(FLAGS_group_size)});
-  LoadedModel loaded =
-      ValueOrDie(LoadModelWithPeft(checkpoint_dir, ValueOrDie(LoraFlags(argc, argv)), load, "--lora"));
+  const std::vector<LoraAdapterSpec> loras = ValueOrDie(LoraFlags(argc, argv));
+  LoadedModel loaded = ValueOrDie(LoadModelWithPeft(checkpoint_dir, loras, load, "--lora"));
   if (quantize == "int8") DieIfError(QuantizeModelInt8(*loaded.model));
   std::unique_ptr<Tokenizer> tokenizer = ValueOrDie(Tokenizer::Load(checkpoint_dir));
   DieIfError(tokenizer->CheckFitsVocabulary(loaded.config.PaddedVocabSize()));
