@@ -102,13 +102,18 @@ absl::StatusOr<std::shared_ptr<const Engine>> Engine::Load(const std::string& ch
     }
     load.parts = Int8ModelParts();
   }
-  ASSIGN_OR_RETURN(LoadedModel loaded, LoadCheckpoint(checkpoint_dir, load));
+  ASSIGN_OR_RETURN(LoadedModel loaded,
+                   LoadModelWithPeft(checkpoint_dir, options.loras, load, "EngineOptions.loras"));
   if (options.quantize_int8) {
     if (options.progress) options.progress("quantising projections to int8");
     RETURN_IF_ERROR(QuantizeModelInt8(*loaded.model));
   }
   std::shared_ptr<const Tokenizer> tokenizer;
-  absl::StatusOr<std::unique_ptr<Tokenizer>> loaded_tokenizer = Tokenizer::Load(checkpoint_dir);
+  absl::StatusOr<std::unique_ptr<Tokenizer>> loaded_tokenizer = absl::NotFoundError("");
+  for (const std::string& dir : CheckpointFileDirs(checkpoint_dir)) {
+    loaded_tokenizer = Tokenizer::Load(dir);
+    if (!absl::IsNotFound(loaded_tokenizer.status())) break;
+  }
   if (loaded_tokenizer.ok()) {
     tokenizer = *std::move(loaded_tokenizer);
     RETURN_IF_ERROR(tokenizer->CheckFitsVocabulary(loaded.config.PaddedVocabSize()));

@@ -32,12 +32,16 @@
 #include "core/model/gpt.h"
 #include "core/model/sampling.h"
 #include "core/text/tokenizer.h"
+#include "peft/peft_checkpoint.h"
 
 namespace lgpt {
 
 struct EngineOptions {
   c10::ScalarType dtype = c10::kFloat;
   c10::Device device = c10::Device(c10::kCPU);
+  // LoRA fine-tunes applied over the checkpoint, unmerged, in order, each with its scale
+  // (llama.cpp's --lora / --lora-scaled); see peft/peft_checkpoint.h.
+  std::vector<LoraAdapterSpec> loras;
   // int8 weight-only projections (per-output-channel scales; CPU, float32 activations):
   // about half the bytes a decoded token reads, at a perplexity cost of ~0.02% measured on
   // the default model.
@@ -97,7 +101,9 @@ class Session;
 class Engine : public std::enable_shared_from_this<Engine> {
  public:
   // Loads model_config.yaml, the weights and (when present) the tokenizer of a LitGPT
-  // checkpoint directory.
+  // checkpoint directory, or of a fine-tune directory as `finetune` writes it (LoRA, adapter,
+  // adapter v2 over the base its hyperparameters.yaml names; its tokenizer, else the base's),
+  // with options.loras on top.
   static absl::StatusOr<std::shared_ptr<const Engine>> Load(const std::string& checkpoint_dir,
                                                             const EngineOptions& options = {});
   // Wraps a model built elsewhere (tests, fine-tuned weights); the tokenizer may be null.

@@ -1,12 +1,18 @@
 #include "lgpt.h"
 
+#include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/io/torch_pickle_writer.h"
+#include "core/model/checkpoint.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "peft/lora.h"
 
 namespace lgpt {
 namespace {
@@ -256,6 +262,77 @@ TEST(EngineTest, BadInputsAreClearErrors) {
   EXPECT_EQ(engine.Generate("And", bad_cache).status().code(), absl::StatusCode::kInvalidArgument);
   RequestOptions zero = Greedy(0);
   EXPECT_EQ(engine.Generate("And", zero).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A LoRA fine-tune of the default model as `finetune` writes it (random LoRA weights, no
+// tokenizer of its own: the base's serves).
+std::string MakeDefaultModelLora(const std::string& name, uint64_t seed) {
+  Config config = LoadConfigFile(std::string(kDefaultModel) + "/model_config.yaml").value();
+  config.lora_r = 4;
+  config.lora_alpha = 8;
+  config.lora_query = config.lora_value = config.lora_mlp = true;
+  GPT model = CreateLoraGPT(config).value();
+  at::manual_seed(seed);
+  TensorMap lora;
+  for (const auto& [tensor_name, tensor] : LoraStateDict(*model)) {
+    lora[tensor_name] = at::randn(tensor.sizes()) * 0.05;
+  }
+  const std::string dir = ::testing::TempDir() + "/" + name;
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/model_config.yaml") << ConfigToYaml(config);
+  std::ofstream(dir + "/hyperparameters.yaml")
+      << "checkpoint_dir: " << std::filesystem::absolute(kDefaultModel).string() << "\n";
+  CHECK(WriteTorchStateDict(dir + "/lit_model.pth.lora", lora).ok());
+  return dir;
+}
+
+at::Tensor EngineLogits(const Engine& engine, const std::vector<int64_t>& ids) {
+  at::NoGradGuard no_grad;
+  return engine.model().Forward(at::tensor(ids, at::kLong).unsqueeze(0)).value();
+}
+
+TEST(EngineTest, LoadsLoraFinetunesAtRunTime) {
+  const std::string lora = MakeDefaultModelLora("engine_lora", 5);
+  absl::StatusOr<std::shared_ptr<const Engine>> finetune = Engine::Load(lora);
+  ASSERT_TRUE(finetune.ok()) << finetune.status();
+  EXPECT_EQ((*finetune)->checkpoint_dir(), lora);
+  ASSERT_NE((*finetune)->tokenizer(), nullptr);  // the base's
+  EngineOptions options;
+  options.loras = {{lora, 1.0}};
+  absl::StatusOr<std::shared_ptr<const Engine>> over_base = Engine::Load(kDefaultModel, options);
+  ASSERT_TRUE(over_base.ok()) << over_base.status();
+
+  const std::vector<int64_t> prompt = *DefaultEngine().Encode("And God said");
+  const at::Tensor logits = EngineLogits(**finetune, prompt);
+  EXPECT_EQ((logits - EngineLogits(**over_base, prompt)).abs().max().item<double>(), 0.0);
+  EXPECT_GT((logits - EngineLogits(DefaultEngine(), prompt)).abs().max().item<double>(), 1e-2);
+  // The merged model generates the same text.
+  GPT merged = GPTImpl::Create(DefaultEngine().config()).value();
+  ASSERT_TRUE(LoadStateDict(*merged, MergedBaseStateDict((*finetune)->model()), "merged").ok());
+  merged->eval();
+  const std::shared_ptr<const Engine> merged_engine = Engine::FromModel(merged, nullptr);
+  EXPECT_EQ((*finetune)->Generate(prompt, Greedy(12))->tokens,
+            merged_engine->Generate(prompt, Greedy(12))->tokens);
+  EXPECT_EQ((*finetune)->Generate("And God said", Greedy(12))->text,
+            (*over_base)->Generate("And God said", Greedy(12))->text);
+
+  // Over an int8 base: the base's rounding only.
+  options.quantize_int8 = true;
+  absl::StatusOr<std::shared_ptr<const Engine>> int8 = Engine::Load(kDefaultModel, options);
+  ASSERT_TRUE(int8.ok()) << int8.status();
+  EXPECT_LT((EngineLogits(**int8, prompt) - logits).abs().max().item<double>(),
+            0.05 * logits.abs().max().item<double>());
+
+  // Errors name the field.
+  options.quantize_int8 = false;
+  options.loras = {{lora, 1.0}, {lora, std::nan("")}};
+  const absl::Status nan = Engine::Load(kDefaultModel, options).status();
+  EXPECT_EQ(nan.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(nan.message(), HasSubstr("EngineOptions.loras[1].scale"));
+  options.loras = {{"/nonexistent/lora"}};
+  const absl::Status missing = Engine::Load(kDefaultModel, options).status();
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(missing.message(), HasSubstr("EngineOptions.loras[0] /nonexistent/lora"));
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <set>
+#include <string>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -34,16 +36,20 @@ absl::Status LoraOptions::Validate() const {
         absl::StrCat("lora_dropout must be in [0, 1), got ", dropout));
   }
   if (!std::isfinite(alpha)) return absl::InvalidArgumentError("lora_alpha must be finite");
+  if (!std::isfinite(scale)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("LoraOptions.scale must be finite, got ", scale));
+  }
   return absl::OkStatus();
 }
 
 LoraProjectionImpl::LoraProjectionImpl(const LinearSpec& spec, ProjectionPtr base, int64_t r,
                                        double alpha, double dropout,
-                                       std::array<bool, 3> enabled_parts)
+                                       std::array<bool, 3> enabled_parts, double scale)
     : r_(r),
       in_features_(spec.in_features),
       out_features_(spec.out_features),
-      scaling_(r > 0 ? alpha / r : 0.0),
+      scaling_(r > 0 ? scale * alpha / r : 0.0),
       dropout_(dropout) {
   linear = register_module("linear", std::move(base));
   if (spec.site == LinearSite::kQkv) {
@@ -155,7 +161,7 @@ ProjectionPtr LoraLinearFactory::Make(const LinearSpec& spec) const {
       break;
   }
   return std::make_shared<LoraProjectionImpl>(spec, base_->Make(spec), options_.r, options_.alpha,
-                                              options_.dropout, enabled);
+                                              options_.dropout, enabled, options_.scale);
 }
 
 absl::StatusOr<ModelParts> LoraParts(const Config& config,
@@ -205,12 +211,16 @@ absl::Status MergeLora(GPTImpl& model) {
 TensorMap MergedBaseStateDict(GPTImpl& model) {
   at::NoGradGuard no_grad;
   TensorMap merged = UnwrapToBaseStateDict(StateDict(model));
+  // Modules come parents first: the outermost of stacked LoRA projections holds the sum of
+  // every update (its DenseWeight goes through the inner ones), and the inner ones are skipped.
+  std::set<std::string> done;
   for (const auto& item : model.named_modules("", /*include_self=*/false)) {
     auto lora = std::dynamic_pointer_cast<LoraProjectionImpl>(item.value());
-    if (!lora) continue;
-    merged[item.key() + ".weight"] = lora->DenseWeight().clone();
+    const std::string weight = BaseParameterName(item.key() + ".weight");
+    if (!lora || !done.insert(weight).second) continue;
+    merged[weight] = lora->DenseWeight().clone();
     const at::Tensor bias = lora->DenseBias();
-    if (bias.defined()) merged[item.key() + ".bias"] = bias.clone();
+    if (bias.defined()) merged[BaseParameterName(item.key() + ".bias")] = bias.clone();
   }
   for (auto& [name, tensor] : merged) tensor = tensor.detach().clone();
   return merged;

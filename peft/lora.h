@@ -29,19 +29,23 @@ struct LoraOptions {
   double dropout = 0;
   bool query = false, key = false, value = false;
   bool projection = false, mlp = false, head = false;
+  // The user's weight of the update at run time (llama.cpp's --lora-scaled): scaling is
+  // scale · alpha / r. Not part of a trained config: FromConfig leaves it 1.
+  double scale = 1;
 
   static LoraOptions FromConfig(const Config& config);
   absl::Status Validate() const;
-  double scaling() const { return r > 0 ? alpha / static_cast<double>(r) : 0.0; }
+  double scaling() const { return r > 0 ? scale * alpha / static_cast<double>(r) : 0.0; }
 };
 
 // y = linear(x) + scaling · B·A·dropout(x), where `linear` is any base projection (dense,
-// int8, adapter v2, ...). For the fused QKV projection, A and B hold one rank-r pair per
-// enabled part (query, key, value) and the update is zero for disabled parts.
+// int8, adapter v2, another LoRA projection: stacked adapters) and scaling = scale · alpha / r.
+// For the fused QKV projection, A and B hold one rank-r pair per enabled part (query, key,
+// value) and the update is zero for disabled parts.
 class LoraProjectionImpl : public ProjectionImpl {
  public:
   LoraProjectionImpl(const LinearSpec& spec, ProjectionPtr base, int64_t r, double alpha,
-                     double dropout, std::array<bool, 3> enabled_parts);
+                     double dropout, std::array<bool, 3> enabled_parts, double scale = 1);
   at::Tensor forward(const at::Tensor& x) override;
   // The base weight plus the update, W + scaling · B·A.
   at::Tensor DenseWeight() const override;
@@ -93,10 +97,11 @@ absl::StatusOr<GPT> CreateLoraGPT(const Config& config,
 // Every LoRA projection of the model.
 std::vector<std::shared_ptr<LoraProjectionImpl>> LoraProjections(GPTImpl& model);
 // Merges every LoRA update into its base weight, in place; fails before changing anything when
-// a base has no float weight (int8).
+// a base has no float weight (int8, or stacked adapters: a LoRA projection over another).
 absl::Status MergeLora(GPTImpl& model);
 // A plain base-model state dict (LitGPT's names without `.linear.`, no lora_*), with the LoRA
-// updates merged: W + scaling · B·A (int8 bases dequantised). The model is left unchanged.
+// updates merged: W + scaling · B·A, summed over stacked adapters (int8 bases dequantised).
+// The model is left unchanged.
 TensorMap MergedBaseStateDict(GPTImpl& model);
 // Only the LoRA parameters (LitGPT's `lit_model.pth.lora` content).
 TensorMap LoraStateDict(GPTImpl& model);

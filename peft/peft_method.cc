@@ -68,8 +68,13 @@ bool IsPeftOnlyParameter(absl::string_view name) {
 }
 
 std::string BaseParameterName(absl::string_view name) {
-  std::string base = absl::StrReplaceAll(name, {{".linear.", "."}});
-  if (absl::StartsWith(base, "linear.")) base = base.substr(7);
+  // Stacked decorators nest `linear` (`qkv.linear.linear.weight`); one StrReplaceAll pass
+  // leaves every second of two adjacent occurrences, so unwrap until none is left.
+  std::string base(name);
+  while (absl::StrContains(base, ".linear.")) {
+    base = absl::StrReplaceAll(base, {{".linear.", "."}});
+  }
+  while (absl::StartsWith(base, "linear.")) base = base.substr(7);
   return base;
 }
 

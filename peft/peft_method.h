@@ -30,7 +30,8 @@ void MarkTrainable(GPTImpl& model, PeftMethod method);
 
 // Whether `name` exists only in PEFT models (no base-model counterpart).
 bool IsPeftOnlyParameter(absl::string_view name);
-// The base model's name of a PEFT model's parameter: `.linear.` unwrapped.
+// The base model's name of a PEFT model's parameter: every `.linear.` unwrapped (stacked
+// decorators nest it: `qkv.linear.linear.weight` -> `qkv.weight`).
 std::string BaseParameterName(absl::string_view name);
 // A PEFT state dict in base-model names: PEFT-only parameters dropped, `.linear.` unwrapped
 // (tensors shared, not copied).

@@ -35,6 +35,11 @@ TEST(PeftMethod, UnwrapsToBaseNames) {
             "transformer.h.0.attn.qkv.weight");
   EXPECT_EQ(BaseParameterName("lm_head.linear.bias"), "lm_head.bias");
   EXPECT_EQ(BaseParameterName("linear.weight"), "weight");
+  // Stacked LoRA adapters nest the base projection.
+  EXPECT_EQ(BaseParameterName("transformer.h.0.attn.qkv.linear.linear.weight"),
+            "transformer.h.0.attn.qkv.weight");
+  EXPECT_EQ(BaseParameterName("lm_head.linear.linear.linear.bias"), "lm_head.bias");
+  EXPECT_EQ(BaseParameterName("linear.linear.weight"), "weight");
   EXPECT_EQ(BaseParameterName("transformer.wte.weight"), "transformer.wte.weight");
   TensorMap state;
   state["lm_head.linear.weight"] = at::ones({2, 2});

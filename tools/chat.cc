@@ -22,10 +22,11 @@
 #include "lgpt.h"
 #include "tools/generation_flags.h"
 #include "tools/line_reader.h"
+#include "tools/peft_flags.h"
 #include "tools/tool_util.h"
 
 ABSL_FLAG(std::string, checkpoint_dir, "",
-          "LitGPT checkpoint directory; empty: the embedded default model");
+          "LitGPT checkpoint or fine-tune directory; empty: the embedded default model");
 ABSL_FLAG(std::string, prompt_style, "",
           "prompt style name (alpaca, llama3, chatml, ...); empty: the checkpoint's own");
 ABSL_FLAG(std::string, system, "", "system prompt (styles that have one)");
@@ -52,7 +53,8 @@ int main(int argc, char** argv) {
   }
   DieIfError(ApplyGenerationFlags(options));
   const KVCacheSpec kv_cache = options.kv_cache;
-  const EngineOptions engine_options = ValueOrDie(EngineOptionsFromFlags());
+  EngineOptions engine_options = ValueOrDie(EngineOptionsFromFlags());
+  engine_options.loras = ValueOrDie(LoraFlags(argc, argv));
   std::shared_ptr<const Engine> engine = ValueOrDie(Engine::Load(checkpoint_dir, engine_options));
   for (const std::string& warning : engine->warnings()) {
     std::fprintf(stderr, "chat: note: %s\n", warning.c_str());

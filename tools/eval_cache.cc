@@ -61,10 +61,11 @@
 #include "core/base/status_macros.h"
 #include "core/text/tokenizer.h"
 #include "tools/progress.h"
+#include "tools/peft_flags.h"
 #include "tools/tool_util.h"
 
 ABSL_FLAG(std::string, checkpoint_dir, "",
-          "LitGPT checkpoint directory; empty: the embedded default model");
+          "LitGPT checkpoint or fine-tune directory; empty: the embedded default model");
 ABSL_FLAG(std::string, random_model, "",
           "instead of a checkpoint: a LitGPT preset name with random weights (smoke runs)");
 ABSL_FLAG(uint64_t, seed, 1234, "seed of --random_model and --random_tokens");
@@ -153,8 +154,12 @@ absl::StatusOr<std::vector<int64_t>> ReadTokenFile(const std::string& path) {
   return ids;
 }
 
-absl::StatusOr<LoadedModel> LoadModel(c10::ScalarType dtype, c10::Device device) {
+absl::StatusOr<LoadedModel> LoadModel(c10::ScalarType dtype, c10::Device device,
+                                      const std::vector<LoraAdapterSpec>& loras) {
   const std::string random = absl::GetFlag(FLAGS_random_model);
+  if (!random.empty() && !loras.empty()) {
+    return absl::InvalidArgumentError("--lora applies to a --checkpoint_dir, not a --random_model");
+  }
   if (!random.empty()) {
     ASSIGN_OR_RETURN(Config config, ConfigFromName(random));
     at::manual_seed(absl::GetFlag(FLAGS_seed));
@@ -169,7 +174,7 @@ absl::StatusOr<LoadedModel> LoadModel(c10::ScalarType dtype, c10::Device device)
   load.dtype = dtype;
   load.device = device;
   load.progress = PrintProgress;
-  return LoadCheckpoint(dir, load);
+  return LoadModelWithPeft(dir, loras, load, "--lora");
 }
 
 absl::StatusOr<std::vector<int64_t>> LoadTokens(const Config& config) {
@@ -312,7 +317,7 @@ int64_t ScoredPerPass(int64_t total, int64_t segment) {
   return scored;
 }
 
-int Run() {
+int Run(const std::vector<LoraAdapterSpec>& loras) {
   const c10::ScalarType dtype = ValueOrDie(ParsePrecision(absl::GetFlag(FLAGS_precision)));
   const c10::Device device = ValueOrDie(ParseDevice(absl::GetFlag(FLAGS_device)));
   const std::string out_dir = ResolvePath(absl::GetFlag(FLAGS_out_dir));
@@ -359,7 +364,7 @@ int Run() {
     }
   }
 
-  LoadedModel loaded = ValueOrDie(LoadModel(dtype, device));
+  LoadedModel loaded = ValueOrDie(LoadModel(dtype, device, loras));
   const std::vector<int64_t> tokens = ValueOrDie(LoadTokens(loaded.config));
   int64_t segment = absl::GetFlag(FLAGS_segment);
   const bool streaming = absl::GetFlag(FLAGS_kv_positions) == "cache";
@@ -547,5 +552,5 @@ int main(int argc, char** argv) {
                  "--random_tokens=N] [--budgets=64,128] [--policies=dense,window,sink,h2o] "
                  "[--bits=16,8,4] [--out_dir=DIR]; no flags: the default model on its held-out "
                  "text");
-  return lgpt::Run();
+  return lgpt::Run(lgpt::ValueOrDie(lgpt::LoraFlags(argc, argv)));
 }

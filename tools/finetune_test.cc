@@ -4,12 +4,14 @@
 #include <ATen/ATen.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -164,14 +166,14 @@ TEST_P(PeftMethodTest, SavedFileLoadsOnTopOfTheBaseToTheSameLogits) {
   ASSERT_TRUE(WriteTorchStateDict(out_dir + "/" + TrainedFileName(method), trained).ok());
   WriteText(out_dir + "/model_config.yaml", ConfigToYaml(t.config));
   WriteText(out_dir + "/hyperparameters.yaml", absl::StrCat("checkpoint_dir: ", base_dir, "\n"));
-  absl::StatusOr<LoadedModel> loaded = LoadFinetuned(out_dir, method);
+  absl::StatusOr<LoadedModel> loaded = LoadPeftCheckpoint(out_dir, method);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   at::manual_seed(3);
   const at::Tensor tokens = at::randint(0, t.config.vocab_size, {2, 12}, at::kLong);
   EXPECT_EQ(MaxDiff(Logits(*loaded->model, tokens), Logits(*t.model, tokens)), 0.0);
   // A file of another method's parameters is refused.
   if (method == PeftMethod::kLora) {
-    EXPECT_FALSE(LoadFinetuned(out_dir, PeftMethod::kAdapter, base_dir).ok());
+    EXPECT_FALSE(LoadPeftCheckpoint(out_dir, PeftMethod::kAdapter, {}, base_dir).ok());
   }
 }
 
@@ -184,7 +186,7 @@ INSTANTIATE_TEST_SUITE_P(Methods, PeftMethodTest,
 
 // A LitGPT adapter fine-tune (base lit_model.pth plus lit_model.pth.adapter /
 // .adapter_v2, split from LitGPT's golden model in tests/testdata/golden_adapter) loads to
-// LitGPT's logits: LoadFinetuned uses LitGPT's per-group split of the prefix projection.
+// LitGPT's logits: LoadPeftCheckpoint uses LitGPT's per-group split of the prefix projection.
 class LitGptAdapterFilesTest : public ::testing::TestWithParam<PeftMethod> {};
 
 TEST_P(LitGptAdapterFilesTest, LoadToLitGptLogits) {
@@ -205,9 +207,10 @@ TEST_P(LitGptAdapterFilesTest, LoadToLitGptLogits) {
   const std::string base_dir = TempDir("litgpt_base_" + name);
   const std::string out_dir = TempDir("litgpt_" + name);
   ASSERT_TRUE(WriteTorchStateDict(base_dir + "/lit_model.pth", base).ok());
+  WriteText(base_dir + "/model_config.yaml", ReadAll(golden + "/model_config.yaml"));
   WriteText(out_dir + "/model_config.yaml", ReadAll(golden + "/model_config.yaml"));
   ASSERT_TRUE(WriteTorchStateDict(out_dir + "/" + TrainedFileName(method), trained).ok());
-  absl::StatusOr<LoadedModel> loaded = LoadFinetuned(out_dir, method, base_dir);
+  absl::StatusOr<LoadedModel> loaded = LoadPeftCheckpoint(out_dir, method, {}, base_dir);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   const at::Tensor tokens = ReadNpy(golden + "/tokens.npy").value().unsqueeze(0);
   const at::Tensor expected = ReadNpy(golden + "/logits.npy").value();
@@ -431,7 +434,7 @@ TEST(FinetuneToolTest, LoraOnTheDefaultModelThenMergeThenGenerate) {
   for (const auto& [name, tensor] : *a) EXPECT_TRUE(at::equal(tensor, b->at(name))) << name;
 
   // The merged checkpoint loads as a plain model with the unmerged LoRA model's logits.
-  absl::StatusOr<LoadedModel> unmerged = LoadFinetuned(dir + "/lora", PeftMethod::kLora);
+  absl::StatusOr<LoadedModel> unmerged = LoadPeftCheckpoint(dir + "/lora", PeftMethod::kLora);
   absl::StatusOr<LoadedModel> plain = LoadCheckpoint(dir + "/merged");
   ASSERT_TRUE(unmerged.ok()) << unmerged.status();
   ASSERT_TRUE(plain.ok()) << plain.status();
@@ -466,6 +469,110 @@ TEST(FinetuneToolTest, LoraOnTheDefaultModelThenMergeThenGenerate) {
   ExpectCleanFailure(
       Execute("merge_lora", absl::StrCat("--checkpoint_dir=", dir, "/lora --out_dir=", base)),
       "never writes into its input");
+}
+
+// A `finetune` LoRA used at run time: the fine-tune directory itself and --lora over the base
+// score, generate and measure perplexity as the merge_lora output does; bad --lora values
+// end with one error line.
+TEST(FinetuneToolTest, LoraAtRunTimeEqualsTheMergedLora) {
+  const std::string dir = TempDir("tool_runtime");
+  const std::string base = "tools/default_model";
+  WriteText(dir + "/data.json",
+            "[{\"instruction\": \"Which book?\", \"input\": \"In the beginning\", \"output\": "
+            "\"Genesis\"},"
+            " {\"instruction\": \"Which book?\", \"input\": \"The LORD is my shepherd\", "
+            "\"output\": \"Psalms\"},"
+            " {\"instruction\": \"Which book?\", \"input\": \"Let there be light\", "
+            "\"output\": \"Genesis\"}]");
+  const ToolRun tuned = Execute(
+      "finetune", absl::StrCat("--method=lora --data=", dir, "/data.json --out_dir=", dir,
+                               "/lora --max_steps=3 --global_batch_size=1 --micro_batch_size=1 "
+                               "--val_split_fraction=0.3 --lr=2e-2 --warmup_steps=1 --lora_mlp "
+                               "--lora_head"));
+  ASSERT_EQ(tuned.status, 0) << tuned.err;
+  const ToolRun merged = Execute(
+      "merge_lora", absl::StrCat("--checkpoint_dir=", dir, "/lora --out_dir=", dir, "/merged"));
+  ASSERT_EQ(merged.status, 0) << merged.err;
+
+  int scored = 0;
+  auto score = [&](const std::string& flags) {
+    const std::string out = absl::StrCat(dir, "/logits", scored++, ".npy");
+    const ToolRun run =
+        Execute("score", absl::StrCat(flags, " --token_ids=1,5,9,20,33,7,2 --logits_out=", out));
+    EXPECT_EQ(run.status, 0) << flags << ": " << run.err;
+    return ReadNpy(out).value();
+  };
+  const at::Tensor finetune = score("--checkpoint_dir=" + dir + "/lora");
+  const at::Tensor merged_logits = score("--checkpoint_dir=" + dir + "/merged");
+  const at::Tensor base_logits = score("--checkpoint_dir=" + base);
+  EXPECT_GT(MaxDiff(finetune, base_logits), 1e-4);  // the fine-tune matters
+  // Logits here are O(10): float32 rounding leaves ~1e-6 relative.
+  const double tolerance = 1e-6 * finetune.abs().max().item<double>() + 1e-5;
+  EXPECT_LT(MaxDiff(finetune, merged_logits), tolerance);
+  EXPECT_EQ(MaxDiff(score("--checkpoint_dir=" + base + " --lora=" + dir + "/lora"), finetune), 0);
+  // Repeated and comma-separated --lora stack: halves add up to the whole.
+  const std::string half = dir + "/lora:0.5";
+  EXPECT_LT(MaxDiff(score("--checkpoint_dir=" + base + " --lora=" + half + " --lora " + half),
+                    finetune),
+            tolerance);
+  EXPECT_LT(MaxDiff(score(absl::StrCat("--checkpoint_dir=", base, " --lora=", dir,
+                                       "/lora:0.25,", dir, "/lora:0.75")),
+                    finetune),
+            tolerance);
+  EXPECT_LT(MaxDiff(score("--checkpoint_dir=" + base + " --lora=" + dir + "/lora:0"), base_logits),
+            1e-6);
+
+  const std::string greedy = " --prompt_ids=1,2,3 --max_new_tokens=8 --temperature=0 --print_ids";
+  const ToolRun generated = Execute("generate", "--checkpoint_dir=" + dir + "/lora" + greedy);
+  ASSERT_EQ(generated.status, 0) << generated.err;
+  EXPECT_EQ(Execute("generate", "--checkpoint_dir=" + dir + "/merged" + greedy).out,
+            generated.out);
+  EXPECT_EQ(Execute("generate", "--lora=" + dir + "/lora" + greedy).out, generated.out);
+
+  WriteText(dir + "/text.txt", "In the beginning God created the heaven and the earth.\n");
+  const std::string text = " --text_file=" + dir + "/text.txt";
+  const ToolRun perplexity = Execute("perplexity", "--checkpoint_dir=" + dir + "/lora" + text);
+  ASSERT_EQ(perplexity.status, 0) << perplexity.err;
+  EXPECT_EQ(Execute("perplexity", "--lora=" + dir + "/lora" + text).out, perplexity.out);
+
+  // eval_cache: the dense perplexity (column 7 of results.csv) is the fine-tune's both ways.
+  auto eval_cache = [&](const std::string& flags) {
+    const std::string out = dir + "/eval_cache" + std::to_string(scored++);
+    const ToolRun run = Execute(
+        "eval_cache", flags + " --random_tokens=64 --policies=dense --bits=16 "
+                              "--attention_report=false --out_dir=" + out);
+    EXPECT_EQ(run.status, 0) << flags << ": " << run.err;
+    const std::string csv = ReadAll(out + "/results.csv");
+    const std::string row = csv.substr(csv.find('\n') + 1);
+    std::vector<std::string> cells;
+    for (size_t begin = 0, end; begin <= row.size(); begin = end + 1) {
+      end = std::min(row.find_first_of(",\n", begin), row.size());
+      cells.push_back(row.substr(begin, end - begin));
+    }
+    return cells.size() > 6 ? cells[6] : "";
+  };
+  const std::string finetune_ppl = eval_cache("--checkpoint_dir=" + dir + "/lora");
+  EXPECT_FALSE(finetune_ppl.empty());
+  EXPECT_EQ(eval_cache("--lora=" + dir + "/lora --checkpoint_dir=" + base), finetune_ppl);
+  EXPECT_NE(eval_cache("--checkpoint_dir=" + base), finetune_ppl);
+
+  // Bad --lora values: one line, status 1, naming the flag.
+  const std::string ids = " --token_ids=1,2 --logits_out=" + dir + "/bad.npy";
+  ExpectCleanFailure(Execute("score", "--checkpoint_dir=" + base + " --lora=" + dir +
+                                          "/nowhere" + ids),
+                     "--lora[0] " + dir + "/nowhere: no such directory");
+  ExpectCleanFailure(Execute("score", "--checkpoint_dir=" + base + " --lora=" + base + ids),
+                     "no lit_model.pth.lora");
+  ExpectCleanFailure(Execute("generate", "--lora=" + dir + "/lora:abc" + greedy),
+                     "scale 'abc' is not a number");
+  ExpectCleanFailure(Execute("generate", "--lora=" + dir + "/lora:-1" + greedy),
+                     "must be finite and >= 0");
+  ExpectCleanFailure(Execute("chat", "--lora=" + dir + "/lora:nan"), "--lora=");
+  ExpectCleanFailure(Execute("perplexity", "--lora=:1" + text), "names no directory");
+  ExpectCleanFailure(Execute("generate", "--lora=" + greedy), "--lora is empty");
+  ExpectCleanFailure(
+      Execute("eval_cache", "--random_model=pythia-14m --random_tokens=8 --lora=" + dir + "/lora"),
+      "--lora applies to a --checkpoint_dir");
 }
 
 }  // namespace

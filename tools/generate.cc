@@ -21,10 +21,11 @@
 #include "core/text/prompt_style.h"
 #include "lgpt.h"
 #include "tools/generation_flags.h"
+#include "tools/peft_flags.h"
 #include "tools/tool_util.h"
 
 ABSL_FLAG(std::string, checkpoint_dir, "",
-          "LitGPT checkpoint directory; empty: the embedded default model");
+          "LitGPT checkpoint or fine-tune directory; empty: the embedded default model");
 ABSL_FLAG(std::string, prompt_ids, "", "comma-separated prompt token ids, e.g. 1,2,3");
 ABSL_FLAG(std::string, prompt, "", "prompt text (needs a checkpoint with a tokenizer)");
 ABSL_FLAG(std::string, prompt_style, "",
@@ -69,7 +70,8 @@ int main(int argc, char** argv) {
         absl::StrCat("--prefill_chunk must be >= 0, got ", options.prefill_chunk)));
   }
   DieIfError(ApplyGenerationFlags(options));
-  const EngineOptions engine_options = ValueOrDie(EngineOptionsFromFlags());
+  EngineOptions engine_options = ValueOrDie(EngineOptionsFromFlags());
+  engine_options.loras = ValueOrDie(LoraFlags(argc, argv));
   std::shared_ptr<const Engine> engine = ValueOrDie(Engine::Load(checkpoint_dir, engine_options));
   for (const std::string& warning : engine->warnings()) {
     std::fprintf(stderr, "generate: note: %s\n", warning.c_str());

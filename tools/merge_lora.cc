@@ -3,7 +3,9 @@
 //       [--out_dir=DIR]
 // DIR holds lit_model.pth.lora and model_config.yaml (with the lora_* fields), as
 // //tools:finetune writes it; the base comes from --pretrained_checkpoint_dir or else
-// hyperparameters.yaml's checkpoint_dir. By default (as LitGPT) DIR gets lit_model.pth with
+// hyperparameters.yaml's checkpoint_dir. Tools and Engine::Load also use DIR as it is, unmerged
+// (peft/peft_checkpoint.h); merging makes a plain checkpoint for other programs and saves
+// the LoRA branch's cost per token. By default (as LitGPT) DIR gets lit_model.pth with
 // W + scaling · B·A in every LoRA projection and nothing else changes, so DIR loads as a
 // plain model and merges again. With --out_dir, that directory gets a whole plain checkpoint
 // (model_config.yaml without the LoRA fields, tokenizer and prompt-style files), written as
@@ -20,6 +22,7 @@
 #include "core/config/config.h"
 #include "core/base/output_dir.h"
 #include "core/io/torch_pickle_writer.h"
+#include "peft/peft_checkpoint.h"
 #include "tools/finetune_model.h"
 #include "tools/tool_util.h"
 
@@ -58,7 +61,7 @@ int main(int argc, char** argv) {
           "writes: pass --out_dir")));
     }
   }
-  LoadedModel loaded = ValueOrDie(LoadFinetuned(dir, PeftMethod::kLora, base_dir));
+  LoadedModel loaded = ValueOrDie(LoadPeftCheckpoint(dir, PeftMethod::kLora, {}, base_dir));
   const TensorMap merged = ValueOrDie(MergedStateDict(*loaded.model, PeftMethod::kLora));
   if (beside) {
     DieIfError(WriteTorchStateDict(dir + "/lit_model.pth", merged));

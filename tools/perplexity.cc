@@ -18,10 +18,11 @@
 #include "core/model/checkpoint.h"
 #include "core/model/quantize_model.h"
 #include "core/text/tokenizer.h"
+#include "tools/peft_flags.h"
 #include "tools/tool_util.h"
 
 ABSL_FLAG(std::string, checkpoint_dir, "",
-          "LitGPT checkpoint directory; empty: the embedded default model");
+          "LitGPT checkpoint or fine-tune directory; empty: the embedded default model");
 ABSL_FLAG(std::string, text_file, "", "text to score");
 ABSL_FLAG(bool, lines_bos_eos, false,
           "tokenise each line on its own, between BOS and EOS (the default model's training "
@@ -46,7 +47,8 @@ int main(int argc, char** argv) {
 
   LoadOptions load;
   if (quantize == "int8") load.parts = Int8ModelParts(Int8Options{absl::GetFlag(FLAGS_group_size)});
-  LoadedModel loaded = ValueOrDie(LoadCheckpoint(checkpoint_dir, load));
+  const std::vector<LoraAdapterSpec> loras = ValueOrDie(LoraFlags(argc, argv));
+  LoadedModel loaded = ValueOrDie(LoadModelWithPeft(checkpoint_dir, loras, load, "--lora"));
   if (quantize == "int8") DieIfError(QuantizeModelInt8(*loaded.model));
   std::unique_ptr<Tokenizer> tokenizer = ValueOrDie(Tokenizer::Load(checkpoint_dir));
   DieIfError(tokenizer->CheckFitsVocabulary(loaded.config.PaddedVocabSize()));

@@ -10,9 +10,11 @@
 #include "core/base/device.h"
 #include "core/model/checkpoint.h"
 #include "core/io/npy.h"
+#include "tools/peft_flags.h"
 #include "tools/tool_util.h"
 
-ABSL_FLAG(std::string, checkpoint_dir, "", "LitGPT checkpoint directory");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "LitGPT checkpoint directory, or a fine-tune directory (finetune's --out_dir)");
 ABSL_FLAG(std::string, token_ids, "", "comma-separated token ids, e.g. 1,2,3");
 ABSL_FLAG(std::string, logits_out, "", "output .npy file: float32 [T, padded_vocab_size]");
 ABSL_FLAG(std::string, precision, "32-true", "32-true, bf16-true or 16-true");
@@ -27,12 +29,13 @@ int main(int argc, char** argv) {
   if (out.empty()) Die(absl::InvalidArgumentError("--logits_out is required"));
   const std::vector<int64_t> ids =
       ValueOrDie(ParseIds(absl::GetFlag(FLAGS_token_ids), "token_ids"));
+  const std::vector<LoraAdapterSpec> loras = ValueOrDie(LoraFlags(argc, argv));
 
   LoadOptions options;
   options.dtype = ValueOrDie(ParsePrecision(absl::GetFlag(FLAGS_precision)));
   options.device = ValueOrDie(ParseDevice(absl::GetFlag(FLAGS_device)));
   options.progress = PrintProgress;
-  LoadedModel loaded = ValueOrDie(LoadCheckpoint(checkpoint_dir, options));
+  LoadedModel loaded = ValueOrDie(LoadModelWithPeft(checkpoint_dir, loras, options, "--lora"));
   if (static_cast<int64_t>(ids.size()) > loaded.config.block_size) {
     Die(absl::InvalidArgumentError(
         absl::StrCat(ids.size(), " tokens exceed the context of ", loaded.config.block_size)));

@@ -1,0 +1,523 @@
+#include "peft/peft_checkpoint.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <cmath>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <system_error>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "core/base/file_util.h"
+#include "core/base/status_macros.h"
+#include "core/io/torch_pickle.h"
+#include "peft/adapter.h"
+#include "peft/adapter_v2.h"
+#include "peft/lora.h"
+#include "yaml-cpp/yaml.h"
+
+namespace lgpt {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The methods whose directories hold a lit_model.pth.<method> file.
+constexpr PeftMethod kFileMethods[] = {PeftMethod::kLora, PeftMethod::kAdapter,
+                                       PeftMethod::kAdapterV2};
+
+std::string ShapeText(const at::Tensor& t) {
+  return absl::StrCat("[", absl::StrJoin(t.sizes(), ", "), "]");
+}
+
+bool HasFullWeights(const std::string& dir) {
+  return IsFile(dir + "/lit_model.pth") || IsFile(dir + "/model.safetensors");
+}
+
+Config WithoutPeftFields(Config config) {
+  const Config defaults;
+  config.lora_r = defaults.lora_r;
+  config.lora_alpha = defaults.lora_alpha;
+  config.lora_dropout = defaults.lora_dropout;
+  config.lora_query = config.lora_key = config.lora_value = false;
+  config.lora_projection = config.lora_mlp = config.lora_head = false;
+  config.adapter_prompt_length.reset();
+  config.adapter_start_layer.reset();
+  return config;
+}
+
+// model_config.yaml's top-level keys with their text (block values included).
+std::map<std::string, std::string> YamlEntries(const std::string& yaml) {
+  std::map<std::string, std::string> entries;
+  std::string key;
+  for (absl::string_view line : absl::StrSplit(yaml, '\n', absl::SkipEmpty())) {
+    const size_t colon = line.find(':');
+    if (line[0] != ' ' && line[0] != '-' && colon != absl::string_view::npos) {
+      key = std::string(line.substr(0, colon));
+      entries[key] = std::string(absl::StripLeadingAsciiWhitespace(line.substr(colon + 1)));
+    } else if (!key.empty()) {
+      absl::StrAppend(&entries[key], entries[key].empty() ? "" : " ",
+                      absl::StripAsciiWhitespace(line));
+    }
+  }
+  return entries;
+}
+
+// How many decorators wrap the projection a parameter belongs to, counted from the
+// outermost: `qkv.lora_A` 0, `qkv.linear.lora_A` 1 (the base model names no module
+// `linear`).
+int Depth(absl::string_view name) {
+  const size_t dot = name.rfind('.');
+  absl::string_view module = dot == absl::string_view::npos ? "" : name.substr(0, dot);
+  int depth = 0;
+  while (absl::ConsumeSuffix(&module, ".linear")) ++depth;
+  return depth;
+}
+
+// `qkv.lora_A` at depth 2: `qkv.linear.linear.lora_A`.
+std::string Nest(absl::string_view name, int depth) {
+  const size_t dot = name.rfind('.');
+  if (dot == absl::string_view::npos || depth == 0) return std::string(name);
+  std::string nested(name.substr(0, dot));
+  for (int i = 0; i < depth; ++i) nested += ".linear";
+  return absl::StrCat(nested, name.substr(dot));
+}
+
+// The inverse of Nest: `qkv.linear.lora_A` at depth 1 is the file's `qkv.lora_A`.
+std::string Unnest(absl::string_view name, int depth) {
+  const size_t dot = name.rfind('.');
+  if (dot == absl::string_view::npos) return std::string(name);
+  absl::string_view module = name.substr(0, dot);
+  for (int i = 0; i < depth; ++i) absl::ConsumeSuffix(&module, ".linear");
+  return absl::StrCat(module, name.substr(dot));
+}
+
+// A trained LoRA config's options: at least rank 1 on at least one projection.
+absl::StatusOr<LoraOptions> TrainedLoraOptions(const Config& config) {
+  if (config.lora_r < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("LoRA needs lora_r >= 1, got ", config.lora_r));
+  }
+  if (!(config.lora_query || config.lora_key || config.lora_value || config.lora_projection ||
+        config.lora_mlp || config.lora_head)) {
+    return absl::InvalidArgumentError(
+        "LoRA enabled on no projection: set at least one of lora_query, lora_key, lora_value, "
+        "lora_projection, lora_mlp, lora_head");
+  }
+  // LoraParts checks the rest (finite alpha, dropout, r <= n_embd).
+  RETURN_IF_ERROR(LoraParts(config).status());
+  return LoraOptions::FromConfig(config);
+}
+
+// Loads `method`'s trained file at `path` into the decorators at `depth` (0: outermost).
+// Every tensor must be one of the method's parameters that model_config.yaml gives, with
+// its shape; messages use the file's names.
+absl::Status LoadTrainedFile(GPTImpl& model, const std::string& path, PeftMethod method,
+                             int depth, bool check_finite) {
+  ASSIGN_OR_RETURN(TensorMap trained, ReadTorchStateDict(path));
+  const TensorMap targets = StateDict(model);
+  const absl::string_view name_of_method = PeftMethodName(method);
+  TensorMap mapped;
+  for (const auto& [name, tensor] : trained) {
+    if (!IsTrainedParameter(method, name) || Depth(name) != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": tensor ", name, " is not a ", name_of_method, " parameter"));
+    }
+    const std::string target = Nest(name, depth);
+    auto it = targets.find(target);
+    if (it == targets.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": unexpected tensor ", name, " (does model_config.yaml match the file?)"));
+    }
+    if (!tensor.sizes().equals(it->second.sizes())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": tensor ", name, " has shape ", ShapeText(tensor),
+                       ", model_config.yaml gives ", ShapeText(it->second)));
+    }
+    mapped[target] = tensor;
+  }
+  for (const auto& [name, tensor] : targets) {
+    if (IsTrainedParameter(method, name) && Depth(name) == depth && !mapped.count(name)) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": missing tensor ",
+                                                     Unnest(name, depth),
+                                                     " (does model_config.yaml match the file?)"));
+    }
+  }
+  if (check_finite) RETURN_IF_ERROR(CheckFinite(trained, path));
+  return LoadStateDict(model, mapped, path, /*allow_missing=*/true);
+}
+
+// LoadCheckpoint's refusal, for the same options on the PEFT path.
+absl::Status CheckDeviceAndDtype(const LoadOptions& options) {
+  if (options.device.is_cpu() && options.dtype == c10::kHalf) {
+    return absl::InvalidArgumentError(
+        "float16 (16-true) matrix products are not implemented on CPU by LibTorch 1.13; use "
+        "bf16-true or 32-true on CPU");
+  }
+  return absl::OkStatus();
+}
+
+// Builds the model for `parts`, loads `base_dir`'s weights into it and `trained` files on
+// top (each a file, a method and a nesting depth).
+struct TrainedFile {
+  std::string path;
+  PeftMethod method;
+  int depth;
+};
+
+absl::StatusOr<LoadedModel> BuildAndLoad(const Config& config, const ModelParts& parts,
+                                         const std::string& base_dir,
+                                         const std::vector<TrainedFile>& trained,
+                                         const LoadOptions& options) {
+  auto progress = [&](const std::string& message) {
+    if (options.progress) options.progress(message);
+  };
+  progress(absl::StrCat("building ", config.name, " (", config.n_layer, " layers)"));
+  GPT model;
+  {
+    SkipProjectionInit skip_init;  // every base weight is loaded next
+    ASSIGN_OR_RETURN(model, GPTImpl::Create(config, parts));
+  }
+  model->To(options.device, options.dtype);
+  std::string source;
+  progress("reading the base weights");
+  ASSIGN_OR_RETURN(TensorMap base, ReadCheckpointTensors(base_dir, &source));
+  progress(absl::StrCat("loading ", base.size(), " tensors from ", source));
+  RETURN_IF_ERROR(LoadBaseWeights(*model, base, source, options.check_finite,
+                                  /*adopt_storage=*/true));
+  for (const TrainedFile& file : trained) {
+    progress(absl::StrCat("loading ", file.path));
+    RETURN_IF_ERROR(
+        LoadTrainedFile(*model, file.path, file.method, file.depth, options.check_finite));
+  }
+  model->eval();
+  LoadedModel loaded{model->config(), model, {}};
+  if (const std::optional<int64_t> context = TrainedContext(base_dir, config);
+      context && config.block_size > *context) {
+    loaded.warnings.push_back(absl::StrCat(
+        "block_size ", config.block_size, " in model_config.yaml exceeds the ", *context,
+        " tokens the model was trained on; positions past ", *context, " are extrapolation"));
+  }
+  return loaded;
+}
+
+// The config of fine-tune `dir` when it matches the base's.
+absl::StatusOr<Config> FinetuneConfig(const std::string& dir, const Config& base) {
+  const std::string path = dir + "/model_config.yaml";
+  ASSIGN_OR_RETURN(Config config, LoadConfigFile(path));
+  RETURN_IF_ERROR(CheckSameBaseModel(config, base, path));
+  return config;
+}
+
+// `base_dir` with LoRA adapters stacked over it: adapter i decorates adapters 0..i-1, so the
+// last is outermost. `labels` name the adapters in errors.
+absl::StatusOr<LoadedModel> LoadLoraStack(const std::string& base_dir,
+                                          const std::vector<LoraAdapterSpec>& adapters,
+                                          const std::vector<std::string>& labels,
+                                          const LoadOptions& options) {
+  RETURN_IF_ERROR(CheckDeviceAndDtype(options));
+  if (!IsDirectory(base_dir)) {
+    return absl::NotFoundError(absl::StrCat("checkpoint directory ", base_dir, " does not exist"));
+  }
+  ASSIGN_OR_RETURN(const Config base_config, LoadConfigFile(base_dir + "/model_config.yaml"));
+  std::shared_ptr<const LinearFactory> factory =
+      options.parts.linear_factory ? options.parts.linear_factory : DefaultLinearFactory();
+  std::vector<TrainedFile> trained;
+  const int count = static_cast<int>(adapters.size());
+  for (int i = 0; i < count; ++i) {
+    const std::string& dir = adapters[i].dir;
+    const std::string path = dir + "/" + TrainedFileName(PeftMethod::kLora);
+    if (!IsDirectory(dir)) {
+      return absl::NotFoundError(absl::StrCat(labels[i], ": no such directory"));
+    }
+    if (!IsFile(path)) {
+      return absl::NotFoundError(absl::StrCat(
+          labels[i], ": no lit_model.pth.lora (a LoRA fine-tune directory holds it beside "
+                     "model_config.yaml)"));
+    }
+    absl::StatusOr<Config> config = FinetuneConfig(dir, base_config);
+    absl::StatusOr<LoraOptions> lora =
+        config.ok() ? TrainedLoraOptions(*config) : absl::StatusOr<LoraOptions>(config.status());
+    if (!lora.ok()) {
+      return absl::Status(lora.status().code(),
+                          absl::StrCat(labels[i], ": ", lora.status().message()));
+    }
+    lora->scale = adapters[i].scale;
+    factory = std::make_shared<LoraLinearFactory>(*lora, std::move(factory));
+    trained.push_back({path, PeftMethod::kLora, count - 1 - i});
+  }
+  ModelParts parts;
+  parts.linear_factory = std::move(factory);
+  parts.attention_extensions = options.parts.attention_extensions;
+  return BuildAndLoad(base_config, parts, base_dir, trained, options);
+}
+
+// An adapter or adapter v2 fine-tune over its base.
+absl::StatusOr<LoadedModel> LoadAdapterFinetune(const std::string& dir, PeftMethod method,
+                                                const std::string& base_dir,
+                                                const LoadOptions& options) {
+  RETURN_IF_ERROR(CheckDeviceAndDtype(options));
+  const std::string path = dir + "/" + TrainedFileName(method);
+  if (!IsFile(path)) {
+    return absl::NotFoundError(absl::StrCat(dir, ": no ", TrainedFileName(method)));
+  }
+  if (!IsDirectory(base_dir)) {
+    return absl::NotFoundError(absl::StrCat("checkpoint directory ", base_dir, " does not exist"));
+  }
+  ASSIGN_OR_RETURN(const Config base_config, LoadConfigFile(base_dir + "/model_config.yaml"));
+  ASSIGN_OR_RETURN(const Config config, FinetuneConfig(dir, base_config));
+  ASSIGN_OR_RETURN(ModelParts parts, PeftModelParts(config, method, options.parts.linear_factory));
+  parts.attention_extensions.insert(parts.attention_extensions.end(),
+                                    options.parts.attention_extensions.begin(),
+                                    options.parts.attention_extensions.end());
+  return BuildAndLoad(config, parts, base_dir, {{path, method, 0}}, options);
+}
+
+// LoadCheckpoint's net for exceptions LibTorch throws on hostile input.
+template <typename Load>
+absl::StatusOr<LoadedModel> Guarded(const std::string& dir, Load load) {
+  try {
+    return load();
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat(dir, ": loading failed: ", e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat(dir, ": loading failed: ", e.what()));
+  }
+}
+
+}  // namespace
+
+std::string TrainedFileName(PeftMethod method) {
+  if (method == PeftMethod::kFull) return "lit_model.pth";
+  return absl::StrCat("lit_model.pth.", PeftMethodName(method));
+}
+
+absl::StatusOr<std::optional<PeftMethod>> PeftMethodOfDir(const std::string& dir) {
+  if (!IsDirectory(dir)) {
+    return absl::NotFoundError(absl::StrCat("checkpoint directory ", dir, " does not exist"));
+  }
+  std::vector<PeftMethod> found;
+  std::vector<std::string> names;
+  for (PeftMethod method : kFileMethods) {
+    if (IsFile(dir + "/" + TrainedFileName(method))) {
+      found.push_back(method);
+      names.push_back(TrainedFileName(method));
+    }
+  }
+  if (found.empty()) return std::nullopt;
+  if (found.size() > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        dir, " holds several fine-tunes (", absl::StrJoin(names, ", "), "): keep one"));
+  }
+  if (!HasFullWeights(dir)) return found[0];
+  // merge_lora writes lit_model.pth beside the LoRA files: the merged model is the one meant.
+  if (found[0] == PeftMethod::kLora) return std::nullopt;
+  return absl::InvalidArgumentError(
+      absl::StrCat(dir, " holds full weights beside ", names[0],
+                   ", which no merge writes (adapters do not merge): keep one"));
+}
+
+absl::StatusOr<std::string> BaseDirFromHyperparameters(const std::string& dir) {
+  const std::string path = dir + "/hyperparameters.yaml";
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat(path, " not found: it names the base checkpoint (checkpoint_dir)"));
+  }
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  std::string base;
+  try {
+    const YAML::Node root = YAML::Load(buffer.str());
+    if (root.IsMap() && root["checkpoint_dir"] && root["checkpoint_dir"].IsScalar()) {
+      base = root["checkpoint_dir"].as<std::string>();
+    }
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", e.what()));
+  }
+  if (base.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": no checkpoint_dir"));
+  if (fs::path(base).is_absolute()) {
+    if (IsDirectory(base)) return base;
+    return absl::NotFoundError(
+        absl::StrCat(path, ": the base checkpoint_dir ", base, " is not a directory"));
+  }
+  if (IsDirectory(base)) return base;
+  // The fine-tune moved with its base beside it (out/lora + out/base, say).
+  const fs::path parent = fs::path(dir).lexically_normal().parent_path();
+  const fs::path beside = (parent.empty() ? fs::path(".") : parent) / base;
+  if (IsDirectory(beside.string())) return beside.string();
+  std::error_code error;
+  const fs::path cwd = fs::current_path(error);
+  return absl::NotFoundError(absl::StrCat(
+      path, ": the base checkpoint_dir ", base, " is a directory neither relative to the current ",
+      "directory (", cwd.string(), ") nor relative to the fine-tune's parent (", beside.string(),
+      ")"));
+}
+
+absl::Status CheckSameBaseModel(const Config& config, const Config& base, absl::string_view what) {
+  const Config a = WithoutPeftFields(config), b = WithoutPeftFields(base);
+  if (a == b) return absl::OkStatus();
+  const std::map<std::string, std::string> ours = YamlEntries(ConfigToYaml(a));
+  const std::map<std::string, std::string> theirs = YamlEntries(ConfigToYaml(b));
+  std::set<std::string> keys;
+  for (const auto& [key, value] : ours) keys.insert(key);
+  for (const auto& [key, value] : theirs) keys.insert(key);
+  for (const std::string& key : keys) {
+    auto mine = ours.find(key), base_value = theirs.find(key);
+    const std::string x = mine == ours.end() ? "unset" : mine->second;
+    const std::string y = base_value == theirs.end() ? "unset" : base_value->second;
+    if (x != y) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": ", key, " is ", x,
+                                                     " but the base model's is ", y,
+                                                     " (a fine-tune applies to its own base)"));
+    }
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, ": describes another model than the base's model_config.yaml"));
+}
+
+absl::StatusOr<ModelParts> PeftModelParts(const Config& config, PeftMethod method,
+                                          std::shared_ptr<const LinearFactory> base) {
+  if (!base) base = DefaultLinearFactory();
+  ModelParts parts;
+  switch (method) {
+    case PeftMethod::kLora: {
+      ASSIGN_OR_RETURN(const LoraOptions options, TrainedLoraOptions(config));
+      parts.linear_factory = std::make_shared<LoraLinearFactory>(options, std::move(base));
+      return parts;
+    }
+    // The adapter files are LitGPT's (lit_model.pth.adapter / .adapter_v2): LitGPT's
+    // adapter.py splits the prefix projection per query group, so training and loading use
+    // that split (legacy_qkv_split) and the files mean the same in lgpt and in LitGPT.
+    case PeftMethod::kAdapter: {
+      ASSIGN_OR_RETURN(parts, AdapterParts(config, /*legacy_qkv_split=*/true));
+      parts.linear_factory = std::move(base);
+      return parts;
+    }
+    case PeftMethod::kAdapterV2: {
+      ASSIGN_OR_RETURN(parts, AdapterV2Parts(config, /*legacy_qkv_split=*/true));
+      parts.linear_factory = std::make_shared<AdapterV2LinearFactory>(std::move(base));
+      return parts;
+    }
+    case PeftMethod::kFull:
+      parts.linear_factory = std::move(base);
+      return parts;
+  }
+  return absl::InternalError("unknown method");
+}
+
+absl::Status LoadBaseWeights(GPTImpl& model, const TensorMap& base, const std::string& source,
+                             bool check_finite, bool adopt_storage) {
+  TensorMap mapped;
+  std::set<std::string> used;
+  std::vector<std::string> missing, unexpected;
+  for (const auto& [name, tensor] : StateDict(model)) {
+    const std::string base_name = BaseParameterName(name);
+    auto it = base.find(base_name);
+    if (it != base.end()) {
+      mapped[name] = it->second;
+      used.insert(base_name);
+    } else if (!IsPeftOnlyParameter(name)) {
+      missing.push_back(base_name);
+    }
+  }
+  for (const auto& [name, tensor] : base) {
+    if (!used.count(name)) unexpected.push_back(name);
+  }
+  for (auto* names : {&missing, &unexpected}) {
+    if (names->size() > 5) names->resize(5);
+  }
+  if (!missing.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": missing base tensors ", absl::StrJoin(missing, ", ")));
+  }
+  if (!unexpected.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": unexpected tensors ", absl::StrJoin(unexpected, ", ")));
+  }
+  if (check_finite) RETURN_IF_ERROR(CheckFinite(base, source));  // names as in the file
+  return LoadStateDict(model, mapped, source, /*allow_missing=*/true, adopt_storage);
+}
+
+absl::Status ValidateLoraAdapterSpecs(const std::vector<LoraAdapterSpec>& loras,
+                                      absl::string_view field) {
+  for (size_t i = 0; i < loras.size(); ++i) {
+    if (loras[i].dir.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(field, "[", i, "].dir is empty"));
+    }
+    const double scale = loras[i].scale;
+    if (!std::isfinite(scale) || scale < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, "[", i, "].scale must be finite and >= 0, got ", scale, " (", loras[i].dir, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LoadedModel> LoadPeftCheckpoint(const std::string& dir, PeftMethod method,
+                                               const LoadOptions& options, std::string base_dir) {
+  if (method == PeftMethod::kFull) return LoadCheckpoint(dir, options);
+  if (!IsDirectory(dir)) {
+    return absl::NotFoundError(absl::StrCat("checkpoint directory ", dir, " does not exist"));
+  }
+  if (base_dir.empty()) {
+    ASSIGN_OR_RETURN(base_dir, BaseDirFromHyperparameters(dir));
+  }
+  return Guarded(dir, [&]() -> absl::StatusOr<LoadedModel> {
+    if (method == PeftMethod::kLora) return LoadLoraStack(base_dir, {{dir, 1.0}}, {dir}, options);
+    return LoadAdapterFinetune(dir, method, base_dir, options);
+  });
+}
+
+absl::StatusOr<LoadedModel> LoadModelWithPeft(const std::string& checkpoint_dir,
+                                              const std::vector<LoraAdapterSpec>& loras,
+                                              const LoadOptions& options,
+                                              absl::string_view loras_field) {
+  RETURN_IF_ERROR(ValidateLoraAdapterSpecs(loras, loras_field));
+  ASSIGN_OR_RETURN(const std::optional<PeftMethod> method, PeftMethodOfDir(checkpoint_dir));
+  if (!method && loras.empty()) return LoadCheckpoint(checkpoint_dir, options);
+  if (method && *method != PeftMethod::kLora) {
+    if (!loras.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          loras_field, " apply over a plain checkpoint or a LoRA fine-tune; ", checkpoint_dir,
+          " is an ", PeftMethodName(*method), " fine-tune"));
+    }
+    return LoadPeftCheckpoint(checkpoint_dir, *method, options);
+  }
+  // A LoRA fine-tune directory is the first adapter over its base; the others stack on it.
+  std::string base_dir = checkpoint_dir;
+  std::vector<LoraAdapterSpec> stack;
+  std::vector<std::string> labels;
+  if (method) {
+    ASSIGN_OR_RETURN(base_dir, BaseDirFromHyperparameters(checkpoint_dir));
+    stack.push_back({checkpoint_dir, 1.0});
+    labels.push_back(checkpoint_dir);
+  }
+  for (size_t i = 0; i < loras.size(); ++i) {
+    stack.push_back(loras[i]);
+    labels.push_back(absl::StrCat(loras_field, "[", i, "] ", loras[i].dir));
+  }
+  return Guarded(checkpoint_dir,
+                 [&]() { return LoadLoraStack(base_dir, stack, labels, options); });
+}
+
+std::vector<std::string> CheckpointFileDirs(const std::string& dir) {
+  std::vector<std::string> dirs = {dir};
+  absl::StatusOr<std::optional<PeftMethod>> method = PeftMethodOfDir(dir);
+  if (method.ok() && method->has_value()) {
+    absl::StatusOr<std::string> base = BaseDirFromHyperparameters(dir);
+    if (base.ok()) dirs.push_back(*base);
+  }
+  return dirs;
+}
+
+}  // namespace lgpt
