@@ -357,6 +357,7 @@ void Scheduler::Retire(std::vector<std::unique_ptr<Request>>& running) {
     result.stats.prompt_tokens = static_cast<int64_t>(r.prompt.size());
     result.stats.new_tokens = static_cast<int64_t>(result.tokens.size());
     result.stats.kv_cache_bytes = r.cache->AllocatedBytes();
+    result.kv_cache_index_bytes = r.cache->IndexBytes();
     result.stats.position_shift = r.stream ? r.stream->shifted() : 0;
     if (!result.tokens.empty()) result.stats.decode_s = Seconds(r.prefill_done, now);
     result.queue_s = r.stream ? Seconds(r.submitted, r.admitted) : Seconds(r.submitted, now);

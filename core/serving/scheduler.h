@@ -50,6 +50,7 @@ struct RequestResult {
   std::vector<int64_t> tokens;  // as lgpt::Generate returns them
   bool cancelled = false;       // Cancel(), a false on_token, or the scheduler's end
   GenerateStats stats;          // time_to_first_token_s counts from Submit
+  int64_t kv_cache_index_bytes = 0;  // the cache's IndexBytes() when the request ended
   double queue_s = 0;           // Submit to admission
   std::vector<double> inter_token_s;  // gaps between consecutive tokens
 };
