@@ -83,10 +83,14 @@ const char* FinishReasonName(FinishReason reason) {
   return "unknown";
 }
 
-Engine::Engine(GPT model, std::shared_ptr<const Tokenizer> tokenizer, std::string checkpoint_dir)
+Engine::Engine(GPT model, std::shared_ptr<const Tokenizer> tokenizer, std::string checkpoint_dir,
+               SchedulerOptions serving)
     : model_(std::move(model)),
       tokenizer_(std::move(tokenizer)),
-      checkpoint_dir_(std::move(checkpoint_dir)) {}
+      checkpoint_dir_(std::move(checkpoint_dir)),
+      serving_(serving) {}
+
+Engine::~Engine() = default;
 
 absl::StatusOr<std::shared_ptr<const Engine>> Engine::Load(const std::string& checkpoint_dir,
                                                            const EngineOptions& options) {
@@ -120,15 +124,18 @@ absl::StatusOr<std::shared_ptr<const Engine>> Engine::Load(const std::string& ch
   } else if (!absl::IsNotFound(loaded_tokenizer.status())) {
     return loaded_tokenizer.status();  // present but malformed: say so rather than ignore it
   }
+  RETURN_IF_ERROR(options.serving.Validate());
   std::shared_ptr<Engine> engine(
-      new Engine(std::move(loaded.model), std::move(tokenizer), checkpoint_dir));
+      new Engine(std::move(loaded.model), std::move(tokenizer), checkpoint_dir, options.serving));
   engine->warnings_ = std::move(loaded.warnings);
   return std::shared_ptr<const Engine>(std::move(engine));
 }
 
 std::shared_ptr<const Engine> Engine::FromModel(GPT model,
-                                                std::shared_ptr<const Tokenizer> tokenizer) {
-  return std::shared_ptr<const Engine>(new Engine(std::move(model), std::move(tokenizer), ""));
+                                                std::shared_ptr<const Tokenizer> tokenizer,
+                                                SchedulerOptions serving) {
+  return std::shared_ptr<const Engine>(
+      new Engine(std::move(model), std::move(tokenizer), "", serving));
 }
 
 absl::StatusOr<std::vector<int64_t>> Engine::Encode(absl::string_view text) const {
@@ -161,82 +168,209 @@ std::vector<int64_t> Engine::StopTokens(const RequestOptions& options) const {
   return stops;
 }
 
+// The text side of one request, shared by Run (batch-1, synchronous) and Submit (through the
+// scheduler): streaming decode, stop sequences and stop token sequences, the finish reason.
+class RequestText {
+ public:
+  RequestText(std::shared_ptr<const Tokenizer> tokenizer, const RequestOptions& options,
+              std::vector<int64_t> stops)
+      : tokenizer_(std::move(tokenizer)),
+        options_(options),
+        stops_(std::move(stops)),
+        filter_(options_.stop_sequences) {}
+
+  // Primes the decoder on the text before the reply (and echoes it when asked). False when
+  // the echo callback cancelled the request.
+  absl::StatusOr<bool> Prime(absl::Span<const int64_t> context) {
+    if (!tokenizer_) return true;
+    stream_ = std::make_unique<StreamingDecoder>(*tokenizer_);
+    ASSIGN_OR_RETURN(std::string prompt_text, stream_->Prime(context));
+    if (options_.echo_prompt && options_.on_text && !prompt_text.empty() &&
+        !options_.on_text(prompt_text)) {
+      cancelled_ = true;
+    }
+    return !cancelled_;
+  }
+
+  // Generate's on_token: false ends the request.
+  bool OnToken(int64_t token) {
+    if (options_.on_token && !options_.on_token(token)) {
+      cancelled_ = true;
+      return false;
+    }
+    generated_.push_back(token);
+    for (const std::vector<int64_t>& sequence : options_.stop_token_sequences) {
+      if (sequence.size() > 1 && generated_.size() >= sequence.size() &&
+          std::equal(sequence.rbegin(), sequence.rend(), generated_.rbegin())) {
+        stopped_by_tokens_ = true;
+      }
+    }
+    if (!stream_) return !stopped_by_tokens_;
+    absl::StatusOr<std::string> piece = stream_->Push(token);
+    if (!piece.ok()) {
+      decode_error_ = piece.status();
+      return false;
+    }
+    const std::string text = filter_.Add(*piece, &stopped_by_sequence_);
+    return Emit(text) && !stopped_by_sequence_ && !stopped_by_tokens_;
+  }
+
+  // The completion of `tokens` (what generation returned); `cancelled`: ended from outside.
+  absl::StatusOr<Completion> Finish(std::vector<int64_t> tokens, const GenerateStats& stats,
+                                    int64_t index_bytes, bool cancelled = false) {
+    RETURN_IF_ERROR(decode_error_);
+    cancelled_ = cancelled_ || cancelled;
+    if (stream_ && !cancelled_ && !stopped_by_sequence_) {
+      const std::string text = filter_.Add(stream_->Flush(), &stopped_by_sequence_);
+      Emit(text);
+      if (!stopped_by_sequence_) Emit(filter_.Rest());
+    }
+    result_.tokens = std::move(tokens);
+    result_.stats = stats;
+    result_.kv_cache_index_bytes = index_bytes;
+    if (cancelled_) {
+      result_.finish_reason = FinishReason::kCancelled;
+    } else if (stopped_by_sequence_) {
+      result_.finish_reason = FinishReason::kStopSequence;
+    } else if (stopped_by_tokens_ ||
+               (!result_.tokens.empty() && std::find(stops_.begin(), stops_.end(),
+                                                     result_.tokens.back()) != stops_.end())) {
+      result_.finish_reason = FinishReason::kStopToken;
+    } else {
+      result_.finish_reason = FinishReason::kMaxTokens;
+    }
+    return std::move(result_);
+  }
+
+  // Generate's options for this request, with OnToken as on_token (valid while *this lives).
+  GenerateOptions Generation(int64_t start_position) {
+    GenerateOptions generate;
+    generate.max_new_tokens = options_.max_new_tokens;
+    generate.sampling = options_.sampling;
+    generate.seed = options_.seed;
+    generate.prefill_chunk = options_.prefill_chunk;
+    generate.start_position = start_position;
+    generate.stop_tokens = stops_;
+    generate.on_token = [this](int64_t token) { return OnToken(token); };
+    return generate;
+  }
+
+ private:
+  bool Emit(const std::string& text) {
+    if (text.empty()) return true;
+    result_.text += text;
+    if (options_.on_text && !options_.on_text(text)) cancelled_ = true;
+    return !cancelled_;
+  }
+
+  std::shared_ptr<const Tokenizer> tokenizer_;
+  const RequestOptions options_;
+  const std::vector<int64_t> stops_;
+  std::unique_ptr<StreamingDecoder> stream_;
+  StopSequenceFilter filter_;
+  std::vector<int64_t> generated_;
+  bool cancelled_ = false, stopped_by_sequence_ = false, stopped_by_tokens_ = false;
+  absl::Status decode_error_;
+  Completion result_;
+};
+
 absl::StatusOr<Completion> Engine::Run(KVCache& cache, int64_t start_position,
                                        const std::vector<int64_t>& prompt,
                                        const RequestOptions& options,
                                        absl::Span<const int64_t> stream_context) const {
   RETURN_IF_ERROR(CheckIds(prompt, config().PaddedVocabSize(), "prompt"));
-  Completion result;
-  std::unique_ptr<StreamingDecoder> stream;
-  if (tokenizer_) {
-    stream = std::make_unique<StreamingDecoder>(*tokenizer_);
-    ASSIGN_OR_RETURN(std::string prompt_text, stream->Prime(stream_context));
-    if (options.echo_prompt && options.on_text && !prompt_text.empty() &&
-        !options.on_text(prompt_text)) {
-      result.finish_reason = FinishReason::kCancelled;
-      return result;
-    }
-  }
-  StopSequenceFilter filter(options.stop_sequences);
-  bool cancelled = false, stopped_by_sequence = false, stopped_by_tokens = false;
-  std::vector<int64_t> generated;
-  absl::Status decode_error;
-  auto emit = [&](const std::string& text) {
-    if (text.empty()) return true;
-    result.text += text;
-    if (options.on_text && !options.on_text(text)) cancelled = true;
-    return !cancelled;
-  };
+  RequestText text(tokenizer_, options, StopTokens(options));
+  ASSIGN_OR_RETURN(const bool go_on, text.Prime(stream_context));
+  if (!go_on) return text.Finish({}, GenerateStats(), 0, /*cancelled=*/true);
+  GenerateStats stats;
+  ASSIGN_OR_RETURN(std::vector<int64_t> tokens,
+                   lgpt::Generate(*model_, cache, prompt, text.Generation(start_position), &stats));
+  return text.Finish(std::move(tokens), stats, cache.IndexBytes());
+}
 
-  GenerateOptions generate;
-  generate.max_new_tokens = options.max_new_tokens;
-  generate.sampling = options.sampling;
-  generate.seed = options.seed;
-  generate.prefill_chunk = options.prefill_chunk;
-  generate.start_position = start_position;
-  generate.stop_tokens = StopTokens(options);
-  generate.on_token = [&](int64_t token) {
-    if (options.on_token && !options.on_token(token)) {
-      cancelled = true;
-      return false;
+// ---------------------------------------------------------------------------------------
+// Requests through the scheduler.
+
+void Request::Cancel() { handle_->Cancel(); }
+
+bool Request::Done() const { return handle_->Done(); }
+
+absl::StatusOr<Completion> Request::Wait() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!completion_) {
+    absl::StatusOr<RequestResult> result = handle_->Wait();
+    if (!result.ok()) {
+      completion_ = result.status();
+    } else {
+      queue_s_ = result->queue_s;
+      inter_token_s_ = result->inter_token_s;
+      completion_ = text_->Finish(std::move(result->tokens), result->stats,
+                                  result->kv_cache_index_bytes, result->cancelled);
     }
-    generated.push_back(token);
-    for (const std::vector<int64_t>& sequence : options.stop_token_sequences) {
-      if (sequence.size() > 1 && generated.size() >= sequence.size() &&
-          std::equal(sequence.rbegin(), sequence.rend(), generated.rbegin())) {
-        stopped_by_tokens = true;
-      }
-    }
-    if (!stream) return !stopped_by_tokens;
-    absl::StatusOr<std::string> piece = stream->Push(token);
-    if (!piece.ok()) {
-      decode_error = piece.status();
-      return false;
-    }
-    const std::string text = filter.Add(*piece, &stopped_by_sequence);
-    return emit(text) && !stopped_by_sequence && !stopped_by_tokens;
-  };
-  ASSIGN_OR_RETURN(result.tokens, lgpt::Generate(*model_, cache, prompt, generate, &result.stats));
-  RETURN_IF_ERROR(decode_error);
-  if (stream && !cancelled && !stopped_by_sequence) {
-    const std::string text = filter.Add(stream->Flush(), &stopped_by_sequence);
-    emit(text);
-    if (!stopped_by_sequence) emit(filter.Rest());
   }
-  result.kv_cache_index_bytes = cache.IndexBytes();
-  const std::vector<int64_t> stops = StopTokens(options);
-  if (cancelled) {
-    result.finish_reason = FinishReason::kCancelled;
-  } else if (stopped_by_sequence) {
-    result.finish_reason = FinishReason::kStopSequence;
-  } else if (stopped_by_tokens ||
-             (!result.tokens.empty() &&
-              std::find(stops.begin(), stops.end(), result.tokens.back()) != stops.end())) {
-    result.finish_reason = FinishReason::kStopToken;
-  } else {
-    result.finish_reason = FinishReason::kMaxTokens;
+  return *completion_;
+}
+
+Scheduler& Engine::scheduler() const {
+  std::call_once(scheduler_once_,
+                 [this] { scheduler_ = std::make_unique<Scheduler>(model_, serving_); });
+  return *scheduler_;
+}
+
+absl::StatusOr<std::shared_ptr<Request>> Engine::Submit(const std::vector<int64_t>& prompt,
+                                                        const RequestOptions& options) const {
+  RETURN_IF_ERROR(CheckRequest(prompt, options));
+  ASSIGN_OR_RETURN(std::unique_ptr<KVCache> cache, CacheFor(prompt, options));
+  auto text = std::make_shared<RequestText>(tokenizer_, options, StopTokens(options));
+  std::shared_ptr<Request> request(new Request());
+  request->text_ = text;
+  ASSIGN_OR_RETURN(const bool go_on, text->Prime(prompt));
+  GenerateOptions generate = text->Generation(0);
+  // The scheduler's callback keeps the text state alive on its own.
+  generate.on_token = [text](int64_t token) { return text->OnToken(token); };
+  ASSIGN_OR_RETURN(request->handle_, scheduler().Submit(prompt, generate, std::move(cache)));
+  if (!go_on) request->handle_->Cancel();
+  return request;
+}
+
+absl::StatusOr<std::shared_ptr<Request>> Engine::Submit(absl::string_view prompt,
+                                                        const RequestOptions& options) const {
+  ASSIGN_OR_RETURN(std::vector<int64_t> ids, Encode(prompt));
+  if (ids.empty()) return absl::InvalidArgumentError("the prompt encodes to no tokens");
+  return Submit(ids, options);
+}
+
+SchedulerStats Engine::ServingStats() const { return scheduler().Stats(); }
+
+absl::Status Engine::CheckRequest(const std::vector<int64_t>& prompt,
+                                  const RequestOptions& options) const {
+  if (prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
+  if (options.max_new_tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_new_tokens must be >= 1, got ", options.max_new_tokens));
   }
-  return result;
+  RETURN_IF_ERROR(CheckIds(prompt, config().PaddedVocabSize(), "prompt"));
+  RETURN_IF_ERROR(ValidateKVCacheSpec(options.kv_cache));
+  // Compared by subtraction: prompt + max_new_tokens may overflow int64.
+  const int64_t prompt_length = static_cast<int64_t>(prompt.size());
+  if (options.max_new_tokens > config().block_size - prompt_length &&
+      !UsesCachePositions(options.kv_cache)) {
+    return absl::OutOfRangeError(
+        absl::StrCat("prompt (", prompt.size(), " tokens) plus max_new_tokens (",
+                     options.max_new_tokens, ") exceeds the context of ", config().block_size,
+                     " tokens (with KVCacheSpec.positions=absolute; a window or sink cache with "
+                     "KVCacheSpec.positions=cache goes past it)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<KVCache>> Engine::CacheFor(const std::vector<int64_t>& prompt,
+                                                          const RequestOptions& options) const {
+  // Cache positions: the cache spans the whole context and shifts within it.
+  const int64_t length = UsesCachePositions(options.kv_cache)
+                             ? config().block_size
+                             : static_cast<int64_t>(prompt.size()) + options.max_new_tokens;
+  return NewCache(options.kv_cache, 1, length);
 }
 
 absl::StatusOr<Completion> Engine::Generate(absl::string_view prompt,
@@ -248,27 +382,8 @@ absl::StatusOr<Completion> Engine::Generate(absl::string_view prompt,
 
 absl::StatusOr<Completion> Engine::Generate(const std::vector<int64_t>& prompt,
                                             const RequestOptions& options) const {
-  if (prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
-  if (options.max_new_tokens < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_new_tokens must be >= 1, got ", options.max_new_tokens));
-  }
-  RETURN_IF_ERROR(ValidateKVCacheSpec(options.kv_cache));
-  const bool unbounded = UsesCachePositions(options.kv_cache);
-  // Compared by subtraction: prompt + max_new_tokens may overflow int64.
-  const int64_t prompt_length = static_cast<int64_t>(prompt.size());
-  if (options.max_new_tokens > config().block_size - prompt_length && !unbounded) {
-    return absl::OutOfRangeError(
-        absl::StrCat("prompt (", prompt.size(), " tokens) plus max_new_tokens (",
-                     options.max_new_tokens, ") exceeds the context of ", config().block_size,
-                     " tokens (with KVCacheSpec.positions=absolute; a window or sink cache with "
-                     "KVCacheSpec.positions=cache goes past it)"));
-  }
-  // Cache positions: the cache spans the whole context and shifts within it.
-  ASSIGN_OR_RETURN(
-      std::unique_ptr<KVCache> cache,
-      NewCache(options.kv_cache, 1,
-               unbounded ? config().block_size : prompt_length + options.max_new_tokens));
+  RETURN_IF_ERROR(CheckRequest(prompt, options));
+  ASSIGN_OR_RETURN(std::unique_ptr<KVCache> cache, CacheFor(prompt, options));
   return Run(*cache, 0, prompt, options, prompt);
 }
 

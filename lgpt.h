@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -31,6 +32,7 @@
 #include "core/model/generate.h"
 #include "core/model/gpt.h"
 #include "core/model/sampling.h"
+#include "core/serving/scheduler.h"
 #include "core/text/tokenizer.h"
 #include "peft/peft_checkpoint.h"
 
@@ -46,6 +48,8 @@ struct EngineOptions {
   // about half the bytes a decoded token reads, at a perplexity cost of ~0.02% measured on
   // the default model.
   bool quantize_int8 = false;
+  // Continuous batching of the requests given to Engine::Submit.
+  SchedulerOptions serving;
   // Called with a short description of each loading stage.
   std::function<void(const std::string&)> progress;
 };
@@ -97,6 +101,32 @@ struct Completion {
 };
 
 class Session;
+class RequestText;
+
+// A request submitted to an Engine's scheduler. Thread-safe.
+class Request {
+ public:
+  // Ends the request at the next scheduler step (FinishReason::kCancelled, with what was
+  // produced so far).
+  void Cancel();
+  // Blocks until the request ends. Callbacks ran on the scheduler's thread.
+  absl::StatusOr<Completion> Wait();
+  bool Done() const;
+  // After Wait: seconds from Submit to admission, and between consecutive tokens.
+  double queue_s() const { return queue_s_; }
+  const std::vector<double>& inter_token_s() const { return inter_token_s_; }
+
+ private:
+  friend class Engine;
+  Request() = default;
+
+  std::shared_ptr<RequestHandle> handle_;
+  std::shared_ptr<RequestText> text_;
+  std::mutex mutex_;
+  std::optional<absl::StatusOr<Completion>> completion_;
+  double queue_s_ = 0;
+  std::vector<double> inter_token_s_;
+};
 
 class Engine : public std::enable_shared_from_this<Engine> {
  public:
@@ -108,7 +138,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
                                                             const EngineOptions& options = {});
   // Wraps a model built elsewhere (tests, fine-tuned weights); the tokenizer may be null.
   static std::shared_ptr<const Engine> FromModel(GPT model,
-                                                 std::shared_ptr<const Tokenizer> tokenizer);
+                                                 std::shared_ptr<const Tokenizer> tokenizer,
+                                                 SchedulerOptions serving = {});
+  // Cancels the requests still running through Submit (they end as kCancelled).
+  ~Engine();
 
   // The prompt is encoded as LitGPT does (BOS when the tokenizer's config asks for it).
   // FailedPrecondition without a tokenizer.
@@ -120,6 +153,18 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // same options (streaming callbacks are not called; stop sequences are not supported).
   absl::StatusOr<std::vector<Completion>> GenerateBatch(
       const std::vector<std::vector<int64_t>>& prompts, const RequestOptions& options) const;
+
+  // Continuous batching: the request joins the engine's scheduler (core/serving/scheduler.h),
+  // which decodes every running request in one batched step. The completion equals
+  // Generate's with the same options (greedy tokens identical), except that a prompt is
+  // prefilled in SchedulerOptions.prefill_chunk pieces when prefill_chunk is 0. Checks as
+  // Generate's; ResourceExhausted when SchedulerOptions.max_waiting requests wait.
+  absl::StatusOr<std::shared_ptr<Request>> Submit(const std::vector<int64_t>& prompt,
+                                                  const RequestOptions& options) const;
+  absl::StatusOr<std::shared_ptr<Request>> Submit(absl::string_view prompt,
+                                                  const RequestOptions& options) const;
+  // The scheduler's counters.
+  SchedulerStats ServingStats() const;
 
   // A conversation that keeps its KV cache between calls. `kv_cache` chooses the cache;
   // its context is the model's block_size, unless kv_cache.positions is "cache" (window and
@@ -136,7 +181,15 @@ class Engine : public std::enable_shared_from_this<Engine> {
 
  private:
   friend class Session;
-  Engine(GPT model, std::shared_ptr<const Tokenizer> tokenizer, std::string checkpoint_dir);
+  Engine(GPT model, std::shared_ptr<const Tokenizer> tokenizer, std::string checkpoint_dir,
+         SchedulerOptions serving);
+  // Generate's and Submit's checks of a request; the batch-1 cache it asks for.
+  absl::Status CheckRequest(const std::vector<int64_t>& prompt,
+                            const RequestOptions& options) const;
+  absl::StatusOr<std::unique_ptr<KVCache>> CacheFor(const std::vector<int64_t>& prompt,
+                                                    const RequestOptions& options) const;
+  // Started by the first Submit.
+  Scheduler& scheduler() const;
   absl::StatusOr<std::unique_ptr<KVCache>> NewCache(const KVCacheSpec& spec, int64_t batch,
                                                     int64_t length) const;
   std::vector<int64_t> StopTokens(const RequestOptions& options) const;
@@ -150,6 +203,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::shared_ptr<const Tokenizer> tokenizer_;
   std::string checkpoint_dir_;
   std::vector<std::string> warnings_;
+  SchedulerOptions serving_;
+  mutable std::once_flag scheduler_once_;
+  mutable std::unique_ptr<Scheduler> scheduler_;  // last: stopped before the rest goes
 };
 
 // One conversation: a KV cache and the tokens it holds. Not thread-safe itself; many

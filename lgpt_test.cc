@@ -142,6 +142,92 @@ TEST(EngineTest, StopSequenceCutsTheTextAndIsNeverStreamed) {
   EXPECT_LT(result.tokens.size(), full.tokens.size());
 }
 
+// Continuous batching: submitted requests (text, streaming, stop sequences, sampling, budgeted
+// caches) complete exactly as Generate does, batched with each other.
+TEST(EngineServingTest, SubmittedRequestsEqualGenerate) {
+  const Engine& engine = DefaultEngine();
+  const std::vector<std::string> prompts = {"In the beginning", "And Jesus answered",
+                                            "The LORD is my shepherd", "Blessed are",
+                                            "And God said", "Now the serpent"};
+  std::vector<RequestOptions> options;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    RequestOptions o = i % 2 == 0 ? Greedy(20 + i) : Sampled(20 + i, 50 + i);
+    if (i == 2) o.stop_sequences = {"the"};
+    if (i == 3) {
+      o.kv_cache.policy = "h2o";
+      o.kv_cache.budget = 12;
+    }
+    options.push_back(o);
+  }
+  std::vector<Completion> expected;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    expected.push_back(*engine.Generate(prompts[i], options[i]));
+  }
+  std::vector<std::string> streamed(prompts.size());
+  std::vector<std::shared_ptr<Request>> requests;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    RequestOptions o = options[i];
+    o.on_text = [&streamed, i](absl::string_view piece) {
+      streamed[i].append(piece.data(), piece.size());
+      return true;
+    };
+    absl::StatusOr<std::shared_ptr<Request>> request = engine.Submit(prompts[i], o);
+    ASSERT_TRUE(request.ok()) << request.status();
+    requests.push_back(*request);
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    SCOPED_TRACE(prompts[i]);
+    absl::StatusOr<Completion> got = requests[i]->Wait();
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->tokens, expected[i].tokens);
+    EXPECT_EQ(got->text, expected[i].text);
+    EXPECT_EQ(streamed[i], got->text);
+    EXPECT_EQ(got->finish_reason, expected[i].finish_reason);
+    EXPECT_GT(got->stats.time_to_first_token_s, 0);
+    EXPECT_EQ(requests[i]->inter_token_s().size() + 1, got->tokens.size());
+  }
+  EXPECT_EQ(expected[2].finish_reason, FinishReason::kStopSequence);
+  const SchedulerStats stats = engine.ServingStats();
+  EXPECT_GE(stats.completed, static_cast<int64_t>(prompts.size()));
+  EXPECT_GT(stats.decode_rows, stats.decode_passes);
+}
+
+TEST(EngineServingTest, CancelAndBadRequests) {
+  const Engine& engine = DefaultEngine();
+  int tokens = 0;
+  RequestOptions options = Greedy(200);
+  options.on_token = [&tokens](int64_t) {
+    ++tokens;
+    return true;
+  };
+  std::shared_ptr<Request> request = *engine.Submit("And God said", options);
+  while (tokens < 2) std::this_thread::yield();
+  request->Cancel();
+  const Completion cancelled = *request->Wait();
+  EXPECT_EQ(cancelled.finish_reason, FinishReason::kCancelled);
+  EXPECT_LT(cancelled.tokens.size(), 200u);
+  EXPECT_EQ(engine.Submit(std::vector<int64_t>{}, Greedy(4)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine.Submit("And", Greedy(1 << 20)).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(engine.Submit(std::vector<int64_t>{-1}, Greedy(4)).status().code(),
+            absl::StatusCode::kOutOfRange);
+}
+
+// An engine destroyed with requests in flight cancels them and returns.
+TEST(EngineServingTest, DestroyingTheEngineCancelsItsRequests) {
+  std::vector<std::shared_ptr<Request>> requests;
+  {
+    std::shared_ptr<const Engine> engine = *Engine::Load(kDefaultModel);
+    for (int i = 0; i < 4; ++i) requests.push_back(*engine->Submit("And God said", Greedy(200)));
+  }
+  for (auto& request : requests) {
+    ASSERT_TRUE(request->Done());
+    absl::StatusOr<Completion> result = request->Wait();
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->finish_reason, FinishReason::kCancelled);
+  }
+}
+
 TEST(EngineTest, BatchOfDifferentLengthsEqualsEachRowAlone) {
   const Engine& engine = DefaultEngine();
   const std::vector<std::vector<int64_t>> prompts = {

@@ -29,6 +29,11 @@ LAYERS = [
         uses = ["base", "config", "ops", "io", "nn", "cache", "attention", "model"],
     ),
     struct(
+        name = "serving",
+        packages = ["core/serving"],
+        uses = ["base", "config", "ops", "io", "nn", "cache", "attention", "model"],
+    ),
+    struct(
         name = "top",
         packages = ["", "tests", "tools"],
         uses = [
@@ -43,6 +48,7 @@ LAYERS = [
             "attention",
             "model",
             "peft",
+            "serving",
         ],
     ),
 ]

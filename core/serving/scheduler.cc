@@ -1,0 +1,391 @@
+#include "core/serving/scheduler.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <algorithm>
+#include <exception>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "cache/batched_kv_cache.h"
+#include "core/base/status_macros.h"
+#include "core/model/cache_positions.h"
+#include "core/model/sampling.h"
+
+namespace lgpt {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
+}  // namespace
+
+int64_t Scheduler::EffectiveChunk(const GenerateOptions& options) const {
+  return options.prefill_chunk > 0 ? options.prefill_chunk : options_.prefill_chunk;
+}
+
+absl::Status SchedulerOptions::Validate() const {
+  if (max_running < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SchedulerOptions.max_running must be >= 1, got ", max_running));
+  }
+  if (max_waiting < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SchedulerOptions.max_waiting must be >= 0, got ", max_waiting));
+  }
+  if (prefill_chunk < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SchedulerOptions.prefill_chunk must be >= 1, got ", prefill_chunk));
+  }
+  if (step_prefill_tokens < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "SchedulerOptions.step_prefill_tokens must be >= 1, got ", step_prefill_tokens));
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------
+
+absl::StatusOr<RequestResult> RequestHandle::Wait() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  done_cv_.wait(lock, [this] { return done_; });
+  return result_;
+}
+
+bool RequestHandle::Done() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return done_;
+}
+
+void RequestHandle::Finish(absl::StatusOr<RequestResult> result) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    result_ = std::move(result);
+    done_ = true;
+  }
+  done_cv_.notify_all();
+}
+
+// ---------------------------------------------------------------------------------------
+
+// A request's state between steps. Phases: prefilling (prefilled < prompt), sampling (logits
+// ready), decoding (a sampled token to feed), finished.
+struct Scheduler::Request {
+  std::shared_ptr<RequestHandle> handle;
+  std::vector<int64_t> prompt;
+  GenerateOptions options;
+  std::unique_ptr<KVCache> cache;
+  std::unique_ptr<CachePositions> stream;
+  at::Generator generator;
+  int64_t prefilled = 0;
+  at::Tensor logits;        // [1, V] of the last position, to sample from
+  int64_t next_token = -1;  // sampled, to feed in this step's decode pass
+  bool finished = false;
+  absl::Status error;
+  RequestResult result;
+  Clock::time_point submitted, admitted, prefill_done, last_token;
+};
+
+Scheduler::Scheduler(GPT model, SchedulerOptions options)
+    : model_(std::move(model)), options_(options) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+Scheduler::~Scheduler() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  work_cv_.notify_all();
+  thread_.join();
+}
+
+absl::StatusOr<std::shared_ptr<RequestHandle>> Scheduler::Submit(std::vector<int64_t> prompt,
+                                                                 GenerateOptions options,
+                                                                 std::unique_ptr<KVCache> cache) {
+  RETURN_IF_ERROR(options_.Validate());
+  RETURN_IF_ERROR(ValidateSampling(options.sampling));
+  if (cache == nullptr) return absl::InvalidArgumentError("Submit needs a KV cache");
+  if (cache->batch_size() != 1 || cache->num_layers() != model_->config().n_layer) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Submit needs a cache of batch size 1 and ", model_->config().n_layer, " layers, got ",
+        cache->batch_size(), " rows and ", cache->num_layers(), " layers"));
+  }
+  const int64_t length = static_cast<int64_t>(prompt.size());
+  if (length == 0) return absl::InvalidArgumentError("the prompt is empty");
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    if (prompt[i] < 0 || prompt[i] >= model_->config().PaddedVocabSize()) {
+      return absl::OutOfRangeError(absl::StrCat("prompt token ", i, " (", prompt[i],
+                                                ") is outside the vocabulary [0, ",
+                                                model_->config().PaddedVocabSize(), ")"));
+    }
+  }
+  if (options.max_new_tokens < 0 || options.prefill_chunk < 0 || options.start_position < 0) {
+    return absl::InvalidArgumentError(
+        "max_new_tokens, prefill_chunk and start_position must be >= 0");
+  }
+  const int64_t first = options.start_position;
+  const int64_t context = std::min(model_->config().block_size, cache->max_sequence_length());
+  const bool too_long = first > context || length > context - first ||
+                        options.max_new_tokens > context - first - length;
+  if (too_long && !cache->ShiftsPositions()) {
+    return absl::OutOfRangeError(absl::StrCat(
+        first > 0 ? absl::StrCat(first, " cached tokens plus ") : "", "prompt (", length,
+        " tokens) plus max_new_tokens (", options.max_new_tokens, ") exceeds the context of ",
+        context, " tokens"));
+  }
+  auto request = std::make_unique<Request>();
+  request->handle = std::make_shared<RequestHandle>();
+  request->prompt = std::move(prompt);
+  request->options = std::move(options);
+  request->cache = std::move(cache);
+  request->generator = at::make_generator<at::CPUGeneratorImpl>(request->options.seed);
+  request->submitted = Clock::now();
+  std::shared_ptr<RequestHandle> handle = request->handle;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_) return absl::CancelledError("the scheduler is shutting down");
+    if (static_cast<int64_t>(waiting_.size()) >= options_.max_waiting) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          waiting_.size(), " requests are waiting (SchedulerOptions.max_waiting)"));
+    }
+    waiting_.push_back(std::move(request));
+    ++stats_.submitted;
+  }
+  work_cv_.notify_one();
+  return handle;
+}
+
+SchedulerStats Scheduler::Stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stats_;
+}
+
+void Scheduler::Loop() {
+  at::NoGradGuard no_grad;
+  std::vector<std::unique_ptr<Request>> running;
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      work_cv_.wait(lock, [&] { return stopping_ || !waiting_.empty() || !running.empty(); });
+      if (stopping_) {
+        for (auto& request : waiting_) running.push_back(std::move(request));
+        waiting_.clear();
+        break;
+      }
+      while (static_cast<int64_t>(running.size()) < options_.max_running && !waiting_.empty()) {
+        running.push_back(std::move(waiting_.front()));
+        waiting_.pop_front();
+        Request& admitted = *running.back();
+        admitted.admitted = Clock::now();
+        admitted.stream = std::make_unique<CachePositions>(*model_, *admitted.cache,
+                                                           admitted.options.start_position);
+      }
+      stats_.waiting = static_cast<int64_t>(waiting_.size());
+      stats_.running = static_cast<int64_t>(running.size());
+    }
+    Step(running);
+  }
+  // Shutting down: every request still here ends as cancelled.
+  for (auto& request : running) {
+    request->result.cancelled = true;
+    request->finished = true;
+  }
+  Retire(running);
+}
+
+bool Scheduler::Step(std::vector<std::unique_ptr<Request>>& running) {
+  for (auto& request : running) {
+    if (request->handle->cancel_requested_) {
+      request->result.cancelled = true;
+      request->finished = true;
+    }
+  }
+  Retire(running);
+  if (running.empty()) return false;
+  Prefill(running);
+  SampleReady(running);
+  DecodeBatch(running);
+  Retire(running);
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++stats_.steps;
+  return true;
+}
+
+void Scheduler::Prefill(std::vector<std::unique_ptr<Request>>& running) {
+  // Chunks are never split (score-based and quantised caches evict by chunk, so the chunks must
+  // be those of the batch-1 run); the budget defers whole chunks, but the first chunk of a
+  // step always runs.
+  int64_t budget = options_.step_prefill_tokens;
+  bool any = false;
+  for (auto& owned : running) {
+    Request& r = *owned;
+    const int64_t length = static_cast<int64_t>(r.prompt.size());
+    if (r.finished || r.prefilled >= length) continue;
+    const int64_t chunk = std::min(EffectiveChunk(r.options), length - r.prefilled);
+    if (any && chunk > budget) break;
+    any = true;
+    absl::StatusOr<int64_t> reserved = r.stream->Reserve(chunk);
+    if (!reserved.ok()) {
+      r.error = reserved.status();
+      r.finished = true;
+      continue;
+    }
+    ForwardOptions forward;
+    forward.positions = r.stream->Take(*reserved);
+    forward.last_logits_only = true;
+    const at::Tensor tokens = at::tensor(r.prompt, at::kLong).narrow(0, r.prefilled, *reserved);
+    absl::StatusOr<at::Tensor> logits =
+        model_->Forward(tokens.unsqueeze(0), r.cache.get(), forward);
+    if (!logits.ok()) {
+      r.error = logits.status();
+      r.finished = true;
+      continue;
+    }
+    r.prefilled += *reserved;
+    budget -= *reserved;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stats_.prefill_tokens += *reserved;
+    }
+    if (r.prefilled == length) {
+      r.prefill_done = Clock::now();
+      r.result.stats.prefill_s = Seconds(r.admitted, r.prefill_done);
+      r.logits = logits->reshape({1, -1});
+      if (r.options.max_new_tokens == 0) r.finished = true;
+    }
+  }
+}
+
+void Scheduler::SampleReady(std::vector<std::unique_ptr<Request>>& running) {
+  for (auto& owned : running) {
+    Request& r = *owned;
+    if (r.finished || !r.logits.defined()) continue;
+    absl::StatusOr<at::Tensor> sampled = SampleNext(r.logits, r.options.sampling, r.generator);
+    r.logits = at::Tensor();
+    if (!sampled.ok()) {
+      r.error = sampled.status();
+      r.finished = true;
+      continue;
+    }
+    const int64_t next = sampled->cpu().item<int64_t>();
+    const Clock::time_point now = Clock::now();
+    std::vector<int64_t>& out = r.result.tokens;
+    out.push_back(next);
+    if (out.size() == 1) {
+      r.result.stats.time_to_first_token_s = Seconds(r.submitted, now);
+    } else {
+      r.result.inter_token_s.push_back(Seconds(r.last_token, now));
+    }
+    r.last_token = now;
+    bool keep_going = true;
+    if (r.options.on_token) {
+      try {
+        keep_going = r.options.on_token(next);
+      } catch (const std::exception& e) {
+        r.error = absl::InternalError(absl::StrCat("on_token threw: ", e.what()));
+      } catch (...) {
+        r.error = absl::InternalError("on_token threw");
+      }
+    }
+    const std::vector<int64_t>& stops = r.options.stop_tokens;
+    const bool stop = std::find(stops.begin(), stops.end(), next) != stops.end();
+    if (!r.error.ok() || !keep_going || stop ||
+        static_cast<int64_t>(out.size()) == r.options.max_new_tokens) {
+      r.finished = true;
+    } else {
+      r.next_token = next;
+    }
+  }
+}
+
+void Scheduler::DecodeBatch(std::vector<std::unique_ptr<Request>>& running) {
+  std::vector<Request*> rows;
+  std::vector<KVCache*> caches;
+  std::vector<at::Tensor> positions;
+  std::vector<int64_t> tokens;
+  for (auto& owned : running) {
+    Request& r = *owned;
+    if (r.finished || r.next_token < 0) continue;
+    // Shifting caches make room before the step; a failure ends this request only.
+    absl::Status reserved = r.stream->Reserve(1).status();
+    if (!reserved.ok()) {
+      r.error = reserved;
+      r.finished = true;
+      continue;
+    }
+    rows.push_back(&r);
+    caches.push_back(r.cache.get());
+    positions.push_back(r.stream->Take(1));
+    tokens.push_back(r.next_token);
+    r.next_token = -1;
+  }
+  if (rows.empty()) return;
+  absl::StatusOr<BatchedKVCache> batch = BatchedKVCache::Create(caches);
+  ForwardOptions forward;
+  forward.positions = at::cat(positions);
+  forward.last_logits_only = true;
+  absl::StatusOr<at::Tensor> logits =
+      batch.ok() ? model_->Forward(at::tensor(tokens, at::kLong).unsqueeze(1), &*batch, forward)
+                 : absl::StatusOr<at::Tensor>(batch.status());
+  for (size_t b = 0; b < rows.size(); ++b) {
+    if (!logits.ok()) {
+      rows[b]->error = logits.status();
+      rows[b]->finished = true;
+      continue;
+    }
+    rows[b]->logits = logits->select(0, static_cast<int64_t>(b)).reshape({1, -1});
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++stats_.decode_passes;
+  stats_.decode_rows += static_cast<int64_t>(rows.size());
+}
+
+void Scheduler::Retire(std::vector<std::unique_ptr<Request>>& running) {
+  auto done = std::stable_partition(running.begin(), running.end(),
+                                    [](const std::unique_ptr<Request>& r) { return !r->finished; });
+  if (done == running.end()) return;
+  const Clock::time_point now = Clock::now();
+  SchedulerStats delta;
+  for (auto it = done; it != running.end(); ++it) {
+    Request& r = **it;
+    RequestResult& result = r.result;
+    result.stats.prompt_tokens = static_cast<int64_t>(r.prompt.size());
+    result.stats.new_tokens = static_cast<int64_t>(result.tokens.size());
+    result.stats.kv_cache_bytes = r.cache->AllocatedBytes();
+    result.kv_cache_index_bytes = r.cache->IndexBytes();
+    result.stats.position_shift = r.stream ? r.stream->shifted() : 0;
+    if (!result.tokens.empty()) result.stats.decode_s = Seconds(r.prefill_done, now);
+    result.queue_s = r.stream ? Seconds(r.submitted, r.admitted) : Seconds(r.submitted, now);
+    delta.generated_tokens += result.stats.new_tokens;
+    if (!r.error.ok()) {
+      ++delta.failed;
+    } else {
+      result.cancelled ? ++delta.cancelled : ++delta.completed;
+    }
+  }
+  {
+    // Counted before the handles finish, so a waiter sees its request in the statistics.
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.completed += delta.completed;
+    stats_.cancelled += delta.cancelled;
+    stats_.failed += delta.failed;
+    stats_.generated_tokens += delta.generated_tokens;
+    stats_.running = static_cast<int64_t>(done - running.begin());
+  }
+  for (auto it = done; it != running.end(); ++it) {
+    Request& r = **it;
+    if (!r.error.ok()) {
+      r.handle->Finish(r.error);
+    } else {
+      r.handle->Finish(std::move(r.result));
+    }
+  }
+  running.erase(done, running.end());
+}
+
+}  // namespace lgpt

@@ -1,0 +1,139 @@
+// Continuous batching: one thread steps every running request of one model as a batch.
+//
+// Each step (Orca's iteration-level scheduling):
+//   1. admits waiting requests in arrival order while fewer than max_running run;
+//   2. prefills prompt chunks of requests still reading their prompt, about
+//      step_prefill_tokens a step, so a long prompt stalls running streams for one chunk only;
+//   3. samples the next token of every request whose logits are ready (its own sampling
+//      options and its own generator, seeded as Generate seeds it), calls its on_token;
+//   4. runs one [B, 1] forward pass for the B requests that continue, through a
+//      BatchedKVCache over their own caches: every weight is read once a step for B tokens,
+//      attention stays per request over its own entries and positions.
+// A request's tokens equal lgpt::Generate with the same prompt, options (prefill_chunk as
+// EffectiveChunk says), seed and kind of cache (greedy tokens identical; logits differ only by
+// the rounding of batched matrix products).
+//
+//   Scheduler scheduler(model);
+//   auto handle = scheduler.Submit(prompt, options, std::move(cache));  // any batch-1 cache
+//   absl::StatusOr<RequestResult> result = (*handle)->Wait();
+#ifndef LGPT_CORE_SERVING_SCHEDULER_H_
+#define LGPT_CORE_SERVING_SCHEDULER_H_
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "cache/kv_cache.h"
+#include "core/model/generate.h"
+#include "core/model/gpt.h"
+
+namespace lgpt {
+
+struct SchedulerOptions {
+  int64_t max_running = 16;           // requests decoding at once (rows of a decode step)
+  int64_t max_waiting = 1024;         // queued requests; Submit beyond: ResourceExhausted
+  int64_t prefill_chunk = 256;        // prompt tokens per prefill forward pass (default)
+  int64_t step_prefill_tokens = 256;  // prompt tokens prefilled per step, all requests together
+
+  absl::Status Validate() const;
+};
+
+struct RequestResult {
+  std::vector<int64_t> tokens;  // as lgpt::Generate returns them
+  bool cancelled = false;       // Cancel(), a false on_token, or the scheduler's end
+  GenerateStats stats;          // time_to_first_token_s counts from Submit
+  int64_t kv_cache_index_bytes = 0;  // the cache's IndexBytes() when the request ended
+  double queue_s = 0;           // Submit to admission
+  std::vector<double> inter_token_s;  // gaps between consecutive tokens
+};
+
+class Scheduler;
+
+// A submitted request. Thread-safe.
+class RequestHandle {
+ public:
+  // Ends the request at the next step (its cache is released then); Wait() returns the tokens
+  // so far with `cancelled` set.
+  void Cancel() { cancel_requested_ = true; }
+  // Blocks until the request ends: its result, or the error that ended it (a failing forward
+  // pass, an on_token callback that threw).
+  absl::StatusOr<RequestResult> Wait();
+  bool Done() const;
+
+ private:
+  friend class Scheduler;
+  void Finish(absl::StatusOr<RequestResult> result);
+
+  std::atomic<bool> cancel_requested_{false};
+  mutable std::mutex mutex_;
+  std::condition_variable done_cv_;
+  bool done_ = false;
+  absl::StatusOr<RequestResult> result_ = absl::UnknownError("not finished");
+};
+
+struct SchedulerStats {
+  int64_t waiting = 0, running = 0;
+  int64_t submitted = 0, completed = 0, cancelled = 0, failed = 0;
+  int64_t steps = 0;              // scheduler steps that did work
+  int64_t decode_rows = 0;        // rows of all decode forward passes (mean batch = rows/passes)
+  int64_t decode_passes = 0;
+  int64_t prefill_tokens = 0;
+  int64_t generated_tokens = 0;
+};
+
+class Scheduler {
+ public:
+  // The model is shared (read-only) with any other user; the thread starts here.
+  explicit Scheduler(GPT model, SchedulerOptions options = {});
+  // Cancels every request still in flight (they end with `cancelled`) and joins the thread.
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues a generation of `prompt` through `cache` (batch size 1, empty or holding exactly
+  // [0, options.start_position)), with lgpt::Generate's options and checks: InvalidArgument /
+  // OutOfRange as Generate would fail, ResourceExhausted when max_waiting requests wait.
+  // on_token runs on the scheduler's thread; returning false (or throwing) ends only its own
+  // request.
+  absl::StatusOr<std::shared_ptr<RequestHandle>> Submit(std::vector<int64_t> prompt,
+                                                        GenerateOptions options,
+                                                        std::unique_ptr<KVCache> cache);
+
+  SchedulerStats Stats() const;
+  const SchedulerOptions& options() const { return options_; }
+  // The prefill chunk of a request: its own, or SchedulerOptions.prefill_chunk when it asks for
+  // the whole prompt at once. Its tokens equal Generate's with this chunk.
+  int64_t EffectiveChunk(const GenerateOptions& options) const;
+
+ private:
+  struct Request;
+  void Loop();
+  // One iteration over the running requests; false when there was nothing to do.
+  bool Step(std::vector<std::unique_ptr<Request>>& running);
+  void Prefill(std::vector<std::unique_ptr<Request>>& running);
+  void SampleReady(std::vector<std::unique_ptr<Request>>& running);
+  void DecodeBatch(std::vector<std::unique_ptr<Request>>& running);
+  void Retire(std::vector<std::unique_ptr<Request>>& running);
+
+  GPT model_;
+  const SchedulerOptions options_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable work_cv_;
+  std::deque<std::unique_ptr<Request>> waiting_;
+  bool stopping_ = false;
+  SchedulerStats stats_;
+  std::thread thread_;
+};
+
+}  // namespace lgpt
+
+#endif  // LGPT_CORE_SERVING_SCHEDULER_H_

@@ -1,0 +1,287 @@
+// Continuous batching (core/serving/scheduler.h) against batch-1 generation: every request's
+// tokens equal lgpt::Generate's for its own prompt, options, seed and kind of cache, whatever
+// else runs in the same steps: golden LitGPT checkpoints and small random models of the
+// sliding-window / soft-capping families, dense, budgeted and quantised caches, greedy and
+// sampled decoding, prompts of every length (chunked prefill). Then cancellation, callbacks that
+// stop or throw, shutdown with requests in flight, and refused submissions.
+#include "core/serving/scheduler.h"
+
+#include <ATen/ATen.h>
+
+#include <atomic>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "cache/kv_cache_factory.h"
+#include "core/config/config_presets.h"
+#include "core/model/checkpoint.h"
+#include "core/model/generate.h"
+#include "core/model/gpt.h"
+#include "gtest/gtest.h"
+#include "tests/test_models.h"
+
+namespace lgpt {
+namespace {
+
+GPT GoldenModel(const std::string& name) {
+  absl::StatusOr<LoadedModel> loaded = LoadCheckpoint("tests/testdata/" + name);
+  EXPECT_TRUE(loaded.ok()) << loaded.status();
+  return loaded->model;
+}
+
+GPT RandomModel(const std::string& preset, uint64_t seed) {
+  absl::StatusOr<Config> config = ShrinkConfig(*PresetFromName(preset));
+  EXPECT_TRUE(config.ok()) << config.status();
+  absl::StatusOr<GPT> model = GPTImpl::Create(*config);
+  EXPECT_TRUE(model.ok()) << model.status();
+  RandomizeWeights(**model, seed);
+  (*model)->eval();
+  return *model;
+}
+
+std::unique_ptr<KVCache> NewCache(GPTImpl& model, const KVCacheSpec& spec, int64_t length) {
+  KVCacheShape shape;
+  shape.batch_size = 1;
+  shape.max_sequence_length = length;
+  shape.layers = model.CacheLayout();
+  absl::StatusOr<std::unique_ptr<KVCache>> cache = MakeKVCache(spec, shape);
+  EXPECT_TRUE(cache.ok()) << cache.status();
+  return std::move(*cache);
+}
+
+KVCacheSpec Spec(const std::string& policy, int64_t budget, int bits) {
+  KVCacheSpec spec;
+  spec.policy = policy;
+  spec.budget = budget;
+  spec.bits = bits;
+  spec.residual = 2;
+  spec.group_size = 8;
+  return spec;
+}
+
+struct Job {
+  std::vector<int64_t> prompt;
+  GenerateOptions options;
+  KVCacheSpec spec;
+};
+
+// Jobs of different prompt lengths, caches and sampling for `model`.
+std::vector<Job> Jobs(GPTImpl& model, int count, uint64_t seed) {
+  const std::vector<KVCacheSpec> specs = {
+      Spec("dense", 0, 16), Spec("window", 8, 16), Spec("sink", 8, 16), Spec("h2o", 8, 16),
+      Spec("dense", 0, 8),  Spec("tova", 8, 4),
+  };
+  at::manual_seed(seed);
+  const int64_t vocab = model.config().PaddedVocabSize();
+  std::vector<Job> jobs;
+  for (int i = 0; i < count; ++i) {
+    Job job;
+    const int64_t length = 1 + (i * 7) % 19;
+    const at::Tensor ids = at::randint(0, vocab, {length}, at::kLong);
+    job.prompt.assign(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + length);
+    job.options.max_new_tokens = 6 + i % 9;
+    job.options.seed = 100 + i;
+    if (i % 3 == 2) {
+      job.options.sampling = {1.0, 20, 1.0};  // sampled: each request's own generator
+    } else {
+      job.options.sampling = {0.0, 0, 1.0};  // greedy
+    }
+    job.options.prefill_chunk = i % 4 == 3 ? 5 : 0;
+    job.spec = specs[i % specs.size()];
+    jobs.push_back(job);
+  }
+  return jobs;
+}
+
+std::vector<int64_t> Alone(GPTImpl& model, const Job& job) {
+  std::unique_ptr<KVCache> cache = NewCache(
+      model, job.spec, static_cast<int64_t>(job.prompt.size()) + job.options.max_new_tokens);
+  absl::StatusOr<std::vector<int64_t>> tokens = Generate(model, *cache, job.prompt, job.options);
+  EXPECT_TRUE(tokens.ok()) << tokens.status();
+  return tokens.ok() ? *tokens : std::vector<int64_t>();
+}
+
+void ExpectBatchedEqualsAlone(GPT model, int count, SchedulerOptions options) {
+  const std::vector<Job> jobs = Jobs(*model, count, 7);
+  Scheduler scheduler(model, options);
+  std::vector<std::vector<int64_t>> expected;
+  for (Job job : jobs) {
+    job.options.prefill_chunk = scheduler.EffectiveChunk(job.options);
+    expected.push_back(Alone(*model, job));
+  }
+
+  std::vector<std::shared_ptr<RequestHandle>> handles;
+  for (const Job& job : jobs) {
+    absl::StatusOr<std::shared_ptr<RequestHandle>> handle = scheduler.Submit(
+        job.prompt, job.options,
+        NewCache(*model, job.spec,
+                 static_cast<int64_t>(job.prompt.size()) + job.options.max_new_tokens));
+    ASSERT_TRUE(handle.ok()) << handle.status();
+    handles.push_back(*handle);
+  }
+  for (size_t i = 0; i < handles.size(); ++i) {
+    SCOPED_TRACE(absl::StrCat("request ", i, " ", DescribeKVCacheSpec(jobs[i].spec)));
+    absl::StatusOr<RequestResult> result = handles[i]->Wait();
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_FALSE(result->cancelled);
+    EXPECT_EQ(result->tokens, expected[i]);
+    EXPECT_EQ(result->stats.new_tokens, static_cast<int64_t>(expected[i].size()));
+    EXPECT_EQ(result->inter_token_s.size() + 1, expected[i].size());
+  }
+  const SchedulerStats stats = scheduler.Stats();
+  EXPECT_EQ(stats.completed, count);
+  EXPECT_EQ(stats.failed, 0);
+  EXPECT_GT(stats.decode_rows, stats.decode_passes);  // Steps really were batched.
+}
+
+class SchedulerGoldenTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(SchedulerGoldenTest, EveryRequestEqualsItsBatchOneRun) {
+  SchedulerOptions options;
+  options.max_running = 5;
+  options.prefill_chunk = 6;
+  options.step_prefill_tokens = 9;
+  ExpectBatchedEqualsAlone(GoldenModel(GetParam()), 14, options);
+}
+
+INSTANTIATE_TEST_SUITE_P(Checkpoints, SchedulerGoldenTest,
+                         ::testing::Values("golden/llama2", "golden/llama3_gqa", "golden/pythia"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param.substr(info.param.find('/') + 1);
+                         });
+
+class SchedulerFamilyTest : public ::testing::TestWithParam<std::string> {};
+
+// Sliding windows, soft-capping, local RoPE, MoE: the families whose attention differs.
+TEST_P(SchedulerFamilyTest, EveryRequestEqualsItsBatchOneRun) {
+  SchedulerOptions options;
+  options.max_running = 4;
+  ExpectBatchedEqualsAlone(RandomModel(GetParam(), 3), 10, options);
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, SchedulerFamilyTest,
+                         ::testing::Values("Gemma-2-2b", "Gemma-3-1b-it", "Mixtral-8x7B-v0.1",
+                                           "phi-2"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           std::string name = info.param;
+                           for (char& c : name) {
+                             if (!isalnum(static_cast<unsigned char>(c))) c = '_';
+                           }
+                           return name;
+                         });
+
+TEST(SchedulerTest, CancelAndCallbacksEndOnlyTheirOwnRequest) {
+  GPT model = GoldenModel("golden/llama2");
+  std::vector<Job> jobs = Jobs(*model, 4, 11);
+  for (Job& job : jobs) {
+    job.options.max_new_tokens = 12;
+    job.options.sampling = {0.0, 0, 1.0};
+    job.spec = Spec("dense", 0, 16);
+  }
+  std::vector<std::vector<int64_t>> expected;
+  for (const Job& job : jobs) expected.push_back(Alone(*model, job));
+
+  SchedulerOptions options;
+  options.max_running = 4;
+  Scheduler scheduler(model, options);
+  std::atomic<int> seen{0};
+  std::shared_ptr<RequestHandle> cancelled_handle;
+  std::vector<std::shared_ptr<RequestHandle>> handles;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    GenerateOptions o = jobs[i].options;
+    if (i == 1) o.on_token = [](int64_t) { return false; };  // stops after one token
+    if (i == 2) o.on_token = [](int64_t) -> bool { throw std::runtime_error("boom"); };
+    if (i == 3) {
+      o.on_token = [&seen](int64_t) {
+        ++seen;
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        return true;
+      };
+    }
+    absl::StatusOr<std::shared_ptr<RequestHandle>> handle =
+        scheduler.Submit(jobs[i].prompt, o, NewCache(*model, jobs[i].spec, 64));
+    ASSERT_TRUE(handle.ok()) << handle.status();
+    handles.push_back(*handle);
+  }
+  while (seen < 3) std::this_thread::yield();
+  handles[3]->Cancel();
+
+  absl::StatusOr<RequestResult> full = handles[0]->Wait();
+  ASSERT_TRUE(full.ok());
+  EXPECT_EQ(full->tokens, expected[0]);
+  absl::StatusOr<RequestResult> stopped = handles[1]->Wait();
+  ASSERT_TRUE(stopped.ok());
+  EXPECT_EQ(stopped->tokens, std::vector<int64_t>{expected[1][0]});
+  absl::StatusOr<RequestResult> threw = handles[2]->Wait();
+  ASSERT_FALSE(threw.ok());
+  EXPECT_NE(threw.status().message().find("boom"), std::string::npos) << threw.status();
+  absl::StatusOr<RequestResult> cancelled = handles[3]->Wait();
+  ASSERT_TRUE(cancelled.ok());
+  EXPECT_TRUE(cancelled->cancelled);
+  ASSERT_LT(cancelled->tokens.size(), expected[3].size());
+  EXPECT_EQ(cancelled->tokens,
+            std::vector<int64_t>(expected[3].begin(), expected[3].begin() + cancelled->tokens.size()));
+  const SchedulerStats stats = scheduler.Stats();
+  EXPECT_EQ(stats.completed, 2);
+  EXPECT_EQ(stats.failed, 1);
+  EXPECT_EQ(stats.cancelled, 1);
+}
+
+TEST(SchedulerTest, DestroyingTheSchedulerCancelsRequestsInFlight) {
+  GPT model = GoldenModel("golden/llama2");
+  std::vector<std::shared_ptr<RequestHandle>> handles;
+  {
+    SchedulerOptions options;
+    options.max_running = 2;
+    Scheduler scheduler(model, options);
+    for (int i = 0; i < 6; ++i) {
+      GenerateOptions o;
+      o.max_new_tokens = 40;
+      absl::StatusOr<std::shared_ptr<RequestHandle>> handle =
+          scheduler.Submit({1, 2, 3}, o, NewCache(*model, Spec("dense", 0, 16), 64));
+      ASSERT_TRUE(handle.ok());
+      handles.push_back(*handle);
+    }
+  }
+  int cancelled = 0;
+  for (auto& handle : handles) {
+    ASSERT_TRUE(handle->Done());
+    absl::StatusOr<RequestResult> result = handle->Wait();
+    ASSERT_TRUE(result.ok());
+    cancelled += result->cancelled;
+  }
+  EXPECT_GT(cancelled, 0);
+}
+
+TEST(SchedulerTest, SubmissionsThatCanNeverRunAreRefused) {
+  GPT model = GoldenModel("golden/llama2");
+  SchedulerOptions options;
+  options.max_waiting = 0;
+  Scheduler scheduler(model, options);
+  GenerateOptions o;
+  o.max_new_tokens = 4;
+  auto code = [&](std::vector<int64_t> prompt, GenerateOptions opts,
+                  std::unique_ptr<KVCache> cache) {
+    return scheduler.Submit(std::move(prompt), opts, std::move(cache)).status().code();
+  };
+  EXPECT_EQ(code({}, o, NewCache(*model, Spec("dense", 0, 16), 8)),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code({1, 2, 3}, o, nullptr), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code({1, 2, 3, 4, 5}, o, NewCache(*model, Spec("dense", 0, 16), 8)),
+            absl::StatusCode::kOutOfRange);  // 5 + 4 tokens in a cache of 8
+  EXPECT_EQ(code({1, 1 << 30}, o, NewCache(*model, Spec("dense", 0, 16), 8)),
+            absl::StatusCode::kOutOfRange);
+  GenerateOptions negative = o;
+  negative.max_new_tokens = -1;
+  EXPECT_EQ(code({1}, negative, NewCache(*model, Spec("dense", 0, 16), 8)),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code({1}, o, NewCache(*model, Spec("dense", 0, 16), 8)),
+            absl::StatusCode::kResourceExhausted);  // max_waiting 0
+}
+
+}  // namespace
+}  // namespace lgpt
