@@ -94,6 +94,7 @@ Engine::~Engine() = default;
 
 absl::StatusOr<std::shared_ptr<const Engine>> Engine::Load(const std::string& checkpoint_dir,
                                                            const EngineOptions& options) {
+  RETURN_IF_ERROR(options.serving.Validate());  // before the expensive part
   LoadOptions load;
   load.dtype = options.dtype;
   load.device = options.device;
@@ -124,7 +125,6 @@ absl::StatusOr<std::shared_ptr<const Engine>> Engine::Load(const std::string& ch
   } else if (!absl::IsNotFound(loaded_tokenizer.status())) {
     return loaded_tokenizer.status();  // present but malformed: say so rather than ignore it
   }
-  RETURN_IF_ERROR(options.serving.Validate());
   std::shared_ptr<Engine> engine(
       new Engine(std::move(loaded.model), std::move(tokenizer), checkpoint_dir, options.serving));
   engine->warnings_ = std::move(loaded.warnings);
