@@ -42,6 +42,9 @@ struct EngineOptions {
   // about half the bytes a decoded token reads, at a perplexity cost of ~0.02% measured on
   // the default model.
   bool quantize_int8 = false;
+  // Check lit_model.pth's records against their CRC-32s (LoadOptions::verify_checksums): a
+  // corrupt file fails to load, naming the tensor. Off only for trusted storage.
+  bool verify_checksums = true;
   // Called with a short description of each loading stage.
   std::function<void(const std::string&)> progress;
 };

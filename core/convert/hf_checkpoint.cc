@@ -280,9 +280,12 @@ absl::StatusOr<std::vector<std::string>> CopyTokenizerFiles(const std::string& f
   return copied;
 }
 
-absl::StatusOr<TensorMap> ReadWeightsFile(const std::string& path) {
+// Named in checksum errors: how a caller loads a corrupt file anyway.
+constexpr char kVerifyOption[] = "ConvertOptions.verify_checksums";
+
+absl::StatusOr<TensorMap> ReadWeightsFile(const std::string& path, bool verify_checksums) {
   if (absl::EndsWith(path, ".safetensors")) return ReadSafetensors(path);
-  return ReadTorchStateDict(path);
+  return ReadTorchStateDict(path, verify_checksums);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -969,8 +972,8 @@ std::string HfConfigJson(const Config& c, HfFamily f, bool tie_word_embeddings,
   return j.dump(2) + "\n";
 }
 
-absl::StatusOr<TensorMap> ReadHfTensors(const std::string& hf_dir,
-                                        std::vector<std::string>* files) {
+absl::StatusOr<TensorMap> ReadHfTensors(const std::string& hf_dir, std::vector<std::string>* files,
+                                        bool verify_checksums) {
   if (!IsDirectory(hf_dir)) {
     return absl::NotFoundError(absl::StrCat(hf_dir, ": no such directory"));
   }
@@ -1025,7 +1028,7 @@ absl::StatusOr<TensorMap> ReadHfTensors(const std::string& hf_dir,
   TensorMap all;
   std::map<std::string, std::string> origin;
   for (const std::string& path : paths) {
-    ASSIGN_OR_RETURN(TensorMap tensors, ReadWeightsFile(path));
+    ASSIGN_OR_RETURN(TensorMap tensors, ReadWeightsFile(path, verify_checksums));
     for (auto& [name, tensor] : tensors) {
       if (all.count(name)) {
         return Invalid(path, absl::StrCat("tensor ", name, " is also in ", origin[name]));
@@ -1072,7 +1075,9 @@ absl::StatusOr<ConvertResult> ConvertHfImpl(const std::string& hf_dir, const std
                    ConfigFromHfDir(hf_dir, options.model_name, options.model_config));
   Progress(options, absl::StrCat("reading weights as ", config.name));
   std::vector<std::string> files;
-  ASSIGN_OR_RETURN(TensorMap hf, ReadHfTensors(hf_dir, &files));
+  absl::StatusOr<TensorMap> read = ReadHfTensors(hf_dir, &files, options.verify_checksums);
+  if (!read.ok()) return WithVerifyChecksumsOption(read.status(), kVerifyOption);
+  TensorMap hf = *std::move(read);
   const std::string source = files.size() == 1 ? files[0] : hf_dir;
   ASSIGN_OR_RETURN(TensorMap lit, HfToLit(config, hf, source));
   hf.clear();  // The lit map holds what it needs.
@@ -1132,7 +1137,9 @@ absl::StatusOr<ConvertResult> ConvertLitImpl(const std::string& checkpoint_dir,
         absl::StrCat(checkpoint_dir, ": no model.safetensors or lit_model.pth"));
   }
   Progress(options, absl::StrCat("reading ", source));
-  ASSIGN_OR_RETURN(TensorMap lit, ReadWeightsFile(source));
+  absl::StatusOr<TensorMap> read = ReadWeightsFile(source, options.verify_checksums);
+  if (!read.ok()) return WithVerifyChecksumsOption(read.status(), kVerifyOption);
+  TensorMap lit = *std::move(read);
   bool tied = false;
   ASSIGN_OR_RETURN(TensorMap hf, LitToHf(config, lit, source, &tied));
   lit.clear();
