@@ -61,6 +61,7 @@
 #include "core/base/status_macros.h"
 #include "core/text/tokenizer.h"
 #include "tools/progress.h"
+#include "tools/load_flags.h"
 #include "tools/tool_util.h"
 
 ABSL_FLAG(std::string, checkpoint_dir, "",
@@ -169,6 +170,7 @@ absl::StatusOr<LoadedModel> LoadModel(c10::ScalarType dtype, c10::Device device)
   load.dtype = dtype;
   load.device = device;
   load.progress = PrintProgress;
+  ApplyLoadFlags(load);
   return LoadCheckpoint(dir, load);
 }
 

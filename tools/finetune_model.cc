@@ -134,7 +134,8 @@ absl::StatusOr<std::string> BaseDirFromHyperparameters(const std::string& dir) {
 }
 
 absl::StatusOr<LoadedModel> LoadFinetuned(const std::string& dir, PeftMethod method,
-                                          std::string base_dir, c10::ScalarType dtype) {
+                                          std::string base_dir, c10::ScalarType dtype,
+                                          bool verify_checksums) {
   ASSIGN_OR_RETURN(Config config, LoadConfigFile(dir + "/model_config.yaml"));
   if (base_dir.empty()) {
     ASSIGN_OR_RETURN(base_dir, BaseDirFromHyperparameters(dir));
@@ -143,11 +144,13 @@ absl::StatusOr<LoadedModel> LoadFinetuned(const std::string& dir, PeftMethod met
   model->To(c10::Device(c10::kCPU), dtype);
   if (method != PeftMethod::kFull) {
     std::string source;
-    ASSIGN_OR_RETURN(TensorMap base, ReadCheckpointTensors(base_dir, &source));
+    ASSIGN_OR_RETURN(TensorMap base, ReadCheckpointTensors(base_dir, &source, verify_checksums));
     RETURN_IF_ERROR(LoadBaseWeights(*model, base, source));
   }
   const std::string trained_path = dir + "/" + TrainedFileName(method);
-  ASSIGN_OR_RETURN(TensorMap trained, ReadTorchStateDict(trained_path));
+  absl::StatusOr<TensorMap> read = ReadTorchStateDict(trained_path, verify_checksums);
+  if (!read.ok()) return WithVerifyChecksumsOption(read.status(), "LoadOptions.verify_checksums");
+  TensorMap trained = *std::move(read);
   for (const auto& [name, tensor] : trained) {
     if (!IsTrainedParameter(method, name)) {
       return absl::InvalidArgumentError(absl::StrCat(trained_path, ": tensor ", name, " is not a ",

@@ -44,10 +44,12 @@ absl::StatusOr<TensorMap> MergedStateDict(GPTImpl& model, PeftMethod method);
 
 // Loads a fine-tuned directory: model_config.yaml (with the PEFT fields), the base weights of
 // `base_dir` (empty: hyperparameters.yaml's checkpoint_dir) and the trained file on top.
-// The model is in eval mode.
+// The model is in eval mode. `verify_checksums`: as LoadOptions::verify_checksums, for both
+// files.
 absl::StatusOr<LoadedModel> LoadFinetuned(const std::string& dir, PeftMethod method,
                                           std::string base_dir = "",
-                                          c10::ScalarType dtype = c10::kFloat);
+                                          c10::ScalarType dtype = c10::kFloat,
+                                          bool verify_checksums = true);
 
 // hyperparameters.yaml's checkpoint_dir (LitGPT writes it for merge_lora).
 absl::StatusOr<std::string> BaseDirFromHyperparameters(const std::string& dir);

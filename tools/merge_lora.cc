@@ -21,6 +21,7 @@
 #include "core/base/output_dir.h"
 #include "core/io/torch_pickle_writer.h"
 #include "tools/finetune_model.h"
+#include "tools/load_flags.h"
 #include "tools/tool_util.h"
 
 ABSL_FLAG(std::string, checkpoint_dir, "", "fine-tuned directory with lit_model.pth.lora");
@@ -58,7 +59,8 @@ int main(int argc, char** argv) {
           "writes: pass --out_dir")));
     }
   }
-  LoadedModel loaded = ValueOrDie(LoadFinetuned(dir, PeftMethod::kLora, base_dir));
+  LoadedModel loaded = ValueOrDie(
+      LoadFinetuned(dir, PeftMethod::kLora, base_dir, c10::kFloat, VerifyChecksumsFlag()));
   const TensorMap merged = ValueOrDie(MergedStateDict(*loaded.model, PeftMethod::kLora));
   if (beside) {
     DieIfError(WriteTorchStateDict(dir + "/lit_model.pth", merged));

@@ -18,6 +18,7 @@
 #include "core/model/checkpoint.h"
 #include "core/model/quantize_model.h"
 #include "core/text/tokenizer.h"
+#include "tools/load_flags.h"
 #include "tools/tool_util.h"
 
 ABSL_FLAG(std::string, checkpoint_dir, "",
@@ -45,6 +46,7 @@ int main(int argc, char** argv) {
   const std::string text = buffer.str();
 
   LoadOptions load;
+  ApplyLoadFlags(load);
   if (quantize == "int8") load.parts = Int8ModelParts(Int8Options{absl::GetFlag(FLAGS_group_size)});
   LoadedModel loaded = ValueOrDie(LoadCheckpoint(checkpoint_dir, load));
   if (quantize == "int8") DieIfError(QuantizeModelInt8(*loaded.model));

@@ -10,6 +10,7 @@
 #include "core/base/device.h"
 #include "core/model/checkpoint.h"
 #include "core/io/npy.h"
+#include "tools/load_flags.h"
 #include "tools/tool_util.h"
 
 ABSL_FLAG(std::string, checkpoint_dir, "", "LitGPT checkpoint directory");
@@ -32,6 +33,7 @@ int main(int argc, char** argv) {
   options.dtype = ValueOrDie(ParsePrecision(absl::GetFlag(FLAGS_precision)));
   options.device = ValueOrDie(ParseDevice(absl::GetFlag(FLAGS_device)));
   options.progress = PrintProgress;
+  ApplyLoadFlags(options);
   LoadedModel loaded = ValueOrDie(LoadCheckpoint(checkpoint_dir, options));
   if (static_cast<int64_t>(ids.size()) > loaded.config.block_size) {
     Die(absl::InvalidArgumentError(
