@@ -44,11 +44,11 @@ namespace lgpt {
 // of the zip's central directory: data.pkl and byteorder before the pickle is interpreted,
 // and after it the storage records behind the returned tensors (each once; storages only
 // other entries of a training checkpoint use are not read, so not checked). Loading stays
-// zero-copy; the check is one read of the weights, in 1 MiB pieces over LibTorch's intra-op
-// threads (crc32.h: ~13 GB/s a core where the CPU has carry-less multiplication, so ~35 ms of
-// CPU for the 444 MB 110M-parameter checkpoint), and it is the first to touch the mapped pages
-// (the page faults are moved from the first reader of the tensors to here; README.md, "Bad
-// input", has the load times). A file whose records all store CRC 0 was written without
+// zero-copy. The check is one read of the weights, in 1 MiB pieces over as many threads as
+// LibTorch's intra-op setting: ~35 ms of CPU for the 444 MB 110M-parameter checkpoint
+// (crc32.h, ~13 GB/s a core with carry-less multiplication), plus the page faults of first
+// touching the mapping, moved here from the first reader of the tensors (README.md, "Bad
+// input", has load times). A file whose records all store CRC 0 was written without
 // checksums (PyTorch's torch.serialization.set_crc32_options(False)) and is not checked.
 //
 // Hostile input yields errors, never crashes or unbounded work: data.pkl is capped at
