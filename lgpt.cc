@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "core/model/checkpoint.h"
 #include "core/model/quantize_model.h"
 #include "core/base/status_macros.h"
@@ -99,6 +100,7 @@ absl::StatusOr<std::shared_ptr<const Engine>> Engine::Load(const std::string& ch
   load.dtype = options.dtype;
   load.device = options.device;
   load.progress = options.progress;
+  load.verify_checksums = options.verify_checksums;
   if (options.quantize_int8) {
     if (!options.device.is_cpu() || options.dtype != c10::kFloat) {
       return absl::InvalidArgumentError(
@@ -107,8 +109,14 @@ absl::StatusOr<std::shared_ptr<const Engine>> Engine::Load(const std::string& ch
     }
     load.parts = Int8ModelParts();
   }
-  ASSIGN_OR_RETURN(LoadedModel loaded,
-                   LoadModelWithPeft(checkpoint_dir, options.loras, load, "EngineOptions.loras"));
+  absl::StatusOr<LoadedModel> loaded_or =
+      LoadModelWithPeft(checkpoint_dir, options.loras, load, "EngineOptions.loras");
+  if (absl::IsDataLoss(loaded_or.status())) {  // Name the option the caller set.
+    return absl::DataLossError(absl::StrReplaceAll(
+        loaded_or.status().message(),
+        {{"LoadOptions.verify_checksums", "EngineOptions.verify_checksums"}}));
+  }
+  ASSIGN_OR_RETURN(LoadedModel loaded, std::move(loaded_or));
   if (options.quantize_int8) {
     if (options.progress) options.progress("quantising projections to int8");
     RETURN_IF_ERROR(QuantizeModelInt8(*loaded.model));

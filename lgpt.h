@@ -50,6 +50,9 @@ struct EngineOptions {
   bool quantize_int8 = false;
   // Continuous batching of the requests given to Engine::Submit.
   SchedulerOptions serving;
+  // Check lit_model.pth's records against their CRC-32s (LoadOptions::verify_checksums): a
+  // corrupt file fails to load, naming the tensor. Off only for trusted storage.
+  bool verify_checksums = true;
   // Called with a short description of each loading stage.
   std::function<void(const std::string&)> progress;
 };

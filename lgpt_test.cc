@@ -1,8 +1,11 @@
 #include "lgpt.h"
 
+#include <sys/stat.h>
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <thread>
 #include <vector>
@@ -419,6 +422,37 @@ TEST(EngineTest, LoadsLoraFinetunesAtRunTime) {
   const absl::Status missing = Engine::Load(kDefaultModel, options).status();
   EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(missing.message(), HasSubstr("EngineOptions.loras[0] /nonexistent/lora"));
+}
+
+// A lit_model.pth with flipped bytes is refused naming the tensor and EngineOptions' field
+// (not LoadOptions'); verify_checksums = false loads it.
+TEST(EngineTest, CorruptCheckpointNamesTheEngineOption) {
+  const std::string golden = "tests/testdata/golden/llama2";
+  const std::string name = "transformer.h.0.mlp.proj.weight";
+  absl::StatusOr<std::shared_ptr<const Engine>> intact = Engine::Load(golden);
+  ASSERT_TRUE(intact.ok()) << intact.status();
+  const at::Tensor weight = (*intact)->model().named_parameters()[name].contiguous();
+  const std::string dir = testing::TempDir() + "/engine_corrupt";
+  ::mkdir(dir.c_str(), 0755);
+  for (const char* file : {"model_config.yaml", "lit_model.pth"}) {
+    std::ifstream in(golden + "/" + file, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (std::string(file) == "lit_model.pth") {
+      const size_t at = bytes.find(std::string(static_cast<const char*>(weight.data_ptr()),
+                                               weight.numel() * weight.element_size()));
+      ASSERT_NE(at, std::string::npos);
+      for (size_t i = 0; i < 40; ++i) bytes[at + 4 * i] ^= 1;  // Low mantissa bits: finite.
+    }
+    std::ofstream(dir + "/" + file, std::ios::binary | std::ios::trunc) << bytes;
+  }
+  const absl::Status status = Engine::Load(dir).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_THAT(status.message(), HasSubstr(absl::StrCat("(tensor ", name, ")")));
+  EXPECT_THAT(status.message(), HasSubstr("set EngineOptions.verify_checksums = false"));
+  EngineOptions options;
+  options.verify_checksums = false;
+  const absl::StatusOr<std::shared_ptr<const Engine>> unverified = Engine::Load(dir, options);
+  EXPECT_TRUE(unverified.ok()) << unverified.status();
 }
 
 }  // namespace

@@ -122,8 +122,11 @@ absl::StatusOr<LoraOptions> TrainedLoraOptions(const Config& config) {
 // Every tensor must be one of the method's parameters that model_config.yaml gives, with
 // its shape; messages use the file's names.
 absl::Status LoadTrainedFile(GPTImpl& model, const std::string& path, PeftMethod method,
-                             int depth, bool check_finite) {
-  ASSIGN_OR_RETURN(TensorMap trained, ReadTorchStateDict(path));
+                             int depth, const LoadOptions& options) {
+  absl::StatusOr<TensorMap> read = ReadTorchStateDict(path, options.verify_checksums);
+  if (!read.ok()) return WithVerifyChecksumsOption(read.status(), "LoadOptions.verify_checksums");
+  TensorMap trained = *std::move(read);
+  const bool check_finite = options.check_finite;
   const TensorMap targets = StateDict(model);
   const absl::string_view name_of_method = PeftMethodName(method);
   TensorMap mapped;
@@ -190,14 +193,15 @@ absl::StatusOr<LoadedModel> BuildAndLoad(const Config& config, const ModelParts&
   model->To(options.device, options.dtype);
   std::string source;
   progress("reading the base weights");
-  ASSIGN_OR_RETURN(TensorMap base, ReadCheckpointTensors(base_dir, &source));
+  ASSIGN_OR_RETURN(TensorMap base,
+                   ReadCheckpointTensors(base_dir, &source, options.verify_checksums));
   progress(absl::StrCat("loading ", base.size(), " tensors from ", source));
   RETURN_IF_ERROR(LoadBaseWeights(*model, base, source, options.check_finite,
                                   /*adopt_storage=*/true));
   for (const TrainedFile& file : trained) {
     progress(absl::StrCat("loading ", file.path));
     RETURN_IF_ERROR(
-        LoadTrainedFile(*model, file.path, file.method, file.depth, options.check_finite));
+        LoadTrainedFile(*model, file.path, file.method, file.depth, options));
   }
   model->eval();
   LoadedModel loaded{model->config(), model, {}};

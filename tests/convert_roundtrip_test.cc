@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -749,6 +750,48 @@ TEST(LoadCheckpointTest, NonFiniteWeightsAreRefused) {
     trusted.check_finite = false;
     EXPECT_TRUE(LoadCheckpoint(dir, trusted).ok());
   }
+}
+
+// 40 bytes flipped inside a tensor's record of lit_model.pth (xor 1 keeps the values finite,
+// so nothing else would notice) fail its CRC-32 at load and at conversion, naming the tensor
+// and the option that skips the check; with the check off the file loads as it is.
+TEST(LoadCheckpointTest, CorruptRecordsAreRefused) {
+  const LitModel m = MakeModel("Llama-2-7b-hf", 45);
+  const std::string dir = NewDir("corrupt");
+  WriteFile(dir + "/model_config.yaml", ConfigToYaml(m.config));
+  const std::string path = dir + "/lit_model.pth";
+  ASSERT_TRUE(WriteTorchStateDict(path, m.state).ok());
+  const at::Tensor weight = m.state.at("transformer.h.1.mlp.fc_2.weight").contiguous();
+  std::ifstream in(path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t at = bytes.find(std::string(static_cast<const char*>(weight.data_ptr()),
+                                           weight.numel() * weight.element_size()));
+  ASSERT_NE(at, std::string::npos);
+  for (size_t i = 0; i < 40; ++i) bytes[at + 8 + i] ^= 1;
+  WriteFile(path, bytes);
+
+  const absl::StatusOr<LoadedModel> loaded = LoadCheckpoint(dir);
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kDataLoss) << loaded.status();
+  for (const char* part : {"lit_model.pth: record ", "(tensor transformer.h.1.mlp.fc_2.weight)",
+                           "CRC-32", "set LoadOptions.verify_checksums = false"}) {
+    EXPECT_NE(loaded.status().message().find(part), std::string::npos) << loaded.status();
+  }
+  LoadOptions trusted;
+  trusted.verify_checksums = false;
+  absl::StatusOr<LoadedModel> unverified = LoadCheckpoint(dir, trusted);
+  ASSERT_TRUE(unverified.ok()) << unverified.status();
+  EXPECT_FALSE(unverified->model->named_parameters()["transformer.h.1.mlp.fc_2.weight"].equal(
+      m.state.at("transformer.h.1.mlp.fc_2.weight")));
+
+  const absl::Status converted = ConvertLitCheckpoint(dir, NewDir("corrupt_hf")).status();
+  EXPECT_EQ(converted.code(), absl::StatusCode::kDataLoss) << converted;
+  EXPECT_NE(converted.message().find("set ConvertOptions.verify_checksums = false"),
+            std::string::npos)
+      << converted;
+  ConvertOptions convert;
+  convert.verify_checksums = false;
+  EXPECT_TRUE(ConvertLitCheckpoint(dir, NewDir("corrupt_hf"), convert).ok());
 }
 
 // A block_size past the trained context (train_config.yaml's, or the preset's) is loaded, with

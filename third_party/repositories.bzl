@@ -11,7 +11,8 @@ def lgpt_dependencies():
     for name in ["com_google_absl", "com_google_googletest", "com_github_google_glog",
                  "com_github_gflags_gflags", "com_github_google_benchmark",
                  "com_github_jbeder_yaml_cpp", "com_github_nlohmann_json",
-                 "com_github_google_sentencepiece", "com_googlesource_code_re2", "libpng", "libedit"]:
+                 "com_github_google_sentencepiece", "com_googlesource_code_re2", "libpng", "libedit",
+                 "zlib"]:
         native.new_local_repository(
             name = name,
             path = "/usr",

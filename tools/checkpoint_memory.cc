@@ -22,6 +22,7 @@
 #include "core/model/gpt.h"
 #include "core/io/safetensors.h"
 #include "core/io/torch_pickle_writer.h"
+#include "tools/load_flags.h"
 #include "tools/tool_util.h"
 
 ABSL_FLAG(std::string, checkpoint_dir, "", "checkpoint directory to load");
@@ -88,14 +89,16 @@ int main(int argc, char** argv) {
   const int64_t baseline = PeakRssBytes();
   double checksum = 0;
   if (absl::GetFlag(FLAGS_read_only)) {
-    const TensorMap tensors = ValueOrDie(ReadCheckpointTensors(dir));
+    const TensorMap tensors =
+        ValueOrDie(ReadCheckpointTensors(dir, nullptr, VerifyChecksumsFlag()));
     for (const auto& [name, t] : tensors)
       checksum += t.sum().item<double>();  // Touches every byte, allocates nothing big.
   } else if (absl::GetFlag(FLAGS_adopt)) {
     const Config config = ValueOrDie(LoadConfigFile(dir + "/model_config.yaml"));
     GPT model = ValueOrDie(GPTImpl::Create(config));
     {
-      const TensorMap tensors = ValueOrDie(ReadCheckpointTensors(dir));
+      const TensorMap tensors =
+        ValueOrDie(ReadCheckpointTensors(dir, nullptr, VerifyChecksumsFlag()));
       at::NoGradGuard no_grad;
       for (auto& [name, param] : StateDict(*model)) {
         const auto it = tensors.find(name);
@@ -108,7 +111,9 @@ int main(int argc, char** argv) {
     }
     for (const auto& [name, t] : StateDict(*model)) checksum += t.sum().item<double>();
   } else {
-    LoadedModel loaded = ValueOrDie(LoadCheckpoint(dir));
+    LoadOptions options;
+    ApplyLoadFlags(options);
+    LoadedModel loaded = ValueOrDie(LoadCheckpoint(dir, options));
     for (const auto& [name, t] : StateDict(*loaded.model)) {
       checksum += t.sum().item<double>();  // Touches every byte, allocates nothing big.
     }

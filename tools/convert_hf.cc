@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/convert/hf_checkpoint.h"
+#include "tools/load_flags.h"
 #include "tools/tool_util.h"
 
 ABSL_FLAG(std::string, hf_dir, "", "Hugging Face checkpoint directory (config.json + weights)");
@@ -59,6 +60,7 @@ int main(int argc, char** argv) {
   options.write_safetensors = absl::GetFlag(FLAGS_safetensors);
   options.in_place = absl::GetFlag(FLAGS_in_place);
   options.progress = PrintProgress;
+  options.verify_checksums = VerifyChecksumsFlag();
   const auto start = std::chrono::steady_clock::now();
   const ConvertResult result = ValueOrDie(ConvertHfCheckpoint(hf_dir, out_dir, options));
   if (!result.preset.empty()) {

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/convert/hf_checkpoint.h"
+#include "tools/load_flags.h"
 #include "tools/tool_util.h"
 
 ABSL_FLAG(std::string, checkpoint_dir, "", "LitGPT checkpoint directory");
@@ -45,6 +46,7 @@ int main(int argc, char** argv) {
   }
   options.max_shard_bytes = absl::GetFlag(FLAGS_max_shard_mb) * 1000 * 1000;
   options.progress = PrintProgress;
+  options.verify_checksums = VerifyChecksumsFlag();
   const auto start = std::chrono::steady_clock::now();
   const ConvertResult result = ValueOrDie(ConvertLitCheckpoint(checkpoint_dir, out_dir, options));
   const double seconds =

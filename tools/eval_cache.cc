@@ -62,6 +62,7 @@
 #include "core/text/tokenizer.h"
 #include "tools/progress.h"
 #include "tools/peft_flags.h"
+#include "tools/load_flags.h"
 #include "tools/tool_util.h"
 
 ABSL_FLAG(std::string, checkpoint_dir, "",
@@ -174,6 +175,7 @@ absl::StatusOr<LoadedModel> LoadModel(c10::ScalarType dtype, c10::Device device,
   load.dtype = dtype;
   load.device = device;
   load.progress = PrintProgress;
+  ApplyLoadFlags(load);
   return LoadModelWithPeft(dir, loras, load, "--lora");
 }
 

@@ -36,6 +36,7 @@
 #include "tools/progress.h"
 #include "tools/sft_data.h"
 #include "tools/sft_trainer.h"
+#include "tools/load_flags.h"
 #include "tools/tool_util.h"
 
 ABSL_FLAG(std::string, method, "lora", "lora, adapter, adapter_v2 or full");
@@ -225,7 +226,8 @@ int main(int argc, char** argv) {
   GPT model = ValueOrDie(CreateFinetuneModel(config, method, int8_base));
   {
     std::string base_source;
-    const TensorMap base = ValueOrDie(ReadCheckpointTensors(checkpoint_dir, &base_source));
+    const TensorMap base =
+        ValueOrDie(ReadCheckpointTensors(checkpoint_dir, &base_source, VerifyChecksumsFlag()));
     DieIfError(LoadBaseWeights(*model, base, base_source));
   }  // the base tensors are copied into the model: free them
   if (int8_base) DieIfError(QuantizeModelInt8(*model));  // frees the float base weights

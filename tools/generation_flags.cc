@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/base/device.h"
 #include "core/base/status_macros.h"
+#include "tools/load_flags.h"
 #include "tools/tool_util.h"
 
 ABSL_FLAG(double, temperature, 0.8, "sampling temperature; 0 is greedy");
@@ -53,6 +54,7 @@ absl::StatusOr<EngineOptions> EngineOptionsFromFlags() {
         absl::StrCat("--quantize must be none or int8, got '", quantize, "'"));
   }
   options.quantize_int8 = quantize == "int8";
+  options.verify_checksums = VerifyChecksumsFlag();
   return options;
 }
 

@@ -13,7 +13,7 @@ namespace lgpt {
 // flag.
 absl::Status ApplyGenerationFlags(RequestOptions& options);
 
-// --precision and --device.
+// --precision, --device, --quantize and --verify_checksums (tools/load_flags.h).
 absl::StatusOr<EngineOptions> EngineOptionsFromFlags();
 
 }  // namespace lgpt

@@ -24,6 +24,7 @@
 #include "core/io/torch_pickle_writer.h"
 #include "peft/peft_checkpoint.h"
 #include "tools/finetune_model.h"
+#include "tools/load_flags.h"
 #include "tools/tool_util.h"
 
 ABSL_FLAG(std::string, checkpoint_dir, "", "fine-tuned directory with lit_model.pth.lora");
@@ -61,7 +62,9 @@ int main(int argc, char** argv) {
           "writes: pass --out_dir")));
     }
   }
-  LoadedModel loaded = ValueOrDie(LoadPeftCheckpoint(dir, PeftMethod::kLora, {}, base_dir));
+  LoadOptions load;
+  load.verify_checksums = VerifyChecksumsFlag();
+  LoadedModel loaded = ValueOrDie(LoadPeftCheckpoint(dir, PeftMethod::kLora, load, base_dir));
   const TensorMap merged = ValueOrDie(MergedStateDict(*loaded.model, PeftMethod::kLora));
   if (beside) {
     DieIfError(WriteTorchStateDict(dir + "/lit_model.pth", merged));

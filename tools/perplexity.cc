@@ -19,6 +19,7 @@
 #include "core/model/quantize_model.h"
 #include "core/text/tokenizer.h"
 #include "tools/peft_flags.h"
+#include "tools/load_flags.h"
 #include "tools/tool_util.h"
 
 ABSL_FLAG(std::string, checkpoint_dir, "",
@@ -46,6 +47,7 @@ int main(int argc, char** argv) {
   const std::string text = buffer.str();
 
   LoadOptions load;
+  ApplyLoadFlags(load);
   if (quantize == "int8") load.parts = Int8ModelParts(Int8Options{absl::GetFlag(FLAGS_group_size)});
   const std::vector<LoraAdapterSpec> loras = ValueOrDie(LoraFlags(argc, argv));
   LoadedModel loaded = ValueOrDie(LoadModelWithPeft(checkpoint_dir, loras, load, "--lora"));

@@ -33,6 +33,7 @@
 #include "core/io/safetensors.h"
 #include "tools/progress.h"
 #include "tools/spm_tools.h"
+#include "tools/load_flags.h"
 #include "tools/tool_util.h"
 #include "tools/train_util.h"
 
@@ -216,7 +217,7 @@ int main(int argc, char** argv) {
   int64_t start_step = 0;
   const std::string state_path = out_dir + "/training_state.pt";
   if (absl::GetFlag(FLAGS_resume) && Exists(state_path)) {
-    TensorMap tensors = ValueOrDie(ReadCheckpointTensors(out_dir));
+    TensorMap tensors = ValueOrDie(ReadCheckpointTensors(out_dir, nullptr, VerifyChecksumsFlag()));
     for (auto& [name, t] : tensors) t = t.to(at::kFloat);
     DieIfError(LoadStateDict(*model, tensors, out_dir));
     torch::serialize::InputArchive archive;

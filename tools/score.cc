@@ -11,6 +11,7 @@
 #include "core/model/checkpoint.h"
 #include "core/io/npy.h"
 #include "tools/peft_flags.h"
+#include "tools/load_flags.h"
 #include "tools/tool_util.h"
 
 ABSL_FLAG(std::string, checkpoint_dir, "",
@@ -35,6 +36,7 @@ int main(int argc, char** argv) {
   options.dtype = ValueOrDie(ParsePrecision(absl::GetFlag(FLAGS_precision)));
   options.device = ValueOrDie(ParseDevice(absl::GetFlag(FLAGS_device)));
   options.progress = PrintProgress;
+  ApplyLoadFlags(options);
   LoadedModel loaded = ValueOrDie(LoadModelWithPeft(checkpoint_dir, loras, options, "--lora"));
   if (static_cast<int64_t>(ids.size()) > loaded.config.block_size) {
     Die(absl::InvalidArgumentError(

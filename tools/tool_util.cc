@@ -111,6 +111,12 @@ void InitTool(int argc, char** argv, absl::string_view usage) {
 std::string InFlagTerms(absl::string_view message) {
   // Longest field names first, so a prefix never replaces part of a longer name.
   static const std::pair<const char*, const char*> kFlags[] = {
+      {"ConvertOptions.verify_checksums = false", "--verify_checksums=false"},
+      {"EngineOptions.verify_checksums = false", "--verify_checksums=false"},
+      {"LoadOptions.verify_checksums = false", "--verify_checksums=false"},
+      {"ConvertOptions.verify_checksums", "--verify_checksums"},
+      {"EngineOptions.verify_checksums", "--verify_checksums"},
+      {"LoadOptions.verify_checksums", "--verify_checksums"},
       {"KVCacheSpec.sink_tokens", "--kv_sink"},
       {"KVCacheSpec.group_size", "--kv_group"},
       {"KVCacheSpec.positions", "--kv_positions"},

@@ -8,6 +8,8 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -15,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "core/io/npy.h"
+#include "core/io/safetensors.h"
 #include "gtest/gtest.h"
 
 namespace lgpt {
@@ -422,6 +425,44 @@ TEST(ToolErrorsTest, BrokenCheckpointsAreOneLineAndStatusOne) {
   ASSERT_EQ(std::system(("rm " + dir + "/model.safetensors").c_str()), 0);
   std::ofstream(dir + "/lit_model.pth", std::ios::binary) << "PK\x03\x04 not really a zip";
   ExpectCleanFailure(Execute("generate", args), "lit_model.pth");
+}
+
+// The case: 40 bytes flipped in a tensor record of lit_model.pth. score (LoadOptions)
+// and generate (EngineOptions) exit 1 naming the tensor and the flag that skips the check;
+// with --verify_checksums=false they load it.
+TEST(ToolErrorsTest, CorruptLitModelPthNamesTheTensor) {
+  const std::string dir = TempDir() + "/corrupt";
+  ASSERT_EQ(std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str()), 0);
+  std::ofstream(dir + "/model_config.yaml") << ReadAll(absl::StrCat(kGolden, "/model_config.yaml"));
+  std::string bytes = ReadAll(absl::StrCat(kGolden, "/lit_model.pth"));
+  const std::string name = "transformer.h.1.attn.proj.weight";
+  const at::Tensor weight = ReadSafetensors(absl::StrCat(kGolden, "/model.safetensors"))
+                                .value()
+                                .at(name)
+                                .contiguous();
+  const size_t at = bytes.find(std::string(static_cast<const char*>(weight.data_ptr()),
+                                           weight.numel() * weight.element_size()));
+  ASSERT_NE(at, std::string::npos);
+  for (size_t i = 0; i < 40; ++i) bytes[at + 4 + i] ^= 1;  // The values stay finite.
+  std::ofstream(dir + "/lit_model.pth", std::ios::binary) << bytes;
+
+  const std::string logits = TempDir() + "/corrupt_logits.npy";
+  const std::string score = absl::StrCat("--checkpoint_dir=", dir, " --token_ids=1,2,3",
+                                         " --logits_out=", logits);
+  const std::string generate =
+      absl::StrCat("--checkpoint_dir=", dir, " --prompt_ids=1,2 --max_new_tokens=2");
+  const std::vector<std::pair<std::string, std::string>> runs = {{"score", score},
+                                                                  {"generate", generate}};
+  for (const auto& [tool, args] : runs) {
+    SCOPED_TRACE(tool);
+    const ToolRun refused = Execute(tool, args);
+    ExpectCleanFailure(refused, absl::StrCat("(tensor ", name, ") fails its CRC-32 check"));
+    EXPECT_NE(refused.err.find("set --verify_checksums=false to load it anyway"),
+              std::string::npos)
+        << refused.err;
+    const ToolRun loaded = Execute(tool, args + " --verify_checksums=false");
+    EXPECT_EQ(loaded.status, 0) << loaded.err;
+  }
 }
 
 // --kv_positions=cache: window and sink caches generate and chat past the 256-token context in

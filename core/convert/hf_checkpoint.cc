@@ -272,9 +272,12 @@ absl::StatusOr<std::vector<std::string>> CopyTokenizerFiles(const std::string& f
   return copied;
 }
 
-absl::StatusOr<TensorMap> ReadWeightsFile(const std::string& path) {
+// Named in checksum errors: how a caller loads a corrupt file anyway.
+constexpr char kVerifyOption[] = "ConvertOptions.verify_checksums";
+
+absl::StatusOr<TensorMap> ReadWeightsFile(const std::string& path, bool verify_checksums) {
   if (absl::EndsWith(path, ".safetensors")) return ReadSafetensors(path);
-  return ReadTorchStateDict(path);
+  return ReadTorchStateDict(path, verify_checksums);
 }
 
 }  // namespace
@@ -550,8 +553,8 @@ absl::StatusOr<TensorMap> LitToHf(const Config& config, const TensorMap& lit,
   return hf;
 }
 
-absl::StatusOr<TensorMap> ReadHfTensors(const std::string& hf_dir,
-                                        std::vector<std::string>* files) {
+absl::StatusOr<TensorMap> ReadHfTensors(const std::string& hf_dir, std::vector<std::string>* files,
+                                        bool verify_checksums) {
   if (!IsDirectory(hf_dir)) {
     return absl::NotFoundError(absl::StrCat(hf_dir, ": no such directory"));
   }
@@ -606,7 +609,7 @@ absl::StatusOr<TensorMap> ReadHfTensors(const std::string& hf_dir,
   TensorMap all;
   std::map<std::string, std::string> origin;
   for (const std::string& path : paths) {
-    ASSIGN_OR_RETURN(TensorMap tensors, ReadWeightsFile(path));
+    ASSIGN_OR_RETURN(TensorMap tensors, ReadWeightsFile(path, verify_checksums));
     for (auto& [name, tensor] : tensors) {
       if (all.count(name)) {
         return Invalid(path, absl::StrCat("tensor ", name, " is also in ", origin[name]));
@@ -649,14 +652,16 @@ int64_t DataBytes(const TensorMap& tensors) {
 absl::StatusOr<ConvertResult> ConvertHfImpl(const std::string& hf_dir, const std::string& out_dir,
                                             const ConvertOptions& options) {
   Progress(options, "reading config.json");
-  ASSIGN_OR_RETURN(HfConfig read,
+  ASSIGN_OR_RETURN(HfConfig hf_config,
                    ReadHfConfig(hf_dir, options.model_name, options.model_config));
-  const Config& config = read.config;
+  const Config& config = hf_config.config;
   Progress(options, absl::StrCat("reading weights as ", config.name));
   std::vector<std::string> files;
-  ASSIGN_OR_RETURN(TensorMap hf, ReadHfTensors(hf_dir, &files));
+  absl::StatusOr<TensorMap> read = ReadHfTensors(hf_dir, &files, options.verify_checksums);
+  if (!read.ok()) return WithVerifyChecksumsOption(read.status(), kVerifyOption);
+  TensorMap hf = *std::move(read);
   const std::string source = files.size() == 1 ? files[0] : hf_dir;
-  ASSIGN_OR_RETURN(TensorMap lit, HfToLit(config, hf, source, read.family));
+  ASSIGN_OR_RETURN(TensorMap lit, HfToLit(config, hf, source, hf_config.family));
   hf.clear();  // The lit map holds what it needs.
   lit = ConvertDtype(std::move(lit), options.dtype);
   const bool same_dir = SamePath(hf_dir, out_dir);
@@ -674,9 +679,9 @@ absl::StatusOr<ConvertResult> ConvertHfImpl(const std::string& hf_dir, const std
   ASSIGN_OR_RETURN(std::unique_ptr<OutputDir> out, OutputDir::Begin(out_dir, inputs, out_options));
   ConvertResult result;
   result.config = config;
-  result.preset = read.preset;
-  result.overridden = read.overridden;
-  result.notes = read.notes;
+  result.preset = hf_config.preset;
+  result.overridden = hf_config.overridden;
+  result.notes = hf_config.notes;
   result.tensors = static_cast<int64_t>(lit.size());
   result.bytes = DataBytes(lit);
   Progress(options, absl::StrCat("writing ", lit.size(), " tensors to lit_model.pth"));
@@ -717,7 +722,9 @@ absl::StatusOr<ConvertResult> ConvertLitImpl(const std::string& checkpoint_dir,
         absl::StrCat(checkpoint_dir, ": no model.safetensors or lit_model.pth"));
   }
   Progress(options, absl::StrCat("reading ", source));
-  ASSIGN_OR_RETURN(TensorMap lit, ReadWeightsFile(source));
+  absl::StatusOr<TensorMap> read = ReadWeightsFile(source, options.verify_checksums);
+  if (!read.ok()) return WithVerifyChecksumsOption(read.status(), kVerifyOption);
+  TensorMap lit = *std::move(read);
   bool tied = false;
   ASSIGN_OR_RETURN(TensorMap hf, LitToHf(config, lit, source, &tied));
   lit.clear();

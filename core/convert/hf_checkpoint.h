@@ -65,9 +65,11 @@ absl::StatusOr<TensorMap> LitToHf(const Config& config, const TensorMap& lit,
 // *.bin but training_args.bin. Safetensors and .bin files are memory-mapped, not copied.
 // `files` (optional) receives the files read. Errors name the directory, index or shard: no
 // weights, a shard the index names that is missing, a tensor the index places in a shard that
-// lacks it, a name in two files.
+// lacks it, a name in two files; DataLoss for a .bin record that fails its CRC-32 check
+// (unless `verify_checksums` is false; see ReadTorchStateDict).
 absl::StatusOr<TensorMap> ReadHfTensors(const std::string& hf_dir,
-                                        std::vector<std::string>* files = nullptr);
+                                        std::vector<std::string>* files = nullptr,
+                                        bool verify_checksums = true);
 
 struct ConvertOptions {
   // HF -> LitGPT: a preset to fill what config.json does not state (default: the preset named
@@ -85,6 +87,10 @@ struct ConvertOptions {
   // LitGPT -> HF: split model.safetensors into shards of at most this many bytes (with
   // model.safetensors.index.json); 0 writes one file.
   int64_t max_shard_bytes = 0;
+  // Check the records of torch.save files read (pytorch_model.bin shards, lit_model.pth)
+  // against their CRC-32s (ReadTorchStateDict): a mismatch is DataLoss naming the tensor and
+  // this field. Off only for trusted storage.
+  bool verify_checksums = true;
   // Called with a short description of each stage.
   std::function<void(const std::string&)> progress;
 };

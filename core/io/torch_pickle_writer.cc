@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -18,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "core/base/output_dir.h"
+#include "core/io/crc32.h"
 #include "core/io/safetensors.h"
 
 namespace lgpt {
@@ -27,41 +27,6 @@ constexpr uint64_t kAlignment = 64;  // PyTorch's kFieldAlignment.
 constexpr uint64_t kMax32 = 0xFFFFFFFF;
 constexpr uint64_t kMax16 = 0xFFFF;
 constexpr char kArchive[] = "archive/";
-
-// ---------------------------------------------------------------------------------------
-// CRC-32 (zip's polynomial 0xEDB88320), slicing by 8.
-
-struct CrcTables {
-  std::array<std::array<uint32_t, 256>, 8> t;
-  CrcTables() {
-    for (uint32_t i = 0; i < 256; ++i) {
-      uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-      t[0][i] = c;
-    }
-    for (uint32_t i = 0; i < 256; ++i) {
-      for (int s = 1; s < 8; ++s) t[s][i] = (t[s - 1][i] >> 8) ^ t[0][t[s - 1][i] & 0xFF];
-    }
-  }
-};
-
-uint32_t Crc32(const uint8_t* data, uint64_t size) {
-  static const CrcTables* const tables = new CrcTables();
-  const auto& t = tables->t;
-  uint32_t c = 0xFFFFFFFFu;
-  while (size >= 8) {
-    uint32_t lo, hi;
-    std::memcpy(&lo, data, 4);
-    std::memcpy(&hi, data + 4, 4);
-    lo ^= c;
-    c = t[7][lo & 0xFF] ^ t[6][(lo >> 8) & 0xFF] ^ t[5][(lo >> 16) & 0xFF] ^ t[4][lo >> 24] ^
-        t[3][hi & 0xFF] ^ t[2][(hi >> 8) & 0xFF] ^ t[1][(hi >> 16) & 0xFF] ^ t[0][hi >> 24];
-    data += 8;
-    size -= 8;
-  }
-  while (size-- > 0) c = (c >> 8) ^ t[0][(c ^ *data++) & 0xFF];
-  return c ^ 0xFFFFFFFFu;
-}
 
 void PutLe(std::string& out, uint64_t value, int bytes) {
   for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xFF));
@@ -77,7 +42,7 @@ class ZipWriter {
   // Appends a stored record whose data starts on a kAlignment boundary.
   bool AddRecord(const std::string& name, const void* data, uint64_t size) {
     const uint8_t* bytes = static_cast<const uint8_t*>(data);
-    Entry entry{name, size == 0 ? 0 : Crc32(bytes, size), size, offset_};
+    Entry entry{name, Crc32(bytes, size), size, offset_};
     const bool zip64 = size >= kMax32;
     std::string header;
     PutLe(header, 0x04034b50, 4);

@@ -109,7 +109,7 @@ absl::Status LoadStateDict(torch::nn::Module& module, const TensorMap& tensors,
 }
 
 absl::StatusOr<TensorMap> ReadCheckpointTensors(const std::string& checkpoint_dir,
-                                                std::string* source) {
+                                                std::string* source, bool verify_checksums) {
   const std::string safetensors = checkpoint_dir + "/model.safetensors";
   const std::string pth = checkpoint_dir + "/lit_model.pth";
   if (IsFile(safetensors)) {
@@ -123,7 +123,11 @@ absl::StatusOr<TensorMap> ReadCheckpointTensors(const std::string& checkpoint_di
   }
   if (IsFile(pth)) {
     if (source) *source = pth;
-    return ReadTorchStateDict(pth);
+    absl::StatusOr<TensorMap> tensors = ReadTorchStateDict(pth, verify_checksums);
+    if (!tensors.ok()) {
+      return WithVerifyChecksumsOption(tensors.status(), "LoadOptions.verify_checksums");
+    }
+    return tensors;
   }
   return absl::NotFoundError(
       absl::StrCat(checkpoint_dir, ": no model.safetensors or lit_model.pth"));
@@ -177,7 +181,8 @@ absl::StatusOr<LoadedModel> LoadCheckpointUnchecked(const std::string& checkpoin
   }
   std::string source;
   progress("reading weights");
-  ASSIGN_OR_RETURN(TensorMap tensors, ReadCheckpointTensors(checkpoint_dir, &source));
+  ASSIGN_OR_RETURN(TensorMap tensors,
+                   ReadCheckpointTensors(checkpoint_dir, &source, options.verify_checksums));
   if (options.check_finite) {
     progress("checking the weights are finite");
     RETURN_IF_ERROR(CheckFinite(tensors, source));
