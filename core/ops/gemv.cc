@@ -99,7 +99,26 @@ void GemvRangeAvx2(const float* w, const float* bias, const float* x, float* y, 
 }
 
 void GemvAvx2(const float* w, const float* bias, const float* x, float* y, int64_t rows,
+              int64_t n_out, int64_t k, int64_t begin, int64_t end);
+
+// More than four rows of x: for each pair of weight rows (in L1 after the first group), every
+// group of four x rows. Each weight byte still comes from memory once, and every dot product
+// is summed in the same order as with one row, so a row's result does not depend on the batch.
+void GemvManyRowsAvx2(const float* w, const float* bias, const float* x, float* y, int64_t rows,
+                      int64_t n_out, int64_t k, int64_t begin, int64_t end) {
+  constexpr int64_t kPair = 2;
+  for (int64_t n = begin; n < end; n += kPair) {
+    const int64_t stop = std::min(n + kPair, end);
+    for (int64_t m = 0; m < rows; m += 4) {
+      GemvAvx2(w, bias, x + m * k, y + m * n_out, std::min<int64_t>(4, rows - m), n_out, k, n,
+               stop);
+    }
+  }
+}
+
+void GemvAvx2(const float* w, const float* bias, const float* x, float* y, int64_t rows,
               int64_t n_out, int64_t k, int64_t begin, int64_t end) {
+  if (rows > 4) return GemvManyRowsAvx2(w, bias, x, y, rows, n_out, k, begin, end);
   switch (rows) {
     case 1:
       return GemvRangeAvx2<1>(w, bias, x, y, n_out, k, begin, end);

@@ -17,7 +17,9 @@
 namespace lgpt {
 
 // Rows of x (the product of its leading dimensions) up to which the GEMV path is used.
-inline constexpr int64_t kGemvMaxRows = 4;
+// Up to here streaming each weight row once beats BLAS's GEMM, which repacks the weights per
+// call (batched decoding steps of a serving scheduler have one row per running request).
+inline constexpr int64_t kGemvMaxRows = 32;
 
 // Whether the CPU has AVX2 and FMA (the fast kernels' requirement).
 bool CpuHasAvx2Fma();
@@ -30,7 +32,8 @@ bool GemvApplies(const at::Tensor& x, const at::Tensor& weight, const at::Tensor
 // at::linear(x, weight, bias) for the inputs GemvApplies accepts.
 at::Tensor GemvLinear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
 
-// The kernel: y[m, n] = sum_k x[m, k] w[n, k] (+ bias[n]) for m < rows (<= kGemvMaxRows),
+// The kernel: y[m, n] = sum_k x[m, k] w[n, k] (+ bias[n]) for m < rows (<= kGemvMaxRows; a
+// row's result is the same whatever the number of rows),
 // n < n_out; x rows are k floats apart, y rows n_out floats apart; bias may be null.
 // Parallel over n; `use_avx2` false forces the portable loop (for tests and benchmarks).
 void GemvF32(const float* w, const float* bias, const float* x, float* y, int64_t rows,

@@ -38,10 +38,31 @@ TEST_P(GemvShapes, EqualsLinear) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GemvShapes,
-                         ::testing::Combine(::testing::Values(1, 2, 3, 4),
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4, 5, 9, 32),
                                             ::testing::Values(1, 7, 9, 33, 768, 1031),
                                             ::testing::Values(1, 5, 8, 13, 64, 771),
                                             ::testing::Bool()));
+
+// A batched decoding step gives each row the bits it gets alone.
+TEST(GemvF32, ARowsResultDoesNotDependOnTheOtherRows) {
+  at::manual_seed(5);
+  const int64_t n_out = 67, k = 131;
+  const at::Tensor w = at::randn({n_out, k});
+  const at::Tensor b = at::randn({n_out});
+  for (const int64_t rows : {2, 4, 7, 16, 32}) {
+    const at::Tensor x = at::randn({rows, k});
+    at::Tensor all = at::empty({rows, n_out});
+    GemvF32(w.data_ptr<float>(), b.data_ptr<float>(), x.data_ptr<float>(), all.data_ptr<float>(),
+            rows, n_out, k);
+    for (int64_t m = 0; m < rows; ++m) {
+      const at::Tensor row = x.narrow(0, m, 1).contiguous();
+      at::Tensor alone = at::empty({1, n_out});
+      GemvF32(w.data_ptr<float>(), b.data_ptr<float>(), row.data_ptr<float>(),
+              alone.data_ptr<float>(), 1, n_out, k);
+      EXPECT_TRUE(at::equal(all.narrow(0, m, 1), alone)) << "rows " << rows << " row " << m;
+    }
+  }
+}
 
 TEST(GemvLinear, KeepsLeadingDimensions) {
   at::manual_seed(1);

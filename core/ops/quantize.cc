@@ -127,6 +127,18 @@ void Int8RangeAvx2(const int8_t* w, const float* scales, int64_t group, int64_t 
 void Int8Avx2(const int8_t* w, const float* scales, int64_t group, int64_t groups,
               const float* bias, const float* x, float* y, int64_t rows, int64_t n_out, int64_t k,
               int64_t begin, int64_t end) {
+  if (rows > 4) {
+    // Groups of four x rows per pair of weight rows (in L1 after the first group): each
+    // weight byte comes from memory once, and a row's sums do not depend on the batch.
+    for (int64_t n = begin; n < end; n += 2) {
+      const int64_t stop = std::min<int64_t>(n + 2, end);
+      for (int64_t m = 0; m < rows; m += 4) {
+        Int8Avx2(w, scales, group, groups, bias, x + m * k, y + m * n_out,
+                 std::min<int64_t>(4, rows - m), n_out, k, n, stop);
+      }
+    }
+    return;
+  }
   switch (rows) {
     case 1:
       return Int8RangeAvx2<1>(w, scales, group, groups, bias, x, y, n_out, k, begin, end);

@@ -60,7 +60,7 @@ TEST_P(Int8GemvShapes, EqualsDequantisedLinear) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Int8GemvShapes,
-                         ::testing::Combine(::testing::Values(1, 2, 3, 4),
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4, 5, 9, 32),
                                             ::testing::Values(1, 9, 70, 1031),
                                             ::testing::Values(8, 13, 64, 771),
                                             ::testing::Values(0, 8, 32), ::testing::Bool()));
