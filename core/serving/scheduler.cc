@@ -379,6 +379,9 @@ void Scheduler::Retire(std::vector<std::unique_ptr<Request>>& running) {
   }
   for (auto it = done; it != running.end(); ++it) {
     Request& r = **it;
+    // The cache goes before the waiter wakes: a finished request holds no KV memory.
+    r.stream.reset();
+    r.cache.reset();
     if (!r.error.ok()) {
       r.handle->Finish(r.error);
     } else {
