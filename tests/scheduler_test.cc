@@ -16,7 +16,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "cache/block_pool.h"
 #include "cache/kv_cache_factory.h"
+#include "cache/paged_kv_cache.h"
 #include "core/config/config_presets.h"
 #include "core/model/checkpoint.h"
 #include "core/model/generate.h"
@@ -173,6 +175,41 @@ INSTANTIATE_TEST_SUITE_P(Presets, SchedulerFamilyTest,
                            }
                            return name;
                          });
+
+// Requests whose caches are pages of one shared BlockPool: each equals its batch-1 run with
+// its own dense cache, the pool holds what is in use, and it is entirely free afterwards.
+TEST(SchedulerTest, PagedCachesOverOneSharedPool) {
+  GPT model = GoldenModel("golden/llama2");
+  std::vector<Job> jobs = Jobs(*model, 12, 21);
+  KVCacheGeometry geometry;
+  geometry.layers = model->CacheLayout();
+  BlockPoolOptions pool_options;
+  pool_options.block_size = 4;
+  pool_options.num_blocks = 96;
+  std::shared_ptr<BlockPool> pool = *BlockPool::Create(geometry, pool_options);
+  SchedulerOptions options;
+  options.max_running = 6;
+  options.prefill_chunk = 5;
+  Scheduler scheduler(model, options);
+  std::vector<std::vector<int64_t>> expected;
+  std::vector<std::shared_ptr<RequestHandle>> handles;
+  for (Job& job : jobs) {
+    job.spec = Spec("dense", 0, 16);
+    job.options.prefill_chunk = scheduler.EffectiveChunk(job.options);
+    expected.push_back(Alone(*model, job));
+    const int64_t length = static_cast<int64_t>(job.prompt.size()) + job.options.max_new_tokens;
+    absl::StatusOr<std::unique_ptr<PagedKVCache>> cache = PagedKVCache::Create(pool, length);
+    ASSERT_TRUE(cache.ok()) << cache.status();
+    handles.push_back(*scheduler.Submit(job.prompt, job.options, *std::move(cache)));
+  }
+  for (size_t i = 0; i < handles.size(); ++i) {
+    absl::StatusOr<RequestResult> result = handles[i]->Wait();
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->tokens, expected[i]) << "request " << i;
+    EXPECT_GT(result->stats.kv_cache_bytes, 0);
+  }
+  EXPECT_EQ(pool->free_blocks(), pool->num_blocks());
+}
 
 TEST(SchedulerTest, CancelAndCallbacksEndOnlyTheirOwnRequest) {
   GPT model = GoldenModel("golden/llama2");

@@ -1,0 +1,148 @@
+#include "cache/paged_kv_cache.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/base/status_macros.h"
+#include "core/ops/attention.h"
+
+namespace lgpt {
+
+PagedKVCache::PagedKVCache(std::shared_ptr<BlockPool> pool, int64_t max_sequence_length)
+    : pool_(std::move(pool)),
+      max_sequence_length_(max_sequence_length),
+      layer_length_(pool_->layers().size(), 0) {}
+
+absl::StatusOr<std::unique_ptr<PagedKVCache>> PagedKVCache::Create(
+    std::shared_ptr<BlockPool> pool, int64_t max_sequence_length) {
+  if (pool == nullptr) return absl::InvalidArgumentError("PagedKVCache needs a BlockPool");
+  if (max_sequence_length < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PagedKVCache max_sequence_length must be >= 1, got ", max_sequence_length));
+  }
+  return std::unique_ptr<PagedKVCache>(new PagedKVCache(std::move(pool), max_sequence_length));
+}
+
+PagedKVCache::~PagedKVCache() { Reset(); }
+
+void PagedKVCache::Reset() {
+  for (int64_t block : table_) pool_->Release(block);
+  table_.clear();
+  std::fill(layer_length_.begin(), layer_length_.end(), 0);
+  length_ = 0;
+}
+
+absl::Status PagedKVCache::CheckStep(const KVStep& step, int64_t batch_size) const {
+  RETURN_IF_ERROR(CheckStepBounds(step, batch_size, 1, max_sequence_length_));
+  const int64_t steps = step.positions.size(1);
+  if (step.min_position != length_ || step.max_position != length_ + steps - 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PagedKVCache appends in position order: the step must cover positions ", length_, "..",
+        length_ + steps - 1, ", got ", step.min_position, "..", step.max_position));
+  }
+  const int64_t needed = (length_ + steps + pool_->block_size() - 1) / pool_->block_size();
+  std::vector<int64_t> taken;
+  while (static_cast<int64_t>(table_.size() + taken.size()) < needed) {
+    absl::StatusOr<int64_t> block = pool_->Allocate();
+    if (!block.ok()) {
+      for (int64_t b : taken) pool_->Release(b);
+      return block.status();
+    }
+    taken.push_back(*block);
+  }
+  table_.insert(table_.end(), taken.begin(), taken.end());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> PagedKVCache::Write(int64_t layer, const KVStep& step,
+                                            const at::Tensor& keys, const at::Tensor& values) {
+  RETURN_IF_ERROR(
+      CheckLayerStep(layer, pool_->layers(), step, keys, values, 1, max_sequence_length_));
+  const int64_t steps = keys.size(2), begin = layer_length_[layer];
+  const int64_t block_size = pool_->block_size();
+  if (begin != length_ || (begin + steps + block_size - 1) / block_size >
+                              static_cast<int64_t>(table_.size())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("PagedKVCache layer ", layer, " written without its step's CheckStep"));
+  }
+  const at::Tensor pool_keys = pool_->keys(layer), pool_values = pool_->values(layer);
+  // [1, G, T, hs] -> slots of consecutive blocks.
+  for (int64_t done = 0; done < steps;) {
+    const int64_t position = begin + done;
+    const int64_t block = table_[position / block_size], slot = position % block_size;
+    const int64_t n = std::min(steps - done, block_size - slot);
+    pool_keys.select(0, block).narrow(1, slot, n).copy_(keys.select(0, 0).narrow(1, done, n));
+    pool_values.select(0, block).narrow(1, slot, n).copy_(values.select(0, 0).narrow(1, done, n));
+    done += n;
+  }
+  layer_length_[layer] = begin + steps;
+  if (std::all_of(layer_length_.begin(), layer_length_.end(),
+                  [&](int64_t l) { return l == begin + steps; })) {
+    length_ = begin + steps;
+  }
+  return begin + steps;
+}
+
+at::Tensor PagedKVCache::Positions(int64_t begin, int64_t length) const {
+  if (!ramp_.defined() || ramp_.size(0) < begin + length) {
+    const int64_t size = GrownCapacity(begin + length, ramp_.defined() ? ramp_.size(0) : 0,
+                                       max_sequence_length_);
+    ramp_ = at::arange(size, at::TensorOptions().dtype(at::kLong).device(
+                                 pool_->keys(0).device()));
+  }
+  return ramp_.narrow(0, begin, length).view({1, 1, length});
+}
+
+absl::StatusOr<KVView> PagedKVCache::Update(int64_t layer, const KVStep& step,
+                                            const at::Tensor& keys, const at::Tensor& values) {
+  ASSIGN_OR_RETURN(const int64_t length, Write(layer, step, keys, values));
+  const int64_t block_size = pool_->block_size();
+  const int64_t blocks = (length + block_size - 1) / block_size;
+  const at::Tensor index = at::tensor(std::vector<int64_t>(table_.begin(), table_.begin() + blocks),
+                                      at::TensorOptions().dtype(at::kLong).device(keys.device()));
+  auto gather = [&](const at::Tensor& pool_tensor) {
+    // [blocks, G, bs, hs] -> [1, G, blocks * bs, hs] -> the filled part.
+    const at::Tensor picked = pool_tensor.index_select(0, index);
+    return picked.permute({1, 0, 2, 3})
+        .reshape({1, picked.size(1), blocks * block_size, picked.size(3)})
+        .narrow(2, 0, length);
+  };
+  return KVView{gather(pool_->keys(layer)), gather(pool_->values(layer)), Positions(0, length)};
+}
+
+absl::StatusOr<at::Tensor> PagedKVCache::UpdateAndAttend(int64_t layer, const KVStep& step,
+                                                         const at::Tensor& q,
+                                                         const at::Tensor& keys,
+                                                         const at::Tensor& values,
+                                                         const AttentionParams& params) {
+  RETURN_IF_ERROR(CheckQueries(layer, q, keys));
+  ASSIGN_OR_RETURN(const int64_t length, Write(layer, step, keys, values));
+  const int64_t block_size = pool_->block_size();
+  const at::Tensor pool_keys = pool_->keys(layer), pool_values = pool_->values(layer);
+  std::vector<KVBlockSource> sources;
+  for (int64_t begin = 0; begin < length; begin += block_size) {
+    const int64_t block = table_[begin / block_size];
+    const int64_t n = std::min(block_size, length - begin);
+    // Views of the pool block: [1, G, n, hs].
+    sources.push_back(TensorSource(pool_keys.narrow(0, block, 1).narrow(2, 0, n),
+                                   pool_values.narrow(0, block, 1).narrow(2, 0, n),
+                                   Positions(begin, n)));
+  }
+  return AttendBlockwise(q, keys.size(1), sources, step.positions, params);
+}
+
+int64_t PagedKVCache::AllocatedBytes() const {
+  return static_cast<int64_t>(table_.size()) * pool_->BytesPerBlock();
+}
+
+int64_t PagedKVCache::IndexBytes() const {
+  return static_cast<int64_t>(table_.capacity() * sizeof(int64_t)) +
+         (ramp_.defined() ? ramp_.numel() * 8 : 0);
+}
+
+std::string PagedKVCache::DebugName() const {
+  return absl::StrCat("paged(", table_.size(), " blocks of ", pool_->block_size(), ")");
+}
+
+}  // namespace lgpt

@@ -1,0 +1,76 @@
+// One request's dense KV cache over a shared BlockPool: a block table maps its positions to
+// pool blocks (position p lives in block table[p / block_size] at slot p % block_size), taken
+// from the pool as the request grows and given back when the cache is reset or destroyed.
+// Attention reads the entries block by block where they lie (AttendBlockwise over one source
+// per block), so no contiguous copy of the request's cache is made per step.
+//
+// Batch size 1; entries are appended in position order (a step continues where the last one
+// ended), as generation and the serving scheduler feed them. Full precision (the pool's dtype).
+#ifndef LGPT_CACHE_PAGED_KV_CACHE_H_
+#define LGPT_CACHE_PAGED_KV_CACHE_H_
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "cache/block_pool.h"
+#include "cache/kv_cache.h"
+
+namespace lgpt {
+
+class PagedKVCache : public KVCache {
+ public:
+  // A cache of up to `max_sequence_length` positions over `pool`.
+  static absl::StatusOr<std::unique_ptr<PagedKVCache>> Create(std::shared_ptr<BlockPool> pool,
+                                                              int64_t max_sequence_length);
+  ~PagedKVCache() override;
+
+  // The step must continue the stream (positions next, next + 1, ... on its one row) and its
+  // blocks are taken from the pool here, before any layer runs: ResourceExhausted when the
+  // pool has too few free blocks (nothing taken then).
+  absl::Status CheckStep(const KVStep& step, int64_t batch_size) const override;
+  // A contiguous copy of the entries (for callers of the plain contract; attention does not
+  // use it).
+  absl::StatusOr<KVView> Update(int64_t layer, const KVStep& step, const at::Tensor& keys,
+                                const at::Tensor& values) override;
+  absl::StatusOr<at::Tensor> UpdateAndAttend(int64_t layer, const KVStep& step,
+                                             const at::Tensor& q, const at::Tensor& keys,
+                                             const at::Tensor& values,
+                                             const AttentionParams& params) override;
+
+  // Gives every block back to the pool.
+  void Reset() override;
+  // Bytes of the blocks held (whole blocks, in every layer).
+  int64_t AllocatedBytes() const override;
+  int64_t IndexBytes() const override;
+  int64_t max_sequence_length() const override { return max_sequence_length_; }
+  int64_t batch_size() const override { return 1; }
+  int64_t num_layers() const override { return static_cast<int64_t>(pool_->layers().size()); }
+  std::string DebugName() const override;
+
+  int64_t blocks_held() const { return static_cast<int64_t>(table_.size()); }
+
+ private:
+  PagedKVCache(std::shared_ptr<BlockPool> pool, int64_t max_sequence_length);
+  // Writes the step's entries of `layer` into its blocks; returns the layer's new length.
+  absl::StatusOr<int64_t> Write(int64_t layer, const KVStep& step, const at::Tensor& keys,
+                                const at::Tensor& values);
+  at::Tensor Positions(int64_t begin, int64_t length) const;
+
+  std::shared_ptr<BlockPool> pool_;
+  int64_t max_sequence_length_;
+  // Blocks in position order; CheckStep grows it for the step about to run.
+  mutable std::vector<int64_t> table_;
+  std::vector<int64_t> layer_length_;  // entries written per layer
+  int64_t length_ = 0;                 // entries every layer holds
+  mutable at::Tensor ramp_;            // 0, 1, 2, ... for the positions of the entries
+};
+
+}  // namespace lgpt
+
+#endif  // LGPT_CACHE_PAGED_KV_CACHE_H_
