@@ -14,40 +14,11 @@
 #include "core/model/gpt.h"
 #include "core/serving/scheduler.h"
 #include "gtest/gtest.h"
+#include "tests/serving_test_util.h"
 #include "tests/test_models.h"
 
 namespace lgpt {
 namespace {
-
-GPT RandomModel(const std::string& preset, uint64_t seed) {
-  absl::StatusOr<Config> config = ShrinkConfig(*PresetFromName(preset));
-  EXPECT_TRUE(config.ok()) << config.status();
-  absl::StatusOr<GPT> model = GPTImpl::Create(*config);
-  EXPECT_TRUE(model.ok()) << model.status();
-  RandomizeWeights(**model, seed);
-  (*model)->eval();
-  return *model;
-}
-
-std::unique_ptr<KVCache> NewCache(GPTImpl& model, const KVCacheSpec& spec, int64_t length) {
-  KVCacheShape shape;
-  shape.batch_size = 1;
-  shape.max_sequence_length = length;
-  shape.layers = model.CacheLayout();
-  absl::StatusOr<std::unique_ptr<KVCache>> cache = MakeKVCache(spec, shape);
-  EXPECT_TRUE(cache.ok()) << cache.status();
-  return std::move(*cache);
-}
-
-KVCacheSpec Spec(const std::string& policy, int64_t budget, int bits) {
-  KVCacheSpec spec;
-  spec.policy = policy;
-  spec.budget = budget;
-  spec.bits = bits;
-  spec.residual = 2;
-  spec.group_size = 8;
-  return spec;
-}
 
 // A batch-1 cache that counts the live instances, to prove every request's cache is released.
 class CountedCache : public KVCache {
@@ -90,8 +61,8 @@ TEST(SchedulerTest, SoakOfRandomRequestsLeavesNothingBehind) {
   GPT model = RandomModel("pythia-14m", 9);
   std::atomic<int> live{0};
   std::mt19937 rng(2026);
-  const std::vector<KVCacheSpec> specs = {Spec("dense", 0, 16), Spec("sink", 6, 16),
-                                          Spec("h2o", 6, 8), Spec("window", 5, 4)};
+  const std::vector<KVCacheSpec> specs = {TestSpec("dense", 0, 16), TestSpec("sink", 6, 16),
+                                          TestSpec("h2o", 6, 8), TestSpec("window", 5, 4)};
   int cancelled_by_us = 0;
   {
     SchedulerOptions options;
@@ -114,7 +85,7 @@ TEST(SchedulerTest, SoakOfRandomRequestsLeavesNothingBehind) {
         o.on_token = [count, stop_after](int64_t) { return ++*count < stop_after; };
       }
       auto cache = std::make_unique<CountedCache>(
-          NewCache(*model, specs[i % specs.size()], length + o.max_new_tokens), &live);
+          BatchOneCache(*model, specs[i % specs.size()], length + o.max_new_tokens), &live);
       absl::StatusOr<std::shared_ptr<RequestHandle>> handle =
           scheduler.Submit(prompt, o, std::move(cache));
       ASSERT_TRUE(handle.ok()) << handle.status();

@@ -24,6 +24,7 @@
 #include "core/model/generate.h"
 #include "core/model/gpt.h"
 #include "gtest/gtest.h"
+#include "tests/serving_test_util.h"
 #include "tests/test_models.h"
 
 namespace lgpt {
@@ -35,36 +36,6 @@ GPT GoldenModel(const std::string& name) {
   return loaded->model;
 }
 
-GPT RandomModel(const std::string& preset, uint64_t seed) {
-  absl::StatusOr<Config> config = ShrinkConfig(*PresetFromName(preset));
-  EXPECT_TRUE(config.ok()) << config.status();
-  absl::StatusOr<GPT> model = GPTImpl::Create(*config);
-  EXPECT_TRUE(model.ok()) << model.status();
-  RandomizeWeights(**model, seed);
-  (*model)->eval();
-  return *model;
-}
-
-std::unique_ptr<KVCache> NewCache(GPTImpl& model, const KVCacheSpec& spec, int64_t length) {
-  KVCacheShape shape;
-  shape.batch_size = 1;
-  shape.max_sequence_length = length;
-  shape.layers = model.CacheLayout();
-  absl::StatusOr<std::unique_ptr<KVCache>> cache = MakeKVCache(spec, shape);
-  EXPECT_TRUE(cache.ok()) << cache.status();
-  return std::move(*cache);
-}
-
-KVCacheSpec Spec(const std::string& policy, int64_t budget, int bits) {
-  KVCacheSpec spec;
-  spec.policy = policy;
-  spec.budget = budget;
-  spec.bits = bits;
-  spec.residual = 2;
-  spec.group_size = 8;
-  return spec;
-}
-
 struct Job {
   std::vector<int64_t> prompt;
   GenerateOptions options;
@@ -74,8 +45,8 @@ struct Job {
 // Jobs of different prompt lengths, caches and sampling for `model`.
 std::vector<Job> Jobs(GPTImpl& model, int count, uint64_t seed) {
   const std::vector<KVCacheSpec> specs = {
-      Spec("dense", 0, 16), Spec("window", 8, 16), Spec("sink", 8, 16), Spec("h2o", 8, 16),
-      Spec("dense", 0, 8),  Spec("tova", 8, 4),
+      TestSpec("dense", 0, 16), TestSpec("window", 8, 16), TestSpec("sink", 8, 16), TestSpec("h2o", 8, 16),
+      TestSpec("dense", 0, 8),  TestSpec("tova", 8, 4),
   };
   at::manual_seed(seed);
   const int64_t vocab = model.config().PaddedVocabSize();
@@ -100,7 +71,7 @@ std::vector<Job> Jobs(GPTImpl& model, int count, uint64_t seed) {
 }
 
 std::vector<int64_t> Alone(GPTImpl& model, const Job& job) {
-  std::unique_ptr<KVCache> cache = NewCache(
+  std::unique_ptr<KVCache> cache = BatchOneCache(
       model, job.spec, static_cast<int64_t>(job.prompt.size()) + job.options.max_new_tokens);
   absl::StatusOr<std::vector<int64_t>> tokens = Generate(model, *cache, job.prompt, job.options);
   EXPECT_TRUE(tokens.ok()) << tokens.status();
@@ -120,7 +91,7 @@ void ExpectBatchedEqualsAlone(GPT model, int count, SchedulerOptions options) {
   for (const Job& job : jobs) {
     absl::StatusOr<std::shared_ptr<RequestHandle>> handle = scheduler.Submit(
         job.prompt, job.options,
-        NewCache(*model, job.spec,
+        BatchOneCache(*model, job.spec,
                  static_cast<int64_t>(job.prompt.size()) + job.options.max_new_tokens));
     ASSERT_TRUE(handle.ok()) << handle.status();
     handles.push_back(*handle);
@@ -194,7 +165,7 @@ TEST(SchedulerTest, PagedCachesOverOneSharedPool) {
   std::vector<std::vector<int64_t>> expected;
   std::vector<std::shared_ptr<RequestHandle>> handles;
   for (Job& job : jobs) {
-    job.spec = Spec("dense", 0, 16);
+    job.spec = TestSpec("dense", 0, 16);
     job.options.prefill_chunk = scheduler.EffectiveChunk(job.options);
     expected.push_back(Alone(*model, job));
     const int64_t length = static_cast<int64_t>(job.prompt.size()) + job.options.max_new_tokens;
@@ -217,7 +188,7 @@ TEST(SchedulerTest, CancelAndCallbacksEndOnlyTheirOwnRequest) {
   for (Job& job : jobs) {
     job.options.max_new_tokens = 12;
     job.options.sampling = {0.0, 0, 1.0};
-    job.spec = Spec("dense", 0, 16);
+    job.spec = TestSpec("dense", 0, 16);
   }
   std::vector<std::vector<int64_t>> expected;
   for (const Job& job : jobs) expected.push_back(Alone(*model, job));
@@ -240,7 +211,7 @@ TEST(SchedulerTest, CancelAndCallbacksEndOnlyTheirOwnRequest) {
       };
     }
     absl::StatusOr<std::shared_ptr<RequestHandle>> handle =
-        scheduler.Submit(jobs[i].prompt, o, NewCache(*model, jobs[i].spec, 64));
+        scheduler.Submit(jobs[i].prompt, o, BatchOneCache(*model, jobs[i].spec, 64));
     ASSERT_TRUE(handle.ok()) << handle.status();
     handles.push_back(*handle);
   }
@@ -279,7 +250,7 @@ TEST(SchedulerTest, DestroyingTheSchedulerCancelsRequestsInFlight) {
       GenerateOptions o;
       o.max_new_tokens = 40;
       absl::StatusOr<std::shared_ptr<RequestHandle>> handle =
-          scheduler.Submit({1, 2, 3}, o, NewCache(*model, Spec("dense", 0, 16), 64));
+          scheduler.Submit({1, 2, 3}, o, BatchOneCache(*model, TestSpec("dense", 0, 16), 64));
       ASSERT_TRUE(handle.ok());
       handles.push_back(*handle);
     }
@@ -305,18 +276,18 @@ TEST(SchedulerTest, SubmissionsThatCanNeverRunAreRefused) {
                   std::unique_ptr<KVCache> cache) {
     return scheduler.Submit(std::move(prompt), opts, std::move(cache)).status().code();
   };
-  EXPECT_EQ(code({}, o, NewCache(*model, Spec("dense", 0, 16), 8)),
+  EXPECT_EQ(code({}, o, BatchOneCache(*model, TestSpec("dense", 0, 16), 8)),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(code({1, 2, 3}, o, nullptr), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(code({1, 2, 3, 4, 5}, o, NewCache(*model, Spec("dense", 0, 16), 8)),
+  EXPECT_EQ(code({1, 2, 3, 4, 5}, o, BatchOneCache(*model, TestSpec("dense", 0, 16), 8)),
             absl::StatusCode::kOutOfRange);  // 5 + 4 tokens in a cache of 8
-  EXPECT_EQ(code({1, 1 << 30}, o, NewCache(*model, Spec("dense", 0, 16), 8)),
+  EXPECT_EQ(code({1, 1 << 30}, o, BatchOneCache(*model, TestSpec("dense", 0, 16), 8)),
             absl::StatusCode::kOutOfRange);
   GenerateOptions negative = o;
   negative.max_new_tokens = -1;
-  EXPECT_EQ(code({1}, negative, NewCache(*model, Spec("dense", 0, 16), 8)),
+  EXPECT_EQ(code({1}, negative, BatchOneCache(*model, TestSpec("dense", 0, 16), 8)),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(code({1}, o, NewCache(*model, Spec("dense", 0, 16), 8)),
+  EXPECT_EQ(code({1}, o, BatchOneCache(*model, TestSpec("dense", 0, 16), 8)),
             absl::StatusCode::kResourceExhausted);  // max_waiting 0
 }
 

@@ -1,0 +1,26 @@
+// Helpers of the serving tests: small random models and batch-1 caches of any kind.
+#ifndef LGPT_TESTS_SERVING_TEST_UTIL_H_
+#define LGPT_TESTS_SERVING_TEST_UTIL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "cache/kv_cache.h"
+#include "cache/kv_cache_factory.h"
+#include "core/model/gpt.h"
+
+namespace lgpt {
+
+// The preset shrunk (tests/test_models.h) with random weights, in eval mode.
+GPT RandomModel(const std::string& preset, uint64_t seed);
+
+// A batch-1 cache of `spec` for `length` positions of `model`.
+std::unique_ptr<KVCache> BatchOneCache(GPTImpl& model, const KVCacheSpec& spec, int64_t length);
+
+// A cache spec with small quantisation groups and residual, so tiny models quantise too.
+KVCacheSpec TestSpec(const std::string& policy, int64_t budget, int bits);
+
+}  // namespace lgpt
+
+#endif  // LGPT_TESTS_SERVING_TEST_UTIL_H_
