@@ -159,16 +159,6 @@ absl::Status LoadTrainedFile(GPTImpl& model, const std::string& path, PeftMethod
   return LoadStateDict(model, mapped, path, /*allow_missing=*/true);
 }
 
-// LoadCheckpoint's refusal, for the same options on the PEFT path.
-absl::Status CheckDeviceAndDtype(const LoadOptions& options) {
-  if (options.device.is_cpu() && options.dtype == c10::kHalf) {
-    return absl::InvalidArgumentError(
-        "float16 (16-true) matrix products are not implemented on CPU by LibTorch 1.13; use "
-        "bf16-true or 32-true on CPU");
-  }
-  return absl::OkStatus();
-}
-
 // Builds the model for `parts`, loads `base_dir`'s weights into it and `trained` files on
 // top (each a file, a method and a nesting depth).
 struct TrainedFile {
@@ -204,14 +194,7 @@ absl::StatusOr<LoadedModel> BuildAndLoad(const Config& config, const ModelParts&
         LoadTrainedFile(*model, file.path, file.method, file.depth, options));
   }
   model->eval();
-  LoadedModel loaded{model->config(), model, {}};
-  if (const std::optional<int64_t> context = TrainedContext(base_dir, config);
-      context && config.block_size > *context) {
-    loaded.warnings.push_back(absl::StrCat(
-        "block_size ", config.block_size, " in model_config.yaml exceeds the ", *context,
-        " tokens the model was trained on; positions past ", *context, " are extrapolation"));
-  }
-  return loaded;
+  return LoadedModel{model->config(), model, ContextWarnings(base_dir, config)};
 }
 
 // The config of fine-tune `dir` when it matches the base's.
@@ -228,7 +211,7 @@ absl::StatusOr<LoadedModel> LoadLoraStack(const std::string& base_dir,
                                           const std::vector<LoraAdapterSpec>& adapters,
                                           const std::vector<std::string>& labels,
                                           const LoadOptions& options) {
-  RETURN_IF_ERROR(CheckDeviceAndDtype(options));
+  RETURN_IF_ERROR(CheckLoadOptions(options));
   if (!IsDirectory(base_dir)) {
     return absl::NotFoundError(absl::StrCat("checkpoint directory ", base_dir, " does not exist"));
   }
@@ -269,7 +252,7 @@ absl::StatusOr<LoadedModel> LoadLoraStack(const std::string& base_dir,
 absl::StatusOr<LoadedModel> LoadAdapterFinetune(const std::string& dir, PeftMethod method,
                                                 const std::string& base_dir,
                                                 const LoadOptions& options) {
-  RETURN_IF_ERROR(CheckDeviceAndDtype(options));
+  RETURN_IF_ERROR(CheckLoadOptions(options));
   const std::string path = dir + "/" + TrainedFileName(method);
   if (!IsFile(path)) {
     return absl::NotFoundError(absl::StrCat(dir, ": no ", TrainedFileName(method)));

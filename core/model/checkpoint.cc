@@ -133,13 +133,18 @@ absl::StatusOr<TensorMap> ReadCheckpointTensors(const std::string& checkpoint_di
       absl::StrCat(checkpoint_dir, ": no model.safetensors or lit_model.pth"));
 }
 
-absl::StatusOr<LoadedModel> LoadCheckpoint(const std::string& checkpoint_dir,
-                                           const LoadOptions& options) {
+absl::Status CheckLoadOptions(const LoadOptions& options) {
   if (options.device.is_cpu() && options.dtype == c10::kHalf) {
     return absl::InvalidArgumentError(
         "float16 (16-true) matrix products are not implemented on CPU by LibTorch 1.13; use "
         "bf16-true or 32-true on CPU");
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LoadedModel> LoadCheckpoint(const std::string& checkpoint_dir,
+                                           const LoadOptions& options) {
+  RETURN_IF_ERROR(CheckLoadOptions(options));
   try {
     return LoadCheckpointUnchecked(checkpoint_dir, options);
   } catch (const c10::Error& e) {
@@ -192,14 +197,16 @@ absl::StatusOr<LoadedModel> LoadCheckpointUnchecked(const std::string& checkpoin
   RETURN_IF_ERROR(LoadStateDict(*model, tensors, source, /*allow_missing=*/false,
                                 /*adopt_storage=*/true));
   model->eval();
-  LoadedModel loaded{model->config(), model, {}};
-  if (const std::optional<int64_t> trained = TrainedContext(checkpoint_dir, config);
-      trained && config.block_size > *trained) {
-    loaded.warnings.push_back(absl::StrCat(
-        "block_size ", config.block_size, " in model_config.yaml exceeds the ", *trained,
-        " tokens the model was trained on; positions past ", *trained, " are extrapolation"));
-  }
-  return loaded;
+  return LoadedModel{model->config(), model, ContextWarnings(checkpoint_dir, config)};
+}
+
+std::vector<std::string> ContextWarnings(const std::string& checkpoint_dir,
+                                         const Config& config) {
+  const std::optional<int64_t> trained = TrainedContext(checkpoint_dir, config);
+  if (!trained || config.block_size <= *trained) return {};
+  return {absl::StrCat("block_size ", config.block_size, " in model_config.yaml exceeds the ",
+                       *trained, " tokens the model was trained on; positions past ", *trained,
+                       " are extrapolation")};
 }
 
 }  // namespace lgpt

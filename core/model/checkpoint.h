@@ -79,6 +79,13 @@ struct LoadedModel {
 // config. nullopt when neither is known.
 std::optional<int64_t> TrainedContext(const std::string& checkpoint_dir, const Config& config);
 
+// What every loader of `options` refuses before reading anything: float16 on the CPU.
+absl::Status CheckLoadOptions(const LoadOptions& options);
+// LoadedModel::warnings for `config` loaded with the weights of `checkpoint_dir`: a block_size
+// past TrainedContext.
+std::vector<std::string> ContextWarnings(const std::string& checkpoint_dir,
+                                         const Config& config);
+
 absl::StatusOr<LoadedModel> LoadCheckpoint(const std::string& checkpoint_dir,
                                            const LoadOptions& options = {});
 
