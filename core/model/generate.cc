@@ -20,12 +20,9 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
 
 }  // namespace
 
-absl::StatusOr<std::vector<int64_t>> Generate(GPTImpl& model, KVCache& cache,
-                                              const std::vector<int64_t>& prompt,
-                                              const GenerateOptions& options,
-                                              GenerateStats* stats) {
+absl::Status CheckGenerateRequest(const GPTImpl& model, const KVCache& cache,
+                                  int64_t prompt_length, const GenerateOptions& options) {
   RETURN_IF_ERROR(ValidateSampling(options.sampling));
-  const int64_t prompt_length = static_cast<int64_t>(prompt.size());
   if (prompt_length == 0) return absl::InvalidArgumentError("the prompt is empty");
   if (options.max_new_tokens < 0) {
     return absl::InvalidArgumentError(
@@ -52,6 +49,16 @@ absl::StatusOr<std::vector<int64_t>> Generate(GPTImpl& model, KVCache& cache,
                      " tokens (a window or sink KV cache with cache positions, "
                      "KVCacheSpec.positions=cache, goes past it)"));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int64_t>> Generate(GPTImpl& model, KVCache& cache,
+                                              const std::vector<int64_t>& prompt,
+                                              const GenerateOptions& options,
+                                              GenerateStats* stats) {
+  const int64_t prompt_length = static_cast<int64_t>(prompt.size());
+  RETURN_IF_ERROR(CheckGenerateRequest(model, cache, prompt_length, options));
+  const int64_t first = options.start_position;
   at::NoGradGuard no_grad;
   at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(options.seed);
   GenerateStats local;

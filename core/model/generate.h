@@ -42,6 +42,12 @@ struct GenerateStats {
   int64_t position_shift = 0;
 };
 
+// Generate's checks of a request, before any work: sampling options, an empty prompt,
+// negative counts (InvalidArgument) and a stream past the context of model and cache
+// (OutOfRange, unless the cache shifts positions).
+absl::Status CheckGenerateRequest(const GPTImpl& model, const KVCache& cache,
+                                  int64_t prompt_length, const GenerateOptions& options);
+
 // Generates up to max_new_tokens after `prompt`; the cache must hold exactly positions
 // [0, start_position) and be large enough for start_position + prompt + new tokens, unless it
 // shifts positions (then any length goes; long prompts are prefilled in chunks that fit).

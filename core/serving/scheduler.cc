@@ -76,7 +76,7 @@ void RequestHandle::Finish(absl::StatusOr<RequestResult> result) {
 // ready), decoding (a sampled token to feed), finished.
 struct Scheduler::Request {
   std::shared_ptr<RequestHandle> handle;
-  std::vector<int64_t> prompt;
+  at::Tensor prompt;  // [P] int64, made once at Submit
   GenerateOptions options;
   std::unique_ptr<KVCache> cache;
   std::unique_ptr<CachePositions> stream;
@@ -108,15 +108,14 @@ absl::StatusOr<std::shared_ptr<RequestHandle>> Scheduler::Submit(std::vector<int
                                                                  GenerateOptions options,
                                                                  std::unique_ptr<KVCache> cache) {
   RETURN_IF_ERROR(options_.Validate());
-  RETURN_IF_ERROR(ValidateSampling(options.sampling));
   if (cache == nullptr) return absl::InvalidArgumentError("Submit needs a KV cache");
   if (cache->batch_size() != 1 || cache->num_layers() != model_->config().n_layer) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Submit needs a cache of batch size 1 and ", model_->config().n_layer, " layers, got ",
         cache->batch_size(), " rows and ", cache->num_layers(), " layers"));
   }
-  const int64_t length = static_cast<int64_t>(prompt.size());
-  if (length == 0) return absl::InvalidArgumentError("the prompt is empty");
+  RETURN_IF_ERROR(
+      CheckGenerateRequest(*model_, *cache, static_cast<int64_t>(prompt.size()), options));
   for (size_t i = 0; i < prompt.size(); ++i) {
     if (prompt[i] < 0 || prompt[i] >= model_->config().PaddedVocabSize()) {
       return absl::OutOfRangeError(absl::StrCat("prompt token ", i, " (", prompt[i],
@@ -124,23 +123,9 @@ absl::StatusOr<std::shared_ptr<RequestHandle>> Scheduler::Submit(std::vector<int
                                                 model_->config().PaddedVocabSize(), ")"));
     }
   }
-  if (options.max_new_tokens < 0 || options.prefill_chunk < 0 || options.start_position < 0) {
-    return absl::InvalidArgumentError(
-        "max_new_tokens, prefill_chunk and start_position must be >= 0");
-  }
-  const int64_t first = options.start_position;
-  const int64_t context = std::min(model_->config().block_size, cache->max_sequence_length());
-  const bool too_long = first > context || length > context - first ||
-                        options.max_new_tokens > context - first - length;
-  if (too_long && !cache->ShiftsPositions()) {
-    return absl::OutOfRangeError(absl::StrCat(
-        first > 0 ? absl::StrCat(first, " cached tokens plus ") : "", "prompt (", length,
-        " tokens) plus max_new_tokens (", options.max_new_tokens, ") exceeds the context of ",
-        context, " tokens"));
-  }
   auto request = std::make_unique<Request>();
   request->handle = std::make_shared<RequestHandle>();
-  request->prompt = std::move(prompt);
+  request->prompt = at::tensor(prompt, at::kLong);
   request->options = std::move(options);
   request->cache = std::move(cache);
   request->generator = at::make_generator<at::CPUGeneratorImpl>(request->options.seed);
@@ -224,7 +209,7 @@ void Scheduler::Prefill(std::vector<std::unique_ptr<Request>>& running) {
   bool any = false;
   for (auto& owned : running) {
     Request& r = *owned;
-    const int64_t length = static_cast<int64_t>(r.prompt.size());
+    const int64_t length = r.prompt.size(0);
     if (r.finished || r.prefilled >= length) continue;
     const int64_t chunk = std::min(EffectiveChunk(r.options), length - r.prefilled);
     if (any && chunk > budget) break;
@@ -238,9 +223,8 @@ void Scheduler::Prefill(std::vector<std::unique_ptr<Request>>& running) {
     ForwardOptions forward;
     forward.positions = r.stream->Take(*reserved);
     forward.last_logits_only = true;
-    const at::Tensor tokens = at::tensor(r.prompt, at::kLong).narrow(0, r.prefilled, *reserved);
-    absl::StatusOr<at::Tensor> logits =
-        model_->Forward(tokens.unsqueeze(0), r.cache.get(), forward);
+    const at::Tensor tokens = r.prompt.narrow(0, r.prefilled, *reserved).unsqueeze(0);
+    absl::StatusOr<at::Tensor> logits = model_->Forward(tokens, r.cache.get(), forward);
     if (!logits.ok()) {
       r.error = logits.status();
       r.finished = true;
@@ -354,7 +338,7 @@ void Scheduler::Retire(std::vector<std::unique_ptr<Request>>& running) {
   for (auto it = done; it != running.end(); ++it) {
     Request& r = **it;
     RequestResult& result = r.result;
-    result.stats.prompt_tokens = static_cast<int64_t>(r.prompt.size());
+    result.stats.prompt_tokens = r.prompt.size(0);
     result.stats.new_tokens = static_cast<int64_t>(result.tokens.size());
     result.stats.kv_cache_bytes = r.cache->AllocatedBytes();
     result.kv_cache_index_bytes = r.cache->IndexBytes();
