@@ -4,12 +4,17 @@
 
 #include <string>
 
+#include "absl/status/statusor.h"
+
 namespace lgpt {
 
 // Whether `path` names a regular file (symbolic links followed).
 bool IsFile(const std::string& path);
 // Whether `path` names a directory (symbolic links followed).
 bool IsDirectory(const std::string& path);
+// The whole content of the regular file `path`: NotFound when there is none,
+// PermissionDenied when it cannot be opened.
+absl::StatusOr<std::string> ReadFileToString(const std::string& path);
 
 }  // namespace lgpt
 

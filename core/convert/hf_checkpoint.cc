@@ -233,15 +233,6 @@ absl::Status Invalid(const std::string& source, const std::string& what) {
 // ---------------------------------------------------------------------------------------
 // Files.
 
-absl::StatusOr<std::string> ReadText(const std::string& path) {
-  if (!IsFile(path)) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot open"));
-  std::stringstream out;
-  out << in.rdbuf();
-  return out.str();
-}
-
 std::vector<std::string> ListDir(const std::string& dir) {
   std::vector<std::string> names;
   DIR* d = ::opendir(dir.c_str());
@@ -569,7 +560,7 @@ absl::StatusOr<TensorMap> ReadHfTensors(const std::string& hf_dir, std::vector<s
     }
   }
   if (!index_path.empty()) {
-    ASSIGN_OR_RETURN(const std::string text, ReadText(index_path));
+    ASSIGN_OR_RETURN(const std::string text, ReadFileToString(index_path));
     const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") ||
         !j["weight_map"].is_object()) {

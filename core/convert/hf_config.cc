@@ -751,15 +751,29 @@ absl::Status CheckComputeKeys(const ConfigJson& j, HfFamily f, Derived& d) {
   }
 }
 
-std::string NameOf(const ConfigJson& j, const std::string& hf_dir) {
-  const json* n = j.Find({"_name_or_path"});
-  if (n && n->is_string()) {
-    const std::vector<std::string> parts =
-        absl::StrSplit(n->get<std::string>(), '/', absl::SkipEmpty());
+// The names a model goes by: config.json's `_name_or_path` ("org/name" or a path) with its
+// '/'-separated parts, and the directory's own name.
+struct ModelNames {
+  std::string name_or_path;  // empty when config.json has none
+  std::vector<std::string> parts;
+  std::string dir_name;      // empty for "/"
+
+  // The name a model derived from config.json gets: the last part, else the directory's.
+  std::string Derived() const {
     if (!parts.empty()) return parts.back();
+    return dir_name.empty() ? "model" : dir_name;
   }
-  const std::vector<std::string> parts = absl::StrSplit(hf_dir, '/', absl::SkipEmpty());
-  return parts.empty() ? "model" : parts.back();
+};
+
+ModelNames NamesOf(const ConfigJson& j, const std::string& hf_dir) {
+  ModelNames names;
+  if (const json* n = j.Find({"_name_or_path"}); n && n->is_string()) {
+    names.name_or_path = n->get<std::string>();
+    names.parts = absl::StrSplit(names.name_or_path, '/', absl::SkipEmpty());
+  }
+  const std::vector<std::string> dir_parts = absl::StrSplit(hf_dir, '/', absl::SkipEmpty());
+  if (!dir_parts.empty()) names.dir_name = dir_parts.back();
+  return names;
 }
 
 // LitGPT decides two computations by the model's name: Gemma's unit-offset RMSNorm ("Gemma" in
@@ -798,17 +812,9 @@ absl::StatusOr<Derived> Derive(const ConfigJson& j, HfFamily f, const std::strin
 
 #undef LGPT_SET
 
-absl::StatusOr<std::string> ReadText(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot open"));
-  std::stringstream out;
-  out << in.rdbuf();
-  return out.str();
-}
-
 // The preset named `model_name`, or else the one named like config.json or the directory
 // whose family is `family`; nullopt when none is.
-absl::StatusOr<std::optional<Config>> FindPreset(const ConfigJson& j, const std::string& hf_dir,
+absl::StatusOr<std::optional<Config>> FindPreset(const ConfigJson& j, const ModelNames& names,
                                                  const std::string& model_name, HfFamily family) {
   if (!model_name.empty()) {
     ASSIGN_OR_RETURN(Config c, PresetFromName(model_name));
@@ -821,15 +827,11 @@ absl::StatusOr<std::optional<Config>> FindPreset(const ConfigJson& j, const std:
     return std::optional<Config>(c);
   }
   std::vector<std::string> candidates;
-  if (const json* n = j.Find({"_name_or_path"}); n && n->is_string()) {
-    const std::string name = n->get<std::string>();
-    candidates.push_back(name);
-    const std::vector<std::string> parts = absl::StrSplit(name, '/', absl::SkipEmpty());
-    if (!parts.empty()) candidates.push_back(parts.back());
-    if (parts.size() >= 2) candidates.push_back(parts[parts.size() - 2] + "/" + parts.back());
-  }
-  const std::vector<std::string> dir_parts = absl::StrSplit(hf_dir, '/', absl::SkipEmpty());
-  if (!dir_parts.empty()) candidates.push_back(dir_parts.back());
+  if (!names.name_or_path.empty()) candidates.push_back(names.name_or_path);
+  const std::vector<std::string>& parts = names.parts;
+  if (!parts.empty()) candidates.push_back(parts.back());
+  if (parts.size() >= 2) candidates.push_back(parts[parts.size() - 2] + "/" + parts.back());
+  if (!names.dir_name.empty()) candidates.push_back(names.dir_name);
   for (const std::string& name : candidates) {
     absl::StatusOr<Config> c = PresetFromName(name);
     if (!c.ok()) continue;
@@ -1004,7 +1006,7 @@ absl::StatusOr<HfConfig> ReadHfConfig(const std::string& hf_dir, const std::stri
     return absl::NotFoundError(
         absl::StrCat(hf_dir, ": no config.json (is this a Hugging Face checkpoint directory?)"));
   }
-  ASSIGN_OR_RETURN(const std::string text, ReadText(path));
+  ASSIGN_OR_RETURN(const std::string text, ReadFileToString(path));
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return Invalid(path, "not a JSON object");
   // Multimodal configs keep the text model in text_config.
@@ -1040,8 +1042,9 @@ absl::StatusOr<HfConfig> ReadHfConfig(const std::string& hf_dir, const std::stri
                                           " (no LitGPT conversion exists for it)"));
   }
   ASSIGN_OR_RETURN(Derived derived, Derive(config_json, *family, arch));
+  const ModelNames names = NamesOf(config_json, hf_dir);
   ASSIGN_OR_RETURN(std::optional<Config> preset,
-                   FindPreset(config_json, hf_dir, model_name, *family));
+                   FindPreset(config_json, names, model_name, *family));
   HfConfig result;
   result.family = *family;
   result.notes = derived.notes;
@@ -1050,14 +1053,10 @@ absl::StatusOr<HfConfig> ReadHfConfig(const std::string& hf_dir, const std::stri
     result.config = OverlayStated(*preset, derived, multimodal, result.overridden);
   } else {
     result.config = derived.config;
-    result.config.name = LitGptSafeName(NameOf(config_json, hf_dir), *family, result.notes);
-    if (const json* n = config_json.Find({"_name_or_path"}); n && n->is_string()) {
-      const std::vector<std::string> parts =
-          absl::StrSplit(n->get<std::string>(), '/', absl::SkipEmpty());
-      if (parts.size() == 2 && !absl::StartsWith(n->get<std::string>(), "/")) {
-        result.config.hf_org = parts[0];
-        result.config.hf_name = parts[1];
-      }
+    result.config.name = LitGptSafeName(names.Derived(), *family, result.notes);
+    if (names.parts.size() == 2 && !absl::StartsWith(names.name_or_path, "/")) {
+      result.config.hf_org = names.parts[0];
+      result.config.hf_name = names.parts[1];
     }
   }
   const absl::Status finalised = result.config.Finalize();
