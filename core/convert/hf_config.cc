@@ -475,13 +475,15 @@ absl::Status DeriveWindows(const ConfigJson& j, HfFamily f, const std::string& a
                        j.Int({"max_window_layers"}));
       if (!use.value_or(false)) {
         window.reset();
-      } else if (!layer_types) {
+        break;
+      }
+      if (!window_key) window = 4096;  // The classes' default.
+      if (!layer_types) {
         // Transformers windows the layers from max_window_layers on.
         std::vector<int> v(n_layer);
         for (int64_t i = 0; i < n_layer; ++i) v[i] = i >= max_window_layers.value_or(28) ? 1 : 0;
         layer_types = v;
       }
-      if (window && !window_key) window = 4096;
       break;
     }
     case HfFamily::kGemma2:

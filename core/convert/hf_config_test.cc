@@ -399,6 +399,15 @@ TEST(ReadHfConfigTest, WindowsPerLayerAsEachArchitectureReadsThem) {
   ASSERT_TRUE(qwen.ok()) << qwen.status();
   EXPECT_EQ(qwen->config.sliding_window_size, 16);
   EXPECT_EQ(qwen->config.sliding_window_indices, (std::vector<int>{0, 0, 1, 1}));
+  // Without sliding_window, Qwen's class default of 4096.
+  absl::StatusOr<HfConfig> qwen_default = ReadHfConfig(DirWithConfig("qwen-window-default", R"({
+      "architectures": ["Qwen2ForCausalLM"], "hidden_size": 64, "intermediate_size": 96,
+      "num_attention_heads": 4, "num_hidden_layers": 4, "vocab_size": 256,
+      "use_sliding_window": true, "max_window_layers": 1})"),
+                                                        "");
+  ASSERT_TRUE(qwen_default.ok()) << qwen_default.status();
+  EXPECT_EQ(qwen_default->config.sliding_window_size, 4096);
+  EXPECT_EQ(qwen_default->config.sliding_window_indices, (std::vector<int>{0, 1, 1, 1}));
   // Gemma 3: every sliding_window_pattern-th layer is global, with the global RoPE base.
   absl::StatusOr<HfConfig> gemma3 = ReadHfConfig(DirWithConfig("gemma3-pattern", R"({
       "architectures": ["Gemma3ForCausalLM"], "hidden_size": 64, "intermediate_size": 96,
