@@ -250,8 +250,9 @@ class RequestText {
     return std::move(result_);
   }
 
-  // Generate's options for this request, with OnToken as on_token (valid while *this lives).
-  GenerateOptions Generation(int64_t start_position) {
+  // Generate's options for this request; `on_token` must call OnToken on this object.
+  GenerateOptions Generation(int64_t start_position,
+                             std::function<bool(int64_t)> on_token) const {
     GenerateOptions generate;
     generate.max_new_tokens = options_.max_new_tokens;
     generate.sampling = options_.sampling;
@@ -259,7 +260,7 @@ class RequestText {
     generate.prefill_chunk = options_.prefill_chunk;
     generate.start_position = start_position;
     generate.stop_tokens = stops_;
-    generate.on_token = [this](int64_t token) { return OnToken(token); };
+    generate.on_token = std::move(on_token);
     return generate;
   }
 
@@ -291,8 +292,10 @@ absl::StatusOr<Completion> Engine::Run(KVCache& cache, int64_t start_position,
   ASSIGN_OR_RETURN(const bool go_on, text.Prime(stream_context));
   if (!go_on) return text.Finish({}, GenerateStats(), 0, /*cancelled=*/true);
   GenerateStats stats;
+  const GenerateOptions generate =
+      text.Generation(start_position, [&text](int64_t token) { return text.OnToken(token); });
   ASSIGN_OR_RETURN(std::vector<int64_t> tokens,
-                   lgpt::Generate(*model_, cache, prompt, text.Generation(start_position), &stats));
+                   lgpt::Generate(*model_, cache, prompt, generate, &stats));
   return text.Finish(std::move(tokens), stats, cache.IndexBytes());
 }
 
@@ -333,9 +336,9 @@ absl::StatusOr<std::shared_ptr<Request>> Engine::Submit(const std::vector<int64_
   std::shared_ptr<Request> request(new Request());
   request->text_ = text;
   ASSIGN_OR_RETURN(const bool go_on, text->Prime(prompt));
-  GenerateOptions generate = text->Generation(0);
   // The scheduler's callback keeps the text state alive on its own.
-  generate.on_token = [text](int64_t token) { return text->OnToken(token); };
+  const GenerateOptions generate =
+      text->Generation(0, [text](int64_t token) { return text->OnToken(token); });
   ASSIGN_OR_RETURN(request->handle_, scheduler().Submit(prompt, generate, std::move(cache)));
   if (!go_on) request->handle_->Cancel();
   return request;
