@@ -315,6 +315,8 @@ absl::StatusOr<Completion> Request::Wait() {
     } else {
       queue_s_ = result->queue_s;
       inter_token_s_ = result->inter_token_s;
+      prefix_hit_tokens_ = result->prefix_hit_tokens;
+      preemptions_ = result->preemptions;
       completion_ = text_->Finish(std::move(result->tokens), result->stats,
                                   result->kv_cache_index_bytes, result->cancelled);
     }

@@ -118,6 +118,9 @@ class Request {
   // After Wait: seconds from Submit to admission, and between consecutive tokens.
   double queue_s() const { return queue_s_; }
   const std::vector<double>& inter_token_s() const { return inter_token_s_; }
+  // After Wait: prompt tokens taken from the prefix cache; times preempted and recomputed.
+  int64_t prefix_hit_tokens() const { return prefix_hit_tokens_; }
+  int64_t preemptions() const { return preemptions_; }
 
  private:
   friend class Engine;
@@ -129,6 +132,8 @@ class Request {
   std::optional<absl::StatusOr<Completion>> completion_;
   double queue_s_ = 0;
   std::vector<double> inter_token_s_;
+  int64_t prefix_hit_tokens_ = 0;
+  int64_t preemptions_ = 0;
 };
 
 class Engine : public std::enable_shared_from_this<Engine> {

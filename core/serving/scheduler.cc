@@ -45,6 +45,14 @@ absl::Status SchedulerOptions::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "SchedulerOptions.step_prefill_tokens must be >= 1, got ", step_prefill_tokens));
   }
+  if (kv_pool_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SchedulerOptions.kv_pool_bytes must be >= 0, got ", kv_pool_bytes));
+  }
+  if (kv_block_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SchedulerOptions.kv_block_size must be >= 1, got ", kv_block_size));
+  }
   return absl::OkStatus();
 }
 

@@ -42,6 +42,11 @@ struct SchedulerOptions {
   int64_t max_waiting = 1024;         // queued requests; Submit beyond: ResourceExhausted
   int64_t prefill_chunk = 256;        // prompt tokens per prefill forward pass (default)
   int64_t step_prefill_tokens = 256;  // prompt tokens prefilled per step, all requests together
+  // The shared KV memory pool (cache/block_pool.h) that Engine::Submit's dense caches draw
+  // from: 0 = no pool (each request allocates its own cache as it grows).
+  int64_t kv_pool_bytes = 0;
+  int64_t kv_block_size = 16;   // entries per pool block
+  bool prefix_caching = true;   // reuse cached prompt blocks (dense full-precision requests)
 
   absl::Status Validate() const;
 };
@@ -52,6 +57,8 @@ struct RequestResult {
   GenerateStats stats;          // time_to_first_token_s counts from Submit
   int64_t kv_cache_index_bytes = 0;  // the cache's IndexBytes() when the request ended
   double queue_s = 0;           // Submit to admission
+  int64_t prefix_hit_tokens = 0;  // prompt tokens found in the prefix cache (not prefilled)
+  int64_t preemptions = 0;        // times the request was preempted and recomputed
   std::vector<double> inter_token_s;  // gaps between consecutive tokens
 };
 
@@ -87,6 +94,13 @@ struct SchedulerStats {
   int64_t decode_passes = 0;
   int64_t prefill_tokens = 0;
   int64_t generated_tokens = 0;
+  // The KV block pool (zeros without one): blocks in all, held by requests, and unreferenced
+  // blocks the prefix cache keeps (reusable, evicted LRU when memory is needed).
+  int64_t pool_blocks = 0, pool_blocks_used = 0, pool_blocks_cached = 0;
+  int64_t pool_block_bytes = 0;
+  int64_t prefix_hits = 0;        // requests that reused at least one cached block
+  int64_t prefix_hit_tokens = 0;  // prompt tokens not prefilled thanks to the prefix cache
+  int64_t preemptions = 0;        // requests preempted (blocks freed, recomputed later)
 };
 
 class Scheduler {
