@@ -6,6 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "cache/block_pool.h"
+#include "cache/paged_kv_cache.h"
 #include "core/model/checkpoint.h"
 #include "core/model/quantize_model.h"
 #include "core/base/status_macros.h"
@@ -325,15 +327,61 @@ absl::StatusOr<Completion> Request::Wait() {
 }
 
 Scheduler& Engine::scheduler() const {
-  std::call_once(scheduler_once_,
-                 [this] { scheduler_ = std::make_unique<Scheduler>(model_, serving_); });
+  std::call_once(scheduler_once_, [this] {
+    std::shared_ptr<BlockPool> pool;
+    if (serving_.kv_pool_bytes > 0) {
+      absl::StatusOr<std::shared_ptr<BlockPool>> made = NewBlockPool();
+      if (made.ok()) {
+        pool = *std::move(made);
+      } else {
+        pool_error_ = made.status();
+      }
+    }
+    scheduler_ = std::make_unique<Scheduler>(model_, serving_, std::move(pool));
+  });
   return *scheduler_;
+}
+
+absl::StatusOr<std::shared_ptr<BlockPool>> Engine::NewBlockPool() const {
+  KVCacheGeometry geometry;
+  geometry.layers = model_->CacheLayout();
+  geometry.dtype = model_->dtype();
+  geometry.device = model_->device();
+  int64_t bytes_per_block = 0;
+  for (const KVLayerSpec& layer : geometry.layers) {
+    bytes_per_block += 2 * layer.n_query_groups * serving_.kv_block_size * layer.head_size *
+                       static_cast<int64_t>(c10::elementSize(geometry.dtype));
+  }
+  BlockPoolOptions options;
+  options.block_size = serving_.kv_block_size;
+  options.num_blocks = serving_.kv_pool_bytes / std::max<int64_t>(bytes_per_block, 1);
+  if (options.num_blocks < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "SchedulerOptions.kv_pool_bytes (", serving_.kv_pool_bytes,
+        ") is less than one KV block of ", serving_.kv_block_size, " entries (", bytes_per_block,
+        " bytes for this model)"));
+  }
+  return BlockPool::Create(geometry, options);
+}
+
+absl::StatusOr<std::unique_ptr<KVCache>> Engine::SubmitCacheFor(
+    const std::vector<int64_t>& prompt, const RequestOptions& options) const {
+  const std::shared_ptr<BlockPool>& pool = scheduler().pool();
+  if (!pool_error_.ok()) return pool_error_;
+  const KVCacheSpec& spec = options.kv_cache;
+  if (pool == nullptr || spec.policy != "dense" || spec.bits != 16) {
+    return CacheFor(prompt, options);
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<PagedKVCache> paged,
+                   PagedKVCache::Create(pool, static_cast<int64_t>(prompt.size()) +
+                                                  options.max_new_tokens));
+  return std::unique_ptr<KVCache>(std::move(paged));
 }
 
 absl::StatusOr<std::shared_ptr<Request>> Engine::Submit(const std::vector<int64_t>& prompt,
                                                         const RequestOptions& options) const {
   RETURN_IF_ERROR(CheckRequest(prompt, options));
-  ASSIGN_OR_RETURN(std::unique_ptr<KVCache> cache, CacheFor(prompt, options));
+  ASSIGN_OR_RETURN(std::unique_ptr<KVCache> cache, SubmitCacheFor(prompt, options));
   auto text = std::make_shared<RequestText>(tokenizer_, options, StopTokens(options));
   std::shared_ptr<Request> request(new Request());
   request->text_ = text;

@@ -196,8 +196,14 @@ class Engine : public std::enable_shared_from_this<Engine> {
                             const RequestOptions& options) const;
   absl::StatusOr<std::unique_ptr<KVCache>> CacheFor(const std::vector<int64_t>& prompt,
                                                     const RequestOptions& options) const;
-  // Started by the first Submit.
+  // Started by the first Submit, with the KV block pool when SchedulerOptions.kv_pool_bytes
+  // asks for one.
   Scheduler& scheduler() const;
+  absl::StatusOr<std::shared_ptr<BlockPool>> NewBlockPool() const;
+  // Submit's cache: a PagedKVCache over the pool for dense full-precision requests, else the
+  // request's own cache (budgeted and quantised caches are not drawn from the pool yet).
+  absl::StatusOr<std::unique_ptr<KVCache>> SubmitCacheFor(const std::vector<int64_t>& prompt,
+                                                          const RequestOptions& options) const;
   absl::StatusOr<std::unique_ptr<KVCache>> NewCache(const KVCacheSpec& spec, int64_t batch,
                                                     int64_t length) const;
   std::vector<int64_t> StopTokens(const RequestOptions& options) const;
@@ -213,6 +219,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::vector<std::string> warnings_;
   SchedulerOptions serving_;
   mutable std::once_flag scheduler_once_;
+  mutable absl::Status pool_error_;  // why the pool could not be made (Submit returns it)
   mutable std::unique_ptr<Scheduler> scheduler_;  // last: stopped before the rest goes
 };
 

@@ -43,6 +43,7 @@ absl::StatusOr<std::shared_ptr<BlockPool>> BlockPool::Create(const KVCacheGeomet
                               static_cast<int64_t>(c10::elementSize(geometry.dtype));
   }
   pool->references_.assign(options.num_blocks, 0);
+  pool->published_.resize(options.num_blocks);
   for (int64_t block = options.num_blocks - 1; block >= 0; --block) {
     pool->free_.push_back(block);
   }
@@ -51,15 +52,28 @@ absl::StatusOr<std::shared_ptr<BlockPool>> BlockPool::Create(const KVCacheGeomet
 
 absl::StatusOr<int64_t> BlockPool::Allocate() {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (free_.empty()) {
+  int64_t block;
+  if (!free_.empty()) {
+    block = free_.back();
+    free_.pop_back();
+  } else if (!cached_.empty()) {
+    block = cached_.front();
+    Unpublish(block);
+  } else {
     return absl::ResourceExhaustedError(
         absl::StrCat("the KV block pool is full (", num_blocks_, " blocks of ", block_size_,
                      " entries)"));
   }
-  const int64_t block = free_.back();
-  free_.pop_back();
   references_[block] = 1;
   return block;
+}
+
+void BlockPool::Unpublish(int64_t block) {
+  Published& published = published_[block];
+  if (published.key == 0) return;
+  if (references_[block] == 0) cached_.erase(published.lru);
+  prefixes_.erase(published.entry);
+  published = Published();
 }
 
 void BlockPool::Retain(int64_t block) {
@@ -71,12 +85,74 @@ void BlockPool::Retain(int64_t block) {
 void BlockPool::Release(int64_t block) {
   std::lock_guard<std::mutex> lock(mutex_);
   CHECK(block >= 0 && block < num_blocks_ && references_[block] > 0) << "block " << block;
-  if (--references_[block] == 0) free_.push_back(block);
+  if (--references_[block] > 0) return;
+  Published& published = published_[block];
+  if (published.key != 0) {
+    published.lru = cached_.insert(cached_.end(), block);
+  } else {
+    free_.push_back(block);
+  }
+}
+
+bool BlockPool::IsShared(int64_t block) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return references_[block] > 1 || published_[block].key != 0;
+}
+
+void BlockPool::CopyBlock(int64_t from, int64_t to) {
+  for (size_t layer = 0; layer < layers_.size(); ++layer) {
+    keys_[layer].select(0, to).copy_(keys_[layer].select(0, from));
+    values_[layer].select(0, to).copy_(values_[layer].select(0, from));
+  }
+}
+
+size_t BlockPool::PrefixIdHash::operator()(const PrefixId& id) const {
+  // FNV-1a over the parent key and the ids; equality still compares the ids.
+  uint64_t hash = 1469598103934665603ull;
+  auto mix = [&hash](uint64_t value) {
+    for (int byte = 0; byte < 8; ++byte) {
+      hash ^= (value >> (8 * byte)) & 0xff;
+      hash *= 1099511628211ull;
+    }
+  };
+  mix(id.parent);
+  for (int64_t token : id.tokens) mix(static_cast<uint64_t>(token));
+  return static_cast<size_t>(hash);
+}
+
+uint64_t BlockPool::Publish(int64_t block, uint64_t parent, absl::Span<const int64_t> tokens) {
+  CHECK_EQ(static_cast<int64_t>(tokens.size()), block_size_);
+  std::lock_guard<std::mutex> lock(mutex_);
+  CHECK(block >= 0 && block < num_blocks_ && references_[block] > 0) << "block " << block;
+  if (published_[block].key != 0) return published_[block].key;
+  PrefixId id{parent, std::vector<int64_t>(tokens.begin(), tokens.end())};
+  auto [entry, inserted] = prefixes_.emplace(std::move(id), block);
+  if (!inserted) return published_[entry->second].key;
+  published_[block].key = next_key_++;
+  published_[block].entry = entry;
+  return published_[block].key;
+}
+
+std::optional<BlockPool::Hit> BlockPool::Lookup(uint64_t parent,
+                                                absl::Span<const int64_t> tokens) {
+  if (static_cast<int64_t>(tokens.size()) != block_size_) return std::nullopt;
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto entry =
+      prefixes_.find(PrefixId{parent, std::vector<int64_t>(tokens.begin(), tokens.end())});
+  if (entry == prefixes_.end()) return std::nullopt;
+  const int64_t block = entry->second;
+  if (references_[block]++ == 0) cached_.erase(published_[block].lru);
+  return Hit{block, published_[block].key};
 }
 
 int64_t BlockPool::free_blocks() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return static_cast<int64_t>(free_.size());
+  return static_cast<int64_t>(free_.size() + cached_.size());
+}
+
+int64_t BlockPool::cached_blocks() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return static_cast<int64_t>(cached_.size());
 }
 
 }  // namespace lgpt

@@ -3,6 +3,17 @@
 // once; a block holds block_size consecutive entries of one request in every layer. Requests
 // take blocks as they grow and give them back when they end, so memory follows what is in
 // use, not what each request might need. Blocks are reference counted (for shared prefixes).
+//
+// Prefix cache (vLLM's automatic prefix caching): a full block whose entries depend only on
+// the tokens up to and including it (dense full-precision entries written from position 0)
+// may be published under a key made of its parent's key and its own token ids. A later
+// request whose tokens start the same way finds the chain block by block and reuses it
+// instead of recomputing it. A published block that no request references stays cached
+// (least recently released first out): Allocate takes free blocks first, then evicts cached
+// ones. Keys are never reused (a counter), so a chain can never lead into a block that was
+// recycled for other tokens, and lookups compare the token ids themselves, not a hash.
+// Costs: Publish and Lookup O(block_size) (hash and compare of one block's ids); the map
+// holds block_size ids per published block.
 // Thread-safe.
 #ifndef LGPT_CACHE_BLOCK_POOL_H_
 #define LGPT_CACHE_BLOCK_POOL_H_
@@ -10,12 +21,16 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <list>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "cache/kv_cache.h"
 
 namespace lgpt {
@@ -34,14 +49,39 @@ class BlockPool {
   static absl::StatusOr<std::shared_ptr<BlockPool>> Create(const KVCacheGeometry& geometry,
                                                            const BlockPoolOptions& options);
 
-  // A free block with one reference; ResourceExhausted when none is free.
+  // The key of the empty prefix, parent of every first block.
+  static constexpr uint64_t kRootKey = 0;
+
+  // A free block with one reference (evicting the least recently used cached block when no
+  // block is free); ResourceExhausted when every block is referenced.
   absl::StatusOr<int64_t> Allocate();
   // Another reference to an allocated block.
   void Retain(int64_t block);
-  // Drops one reference; the block is free again at zero.
+  // Drops one reference; at zero the block is free again, or cached when published.
   void Release(int64_t block);
+  // Whether a write into `block` would change what others see: it is referenced more than
+  // once or published (copy it first).
+  bool IsShared(int64_t block) const;
+  // Copies the entries of block `from` into block `to`, in every layer.
+  void CopyBlock(int64_t from, int64_t to);
 
+  // Publishes `block` (referenced, full, its entries those of `tokens`, block_size ids, after
+  // the prefix of key `parent`) and returns the key its successors chain from. When a block
+  // with the same parent and ids is already published, that block's key is returned and
+  // `block` stays private.
+  uint64_t Publish(int64_t block, uint64_t parent, absl::Span<const int64_t> tokens);
+  struct Hit {
+    int64_t block;
+    uint64_t key;
+  };
+  // The block published after `parent` with these block_size ids, with one more reference
+  // taken for the caller; nullopt when none is cached.
+  std::optional<Hit> Lookup(uint64_t parent, absl::Span<const int64_t> tokens);
+
+  // Blocks Allocate can hand out: free plus cached.
   int64_t free_blocks() const;
+  // Published blocks no request references (counted in free_blocks).
+  int64_t cached_blocks() const;
   int64_t num_blocks() const { return num_blocks_; }
   int64_t block_size() const { return block_size_; }
   // Key and value bytes of one block over all layers.
@@ -59,9 +99,31 @@ class BlockPool {
   const int64_t num_blocks_;
   int64_t bytes_per_block_ = 0;
   std::vector<at::Tensor> keys_, values_;
+  struct PrefixId {
+    uint64_t parent;
+    std::vector<int64_t> tokens;
+    bool operator==(const PrefixId& other) const {
+      return parent == other.parent && tokens == other.tokens;
+    }
+  };
+  struct PrefixIdHash {
+    size_t operator()(const PrefixId& id) const;
+  };
+  struct Published {
+    uint64_t key = 0;  // 0: not published
+    std::unordered_map<PrefixId, int64_t, PrefixIdHash>::iterator entry;
+    std::list<int64_t>::iterator lru;  // valid while cached (unreferenced)
+  };
+  // Forgets the prefix entry of a cached block (mutex_ held).
+  void Unpublish(int64_t block);
+
   mutable std::mutex mutex_;
   std::vector<int64_t> free_;        // free block ids (a stack)
   std::vector<int32_t> references_;  // per block
+  std::vector<Published> published_;  // per block
+  std::unordered_map<PrefixId, int64_t, PrefixIdHash> prefixes_;  // -> block
+  std::list<int64_t> cached_;  // unreferenced published blocks, least recently released first
+  uint64_t next_key_ = 1;
 };
 
 }  // namespace lgpt

@@ -1,6 +1,7 @@
 #include "cache/paged_kv_cache.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -29,8 +30,20 @@ PagedKVCache::~PagedKVCache() { Reset(); }
 void PagedKVCache::Reset() {
   for (int64_t block : table_) pool_->Release(block);
   table_.clear();
+  keys_.clear();
   std::fill(layer_length_.begin(), layer_length_.end(), 0);
   length_ = 0;
+}
+
+int64_t PagedKVCache::BlocksNeeded(int64_t steps) const {
+  const int64_t block_size = pool_->block_size();
+  const int64_t first = length_ / block_size;
+  const int64_t last = (length_ + steps - 1) / block_size;
+  int64_t needed = 0;
+  for (int64_t i = first; i <= last && steps > 0; ++i) {
+    if (i >= static_cast<int64_t>(table_.size()) || pool_->IsShared(table_[i])) ++needed;
+  }
+  return needed;
 }
 
 absl::Status PagedKVCache::CheckStep(const KVStep& step, int64_t batch_size) const {
@@ -41,9 +54,18 @@ absl::Status PagedKVCache::CheckStep(const KVStep& step, int64_t batch_size) con
         "PagedKVCache appends in position order: the step must cover positions ", length_, "..",
         length_ + steps - 1, ", got ", step.min_position, "..", step.max_position));
   }
-  const int64_t needed = (length_ + steps + pool_->block_size() - 1) / pool_->block_size();
+  return TakeBlocks(steps);
+}
+
+absl::Status PagedKVCache::Reserve(int64_t steps) { return TakeBlocks(steps); }
+
+absl::Status PagedKVCache::TakeBlocks(int64_t steps) const {
+  // Take every block first, so a full pool leaves the cache as it was.
+  const int64_t block_size = pool_->block_size();
+  const int64_t first = length_ / block_size, last = (length_ + steps - 1) / block_size;
   std::vector<int64_t> taken;
-  while (static_cast<int64_t>(table_.size() + taken.size()) < needed) {
+  for (int64_t i = first; i <= last && steps > 0; ++i) {
+    if (i < static_cast<int64_t>(table_.size()) && !pool_->IsShared(table_[i])) continue;
     absl::StatusOr<int64_t> block = pool_->Allocate();
     if (!block.ok()) {
       for (int64_t b : taken) pool_->Release(b);
@@ -51,8 +73,46 @@ absl::Status PagedKVCache::CheckStep(const KVStep& step, int64_t batch_size) con
     }
     taken.push_back(*block);
   }
-  table_.insert(table_.end(), taken.begin(), taken.end());
+  auto next = taken.begin();
+  for (int64_t i = first; i <= last && steps > 0; ++i) {
+    if (i >= static_cast<int64_t>(table_.size())) {
+      table_.push_back(*next++);
+    } else if (pool_->IsShared(table_[i])) {
+      // Copy-on-write: this cache's writes land in its own copy of the shared block.
+      pool_->CopyBlock(table_[i], *next);
+      pool_->Release(table_[i]);
+      table_[i] = *next++;
+    }
+  }
   return absl::OkStatus();
+}
+
+int64_t PagedKVCache::AttachPrefix(absl::Span<const int64_t> tokens) {
+  if (length_ != 0 || !table_.empty() || tokens.size() < 2) return 0;
+  const int64_t block_size = pool_->block_size();
+  const int64_t usable = std::min<int64_t>(tokens.size(), max_sequence_length_);
+  uint64_t parent = BlockPool::kRootKey;
+  for (int64_t begin = 0; begin + block_size <= usable; begin += block_size) {
+    std::optional<BlockPool::Hit> hit = pool_->Lookup(parent, tokens.subspan(begin, block_size));
+    if (!hit) break;
+    table_.push_back(hit->block);
+    keys_.push_back(hit->key);
+    parent = hit->key;
+  }
+  const int64_t held = std::min<int64_t>(static_cast<int64_t>(table_.size()) * block_size,
+                                         static_cast<int64_t>(tokens.size()) - 1);
+  std::fill(layer_length_.begin(), layer_length_.end(), held);
+  length_ = held;
+  return held;
+}
+
+void PagedKVCache::PublishPrefix(absl::Span<const int64_t> tokens) {
+  const int64_t block_size = pool_->block_size();
+  const int64_t full = std::min<int64_t>(tokens.size(), length_) / block_size;
+  for (int64_t i = static_cast<int64_t>(keys_.size()); i < full; ++i) {
+    const uint64_t parent = i == 0 ? BlockPool::kRootKey : keys_[i - 1];
+    keys_.push_back(pool_->Publish(table_[i], parent, tokens.subspan(i * block_size, block_size)));
+  }
 }
 
 absl::StatusOr<int64_t> PagedKVCache::Write(int64_t layer, const KVStep& step,
@@ -137,7 +197,8 @@ int64_t PagedKVCache::AllocatedBytes() const {
 }
 
 int64_t PagedKVCache::IndexBytes() const {
-  return static_cast<int64_t>(table_.capacity() * sizeof(int64_t)) +
+  return static_cast<int64_t>(table_.capacity() * sizeof(int64_t) +
+                              keys_.capacity() * sizeof(uint64_t)) +
          (ramp_.defined() ? ramp_.numel() * 8 : 0);
 }
 

@@ -6,6 +6,13 @@
 //
 // Batch size 1; entries are appended in position order (a step continues where the last one
 // ended), as generation and the serving scheduler feed them. Full precision (the pool's dtype).
+//
+// Prefix reuse: the entries of a block depend only on the tokens up to and including it, so
+// PublishPrefix offers the cache's full blocks to the pool's prefix cache and AttachPrefix
+// starts an empty cache with the longest cached chain of a prompt's blocks. A block that
+// others share is copied before a step writes into it (copy-on-write: the last block of a
+// prompt that is a whole number of blocks, whose last token is computed again for its
+// logits).
 #ifndef LGPT_CACHE_PAGED_KV_CACHE_H_
 #define LGPT_CACHE_PAGED_KV_CACHE_H_
 
@@ -18,6 +25,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "cache/block_pool.h"
 #include "cache/kv_cache.h"
 
@@ -53,7 +61,25 @@ class PagedKVCache : public KVCache {
   int64_t num_layers() const override { return static_cast<int64_t>(pool_->layers().size()); }
   std::string DebugName() const override;
 
+  const BlockPool* pool() const { return pool_.get(); }
   int64_t blocks_held() const { return static_cast<int64_t>(table_.size()); }
+  // Entries every layer holds (the next position to write).
+  int64_t length() const { return length_; }
+  // Takes the blocks the next step of `steps` entries writes into (CheckStep does it too):
+  // ResourceExhausted when the pool has too few, taking nothing then.
+  absl::Status Reserve(int64_t steps);
+  // Blocks the next step of `steps` entries takes from the pool (new ones and copies of
+  // shared ones).
+  int64_t BlocksNeeded(int64_t steps) const;
+
+  // An empty cache takes the cached blocks that start `tokens` (whole blocks, chained from the
+  // first) and holds their entries; returns how many positions it now holds, at most
+  // tokens.size() - 1 so that the last token is computed again for its logits (its block is
+  // copied before that write when shared). 0 when nothing is cached or the cache is not empty.
+  int64_t AttachPrefix(absl::Span<const int64_t> tokens);
+  // Publishes the full blocks of `tokens` (the ids at positions 0, 1, ... whose entries the
+  // cache holds: at most length() of them) not published yet.
+  void PublishPrefix(absl::Span<const int64_t> tokens);
 
  private:
   PagedKVCache(std::shared_ptr<BlockPool> pool, int64_t max_sequence_length);
@@ -61,11 +87,15 @@ class PagedKVCache : public KVCache {
   absl::StatusOr<int64_t> Write(int64_t layer, const KVStep& step, const at::Tensor& keys,
                                 const at::Tensor& values);
   at::Tensor Positions(int64_t begin, int64_t length) const;
+  // Reserve's work; CheckStep (const in the KVCache contract) calls it too.
+  absl::Status TakeBlocks(int64_t steps) const;
 
   std::shared_ptr<BlockPool> pool_;
   int64_t max_sequence_length_;
   // Blocks in position order; CheckStep grows it for the step about to run.
   mutable std::vector<int64_t> table_;
+  // Prefix keys of table_[0, keys_.size()): blocks published (or found published) so far.
+  std::vector<uint64_t> keys_;
   std::vector<int64_t> layer_length_;  // entries written per layer
   int64_t length_ = 0;                 // entries every layer holds
   mutable at::Tensor ramp_;            // 0, 1, 2, ... for the positions of the entries

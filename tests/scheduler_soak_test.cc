@@ -1,15 +1,20 @@
 // The scheduler under load (core/serving/scheduler.h): 500 requests of random lengths and
 // caches, random cancellations and self-stops. CI runs it again under AddressSanitizer
-// (tag "asan"): no request's memory outlives it, nothing is freed twice.
+// (tag "asan"): no request's memory outlives it, nothing is freed twice. With a small block
+// pool: preemptions and prefix reuse under the same churn leave the pool entirely free.
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <atomic>
+#include <iostream>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "cache/block_pool.h"
 #include "cache/kv_cache_factory.h"
+#include "cache/paged_kv_cache.h"
 #include "core/config/config_presets.h"
 #include "core/model/gpt.h"
 #include "core/serving/scheduler.h"
@@ -113,6 +118,73 @@ TEST(SchedulerTest, SoakOfRandomRequestsLeavesNothingBehind) {
     EXPECT_EQ(live.load(), 0);  // every finished request released its cache
   }
   EXPECT_EQ(live.load(), 0);
+}
+
+// The same load with half the requests paged over one small block pool (preemptions, prefix
+// reuse from shared prompt starts, cancellations while waiting, running or preempted): every
+// request ends, and afterwards the pool is entirely free (cached prefix blocks are free to
+// take) and no block is referenced.
+TEST(SchedulerTest, SoakOverASmallPoolLeavesThePoolFree) {
+  GPT model = RandomModel("pythia-14m", 9);
+  KVCacheGeometry geometry;
+  geometry.layers = model->CacheLayout();
+  BlockPoolOptions pool_options;
+  pool_options.block_size = 4;
+  pool_options.num_blocks = 44;  // 176 entries: about five paged requests at once
+  std::shared_ptr<BlockPool> pool = *BlockPool::Create(geometry, pool_options);
+  std::mt19937 rng(77);
+  std::vector<int64_t> common(24);
+  for (int64_t& id : common) id = rng() % 96;
+  {
+    SchedulerOptions options;
+    options.max_running = 10;
+    options.prefill_chunk = 6;
+    options.step_prefill_tokens = 18;
+    Scheduler scheduler(model, options, pool);
+    std::vector<std::shared_ptr<RequestHandle>> handles;
+    for (int i = 0; i < 500; ++i) {
+      const int64_t length = 1 + rng() % 30;
+      std::vector<int64_t> prompt(length);
+      for (int64_t& id : prompt) id = rng() % 96;
+      if (i % 3 == 0) {  // a shared start
+        std::copy(common.begin(), common.begin() + std::min<int64_t>(length, 24),
+                  prompt.begin());
+      }
+      GenerateOptions o;
+      o.max_new_tokens = 1 + rng() % 34;
+      o.sampling = {1.0, 0, 1.0};
+      o.seed = i;
+      std::unique_ptr<KVCache> cache;
+      if (i % 2 == 0) {
+        cache = *PagedKVCache::Create(pool, length + o.max_new_tokens);
+      } else {
+        cache = BatchOneCache(*model, TestSpec("sink", 6, 8), length + o.max_new_tokens);
+      }
+      absl::StatusOr<std::shared_ptr<RequestHandle>> handle =
+          scheduler.Submit(prompt, o, std::move(cache));
+      ASSERT_TRUE(handle.ok()) << handle.status();
+      handles.push_back(*handle);
+      if (rng() % 4 == 0) handles[rng() % handles.size()]->Cancel();
+    }
+    for (auto& handle : handles) {
+      absl::StatusOr<RequestResult> result = handle->Wait();
+      ASSERT_TRUE(result.ok()) << result.status();
+    }
+    const SchedulerStats stats = scheduler.Stats();
+    std::cout << "preemptions " << stats.preemptions << ", prefix hits " << stats.prefix_hits
+              << ", steps " << stats.steps << "\n";
+    EXPECT_EQ(stats.completed + stats.cancelled + stats.failed, 500);
+    EXPECT_EQ(stats.failed, 0);
+    EXPECT_GT(stats.preemptions, 0);
+    EXPECT_GT(stats.prefix_hits, 0);
+    EXPECT_EQ(stats.pool_blocks_used, 0);
+  }
+  EXPECT_EQ(pool->free_blocks(), pool->num_blocks());
+  // Every block can be taken at once: none is still referenced.
+  std::vector<int64_t> all;
+  for (int64_t i = 0; i < pool->num_blocks(); ++i) all.push_back(*pool->Allocate());
+  EXPECT_EQ(pool->free_blocks(), 0);
+  for (int64_t block : all) pool->Release(block);
 }
 
 }  // namespace

@@ -1,8 +1,11 @@
 #include "tests/serving_test_util.h"
 
+#include <ATen/ATen.h>
+
 #include <utility>
 
 #include "core/config/config_presets.h"
+#include "core/model/checkpoint.h"
 #include "gtest/gtest.h"
 #include "tests/test_models.h"
 
@@ -36,6 +39,47 @@ KVCacheSpec TestSpec(const std::string& policy, int64_t budget, int bits) {
   spec.residual = 2;
   spec.group_size = 8;
   return spec;
+}
+
+GPT GoldenModel(const std::string& name) {
+  absl::StatusOr<LoadedModel> loaded = LoadCheckpoint("tests/testdata/" + name);
+  EXPECT_TRUE(loaded.ok()) << loaded.status();
+  return loaded->model;
+}
+
+std::vector<Job> Jobs(GPTImpl& model, int count, uint64_t seed) {
+  const std::vector<KVCacheSpec> specs = {
+      TestSpec("dense", 0, 16), TestSpec("window", 8, 16), TestSpec("sink", 8, 16), TestSpec("h2o", 8, 16),
+      TestSpec("dense", 0, 8),  TestSpec("tova", 8, 4),
+  };
+  at::manual_seed(seed);
+  const int64_t vocab = model.config().PaddedVocabSize();
+  std::vector<Job> jobs;
+  for (int i = 0; i < count; ++i) {
+    Job job;
+    const int64_t length = 1 + (i * 7) % 19;
+    const at::Tensor ids = at::randint(0, vocab, {length}, at::kLong);
+    job.prompt.assign(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + length);
+    job.options.max_new_tokens = 6 + i % 9;
+    job.options.seed = 100 + i;
+    if (i % 3 == 2) {
+      job.options.sampling = {1.0, 20, 1.0};  // sampled: each request's own generator
+    } else {
+      job.options.sampling = {0.0, 0, 1.0};  // greedy
+    }
+    job.options.prefill_chunk = i % 4 == 3 ? 5 : 0;
+    job.spec = specs[i % specs.size()];
+    jobs.push_back(job);
+  }
+  return jobs;
+}
+
+std::vector<int64_t> Alone(GPTImpl& model, const Job& job) {
+  std::unique_ptr<KVCache> cache = BatchOneCache(
+      model, job.spec, static_cast<int64_t>(job.prompt.size()) + job.options.max_new_tokens);
+  absl::StatusOr<std::vector<int64_t>> tokens = Generate(model, *cache, job.prompt, job.options);
+  EXPECT_TRUE(tokens.ok()) << tokens.status();
+  return tokens.ok() ? *tokens : std::vector<int64_t>();
 }
 
 }  // namespace lgpt

@@ -5,9 +5,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "cache/kv_cache.h"
 #include "cache/kv_cache_factory.h"
+#include "core/model/generate.h"
 #include "core/model/gpt.h"
 
 namespace lgpt {
@@ -20,6 +22,23 @@ std::unique_ptr<KVCache> BatchOneCache(GPTImpl& model, const KVCacheSpec& spec, 
 
 // A cache spec with small quantisation groups and residual, so tiny models quantise too.
 KVCacheSpec TestSpec(const std::string& policy, int64_t budget, int bits);
+
+// A checkpoint of tests/testdata ("golden/llama2").
+GPT GoldenModel(const std::string& name);
+
+// A request of the serving tests.
+struct Job {
+  std::vector<int64_t> prompt;
+  GenerateOptions options;
+  KVCacheSpec spec;
+};
+
+// `count` jobs for `model`: prompts of 1..19 tokens, 6..14 new tokens, greedy and sampled
+// decoding, whole-prompt and 5-token prefill chunks, dense, budgeted and quantised caches.
+std::vector<Job> Jobs(GPTImpl& model, int count, uint64_t seed);
+
+// The job's tokens from lgpt::Generate with its own batch-1 cache.
+std::vector<int64_t> Alone(GPTImpl& model, const Job& job);
 
 }  // namespace lgpt
 

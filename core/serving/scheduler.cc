@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cache/batched_kv_cache.h"
+#include "cache/paged_kv_cache.h"
 #include "core/base/status_macros.h"
 #include "core/model/cache_positions.h"
 #include "core/model/sampling.h"
@@ -80,26 +81,40 @@ void RequestHandle::Finish(absl::StatusOr<RequestResult> result) {
 
 // ---------------------------------------------------------------------------------------
 
-// A request's state between steps. Phases: prefilling (prefilled < prompt), sampling (logits
-// ready), decoding (a sampled token to feed), finished.
+// A request's state between steps. Phases: prefilling (prefilled < prompt), replaying
+// (re-feeding generated tokens after a preemption: fed < tokens), sampling (logits ready),
+// decoding (a token to feed), finished.
 struct Scheduler::Request {
   std::shared_ptr<RequestHandle> handle;
+  uint64_t arrival = 0;
+  std::vector<int64_t> prompt_ids;
   at::Tensor prompt;  // [P] int64, made once at Submit
   GenerateOptions options;
   std::unique_ptr<KVCache> cache;
+  PagedKVCache* paged = nullptr;  // the cache, when it draws from the scheduler's pool
   std::unique_ptr<CachePositions> stream;
   at::Generator generator;
   int64_t prefilled = 0;
+  int64_t fed = 0;          // generated tokens whose entries the cache holds
+  std::vector<int64_t> history;  // ids of the cache's entries, in position order (paged)
   at::Tensor logits;        // [1, V] of the last position, to sample from
-  int64_t next_token = -1;  // sampled, to feed in this step's decode pass
+  int64_t next_token = -1;  // to feed in this step's decode pass
   bool finished = false;
+  bool preempted = false;   // this step; requeued after it
+  bool admitted_once = false;
   absl::Status error;
   RequestResult result;
   Clock::time_point submitted, admitted, prefill_done, last_token;
+
+  int64_t prompt_length() const { return static_cast<int64_t>(prompt_ids.size()); }
+  // A token to feed next: the next generated one while replaying.
+  void ContinueReplay() {
+    next_token = fed < static_cast<int64_t>(result.tokens.size()) ? result.tokens[fed] : -1;
+  }
 };
 
-Scheduler::Scheduler(GPT model, SchedulerOptions options)
-    : model_(std::move(model)), options_(options) {
+Scheduler::Scheduler(GPT model, SchedulerOptions options, std::shared_ptr<BlockPool> pool)
+    : model_(std::move(model)), options_(options), pool_(std::move(pool)) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -132,7 +147,25 @@ absl::StatusOr<std::shared_ptr<RequestHandle>> Scheduler::Submit(std::vector<int
     }
   }
   auto request = std::make_unique<Request>();
+  if (pool_ != nullptr) {
+    auto* paged = dynamic_cast<PagedKVCache*>(cache.get());
+    if (paged != nullptr && paged->pool() == pool_.get()) {
+      const int64_t entries =
+          std::min(options.start_position + static_cast<int64_t>(prompt.size()) +
+                       options.max_new_tokens,
+                   paged->max_sequence_length());
+      const int64_t blocks = (entries + pool_->block_size() - 1) / pool_->block_size();
+      if (blocks > pool_->num_blocks()) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "the request needs ", blocks, " KV blocks of ", pool_->block_size(),
+            " entries (prompt plus max_new_tokens) and the whole pool has ",
+            pool_->num_blocks()));
+      }
+      request->paged = paged;
+    }
+  }
   request->handle = std::make_shared<RequestHandle>();
+  request->prompt_ids = prompt;
   request->prompt = at::tensor(prompt, at::kLong);
   request->options = std::move(options);
   request->cache = std::move(cache);
@@ -146,6 +179,7 @@ absl::StatusOr<std::shared_ptr<RequestHandle>> Scheduler::Submit(std::vector<int
       return absl::ResourceExhaustedError(absl::StrCat(
           waiting_.size(), " requests are waiting (SchedulerOptions.max_waiting)"));
     }
+    request->arrival = arrivals_++;
     waiting_.push_back(std::move(request));
     ++stats_.submitted;
   }
@@ -154,8 +188,18 @@ absl::StatusOr<std::shared_ptr<RequestHandle>> Scheduler::Submit(std::vector<int
 }
 
 SchedulerStats Scheduler::Stats() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return stats_;
+  SchedulerStats stats;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats = stats_;
+  }
+  if (pool_ != nullptr) {
+    stats.pool_blocks = pool_->num_blocks();
+    stats.pool_blocks_cached = pool_->cached_blocks();
+    stats.pool_blocks_used = pool_->num_blocks() - pool_->free_blocks();
+    stats.pool_block_bytes = pool_->BytesPerBlock();
+  }
+  return stats;
 }
 
 void Scheduler::Loop() {
@@ -170,14 +214,7 @@ void Scheduler::Loop() {
         waiting_.clear();
         break;
       }
-      while (static_cast<int64_t>(running.size()) < options_.max_running && !waiting_.empty()) {
-        running.push_back(std::move(waiting_.front()));
-        waiting_.pop_front();
-        Request& admitted = *running.back();
-        admitted.admitted = Clock::now();
-        admitted.stream = std::make_unique<CachePositions>(*model_, *admitted.cache,
-                                                           admitted.options.start_position);
-      }
+      AdmitWaiting(running);
       stats_.waiting = static_cast<int64_t>(waiting_.size());
       stats_.running = static_cast<int64_t>(running.size());
     }
@@ -191,7 +228,64 @@ void Scheduler::Loop() {
   Retire(running);
 }
 
-bool Scheduler::Step(std::vector<std::unique_ptr<Request>>& running) {
+void Scheduler::AdmitWaiting(Running& running) {
+  // Cancelled requests leave the queue at once (they hold no blocks).
+  for (auto& request : waiting_) {
+    if (request->handle->cancel_requested_) {
+      request->result.cancelled = true;
+      request->finished = true;
+      running.push_back(std::move(request));
+    }
+  }
+  waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), nullptr), waiting_.end());
+  while (static_cast<int64_t>(running.size()) < options_.max_running && !waiting_.empty() &&
+         Fits(*waiting_.front(), running)) {
+    running.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+    Admit(*running.back());
+  }
+}
+
+bool Scheduler::Fits(const Request& request, const Running& running) const {
+  if (request.paged == nullptr || running.empty()) return true;
+  // A new request needs its first chunk; a preempted one all it held (resuming it sooner
+  // would only preempt it again).
+  const int64_t entries =
+      request.result.preemptions > 0
+          ? request.prompt_length() + static_cast<int64_t>(request.result.tokens.size()) + 1
+          : std::min(EffectiveChunk(request.options), request.prompt_length());
+  int64_t needed = (entries + pool_->block_size() - 1) / pool_->block_size();
+  for (const auto& other : running) needed += other->paged != nullptr ? 1 : 0;
+  return needed <= pool_->free_blocks();
+}
+
+void Scheduler::Admit(Request& r) {
+  if (!r.admitted_once) {
+    r.admitted_once = true;
+    r.admitted = Clock::now();
+  }
+  // The tokens whose entries the cache must hold: the prompt, then the generated tokens when
+  // the request was preempted.
+  std::vector<int64_t> known = r.prompt_ids;
+  known.insert(known.end(), r.result.tokens.begin(), r.result.tokens.end());
+  int64_t hit = 0;
+  if (r.paged != nullptr && options_.prefix_caching && r.options.start_position == 0) {
+    hit = r.paged->AttachPrefix(known);
+  }
+  const int64_t prompt_hit = std::min(hit, r.prompt_length());
+  if (r.result.preemptions == 0 && prompt_hit > 0) {
+    r.result.prefix_hit_tokens = prompt_hit;
+    ++stats_.prefix_hits;
+    stats_.prefix_hit_tokens += prompt_hit;
+  }
+  r.prefilled = prompt_hit;
+  r.fed = hit - prompt_hit;
+  r.history.assign(known.begin(), known.begin() + hit);
+  r.stream = std::make_unique<CachePositions>(*model_, *r.cache, r.options.start_position + hit);
+  if (r.prefilled == r.prompt_length()) r.ContinueReplay();
+}
+
+bool Scheduler::Step(Running& running) {
   for (auto& request : running) {
     if (request->handle->cancel_requested_) {
       request->result.cancelled = true;
@@ -202,23 +296,90 @@ bool Scheduler::Step(std::vector<std::unique_ptr<Request>>& running) {
   if (running.empty()) return false;
   Prefill(running);
   SampleReady(running);
+  Retire(running);  // finished requests give their blocks back before the decode step
   DecodeBatch(running);
   Retire(running);
+  Requeue(running);
   std::lock_guard<std::mutex> lock(mutex_);
   ++stats_.steps;
   return true;
 }
 
-void Scheduler::Prefill(std::vector<std::unique_ptr<Request>>& running) {
+bool Scheduler::ReserveBlocks(Request& request, int64_t steps, Running& running) {
+  if (request.paged == nullptr) return true;
+  while (true) {
+    const absl::Status reserved = request.paged->Reserve(steps);
+    if (reserved.ok()) return true;
+    // The most recently admitted request still holding blocks goes (possibly this one).
+    Request* victim = nullptr;
+    for (auto it = running.rbegin(); it != running.rend() && victim == nullptr; ++it) {
+      Request& other = **it;
+      if (other.paged != nullptr && !other.finished && !other.preempted &&
+          other.paged->blocks_held() > 0) {
+        victim = &other;
+      }
+    }
+    if (victim == nullptr) {
+      // Nothing left to free: the request cannot go on (Submit's check makes this rare).
+      request.error = reserved;
+      request.finished = true;
+      return false;
+    }
+    Preempt(*victim);
+    if (victim == &request) return false;
+  }
+}
+
+void Scheduler::Preempt(Request& r) {
+  r.preempted = true;
+  r.stream.reset();
+  r.cache->Reset();
+  r.prefilled = 0;
+  r.fed = 0;
+  r.history.clear();
+  r.logits = at::Tensor();
+  r.next_token = -1;
+  ++r.result.preemptions;
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++stats_.preemptions;
+}
+
+void Scheduler::Requeue(Running& running) {
+  std::vector<std::unique_ptr<Request>> preempted;
+  for (auto& owned : running) {
+    if (owned != nullptr && owned->preempted && !owned->finished) {
+      owned->preempted = false;
+      preempted.push_back(std::move(owned));
+    }
+  }
+  if (preempted.empty()) return;
+  running.erase(std::remove(running.begin(), running.end(), nullptr), running.end());
+  std::sort(preempted.begin(), preempted.end(),
+            [](const auto& a, const auto& b) { return a->arrival < b->arrival; });
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto it = preempted.rbegin(); it != preempted.rend(); ++it) {
+    waiting_.push_front(std::move(*it));
+  }
+  stats_.waiting = static_cast<int64_t>(waiting_.size());
+  stats_.running = static_cast<int64_t>(running.size());
+}
+
+void Scheduler::Publish(Request& r) {
+  if (r.paged != nullptr && options_.prefix_caching && r.options.start_position == 0) {
+    r.paged->PublishPrefix(r.history);
+  }
+}
+
+void Scheduler::Prefill(Running& running) {
   // Chunks are never split (score-based and quantised caches evict by chunk, so the chunks must
   // be those of the batch-1 run); the budget defers whole chunks, but the first chunk of a
   // step always runs.
   int64_t budget = options_.step_prefill_tokens;
   bool any = false;
-  for (auto& owned : running) {
-    Request& r = *owned;
-    const int64_t length = r.prompt.size(0);
-    if (r.finished || r.prefilled >= length) continue;
+  for (size_t i = 0; i < running.size(); ++i) {
+    Request& r = *running[i];
+    const int64_t length = r.prompt_length();
+    if (r.finished || r.preempted || r.prefilled >= length) continue;
     const int64_t chunk = std::min(EffectiveChunk(r.options), length - r.prefilled);
     if (any && chunk > budget) break;
     any = true;
@@ -228,6 +389,7 @@ void Scheduler::Prefill(std::vector<std::unique_ptr<Request>>& running) {
       r.finished = true;
       continue;
     }
+    if (!ReserveBlocks(r, *reserved, running)) continue;
     ForwardOptions forward;
     forward.positions = r.stream->Take(*reserved);
     forward.last_logits_only = true;
@@ -238,22 +400,30 @@ void Scheduler::Prefill(std::vector<std::unique_ptr<Request>>& running) {
       r.finished = true;
       continue;
     }
+    if (r.paged != nullptr) {
+      r.history.insert(r.history.end(), r.prompt_ids.begin() + r.prefilled,
+                       r.prompt_ids.begin() + r.prefilled + *reserved);
+      Publish(r);
+    }
     r.prefilled += *reserved;
     budget -= *reserved;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       stats_.prefill_tokens += *reserved;
     }
-    if (r.prefilled == length) {
-      r.prefill_done = Clock::now();
-      r.result.stats.prefill_s = Seconds(r.admitted, r.prefill_done);
-      r.logits = logits->reshape({1, -1});
-      if (r.options.max_new_tokens == 0) r.finished = true;
+    if (r.prefilled < length) continue;
+    if (!r.result.tokens.empty()) {
+      r.ContinueReplay();  // recomputing after a preemption: the logits are known already
+      continue;
     }
+    r.prefill_done = Clock::now();
+    r.result.stats.prefill_s = Seconds(r.admitted, r.prefill_done);
+    r.logits = logits->reshape({1, -1});
+    if (r.options.max_new_tokens == 0) r.finished = true;
   }
 }
 
-void Scheduler::SampleReady(std::vector<std::unique_ptr<Request>>& running) {
+void Scheduler::SampleReady(Running& running) {
   for (auto& owned : running) {
     Request& r = *owned;
     if (r.finished || !r.logits.defined()) continue;
@@ -295,14 +465,12 @@ void Scheduler::SampleReady(std::vector<std::unique_ptr<Request>>& running) {
   }
 }
 
-void Scheduler::DecodeBatch(std::vector<std::unique_ptr<Request>>& running) {
-  std::vector<Request*> rows;
-  std::vector<KVCache*> caches;
-  std::vector<at::Tensor> positions;
-  std::vector<int64_t> tokens;
+void Scheduler::DecodeBatch(Running& running) {
+  // Rows in admission order, so that when blocks run out the newest requests go first.
+  std::vector<Request*> candidates;
   for (auto& owned : running) {
     Request& r = *owned;
-    if (r.finished || r.next_token < 0) continue;
+    if (r.finished || r.preempted || r.next_token < 0) continue;
     // Shifting caches make room before the step; a failure ends this request only.
     absl::Status reserved = r.stream->Reserve(1).status();
     if (!reserved.ok()) {
@@ -310,11 +478,18 @@ void Scheduler::DecodeBatch(std::vector<std::unique_ptr<Request>>& running) {
       r.finished = true;
       continue;
     }
-    rows.push_back(&r);
-    caches.push_back(r.cache.get());
-    positions.push_back(r.stream->Take(1));
-    tokens.push_back(r.next_token);
-    r.next_token = -1;
+    if (ReserveBlocks(r, 1, running)) candidates.push_back(&r);
+  }
+  std::vector<Request*> rows;
+  std::vector<KVCache*> caches;
+  std::vector<at::Tensor> positions;
+  std::vector<int64_t> tokens;
+  for (Request* r : candidates) {
+    if (r->preempted || r->finished) continue;  // a later row's reservation preempted it
+    rows.push_back(r);
+    caches.push_back(r->cache.get());
+    positions.push_back(r->stream->Take(1));
+    tokens.push_back(r->next_token);
   }
   if (rows.empty()) return;
   absl::StatusOr<BatchedKVCache> batch = BatchedKVCache::Create(caches);
@@ -325,19 +500,28 @@ void Scheduler::DecodeBatch(std::vector<std::unique_ptr<Request>>& running) {
       batch.ok() ? model_->Forward(at::tensor(tokens, at::kLong).unsqueeze(1), &*batch, forward)
                  : absl::StatusOr<at::Tensor>(batch.status());
   for (size_t b = 0; b < rows.size(); ++b) {
+    Request& r = *rows[b];
     if (!logits.ok()) {
-      rows[b]->error = logits.status();
-      rows[b]->finished = true;
+      r.error = logits.status();
+      r.finished = true;
       continue;
     }
-    rows[b]->logits = logits->select(0, static_cast<int64_t>(b)).reshape({1, -1});
+    ++r.fed;
+    if (r.paged != nullptr) {
+      r.history.push_back(r.next_token);
+      Publish(r);
+    }
+    r.ContinueReplay();
+    if (r.next_token < 0) {
+      r.logits = logits->select(0, static_cast<int64_t>(b)).reshape({1, -1});
+    }
   }
   std::lock_guard<std::mutex> lock(mutex_);
   ++stats_.decode_passes;
   stats_.decode_rows += static_cast<int64_t>(rows.size());
 }
 
-void Scheduler::Retire(std::vector<std::unique_ptr<Request>>& running) {
+void Scheduler::Retire(Running& running) {
   auto done = std::stable_partition(running.begin(), running.end(),
                                     [](const std::unique_ptr<Request>& r) { return !r->finished; });
   if (done == running.end()) return;
@@ -352,7 +536,7 @@ void Scheduler::Retire(std::vector<std::unique_ptr<Request>>& running) {
     result.kv_cache_index_bytes = r.cache->IndexBytes();
     result.stats.position_shift = r.stream ? r.stream->shifted() : 0;
     if (!result.tokens.empty()) result.stats.decode_s = Seconds(r.prefill_done, now);
-    result.queue_s = r.stream ? Seconds(r.submitted, r.admitted) : Seconds(r.submitted, now);
+    result.queue_s = Seconds(r.submitted, r.admitted_once ? r.admitted : now);
     delta.generated_tokens += result.stats.new_tokens;
     if (!r.error.ok()) {
       ++delta.failed;

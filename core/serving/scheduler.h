@@ -13,6 +13,25 @@
 // EffectiveChunk says), seed and kind of cache (greedy tokens identical; logits differ only by
 // the rounding of batched matrix products).
 //
+// With a BlockPool (cache/block_pool.h), requests whose caches are PagedKVCaches over it
+// draw their KV memory from the pool:
+//   - admission follows free blocks: the oldest waiting request is admitted when its first
+//     prefill chunk fits beside one block per running request (arrival order, no skipping);
+//   - when a step needs blocks the pool lacks, the most recently admitted request is
+//     preempted: its blocks go back, it returns to the head of the queue and is recomputed
+//     when admitted again. Recomputing replays it exactly: its prompt is prefilled in the same
+//     chunks and its generated tokens are fed one by one as in its first run (no sampling, no
+//     callbacks; its generator is untouched), so preemption never changes a token, for any
+//     cache. The oldest request can preempt every other, so a request that fits the pool
+//     alone (Submit checks) always finishes;
+//   - prefix reuse (SchedulerOptions.prefix_caching, requests starting at position 0): at
+//     admission the cache takes the pool's cached blocks that start the request's tokens and
+//     only the rest is prefilled; every full block the request computes (prompt and generated
+//     tokens) is published for later requests. Shared entries were computed in other chunks,
+//     so logits may differ from a fresh prefill by rounding (greedy tokens do not change in
+//     the tests; dense full-precision caches only, since only their entries depend on the
+//     tokens alone).
+//
 //   Scheduler scheduler(model);
 //   auto handle = scheduler.Submit(prompt, options, std::move(cache));  // any batch-1 cache
 //   absl::StatusOr<RequestResult> result = (*handle)->Wait();
@@ -31,6 +50,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "cache/block_pool.h"
 #include "cache/kv_cache.h"
 #include "core/model/generate.h"
 #include "core/model/gpt.h"
@@ -105,8 +125,10 @@ struct SchedulerStats {
 
 class Scheduler {
  public:
-  // The model is shared (read-only) with any other user; the thread starts here.
-  explicit Scheduler(GPT model, SchedulerOptions options = {});
+  // The model is shared (read-only) with any other user; the thread starts here. `pool`, when
+  // given, is the one Submit's PagedKVCaches draw from (admission, preemption, prefix reuse).
+  explicit Scheduler(GPT model, SchedulerOptions options = {},
+                     std::shared_ptr<BlockPool> pool = nullptr);
   // Cancels every request still in flight (they end with `cancelled`) and joins the thread.
   ~Scheduler();
   Scheduler(const Scheduler&) = delete;
@@ -114,7 +136,8 @@ class Scheduler {
 
   // Queues a generation of `prompt` through `cache` (batch size 1, empty or holding exactly
   // [0, options.start_position)), with lgpt::Generate's options and checks: InvalidArgument /
-  // OutOfRange as Generate would fail, ResourceExhausted when max_waiting requests wait.
+  // OutOfRange as Generate would fail, ResourceExhausted when max_waiting requests wait or
+  // when a paged cache's request needs more blocks than the whole pool.
   // on_token runs on the scheduler's thread; returning false (or throwing) ends only its own
   // request.
   absl::StatusOr<std::shared_ptr<RequestHandle>> Submit(std::vector<int64_t> prompt,
@@ -123,26 +146,44 @@ class Scheduler {
 
   SchedulerStats Stats() const;
   const SchedulerOptions& options() const { return options_; }
+  const std::shared_ptr<BlockPool>& pool() const { return pool_; }
   // The prefill chunk of a request: its own, or SchedulerOptions.prefill_chunk when it asks for
   // the whole prompt at once. Its tokens equal Generate's with this chunk.
   int64_t EffectiveChunk(const GenerateOptions& options) const;
 
  private:
   struct Request;
+  using Running = std::vector<std::unique_ptr<Request>>;
   void Loop();
+  // Moves waiting requests to `running` in arrival order while they fit (mutex_ held).
+  void AdmitWaiting(Running& running);
+  void Admit(Request& request);
+  // Whether the head of the queue fits the pool beside the running requests.
+  bool Fits(const Request& request, const Running& running) const;
   // One iteration over the running requests; false when there was nothing to do.
-  bool Step(std::vector<std::unique_ptr<Request>>& running);
-  void Prefill(std::vector<std::unique_ptr<Request>>& running);
-  void SampleReady(std::vector<std::unique_ptr<Request>>& running);
-  void DecodeBatch(std::vector<std::unique_ptr<Request>>& running);
-  void Retire(std::vector<std::unique_ptr<Request>>& running);
+  bool Step(Running& running);
+  void Prefill(Running& running);
+  void SampleReady(Running& running);
+  void DecodeBatch(Running& running);
+  // Takes the blocks `request`'s next step of `steps` entries needs, preempting the most
+  // recently admitted requests while the pool lacks them; false when `request` itself was
+  // preempted.
+  bool ReserveBlocks(Request& request, int64_t steps, Running& running);
+  void Preempt(Request& request);
+  // Puts preempted requests back at the head of the queue, in arrival order.
+  void Requeue(Running& running);
+  void Retire(Running& running);
+  // After a forward pass: the request's cache holds `history`; publish its full blocks.
+  void Publish(Request& request);
 
   GPT model_;
   const SchedulerOptions options_;
+  const std::shared_ptr<BlockPool> pool_;
 
   mutable std::mutex mutex_;
   std::condition_variable work_cv_;
   std::deque<std::unique_ptr<Request>> waiting_;
+  uint64_t arrivals_ = 0;
   bool stopping_ = false;
   SchedulerStats stats_;
   std::thread thread_;

@@ -1,0 +1,200 @@
+// The scheduler over a shared KV block pool (core/serving/scheduler.h, cache/block_pool.h):
+// a pool too small for everything at once preempts and recomputes requests without changing
+// a single token (dense paged requests beside budgeted and quantised ones with their own
+// caches, greedy and sampled, prefix reuse on and off); shared prompt prefixes are computed
+// once and reused, including a prompt that is a whole number of blocks (copy-on-write of
+// its last block); a request larger than the pool is refused; the pool is entirely free when
+// every request has ended.
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "cache/block_pool.h"
+#include "cache/kv_cache_factory.h"
+#include "cache/paged_kv_cache.h"
+#include "core/model/generate.h"
+#include "core/model/gpt.h"
+#include "core/serving/scheduler.h"
+#include "gtest/gtest.h"
+#include "tests/serving_test_util.h"
+
+namespace lgpt {
+namespace {
+
+std::shared_ptr<BlockPool> Pool(GPTImpl& model, int64_t blocks, int64_t block_size) {
+  KVCacheGeometry geometry;
+  geometry.layers = model.CacheLayout();
+  BlockPoolOptions options;
+  options.block_size = block_size;
+  options.num_blocks = blocks;
+  absl::StatusOr<std::shared_ptr<BlockPool>> pool = BlockPool::Create(geometry, options);
+  EXPECT_TRUE(pool.ok()) << pool.status();
+  return *pool;
+}
+
+int64_t Length(const Job& job) {
+  return static_cast<int64_t>(job.prompt.size()) + job.options.max_new_tokens;
+}
+
+// Dense jobs draw from the pool; the others keep their own caches.
+std::unique_ptr<KVCache> CacheOf(GPTImpl& model, const Job& job,
+                                 const std::shared_ptr<BlockPool>& pool) {
+  if (job.spec.policy == "dense" && job.spec.bits == 16) {
+    absl::StatusOr<std::unique_ptr<PagedKVCache>> paged = PagedKVCache::Create(pool, Length(job));
+    EXPECT_TRUE(paged.ok()) << paged.status();
+    return *std::move(paged);
+  }
+  return BatchOneCache(model, job.spec, Length(job));
+}
+
+struct Outcome {
+  std::vector<RequestResult> results;
+  SchedulerStats stats;
+};
+
+Outcome Serve(GPT model, const std::vector<Job>& jobs, SchedulerOptions options,
+              const std::shared_ptr<BlockPool>& pool) {
+  Scheduler scheduler(model, options, pool);
+  std::vector<std::shared_ptr<RequestHandle>> handles;
+  for (const Job& job : jobs) {
+    absl::StatusOr<std::shared_ptr<RequestHandle>> handle =
+        scheduler.Submit(job.prompt, job.options, CacheOf(*model, job, pool));
+    EXPECT_TRUE(handle.ok()) << handle.status();
+    if (handle.ok()) handles.push_back(*handle);
+  }
+  Outcome outcome;
+  for (auto& handle : handles) {
+    absl::StatusOr<RequestResult> result = handle->Wait();
+    EXPECT_TRUE(result.ok()) << result.status();
+    outcome.results.push_back(result.ok() ? *result : RequestResult());
+  }
+  outcome.stats = scheduler.Stats();
+  return outcome;
+}
+
+class PreemptionTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(PreemptionTest, NeverChangesAToken) {
+  GPT model = GoldenModel("golden/llama2");
+  std::vector<Job> jobs = Jobs(*model, 18, 5);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    if (i % 2 == 0) jobs[i].spec = TestSpec("dense", 0, 16);  // most requests paged
+    jobs[i].options.max_new_tokens += 10;
+  }
+  SchedulerOptions options;
+  options.max_running = 8;
+  options.prefill_chunk = 6;
+  options.prefix_caching = GetParam();
+  // 9 blocks of 4 entries hold the longest request (19 + 24 tokens) alone, far from all.
+  std::shared_ptr<BlockPool> pool = Pool(*model, 14, 4);
+  std::vector<std::vector<int64_t>> expected;
+  for (Job& job : jobs) {
+    job.options.prefill_chunk = job.options.prefill_chunk > 0 ? job.options.prefill_chunk : 6;
+    expected.push_back(Alone(*model, job));
+  }
+  const Outcome outcome = Serve(model, jobs, options, pool);
+  ASSERT_EQ(outcome.results.size(), jobs.size());
+  int64_t preempted = 0;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    SCOPED_TRACE(absl::StrCat("request ", i, " ", DescribeKVCacheSpec(jobs[i].spec)));
+    EXPECT_EQ(outcome.results[i].tokens, expected[i]);
+    preempted += outcome.results[i].preemptions;
+  }
+  EXPECT_GT(outcome.stats.preemptions, 0);
+  EXPECT_EQ(outcome.stats.preemptions, preempted);
+  EXPECT_EQ(outcome.stats.completed, static_cast<int64_t>(jobs.size()));
+  EXPECT_EQ(outcome.stats.pool_blocks_used, 0);
+  EXPECT_EQ(pool->free_blocks(), pool->num_blocks());
+  if (!GetParam()) EXPECT_EQ(pool->cached_blocks(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(PrefixCaching, PreemptionTest, ::testing::Bool());
+
+TEST(PrefixReuseTest, SharedPrefixIsComputedOnce) {
+  GPT model = GoldenModel("golden/llama2");
+  const int64_t vocab = model->config().PaddedVocabSize();
+  at::manual_seed(9);
+  const at::Tensor shared = at::randint(0, vocab, {24}, at::kLong);
+  std::vector<Job> jobs;
+  for (int i = 0; i < 6; ++i) {
+    Job job;
+    job.prompt.assign(shared.data_ptr<int64_t>(), shared.data_ptr<int64_t>() + 24);
+    // Suffixes of 1, 2, .. 5 tokens, and none (the whole prompt is cached: copy-on-write of
+    // its last block).
+    for (int j = 0; j < (i == 5 ? 0 : i + 1); ++j) job.prompt.push_back((7 * i + 3 * j) % vocab);
+    job.options.max_new_tokens = 8;
+    job.options.sampling = i % 2 ? SamplingOptions{0.9, 10, 1.0} : SamplingOptions{0.0, 0, 1.0};
+    job.options.seed = 40 + i;
+    job.options.prefill_chunk = 8;
+    job.spec = TestSpec("dense", 0, 16);
+    jobs.push_back(job);
+  }
+  std::shared_ptr<BlockPool> pool = Pool(*model, 64, 4);
+  SchedulerOptions options;
+  options.prefill_chunk = 8;
+  // The first request fills the cache; the later ones (one at a time, then all at once) hit.
+  Outcome first = Serve(model, {jobs[0]}, options, pool);
+  EXPECT_EQ(first.results[0].prefix_hit_tokens, 0);
+  EXPECT_GT(pool->cached_blocks(), 0);
+  std::vector<Job> later(jobs.begin() + 1, jobs.end());
+  Outcome rest = Serve(model, later, options, pool);
+  for (size_t i = 0; i < later.size(); ++i) {
+    SCOPED_TRACE(absl::StrCat("request ", i + 1));
+    EXPECT_EQ(rest.results[i].tokens, Alone(*model, later[i]));
+    // All 24 shared tokens, or 23 when the prompt is exactly the cached blocks (the last
+    // token is computed again for its logits).
+    EXPECT_EQ(rest.results[i].prefix_hit_tokens, later[i].prompt.size() == 24 ? 23 : 24);
+  }
+  EXPECT_EQ(rest.stats.prefix_hits, static_cast<int64_t>(later.size()));
+  EXPECT_EQ(rest.stats.prefill_tokens, 2 + 3 + 4 + 5 + 1);  // suffixes; the recomputed last token
+  EXPECT_EQ(pool->free_blocks(), pool->num_blocks());
+}
+
+TEST(PrefixReuseTest, LogitsOfAPrefixHitMatchAFreshPrefill) {
+  GPT model = GoldenModel("golden/llama3_gqa");
+  const int64_t vocab = model->config().PaddedVocabSize();
+  at::manual_seed(4);
+  const at::Tensor ids = at::randint(0, vocab, {21}, at::kLong);
+  const std::vector<int64_t> prompt(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + 21);
+  std::shared_ptr<BlockPool> pool = Pool(*model, 32, 4);
+  at::NoGradGuard no_grad;
+  auto last_logits = [&](PagedKVCache& cache, int64_t from) {
+    ForwardOptions forward;
+    forward.positions = at::arange(from, 21, at::kLong).unsqueeze(0);
+    forward.last_logits_only = true;
+    const at::Tensor input = ids.narrow(0, from, 21 - from).unsqueeze(0);
+    absl::StatusOr<at::Tensor> logits = model->Forward(input, &cache, forward);
+    EXPECT_TRUE(logits.ok()) << logits.status();
+    return *logits;
+  };
+  std::unique_ptr<PagedKVCache> fresh = *PagedKVCache::Create(pool, 32);
+  const at::Tensor expected = last_logits(*fresh, 0);
+  fresh->PublishPrefix(prompt);
+  std::unique_ptr<PagedKVCache> reused = *PagedKVCache::Create(pool, 32);
+  ASSERT_EQ(reused->AttachPrefix(prompt), 20);
+  EXPECT_TRUE(at::allclose(last_logits(*reused, 20), expected, 1e-4, 1e-4));
+}
+
+TEST(PoolAdmissionTest, RequestLargerThanThePoolIsRefused) {
+  GPT model = GoldenModel("golden/llama2");
+  std::shared_ptr<BlockPool> pool = Pool(*model, 4, 4);
+  Scheduler scheduler(model, {}, pool);
+  GenerateOptions options;
+  options.max_new_tokens = 10;
+  const std::vector<int64_t> prompt(8, 1);  // 18 entries: 5 blocks of 4
+  absl::StatusOr<std::shared_ptr<RequestHandle>> refused =
+      scheduler.Submit(prompt, options, *PagedKVCache::Create(pool, 18));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  options.max_new_tokens = 8;  // 16 entries: fits alone
+  absl::StatusOr<std::shared_ptr<RequestHandle>> fits =
+      scheduler.Submit(prompt, options, *PagedKVCache::Create(pool, 16));
+  ASSERT_TRUE(fits.ok()) << fits.status();
+  ASSERT_TRUE((*fits)->Wait().ok());
+  EXPECT_EQ(scheduler.Stats().pool_blocks_used, 0);
+}
+
+}  // namespace
+}  // namespace lgpt
