@@ -216,6 +216,44 @@ TEST(EngineServingTest, CancelAndBadRequests) {
             absl::StatusCode::kOutOfRange);
 }
 
+// With a KV pool (SchedulerOptions.kv_pool_bytes) dense requests draw from it and reuse
+// each other's prompt prefixes; tokens stay those of Generate, the pool shows in the
+// statistics and is free afterwards. A pool below one block is refused with the field's name.
+TEST(EngineServingTest, PooledRequestsEqualGenerateAndShareTheirPrefix) {
+  EngineOptions engine_options;
+  engine_options.serving.kv_pool_bytes = 8 << 20;
+  engine_options.serving.prefill_chunk = 1 << 20;  // whole prompts, as Generate by default
+  std::shared_ptr<const Engine> engine = *Engine::Load(kDefaultModel, engine_options);
+  const std::string shared =
+      "In the beginning God created the heaven and the earth. And the earth was without form, "
+      "and void; and darkness was upon the face of the deep.";
+  const std::vector<std::string> endings = {" And God said", " And the Spirit", " Let there be"};
+  std::shared_ptr<Request> first = *engine->Submit(shared + endings[0], Greedy(12));
+  ASSERT_TRUE(first->Wait().ok());
+  std::vector<std::shared_ptr<Request>> later;
+  for (const std::string& ending : endings) {
+    later.push_back(*engine->Submit(shared + ending, Greedy(12)));
+  }
+  for (size_t i = 0; i < endings.size(); ++i) {
+    absl::StatusOr<Completion> got = later[i]->Wait();
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->tokens, engine->Generate(shared + endings[i], Greedy(12))->tokens);
+    EXPECT_GE(later[i]->prefix_hit_tokens(), 16) << endings[i];
+  }
+  const SchedulerStats stats = engine->ServingStats();
+  EXPECT_GT(stats.pool_blocks, 0);
+  EXPECT_EQ(stats.pool_blocks_used, 0);
+  EXPECT_GT(stats.pool_blocks_cached, 0);
+  EXPECT_EQ(stats.prefix_hits, 3);
+
+  EngineOptions tiny;
+  tiny.serving.kv_pool_bytes = 100;
+  std::shared_ptr<const Engine> refused = *Engine::Load(kDefaultModel, tiny);
+  const absl::Status status = refused->Submit("And God said", Greedy(4)).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("kv_pool_bytes"), std::string::npos) << status;
+}
+
 // An engine destroyed with requests in flight cancels them and returns.
 TEST(EngineServingTest, DestroyingTheEngineCancelsItsRequests) {
   std::vector<std::shared_ptr<Request>> requests;

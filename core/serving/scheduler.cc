@@ -102,6 +102,7 @@ struct Scheduler::Request {
   bool finished = false;
   bool preempted = false;   // this step; requeued after it
   bool admitted_once = false;
+  bool started = false;     // prefix attached and stream made (at its first prefill turn)
   absl::Status error;
   RequestResult result;
   Clock::time_point submitted, admitted, prefill_done, last_token;
@@ -264,6 +265,10 @@ void Scheduler::Admit(Request& r) {
     r.admitted_once = true;
     r.admitted = Clock::now();
   }
+}
+
+void Scheduler::Start(Request& r) {
+  r.started = true;
   // The tokens whose entries the cache must hold: the prompt, then the generated tokens when
   // the request was preempted.
   std::vector<int64_t> known = r.prompt_ids;
@@ -275,6 +280,7 @@ void Scheduler::Admit(Request& r) {
   const int64_t prompt_hit = std::min(hit, r.prompt_length());
   if (r.result.preemptions == 0 && prompt_hit > 0) {
     r.result.prefix_hit_tokens = prompt_hit;
+    std::lock_guard<std::mutex> lock(mutex_);
     ++stats_.prefix_hits;
     stats_.prefix_hit_tokens += prompt_hit;
   }
@@ -332,6 +338,7 @@ bool Scheduler::ReserveBlocks(Request& request, int64_t steps, Running& running)
 
 void Scheduler::Preempt(Request& r) {
   r.preempted = true;
+  r.started = false;
   r.stream.reset();
   r.cache->Reset();
   r.prefilled = 0;
@@ -379,9 +386,15 @@ void Scheduler::Prefill(Running& running) {
   for (size_t i = 0; i < running.size(); ++i) {
     Request& r = *running[i];
     const int64_t length = r.prompt_length();
-    if (r.finished || r.preempted || r.prefilled >= length) continue;
+    if (r.finished || r.preempted || (r.started && r.prefilled >= length)) continue;
+    if (any && std::min(EffectiveChunk(r.options), length - r.prefilled) > budget) break;
+    // Started here, not at admission: blocks published by the requests before it in this
+    // very loop are found.
+    if (!r.started) {
+      Start(r);
+      if (r.prefilled >= length) continue;
+    }
     const int64_t chunk = std::min(EffectiveChunk(r.options), length - r.prefilled);
-    if (any && chunk > budget) break;
     any = true;
     absl::StatusOr<int64_t> reserved = r.stream->Reserve(chunk);
     if (!reserved.ok()) {

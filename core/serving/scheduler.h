@@ -24,9 +24,10 @@
 //     callbacks; its generator is untouched), so preemption never changes a token, for any
 //     cache. The oldest request can preempt every other, so a request that fits the pool
 //     alone (Submit checks) always finishes;
-//   - prefix reuse (SchedulerOptions.prefix_caching, requests starting at position 0): at
-//     admission the cache takes the pool's cached blocks that start the request's tokens and
-//     only the rest is prefilled; every full block the request computes (prompt and generated
+//   - prefix reuse (SchedulerOptions.prefix_caching, requests starting at position 0): at its
+//     first prefill turn the cache takes the pool's cached blocks that start the request's
+//     tokens and only the rest is prefilled (requests admitted together still share: each
+//     looks up after the ones before it in the step published their blocks); every full block the request computes (prompt and generated
 //     tokens) is published for later requests. Shared entries were computed in other chunks,
 //     so logits may differ from a fresh prefill by rounding (greedy tokens do not change in
 //     the tests; dense full-precision caches only, since only their entries depend on the
@@ -158,6 +159,8 @@ class Scheduler {
   // Moves waiting requests to `running` in arrival order while they fit (mutex_ held).
   void AdmitWaiting(Running& running);
   void Admit(Request& request);
+  // At the request's first prefill turn: takes cached prefix blocks, makes its stream.
+  void Start(Request& request);
   // Whether the head of the queue fits the pool beside the running requests.
   bool Fits(const Request& request, const Running& running) const;
   // One iteration over the running requests; false when there was nothing to do.
