@@ -20,8 +20,12 @@ absl::Status BlockPoolOptions::Validate() const {
   return absl::OkStatus();
 }
 
-BlockPool::BlockPool(std::vector<KVLayerSpec> layers, int64_t block_size, int64_t num_blocks)
-    : layers_(std::move(layers)), block_size_(block_size), num_blocks_(num_blocks) {}
+BlockPool::BlockPool(std::vector<KVLayerSpec> layers, int64_t block_size, int64_t num_blocks,
+                     at::TensorOptions tensor_options)
+    : layers_(std::move(layers)),
+      block_size_(block_size),
+      num_blocks_(num_blocks),
+      tensor_options_(tensor_options) {}
 
 absl::StatusOr<std::shared_ptr<BlockPool>> BlockPool::Create(const KVCacheGeometry& geometry,
                                                              const BlockPoolOptions& options) {
@@ -30,18 +34,15 @@ absl::StatusOr<std::shared_ptr<BlockPool>> BlockPool::Create(const KVCacheGeomet
   checked.batch_size = std::max<int64_t>(checked.batch_size, 1);
   checked.max_sequence_length = std::max<int64_t>(checked.max_sequence_length, 1);
   RETURN_IF_ERROR(CheckCacheGeometry("BlockPool", checked));
-  std::shared_ptr<BlockPool> pool(
-      new BlockPool(geometry.layers, options.block_size, options.num_blocks));
   const at::TensorOptions tensor_options =
       at::TensorOptions().dtype(geometry.dtype).device(geometry.device);
+  std::shared_ptr<BlockPool> pool(
+      new BlockPool(geometry.layers, options.block_size, options.num_blocks, tensor_options));
   for (const KVLayerSpec& layer : geometry.layers) {
-    const std::vector<int64_t> shape = {options.num_blocks, layer.n_query_groups,
-                                        options.block_size, layer.head_size};
-    pool->keys_.push_back(at::zeros(shape, tensor_options));
-    pool->values_.push_back(at::zeros(shape, tensor_options));
     pool->bytes_per_block_ += 2 * layer.n_query_groups * options.block_size * layer.head_size *
                               static_cast<int64_t>(c10::elementSize(geometry.dtype));
   }
+  pool->storage_.resize(options.num_blocks);
   pool->references_.assign(options.num_blocks, 0);
   pool->published_.resize(options.num_blocks);
   for (int64_t block = options.num_blocks - 1; block >= 0; --block) {
@@ -50,22 +51,61 @@ absl::StatusOr<std::shared_ptr<BlockPool>> BlockPool::Create(const KVCacheGeomet
   return pool;
 }
 
+int64_t BlockPool::TakeBlock() {
+  if (referenced_ + reserved_ + static_cast<int64_t>(cached_.size()) >= num_blocks_) {
+    if (cached_.empty()) return -1;
+    EvictOldestCached();
+  }
+  const int64_t block = free_.back();
+  free_.pop_back();
+  std::vector<at::Tensor>& storage = storage_[block];
+  for (const KVLayerSpec& layer : layers_) {
+    for (int kv = 0; kv < 2; ++kv) {
+      storage.push_back(
+          at::empty({layer.n_query_groups, block_size_, layer.head_size}, tensor_options_));
+    }
+  }
+  return block;
+}
+
+void BlockPool::EvictOldestCached() {
+  const int64_t block = cached_.front();
+  Unpublish(block);
+  storage_[block].clear();
+  free_.push_back(block);
+}
+
 absl::StatusOr<int64_t> BlockPool::Allocate() {
   std::lock_guard<std::mutex> lock(mutex_);
-  int64_t block;
-  if (!free_.empty()) {
-    block = free_.back();
-    free_.pop_back();
-  } else if (!cached_.empty()) {
-    block = cached_.front();
-    Unpublish(block);
-  } else {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("the KV block pool is full (", num_blocks_, " blocks of ", block_size_,
-                     " entries)"));
+  const int64_t block = TakeBlock();
+  if (block < 0) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the KV block pool is full (", num_blocks_, " blocks of ", block_size_, " entries, ",
+        reserved_, " of them reserved)"));
   }
   references_[block] = 1;
+  ++referenced_;
   return block;
+}
+
+absl::Status BlockPool::Reserve(int64_t blocks) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (blocks < 0 || referenced_ + reserved_ + blocks > num_blocks_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the KV block pool cannot set aside ", blocks, " of its ", num_blocks_, " blocks (",
+        referenced_, " in use, ", reserved_, " reserved)"));
+  }
+  while (referenced_ + reserved_ + blocks + static_cast<int64_t>(cached_.size()) > num_blocks_) {
+    EvictOldestCached();
+  }
+  reserved_ += blocks;
+  return absl::OkStatus();
+}
+
+void BlockPool::Unreserve(int64_t blocks) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  CHECK(blocks >= 0 && blocks <= reserved_) << blocks << " of " << reserved_;
+  reserved_ -= blocks;
 }
 
 void BlockPool::Unpublish(int64_t block) {
@@ -86,10 +126,12 @@ void BlockPool::Release(int64_t block) {
   std::lock_guard<std::mutex> lock(mutex_);
   CHECK(block >= 0 && block < num_blocks_ && references_[block] > 0) << "block " << block;
   if (--references_[block] > 0) return;
+  --referenced_;
   Published& published = published_[block];
   if (published.key != 0) {
     published.lru = cached_.insert(cached_.end(), block);
   } else {
+    storage_[block].clear();
     free_.push_back(block);
   }
 }
@@ -100,10 +142,8 @@ bool BlockPool::IsShared(int64_t block) const {
 }
 
 void BlockPool::CopyBlock(int64_t from, int64_t to) {
-  for (size_t layer = 0; layer < layers_.size(); ++layer) {
-    keys_[layer].select(0, to).copy_(keys_[layer].select(0, from));
-    values_[layer].select(0, to).copy_(values_[layer].select(0, from));
-  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (size_t i = 0; i < storage_[from].size(); ++i) storage_[to][i].copy_(storage_[from][i]);
 }
 
 size_t BlockPool::PrefixIdHash::operator()(const PrefixId& id) const {
@@ -141,13 +181,26 @@ std::optional<BlockPool::Hit> BlockPool::Lookup(uint64_t parent,
       prefixes_.find(PrefixId{parent, std::vector<int64_t>(tokens.begin(), tokens.end())});
   if (entry == prefixes_.end()) return std::nullopt;
   const int64_t block = entry->second;
-  if (references_[block]++ == 0) cached_.erase(published_[block].lru);
+  if (references_[block]++ == 0) {
+    cached_.erase(published_[block].lru);
+    ++referenced_;
+  }
   return Hit{block, published_[block].key};
 }
 
 int64_t BlockPool::free_blocks() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return static_cast<int64_t>(free_.size() + cached_.size());
+  return num_blocks_ - referenced_ - reserved_;
+}
+
+int64_t BlockPool::stored_blocks() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return referenced_ + static_cast<int64_t>(cached_.size());
+}
+
+int64_t BlockPool::reserved_blocks() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return reserved_;
 }
 
 int64_t BlockPool::cached_blocks() const {

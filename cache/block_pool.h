@@ -1,8 +1,11 @@
-// The KV memory a serving engine shares between requests (PagedAttention's block pool): per
-// layer, key and value blocks [num_blocks, n_query_groups, block_size, head_size] allocated
-// once; a block holds block_size consecutive entries of one request in every layer. Requests
-// take blocks as they grow and give them back when they end, so memory follows what is in
-// use, not what each request might need. Blocks are reference counted (for shared prefixes).
+// The KV memory a serving engine shares between requests (PagedAttention's block pool): blocks
+// of block_size consecutive entries of one request, each holding per layer its keys and values
+// [n_query_groups, block_size, head_size]. The pool is a budget of num_blocks blocks: a block's
+// storage is allocated when the block is taken and freed when it is free again, so memory
+// follows what is in use (at most num_blocks · BytesPerBlock()), and the budget is shared with
+// caches that keep their own storage (budgeted and quantised caches): they Reserve the blocks
+// their bytes amount to for as long as they run. Blocks are reference counted (shared
+// prefixes).
 //
 // Prefix cache (vLLM's automatic prefix caching): a full block whose entries depend only on
 // the tokens up to and including it (dense full-precision entries written from position 0)
@@ -44,17 +47,23 @@ struct BlockPoolOptions {
 
 class BlockPool {
  public:
-  // Storage for geometry.layers in geometry.dtype on geometry.device (its batch size and
-  // sequence length are not used). InvalidArgument for a bad geometry or options.
+  // Blocks for geometry.layers in geometry.dtype on geometry.device (its batch size and
+  // sequence length are not used). Allocates no storage yet. InvalidArgument for a bad
+  // geometry or options.
   static absl::StatusOr<std::shared_ptr<BlockPool>> Create(const KVCacheGeometry& geometry,
                                                            const BlockPoolOptions& options);
 
   // The key of the empty prefix, parent of every first block.
   static constexpr uint64_t kRootKey = 0;
 
-  // A free block with one reference (evicting the least recently used cached block when no
-  // block is free); ResourceExhausted when every block is referenced.
+  // A block with one reference and fresh storage (evicting the least recently used cached
+  // block when the budget is spent); ResourceExhausted when every block is referenced or
+  // reserved. Its entries are unset until written.
   absl::StatusOr<int64_t> Allocate();
+  // Sets aside `blocks` of the budget for a cache that keeps its own storage (evicting cached
+  // blocks as needed); ResourceExhausted, reserving nothing, when they are not free.
+  absl::Status Reserve(int64_t blocks);
+  void Unreserve(int64_t blocks);
   // Another reference to an allocated block.
   void Retain(int64_t block);
   // Drops one reference; at zero the block is free again, or cached when published.
@@ -78,27 +87,42 @@ class BlockPool {
   // taken for the caller; nullopt when none is cached.
   std::optional<Hit> Lookup(uint64_t parent, absl::Span<const int64_t> tokens);
 
-  // Blocks Allocate can hand out: free plus cached.
+  // Blocks Allocate or Reserve can still take: the budget less referenced and reserved
+  // blocks (cached ones count as free).
   int64_t free_blocks() const;
   // Published blocks no request references (counted in free_blocks).
   int64_t cached_blocks() const;
+  // Blocks with storage now (referenced and cached).
+  int64_t stored_blocks() const;
+  int64_t reserved_blocks() const;
   int64_t num_blocks() const { return num_blocks_; }
   int64_t block_size() const { return block_size_; }
   // Key and value bytes of one block over all layers.
   int64_t BytesPerBlock() const { return bytes_per_block_; }
   const std::vector<KVLayerSpec>& layers() const { return layers_; }
-  // [num_blocks, n_query_groups, block_size, head_size] of `layer`.
-  const at::Tensor& keys(int64_t layer) const { return keys_[layer]; }
-  const at::Tensor& values(int64_t layer) const { return values_[layer]; }
+  c10::Device device() const { return tensor_options_.device(); }
+  // [n_query_groups, block_size, head_size]: the keys or values of `layer` in a taken block.
+  const at::Tensor& keys(int64_t block, int64_t layer) const { return storage_[block][2 * layer]; }
+  const at::Tensor& values(int64_t block, int64_t layer) const {
+    return storage_[block][2 * layer + 1];
+  }
 
  private:
-  BlockPool(std::vector<KVLayerSpec> layers, int64_t block_size, int64_t num_blocks);
+  BlockPool(std::vector<KVLayerSpec> layers, int64_t block_size, int64_t num_blocks,
+            at::TensorOptions tensor_options);
+  // Takes a free block id with fresh storage, or evicts a cached block (mutex_ held); -1 when
+  // the budget is spent and nothing is cached.
+  int64_t TakeBlock();
+  // Frees the least recently released cached block (mutex_ held).
+  void EvictOldestCached();
 
   const std::vector<KVLayerSpec> layers_;
   const int64_t block_size_;
   const int64_t num_blocks_;
+  const at::TensorOptions tensor_options_;
   int64_t bytes_per_block_ = 0;
-  std::vector<at::Tensor> keys_, values_;
+  // Per block, per layer: keys and values (undefined while the block is free).
+  std::vector<std::vector<at::Tensor>> storage_;
   struct PrefixId {
     uint64_t parent;
     std::vector<int64_t> tokens;
@@ -120,6 +144,8 @@ class BlockPool {
   mutable std::mutex mutex_;
   std::vector<int64_t> free_;        // free block ids (a stack)
   std::vector<int32_t> references_;  // per block
+  int64_t referenced_ = 0;           // blocks with references
+  int64_t reserved_ = 0;
   std::vector<Published> published_;  // per block
   std::unordered_map<PrefixId, int64_t, PrefixIdHash> prefixes_;  // -> block
   std::list<int64_t> cached_;  // unreferenced published blocks, least recently released first

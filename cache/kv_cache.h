@@ -108,6 +108,10 @@ class KVCache {
   virtual int64_t AllocatedBytes() const = 0;
   // Bytes of bookkeeping beside the entries: slot positions, policy scores, position ramps.
   virtual int64_t IndexBytes() const = 0;
+  // The most AllocatedBytes() + IndexBytes() the cache can ever reach, when that is bounded by
+  // its options rather than by what it is fed (budgeted caches); nullopt otherwise. A serving
+  // engine reserves this much of its KV budget for a cache that keeps its own storage.
+  virtual std::optional<int64_t> MaxBytes() const { return std::nullopt; }
 
   // Largest position a step may write plus one (the context length this cache serves).
   virtual int64_t max_sequence_length() const = 0;

@@ -126,14 +126,13 @@ absl::StatusOr<int64_t> PagedKVCache::Write(int64_t layer, const KVStep& step,
     return absl::FailedPreconditionError(
         absl::StrCat("PagedKVCache layer ", layer, " written without its step's CheckStep"));
   }
-  const at::Tensor pool_keys = pool_->keys(layer), pool_values = pool_->values(layer);
-  // [1, G, T, hs] -> slots of consecutive blocks.
+  // [1, G, T, hs] -> slots of consecutive blocks, each [G, bs, hs].
   for (int64_t done = 0; done < steps;) {
     const int64_t position = begin + done;
     const int64_t block = table_[position / block_size], slot = position % block_size;
     const int64_t n = std::min(steps - done, block_size - slot);
-    pool_keys.select(0, block).narrow(1, slot, n).copy_(keys.select(0, 0).narrow(1, done, n));
-    pool_values.select(0, block).narrow(1, slot, n).copy_(values.select(0, 0).narrow(1, done, n));
+    pool_->keys(block, layer).narrow(1, slot, n).copy_(keys.select(0, 0).narrow(1, done, n));
+    pool_->values(block, layer).narrow(1, slot, n).copy_(values.select(0, 0).narrow(1, done, n));
     done += n;
   }
   layer_length_[layer] = begin + steps;
@@ -148,8 +147,7 @@ at::Tensor PagedKVCache::Positions(int64_t begin, int64_t length) const {
   if (!ramp_.defined() || ramp_.size(0) < begin + length) {
     const int64_t size = GrownCapacity(begin + length, ramp_.defined() ? ramp_.size(0) : 0,
                                        max_sequence_length_);
-    ramp_ = at::arange(size, at::TensorOptions().dtype(at::kLong).device(
-                                 pool_->keys(0).device()));
+    ramp_ = at::arange(size, at::TensorOptions().dtype(at::kLong).device(pool_->device()));
   }
   return ramp_.narrow(0, begin, length).view({1, 1, length});
 }
@@ -159,16 +157,16 @@ absl::StatusOr<KVView> PagedKVCache::Update(int64_t layer, const KVStep& step,
   ASSIGN_OR_RETURN(const int64_t length, Write(layer, step, keys, values));
   const int64_t block_size = pool_->block_size();
   const int64_t blocks = (length + block_size - 1) / block_size;
-  const at::Tensor index = at::tensor(std::vector<int64_t>(table_.begin(), table_.begin() + blocks),
-                                      at::TensorOptions().dtype(at::kLong).device(keys.device()));
-  auto gather = [&](const at::Tensor& pool_tensor) {
-    // [blocks, G, bs, hs] -> [1, G, blocks * bs, hs] -> the filled part.
-    const at::Tensor picked = pool_tensor.index_select(0, index);
-    return picked.permute({1, 0, 2, 3})
-        .reshape({1, picked.size(1), blocks * block_size, picked.size(3)})
-        .narrow(2, 0, length);
+  std::vector<at::Tensor> block_keys, block_values;
+  for (int64_t i = 0; i < blocks; ++i) {
+    block_keys.push_back(pool_->keys(table_[i], layer));
+    block_values.push_back(pool_->values(table_[i], layer));
+  }
+  // [G, bs, hs] blocks -> [1, G, blocks * bs, hs] -> the filled part.
+  auto join = [&](const std::vector<at::Tensor>& parts) {
+    return at::cat(parts, 1).unsqueeze(0).narrow(2, 0, length);
   };
-  return KVView{gather(pool_->keys(layer)), gather(pool_->values(layer)), Positions(0, length)};
+  return KVView{join(block_keys), join(block_values), Positions(0, length)};
 }
 
 absl::StatusOr<at::Tensor> PagedKVCache::UpdateAndAttend(int64_t layer, const KVStep& step,
@@ -179,14 +177,13 @@ absl::StatusOr<at::Tensor> PagedKVCache::UpdateAndAttend(int64_t layer, const KV
   RETURN_IF_ERROR(CheckQueries(layer, q, keys));
   ASSIGN_OR_RETURN(const int64_t length, Write(layer, step, keys, values));
   const int64_t block_size = pool_->block_size();
-  const at::Tensor pool_keys = pool_->keys(layer), pool_values = pool_->values(layer);
   std::vector<KVBlockSource> sources;
   for (int64_t begin = 0; begin < length; begin += block_size) {
     const int64_t block = table_[begin / block_size];
     const int64_t n = std::min(block_size, length - begin);
     // Views of the pool block: [1, G, n, hs].
-    sources.push_back(TensorSource(pool_keys.narrow(0, block, 1).narrow(2, 0, n),
-                                   pool_values.narrow(0, block, 1).narrow(2, 0, n),
+    sources.push_back(TensorSource(pool_->keys(block, layer).unsqueeze(0).narrow(2, 0, n),
+                                   pool_->values(block, layer).unsqueeze(0).narrow(2, 0, n),
                                    Positions(begin, n)));
   }
   return AttendBlockwise(q, keys.size(1), sources, step.positions, params);

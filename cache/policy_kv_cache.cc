@@ -529,6 +529,19 @@ int64_t PolicyKVCache::IndexBytes() const {
   return bytes;
 }
 
+std::optional<int64_t> PolicyKVCache::MaxBytes() const {
+  constexpr int64_t kIndexBytesPerSlot = 8 + 4;  // position and score
+  int64_t bytes = 0;
+  for (const Layer& layer : layers_) {
+    const int64_t entries = options_.batch_size * layer.spec.n_query_groups;
+    bytes += entries * MaxMainCapacity(layer) * (layer.codec->BytesPerEntry() + kIndexBytesPerSlot);
+    if (layer.residual > 0 && layer.ring_codec != nullptr) {
+      bytes += entries * layer.residual * (layer.ring_codec->BytesPerEntry() + kIndexBytesPerSlot);
+    }
+  }
+  return bytes;
+}
+
 int64_t PolicyKVCache::slots(int64_t layer) const {
   return layers_[layer].main.capacity + layers_[layer].ring.capacity;
 }

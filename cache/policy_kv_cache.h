@@ -97,6 +97,9 @@ class PolicyKVCache : public KVCache {
   int64_t AllocatedBytes() const override;
   // Positions (int64) and scores (float32) of every slot.
   int64_t IndexBytes() const override;
+  // Every layer at its largest: main_budget + 1 slots (main_budget without eviction) and the
+  // ring, entries and index.
+  std::optional<int64_t> MaxBytes() const override;
   int64_t max_sequence_length() const override { return options_.max_sequence_length; }
   int64_t batch_size() const override { return options_.batch_size; }
   int64_t num_layers() const override { return static_cast<int64_t>(layers_.size()); }

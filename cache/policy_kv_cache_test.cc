@@ -338,7 +338,12 @@ TEST(PolicyKVCacheTest, BytesStayFlatOnceTheBudgetIsReached) {
           ASSERT_EQ(cache->AllocatedBytes(), flat_bytes)
               << PolicyName(kind) << " " << bits << " at position " << p;
         }
+        // MaxBytes bounds what the cache holds at every step.
+        ASSERT_LE(cache->AllocatedBytes() + cache->IndexBytes(), *cache->MaxBytes());
       }
+      // ... and is reached once the budget is (no reservation wasted beyond a spare slot).
+      EXPECT_EQ(cache->AllocatedBytes() + cache->IndexBytes(), *cache->MaxBytes())
+          << PolicyName(kind) << " " << bits;
       EXPECT_LE(cache->slots(0), 33);
       EXPECT_LE(cache->slots(1), 9);  // the windowed layer keeps its window (8) plus one
       EXPECT_EQ(cache->KeptPositions(0, 0, 0).size(), 32u);

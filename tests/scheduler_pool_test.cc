@@ -7,6 +7,8 @@
 // every request has ended.
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -193,6 +195,51 @@ TEST(PoolAdmissionTest, RequestLargerThanThePoolIsRefused) {
       scheduler.Submit(prompt, options, *PagedKVCache::Create(pool, 16));
   ASSERT_TRUE(fits.ok()) << fits.status();
   ASSERT_TRUE((*fits)->Wait().ok());
+  EXPECT_EQ(scheduler.Stats().pool_blocks_used, 0);
+}
+
+// Budgeted and quantised caches keep their own storage but reserve its bound (MaxBytes) from
+// the pool from admission to their end: the pool limits how many run at once, their tokens
+// do not change, and the reservation is returned.
+TEST(PoolAdmissionTest, BudgetedCachesReserveTheirBytesFromThePool) {
+  GPT model = GoldenModel("golden/llama2");
+  std::vector<Job> jobs = Jobs(*model, 8, 13);
+  for (Job& job : jobs) job.spec = TestSpec("sink", 8, 4);
+  const std::unique_ptr<KVCache> probe = BatchOneCache(*model, jobs[0].spec, 64);
+  std::shared_ptr<BlockPool> pool = Pool(*model, 1, 4);
+  const int64_t charge = (*probe->MaxBytes() + pool->BytesPerBlock() - 1) / pool->BytesPerBlock();
+  ASSERT_GE(charge, 1);
+  {
+    Scheduler too_small(model, {}, pool);
+    if (charge > 1) {
+      EXPECT_EQ(too_small.Submit(jobs[0].prompt, jobs[0].options, BatchOneCache(*model, jobs[0].spec, 64))
+                    .status()
+                    .code(),
+                absl::StatusCode::kResourceExhausted);
+    }
+  }
+  pool = Pool(*model, 3 * charge + 1, 4);  // room for three at once
+  SchedulerOptions options;
+  options.max_running = 8;
+  Scheduler scheduler(model, options, pool);
+  std::atomic<int64_t> most_reserved{0};
+  std::vector<std::shared_ptr<RequestHandle>> handles;
+  for (const Job& job : jobs) {
+    GenerateOptions o = job.options;
+    o.on_token = [&most_reserved, &pool](int64_t) {
+      most_reserved = std::max(most_reserved.load(), pool->reserved_blocks());
+      return true;
+    };
+    // One length for all, so every request reserves the same `charge`.
+    handles.push_back(*scheduler.Submit(job.prompt, o, BatchOneCache(*model, job.spec, 64)));
+  }
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    absl::StatusOr<RequestResult> result = handles[i]->Wait();
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->tokens, Alone(*model, jobs[i])) << "request " << i;
+  }
+  EXPECT_EQ(most_reserved.load(), 3 * charge);  // three at once, never four
+  EXPECT_EQ(pool->reserved_blocks(), 0);
   EXPECT_EQ(scheduler.Stats().pool_blocks_used, 0);
 }
 

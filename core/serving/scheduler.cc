@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -92,6 +93,8 @@ struct Scheduler::Request {
   GenerateOptions options;
   std::unique_ptr<KVCache> cache;
   PagedKVCache* paged = nullptr;  // the cache, when it draws from the scheduler's pool
+  int64_t pool_charge = 0;        // else: pool blocks reserved for its own storage
+  bool charged = false;
   std::unique_ptr<CachePositions> stream;
   at::Generator generator;
   int64_t prefilled = 0;
@@ -163,6 +166,14 @@ absl::StatusOr<std::shared_ptr<RequestHandle>> Scheduler::Submit(std::vector<int
             pool_->num_blocks()));
       }
       request->paged = paged;
+    } else if (std::optional<int64_t> bytes = cache->MaxBytes()) {
+      // A cache with its own bounded storage: its bytes come out of the pool's budget.
+      request->pool_charge = (*bytes + pool_->BytesPerBlock() - 1) / pool_->BytesPerBlock();
+      if (request->pool_charge > pool_->num_blocks()) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "the request's KV cache (", cache->DebugName(), ") needs up to ", *bytes,
+            " bytes, ", request->pool_charge, " blocks of the pool's ", pool_->num_blocks()));
+      }
     }
   }
   request->handle = std::make_shared<RequestHandle>();
@@ -241,6 +252,11 @@ void Scheduler::AdmitWaiting(Running& running) {
   waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), nullptr), waiting_.end());
   while (static_cast<int64_t>(running.size()) < options_.max_running && !waiting_.empty() &&
          Fits(*waiting_.front(), running)) {
+    Request& head = *waiting_.front();
+    if (head.pool_charge > 0) {
+      if (!pool_->Reserve(head.pool_charge).ok()) break;
+      head.charged = true;
+    }
     running.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
     Admit(*running.back());
@@ -248,14 +264,16 @@ void Scheduler::AdmitWaiting(Running& running) {
 }
 
 bool Scheduler::Fits(const Request& request, const Running& running) const {
-  if (request.paged == nullptr || running.empty()) return true;
+  if ((request.paged == nullptr && request.pool_charge == 0) || running.empty()) return true;
   // A new request needs its first chunk; a preempted one all it held (resuming it sooner
   // would only preempt it again).
   const int64_t entries =
       request.result.preemptions > 0
           ? request.prompt_length() + static_cast<int64_t>(request.result.tokens.size()) + 1
           : std::min(EffectiveChunk(request.options), request.prompt_length());
-  int64_t needed = (entries + pool_->block_size() - 1) / pool_->block_size();
+  int64_t needed = request.paged != nullptr
+                       ? (entries + pool_->block_size() - 1) / pool_->block_size()
+                       : request.pool_charge;
   for (const auto& other : running) needed += other->paged != nullptr ? 1 : 0;
   return needed <= pool_->free_blocks();
 }
@@ -571,6 +589,7 @@ void Scheduler::Retire(Running& running) {
     // The cache goes before the waiter wakes: a finished request holds no KV memory.
     r.stream.reset();
     r.cache.reset();
+    if (r.charged) pool_->Unreserve(r.pool_charge);
     if (!r.error.ok()) {
       r.handle->Finish(r.error);
     } else {

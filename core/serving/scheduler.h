@@ -14,7 +14,9 @@
 // the rounding of batched matrix products).
 //
 // With a BlockPool (cache/block_pool.h), requests whose caches are PagedKVCaches over it
-// draw their KV memory from the pool:
+// draw their KV memory from the pool, and requests whose caches keep their own bounded
+// storage (budgeted and quantised caches: KVCache::MaxBytes) reserve the blocks those bytes
+// amount to from admission to their end, so one budget holds both:
 //   - admission follows free blocks: the oldest waiting request is admitted when its first
 //     prefill chunk fits beside one block per running request (arrival order, no skipping);
 //   - when a step needs blocks the pool lacks, the most recently admitted request is
@@ -22,8 +24,9 @@
 //     when admitted again. Recomputing replays it exactly: its prompt is prefilled in the same
 //     chunks and its generated tokens are fed one by one as in its first run (no sampling, no
 //     callbacks; its generator is untouched), so preemption never changes a token, for any
-//     cache. The oldest request can preempt every other, so a request that fits the pool
-//     alone (Submit checks) always finishes;
+//     cache. Only paged requests are preempted (a reservation is held to the end); the oldest
+//     paged request can preempt every other one, so a request that fits the pool alone
+//     (Submit checks) always finishes;
 //   - prefix reuse (SchedulerOptions.prefix_caching, requests starting at position 0): at its
 //     first prefill turn the cache takes the pool's cached blocks that start the request's
 //     tokens and only the rest is prefilled (requests admitted together still share: each
