@@ -222,6 +222,7 @@ TEST(EngineServingTest, CancelAndBadRequests) {
 TEST(EngineServingTest, PooledRequestsEqualGenerateAndShareTheirPrefix) {
   EngineOptions engine_options;
   engine_options.serving.kv_pool_bytes = 8 << 20;
+  engine_options.serving.kv_block_size = 16;
   engine_options.serving.prefill_chunk = 1 << 20;  // whole prompts, as Generate by default
   std::shared_ptr<const Engine> engine = *Engine::Load(kDefaultModel, engine_options);
   const std::string shared =

@@ -88,24 +88,27 @@ absl::StatusOr<int64_t> BlockPool::Allocate() {
   return block;
 }
 
-absl::Status BlockPool::Reserve(int64_t blocks) {
+absl::Status BlockPool::Reserve(int64_t bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (blocks < 0 || referenced_ + reserved_ + blocks > num_blocks_) {
+  const int64_t reserved = (reserved_bytes_ + bytes + bytes_per_block_ - 1) / bytes_per_block_;
+  if (bytes < 0 || referenced_ + reserved > num_blocks_) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "the KV block pool cannot set aside ", blocks, " of its ", num_blocks_, " blocks (",
-        referenced_, " in use, ", reserved_, " reserved)"));
+        "the KV block pool cannot set aside ", bytes, " bytes: ", num_blocks_, " blocks of ",
+        bytes_per_block_, " bytes, ", referenced_, " in use, ", reserved_, " reserved"));
   }
-  while (referenced_ + reserved_ + blocks + static_cast<int64_t>(cached_.size()) > num_blocks_) {
+  while (referenced_ + reserved + static_cast<int64_t>(cached_.size()) > num_blocks_) {
     EvictOldestCached();
   }
-  reserved_ += blocks;
+  reserved_bytes_ += bytes;
+  reserved_ = reserved;
   return absl::OkStatus();
 }
 
-void BlockPool::Unreserve(int64_t blocks) {
+void BlockPool::Unreserve(int64_t bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
-  CHECK(blocks >= 0 && blocks <= reserved_) << blocks << " of " << reserved_;
-  reserved_ -= blocks;
+  CHECK(bytes >= 0 && bytes <= reserved_bytes_) << bytes << " of " << reserved_bytes_;
+  reserved_bytes_ -= bytes;
+  reserved_ = (reserved_bytes_ + bytes_per_block_ - 1) / bytes_per_block_;
 }
 
 void BlockPool::Unpublish(int64_t block) {

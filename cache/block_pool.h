@@ -60,10 +60,12 @@ class BlockPool {
   // block when the budget is spent); ResourceExhausted when every block is referenced or
   // reserved. Its entries are unset until written.
   absl::StatusOr<int64_t> Allocate();
-  // Sets aside `blocks` of the budget for a cache that keeps its own storage (evicting cached
+  // Sets aside `bytes` of the budget for a cache that keeps its own storage (evicting cached
   // blocks as needed); ResourceExhausted, reserving nothing, when they are not free.
-  absl::Status Reserve(int64_t blocks);
-  void Unreserve(int64_t blocks);
+  // Reservations are summed in bytes and take whole blocks only together (no rounding up
+  // per cache).
+  absl::Status Reserve(int64_t bytes);
+  void Unreserve(int64_t bytes);
   // Another reference to an allocated block.
   void Retain(int64_t block);
   // Drops one reference; at zero the block is free again, or cached when published.
@@ -94,6 +96,7 @@ class BlockPool {
   int64_t cached_blocks() const;
   // Blocks with storage now (referenced and cached).
   int64_t stored_blocks() const;
+  // Blocks the reservations cover: their bytes rounded up to whole blocks.
   int64_t reserved_blocks() const;
   int64_t num_blocks() const { return num_blocks_; }
   int64_t block_size() const { return block_size_; }
@@ -145,7 +148,8 @@ class BlockPool {
   std::vector<int64_t> free_;        // free block ids (a stack)
   std::vector<int32_t> references_;  // per block
   int64_t referenced_ = 0;           // blocks with references
-  int64_t reserved_ = 0;
+  int64_t reserved_bytes_ = 0;
+  int64_t reserved_ = 0;             // reserved_bytes_ in blocks, rounded up
   std::vector<Published> published_;  // per block
   std::unordered_map<PrefixId, int64_t, PrefixIdHash> prefixes_;  // -> block
   std::list<int64_t> cached_;  // unreferenced published blocks, least recently released first

@@ -69,24 +69,29 @@ TEST(BlockPoolTest, ReservationsShareTheBudgetAndStorageFollowsUse) {
   const int64_t a = *pool->Allocate();
   EXPECT_EQ(pool->stored_blocks(), 1);
   EXPECT_EQ(pool->keys(a, 1).sizes(), (std::vector<int64_t>{2, 4, 8}));
-  ASSERT_TRUE(pool->Reserve(2).ok());
+  const int64_t block = pool->BytesPerBlock();
+  ASSERT_TRUE(pool->Reserve(block + 1).ok());  // two blocks, rounded up
   EXPECT_EQ(pool->free_blocks(), 1);
-  EXPECT_EQ(pool->Reserve(2).code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(pool->Reserve(block - 1).ok());  // still two: reservations add up in bytes
+  EXPECT_EQ(pool->reserved_blocks(), 2);
+  EXPECT_EQ(pool->Reserve(2 * block).code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(pool->reserved_blocks(), 2);
   const int64_t b = *pool->Allocate();
   EXPECT_EQ(pool->Allocate().status().code(), absl::StatusCode::kResourceExhausted);
   pool->Release(a);
   EXPECT_EQ(pool->stored_blocks(), 1);  // a's storage is gone
-  pool->Unreserve(2);
+  pool->Unreserve(block + 1);
+  EXPECT_EQ(pool->reserved_blocks(), 1);
+  pool->Unreserve(block - 1);
   EXPECT_EQ(pool->free_blocks(), 3);
   pool->Publish(b, BlockPool::kRootKey, {1, 2, 3, 4});
   pool->Release(b);
   EXPECT_EQ(pool->cached_blocks(), 1);
   EXPECT_EQ(pool->stored_blocks(), 1);
-  ASSERT_TRUE(pool->Reserve(4).ok());  // evicts the cached block
+  ASSERT_TRUE(pool->Reserve(4 * block).ok());  // evicts the cached block
   EXPECT_EQ(pool->stored_blocks(), 0);
   EXPECT_EQ(pool->cached_blocks(), 0);
-  pool->Unreserve(4);
+  pool->Unreserve(4 * block);
   EXPECT_EQ(pool->free_blocks(), 4);
 }
 

@@ -2,14 +2,16 @@
 //   bazel run //tools:bench_serve -- [--checkpoint_dir=DIR] --concurrency=1,4,16,64
 //       --prompt_tokens=128 --new_tokens=128 [--shared_prefix_tokens=N]
 //       [--kv_cache=POLICY --kv_budget=N --kv_bits=B] [--max_running=N]
-//       [--pool_mb=M --kv_block_size=16 --prefix_caching=true]
+//       [--pool_mb=M --kv_block_size=64 --prefix_caching=true]
 // For each concurrency C, submits C requests at once (random prompts of --prompt_tokens ids, the
 // first --shared_prefix_tokens of them common to all; --new_tokens each, no EOS stop) and waits
 // for all. Prints one row per concurrency: aggregate decode tokens/s (generated tokens over
 // the round's wall time), time to first token p50/p99 (and of the later half of the requests,
 // which find the shared prefix cached when the first ones computed it), inter-token latency
 // p50/p99, mean decode batch, the most requests running at once and the most pool blocks in
-// use (sampled every 2 ms), prompt tokens taken from the prefix cache, preemptions, peak RSS;
+// use (sampled every 2 ms), the most requests in one decode step (each holding its whole
+// prompt: with --prefill_chunk and --step_prefill_tokens covering the prompts, the number of
+// requests of that length the KV budget holds at once), prompt tokens taken from the prefix cache, preemptions, peak RSS;
 // then `throughput_ratio_16_vs_1=X` when both were measured. With --pool_mb, dense requests
 // draw their KV entries from one pool of that size (SchedulerOptions.kv_pool_bytes), so
 // `peak_running` is how many requests that memory holds at once.
@@ -40,7 +42,11 @@ ABSL_FLAG(int64_t, shared_prefix_tokens, 0, "leading prompt tokens common to eve
 ABSL_FLAG(int64_t, max_running, 64, "SchedulerOptions.max_running: rows of a decode step");
 ABSL_FLAG(int64_t, prompt_seed, 1, "seed of the random prompts");
 ABSL_FLAG(int64_t, pool_mb, 0, "KV block pool of this many MiB shared by dense requests; 0: none");
-ABSL_FLAG(int64_t, kv_block_size, 16, "entries per pool block");
+ABSL_FLAG(int64_t, kv_block_size, 64, "entries per pool block");
+ABSL_FLAG(int64_t, prefill_chunk, 256,
+          "SchedulerOptions.prefill_chunk: prompt tokens per prefill forward pass");
+ABSL_FLAG(int64_t, step_prefill_tokens, 256,
+          "SchedulerOptions.step_prefill_tokens: prompt tokens prefilled per step");
 ABSL_FLAG(bool, prefix_caching, true, "reuse cached prompt blocks (with --pool_mb)");
 
 namespace lgpt {
@@ -72,6 +78,7 @@ struct Round {
   double later_ttft_p50 = 0;  // the second half of the requests, in submission order
   double mean_batch = 0;
   int64_t peak_running = 0, peak_blocks = 0;
+  int64_t peak_decoding = 0;  // the most requests in one decode step (since the engine began)
   int64_t prefix_hit_tokens = 0, preemptions = 0;
   int64_t peak_rss = 0;
 };
@@ -142,6 +149,7 @@ Round RunRound(const Engine& engine, int64_t concurrency, const RequestOptions& 
   const SchedulerStats after = engine.ServingStats();
   round.later_ttft_p50 = Percentile(later_ttft, 0.5);
   round.peak_running = monitor.running();
+  round.peak_decoding = after.peak_decode_rows;
   round.peak_blocks = monitor.blocks();
   round.tokens_per_s = generated / seconds;
   round.ttft_p50 = Percentile(ttft, 0.5);
@@ -182,6 +190,8 @@ int main(int argc, char** argv) {
   }
   engine_options.serving.kv_pool_bytes = absl::GetFlag(FLAGS_pool_mb) << 20;
   engine_options.serving.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
+  engine_options.serving.step_prefill_tokens = absl::GetFlag(FLAGS_step_prefill_tokens);
+  engine_options.serving.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
   engine_options.serving.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
   DieIfError(engine_options.serving.Validate());
   engine_options.serving.max_waiting = std::max<int64_t>(
@@ -189,19 +199,22 @@ int main(int argc, char** argv) {
   engine_options.progress = PrintProgress;
   std::shared_ptr<const Engine> engine = ValueOrDie(Engine::Load(checkpoint_dir, engine_options));
   std::mt19937_64 rng(absl::GetFlag(FLAGS_prompt_seed));
-  std::printf("%-11s %12s %9s %9s %11s %9s %9s %10s %12s %11s %10s %7s %9s\n", "concurrency",
+  std::printf("%-11s %12s %9s %9s %11s %9s %9s %10s %12s %13s %11s %10s %7s %9s\n",
+              "concurrency",
               "decode_tok/s", "ttft_p50", "ttft_p99", "later_ttft", "itl_p50", "itl_p99",
-              "mean_batch", "peak_running", "peak_blocks", "prefix_hit", "preempt", "peak_rss");
+              "mean_batch", "peak_running", "peak_decoding", "peak_blocks", "prefix_hit", "preempt",
+              "peak_rss");
   std::map<int64_t, double> throughput;
   for (int64_t concurrency : counts) {
     const Round r = RunRound(*engine, concurrency, options, rng);
     throughput[concurrency] = r.tokens_per_s;
     std::printf(
-        "%-11lld %12.1f %8.3fs %8.3fs %10.3fs %7.1fms %7.1fms %10.1f %12lld %11lld %10lld %7lld "
-        "%7.0fMB\n",
+        "%-11lld %12.1f %8.3fs %8.3fs %10.3fs %7.1fms %7.1fms %10.1f %12lld %13lld %11lld %10lld "
+        "%7lld %7.0fMB\n",
         static_cast<long long>(concurrency), r.tokens_per_s, r.ttft_p50, r.ttft_p99,
         r.later_ttft_p50, r.itl_p50 * 1e3, r.itl_p99 * 1e3, r.mean_batch,
-        static_cast<long long>(r.peak_running), static_cast<long long>(r.peak_blocks),
+        static_cast<long long>(r.peak_running), static_cast<long long>(r.peak_decoding),
+        static_cast<long long>(r.peak_blocks),
         static_cast<long long>(r.prefix_hit_tokens), static_cast<long long>(r.preemptions),
         r.peak_rss / 1e6);
     std::fflush(stdout);

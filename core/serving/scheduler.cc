@@ -93,7 +93,7 @@ struct Scheduler::Request {
   GenerateOptions options;
   std::unique_ptr<KVCache> cache;
   PagedKVCache* paged = nullptr;  // the cache, when it draws from the scheduler's pool
-  int64_t pool_charge = 0;        // else: pool blocks reserved for its own storage
+  int64_t pool_charge = 0;        // else: pool bytes reserved for its own storage
   bool charged = false;
   std::unique_ptr<CachePositions> stream;
   at::Generator generator;
@@ -168,11 +168,11 @@ absl::StatusOr<std::shared_ptr<RequestHandle>> Scheduler::Submit(std::vector<int
       request->paged = paged;
     } else if (std::optional<int64_t> bytes = cache->MaxBytes()) {
       // A cache with its own bounded storage: its bytes come out of the pool's budget.
-      request->pool_charge = (*bytes + pool_->BytesPerBlock() - 1) / pool_->BytesPerBlock();
-      if (request->pool_charge > pool_->num_blocks()) {
+      request->pool_charge = *bytes;
+      if (*bytes > pool_->num_blocks() * pool_->BytesPerBlock()) {
         return absl::ResourceExhaustedError(absl::StrCat(
             "the request's KV cache (", cache->DebugName(), ") needs up to ", *bytes,
-            " bytes, ", request->pool_charge, " blocks of the pool's ", pool_->num_blocks()));
+            " bytes and the whole pool has ", pool_->num_blocks() * pool_->BytesPerBlock()));
       }
     }
   }
@@ -271,10 +271,18 @@ bool Scheduler::Fits(const Request& request, const Running& running) const {
       request.result.preemptions > 0
           ? request.prompt_length() + static_cast<int64_t>(request.result.tokens.size()) + 1
           : std::min(EffectiveChunk(request.options), request.prompt_length());
-  int64_t needed = request.paged != nullptr
-                       ? (entries + pool_->block_size() - 1) / pool_->block_size()
-                       : request.pool_charge;
-  for (const auto& other : running) needed += other->paged != nullptr ? 1 : 0;
+  int64_t needed =
+      request.paged != nullptr
+          ? (entries + pool_->block_size() - 1) / pool_->block_size()
+          : (request.pool_charge + pool_->BytesPerBlock() - 1) / pool_->BytesPerBlock();
+  // Blocks promised to running requests: a request yet to start its prefill its first chunk,
+  // any other one block for its next step.
+  for (const auto& other : running) {
+    if (other->paged == nullptr) continue;
+    needed += other->started ? 1
+                             : (std::min(EffectiveChunk(other->options), other->prompt_length()) +
+                                pool_->block_size() - 1) / pool_->block_size();
+  }
   return needed <= pool_->free_blocks();
 }
 
@@ -550,6 +558,7 @@ void Scheduler::DecodeBatch(Running& running) {
   std::lock_guard<std::mutex> lock(mutex_);
   ++stats_.decode_passes;
   stats_.decode_rows += static_cast<int64_t>(rows.size());
+  stats_.peak_decode_rows = std::max(stats_.peak_decode_rows, static_cast<int64_t>(rows.size()));
 }
 
 void Scheduler::Retire(Running& running) {

@@ -69,7 +69,10 @@ struct SchedulerOptions {
   // The shared KV memory pool (cache/block_pool.h) that Engine::Submit's dense caches draw
   // from: 0 = no pool (each request allocates its own cache as it grows).
   int64_t kv_pool_bytes = 0;
-  int64_t kv_block_size = 16;   // entries per pool block
+  // Entries per pool block. Decode attention reads a paged cache block by block with LibTorch
+  // operations, so small blocks cost per-block overhead: at a 2k context on the default model
+  // a decode step took 19 ms with 16, 7.8 ms with 64, 2.5 ms with 256 (own cache 2.2 ms).
+  int64_t kv_block_size = 64;
   bool prefix_caching = true;   // reuse cached prompt blocks (dense full-precision requests)
 
   absl::Status Validate() const;
@@ -116,6 +119,7 @@ struct SchedulerStats {
   int64_t steps = 0;              // scheduler steps that did work
   int64_t decode_rows = 0;        // rows of all decode forward passes (mean batch = rows/passes)
   int64_t decode_passes = 0;
+  int64_t peak_decode_rows = 0;   // the most requests decoding in one step so far
   int64_t prefill_tokens = 0;
   int64_t generated_tokens = 0;
   // The KV block pool (zeros without one): blocks in all, held by requests, and unreferenced
