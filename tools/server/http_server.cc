@@ -79,15 +79,16 @@ struct StreamQueue {
   std::mutex mutex;
   std::condition_variable ready;
   std::deque<std::string> pieces;
-  std::atomic<bool> client_gone{false};
 
+  // Always true: a client that leaves cancels its request through Request::Cancel, so that
+  // the scheduler counts it as cancelled.
   bool Push(absl::string_view piece) {
     {
       std::lock_guard<std::mutex> lock(mutex);
       pieces.emplace_back(piece);
     }
     ready.notify_one();
-    return !client_gone;
+    return true;
   }
   std::deque<std::string> Take(std::chrono::milliseconds wait) {
     std::unique_lock<std::mutex> lock(mutex);
@@ -446,7 +447,6 @@ bool HttpServer::Impl::Stream(const Prepared& prepared, const std::shared_ptr<Re
   };
   auto leave = [&] {
     // The client is gone: its request ends at the scheduler's next step.
-    queue.client_gone = true;
     request->Cancel();
     t_access.outcome = "cancelled";
     return false;

@@ -5,6 +5,7 @@
 #include <map>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "cache/kv_cache_factory.h"
@@ -258,7 +259,10 @@ absl::StatusOr<ApiRequest> ParseApiRequest(ApiEndpoint endpoint, absl::string_vi
   try {
     root = json::parse(body.begin(), body.end());
   } catch (const json::parse_error& error) {
-    return absl::InvalidArgumentError(absl::StrCat("malformed JSON body: ", error.what()));
+    // what() reads "[json.exception.parse_error.101] parse error at line 1, column 5: ...".
+    absl::string_view what = error.what();
+    if (const size_t end = what.find("] "); end != absl::string_view::npos) what.remove_prefix(end + 2);
+    return absl::InvalidArgumentError(absl::StrCat("malformed JSON body: ", what));
   }
   if (!root.is_object()) return WrongType("the request body", "a JSON object", root);
   ApiRequest request;
@@ -322,7 +326,7 @@ ApiError ApiErrorFromStatus(const absl::Status& status) {
     case absl::StatusCode::kOutOfRange:
       error.http_status = 400;
       error.type = "invalid_request_error";
-      error.code = "context_length_exceeded";
+      if (absl::StrContains(status.message(), "context")) error.code = "context_length_exceeded";
       break;
     case absl::StatusCode::kUnauthenticated:
       error.http_status = 401;
