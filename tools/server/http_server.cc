@@ -296,7 +296,7 @@ absl::StatusOr<std::vector<int64_t>> HttpServer::Impl::PromptIds(ApiRequest& api
   std::string text = api.prompt;
   if (chat) {
     ASSIGN_OR_RETURN(text, ChatPromptText(*style, api.messages));
-    api.options.stop_token_sequences = chat_stops;
+    if (!api.ignore_eos) api.options.stop_token_sequences = chat_stops;
   }
   ASSIGN_OR_RETURN(std::vector<int64_t> ids, engine->Encode(text));
   if (ids.empty()) {

@@ -233,6 +233,11 @@ absl::Status ParseField(const std::string& key, const json& value, ApiRequest& r
     ASSIGN_OR_RETURN(request.stream, Boolean(key, value));
   } else if (key == "stream_options") {
     return ParseStreamOptions(value, request);
+  } else if (key == "ignore_eos") {
+    // vLLM's extension: generate max_tokens whatever the model says (benchmarks).
+    ASSIGN_OR_RETURN(const bool ignore, Boolean(key, value));
+    request.ignore_eos = ignore;
+    options.stop_at_eos = !ignore;
   } else if (key == "user") {
     // An end-user id for abuse monitoring: nothing to do with generation.
     return String(key, value).status();

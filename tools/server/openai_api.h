@@ -5,9 +5,10 @@
 //   absl::StatusOr<ApiRequest> request = ParseApiRequest(ApiEndpoint::kChat, body);
 //   if (!request.ok()) reply(ApiErrorFromStatus(request.status()));
 //
-// Beside OpenAI's fields it takes vLLM's `top_k` and lgpt's KV cache fields `kv_cache`,
-// `kv_budget`, `kv_bits` (cache/kv_cache_factory.h). Fields lgpt cannot honour (`n` > 1,
-// `logprobs`, `tools`, penalties, ...) and fields it does not know are refused, never ignored.
+// Beside OpenAI's fields it takes vLLM's `top_k` and `ignore_eos` and lgpt's KV cache fields
+// `kv_cache`, `kv_budget`, `kv_bits` (cache/kv_cache_factory.h). Fields lgpt cannot honour
+// (`n` > 1, `logprobs`, `tools`, penalties, ...) and fields it does not know are refused, never
+// ignored.
 #ifndef LGPT_TOOLS_SERVER_OPENAI_API_H_
 #define LGPT_TOOLS_SERVER_OPENAI_API_H_
 
@@ -37,6 +38,7 @@ struct ApiRequest {
   // max_tokens (or max_completion_tokens); unset: the server's default.
   std::optional<int64_t> max_tokens;
   bool seed_given = false;
+  bool ignore_eos = false;  // vLLM's extension: no EOS or prompt-style stop ends the reply
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   // Sampling (OpenAI's defaults: temperature 1, top_p 1, every token), seed, stop sequences

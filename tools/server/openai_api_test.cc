@@ -45,7 +45,9 @@ TEST(OpenAiApiTest, EveryFieldIsRead) {
       "model": "m", "prompt": [1, 2, 3], "max_tokens": 7, "temperature": 0.5, "top_p": 0.9,
       "top_k": 20, "seed": 42, "stop": ["a", "bc"], "stream": true,
       "stream_options": {"include_usage": true}, "kv_cache": "sink", "kv_budget": 64,
-      "kv_bits": 8, "user": "x", "n": 1, "logprobs": null})");
+      "kv_bits": 8, "user": "x", "n": 1, "logprobs": null, "ignore_eos": true})");
+  EXPECT_TRUE(request.ignore_eos);
+  EXPECT_FALSE(request.options.stop_at_eos);
   EXPECT_EQ(request.model, "m");
   EXPECT_EQ(request.prompt_ids, (std::vector<int64_t>{1, 2, 3}));
   EXPECT_EQ(*request.max_tokens, 7);
