@@ -23,11 +23,11 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "absl/strings/match.h"
 #include "httplib.h"
 #include "lgpt.h"
 #include "nlohmann/json.hpp"
@@ -126,7 +126,8 @@ Round RunRound(const Engine& engine, int64_t concurrency, const RequestOptions& 
 }
 
 // Prompts of random ids below `vocab`, the first `shared` common to all.
-std::vector<std::vector<int64_t>> RandomPrompts(int64_t count, int64_t vocab, std::mt19937_64& rng) {
+std::vector<std::vector<int64_t>> RandomPrompts(int64_t count, int64_t vocab,
+                                                std::mt19937_64& rng) {
   const int64_t length = absl::GetFlag(FLAGS_prompt_tokens);
   const int64_t shared = std::min(absl::GetFlag(FLAGS_shared_prefix_tokens), length);
   std::vector<int64_t> prefix(shared);
@@ -152,8 +153,8 @@ HttpTarget ParseServer(const std::string& url) {
   HttpTarget target;
   absl::string_view rest = url;
   if (!absl::ConsumePrefix(&rest, "http://")) {
-    Die(absl::InvalidArgumentError(absl::StrCat("--server must be http://HOST:PORT, got '", url,
-                                                "'")));
+    Die(absl::InvalidArgumentError(
+        absl::StrCat("--server must be http://HOST:PORT, got '", url, "'")));
   }
   const size_t colon = rest.rfind(':');
   absl::string_view port = colon == absl::string_view::npos ? "80" : rest.substr(colon + 1);
@@ -327,7 +328,8 @@ int main(int argc, char** argv) {
     ServerOptions server_options;
     server_options.port = 0;
     server_options.access_log = false;
-    server_options.http_threads = static_cast<int>(*std::max_element(counts.begin(), counts.end())) + 8;
+    server_options.http_threads =
+        static_cast<int>(*std::max_element(counts.begin(), counts.end())) + 8;
     server = ValueOrDie(HttpServer::Create(engine, server_options));
     serving = std::thread([&server] { server->Run(); });
     target = {"127.0.0.1", server->port(), ""};
@@ -343,8 +345,7 @@ int main(int argc, char** argv) {
       PrintRound(concurrency, "http", h);
       std::printf("%-11lld %-10s %11.1f%% %+8.1fms %+8.1fms %+7.2fms %+7.2fms\n",
                   static_cast<long long>(concurrency), "overhead",
-                  r.tokens_per_s > 0 ? 100 * (r.tokens_per_s - h.tokens_per_s) / r.tokens_per_s
-                                     : 0,
+                  r.tokens_per_s > 0 ? 100 * (r.tokens_per_s - h.tokens_per_s) / r.tokens_per_s : 0,
                   (h.ttft_p50 - r.ttft_p50) * 1e3, (h.ttft_p99 - r.ttft_p99) * 1e3,
                   (h.itl_p50 - r.itl_p50) * 1e3, (h.itl_p99 - r.itl_p99) * 1e3);
       std::fflush(stdout);

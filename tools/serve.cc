@@ -17,8 +17,8 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
-#include "core/base/status_macros.h"
 #include "core/base/device.h"
+#include "core/base/status_macros.h"
 #include "lgpt.h"
 #include "tools/load_flags.h"
 #include "tools/server/http_server.h"
@@ -71,10 +71,10 @@ absl::StatusOr<EngineOptions> EngineOptionsFromServeFlags() {
   options.serving.max_waiting = absl::GetFlag(FLAGS_max_waiting);
   const absl::Status valid = options.serving.Validate();
   if (!valid.ok()) {
-    return absl::InvalidArgumentError(absl::StrReplaceAll(
-        valid.message(), {{"SchedulerOptions.max_running", "--max_running"},
-                          {"SchedulerOptions.max_waiting", "--max_waiting"},
-                          {"SchedulerOptions.kv_pool_bytes", "--pool_mb"}}));
+    return absl::InvalidArgumentError(
+        absl::StrReplaceAll(valid.message(), {{"SchedulerOptions.max_running", "--max_running"},
+                                              {"SchedulerOptions.max_waiting", "--max_waiting"},
+                                              {"SchedulerOptions.kv_pool_bytes", "--pool_mb"}}));
   }
   return options;
 }

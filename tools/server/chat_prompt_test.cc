@@ -20,24 +20,23 @@ TEST(ChatPromptTest, PlainStylesJoinTurnsAsTheChatTool) {
   const PromptStyle style = *PromptStyleFromName("alpaca");
   ASSERT_FALSE(style.SupportsChat());
   EXPECT_EQ(*ChatPromptText(style, {{"user", "a"}}), style.Apply("a"));
-  EXPECT_EQ(*ChatPromptText(style, {{"system", "S"}, {"user", "a"}, {"assistant", "b"},
-                                    {"user", "c"}}),
-            style.Apply("a", "", "S") + "b\n\n" + style.Apply("c"));
+  EXPECT_EQ(
+      *ChatPromptText(style, {{"system", "S"}, {"user", "a"}, {"assistant", "b"}, {"user", "c"}}),
+      style.Apply("a", "", "S") + "b\n\n" + style.Apply("c"));
 }
 
 TEST(ChatPromptTest, ShapesOtherThanAlternatingTurnsAreRefused) {
   const PromptStyle style = *PromptStyleFromName("default");
-  for (const std::vector<ChatMessage>& messages : std::vector<std::vector<ChatMessage>>{
-           {{"system", "S"}},
-           {{"assistant", "a"}, {"user", "b"}},
-           {{"user", "a"}, {"user", "b"}},
-           {{"user", "a"}, {"assistant", "b"}},
-           {{"user", "a"}, {"system", "b"}, {"user", "c"}}}) {
+  for (const std::vector<ChatMessage>& messages :
+       std::vector<std::vector<ChatMessage>>{{{"system", "S"}},
+                                             {{"assistant", "a"}, {"user", "b"}},
+                                             {{"user", "a"}, {"user", "b"}},
+                                             {{"user", "a"}, {"assistant", "b"}},
+                                             {{"user", "a"}, {"system", "b"}, {"user", "c"}}}) {
     const absl::StatusOr<std::string> text = ChatPromptText(style, messages);
     ASSERT_FALSE(text.ok());
     EXPECT_EQ(text.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_NE(text.status().message().find("messages"), absl::string_view::npos)
-        << text.status();
+    EXPECT_NE(text.status().message().find("messages"), absl::string_view::npos) << text.status();
   }
 }
 

@@ -1,9 +1,13 @@
 #include "tools/server/http_server.h"
 
+#include <sys/socket.h>
+
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <deque>
 #include <map>
@@ -117,6 +121,7 @@ struct HttpServer::Impl {
   std::vector<std::vector<int64_t>> chat_stops;
   httplib::Server server;
   int port = 0;
+  int listen_socket = -1;
   ServerMetrics metrics;
 
   std::mutex mutex;  // guards what follows
@@ -129,24 +134,33 @@ struct HttpServer::Impl {
   std::atomic<bool> run_done{false};
   std::atomic<bool> destroying{false};
 
+  // The prompt style, the thread pool, limits and routes; binds.
   absl::Status Init();
   void Route();
+  // Before routing: starts the request's access record; the API key on /v1/.
   httplib::Server::HandlerResponse PreRoute(const httplib::Request& req, httplib::Response& res);
+  // After the last byte: the access-log line and the request metrics.
   void Log(const httplib::Request& req, const httplib::Response& res);
+  // POST /v1/completions and /v1/chat/completions: parse, submit, reply or stream.
   void Generate(ApiEndpoint endpoint, const httplib::Request& req, httplib::Response& res);
+  // The request's prompt ids, options and response header; errors as API errors.
   absl::StatusOr<Prepared> Prepare(ApiEndpoint endpoint, const std::string& body);
   absl::StatusOr<std::vector<int64_t>> PromptIds(ApiRequest& api);
   absl::Status ApplyMaxTokens(ApiRequest& api, int64_t prompt_tokens) const;
   void Reply(const Prepared& prepared, const std::shared_ptr<Request>& request,
              httplib::Response& res);
-  bool Stream(const Prepared& prepared, const std::shared_ptr<Request>& request,
-              StreamQueue& queue, httplib::DataSink& sink);
-  void Account(const Prepared& prepared, const std::shared_ptr<Request>& request,
-               const Completion& completion);
+  // Writes the events of a streamed request as its pieces arrive; false when the client left
+  // (the request is cancelled).
+  bool Stream(const Prepared& prepared, const std::shared_ptr<Request>& request, StreamQueue& queue,
+              httplib::DataSink& sink);
+  // Tokens and latencies of a finished request into the metrics and the access log.
+  void Account(const Request& request, const Completion& completion);
+  // Requests in flight, for the shutdown deadline.
   uint64_t Track(std::shared_ptr<Request> request);
   void Untrack(uint64_t key);
   uint64_t Random();
   void Shutdown();
+  // Stops accepting, waits for the requests in flight up to shutdown_s, cancels the rest.
   void ShutdownSequence();
 };
 
@@ -154,29 +168,39 @@ absl::Status HttpServer::Impl::Init() {
   model_id = options.model_id.empty() ? engine->config().name : options.model_id;
   created = static_cast<int64_t>(std::time(nullptr));
   if (const Tokenizer* tokenizer = engine->tokenizer()) {
-    ASSIGN_OR_RETURN(style, options.prompt_style.empty()
-                                ? PromptStyleForCheckpoint(engine->checkpoint_dir(),
-                                                           engine->config())
-                                : PromptStyleFromName(options.prompt_style));
-    chat_stops = style->StopTokenIds(tokenizer->eos_id(),
-                                     [tokenizer](absl::string_view token) -> std::optional<int64_t> {
-                                       absl::StatusOr<int64_t> id = tokenizer->TokenToId(token);
-                                       return id.ok() ? std::optional<int64_t>(*id) : std::nullopt;
-                                     });
+    ASSIGN_OR_RETURN(style,
+                     options.prompt_style.empty()
+                         ? PromptStyleForCheckpoint(engine->checkpoint_dir(), engine->config())
+                         : PromptStyleFromName(options.prompt_style));
+    chat_stops = style->StopTokenIds(
+        tokenizer->eos_id(), [tokenizer](absl::string_view token) -> std::optional<int64_t> {
+          absl::StatusOr<int64_t> id = tokenizer->TokenToId(token);
+          return id.ok() ? std::optional<int64_t>(*id) : std::nullopt;
+        });
   }
   const int threads = std::max(4, options.http_threads);
   server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   server.set_payload_max_length(static_cast<size_t>(options.max_body_bytes));
   server.set_keep_alive_max_count(1000);
-  server.set_keep_alive_timeout(2);
+  server.set_keep_alive_timeout(5);
+  // cpp-httplib listens with a backlog of 5: a burst of new connections overflows it, and a
+  // connection whose first packets were dropped there may reach its worker after the
+  // keep-alive timeout and be closed unanswered. The socket is listened on again, deeper.
+  server.set_socket_options([this](int socket) {
+    httplib::default_socket_options(socket);
+    listen_socket = socket;
+  });
   server.set_read_timeout(30, 0);
   server.set_write_timeout(10, 0);
   Route();
   port = options.port == 0 ? server.bind_to_any_port(options.host)
                            : (server.bind_to_port(options.host, options.port) ? options.port : -1);
   if (port <= 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.host, ":",
-                                               options.port, " (in use, or not an address here)"));
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.host, ":", options.port,
+                                               " (in use, or not an address here)"));
+  }
+  if (listen_socket >= 0 && ::listen(listen_socket, SOMAXCONN) != 0) {
+    return absl::InternalError(absl::StrCat("listen: ", std::strerror(errno)));
   }
   return absl::OkStatus();
 }
@@ -188,23 +212,23 @@ void HttpServer::Impl::Route() {
       [this](const httplib::Request& req, const httplib::Response& res) { Log(req, res); });
   server.set_error_handler(httplib::Server::HandlerWithResponse(
       [this](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-    ApiError error = ApiErrorFromStatus(absl::InvalidArgumentError("malformed HTTP request"));
-    error.http_status = res.status;
-    if (res.status == 404) {
-      error.message = absl::StrCat("no route for ", req.method, " ", req.path);
-      error.code = "not_found";
-    } else if (res.status == 413) {
-      error.message = absl::StrCat("the request body exceeds ", options.max_body_bytes,
-                                   " bytes (--max_body_bytes)");
-      error.code = "request_too_large";
-    } else if (res.status >= 500) {
-      error.type = "server_error";
-      error.message = "internal error";
-    }
-    res.set_content(error.Json(), kJson);
-    return httplib::Server::HandlerResponse::Handled;
-  }));
+        if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+        ApiError error = ApiErrorFromStatus(absl::InvalidArgumentError("malformed HTTP request"));
+        error.http_status = res.status;
+        if (res.status == 404) {
+          error.message = absl::StrCat("no route for ", req.method, " ", req.path);
+          error.code = "not_found";
+        } else if (res.status == 413) {
+          error.message = absl::StrCat("the request body exceeds ", options.max_body_bytes,
+                                       " bytes (--max_body_bytes)");
+          error.code = "request_too_large";
+        } else if (res.status >= 500) {
+          error.type = "server_error";
+          error.message = "internal error";
+        }
+        res.set_content(error.Json(), kJson);
+        return httplib::Server::HandlerResponse::Handled;
+      }));
   server.set_exception_handler(
       [](const httplib::Request&, httplib::Response& res, std::exception_ptr error) {
         std::string what = "unknown exception";
@@ -259,8 +283,9 @@ httplib::Server::HandlerResponse HttpServer::Impl::PreRoute(const httplib::Reque
   if (bearer && ConstantTimeEquals(given, options.api_key)) {
     return httplib::Server::HandlerResponse::Unhandled;
   }
-  SendStatus(res, absl::UnauthenticatedError(
-                      bearer ? "incorrect API key" : "missing API key: send 'Authorization: Bearer KEY'"));
+  SendStatus(
+      res, absl::UnauthenticatedError(
+               bearer ? "incorrect API key" : "missing API key: send 'Authorization: Bearer KEY'"));
   res.set_header("WWW-Authenticate", "Bearer");
   return httplib::Server::HandlerResponse::Handled;
 }
@@ -268,7 +293,8 @@ httplib::Server::HandlerResponse HttpServer::Impl::PreRoute(const httplib::Reque
 void HttpServer::Impl::Log(const httplib::Request& req, const httplib::Response& res) {
   const double seconds =
       t_access.started ? std::chrono::duration<double>(Clock::now() - t_access.start).count() : 0;
-  const std::string status = t_access.outcome.empty() ? std::to_string(res.status) : t_access.outcome;
+  const std::string status =
+      t_access.outcome.empty() ? std::to_string(res.status) : t_access.outcome;
   metrics.RecordRequest(EndpointLabel(req.path), status);
   metrics.ObserveRequestDuration(seconds);
   if (options.access_log) {
@@ -323,15 +349,13 @@ absl::Status HttpServer::Impl::ApplyMaxTokens(ApiRequest& api, int64_t prompt_to
   return absl::OkStatus();
 }
 
-absl::StatusOr<Prepared> HttpServer::Impl::Prepare(ApiEndpoint endpoint,
-                                                   const std::string& body) {
+absl::StatusOr<Prepared> HttpServer::Impl::Prepare(ApiEndpoint endpoint, const std::string& body) {
   Prepared prepared;
   ASSIGN_OR_RETURN(prepared.api, ParseApiRequest(endpoint, body));
   ApiRequest& api = prepared.api;
   if (!api.model.empty() && api.model != model_id) {
-    return absl::NotFoundError(absl::StrCat("the model '", api.model,
-                                            "' does not exist; this server serves '", model_id,
-                                            "'"));
+    return absl::NotFoundError(absl::StrCat(
+        "the model '", api.model, "' does not exist; this server serves '", model_id, "'"));
   }
   ASSIGN_OR_RETURN(prepared.prompt, PromptIds(api));
   RETURN_IF_ERROR(ApplyMaxTokens(api, static_cast<int64_t>(prepared.prompt.size())));
@@ -357,13 +381,12 @@ void HttpServer::Impl::Untrack(uint64_t key) {
   idle.notify_all();
 }
 
-void HttpServer::Impl::Account(const Prepared& prepared, const std::shared_ptr<Request>& request,
-                               const Completion& completion) {
+void HttpServer::Impl::Account(const Request& request, const Completion& completion) {
   const int64_t generated = static_cast<int64_t>(completion.tokens.size());
   t_access.completion_tokens = generated;
   metrics.AddTokens(0, generated);
   if (generated > 0) metrics.ObserveTimeToFirstToken(completion.stats.time_to_first_token_s);
-  for (double gap : request->inter_token_s()) metrics.ObserveInterToken(gap);
+  for (double gap : request.inter_token_s()) metrics.ObserveInterToken(gap);
 }
 
 void HttpServer::Impl::Generate(ApiEndpoint endpoint, const httplib::Request& req,
@@ -421,7 +444,7 @@ void HttpServer::Impl::Reply(const Prepared& prepared, const std::shared_ptr<Req
     SendStatus(res, completion.status());
     return;
   }
-  Account(prepared, request, *completion);
+  Account(*request, *completion);
   if (completion->finish_reason == FinishReason::kCancelled) {
     SendStatus(res, absl::UnavailableError(
                         "the server shut down before the request finished (cancelled)"));
@@ -440,7 +463,9 @@ bool HttpServer::Impl::Stream(const Prepared& prepared, const std::shared_ptr<Re
                               StreamQueue& queue, httplib::DataSink& sink) {
   const bool chat = prepared.api.endpoint == ApiEndpoint::kChat;
   const ResponseHeader& header = prepared.header;
-  auto send = [&](const std::string& payload) { return sink.write(payload.data(), payload.size()); };
+  auto send = [&](const std::string& payload) {
+    return sink.write(payload.data(), payload.size());
+  };
   auto piece_event = [&](absl::string_view text) {
     return SseEvent(chat ? ChatChunkJson(header, false, text, "")
                          : CompletionChunkJson(header, text, ""));
@@ -468,15 +493,17 @@ bool HttpServer::Impl::Stream(const Prepared& prepared, const std::shared_ptr<Re
   if (!completion.ok()) {
     send(SseEvent(ApiErrorFromStatus(completion.status()).Json()));
   } else {
-    Account(prepared, request, *completion);
+    Account(*request, *completion);
     // Text the stop-sequence filter held back until the end (Wait flushes it).
-    if (completion->text.size() > streamed && !send(piece_event(completion->text.substr(streamed)))) {
+    if (completion->text.size() > streamed &&
+        !send(piece_event(completion->text.substr(streamed)))) {
       return leave();
     }
     if (completion->finish_reason == FinishReason::kCancelled) {
-      send(SseEvent(ApiErrorFromStatus(absl::UnavailableError(
-                        "the server shut down before the request finished (cancelled)"))
-                        .Json()));
+      send(SseEvent(
+          ApiErrorFromStatus(absl::UnavailableError(
+                                 "the server shut down before the request finished (cancelled)"))
+              .Json()));
     } else {
       const char* finish = ApiFinishReason(completion->finish_reason);
       send(SseEvent(chat ? ChatChunkJson(header, false, "", finish)
@@ -519,8 +546,8 @@ void HttpServer::Impl::ShutdownSequence() {
 
 HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
-    std::shared_ptr<const Engine> engine, const ServerOptions& options) {
+absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(std::shared_ptr<const Engine> engine,
+                                                               const ServerOptions& options) {
   auto impl = std::make_unique<Impl>();
   impl->engine = std::move(engine);
   impl->options = options;

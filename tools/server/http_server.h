@@ -36,7 +36,7 @@ struct ServerOptions {
   // Connections served at once (each open connection holds one): at least the scheduler's
   // max_running + max_waiting, so that a full queue answers 429 rather than stalling.
   int http_threads = 64;
-  double shutdown_s = 10;          // how long Shutdown lets requests in flight run
+  double shutdown_s = 10;           // how long Shutdown lets requests in flight run
   int64_t default_max_tokens = 16;  // /v1/completions without max_tokens (OpenAI's 16)
   bool access_log = true;
 };
@@ -59,9 +59,8 @@ class HttpServer {
   // Returns at once; any thread, any number of times.
   void Shutdown();
 
-  struct Impl;
-
  private:
+  struct Impl;  // cpp-httplib stays out of this header
   explicit HttpServer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

@@ -137,8 +137,8 @@ TEST_F(HttpServerTest, HealthModelsAndMetrics) {
         "lgpt_http_requests_total{endpoint=\"/v1/models/{id}\",status=\"404\"}"}) {
     EXPECT_GE(MetricValue(metrics.body, series), 0) << series << "\n" << metrics.body;
   }
-  EXPECT_TRUE(absl::StrContains(metrics.body,
-                                "lgpt_time_to_first_token_seconds_bucket{le=\"+Inf\"}"));
+  EXPECT_TRUE(
+      absl::StrContains(metrics.body, "lgpt_time_to_first_token_seconds_bucket{le=\"+Inf\"}"));
 }
 
 TEST_F(HttpServerTest, GreedyCompletionEqualsGenerate) {
@@ -167,18 +167,18 @@ TEST_F(HttpServerTest, GreedyCompletionEqualsGenerate) {
       absl::StrCat(R"({"prompt": )", json(ids).dump(), R"(, "max_tokens": 30, "temperature": 0})"));
   ASSERT_EQ(by_ids.status, 200) << by_ids.body;
   EXPECT_EQ(Parse(by_ids.body)["choices"][0]["text"], choice["text"]);
-  const HttpReply listed = HttpPost(
-      server.port(), "/v1/completions",
-      R"({"prompt": ["And God said"], "max_tokens": 30, "temperature": 0})");
+  const HttpReply listed =
+      HttpPost(server.port(), "/v1/completions",
+               R"({"prompt": ["And God said"], "max_tokens": 30, "temperature": 0})");
   EXPECT_EQ(Parse(listed.body)["choices"][0]["text"], choice["text"]);
 }
 
 TEST_F(HttpServerTest, LengthAndStopFinishReasons) {
   RunningServer server(engine());
-  const json length = Parse(
-      HttpPost(server.port(), "/v1/completions",
-               R"({"prompt": "And God said", "max_tokens": 3, "temperature": 0})")
-          .body);
+  const json length =
+      Parse(HttpPost(server.port(), "/v1/completions",
+                     R"({"prompt": "And God said", "max_tokens": 3, "temperature": 0})")
+                .body);
   EXPECT_EQ(length["choices"][0]["finish_reason"], "length");
   EXPECT_EQ(length["usage"]["completion_tokens"], 3);
   // " unto him" is how the greedy reply starts: a stop sequence cuts the text before it.
@@ -231,9 +231,9 @@ TEST_F(HttpServerTest, StreamsEqualTheWholeReply) {
     const HttpReply whole = HttpPost(server.port(), path, request + "}");
     ASSERT_EQ(whole.status, 200) << whole.body;
     const json body = Parse(whole.body);
-    const StreamReply stream = HttpPostStream(
-        server.port(), path,
-        request + R"(, "stream": true, "stream_options": {"include_usage": true}})");
+    const StreamReply stream =
+        HttpPostStream(server.port(), path,
+                       request + R"(, "stream": true, "stream_options": {"include_usage": true}})");
     ASSERT_EQ(stream.status, 200) << stream.body;
     EXPECT_EQ(stream.content_type, "text/event-stream");
     ASSERT_GE(stream.events.size(), 4u);
@@ -284,51 +284,49 @@ TEST_F(HttpServerTest, BadRequestsAre400NamingTheField) {
   EXPECT_TRUE(absl::StrContains(ExpectError(post(R"({"prompt": )"), 400), "malformed JSON"));
   EXPECT_TRUE(absl::StrContains(ExpectError(post(R"([1, 2])"), 400), "JSON object"));
   EXPECT_TRUE(absl::StrContains(ExpectError(post(R"({"max_tokens": 3})"), 400), "'prompt'"));
-  EXPECT_TRUE(absl::StrContains(
-      ExpectError(post(R"({"prompt": "x", "max_tokens": "3"})"), 400), "'max_tokens'"));
-  EXPECT_TRUE(absl::StrContains(
-      ExpectError(post(R"({"prompt": "x", "temperature": "hot"})"), 400), "'temperature'"));
-  EXPECT_TRUE(absl::StrContains(
-      ExpectError(post(R"({"prompt": "x", "temperature": -1})"), 400), "temperature"));
-  EXPECT_TRUE(absl::StrContains(ExpectError(post(R"({"prompt": "x", "stop": 3})"), 400),
-                                "'stop'"));
-  EXPECT_TRUE(absl::StrContains(ExpectError(post(R"({"prompt": "x", "stream": 1})"), 400),
-                                "'stream'"));
+  EXPECT_TRUE(absl::StrContains(ExpectError(post(R"({"prompt": "x", "max_tokens": "3"})"), 400),
+                                "'max_tokens'"));
+  EXPECT_TRUE(absl::StrContains(ExpectError(post(R"({"prompt": "x", "temperature": "hot"})"), 400),
+                                "'temperature'"));
+  EXPECT_TRUE(absl::StrContains(ExpectError(post(R"({"prompt": "x", "temperature": -1})"), 400),
+                                "temperature"));
+  EXPECT_TRUE(absl::StrContains(ExpectError(post(R"({"prompt": "x", "stop": 3})"), 400), "'stop'"));
+  EXPECT_TRUE(
+      absl::StrContains(ExpectError(post(R"({"prompt": "x", "stream": 1})"), 400), "'stream'"));
   EXPECT_TRUE(absl::StrContains(
       ExpectError(post(R"({"prompt": "x", "kv_cache": "h2o", "kv_budget": 0})"), 400),
       "kv_budget"));
-  EXPECT_TRUE(absl::StrContains(ExpectError(post(R"({"prompt": "x", "kv_bits": 3})"), 400),
-                                "kv_bits"));
+  EXPECT_TRUE(
+      absl::StrContains(ExpectError(post(R"({"prompt": "x", "kv_bits": 3})"), 400), "kv_bits"));
   EXPECT_TRUE(absl::StrContains(ExpectError(post(R"({"prompt": "x", "kv_cache": "lru"})"), 400),
                                 "kv_cache"));
   EXPECT_TRUE(absl::StrContains(
-      ExpectError(post(R"({"messages": [{"role": "robot", "content": "x"}]})",
-                       "/v1/chat/completions"),
-                  400),
+      ExpectError(
+          post(R"({"messages": [{"role": "robot", "content": "x"}]})", "/v1/chat/completions"),
+          400),
       "role"));
   EXPECT_TRUE(absl::StrContains(
-      ExpectError(post(R"({"messages": [{"role": "assistant", "content": "x"}]})",
-                       "/v1/chat/completions"),
-                  400),
+      ExpectError(
+          post(R"({"messages": [{"role": "assistant", "content": "x"}]})", "/v1/chat/completions"),
+          400),
       "messages"));
   // Unsupported features are refused, never ignored.
-  for (const std::string field : {R"("n": 2)", R"("logprobs": 3)", R"("echo": true)",
-                                  R"("best_of": 2)", R"("presence_penalty": 0.5)",
-                                  R"("logit_bias": {"1": 5})", R"("suffix": "x")",
-                                  R"("frobnicate": 1)"}) {
-    EXPECT_TRUE(absl::StrContains(ExpectError(post(absl::StrCat(R"({"prompt": "x", )", field,
-                                                                "}")),
-                                              400),
-                                  "not supported") ||
-                absl::StrContains(post(absl::StrCat(R"({"prompt": "x", )", field, "}")).body,
-                                  "unsupported"))
+  for (const std::string field :
+       {R"("n": 2)", R"("logprobs": 3)", R"("echo": true)", R"("best_of": 2)",
+        R"("presence_penalty": 0.5)", R"("logit_bias": {"1": 5})", R"("suffix": "x")",
+        R"("frobnicate": 1)"}) {
+    EXPECT_TRUE(
+        absl::StrContains(ExpectError(post(absl::StrCat(R"({"prompt": "x", )", field, "}")), 400),
+                          "not supported") ||
+        absl::StrContains(post(absl::StrCat(R"({"prompt": "x", )", field, "}")).body,
+                          "unsupported"))
         << field;
   }
   for (const std::string field :
        {R"("n": 3)", R"("logprobs": true)", R"("tools": [{"type": "function"}])",
         R"("tool_choice": "auto")", R"("response_format": {"type": "json_object"})"}) {
-    const std::string body = absl::StrCat(
-        R"({"messages": [{"role": "user", "content": "x"}], )", field, "}");
+    const std::string body =
+        absl::StrCat(R"({"messages": [{"role": "user", "content": "x"}], )", field, "}");
     const std::string message = ExpectError(post(body, "/v1/chat/completions"), 400);
     EXPECT_TRUE(absl::StrContains(message, "not supported")) << field << ": " << message;
   }
@@ -347,10 +345,10 @@ TEST_F(HttpServerTest, ContextModelPathAndBodyErrors) {
   const int64_t context = engine()->config().block_size;
   // A prompt beyond the context, and a reply that cannot fit after it.
   std::vector<int64_t> long_prompt(static_cast<size_t>(context) + 10, 5);
-  const std::string too_long = ExpectError(
-      HttpPost(port, "/v1/completions",
-               absl::StrCat(R"({"prompt": )", json(long_prompt).dump(), "}")),
-      400);
+  const std::string too_long =
+      ExpectError(HttpPost(port, "/v1/completions",
+                           absl::StrCat(R"({"prompt": )", json(long_prompt).dump(), "}")),
+                  400);
   EXPECT_TRUE(absl::StrContains(too_long, "context")) << too_long;
   const std::string reply_too_long = ExpectError(
       HttpPost(port, "/v1/completions", R"({"prompt": "And God said", "max_tokens": 100000})"),
@@ -402,14 +400,14 @@ TEST_F(HttpServerTest, FullQueueIs429WithRetryAfter) {
     std::future<void> first_token = started.get_future();
     bool signalled = false;
     std::thread running([&] {
-      HttpPostStream(port, "/v1/completions",
-                     absl::StrCat(R"({"prompt": "And God said", "stream": true, )", kLongReply,
-                                  "}"),
-                     [&](const std::string&) {
-                       if (!signalled) started.set_value();
-                       signalled = true;
-                       return true;
-                     });
+      HttpPostStream(
+          port, "/v1/completions",
+          absl::StrCat(R"({"prompt": "And God said", "stream": true, )", kLongReply, "}"),
+          [&](const std::string&) {
+            if (!signalled) started.set_value();
+            signalled = true;
+            return true;
+          });
       if (!signalled) started.set_value();
     });
     first_token.wait();
@@ -456,9 +454,10 @@ TEST_F(HttpServerTest, ClientLeavingMidStreamCancelsItsRequest) {
   EXPECT_EQ(MetricValue(metrics, "lgpt_scheduler_requests_completed_total"), 0) << metrics;
   EXPECT_EQ(MetricValue(metrics, "lgpt_requests_running"), 0) << metrics;
   EXPECT_EQ(MetricValue(metrics, "lgpt_kv_blocks_used"), 0) << metrics;
-  EXPECT_EQ(MetricValue(metrics,
-                        "lgpt_http_requests_total{endpoint=\"/v1/completions\",status=\"cancelled\"}"),
-            1)
+  EXPECT_EQ(
+      MetricValue(metrics,
+                  "lgpt_http_requests_total{endpoint=\"/v1/completions\",status=\"cancelled\"}"),
+      1)
       << metrics;
   // The server goes on serving.
   EXPECT_EQ(HttpPost(port, "/v1/completions", R"({"prompt": "x", "max_tokens": 2})").status, 200);

@@ -29,8 +29,7 @@ Histogram::Histogram(std::vector<double> bounds)
     : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
 
 void Histogram::Observe(double value) {
-  const size_t bucket =
-      std::lower_bound(bounds_.begin(), bounds_.end(), value) - bounds_.begin();
+  const size_t bucket = std::lower_bound(bounds_.begin(), bounds_.end(), value) - bounds_.begin();
   std::lock_guard<std::mutex> lock(mutex_);
   ++counts_[bucket];
   sum_ += value;
@@ -81,16 +80,14 @@ std::string ServerMetrics::Render(const SchedulerStats& stats) const {
   }
   Single(out, "lgpt_requests_running", "gauge", "requests decoding in the scheduler",
          stats.running);
-  Single(out, "lgpt_requests_waiting", "gauge", "requests queued for the scheduler",
-         stats.waiting);
+  Single(out, "lgpt_requests_waiting", "gauge", "requests queued for the scheduler", stats.waiting);
   Single(out, "lgpt_scheduler_requests_submitted_total", "counter", "requests submitted",
          stats.submitted);
   Single(out, "lgpt_scheduler_requests_completed_total", "counter", "requests completed",
          stats.completed);
   Single(out, "lgpt_scheduler_requests_cancelled_total", "counter", "requests cancelled",
          stats.cancelled);
-  Single(out, "lgpt_scheduler_requests_failed_total", "counter", "requests failed",
-         stats.failed);
+  Single(out, "lgpt_scheduler_requests_failed_total", "counter", "requests failed", stats.failed);
   Single(out, "lgpt_kv_blocks_total", "gauge", "blocks of the KV pool (0: no pool)",
          stats.pool_blocks);
   Single(out, "lgpt_kv_blocks_used", "gauge", "KV pool blocks held by requests",

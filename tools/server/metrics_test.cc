@@ -44,8 +44,8 @@ TEST(MetricsTest, RendersRequestsTokensAndSchedulerState) {
   stats.preemptions = 1;
   const std::string text = metrics.Render(stats);
   EXPECT_TRUE(Has(text, "lgpt_http_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 2"));
-  EXPECT_TRUE(
-      Has(text, "lgpt_http_requests_total{endpoint=\"/v1/chat/completions\",status=\"cancelled\"} 1"));
+  EXPECT_TRUE(Has(
+      text, "lgpt_http_requests_total{endpoint=\"/v1/chat/completions\",status=\"cancelled\"} 1"));
   EXPECT_TRUE(Has(text, "lgpt_prompt_tokens_total 15"));
   EXPECT_TRUE(Has(text, "lgpt_generation_tokens_total 5"));
   EXPECT_TRUE(Has(text, "lgpt_requests_running 2"));

@@ -25,13 +25,20 @@ std::string Dump(const json& value) {
 
 const char* TypeName(const json& value) {
   switch (value.type()) {
-    case json::value_t::null: return "null";
-    case json::value_t::boolean: return "boolean";
-    case json::value_t::string: return "string";
-    case json::value_t::array: return "array";
-    case json::value_t::object: return "object";
-    case json::value_t::number_float: return "number";
-    default: return "integer";
+    case json::value_t::null:
+      return "null";
+    case json::value_t::boolean:
+      return "boolean";
+    case json::value_t::string:
+      return "string";
+    case json::value_t::array:
+      return "array";
+    case json::value_t::object:
+      return "object";
+    case json::value_t::number_float:
+      return "number";
+    default:
+      return "integer";
   }
 }
 
@@ -51,8 +58,7 @@ absl::StatusOr<double> Number(absl::string_view field, const json& value) {
 
 absl::StatusOr<int64_t> Integer(absl::string_view field, const json& value) {
   if (!value.is_number_integer()) return WrongType(field, "an integer", value);
-  if (value.is_number_unsigned() &&
-      value.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+  if (value.is_number_unsigned() && value.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
     return absl::InvalidArgumentError(absl::StrCat("'", field, "' is out of range"));
   }
   return value.get<int64_t>();
@@ -147,9 +153,9 @@ absl::Status ParseMessages(const json& value, ApiRequest& request) {
     }
     if (parsed.role == "developer") parsed.role = "system";
     if (parsed.role != "system" && parsed.role != "user" && parsed.role != "assistant") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "'messages[].role' must be system, developer, user or assistant, got '", parsed.role,
-          "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("'messages[].role' must be system, developer, user or assistant, got '",
+                       parsed.role, "'"));
     }
     request.messages.push_back(std::move(parsed));
   }
@@ -195,10 +201,20 @@ const char* NeutralWhat(absl::string_view field) {
 }
 
 bool IsNeutralField(absl::string_view field) {
-  static const char* const kFields[] = {
-      "n",           "best_of",        "logprobs", "top_logprobs",     "echo",
-      "suffix",      "logit_bias",     "tools",    "tool_choice",      "functions",
-      "function_call", "response_format", "presence_penalty", "frequency_penalty"};
+  static const char* const kFields[] = {"n",
+                                        "best_of",
+                                        "logprobs",
+                                        "top_logprobs",
+                                        "echo",
+                                        "suffix",
+                                        "logit_bias",
+                                        "tools",
+                                        "tool_choice",
+                                        "functions",
+                                        "function_call",
+                                        "response_format",
+                                        "presence_penalty",
+                                        "frequency_penalty"};
   for (const char* name : kFields) {
     if (field == name) return true;
   }
@@ -251,8 +267,7 @@ absl::Status ParseField(const std::string& key, const json& value, ApiRequest& r
   } else if (IsNeutralField(key)) {
     if (!IsNeutral(key, value)) return Unsupported(key, NeutralWhat(key));
   } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown or unsupported field '", key, "'"));
+    return absl::InvalidArgumentError(absl::StrCat("unknown or unsupported field '", key, "'"));
   }
   return absl::OkStatus();
 }
@@ -266,7 +281,8 @@ absl::StatusOr<ApiRequest> ParseApiRequest(ApiEndpoint endpoint, absl::string_vi
   } catch (const json::parse_error& error) {
     // what() reads "[json.exception.parse_error.101] parse error at line 1, column 5: ...".
     absl::string_view what = error.what();
-    if (const size_t end = what.find("] "); end != absl::string_view::npos) what.remove_prefix(end + 2);
+    if (const size_t end = what.find("] "); end != absl::string_view::npos)
+      what.remove_prefix(end + 2);
     return absl::InvalidArgumentError(absl::StrCat("malformed JSON body: ", what));
   }
   if (!root.is_object()) return WrongType("the request body", "a JSON object", root);
@@ -279,11 +295,9 @@ absl::StatusOr<ApiRequest> ParseApiRequest(ApiEndpoint endpoint, absl::string_vi
     if (key == (chat ? "messages" : "prompt")) {
       RETURN_IF_ERROR(chat ? ParseMessages(value, request) : ParsePrompt(value, request));
       has_input = true;
-    } else if ((key == "max_completion_tokens" && !chat) || (chat && (key == "echo" ||
-                                                                     key == "suffix" ||
-                                                                     key == "best_of"))) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("unknown or unsupported field '", key, "'"));
+    } else if ((key == "max_completion_tokens" && !chat) ||
+               (chat && (key == "echo" || key == "suffix" || key == "best_of"))) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown or unsupported field '", key, "'"));
     } else if (value.is_null() && key != "prompt" && key != "messages") {
       continue;  // null: the default
     } else {
@@ -378,10 +392,8 @@ const char* ApiFinishReason(FinishReason reason) {
 namespace {
 
 json Base(const ResponseHeader& header, absl::string_view object) {
-  return {{"id", header.id},
-          {"object", object},
-          {"created", header.created},
-          {"model", header.model}};
+  return {
+      {"id", header.id}, {"object", object}, {"created", header.created}, {"model", header.model}};
 }
 
 json UsageObject(const Usage& usage) {

@@ -125,9 +125,9 @@ TEST(OpenAiApiTest, LibraryChecksNameRequestFields) {
 }
 
 TEST(OpenAiApiTest, UnsupportedFieldsAreRefused) {
-  for (const char* field : {R"("n": 2)", R"("best_of": 3)", R"("logprobs": 1)", R"("echo": true)",
-                            R"("suffix": "s")", R"("logit_bias": {"5": 1})",
-                            R"("frequency_penalty": 1)", R"("presence_penalty": -1)"}) {
+  for (const char* field :
+       {R"("n": 2)", R"("best_of": 3)", R"("logprobs": 1)", R"("echo": true)", R"("suffix": "s")",
+        R"("logit_bias": {"5": 1})", R"("frequency_penalty": 1)", R"("presence_penalty": -1)"}) {
     const std::string message =
         ParseError(kCompletions, std::string(R"({"prompt": "x", )") + field + "}");
     EXPECT_NE(message.find("not supported by lgpt"), std::string::npos) << field << message;

@@ -3,13 +3,12 @@
 // request served alone and the server's open files and memory come back to where they were,
 // and SIGTERM with streams in flight (they finish, or are cancelled at the deadline; exit 0).
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
@@ -60,8 +59,7 @@ class ServeProcess {
     argv.push_back(nullptr);
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 2, log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                     0644);
+    posix_spawn_file_actions_addopen(&actions, 2, log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
     EXPECT_EQ(posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ), 0);
     posix_spawn_file_actions_destroy(&actions);
@@ -72,8 +70,8 @@ class ServeProcess {
       if (at != std::string::npos) {
         const size_t end = log.find(' ', at + marker.size());
         if (end != std::string::npos) {
-          EXPECT_TRUE(absl::SimpleAtoi(log.substr(at + marker.size(), end - at - marker.size()),
-                                       &port_));
+          EXPECT_TRUE(
+              absl::SimpleAtoi(log.substr(at + marker.size(), end - at - marker.size()), &port_));
         }
       }
       if (port_ == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -93,8 +91,8 @@ class ServeProcess {
 
   // The exit status after a wait of at most `seconds`; -1 if still running.
   int WaitExit(double seconds) {
-    const Clock::time_point end = Clock::now() + std::chrono::milliseconds(
-                                                     static_cast<int64_t>(seconds * 1000));
+    const Clock::time_point end =
+        Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
     while (Clock::now() < end) {
       int status = 0;
       if (waitpid(pid_, &status, WNOHANG) == pid_) {
@@ -140,7 +138,7 @@ std::string RunCommand(const std::string& command) {
 }
 
 std::string CompletionText(const HttpReply& reply) {
-  EXPECT_EQ(reply.status, 200) << reply.body;
+  EXPECT_EQ(reply.status, 200) << reply.body << reply.error;
   const json body = json::parse(reply.body, nullptr, false);
   if (!body.is_object() || !body.contains("choices")) return "<no choices: " + reply.body + ">";
   const json& choice = body["choices"][0];
@@ -156,10 +154,10 @@ TEST(ServeTest, GreedyRepliesEqualTheGenerateTool) {
         "tools/generate --prompt='And God said' --temperature=0 --max_new_tokens=40 ", cache));
     const std::string fields =
         cache.empty() ? "" : R"(, "kv_cache": "sink", "kv_budget": 16, "kv_bits": 8)";
-    const std::string completion = CompletionText(HttpPost(
-        serve.port(), "/v1/completions",
-        absl::StrCat(R"({"prompt": "And God said", "max_tokens": 40, "temperature": 0)", fields,
-                     "}")));
+    const std::string completion = CompletionText(
+        HttpPost(serve.port(), "/v1/completions",
+                 absl::StrCat(R"({"prompt": "And God said", "max_tokens": 40, "temperature": 0)",
+                              fields, "}")));
     EXPECT_EQ(absl::StrCat("And God said", completion, "\n"), generated) << cache;
     // The default model's prompt style frames a lone user message as itself.
     const std::string chat = CompletionText(
@@ -179,10 +177,10 @@ struct LoadRequest {
 
 std::string Serve(int port, const LoadRequest& request) {
   if (!request.stream) return CompletionText(HttpPost(port, "/v1/completions", request.body));
-  const StreamReply reply = HttpPostStream(
-      port, "/v1/completions", request.body.substr(0, request.body.size() - 1) +
-                                   R"(, "stream": true})");
-  EXPECT_EQ(reply.status, 200) << reply.body;
+  const StreamReply reply =
+      HttpPostStream(port, "/v1/completions",
+                     request.body.substr(0, request.body.size() - 1) + R"(, "stream": true})");
+  EXPECT_EQ(reply.status, 200) << reply.body << reply.error;
   EXPECT_FALSE(reply.events.empty());
   if (reply.events.empty() || reply.events.back() != "[DONE]") return "<unfinished stream>";
   return StreamedText(reply.events);
@@ -226,17 +224,16 @@ bool Eventually(double seconds, F done) {
 TEST(ServeTest, LoadOf200RequestsAt16AtOnce) {
   ServeProcess serve({"--access_log=false"});
   const int port = serve.port();
-  const std::vector<std::string> prompts = {"And God said", "In the beginning",
-                                            "The LORD is my shepherd", "Blessed are",
-                                            "And it came to pass", "Thou shalt"};
+  const std::vector<std::string> prompts = {
+      "And God said", "In the beginning",    "The LORD is my shepherd",
+      "Blessed are",  "And it came to pass", "Thou shalt"};
   std::vector<LoadRequest> requests;
   for (size_t p = 0; p < prompts.size(); ++p) {
     const std::string greedy =
         absl::StrCat(R"({"prompt": ")", prompts[p], R"(", "max_tokens": 24, "temperature": 0})");
-    const std::string sampled =
-        absl::StrCat(R"({"prompt": ")", prompts[p],
-                     R"(", "max_tokens": 24, "temperature": 0.8, "top_k": 50, "seed": )", p + 1,
-                     "}");
+    const std::string sampled = absl::StrCat(
+        R"({"prompt": ")", prompts[p],
+        R"(", "max_tokens": 24, "temperature": 0.8, "top_k": 50, "seed": )", p + 1, "}");
     requests.push_back({greedy, false});
     requests.push_back({sampled, p % 2 == 0});
     requests.push_back({greedy, true});
@@ -263,7 +260,8 @@ TEST(ServeTest, LoadOf200RequestsAt16AtOnce) {
   ASSERT_TRUE(Eventually(10, idle));
   // A request is counted after its last byte is sent: the client may see it first.
   std::string metrics;
-  const std::string served = "lgpt_http_requests_total{endpoint=\"/v1/completions\",status=\"200\"}";
+  const std::string served =
+      "lgpt_http_requests_total{endpoint=\"/v1/completions\",status=\"200\"}";
   EXPECT_TRUE(Eventually(10, [&] {
     metrics = HttpGet(port, "/metrics").body;
     return MetricValue(metrics, served) == 232 + static_cast<double>(requests.size());
@@ -285,16 +283,16 @@ std::vector<std::thread> OpenStreams(int port, int count, std::vector<StreamRepl
   for (int i = 0; i < count; ++i) {
     threads.emplace_back([&, i] {
       bool first = true;
-      replies[static_cast<size_t>(i)] = HttpPostStream(
-          port, "/v1/chat/completions",
-          absl::StrCat(R"({"messages": [{"role": "user", "content": "And God said"}],
+      replies[static_cast<size_t>(i)] =
+          HttpPostStream(port, "/v1/chat/completions",
+                         absl::StrCat(R"({"messages": [{"role": "user", "content": "And God said"}],
                           "stream": true, "temperature": 5, "max_tokens": 200, "seed": )",
-                       i + 1, "}"),
-          [&](const std::string&) {
-            if (first) ++started;
-            first = false;
-            return true;
-          });
+                                      i + 1, "}"),
+                         [&](const std::string&) {
+                           if (first) ++started;
+                           first = false;
+                           return true;
+                         });
       if (first) ++started;
     });
   }

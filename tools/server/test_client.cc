@@ -27,7 +27,10 @@ httplib::Headers AuthHeaders(const std::string& api_key) {
 
 HttpReply FromResult(const httplib::Result& result) {
   HttpReply reply;
-  if (!result) return reply;
+  if (!result) {
+    reply.error = httplib::to_string(result.error());
+    return reply;
+  }
   reply.status = result->status;
   reply.body = result->body;
   reply.content_type = result->get_header_value("Content-Type");
@@ -86,7 +89,8 @@ StreamReply HttpPostStream(int port, const std::string& path, const std::string&
     }
     return true;
   };
-  client.send(request);
+  const httplib::Result result = client.send(request);
+  if (!result) reply.error = httplib::to_string(result.error());
   return reply;
 }
 

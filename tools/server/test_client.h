@@ -14,6 +14,7 @@ struct HttpReply {
   std::string body;
   std::string content_type;
   std::string retry_after;
+  std::string error;  // the client's error when there was no response
 };
 
 HttpReply HttpGet(int port, const std::string& path, const std::string& api_key = "");
@@ -28,6 +29,7 @@ struct StreamReply {
   std::string content_type;
   std::vector<std::string> events;  // the payload of each "data: " event, "[DONE]" included
   std::string body;                 // the whole body when it was not an event stream
+  std::string error;                // the client's error when the exchange failed
 };
 // POSTs and reads server-sent events as they arrive; `on_event` returning false closes the
 // connection (the client leaves mid-stream).

@@ -82,8 +82,9 @@ check('unsupported n is BadRequestError', async () => {
 
 check('wrong API key is AuthenticationError', async () => {
   const wrong = new OpenAI({ baseURL, apiKey: `${apiKey}x`, maxRetries: 0 });
-  await assert.rejects(wrong.models.list(),
-                       (error) => error instanceof OpenAI.AuthenticationError && error.status === 401);
+  await assert.rejects(
+    wrong.models.list(),
+    (error) => error instanceof OpenAI.AuthenticationError && error.status === 401);
 });
 
 let passed = 0;
