@@ -257,9 +257,7 @@ void HttpServer::Impl::Route() {
                           absl::StrCat("the model '", req.matches[1].str(), "' does not exist")));
       return;
     }
-    res.set_content(absl::StrCat(R"({"id":")", model_id, R"(","object":"model","created":)",
-                                 created, R"(,"owned_by":"lgpt"})"),
-                    kJson);
+    res.set_content(ModelJson(model_id, created), kJson);
   });
   server.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
     Generate(ApiEndpoint::kCompletions, req, res);

@@ -463,12 +463,23 @@ std::string UsageChunkJson(const ResponseHeader& header, bool chat, const Usage&
 
 std::string SseEvent(absl::string_view payload) { return absl::StrCat("data: ", payload, "\n\n"); }
 
+namespace {
+
+json ModelObject(absl::string_view model_id, int64_t created) {
+  return {{"id", std::string(model_id)},
+          {"object", "model"},
+          {"created", created},
+          {"owned_by", "lgpt"}};
+}
+
+}  // namespace
+
+std::string ModelJson(absl::string_view model_id, int64_t created) {
+  return Dump(ModelObject(model_id, created));
+}
+
 std::string ModelsJson(absl::string_view model_id, int64_t created) {
-  const json model = {{"id", std::string(model_id)},
-                      {"object", "model"},
-                      {"created", created},
-                      {"owned_by", "lgpt"}};
-  return Dump(json{{"object", "list"}, {"data", json::array({model})}});
+  return Dump(json{{"object", "list"}, {"data", json::array({ModelObject(model_id, created)})}});
 }
 
 }  // namespace lgpt

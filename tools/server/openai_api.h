@@ -100,8 +100,9 @@ std::string UsageChunkJson(const ResponseHeader& header, bool chat, const Usage&
 // One server-sent event: "data: <payload>\n\n".
 std::string SseEvent(absl::string_view payload);
 
-// GET /v1/models.
+// GET /v1/models (a list of the one model) and GET /v1/models/{id}.
 std::string ModelsJson(absl::string_view model_id, int64_t created);
+std::string ModelJson(absl::string_view model_id, int64_t created);
 
 }  // namespace lgpt
 

@@ -200,6 +200,7 @@ TEST(OpenAiApiTest, ResponsesAndChunks) {
   EXPECT_NO_THROW(json::parse(CompletionChunkJson(header, "\xff\xfe", "")));
   const json models = json::parse(ModelsJson("m", 5));
   EXPECT_EQ(models["data"][0]["id"], "m");
+  EXPECT_EQ(json::parse(ModelJson("a\"b", 5))["id"], "a\"b");
   EXPECT_STREQ(ApiFinishReason(FinishReason::kStopSequence), "stop");
   EXPECT_STREQ(ApiFinishReason(FinishReason::kContextFull), "length");
 }
