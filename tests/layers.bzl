@@ -35,7 +35,7 @@ LAYERS = [
     ),
     struct(
         name = "top",
-        packages = ["", "tests", "tools"],
+        packages = ["", "tests", "tools", "tools/server"],
         uses = [
             "base",
             "config",

@@ -12,7 +12,7 @@ def lgpt_dependencies():
                  "com_github_gflags_gflags", "com_github_google_benchmark",
                  "com_github_jbeder_yaml_cpp", "com_github_nlohmann_json",
                  "com_github_google_sentencepiece", "com_googlesource_code_re2", "libpng", "libedit",
-                 "zlib"]:
+                 "zlib", "com_github_yhirose_cpp_httplib"]:
         native.new_local_repository(
             name = name,
             path = "/usr",

@@ -8,7 +8,7 @@ lgpt="$(dirname "$(readlink -f README.md)")/lgpt"
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
 out="$($lgpt help)" || fail "./lgpt help exited $?"
-for tool in generate chat score tokenize convert_hf convert_lit pretrain finetune merge_lora \
+for tool in generate chat score tokenize convert_hf convert_lit pretrain finetune merge_lora serve \
     eval_cache perplexity; do
   echo "$out" | grep -Eq "^  $tool +[a-zA-Z]" || fail "./lgpt help does not list $tool: $out"
 done

@@ -1,0 +1,575 @@
+#include "tools/server/http_server.h"
+
+#include <sys/socket.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/base/status_macros.h"
+#include "core/text/prompt_style.h"
+#include "httplib.h"
+#include "tools/server/chat_prompt.h"
+#include "tools/server/metrics.h"
+#include "tools/server/openai_api.h"
+
+namespace lgpt {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr char kJson[] = "application/json";
+// Exactly this type: cpp-httplib never compresses it, so every event leaves at once.
+constexpr char kEventStream[] = "text/event-stream";
+
+// What the access log and the request metrics learn of one request. The handler, the stream
+// and the logger of a request all run on the same worker thread.
+struct AccessRecord {
+  Clock::time_point start;
+  bool started = false;
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  std::string outcome;  // overrides the HTTP status in logs and metrics ("cancelled")
+};
+thread_local AccessRecord t_access;
+
+// Time depends on the secret's length only, never on where the strings differ.
+bool ConstantTimeEquals(absl::string_view given, absl::string_view secret) {
+  volatile unsigned char diff = given.size() != secret.size();
+  for (size_t i = 0; i < secret.size(); ++i) {
+    const unsigned char a = i < given.size() ? static_cast<unsigned char>(given[i]) : 0;
+    diff = diff | (a ^ static_cast<unsigned char>(secret[i]));
+  }
+  return diff == 0;
+}
+
+std::string EndpointLabel(const std::string& path) {
+  static const char* const kPaths[] = {"/v1/completions", "/v1/chat/completions", "/v1/models",
+                                       "/health", "/metrics"};
+  for (const char* known : kPaths) {
+    if (path == known) return known;
+  }
+  if (absl::StartsWith(path, "/v1/models/")) return "/v1/models/{id}";
+  return "other";
+}
+
+void SendError(httplib::Response& res, const ApiError& error) {
+  res.status = error.http_status;
+  res.set_content(error.Json(), kJson);
+  if (error.http_status == 429) res.set_header("Retry-After", "1");
+}
+
+void SendStatus(httplib::Response& res, const absl::Status& status) {
+  SendError(res, ApiErrorFromStatus(status));
+}
+
+// Pieces of text from the scheduler's thread to the worker thread that streams them.
+struct StreamQueue {
+  std::mutex mutex;
+  std::condition_variable ready;
+  std::deque<std::string> pieces;
+
+  // Always true: a client that leaves cancels its request through Request::Cancel, so that
+  // the scheduler counts it as cancelled.
+  bool Push(absl::string_view piece) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      pieces.emplace_back(piece);
+    }
+    ready.notify_one();
+    return true;
+  }
+  std::deque<std::string> Take(std::chrono::milliseconds wait) {
+    std::unique_lock<std::mutex> lock(mutex);
+    ready.wait_for(lock, wait, [this] { return !pieces.empty(); });
+    std::deque<std::string> taken;
+    taken.swap(pieces);
+    return taken;
+  }
+};
+
+// A request ready for Engine::Submit.
+struct Prepared {
+  ApiRequest api;
+  std::vector<int64_t> prompt;
+  ResponseHeader header;
+};
+
+}  // namespace
+
+struct HttpServer::Impl {
+  std::shared_ptr<const Engine> engine;
+  ServerOptions options;
+  std::string model_id;
+  int64_t created = 0;
+  std::optional<PromptStyle> style;
+  std::vector<std::vector<int64_t>> chat_stops;
+  httplib::Server server;
+  int port = 0;
+  int listen_socket = -1;
+  ServerMetrics metrics;
+
+  std::mutex mutex;  // guards what follows
+  std::condition_variable idle;
+  std::map<uint64_t, std::shared_ptr<Request>> active;
+  uint64_t next_active = 0;
+  bool stopping = false;
+  std::thread shutdown_thread;
+  std::mt19937_64 random{std::random_device{}()};
+  std::atomic<bool> run_done{false};
+  std::atomic<bool> destroying{false};
+
+  // The prompt style, the thread pool, limits and routes; binds.
+  absl::Status Init();
+  void Route();
+  // Before routing: starts the request's access record; the API key on /v1/.
+  httplib::Server::HandlerResponse PreRoute(const httplib::Request& req, httplib::Response& res);
+  // After the last byte: the access-log line and the request metrics.
+  void Log(const httplib::Request& req, const httplib::Response& res);
+  // POST /v1/completions and /v1/chat/completions: parse, submit, reply or stream.
+  void Generate(ApiEndpoint endpoint, const httplib::Request& req, httplib::Response& res);
+  // The request's prompt ids, options and response header; errors as API errors.
+  absl::StatusOr<Prepared> Prepare(ApiEndpoint endpoint, const std::string& body);
+  absl::StatusOr<std::vector<int64_t>> PromptIds(ApiRequest& api);
+  absl::Status ApplyMaxTokens(ApiRequest& api, int64_t prompt_tokens) const;
+  void Reply(const Prepared& prepared, const std::shared_ptr<Request>& request,
+             httplib::Response& res);
+  // Writes the events of a streamed request as its pieces arrive; false when the client left
+  // (the request is cancelled).
+  bool Stream(const Prepared& prepared, const std::shared_ptr<Request>& request, StreamQueue& queue,
+              httplib::DataSink& sink);
+  // Tokens and latencies of a finished request into the metrics and the access log.
+  void Account(const Request& request, const Completion& completion);
+  // Requests in flight, for the shutdown deadline.
+  uint64_t Track(std::shared_ptr<Request> request);
+  void Untrack(uint64_t key);
+  uint64_t Random();
+  void Shutdown();
+  // Stops accepting, waits for the requests in flight up to shutdown_s, cancels the rest.
+  void ShutdownSequence();
+};
+
+absl::Status HttpServer::Impl::Init() {
+  model_id = options.model_id.empty() ? engine->config().name : options.model_id;
+  created = static_cast<int64_t>(std::time(nullptr));
+  if (const Tokenizer* tokenizer = engine->tokenizer()) {
+    ASSIGN_OR_RETURN(style,
+                     options.prompt_style.empty()
+                         ? PromptStyleForCheckpoint(engine->checkpoint_dir(), engine->config())
+                         : PromptStyleFromName(options.prompt_style));
+    chat_stops = style->StopTokenIds(
+        tokenizer->eos_id(), [tokenizer](absl::string_view token) -> std::optional<int64_t> {
+          absl::StatusOr<int64_t> id = tokenizer->TokenToId(token);
+          return id.ok() ? std::optional<int64_t>(*id) : std::nullopt;
+        });
+  }
+  const int threads = std::max(4, options.http_threads);
+  server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  server.set_payload_max_length(static_cast<size_t>(options.max_body_bytes));
+  server.set_keep_alive_max_count(1000);
+  server.set_keep_alive_timeout(5);
+  // cpp-httplib listens with a backlog of 5: a burst of new connections overflows it, and a
+  // connection whose first packets were dropped there may reach its worker after the
+  // keep-alive timeout and be closed unanswered. The socket is listened on again, deeper.
+  server.set_socket_options([this](int socket) {
+    httplib::default_socket_options(socket);
+    listen_socket = socket;
+  });
+  server.set_read_timeout(30, 0);
+  server.set_write_timeout(10, 0);
+  Route();
+  port = options.port == 0 ? server.bind_to_any_port(options.host)
+                           : (server.bind_to_port(options.host, options.port) ? options.port : -1);
+  if (port <= 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.host, ":", options.port,
+                                               " (in use, or not an address here)"));
+  }
+  if (listen_socket >= 0 && ::listen(listen_socket, SOMAXCONN) != 0) {
+    return absl::InternalError(absl::StrCat("listen: ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+void HttpServer::Impl::Route() {
+  server.set_pre_routing_handler(
+      [this](const httplib::Request& req, httplib::Response& res) { return PreRoute(req, res); });
+  server.set_logger(
+      [this](const httplib::Request& req, const httplib::Response& res) { Log(req, res); });
+  server.set_error_handler(httplib::Server::HandlerWithResponse(
+      [this](const httplib::Request& req, httplib::Response& res) {
+        if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+        ApiError error = ApiErrorFromStatus(absl::InvalidArgumentError("malformed HTTP request"));
+        error.http_status = res.status;
+        if (res.status == 404) {
+          error.message = absl::StrCat("no route for ", req.method, " ", req.path);
+          error.code = "not_found";
+        } else if (res.status == 413) {
+          error.message = absl::StrCat("the request body exceeds ", options.max_body_bytes,
+                                       " bytes (--max_body_bytes)");
+          error.code = "request_too_large";
+        } else if (res.status >= 500) {
+          error.type = "server_error";
+          error.message = "internal error";
+        }
+        res.set_content(error.Json(), kJson);
+        return httplib::Server::HandlerResponse::Handled;
+      }));
+  server.set_exception_handler(
+      [](const httplib::Request&, httplib::Response& res, std::exception_ptr error) {
+        std::string what = "unknown exception";
+        try {
+          std::rethrow_exception(error);
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
+        SendStatus(res, absl::InternalError(what));
+      });
+  server.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    std::lock_guard<std::mutex> lock(mutex);
+    res.status = stopping ? 503 : 200;
+    res.set_content(stopping ? R"({"status":"shutting_down"})" : R"({"status":"ok"})", kJson);
+  });
+  server.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics.Render(engine->ServingStats()), "text/plain; version=0.0.4");
+  });
+  server.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(ModelsJson(model_id, created), kJson);
+  });
+  server.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
+    if (req.matches[1] != model_id) {
+      SendStatus(res, absl::NotFoundError(
+                          absl::StrCat("the model '", req.matches[1].str(), "' does not exist")));
+      return;
+    }
+    res.set_content(ModelJson(model_id, created), kJson);
+  });
+  server.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    Generate(ApiEndpoint::kCompletions, req, res);
+  });
+  server.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    Generate(ApiEndpoint::kChat, req, res);
+  });
+}
+
+httplib::Server::HandlerResponse HttpServer::Impl::PreRoute(const httplib::Request& req,
+                                                            httplib::Response& res) {
+  t_access = AccessRecord();
+  t_access.start = Clock::now();
+  t_access.started = true;
+  if (options.api_key.empty() || !absl::StartsWith(req.path, "/v1/")) {
+    return httplib::Server::HandlerResponse::Unhandled;
+  }
+  const std::string header = req.get_header_value("Authorization");
+  const bool bearer = absl::StartsWith(header, "Bearer ");
+  const absl::string_view given = bearer ? absl::string_view(header).substr(7) : "";
+  if (bearer && ConstantTimeEquals(given, options.api_key)) {
+    return httplib::Server::HandlerResponse::Unhandled;
+  }
+  SendStatus(
+      res, absl::UnauthenticatedError(
+               bearer ? "incorrect API key" : "missing API key: send 'Authorization: Bearer KEY'"));
+  res.set_header("WWW-Authenticate", "Bearer");
+  return httplib::Server::HandlerResponse::Handled;
+}
+
+void HttpServer::Impl::Log(const httplib::Request& req, const httplib::Response& res) {
+  const double seconds =
+      t_access.started ? std::chrono::duration<double>(Clock::now() - t_access.start).count() : 0;
+  const std::string status =
+      t_access.outcome.empty() ? std::to_string(res.status) : t_access.outcome;
+  metrics.RecordRequest(EndpointLabel(req.path), status);
+  metrics.ObserveRequestDuration(seconds);
+  if (options.access_log) {
+    std::fprintf(stderr, "%s %s %s %s prompt_tokens=%lld completion_tokens=%lld %.3fs\n",
+                 req.remote_addr.c_str(), req.method.c_str(), req.path.c_str(), status.c_str(),
+                 static_cast<long long>(t_access.prompt_tokens),
+                 static_cast<long long>(t_access.completion_tokens), seconds);
+  }
+  t_access = AccessRecord();
+}
+
+uint64_t HttpServer::Impl::Random() {
+  std::lock_guard<std::mutex> lock(mutex);
+  return random();
+}
+
+absl::StatusOr<std::vector<int64_t>> HttpServer::Impl::PromptIds(ApiRequest& api) {
+  const bool chat = api.endpoint == ApiEndpoint::kChat;
+  if (!chat && !api.prompt_ids.empty()) return api.prompt_ids;
+  if (!engine->tokenizer()) {
+    return absl::InvalidArgumentError(
+        chat ? "the model has no tokenizer: chat needs one"
+             : "the model has no tokenizer: give 'prompt' as a list of token ids");
+  }
+  std::string text = api.prompt;
+  if (chat) {
+    ASSIGN_OR_RETURN(text, ChatPromptText(*style, api.messages));
+    if (!api.ignore_eos) api.options.stop_token_sequences = chat_stops;
+  }
+  ASSIGN_OR_RETURN(std::vector<int64_t> ids, engine->Encode(text));
+  if (ids.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", chat ? "messages" : "prompt", "' encodes to no tokens"));
+  }
+  return ids;
+}
+
+absl::Status HttpServer::Impl::ApplyMaxTokens(ApiRequest& api, int64_t prompt_tokens) const {
+  if (api.max_tokens) {
+    api.options.max_new_tokens = *api.max_tokens;
+    return absl::OkStatus();
+  }
+  const int64_t context = engine->config().block_size;
+  const int64_t left = context - prompt_tokens;
+  if (left < 1) {
+    return absl::OutOfRangeError(absl::StrCat("the prompt (", prompt_tokens,
+                                              " tokens) fills the model's context of ", context,
+                                              " tokens"));
+  }
+  api.options.max_new_tokens =
+      api.endpoint == ApiEndpoint::kChat ? left : std::min(options.default_max_tokens, left);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Prepared> HttpServer::Impl::Prepare(ApiEndpoint endpoint, const std::string& body) {
+  Prepared prepared;
+  ASSIGN_OR_RETURN(prepared.api, ParseApiRequest(endpoint, body));
+  ApiRequest& api = prepared.api;
+  if (!api.model.empty() && api.model != model_id) {
+    return absl::NotFoundError(absl::StrCat(
+        "the model '", api.model, "' does not exist; this server serves '", model_id, "'"));
+  }
+  ASSIGN_OR_RETURN(prepared.prompt, PromptIds(api));
+  RETURN_IF_ERROR(ApplyMaxTokens(api, static_cast<int64_t>(prepared.prompt.size())));
+  if (!api.seed_given) api.options.seed = Random();
+  const bool chat = endpoint == ApiEndpoint::kChat;
+  prepared.header.id = absl::StrFormat("%s-%016x", chat ? "chatcmpl" : "cmpl", Random());
+  prepared.header.created = static_cast<int64_t>(std::time(nullptr));
+  prepared.header.model = model_id;
+  return prepared;
+}
+
+uint64_t HttpServer::Impl::Track(std::shared_ptr<Request> request) {
+  std::lock_guard<std::mutex> lock(mutex);
+  active.emplace(next_active, std::move(request));
+  return next_active++;
+}
+
+void HttpServer::Impl::Untrack(uint64_t key) {
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    active.erase(key);
+  }
+  idle.notify_all();
+}
+
+void HttpServer::Impl::Account(const Request& request, const Completion& completion) {
+  const int64_t generated = static_cast<int64_t>(completion.tokens.size());
+  t_access.completion_tokens = generated;
+  metrics.AddTokens(0, generated);
+  if (generated > 0) metrics.ObserveTimeToFirstToken(completion.stats.time_to_first_token_s);
+  for (double gap : request.inter_token_s()) metrics.ObserveInterToken(gap);
+}
+
+void HttpServer::Impl::Generate(ApiEndpoint endpoint, const httplib::Request& req,
+                                httplib::Response& res) {
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (stopping) {
+      SendStatus(res, absl::UnavailableError("the server is shutting down"));
+      return;
+    }
+  }
+  absl::StatusOr<Prepared> prepared = Prepare(endpoint, req.body);
+  if (!prepared.ok()) {
+    SendStatus(res, prepared.status());
+    return;
+  }
+  t_access.prompt_tokens = static_cast<int64_t>(prepared->prompt.size());
+  auto queue = std::make_shared<StreamQueue>();
+  if (prepared->api.stream) {
+    prepared->api.options.on_text = [queue](absl::string_view piece) { return queue->Push(piece); };
+  }
+  absl::StatusOr<std::shared_ptr<Request>> request =
+      engine->Submit(prepared->prompt, prepared->api.options);
+  if (!request.ok()) {
+    SendStatus(res, request.status());
+    return;
+  }
+  metrics.AddTokens(t_access.prompt_tokens, 0);
+  if (!prepared->api.stream) {
+    Reply(*prepared, *request, res);
+    return;
+  }
+  const uint64_t key = Track(*request);
+  auto shared = std::make_shared<Prepared>(*std::move(prepared));
+  std::shared_ptr<Request> held = *request;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  res.set_chunked_content_provider(
+      kEventStream,
+      [this, shared, held, queue](size_t, httplib::DataSink& sink) {
+        return Stream(*shared, held, *queue, sink);
+      },
+      [this, held, key](bool) {
+        if (!held->Done()) held->Cancel();
+        Untrack(key);
+      });
+}
+
+void HttpServer::Impl::Reply(const Prepared& prepared, const std::shared_ptr<Request>& request,
+                             httplib::Response& res) {
+  const uint64_t key = Track(request);
+  absl::StatusOr<Completion> completion = request->Wait();
+  Untrack(key);
+  if (!completion.ok()) {
+    SendStatus(res, completion.status());
+    return;
+  }
+  Account(*request, *completion);
+  if (completion->finish_reason == FinishReason::kCancelled) {
+    SendStatus(res, absl::UnavailableError(
+                        "the server shut down before the request finished (cancelled)"));
+    return;
+  }
+  const Usage usage{static_cast<int64_t>(prepared.prompt.size()),
+                    static_cast<int64_t>(completion->tokens.size())};
+  const char* finish = ApiFinishReason(completion->finish_reason);
+  res.set_content(prepared.api.endpoint == ApiEndpoint::kChat
+                      ? ChatCompletionJson(prepared.header, completion->text, finish, usage)
+                      : CompletionJson(prepared.header, completion->text, finish, usage),
+                  kJson);
+}
+
+bool HttpServer::Impl::Stream(const Prepared& prepared, const std::shared_ptr<Request>& request,
+                              StreamQueue& queue, httplib::DataSink& sink) {
+  const bool chat = prepared.api.endpoint == ApiEndpoint::kChat;
+  const ResponseHeader& header = prepared.header;
+  auto send = [&](const std::string& payload) {
+    return sink.write(payload.data(), payload.size());
+  };
+  auto piece_event = [&](absl::string_view text) {
+    return SseEvent(chat ? ChatChunkJson(header, false, text, "")
+                         : CompletionChunkJson(header, text, ""));
+  };
+  auto leave = [&] {
+    // The client is gone: its request ends at the scheduler's next step.
+    request->Cancel();
+    t_access.outcome = "cancelled";
+    return false;
+  };
+  if (chat && !send(SseEvent(ChatChunkJson(header, true, "", "")))) return leave();
+  size_t streamed = 0;
+  while (true) {
+    const std::deque<std::string> pieces = queue.Take(std::chrono::milliseconds(20));
+    for (const std::string& piece : pieces) {
+      if (!send(piece_event(piece))) return leave();
+      streamed += piece.size();
+    }
+    if (pieces.empty()) {
+      if (request->Done()) break;
+      if (!sink.is_writable()) return leave();
+    }
+  }
+  absl::StatusOr<Completion> completion = request->Wait();
+  if (!completion.ok()) {
+    send(SseEvent(ApiErrorFromStatus(completion.status()).Json()));
+  } else {
+    Account(*request, *completion);
+    // Text the stop-sequence filter held back until the end (Wait flushes it).
+    if (completion->text.size() > streamed &&
+        !send(piece_event(completion->text.substr(streamed)))) {
+      return leave();
+    }
+    if (completion->finish_reason == FinishReason::kCancelled) {
+      send(SseEvent(
+          ApiErrorFromStatus(absl::UnavailableError(
+                                 "the server shut down before the request finished (cancelled)"))
+              .Json()));
+    } else {
+      const char* finish = ApiFinishReason(completion->finish_reason);
+      send(SseEvent(chat ? ChatChunkJson(header, false, "", finish)
+                         : CompletionChunkJson(header, "", finish)));
+    }
+    if (prepared.api.include_usage) {
+      send(SseEvent(UsageChunkJson(header, chat,
+                                   {static_cast<int64_t>(prepared.prompt.size()),
+                                    static_cast<int64_t>(completion->tokens.size())})));
+    }
+  }
+  if (!send(SseEvent("[DONE]"))) return leave();
+  sink.done();
+  return true;
+}
+
+void HttpServer::Impl::Shutdown() {
+  std::lock_guard<std::mutex> lock(mutex);
+  if (stopping) return;
+  stopping = true;
+  shutdown_thread = std::thread([this] { ShutdownSequence(); });
+}
+
+void HttpServer::Impl::ShutdownSequence() {
+  // Run may not be listening yet; the listening socket closes once it is.
+  while (!server.is_running() && !run_done && !destroying) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (server.is_running()) server.stop();
+  std::unique_lock<std::mutex> lock(mutex);
+  const auto deadline =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                         std::chrono::duration<double>(std::max(0.0, options.shutdown_s)));
+  if (!idle.wait_until(lock, deadline, [this] { return active.empty(); })) {
+    std::fprintf(stderr, "serve: cancelling %zu requests still running after %.1f s\n",
+                 active.size(), options.shutdown_s);
+    for (auto& [key, request] : active) request->Cancel();
+  }
+}
+
+HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(std::shared_ptr<const Engine> engine,
+                                                               const ServerOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  impl->engine = std::move(engine);
+  impl->options = options;
+  RETURN_IF_ERROR(impl->Init());
+  return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
+}
+
+HttpServer::~HttpServer() {
+  impl_->destroying = true;
+  Shutdown();
+  impl_->idle.notify_all();
+  if (impl_->shutdown_thread.joinable()) impl_->shutdown_thread.join();
+}
+
+int HttpServer::port() const { return impl_->port; }
+
+const std::string& HttpServer::model_id() const { return impl_->model_id; }
+
+void HttpServer::Run() {
+  impl_->server.listen_after_bind();
+  impl_->run_done = true;
+  impl_->idle.notify_all();
+}
+
+void HttpServer::Shutdown() { impl_->Shutdown(); }
+
+}  // namespace lgpt

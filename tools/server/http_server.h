@@ -1,0 +1,70 @@
+// lgpt's OpenAI-compatible HTTP server over an Engine's continuous batching (Engine::Submit),
+// on Debian's cpp-httplib:
+//   POST /v1/completions, POST /v1/chat/completions   (JSON, or server-sent events with
+//                                                        "stream": true, flushed per piece)
+//   GET  /v1/models, /v1/models/{id}, /health, /metrics (Prometheus text)
+// Errors are OpenAI's {"error": {"message", "type", "code"}} (tools/server/openai_api.h): 400
+// for malformed or unsupported requests and prompts beyond the context, 401 without the API
+// key (when one is set; /v1/ only), 404 for an unknown model or path, 413 for a body over the
+// limit, 429 with Retry-After when the scheduler's queue is full. A streaming client that
+// disconnects cancels its request. Shutdown() stops accepting, lets requests in flight finish
+// within ServerOptions.shutdown_s, then cancels them. One access-log line per request on
+// stderr.
+//
+//   auto server = HttpServer::Create(engine, options);   // binds
+//   std::thread stopper([&] { WaitForSignal(); (*server)->Shutdown(); });
+//   (*server)->Run();                                    // until Shutdown's requests ended
+#ifndef LGPT_TOOLS_SERVER_HTTP_SERVER_H_
+#define LGPT_TOOLS_SERVER_HTTP_SERVER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "lgpt.h"
+
+namespace lgpt {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";  // loopback only by default
+  int port = 8000;                 // 0: any free port (port() tells which)
+  std::string api_key;             // empty: no authentication
+  std::string model_id;            // the served model's name; empty: the checkpoint's name
+  std::string prompt_style;        // chat framing; empty: the checkpoint's own
+  int64_t max_body_bytes = 1 << 20;
+  // Connections served at once (each open connection holds one): at least the scheduler's
+  // max_running + max_waiting, so that a full queue answers 429 rather than stalling.
+  int http_threads = 64;
+  double shutdown_s = 10;           // how long Shutdown lets requests in flight run
+  int64_t default_max_tokens = 16;  // /v1/completions without max_tokens (OpenAI's 16)
+  bool access_log = true;
+};
+
+class HttpServer {
+ public:
+  // Binds host:port; the engine needs a tokenizer for text prompts and chat.
+  static absl::StatusOr<std::unique_ptr<HttpServer>> Create(std::shared_ptr<const Engine> engine,
+                                                            const ServerOptions& options);
+  // Shuts down (as Shutdown) and waits for Run to return.
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  int port() const;
+  const std::string& model_id() const;
+  // Serves until Shutdown; returns once every request in flight has ended.
+  void Run();
+  // Stops accepting connections; requests in flight run up to shutdown_s, then are cancelled.
+  // Returns at once; any thread, any number of times.
+  void Shutdown();
+
+ private:
+  struct Impl;  // cpp-httplib stays out of this header
+  explicit HttpServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace lgpt
+
+#endif  // LGPT_TOOLS_SERVER_HTTP_SERVER_H_

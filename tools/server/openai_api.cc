@@ -1,0 +1,485 @@
+#include "tools/server/openai_api.h"
+
+#include <cmath>
+#include <functional>
+#include <map>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "cache/kv_cache_factory.h"
+#include "core/base/status_macros.h"
+#include "core/model/sampling.h"
+#include "nlohmann/json.hpp"
+
+namespace lgpt {
+namespace {
+
+using json = nlohmann::json;
+
+// Invalid UTF-8 in generated text becomes U+FFFD instead of an exception.
+std::string Dump(const json& value) {
+  return value.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+const char* TypeName(const json& value) {
+  switch (value.type()) {
+    case json::value_t::null:
+      return "null";
+    case json::value_t::boolean:
+      return "boolean";
+    case json::value_t::string:
+      return "string";
+    case json::value_t::array:
+      return "array";
+    case json::value_t::object:
+      return "object";
+    case json::value_t::number_float:
+      return "number";
+    default:
+      return "integer";
+  }
+}
+
+absl::Status WrongType(absl::string_view field, absl::string_view expected, const json& value) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("'", field, "' must be ", expected, ", got ", TypeName(value)));
+}
+
+absl::StatusOr<double> Number(absl::string_view field, const json& value) {
+  if (!value.is_number()) return WrongType(field, "a number", value);
+  const double number = value.get<double>();
+  if (!std::isfinite(number)) {
+    return absl::InvalidArgumentError(absl::StrCat("'", field, "' must be finite"));
+  }
+  return number;
+}
+
+absl::StatusOr<int64_t> Integer(absl::string_view field, const json& value) {
+  if (!value.is_number_integer()) return WrongType(field, "an integer", value);
+  if (value.is_number_unsigned() && value.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+    return absl::InvalidArgumentError(absl::StrCat("'", field, "' is out of range"));
+  }
+  return value.get<int64_t>();
+}
+
+absl::StatusOr<bool> Boolean(absl::string_view field, const json& value) {
+  if (!value.is_boolean()) return WrongType(field, "a boolean", value);
+  return value.get<bool>();
+}
+
+absl::StatusOr<std::string> String(absl::string_view field, const json& value) {
+  if (!value.is_string()) return WrongType(field, "a string", value);
+  return value.get<std::string>();
+}
+
+absl::Status Unsupported(absl::string_view field, absl::string_view what) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("'", field, "' is not supported by lgpt (", what, ")"));
+}
+
+// "stop": a string or a list of strings.
+absl::Status ParseStop(const json& value, std::vector<std::string>& stops) {
+  if (value.is_string()) {
+    stops.push_back(value.get<std::string>());
+  } else if (value.is_array()) {
+    for (const json& entry : value) {
+      if (!entry.is_string()) return WrongType("stop", "a string or a list of strings", entry);
+      stops.push_back(entry.get<std::string>());
+    }
+  } else {
+    return WrongType("stop", "a string or a list of strings", value);
+  }
+  for (const std::string& stop : stops) {
+    if (stop.empty()) return absl::InvalidArgumentError("'stop' holds an empty string");
+  }
+  return absl::OkStatus();
+}
+
+// "prompt": a string, a list of one string, or a list of token ids.
+absl::Status ParsePrompt(const json& value, ApiRequest& request) {
+  if (value.is_string()) {
+    request.prompt = value.get<std::string>();
+    return absl::OkStatus();
+  }
+  if (!value.is_array()) return WrongType("prompt", "a string or an array", value);
+  if (value.size() == 1 && value[0].is_string()) {
+    request.prompt = value[0].get<std::string>();
+    return absl::OkStatus();
+  }
+  for (const json& entry : value) {
+    if (entry.is_string() || entry.is_array()) {
+      return Unsupported("prompt", "one prompt per request: a string or a list of token ids");
+    }
+    ASSIGN_OR_RETURN(const int64_t id, Integer("prompt", entry));
+    request.prompt_ids.push_back(id);
+  }
+  if (request.prompt_ids.empty()) return absl::InvalidArgumentError("'prompt' is empty");
+  return absl::OkStatus();
+}
+
+// A message's content: a string, or a list of text parts.
+absl::StatusOr<std::string> MessageContent(const json& value) {
+  if (value.is_string()) return value.get<std::string>();
+  if (!value.is_array()) {
+    return WrongType("messages[].content", "a string or a list of text parts", value);
+  }
+  std::string text;
+  for (const json& part : value) {
+    if (!part.is_object() || !part.contains("type") || part["type"] != "text" ||
+        !part.contains("text") || !part["text"].is_string()) {
+      return Unsupported("messages[].content", "only text parts: {\"type\": \"text\", \"text\"}");
+    }
+    text += part["text"].get<std::string>();
+  }
+  return text;
+}
+
+absl::Status ParseMessages(const json& value, ApiRequest& request) {
+  if (!value.is_array()) return WrongType("messages", "an array", value);
+  if (value.empty()) return absl::InvalidArgumentError("'messages' is empty");
+  for (const json& message : value) {
+    if (!message.is_object()) return WrongType("messages[]", "an object", message);
+    ChatMessage parsed;
+    for (const auto& [key, field] : message.items()) {
+      if (key == "role") {
+        ASSIGN_OR_RETURN(parsed.role, String("messages[].role", field));
+      } else if (key == "content") {
+        ASSIGN_OR_RETURN(parsed.content, MessageContent(field));
+      } else if (!field.is_null()) {
+        return Unsupported(absl::StrCat("messages[].", key), "messages have role and content");
+      }
+    }
+    if (parsed.role == "developer") parsed.role = "system";
+    if (parsed.role != "system" && parsed.role != "user" && parsed.role != "assistant") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'messages[].role' must be system, developer, user or assistant, got '",
+                       parsed.role, "'"));
+    }
+    request.messages.push_back(std::move(parsed));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseStreamOptions(const json& value, ApiRequest& request) {
+  if (!value.is_object()) return WrongType("stream_options", "an object", value);
+  for (const auto& [key, field] : value.items()) {
+    if (key != "include_usage") {
+      return Unsupported(absl::StrCat("stream_options.", key), "only include_usage");
+    }
+    ASSIGN_OR_RETURN(request.include_usage, Boolean("stream_options.include_usage", field));
+  }
+  return absl::OkStatus();
+}
+
+// Fields lgpt accepts only at the value that changes nothing (n = 1, logprobs false, no tools,
+// ...): true when `value` is that value.
+bool IsNeutral(absl::string_view field, const json& value) {
+  if (value.is_null()) return true;
+  if (field == "n" || field == "best_of") return value == 1;
+  if (field == "logprobs" || field == "echo") {
+    return value.is_boolean() ? !value.get<bool>() : false;
+  }
+  if (field == "top_logprobs") return value == 0;
+  if (field == "presence_penalty" || field == "frequency_penalty") {
+    return value.is_number() && value.get<double>() == 0;
+  }
+  if (field == "logit_bias" || field == "tools" || field == "functions") return value.empty();
+  if (field == "suffix") return value == "";
+  if (field == "tool_choice" || field == "function_call") return value == "none";
+  if (field == "response_format") return value.is_object() && value.value("type", "") == "text";
+  return false;
+}
+
+const char* NeutralWhat(absl::string_view field) {
+  if (field == "n" || field == "best_of") return "one choice per request: 1";
+  if (field == "presence_penalty" || field == "frequency_penalty") return "only 0";
+  if (field == "response_format") return "only {\"type\": \"text\"}";
+  if (field == "tool_choice" || field == "function_call") return "only \"none\"";
+  return "only when absent, null, false or empty";
+}
+
+bool IsNeutralField(absl::string_view field) {
+  static const char* const kFields[] = {"n",
+                                        "best_of",
+                                        "logprobs",
+                                        "top_logprobs",
+                                        "echo",
+                                        "suffix",
+                                        "logit_bias",
+                                        "tools",
+                                        "tool_choice",
+                                        "functions",
+                                        "function_call",
+                                        "response_format",
+                                        "presence_penalty",
+                                        "frequency_penalty"};
+  for (const char* name : kFields) {
+    if (field == name) return true;
+  }
+  return false;
+}
+
+// The fields lgpt reads, shared by both endpoints (prompt / messages aside).
+absl::Status ParseField(const std::string& key, const json& value, ApiRequest& request) {
+  RequestOptions& options = request.options;
+  if (key == "model") {
+    ASSIGN_OR_RETURN(request.model, String(key, value));
+  } else if (key == "max_tokens" || key == "max_completion_tokens") {
+    ASSIGN_OR_RETURN(request.max_tokens, Integer(key, value));
+    if (*request.max_tokens < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", key, "' must be >= 1, got ", *request.max_tokens));
+    }
+  } else if (key == "temperature") {
+    ASSIGN_OR_RETURN(options.sampling.temperature, Number(key, value));
+  } else if (key == "top_p") {
+    ASSIGN_OR_RETURN(options.sampling.top_p, Number(key, value));
+  } else if (key == "top_k") {
+    ASSIGN_OR_RETURN(options.sampling.top_k, Integer(key, value));
+    if (options.sampling.top_k == -1) options.sampling.top_k = 0;  // vLLM's "all"
+  } else if (key == "seed") {
+    ASSIGN_OR_RETURN(const int64_t seed, Integer(key, value));
+    options.seed = static_cast<uint64_t>(seed);
+    request.seed_given = true;
+  } else if (key == "stop") {
+    return ParseStop(value, options.stop_sequences);
+  } else if (key == "stream") {
+    ASSIGN_OR_RETURN(request.stream, Boolean(key, value));
+  } else if (key == "stream_options") {
+    return ParseStreamOptions(value, request);
+  } else if (key == "ignore_eos") {
+    // vLLM's extension: generate max_tokens whatever the model says (benchmarks).
+    ASSIGN_OR_RETURN(const bool ignore, Boolean(key, value));
+    request.ignore_eos = ignore;
+    options.stop_at_eos = !ignore;
+  } else if (key == "user") {
+    // An end-user id for abuse monitoring: nothing to do with generation.
+    return String(key, value).status();
+  } else if (key == "kv_cache") {
+    ASSIGN_OR_RETURN(options.kv_cache.policy, String(key, value));
+  } else if (key == "kv_budget") {
+    ASSIGN_OR_RETURN(options.kv_cache.budget, Integer(key, value));
+  } else if (key == "kv_bits") {
+    ASSIGN_OR_RETURN(const int64_t bits, Integer(key, value));
+    options.kv_cache.bits = static_cast<int>(std::max<int64_t>(-1, std::min<int64_t>(bits, 64)));
+  } else if (IsNeutralField(key)) {
+    if (!IsNeutral(key, value)) return Unsupported(key, NeutralWhat(key));
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("unknown or unsupported field '", key, "'"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ApiRequest> ParseApiRequest(ApiEndpoint endpoint, absl::string_view body) {
+  json root;
+  try {
+    root = json::parse(body.begin(), body.end());
+  } catch (const json::parse_error& error) {
+    // what() reads "[json.exception.parse_error.101] parse error at line 1, column 5: ...".
+    absl::string_view what = error.what();
+    if (const size_t end = what.find("] "); end != absl::string_view::npos)
+      what.remove_prefix(end + 2);
+    return absl::InvalidArgumentError(absl::StrCat("malformed JSON body: ", what));
+  }
+  if (!root.is_object()) return WrongType("the request body", "a JSON object", root);
+  ApiRequest request;
+  request.endpoint = endpoint;
+  request.options.sampling = {1.0, 0, 1.0};  // OpenAI's defaults
+  bool has_input = false;
+  const bool chat = endpoint == ApiEndpoint::kChat;
+  for (const auto& [key, value] : root.items()) {
+    if (key == (chat ? "messages" : "prompt")) {
+      RETURN_IF_ERROR(chat ? ParseMessages(value, request) : ParsePrompt(value, request));
+      has_input = true;
+    } else if ((key == "max_completion_tokens" && !chat) ||
+               (chat && (key == "echo" || key == "suffix" || key == "best_of"))) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown or unsupported field '", key, "'"));
+    } else if (value.is_null() && key != "prompt" && key != "messages") {
+      continue;  // null: the default
+    } else {
+      RETURN_IF_ERROR(ParseField(key, value, request));
+    }
+  }
+  if (!has_input) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", chat ? "messages" : "prompt", "' is required"));
+  }
+  if (request.include_usage && !request.stream) {
+    return absl::InvalidArgumentError("'stream_options' needs 'stream': true");
+  }
+  const absl::Status sampling = ValidateSampling(request.options.sampling);
+  if (!sampling.ok()) return absl::InvalidArgumentError(InRequestTerms(sampling.message()));
+  const absl::Status cache = ValidateKVCacheSpec(request.options.kv_cache);
+  if (!cache.ok()) return absl::InvalidArgumentError(InRequestTerms(cache.message()));
+  return request;
+}
+
+std::string InRequestTerms(absl::string_view message) {
+  return absl::StrReplaceAll(message, {{"KVCacheSpec.policy", "kv_cache"},
+                                       {"KVCacheSpec.budget", "kv_budget"},
+                                       {"KVCacheSpec.bits", "kv_bits"},
+                                       {"KVCacheSpec.positions=absolute", "the dense cache"},
+                                       {"KVCacheSpec.positions=cache", "cache positions"},
+                                       {"max_new_tokens", "max_tokens"}});
+}
+
+std::string ApiError::Json() const {
+  json error = {{"message", message}, {"type", type}, {"param", nullptr}};
+  error["code"] = code.empty() ? json(nullptr) : json(code);
+  return Dump(json{{"error", error}});
+}
+
+ApiError ApiErrorFromStatus(const absl::Status& status) {
+  ApiError error;
+  error.message = InRequestTerms(status.message());
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kFailedPrecondition:
+      error.http_status = 400;
+      error.type = "invalid_request_error";
+      break;
+    case absl::StatusCode::kOutOfRange:
+      error.http_status = 400;
+      error.type = "invalid_request_error";
+      if (absl::StrContains(status.message(), "context")) error.code = "context_length_exceeded";
+      break;
+    case absl::StatusCode::kUnauthenticated:
+      error.http_status = 401;
+      error.type = "invalid_request_error";
+      error.code = "invalid_api_key";
+      break;
+    case absl::StatusCode::kNotFound:
+      error.http_status = 404;
+      error.type = "invalid_request_error";
+      error.code = "model_not_found";
+      break;
+    case absl::StatusCode::kResourceExhausted:
+      error.http_status = 429;
+      error.type = "rate_limit_error";
+      error.code = "rate_limit_exceeded";
+      break;
+    case absl::StatusCode::kUnavailable:
+      error.http_status = 503;
+      error.type = "server_error";
+      error.code = "unavailable";
+      break;
+    default:
+      error.http_status = 500;
+      error.type = "server_error";
+      break;
+  }
+  return error;
+}
+
+const char* ApiFinishReason(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kStopToken:
+    case FinishReason::kStopSequence:
+      return "stop";
+    case FinishReason::kMaxTokens:
+    case FinishReason::kContextFull:
+      return "length";
+    case FinishReason::kCancelled:
+      break;
+  }
+  return "cancelled";
+}
+
+namespace {
+
+json Base(const ResponseHeader& header, absl::string_view object) {
+  return {
+      {"id", header.id}, {"object", object}, {"created", header.created}, {"model", header.model}};
+}
+
+json UsageObject(const Usage& usage) {
+  return {{"prompt_tokens", usage.prompt_tokens},
+          {"completion_tokens", usage.completion_tokens},
+          {"total_tokens", usage.prompt_tokens + usage.completion_tokens}};
+}
+
+json FinishValue(absl::string_view finish_reason) {
+  return finish_reason.empty() ? json(nullptr) : json(std::string(finish_reason));
+}
+
+}  // namespace
+
+std::string CompletionJson(const ResponseHeader& header, absl::string_view text,
+                           absl::string_view finish_reason, const Usage& usage) {
+  json response = Base(header, "text_completion");
+  response["choices"] = json::array({{{"index", 0},
+                                      {"text", std::string(text)},
+                                      {"logprobs", nullptr},
+                                      {"finish_reason", FinishValue(finish_reason)}}});
+  response["usage"] = UsageObject(usage);
+  return Dump(response);
+}
+
+std::string ChatCompletionJson(const ResponseHeader& header, absl::string_view text,
+                               absl::string_view finish_reason, const Usage& usage) {
+  json response = Base(header, "chat.completion");
+  const json message = {{"role", "assistant"}, {"content", std::string(text)}};
+  response["choices"] = json::array({{{"index", 0},
+                                      {"message", message},
+                                      {"logprobs", nullptr},
+                                      {"finish_reason", FinishValue(finish_reason)}}});
+  response["usage"] = UsageObject(usage);
+  return Dump(response);
+}
+
+std::string CompletionChunkJson(const ResponseHeader& header, absl::string_view text,
+                                absl::string_view finish_reason) {
+  json chunk = Base(header, "text_completion");
+  chunk["choices"] = json::array({{{"index", 0},
+                                   {"text", std::string(text)},
+                                   {"logprobs", nullptr},
+                                   {"finish_reason", FinishValue(finish_reason)}}});
+  return Dump(chunk);
+}
+
+std::string ChatChunkJson(const ResponseHeader& header, bool role, absl::string_view content,
+                          absl::string_view finish_reason) {
+  json chunk = Base(header, "chat.completion.chunk");
+  json delta = json::object();
+  if (role) delta["role"] = "assistant";
+  if (role || !content.empty()) delta["content"] = std::string(content);
+  chunk["choices"] = json::array({{{"index", 0},
+                                   {"delta", delta},
+                                   {"logprobs", nullptr},
+                                   {"finish_reason", FinishValue(finish_reason)}}});
+  return Dump(chunk);
+}
+
+std::string UsageChunkJson(const ResponseHeader& header, bool chat, const Usage& usage) {
+  json chunk = Base(header, chat ? "chat.completion.chunk" : "text_completion");
+  chunk["choices"] = json::array();
+  chunk["usage"] = UsageObject(usage);
+  return Dump(chunk);
+}
+
+std::string SseEvent(absl::string_view payload) { return absl::StrCat("data: ", payload, "\n\n"); }
+
+namespace {
+
+json ModelObject(absl::string_view model_id, int64_t created) {
+  return {{"id", std::string(model_id)},
+          {"object", "model"},
+          {"created", created},
+          {"owned_by", "lgpt"}};
+}
+
+}  // namespace
+
+std::string ModelJson(absl::string_view model_id, int64_t created) {
+  return Dump(ModelObject(model_id, created));
+}
+
+std::string ModelsJson(absl::string_view model_id, int64_t created) {
+  return Dump(json{{"object", "list"}, {"data", json::array({ModelObject(model_id, created)})}});
+}
+
+}  // namespace lgpt

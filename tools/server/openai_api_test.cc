@@ -1,0 +1,209 @@
+// OpenAI request bodies into RequestOptions (defaults, every field, every refusal) and the
+// JSON lgpt answers with.
+#include "tools/server/openai_api.h"
+
+#include <gtest/gtest.h>
+
+#include "nlohmann/json.hpp"
+
+namespace lgpt {
+namespace {
+
+using json = nlohmann::json;
+
+ApiRequest ParseOk(ApiEndpoint endpoint, const std::string& body) {
+  absl::StatusOr<ApiRequest> request = ParseApiRequest(endpoint, body);
+  EXPECT_TRUE(request.ok()) << request.status() << " for " << body;
+  return request.ok() ? *request : ApiRequest();
+}
+
+std::string ParseError(ApiEndpoint endpoint, const std::string& body) {
+  absl::StatusOr<ApiRequest> request = ParseApiRequest(endpoint, body);
+  EXPECT_FALSE(request.ok()) << body;
+  if (request.ok()) return "";
+  EXPECT_EQ(request.status().code(), absl::StatusCode::kInvalidArgument) << request.status();
+  return std::string(request.status().message());
+}
+
+constexpr ApiEndpoint kCompletions = ApiEndpoint::kCompletions;
+constexpr ApiEndpoint kChat = ApiEndpoint::kChat;
+
+TEST(OpenAiApiTest, CompletionDefaultsAreOpenAis) {
+  const ApiRequest request = ParseOk(kCompletions, R"({"prompt": "Hello"})");
+  EXPECT_EQ(request.prompt, "Hello");
+  EXPECT_FALSE(request.max_tokens.has_value());
+  EXPECT_EQ(request.options.sampling.temperature, 1.0);
+  EXPECT_EQ(request.options.sampling.top_p, 1.0);
+  EXPECT_EQ(request.options.sampling.top_k, 0);
+  EXPECT_FALSE(request.seed_given);
+  EXPECT_FALSE(request.stream);
+  EXPECT_EQ(request.options.kv_cache.policy, "dense");
+}
+
+TEST(OpenAiApiTest, EveryFieldIsRead) {
+  const ApiRequest request = ParseOk(kCompletions, R"({
+      "model": "m", "prompt": [1, 2, 3], "max_tokens": 7, "temperature": 0.5, "top_p": 0.9,
+      "top_k": 20, "seed": 42, "stop": ["a", "bc"], "stream": true,
+      "stream_options": {"include_usage": true}, "kv_cache": "sink", "kv_budget": 64,
+      "kv_bits": 8, "user": "x", "n": 1, "logprobs": null, "ignore_eos": true})");
+  EXPECT_TRUE(request.ignore_eos);
+  EXPECT_FALSE(request.options.stop_at_eos);
+  EXPECT_EQ(request.model, "m");
+  EXPECT_EQ(request.prompt_ids, (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(*request.max_tokens, 7);
+  EXPECT_EQ(request.options.sampling.temperature, 0.5);
+  EXPECT_EQ(request.options.sampling.top_p, 0.9);
+  EXPECT_EQ(request.options.sampling.top_k, 20);
+  EXPECT_TRUE(request.seed_given);
+  EXPECT_EQ(request.options.seed, 42u);
+  EXPECT_EQ(request.options.stop_sequences, (std::vector<std::string>{"a", "bc"}));
+  EXPECT_TRUE(request.stream);
+  EXPECT_TRUE(request.include_usage);
+  EXPECT_EQ(request.options.kv_cache.policy, "sink");
+  EXPECT_EQ(request.options.kv_cache.budget, 64);
+  EXPECT_EQ(request.options.kv_cache.bits, 8);
+  EXPECT_EQ(ParseOk(kCompletions, R"({"prompt": "x", "stop": "end"})").options.stop_sequences,
+            std::vector<std::string>{"end"});
+  EXPECT_EQ(ParseOk(kCompletions, R"({"prompt": "x", "top_k": -1})").options.sampling.top_k, 0);
+}
+
+TEST(OpenAiApiTest, ChatMessagesAndMaxCompletionTokens) {
+  const ApiRequest request = ParseOk(kChat, R"({
+      "messages": [{"role": "developer", "content": "Be brief."},
+                   {"role": "user", "content": [{"type": "text", "text": "Hi "},
+                                                {"type": "text", "text": "there"}]}],
+      "max_completion_tokens": 9})");
+  ASSERT_EQ(request.messages.size(), 2u);
+  EXPECT_EQ(request.messages[0].role, "system");
+  EXPECT_EQ(request.messages[1].content, "Hi there");
+  EXPECT_EQ(*request.max_tokens, 9);
+}
+
+TEST(OpenAiApiTest, MalformedAndMistypedBodies) {
+  EXPECT_NE(ParseError(kCompletions, "{").find("malformed JSON"), std::string::npos);
+  EXPECT_NE(ParseError(kCompletions, "3").find("JSON object"), std::string::npos);
+  EXPECT_NE(ParseError(kCompletions, "{}").find("'prompt' is required"), std::string::npos);
+  EXPECT_NE(ParseError(kChat, "{}").find("'messages' is required"), std::string::npos);
+  EXPECT_NE(ParseError(kCompletions, R"({"prompt": 3})").find("'prompt'"), std::string::npos);
+  EXPECT_NE(ParseError(kCompletions, R"({"prompt": "x", "max_tokens": 1.5})")
+                .find("'max_tokens' must be an integer, got number"),
+            std::string::npos);
+  EXPECT_NE(ParseError(kCompletions, R"({"prompt": "x", "max_tokens": 0})").find(">= 1"),
+            std::string::npos);
+  EXPECT_NE(ParseError(kCompletions, R"({"prompt": "x", "seed": "1"})").find("'seed'"),
+            std::string::npos);
+  EXPECT_NE(ParseError(kCompletions, R"({"prompt": "x", "stop": ["a", 1]})").find("'stop'"),
+            std::string::npos);
+  EXPECT_NE(ParseError(kCompletions, R"({"prompt": "x", "stop": ""})").find("empty"),
+            std::string::npos);
+  EXPECT_NE(ParseError(kCompletions, R"({"prompt": "x", "stream_options": {"include_usage":
+                                        true}})")
+                .find("'stream'"),
+            std::string::npos);
+  EXPECT_NE(ParseError(kChat, R"({"messages": "hi"})").find("'messages'"), std::string::npos);
+  EXPECT_NE(ParseError(kChat, R"({"messages": [{"role": "tool", "content": "x"}]})").find("role"),
+            std::string::npos);
+  EXPECT_NE(ParseError(kChat, R"({"messages": [{"role": "user", "content": [{"type":
+                                  "image_url", "image_url": {}}]}]})")
+                .find("not supported"),
+            std::string::npos);
+}
+
+TEST(OpenAiApiTest, LibraryChecksNameRequestFields) {
+  EXPECT_NE(ParseError(kCompletions, R"({"prompt": "x", "temperature": -0.5})").find("temperature"),
+            std::string::npos);
+  EXPECT_NE(ParseError(kCompletions, R"({"prompt": "x", "top_p": 1.5})").find("top_p"),
+            std::string::npos);
+  const std::string budget =
+      ParseError(kCompletions, R"({"prompt": "x", "kv_cache": "h2o", "kv_budget": 0})");
+  EXPECT_NE(budget.find("kv_budget must be >= 1"), std::string::npos) << budget;
+  EXPECT_EQ(budget.find("KVCacheSpec"), std::string::npos) << budget;
+  EXPECT_NE(ParseError(kCompletions, R"({"prompt": "x", "kv_bits": 5})").find("kv_bits"),
+            std::string::npos);
+  EXPECT_NE(ParseError(kCompletions, R"({"prompt": "x", "kv_cache": "lru"})").find("kv_cache"),
+            std::string::npos);
+}
+
+TEST(OpenAiApiTest, UnsupportedFieldsAreRefused) {
+  for (const char* field :
+       {R"("n": 2)", R"("best_of": 3)", R"("logprobs": 1)", R"("echo": true)", R"("suffix": "s")",
+        R"("logit_bias": {"5": 1})", R"("frequency_penalty": 1)", R"("presence_penalty": -1)"}) {
+    const std::string message =
+        ParseError(kCompletions, std::string(R"({"prompt": "x", )") + field + "}");
+    EXPECT_NE(message.find("not supported by lgpt"), std::string::npos) << field << message;
+  }
+  for (const char* field :
+       {R"("n": 2)", R"("logprobs": true)", R"("top_logprobs": 2)",
+        R"("tools": [{"type": "function"}])", R"("tool_choice": "required")",
+        R"("functions": [{}])", R"("response_format": {"type": "json_object"})"}) {
+    const std::string message = ParseError(
+        kChat, std::string(R"({"messages": [{"role": "user", "content": "x"}], )") + field + "}");
+    EXPECT_NE(message.find("not supported by lgpt"), std::string::npos) << field << message;
+  }
+  EXPECT_NE(ParseError(kCompletions, R"({"prompt": "x", "temprature": 1})")
+                .find("unknown or unsupported field 'temprature'"),
+            std::string::npos);
+  EXPECT_NE(ParseError(kCompletions, R"({"prompt": "x", "messages": []})").find("'messages'"),
+            std::string::npos);
+  EXPECT_NE(ParseError(kChat, R"({"messages": [{"role": "user", "content": "x"}], "echo": false})")
+                .find("'echo'"),
+            std::string::npos);
+  EXPECT_NE(ParseError(kCompletions, R"({"prompt": ["a", "b"]})").find("one prompt"),
+            std::string::npos);
+  // Their neutral values are accepted.
+  ParseOk(kChat, R"({"messages": [{"role": "user", "content": "x"}], "n": 1, "logprobs": false,
+                     "tools": [], "tool_choice": "none", "response_format": {"type": "text"},
+                     "frequency_penalty": 0, "top_logprobs": null})");
+}
+
+TEST(OpenAiApiTest, ErrorsHaveOpenAisShapeAndStatus) {
+  const ApiError bad = ApiErrorFromStatus(absl::InvalidArgumentError("'x' is bad"));
+  EXPECT_EQ(bad.http_status, 400);
+  const json body = json::parse(bad.Json());
+  EXPECT_EQ(body["error"]["message"], "'x' is bad");
+  EXPECT_EQ(body["error"]["type"], "invalid_request_error");
+  EXPECT_TRUE(body["error"]["code"].is_null());
+  const ApiError context = ApiErrorFromStatus(
+      absl::OutOfRangeError("prompt plus max_new_tokens (9) exceeds the context"));
+  EXPECT_EQ(context.http_status, 400);
+  EXPECT_EQ(context.code, "context_length_exceeded");
+  EXPECT_EQ(context.message, "prompt plus max_tokens (9) exceeds the context");
+  EXPECT_EQ(ApiErrorFromStatus(absl::UnauthenticatedError("")).http_status, 401);
+  EXPECT_EQ(ApiErrorFromStatus(absl::NotFoundError("")).http_status, 404);
+  EXPECT_EQ(ApiErrorFromStatus(absl::ResourceExhaustedError("")).http_status, 429);
+  EXPECT_EQ(ApiErrorFromStatus(absl::UnavailableError("")).http_status, 503);
+  EXPECT_EQ(ApiErrorFromStatus(absl::InternalError("")).http_status, 500);
+}
+
+TEST(OpenAiApiTest, ResponsesAndChunks) {
+  const ResponseHeader header{"cmpl-1", 1700000000, "m"};
+  const json completion = json::parse(CompletionJson(header, "text", "length", {3, 4}));
+  EXPECT_EQ(completion["object"], "text_completion");
+  EXPECT_EQ(completion["choices"][0]["text"], "text");
+  EXPECT_EQ(completion["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(completion["usage"]["total_tokens"], 7);
+  const json chat = json::parse(ChatCompletionJson(header, "hi", "stop", {1, 2}));
+  EXPECT_EQ(chat["object"], "chat.completion");
+  EXPECT_EQ(chat["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(chat["choices"][0]["message"]["content"], "hi");
+  const json role = json::parse(ChatChunkJson(header, true, "", ""));
+  EXPECT_EQ(role["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_TRUE(role["choices"][0]["finish_reason"].is_null());
+  const json end = json::parse(ChatChunkJson(header, false, "", "stop"));
+  EXPECT_TRUE(end["choices"][0]["delta"].empty());
+  EXPECT_EQ(end["choices"][0]["finish_reason"], "stop");
+  const json usage = json::parse(UsageChunkJson(header, true, {2, 5}));
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"]["completion_tokens"], 5);
+  EXPECT_EQ(SseEvent("[DONE]"), "data: [DONE]\n\n");
+  // Invalid UTF-8 from a model becomes U+FFFD rather than an exception.
+  EXPECT_NO_THROW(json::parse(CompletionChunkJson(header, "\xff\xfe", "")));
+  const json models = json::parse(ModelsJson("m", 5));
+  EXPECT_EQ(models["data"][0]["id"], "m");
+  EXPECT_EQ(json::parse(ModelJson("a\"b", 5))["id"], "a\"b");
+  EXPECT_STREQ(ApiFinishReason(FinishReason::kStopSequence), "stop");
+  EXPECT_STREQ(ApiFinishReason(FinishReason::kContextFull), "length");
+}
+
+}  // namespace
+}  // namespace lgpt

@@ -1,0 +1,137 @@
+#include "tools/server/test_client.h"
+
+#include <cstdlib>
+#include <sstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
+#include "httplib.h"
+#include "nlohmann/json.hpp"
+
+namespace lgpt {
+namespace {
+
+httplib::Client Client(int port) {
+  httplib::Client client("127.0.0.1", port);
+  client.set_connection_timeout(10, 0);
+  client.set_read_timeout(120, 0);
+  client.set_write_timeout(30, 0);
+  return client;
+}
+
+httplib::Headers AuthHeaders(const std::string& api_key) {
+  httplib::Headers headers;
+  if (!api_key.empty()) headers.emplace("Authorization", "Bearer " + api_key);
+  return headers;
+}
+
+HttpReply FromResult(const httplib::Result& result) {
+  HttpReply reply;
+  if (!result) {
+    reply.error = httplib::to_string(result.error());
+    return reply;
+  }
+  reply.status = result->status;
+  reply.body = result->body;
+  reply.content_type = result->get_header_value("Content-Type");
+  reply.retry_after = result->get_header_value("Retry-After");
+  return reply;
+}
+
+}  // namespace
+
+HttpReply HttpGet(int port, const std::string& path, const std::string& api_key) {
+  httplib::Client client = Client(port);
+  return FromResult(client.Get(path.c_str(), AuthHeaders(api_key)));
+}
+
+HttpReply HttpPost(int port, const std::string& path, const std::string& body,
+                   const std::string& api_key) {
+  httplib::Client client = Client(port);
+  return FromResult(client.Post(path.c_str(), AuthHeaders(api_key), body, "application/json"));
+}
+
+HttpReply HttpPostRaw(int port, const std::string& path, const std::string& body,
+                      const std::string& content_type) {
+  httplib::Client client = Client(port);
+  return FromResult(client.Post(path.c_str(), body, content_type.c_str()));
+}
+
+StreamReply HttpPostStream(int port, const std::string& path, const std::string& body,
+                           const std::function<bool(const std::string& event)>& on_event) {
+  httplib::Client client = Client(port);
+  StreamReply reply;
+  std::string pending;
+  httplib::Request request;
+  request.method = "POST";
+  request.path = path;
+  request.body = body;
+  request.set_header("Content-Type", "application/json");
+  request.response_handler = [&](const httplib::Response& response) {
+    reply.status = response.status;
+    reply.content_type = response.get_header_value("Content-Type");
+    return true;
+  };
+  request.content_receiver = [&](const char* data, size_t length, uint64_t, uint64_t) {
+    if (reply.content_type != "text/event-stream") {
+      reply.body.append(data, length);
+      return true;
+    }
+    pending.append(data, length);
+    size_t end;
+    while ((end = pending.find("\n\n")) != std::string::npos) {
+      std::string event = pending.substr(0, end);
+      pending.erase(0, end + 2);
+      if (!absl::StartsWith(event, "data: ")) continue;
+      event.erase(0, 6);
+      reply.events.push_back(event);
+      if (on_event && !on_event(event)) return false;
+    }
+    return true;
+  };
+  const httplib::Result result = client.send(request);
+  if (!result) reply.error = httplib::to_string(result.error());
+  return reply;
+}
+
+std::string StreamedText(const std::vector<std::string>& events) {
+  std::string text;
+  for (const std::string& event : events) {
+    if (event == "[DONE]") continue;
+    const nlohmann::json chunk = nlohmann::json::parse(event, nullptr, false);
+    if (!chunk.is_object() || !chunk.contains("choices")) continue;
+    for (const nlohmann::json& choice : chunk["choices"]) {
+      if (choice.contains("text")) text += choice["text"].get<std::string>();
+      if (choice.contains("delta") && choice["delta"].contains("content")) {
+        text += choice["delta"]["content"].get<std::string>();
+      }
+    }
+  }
+  return text;
+}
+
+std::string StreamedFinishReason(const std::vector<std::string>& events) {
+  std::string reason;
+  for (const std::string& event : events) {
+    const nlohmann::json chunk = nlohmann::json::parse(event, nullptr, false);
+    if (!chunk.is_object() || !chunk.contains("choices")) continue;
+    for (const nlohmann::json& choice : chunk["choices"]) {
+      if (choice.contains("finish_reason") && choice["finish_reason"].is_string()) {
+        reason = choice["finish_reason"].get<std::string>();
+      }
+    }
+  }
+  return reason;
+}
+
+double MetricValue(const std::string& metrics, const std::string& series) {
+  for (absl::string_view line : absl::StrSplit(metrics, '\n')) {
+    if (absl::StartsWith(line, series) && line.size() > series.size() &&
+        line[series.size()] == ' ') {
+      return std::strtod(std::string(line.substr(series.size() + 1)).c_str(), nullptr);
+    }
+  }
+  return -1;
+}
+
+}  // namespace lgpt

@@ -1,0 +1,50 @@
+// Test helpers for the server: requests to 127.0.0.1 through cpp-httplib's client, streamed
+// responses split into their server-sent events, values read off /metrics. Loopback only.
+#ifndef LGPT_TOOLS_SERVER_TEST_CLIENT_H_
+#define LGPT_TOOLS_SERVER_TEST_CLIENT_H_
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace lgpt {
+
+struct HttpReply {
+  int status = -1;  // -1: no response (connection refused, reset, timed out)
+  std::string body;
+  std::string content_type;
+  std::string retry_after;
+  std::string error;  // the client's error when there was no response
+};
+
+HttpReply HttpGet(int port, const std::string& path, const std::string& api_key = "");
+HttpReply HttpPost(int port, const std::string& path, const std::string& body,
+                   const std::string& api_key = "");
+// A body of `bytes` bytes, whatever it holds.
+HttpReply HttpPostRaw(int port, const std::string& path, const std::string& body,
+                      const std::string& content_type);
+
+struct StreamReply {
+  int status = -1;
+  std::string content_type;
+  std::vector<std::string> events;  // the payload of each "data: " event, "[DONE]" included
+  std::string body;                 // the whole body when it was not an event stream
+  std::string error;                // the client's error when the exchange failed
+};
+// POSTs and reads server-sent events as they arrive; `on_event` returning false closes the
+// connection (the client leaves mid-stream).
+StreamReply HttpPostStream(int port, const std::string& path, const std::string& body,
+                           const std::function<bool(const std::string& event)>& on_event = nullptr);
+
+// The text of completion or chat chunks, concatenated; the finish_reason of the last chunk
+// that has one.
+std::string StreamedText(const std::vector<std::string>& events);
+std::string StreamedFinishReason(const std::vector<std::string>& events);
+
+// The value of a series in Prometheus text ("lgpt_requests_running",
+// "lgpt_http_requests_total{endpoint=\"/health\",status=\"200\"}"); -1 when absent.
+double MetricValue(const std::string& metrics, const std::string& series);
+
+}  // namespace lgpt
+
+#endif  // LGPT_TOOLS_SERVER_TEST_CLIENT_H_
