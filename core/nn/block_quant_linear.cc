@@ -79,7 +79,7 @@ at::Tensor BlockQuantProjectionImpl::forward(const at::Tensor& x) {
   if (!quantized()) return DenseProjectionImpl::forward(x);
   const int64_t k = quantized_.in_features, n_out = quantized_.out_features;
   const bool gemv = x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() >= 1 &&
-                    x.size(-1) == k && x.numel() > 0 && x.numel() / k <= kGemvMaxRows &&
+                    x.size(-1) == k && x.numel() > 0 &&
                     (!bias.defined() || bias.scalar_type() == at::kFloat) &&
                     !(c10::GradMode::is_enabled() &&
                       (x.requires_grad() || (bias.defined() && bias.requires_grad())));

@@ -7,12 +7,14 @@
 // core/model/quantize_model.h quantises a whole model built with this factory.
 //
 // Quantised forward:
-//   - up to kGemvMaxRows CPU float32 rows without autograd (decoding, batched decoding):
-//     the integer GEMV, reading 1.125 (q8_0) or 0.625 (q4_0) bytes per weight once per call;
-//     a row's result does not depend on the other rows.
-//   - anything else (prefill of more rows, autograd, other devices/dtypes): the weight is
-//     dequantised per call (N x K floats, freed after) and multiplied with at::linear; an
-//     autograd function keeps only the quantised weight for the backward pass.
+//   - CPU float32 input without autograd, any number of rows (decoding, batched decoding,
+//     prefill): the integer GEMV of core/ops/block_quant.h, reading each weight byte once per
+//     call (1.125 bytes per weight for q8_0, 0.625 for q4_0) and quantising the activations
+//     to int8 per 32-block. A row's result does not depend on the other rows, so prefill,
+//     chunked prefill, decoding and batched decoding compute every row alike.
+//   - anything else (autograd, other devices or dtypes): the weight is dequantised per call
+//     (N x K floats, freed after) and multiplied with at::linear; an autograd function keeps
+//     only the quantised weight for the backward pass.
 // Projections whose in_features is not a multiple of 32 cannot be blocked: the factory
 // leaves them dense (float), and Quantize() on one made directly is an InvalidArgument error.
 #ifndef LGPT_CORE_NN_BLOCK_QUANT_LINEAR_H_

@@ -38,8 +38,8 @@ TEST(BlockQuantProjection, DecodeAndPrefillPathsMatchTheDenseProjection) {
   for (BlockFormat format : {BlockFormat::kQ8_0, BlockFormat::kQ4_0}) {
     auto p = Make(Spec(LinearSite::kQkv, 128, 96, true), format);
     p->bias.normal_();
-    const at::Tensor x_decode = at::randn({2, 3, 128});   // 6 rows: the integer GEMV
-    const at::Tensor x_prefill = at::randn({1, 50, 128});  // 50 rows: dequantise + linear
+    const at::Tensor x_decode = at::randn({2, 3, 128});   // 6 rows
+    const at::Tensor x_prefill = at::randn({1, 50, 128});  // 50 rows
     const at::Tensor dense_decode = p->forward(x_decode);
     const at::Tensor dense_prefill = p->forward(x_prefill);
     ASSERT_TRUE(p->Quantize().ok());
@@ -54,11 +54,13 @@ TEST(BlockQuantProjection, DecodeAndPrefillPathsMatchTheDenseProjection) {
     const double bound = format == BlockFormat::kQ8_0 ? 0.02 : 0.15;
     EXPECT_LT(RelativeError(decode, dense_decode), bound) << BlockFormatName(format);
     EXPECT_LT(RelativeError(prefill, dense_prefill), bound) << BlockFormatName(format);
-    // The prefill path is exactly the dequantised weight's product.
-    EXPECT_TRUE(at::allclose(prefill, at::linear(x_prefill, p->DenseWeight(), p->bias), 1e-5,
-                             1e-5));
-    // The decode path differs from it only by the int8 activation rounding.
+    // Both differ from the dequantised weight's product by the int8 activation rounding only.
     EXPECT_LT(RelativeError(decode, at::linear(x_decode, p->DenseWeight(), p->bias)), 0.02);
+    EXPECT_LT(RelativeError(prefill, at::linear(x_prefill, p->DenseWeight(), p->bias)), 0.02);
+    // A row's result is the same whether it comes with 49 other rows or alone.
+    for (int64_t t : {0, 17, 49}) {
+      EXPECT_TRUE(at::equal(p->forward(x_prefill.narrow(1, t, 1))[0][0], prefill[0][t]));
+    }
   }
 }
 
@@ -69,6 +71,9 @@ TEST(BlockQuantProjection, GradientsFlowThroughTheQuantisedWeight) {
   p->forward(x).sum().backward();
   const at::Tensor expected = p->DenseWeight().sum(0).expand({3, 64});
   EXPECT_TRUE(at::allclose(x.grad(), expected, 1e-5, 1e-5));
+  // With autograd the forward is the dequantised weight's product exactly.
+  const at::Tensor x2 = at::randn({3, 64}).requires_grad_(true);
+  EXPECT_TRUE(at::allclose(p->forward(x2), at::linear(x2, p->DenseWeight()), 1e-5, 1e-5));
 }
 
 TEST(BlockQuantLinearFactory, SitesThatStayDense) {

@@ -1,3 +1,8 @@
+// GCC 12's AVX-512 intrinsic headers start vectors from _mm512_undefined_*(), which its own
+// -Wuninitialized flags inside every caller; the warnings are about the header, not this code.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
 #include "core/ops/block_quant.h"
 
 #include <algorithm>

@@ -76,9 +76,11 @@ struct QuantizedRows {
 };
 void QuantizeRows(const float* x, int64_t rows, int64_t k, QuantizedRows* out);
 
-// y[m, n] = sum_k x[m, k] w[n, k] (+ bias[n]) with x quantised per block, for
-// rows <= kGemvMaxRows (core/ops/gemv.h); x rows are K floats apart, y rows N floats apart.
-// Parallel over n. CHECK-fails on a kernel this CPU lacks.
+// y[m, n] = sum_k x[m, k] w[n, k] (+ bias[n]) with x quantised per block, for any number of
+// rows (decoding has 1..kGemvMaxRows; prefill more: per pair of weight rows, held in L1,
+// every group of four x rows, so the weights still stream once and the cost becomes the
+// integer dot products); x rows are K floats apart, y rows N floats apart. Parallel over n.
+// CHECK-fails on a kernel this CPU lacks.
 void BlockQuantGemv(const BlockQuantWeight& weight, const float* bias, const float* x, float* y,
                     int64_t rows, QuantKernel kernel = BestQuantKernel());
 
