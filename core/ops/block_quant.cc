@@ -29,6 +29,9 @@ namespace lgpt {
 namespace {
 
 constexpr int64_t kHalfBlock = kQuantBlock / 2;
+// Blocks whose largest magnitude is below this quantise to zeros (their inverse scale would
+// overflow to infinity).
+constexpr float kTinyScale = 1e-30f;
 
 // Everything a kernel reads; pointers stay valid for the whole call.
 struct GemvArgs {
@@ -320,8 +323,72 @@ void GemvRange(QuantKernel kernel, bool q4, const GemvArgs& a, int64_t rows, int
   Q8Portable(a, rows, begin, end);
 }
 
-// Rounds to the nearest integer, ties to even (the default rounding mode), as an int.
-inline int RoundToInt(float v) { return static_cast<int>(std::nearbyint(v)); }
+// Rounds |v| < 2^22 to the nearest integer, ties to even, as the default rounding mode and
+// _mm256_cvtps_epi32 do: adding and subtracting 1.5 * 2^23 leaves no fraction bits. (A
+// std::nearbyint call per element would cost more than the whole quantisation.)
+inline int RoundToInt(float v) {
+  constexpr float kMagic = 12582912.0f;
+  return static_cast<int>((v + kMagic) - kMagic);
+}
+
+// QuantizeRows's portable loop over `blocks` consecutive 32-blocks.
+void QuantizeBlocksOfRow(const float* x, int64_t blocks, int8_t* values, float* scales,
+                         float* sums) {
+  for (int64_t i = 0; i < blocks; ++i) {
+    const float* block = x + i * kQuantBlock;
+    float amax = 0;
+    for (int64_t j = 0; j < kQuantBlock; ++j) amax = std::max(amax, std::fabs(block[j]));
+    const float inverse = amax > kTinyScale ? 127.0f / amax : 0.0f;
+    int8_t* q = values + i * kQuantBlock;
+    int32_t sum = 0;
+    for (int64_t j = 0; j < kQuantBlock; ++j) {
+      q[j] = static_cast<int8_t>(std::clamp(RoundToInt(block[j] * inverse), -127, 127));
+      sum += q[j];
+    }
+    scales[i] = amax / 127.0f;
+    sums[i] = scales[i] * static_cast<float>(sum);
+  }
+}
+
+#ifdef LGPT_BLOCK_QUANT_X86
+// The same with AVX2, bit for bit: max is exact in any order, the product x * inverse is the
+// same float operation, and _mm256_cvtps_epi32 rounds ties to even like RoundToInt.
+LGPT_AVX2 void QuantizeBlocksOfRowAvx2(const float* x, int64_t blocks, int8_t* values,
+                                       float* scales, float* sums) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t i = 0; i < blocks; ++i) {
+    const float* block = x + i * kQuantBlock;
+    __m256 v[4];
+    __m256 m = _mm256_setzero_ps();
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      v[j] = _mm256_loadu_ps(block + 8 * j);
+      m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[j]));
+    }
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    const float amax = _mm_cvtss_f32(h);
+    const __m256 inverse = _mm256_set1_ps(amax > kTinyScale ? 127.0f / amax : 0.0f);
+    __m256i q[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], inverse));
+    const __m256i sum32 =
+        _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(sum32), _mm256_extracti128_si256(sum32, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+    // Packing interleaves 4-byte groups across the two 128-bit lanes; `order` undoes it.
+    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
+                                             _mm256_packs_epi32(q[2], q[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(values + i * kQuantBlock),
+                        _mm256_permutevar8x32_epi32(bytes, order));
+    scales[i] = amax / 127.0f;
+    sums[i] = scales[i] * static_cast<float>(_mm_cvtsi128_si32(s));
+  }
+}
+#endif  // LGPT_BLOCK_QUANT_X86
 
 }  // namespace
 
@@ -379,7 +446,7 @@ absl::StatusOr<BlockQuantWeight> QuantizeBlocks(const at::Tensor& weight, BlockF
         // represented exactly and all 16 levels are in reach. An all-zero block: scale 0.
         const float scale = q4 ? (extreme < 0 ? -extreme / 8.0f : extreme / 7.0f)
                                : std::fabs(extreme) / 127.0f;
-        const float inverse = scale > 0 ? 1.0f / scale : 0.0f;
+        const float inverse = scale > kTinyScale ? 1.0f / scale : 0.0f;
         scales[row * blocks + b] = scale;
         if (q4) {
           uint8_t* out_block = packed + row * (k / 2) + b * kHalfBlock;
@@ -481,26 +548,19 @@ QuantKernel BestQuantKernel() {
   return best;
 }
 
-void QuantizeRows(const float* x, int64_t rows, int64_t k, QuantizedRows* out) {
-  const int64_t blocks = k / kQuantBlock;
+void QuantizeRows(const float* x, int64_t rows, int64_t k, QuantizedRows* out,
+                  QuantKernel kernel) {
+  const int64_t blocks = rows * (k / kQuantBlock);
   out->values.resize(rows * k);
-  out->scales.resize(rows * blocks);
-  out->sums.resize(rows * blocks);
-  for (int64_t i = 0; i < rows * blocks; ++i) {
-    const float* block = x + i * kQuantBlock;
-    float amax = 0;
-    for (int64_t j = 0; j < kQuantBlock; ++j) amax = std::max(amax, std::fabs(block[j]));
-    const float scale = amax / 127.0f;
-    const float inverse = amax > 0 ? 127.0f / amax : 0.0f;
-    int8_t* q = out->values.data() + i * kQuantBlock;
-    int32_t sum = 0;
-    for (int64_t j = 0; j < kQuantBlock; ++j) {
-      q[j] = static_cast<int8_t>(std::clamp(RoundToInt(block[j] * inverse), -127, 127));
-      sum += q[j];
-    }
-    out->scales[i] = scale;
-    out->sums[i] = scale * static_cast<float>(sum);
+  out->scales.resize(blocks);
+  out->sums.resize(blocks);
+#ifdef LGPT_BLOCK_QUANT_X86
+  if (kernel != QuantKernel::kPortable && QuantKernelAvailable(QuantKernel::kAvx2)) {
+    return QuantizeBlocksOfRowAvx2(x, blocks, out->values.data(), out->scales.data(),
+                                   out->sums.data());
   }
+#endif
+  QuantizeBlocksOfRow(x, blocks, out->values.data(), out->scales.data(), out->sums.data());
 }
 
 void BlockQuantGemv(const BlockQuantWeight& weight, const float* bias, const float* x, float* y,
@@ -512,7 +572,7 @@ void BlockQuantGemv(const BlockQuantWeight& weight, const float* bias, const flo
   const int64_t n_out = weight.out_features, k = weight.in_features;
   // Reused across calls of this thread: no allocation per decoding step.
   thread_local QuantizedRows xq;
-  QuantizeRows(x, rows, k, &xq);
+  QuantizeRows(x, rows, k, &xq, kernel);
   GemvArgs args;
   args.w = weight.values.data_ptr();
   args.ws = weight.scales.data_ptr<float>();

@@ -68,13 +68,15 @@ bool QuantKernelAvailable(QuantKernel kernel);
 // avx512vnni) picks a slower one for comparisons.
 QuantKernel BestQuantKernel();
 
-// Activation rows quantised per 32-block (symmetric int8, scale = amax / 127).
+// Activation rows quantised per 32-block (symmetric int8, scale = amax / 127, ties to even);
+// every kernel gives the same bytes (kPortable: scalar; the others: AVX2).
 struct QuantizedRows {
   std::vector<int8_t> values;  // [rows, K]
   std::vector<float> scales;   // [rows, K / 32]
   std::vector<float> sums;     // [rows, K / 32]: scale * sum of the block's values
 };
-void QuantizeRows(const float* x, int64_t rows, int64_t k, QuantizedRows* out);
+void QuantizeRows(const float* x, int64_t rows, int64_t k, QuantizedRows* out,
+                  QuantKernel kernel = BestQuantKernel());
 
 // y[m, n] = sum_k x[m, k] w[n, k] (+ bias[n]) with x quantised per block, for any number of
 // rows (decoding has 1..kGemvMaxRows; prefill more: per pair of weight rows, held in L1,

@@ -109,6 +109,31 @@ TEST(QuantizeRows, HalfAStepPerBlock) {
   }
 }
 
+// Every kernel quantises activations to the same bytes, ties (exact halves) to even, and
+// blocks too small to invert to zeros.
+TEST(QuantizeRows, KernelsAgreeBitForBit) {
+  at::manual_seed(2);
+  at::Tensor x = at::randn({5, 256}) * 4;
+  x[0].narrow(0, 0, 32).copy_(at::arange(-16, 16, at::kFloat) + 0.5);  // -15.5 .. 15.5
+  x[0][0] = 127;  // amax 127: inverse 1, so the .5 values are exact ties
+  x[1].narrow(0, 32, 32).fill_(1e-35f);
+  x[2].narrow(0, 64, 32).zero_();
+  QuantizedRows portable;
+  QuantizeRows(x.data_ptr<float>(), 5, 256, &portable, QuantKernel::kPortable);
+  EXPECT_EQ(portable.values[1], -14);  // -14.5 -> -14 (even)
+  EXPECT_EQ(portable.values[2], -14);  // -13.5 -> -14
+  EXPECT_EQ(portable.values[17], 2);   // 1.5 -> 2
+  EXPECT_EQ(portable.values[18], 2);   // 2.5 -> 2
+  for (int j = 0; j < 32; ++j) EXPECT_EQ(portable.values[256 + 32 + j], 0);
+  for (QuantKernel kernel : AvailableKernels()) {
+    QuantizedRows q;
+    QuantizeRows(x.data_ptr<float>(), 5, 256, &q, kernel);
+    EXPECT_EQ(q.values, portable.values) << QuantKernelName(kernel);
+    EXPECT_EQ(q.scales, portable.scales) << QuantKernelName(kernel);
+    EXPECT_EQ(q.sums, portable.sums) << QuantKernelName(kernel);
+  }
+}
+
 class BlockQuantGemvShapes
     : public ::testing::TestWithParam<std::tuple<int64_t, int64_t, int64_t, bool>> {};
 
