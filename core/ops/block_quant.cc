@@ -195,6 +195,45 @@ LGPT_AVX512VNNI inline __m512i UnpackQ4Pair(const uint8_t* p, bool single) {
   return _mm512_shuffle_i64x2(halves, halves, _MM_SHUFFLE(3, 1, 2, 0));
 }
 
+// One step of BlockVnni over blocks b and b + 1 (b alone with kSingle: plain loads for the
+// pairs, masked ones only for an odd last block).
+template <bool kQ4, bool kSingle, int M, int R>
+LGPT_AVX512VNNI inline void StepVnni(const GemvArgs& a, int64_t n, int64_t b,
+                                     __m512 (&acc)[R][M]) {
+  const __m512i zero = _mm512_setzero_si512();
+  constexpr __mmask64 kFirstBlock = 0xFFFFFFFFu;
+  __m512i xv[M];
+  __m512 dx[M];
+#pragma GCC unroll 4
+  for (int m = 0; m < M; ++m) {
+    const int8_t* x = a.xq + m * a.k + b * kQuantBlock;
+    xv[m] = kSingle ? _mm512_maskz_loadu_epi8(kFirstBlock, x) : _mm512_loadu_si512(x);
+    dx[m] = PairScales(a.xs + m * a.blocks + b, kSingle);
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    const __m512 dw = PairScales(a.ws + (n + r) * a.blocks + b, kSingle);
+    __m512i wu;
+    __mmask64 negative = 0;
+    if constexpr (kQ4) {
+      wu = UnpackQ4Pair(static_cast<const uint8_t*>(a.w) + (n + r) * (a.k / 2) + b * kHalfBlock,
+                        kSingle);
+    } else {
+      const int8_t* wp = static_cast<const int8_t*>(a.w) + (n + r) * a.k + b * kQuantBlock;
+      const __m512i w = kSingle ? _mm512_maskz_loadu_epi8(kFirstBlock, wp) : _mm512_loadu_si512(wp);
+      wu = _mm512_abs_epi8(w);
+      negative = _mm512_movepi8_mask(w);
+    }
+#pragma GCC unroll 4
+    for (int m = 0; m < M; ++m) {
+      // q8: x negated where w < 0, so |w| (unsigned) times it is w x; x is never -128.
+      const __m512i xs = kQ4 ? xv[m] : _mm512_mask_sub_epi8(xv[m], negative, zero, xv[m]);
+      const __m512 sums = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, wu, xs));
+      acc[r][m] = _mm512_fmadd_ps(sums, _mm512_mul_ps(dw, dx[m]), acc[r][m]);
+    }
+  }
+}
+
 template <bool kQ4, int M, int R>
 LGPT_AVX512VNNI void BlockVnni(const GemvArgs& a, int64_t n) {
   __m512 acc[R][M];
@@ -203,40 +242,9 @@ LGPT_AVX512VNNI void BlockVnni(const GemvArgs& a, int64_t n) {
 #pragma GCC unroll 4
     for (int m = 0; m < M; ++m) acc[r][m] = _mm512_setzero_ps();
   }
-  const __m512i zero = _mm512_setzero_si512();
-  for (int64_t b = 0; b < a.blocks; b += 2) {
-    const bool single = b + 1 == a.blocks;
-    const __mmask64 bytes = single ? __mmask64{0xFFFFFFFFu} : ~__mmask64{0};
-    __m512i xv[M];
-    __m512 dx[M];
-#pragma GCC unroll 4
-    for (int m = 0; m < M; ++m) {
-      xv[m] = _mm512_maskz_loadu_epi8(bytes, a.xq + m * a.k + b * kQuantBlock);
-      dx[m] = PairScales(a.xs + m * a.blocks + b, single);
-    }
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      const __m512 dw = PairScales(a.ws + (n + r) * a.blocks + b, single);
-      __m512i wu;
-      __mmask64 negative = 0;
-      if constexpr (kQ4) {
-        wu = UnpackQ4Pair(
-            static_cast<const uint8_t*>(a.w) + (n + r) * (a.k / 2) + b * kHalfBlock, single);
-      } else {
-        const __m512i w = _mm512_maskz_loadu_epi8(
-            bytes, static_cast<const int8_t*>(a.w) + (n + r) * a.k + b * kQuantBlock);
-        wu = _mm512_abs_epi8(w);
-        negative = _mm512_movepi8_mask(w);
-      }
-#pragma GCC unroll 4
-      for (int m = 0; m < M; ++m) {
-        // q8: x negated where w < 0, so |w| (unsigned) times it is w x; x is never -128.
-        const __m512i xs = kQ4 ? xv[m] : _mm512_mask_sub_epi8(xv[m], negative, zero, xv[m]);
-        const __m512 sums = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, wu, xs));
-        acc[r][m] = _mm512_fmadd_ps(sums, _mm512_mul_ps(dw, dx[m]), acc[r][m]);
-      }
-    }
-  }
+  int64_t b = 0;
+  for (; b + 2 <= a.blocks; b += 2) StepVnni<kQ4, false, M, R>(a, n, b, acc);
+  if (b < a.blocks) StepVnni<kQ4, true, M, R>(a, n, b, acc);
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) {
     const float bias = a.bias != nullptr ? a.bias[n + r] : 0.0f;
