@@ -174,13 +174,24 @@ LGPT_AVX2 void BlockAvx2(const GemvArgs& a, int64_t n) {
 // AVX-512 VNNI: one dpbusd (u8 x s8, four products per int32 lane) covers two blocks: lanes
 // 0..7 the first, 8..15 the second. An odd last block runs with the second half zero.
 
-// Lanes 0..7 = p[0], lanes 8..15 = p[1] (p[1] taken as 0 with `single`).
-LGPT_AVX512VNNI inline __m512 PairScales(const float* p, bool single) {
+// Lanes 0..7 = p[0], lanes 8..15 = p[1] (p[1] taken as 0 with `single`); with `halves`,
+// lanes 0..3 and 8..11 = p[0], 4..7 and 12..15 = p[1] (the interleaved q4 pair layout).
+LGPT_AVX512VNNI inline __m512 PairScales(const float* p, bool single, bool halves = false) {
   const __m512i index =
-      _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+      halves ? _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0)
+             : _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
   const __m128 pair = single ? _mm_load_ss(p)
                              : _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(p)));
   return _mm512_permutexvar_ps(index, _mm512_zextps128_ps512(pair));
+}
+
+// Two q4 blocks (32 bytes) as [low 0, low 1, high 0, high 1] nibbles (128-bit lanes): one
+// broadcast load, one shift of the upper half, one mask. The activations of a pair are laid
+// out to match (InterleavePairs).
+LGPT_AVX512VNNI inline __m512i UnpackQ4PairInterleaved(const uint8_t* p) {
+  const __m512i raw = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  const __m512i shifts = _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0);
+  return _mm512_and_si512(_mm512_srlv_epi64(raw, shifts), _mm512_set1_epi8(15));
 }
 
 // Two q4 blocks (32 bytes, or 16 with `single`) as [low 0, high 0, low 1, high 1] nibbles.
@@ -208,16 +219,16 @@ LGPT_AVX512VNNI inline void StepVnni(const GemvArgs& a, int64_t n, int64_t b,
   for (int m = 0; m < M; ++m) {
     const int8_t* x = a.xq + m * a.k + b * kQuantBlock;
     xv[m] = kSingle ? _mm512_maskz_loadu_epi8(kFirstBlock, x) : _mm512_loadu_si512(x);
-    dx[m] = PairScales(a.xs + m * a.blocks + b, kSingle);
+    dx[m] = PairScales(a.xs + m * a.blocks + b, kSingle, kQ4 && !kSingle);
   }
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) {
-    const __m512 dw = PairScales(a.ws + (n + r) * a.blocks + b, kSingle);
+    const __m512 dw = PairScales(a.ws + (n + r) * a.blocks + b, kSingle, kQ4 && !kSingle);
     __m512i wu;
     __mmask64 negative = 0;
     if constexpr (kQ4) {
-      wu = UnpackQ4Pair(static_cast<const uint8_t*>(a.w) + (n + r) * (a.k / 2) + b * kHalfBlock,
-                        kSingle);
+      const uint8_t* wp = static_cast<const uint8_t*>(a.w) + (n + r) * (a.k / 2) + b * kHalfBlock;
+      wu = kSingle ? UnpackQ4Pair(wp, true) : UnpackQ4PairInterleaved(wp);
     } else {
       const int8_t* wp = static_cast<const int8_t*>(a.w) + (n + r) * a.k + b * kQuantBlock;
       const __m512i w = kSingle ? _mm512_maskz_loadu_epi8(kFirstBlock, wp) : _mm512_loadu_si512(wp);
@@ -397,6 +408,24 @@ LGPT_AVX2 void QuantizeBlocksOfRowAvx2(const float* x, int64_t blocks, int8_t* v
   }
 }
 #endif  // LGPT_BLOCK_QUANT_X86
+
+// Reorders each row's full pairs of 32-blocks from [a0..a31, b0..b31] to [a0..a15, b0..b15,
+// a16..a31, b16..b31], the order UnpackQ4PairInterleaved yields the weights in; an odd last
+// block stays as it is. O(rows * K) bytes, once per call.
+void InterleavePairs(int64_t rows, int64_t k, std::vector<int8_t>* values) {
+  const int64_t pairs = k / (2 * kQuantBlock);
+  int8_t tmp[2 * kQuantBlock];
+  for (int64_t m = 0; m < rows; ++m) {
+    for (int64_t p = 0; p < pairs; ++p) {
+      int8_t* pair = values->data() + m * k + p * 2 * kQuantBlock;
+      std::memcpy(tmp, pair, sizeof(tmp));
+      std::memcpy(pair + 0 * kHalfBlock, tmp + 0 * kHalfBlock, kHalfBlock);  // a0..15
+      std::memcpy(pair + 1 * kHalfBlock, tmp + 2 * kHalfBlock, kHalfBlock);  // b0..15
+      std::memcpy(pair + 2 * kHalfBlock, tmp + 1 * kHalfBlock, kHalfBlock);  // a16..31
+      std::memcpy(pair + 3 * kHalfBlock, tmp + 3 * kHalfBlock, kHalfBlock);  // b16..31
+    }
+  }
+}
 
 }  // namespace
 
@@ -581,6 +610,8 @@ void BlockQuantGemv(const BlockQuantWeight& weight, const float* bias, const flo
   // Reused across calls of this thread: no allocation per decoding step.
   thread_local QuantizedRows xq;
   QuantizeRows(x, rows, k, &xq, kernel);
+  const bool q4 = weight.format == BlockFormat::kQ4_0;
+  if (q4 && kernel == QuantKernel::kAvx512Vnni) InterleavePairs(rows, k, &xq.values);
   GemvArgs args;
   args.w = weight.values.data_ptr();
   args.ws = weight.scales.data_ptr<float>();
@@ -592,7 +623,6 @@ void BlockQuantGemv(const BlockQuantWeight& weight, const float* bias, const flo
   args.n_out = n_out;
   args.k = k;
   args.blocks = k / kQuantBlock;
-  const bool q4 = weight.format == BlockFormat::kQ4_0;
   // ~64 KiB of weight bytes per thread at least, as the float kernel.
   const int64_t row_bytes = q4 ? k / 2 : k;
   const int64_t min_rows =
