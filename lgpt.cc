@@ -103,13 +103,22 @@ absl::StatusOr<std::shared_ptr<const Engine>> Engine::Load(const std::string& ch
   load.device = options.device;
   load.progress = options.progress;
   load.verify_checksums = options.verify_checksums;
+  WeightQuantization quantize = options.quantize;
   if (options.quantize_int8) {
-    if (!options.device.is_cpu() || options.dtype != c10::kFloat) {
+    if (quantize == WeightQuantization::kInt4) {
       return absl::InvalidArgumentError(
-          "EngineOptions.quantize_int8 needs EngineOptions.dtype float32 and EngineOptions.device "
-          "cpu (int8 quantisation runs on the CPU with float32 activations)");
+          "EngineOptions.quantize_int8 and EngineOptions.quantize int4 contradict each other");
     }
-    load.parts = Int8ModelParts();
+    quantize = WeightQuantization::kInt8;
+  }
+  if (quantize != WeightQuantization::kNone) {
+    if (!options.device.is_cpu() || options.dtype != c10::kFloat) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "EngineOptions.quantize ", WeightQuantizationName(quantize),
+          " needs EngineOptions.dtype float32 and EngineOptions.device cpu (quantised weights "
+          "run on the CPU with float32 activations)"));
+    }
+    load.parts = QuantizedModelParts(quantize);
   }
   absl::StatusOr<LoadedModel> loaded_or =
       LoadModelWithPeft(checkpoint_dir, options.loras, load, "EngineOptions.loras");
@@ -119,9 +128,12 @@ absl::StatusOr<std::shared_ptr<const Engine>> Engine::Load(const std::string& ch
         {{"LoadOptions.verify_checksums", "EngineOptions.verify_checksums"}}));
   }
   ASSIGN_OR_RETURN(LoadedModel loaded, std::move(loaded_or));
-  if (options.quantize_int8) {
-    if (options.progress) options.progress("quantising projections to int8");
-    RETURN_IF_ERROR(QuantizeModelInt8(*loaded.model));
+  if (quantize != WeightQuantization::kNone) {
+    if (options.progress) {
+      options.progress(
+          absl::StrCat("quantising projections to ", WeightQuantizationName(quantize)));
+    }
+    RETURN_IF_ERROR(QuantizeModel(*loaded.model));
   }
   std::shared_ptr<const Tokenizer> tokenizer;
   absl::StatusOr<std::unique_ptr<Tokenizer>> loaded_tokenizer = absl::NotFoundError("");

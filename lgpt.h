@@ -31,6 +31,7 @@
 #include "core/config/config.h"
 #include "core/model/generate.h"
 #include "core/model/gpt.h"
+#include "core/model/quantize_model.h"
 #include "core/model/sampling.h"
 #include "core/serving/scheduler.h"
 #include "core/text/tokenizer.h"
@@ -44,9 +45,13 @@ struct EngineOptions {
   // LoRA fine-tunes applied over the checkpoint, unmerged, in order, each with its scale
   // (llama.cpp's --lora / --lora-scaled); see peft/peft_checkpoint.h.
   std::vector<LoraAdapterSpec> loras;
-  // int8 weight-only projections (per-output-channel scales; CPU, float32 activations):
-  // about half the bytes a decoded token reads, at a perplexity cost of ~0.02% measured on
-  // the default model.
+  // Weights quantised at load (CPU, float32 activations), the float32 weights freed as each
+  // matrix is quantised: kInt8 = q8_0-like blocks (int8, a scale per 32 weights; 1.125
+  // bytes per weight), kInt4 = q4_0-like blocks (4-bit; 0.625 bytes per weight). Every
+  // projection, MoE expert and lm_head; decoding runs integer dot products
+  // (core/ops/block_quant.h). See core/model/quantize_model.h.
+  WeightQuantization quantize = WeightQuantization::kNone;
+  // Older spelling of quantize = kInt8 (true with quantize kNone or kInt8 means kInt8).
   bool quantize_int8 = false;
   // Continuous batching of the requests given to Engine::Submit.
   SchedulerOptions serving;

@@ -372,6 +372,35 @@ TEST(EngineTest, Int8WeightsGenerateTheSameGreedyTextAlmostEverywhere) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// EngineOptions.quantize: int4 (q4_0-like) weights load, generate, and batch like float;
+// the options' errors name the fields. Quality bounds: core/model/quantize_model_test.
+TEST(EngineTest, Int4WeightsGenerateAndOptionErrorsNameTheField) {
+  EngineOptions options;
+  options.quantize = WeightQuantization::kInt4;
+  absl::StatusOr<std::shared_ptr<const Engine>> int4 = Engine::Load(kDefaultModel, options);
+  ASSERT_TRUE(int4.ok()) << int4.status();
+  const Completion q4 = *(*int4)->Generate("And God said", Greedy(12));
+  EXPECT_EQ(q4.tokens.size(), 12u);
+  // A batch of rows decodes each row as it would alone (the integer GEMV's rows do not
+  // depend on the batch).
+  const std::vector<int64_t> a = *(*int4)->Encode("And God said");
+  const std::vector<int64_t> b = *(*int4)->Encode("In the beginning");
+  absl::StatusOr<std::vector<Completion>> batch = (*int4)->GenerateBatch({a, b}, Greedy(8));
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  EXPECT_EQ((*batch)[0].tokens, (*int4)->Generate(a, Greedy(8))->tokens);
+  EXPECT_EQ((*batch)[1].tokens, (*int4)->Generate(b, Greedy(8))->tokens);
+
+  options.quantize_int8 = true;
+  const absl::Status both = Engine::Load(kDefaultModel, options).status();
+  EXPECT_EQ(both.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(both.message(), HasSubstr("EngineOptions.quantize_int8"));
+  options.quantize_int8 = false;
+  options.dtype = c10::kBFloat16;
+  const absl::Status bf16 = Engine::Load(kDefaultModel, options).status();
+  EXPECT_EQ(bf16.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bf16.message(), HasSubstr("EngineOptions.quantize int4"));
+}
+
 TEST(EngineTest, BadInputsAreClearErrors) {
   const Engine& engine = DefaultEngine();
   EXPECT_EQ(Engine::Load("/nonexistent/checkpoint").status().code(), absl::StatusCode::kNotFound);

@@ -16,7 +16,9 @@ ABSL_FLAG(uint64_t, seed, 1234, "random seed");
 ABSL_FLAG(std::string, precision, "32-true", "32-true, bf16-true or 16-true");
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda[:N]");
 ABSL_FLAG(std::string, quantize, "none",
-          "none, or int8: int8 weight-only projections (CPU, --precision=32-true)");
+          "none, int8 (q8_0-like: int8 weights, a scale per 32) or int4 (q4_0-like: 4-bit "
+          "weights, a scale per 32); every projection and lm_head, quantised at load (CPU, "
+          "--precision=32-true)");
 ABSL_FLAG(std::string, kv_cache, "dense", "KV cache policy: dense, window, sink, h2o or tova");
 ABSL_FLAG(int64_t, kv_budget, 0, "entries kept per layer (and row, group); not for dense");
 ABSL_FLAG(int, kv_bits, 16, "bits per cached key/value: 16 (the model's dtype), 8 or 4");
@@ -49,11 +51,12 @@ absl::StatusOr<EngineOptions> EngineOptionsFromFlags() {
   ASSIGN_OR_RETURN(options.device, ParseDevice(absl::GetFlag(FLAGS_device)));
   options.progress = PrintProgress;
   const std::string quantize = absl::GetFlag(FLAGS_quantize);
-  if (quantize != "none" && quantize != "int8") {
+  absl::StatusOr<WeightQuantization> parsed = ParseWeightQuantization(quantize);
+  if (!parsed.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--quantize must be none or int8, got '", quantize, "'"));
+        absl::StrCat("--quantize must be none, int8 or int4, got '", quantize, "'"));
   }
-  options.quantize_int8 = quantize == "int8";
+  options.quantize = *parsed;
   options.verify_checksums = VerifyChecksumsFlag();
   return options;
 }

@@ -1,4 +1,4 @@
-// Teacher-forced perplexity of a checkpoint on a text, with float32 or int8 weights:
+// Teacher-forced perplexity of a checkpoint on a text, with float32, int8 or int4 weights:
 //   bible -f Rev21:1-Rev22:21 | sed -E 's/^[0-9A-Za-z]+[0-9]+:[0-9]+ //' > /tmp/rev.txt
 //   bazel run //tools:perplexity -- --text_file=/tmp/rev.txt --lines_bos_eos --quantize=int8
 // The tokens are scored in consecutive windows of the model's block size (each window on
@@ -28,16 +28,23 @@ ABSL_FLAG(std::string, text_file, "", "text to score");
 ABSL_FLAG(bool, lines_bos_eos, false,
           "tokenise each line on its own, between BOS and EOS (the default model's training "
           "format); else the whole text at once");
-ABSL_FLAG(std::string, quantize, "none", "none or int8 (weight-only)");
-ABSL_FLAG(int64_t, group_size, 0, "int8: input features per scale; 0: one per output channel");
+ABSL_FLAG(std::string, quantize, "none",
+          "none, int8 (q8_0-like blocks), int4 (q4_0-like blocks) or int8_channel (int8 with "
+          "a scale per output channel or per --group_size inputs)");
+ABSL_FLAG(int64_t, group_size, 0,
+          "int8_channel: input features per scale; 0: one per output channel");
 
 int main(int argc, char** argv) {
   using namespace lgpt;
-  InitTool(argc, argv, "perplexity --text_file=FILE [--lines_bos_eos] [--quantize=int8]");
+  InitTool(argc, argv,
+           "perplexity --text_file=FILE [--lines_bos_eos] [--quantize=int8|int4|int8_channel]");
   std::string checkpoint_dir = ResolvePath(absl::GetFlag(FLAGS_checkpoint_dir));
   if (checkpoint_dir.empty()) checkpoint_dir = DefaultModelDir();
   const std::string quantize = absl::GetFlag(FLAGS_quantize);
-  if (quantize != "none" && quantize != "int8") {
+  const bool int8_channel = quantize == "int8_channel";
+  const absl::StatusOr<WeightQuantization> blocks =
+      int8_channel ? WeightQuantization::kNone : ParseWeightQuantization(quantize);
+  if (!blocks.ok()) {
     Die(absl::InvalidArgumentError(absl::StrCat("--quantize: unknown value '", quantize, "'")));
   }
   std::ifstream file(ResolvePath(absl::GetFlag(FLAGS_text_file)));
@@ -48,10 +55,11 @@ int main(int argc, char** argv) {
 
   LoadOptions load;
   ApplyLoadFlags(load);
-  if (quantize == "int8") load.parts = Int8ModelParts(Int8Options{absl::GetFlag(FLAGS_group_size)});
+  load.parts = int8_channel ? Int8ModelParts(Int8Options{absl::GetFlag(FLAGS_group_size)})
+                            : QuantizedModelParts(*blocks);
   const std::vector<LoraAdapterSpec> loras = ValueOrDie(LoraFlags(argc, argv));
   LoadedModel loaded = ValueOrDie(LoadModelWithPeft(checkpoint_dir, loras, load, "--lora"));
-  if (quantize == "int8") DieIfError(QuantizeModelInt8(*loaded.model));
+  if (quantize != "none") DieIfError(QuantizeModel(*loaded.model));
   std::unique_ptr<Tokenizer> tokenizer = ValueOrDie(Tokenizer::Load(checkpoint_dir));
   DieIfError(tokenizer->CheckFitsVocabulary(loaded.config.PaddedVocabSize()));
   std::vector<int64_t> ids;

@@ -125,6 +125,8 @@ std::string InFlagTerms(absl::string_view message) {
       {"KVCacheSpec.budget", "--kv_budget"},
       {"KVCacheSpec.bits", "--kv_bits"},
       {"EngineOptions.quantize_int8", "--quantize=int8"},
+      {"EngineOptions.quantize int8", "--quantize=int8"},
+      {"EngineOptions.quantize int4", "--quantize=int4"},
       {"EngineOptions.loras", "--lora"},
       {"EngineOptions.dtype float32", "--precision=32-true"},
       {"EngineOptions.device cpu", "--device=cpu"},

@@ -360,7 +360,7 @@ absl::StatusOr<TensorMap> ReadSafetensorsImpl(const std::string& path) {
       std::memcpy(tensor.data_ptr(), data, nbytes);
     } else {
       tensor = at::from_blob(
-          data, entry.shape, [file](void*) {}, options);
+          data, entry.shape, [file, nbytes](void* p) { file->Release(p, nbytes); }, options);
     }
     tensors.emplace(entry.name, std::move(tensor));
   }
@@ -470,6 +470,16 @@ absl::StatusOr<std::shared_ptr<MappedFile>> MappedFile::Open(const std::string& 
   }
   close(fd);  // The mapping keeps its own reference to the file.
   return std::shared_ptr<MappedFile>(new MappedFile(path, data, size));
+}
+
+void MappedFile::Release(const void* begin, size_t bytes) const {
+  static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t start = reinterpret_cast<uintptr_t>(begin);
+  const uintptr_t first = (start + page - 1) / page * page;  // whole pages only
+  const uintptr_t last = (start + bytes) / page * page;
+  const uintptr_t mapped = reinterpret_cast<uintptr_t>(data_);
+  if (data_ == nullptr || first >= last || first < mapped || last > mapped + size_) return;
+  madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }
 
 MappedFile::~MappedFile() {

@@ -34,6 +34,12 @@ class MappedFile {
 
   // The mapped bytes; nullptr when the file is empty.
   uint8_t* data() const { return data_; }
+  // Gives back the resident pages that lie wholly inside [begin, begin + bytes) (a tensor's
+  // data whose last holder is gone): they leave the process's RSS at once instead of when
+  // the whole file is unmapped, so a model quantised at load never holds the float32 file
+  // and the quantised weights beside each other. Reading them again would fault them back
+  // from the file; callers pass ranges that nothing else reads (tensors do not overlap).
+  void Release(const void* begin, size_t bytes) const;
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
 

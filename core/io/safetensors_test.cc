@@ -148,6 +148,31 @@ TEST(ReadSafetensorsTest, TensorsOutliveTheMapAndAreCopyOnWrite) {
   EXPECT_TRUE(at::equal(again->at("lm_head.weight"), copy));
 }
 
+// A tensor's pages are given back (MappedFile::Release) when its last holder dies; pages it
+// shares with a neighbour stay, so the survivors, modified in place or not, read the same.
+TEST(ReadSafetensorsTest, ReleasingDeadTensorsKeepsTheSurvivorsWhole) {
+  const std::string path = TempPath("release.safetensors");
+  at::manual_seed(0);
+  TensorMap written;
+  // Odd sizes, so tensors share pages with their neighbours.
+  for (const char* name : {"a", "b", "c", "d", "e"}) written.emplace(name, at::randn({3001}));
+  ASSERT_TRUE(WriteSafetensors(path, written).ok());
+  at::Tensor b, d;
+  {
+    auto tensors = ReadSafetensors(path);
+    ASSERT_TRUE(tensors.ok()) << tensors.status();
+    b = tensors->at("b");
+    d = tensors->at("d");
+    d.add_(1);  // a private (copy-on-write) page beside released ones
+    for (const char* name : {"a", "c"}) {
+      const at::Tensor expected = written.at(name);
+      EXPECT_TRUE(at::equal(tensors->at(name), expected));
+    }
+  }  // a, c and e die here: their whole pages are released.
+  EXPECT_TRUE(at::equal(b, written.at("b")));
+  EXPECT_TRUE(at::equal(d, written.at("d") + 1));
+}
+
 TEST(ReadSafetensorsTest, PythonWrittenFixtureWithMisalignedTensors) {
   const std::string path = "core/io/testdata/dtypes.safetensors";
   auto header = ReadSafetensorsHeader(path);

@@ -506,8 +506,9 @@ class StorageLoader {
       std::memcpy(storage.data_ptr(), ptr, nbytes);
     } else {
       std::shared_ptr<MappedFile> file = file_;
+      const size_t size = static_cast<size_t>(nbytes);
       storage = at::from_blob(
-          ptr, {numel}, [file](void*) {}, options);
+          ptr, {numel}, [file, size](void* p) { file->Release(p, size); }, options);
     }
     cache_.emplace(key, storage);
     return storage;

@@ -3,7 +3,7 @@
 //   bazel run //core/model:gpt_benchmark -- --benchmark_filter=Decode [--threads=N]
 //
 // --threads: intra-op threads (default: all hardware threads).
-// --quantize=int8: int8 weight-only projections (core/model/quantize_model.h).
+// --quantize=int8|int4: block-quantised projections (core/model/quantize_model.h).
 //
 // Models: "tiny" (tests' size) and "llama-110m" (llama2.c's 110M: n_layer 12, n_embd 768,
 // n_head 12, intermediate 2048, vocab 32000). LGPT_BENCH_PRESET=<preset name> adds any
@@ -54,9 +54,9 @@ Config ModelConfig(const std::string& name) {
   return *preset;
 }
 
-bool& UseInt8() {
-  static bool int8 = false;
-  return int8;
+WeightQuantization& Quantization() {
+  static WeightQuantization quantization = WeightQuantization::kNone;
+  return quantization;
 }
 
 GPT& Model(const std::string& name) {
@@ -64,8 +64,8 @@ GPT& Model(const std::string& name) {
   auto it = models->find(name);
   if (it == models->end()) {
     at::manual_seed(0);
-    GPT model = *GPTImpl::Create(ModelConfig(name), UseInt8() ? Int8ModelParts() : ModelParts());
-    if (UseInt8() && !QuantizeModelInt8(*model).ok()) std::abort();
+    GPT model = *GPTImpl::Create(ModelConfig(name), QuantizedModelParts(Quantization()));
+    if (Quantization() != WeightQuantization::kNone && !QuantizeModel(*model).ok()) std::abort();
     model->eval();
     it = models->emplace(name, model).first;
   }
@@ -137,11 +137,13 @@ int main(int argc, char** argv) {
   int threads = static_cast<int>(std::thread::hardware_concurrency());
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--threads=", 10) == 0) threads = std::atoi(argv[i] + 10);
-    if (std::strcmp(argv[i], "--quantize=int8") == 0) lgpt::UseInt8() = true;
+    if (std::strncmp(argv[i], "--quantize=", 11) == 0) {
+      lgpt::Quantization() = lgpt::ParseWeightQuantization(argv[i] + 11).value();
+    }
   }
   at::set_num_threads(std::max(threads, 1));
   benchmark::AddCustomContext("threads", std::to_string(at::get_num_threads()));
-  benchmark::AddCustomContext("weights", lgpt::UseInt8() ? "int8" : "float32");
+  benchmark::AddCustomContext("weights", lgpt::WeightQuantizationName(lgpt::Quantization()));
   benchmark::Initialize(&argc, argv);
   lgpt::RegisterAll();
   benchmark::RunSpecifiedBenchmarks();

@@ -1,11 +1,43 @@
 #include "core/model/quantize_model.h"
 
 #include <memory>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "core/base/status_macros.h"
 
 namespace lgpt {
+
+const char* WeightQuantizationName(WeightQuantization quantization) {
+  switch (quantization) {
+    case WeightQuantization::kNone:
+      return "none";
+    case WeightQuantization::kInt8:
+      return "int8";
+    case WeightQuantization::kInt4:
+      return "int4";
+  }
+  return "?";
+}
+
+absl::StatusOr<WeightQuantization> ParseWeightQuantization(absl::string_view name) {
+  for (WeightQuantization q :
+       {WeightQuantization::kNone, WeightQuantization::kInt8, WeightQuantization::kInt4}) {
+    if (name == WeightQuantizationName(q)) return q;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("weight quantisation must be none, int8 or int4, got '", name, "'"));
+}
+
+ModelParts QuantizedModelParts(WeightQuantization quantization) {
+  ModelParts parts;
+  if (quantization == WeightQuantization::kNone) return parts;
+  BlockQuantOptions options;
+  options.format =
+      quantization == WeightQuantization::kInt4 ? BlockFormat::kQ4_0 : BlockFormat::kQ8_0;
+  parts.linear_factory = std::make_shared<BlockQuantLinearFactory>(options);
+  return parts;
+}
 
 ModelParts Int8ModelParts(const Int8Options& options) {
   ModelParts parts;
@@ -13,25 +45,30 @@ ModelParts Int8ModelParts(const Int8Options& options) {
   return parts;
 }
 
-absl::Status QuantizeModelInt8(GPTImpl& model) {
+absl::Status QuantizeModel(GPTImpl& model) {
   if (!model.device().is_cpu() || model.dtype() != c10::kFloat) {
     return absl::FailedPreconditionError(
-        "int8 quantisation needs a float32 model on the CPU");
+        "weight quantisation needs a float32 model on the CPU");
   }
   int quantized = 0;
   for (const std::shared_ptr<torch::nn::Module>& module : model.modules()) {
-    auto* projection = dynamic_cast<Int8ProjectionImpl*>(module.get());
-    if (projection == nullptr) continue;
-    RETURN_IF_ERROR(projection->Quantize());
-    ++quantized;
+    if (auto* block = dynamic_cast<BlockQuantProjectionImpl*>(module.get())) {
+      RETURN_IF_ERROR(block->Quantize());
+      ++quantized;
+    } else if (auto* int8 = dynamic_cast<Int8ProjectionImpl*>(module.get())) {
+      RETURN_IF_ERROR(int8->Quantize());
+      ++quantized;
+    }
   }
   if (quantized == 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(model.config().name,
-                     ": no quantisable projections; build the model with Int8ModelParts()"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        model.config().name,
+        ": no quantisable projections; build the model with QuantizedModelParts()"));
   }
   return absl::OkStatus();
 }
+
+absl::Status QuantizeModelInt8(GPTImpl& model) { return QuantizeModel(model); }
 
 int64_t ModelWeightBytes(GPTImpl& model) {
   int64_t bytes = 0;
@@ -39,10 +76,13 @@ int64_t ModelWeightBytes(GPTImpl& model) {
     bytes += p.numel() * static_cast<int64_t>(p.element_size());
   }
   for (const std::shared_ptr<torch::nn::Module>& module : model.modules()) {
-    auto* projection = dynamic_cast<Int8ProjectionImpl*>(module.get());
-    if (projection == nullptr || !projection->quantized()) continue;
-    const Int8Weight& weight = projection->int8_weight();
-    bytes += weight.values.numel() + weight.scales.numel() * 4;
+    if (auto* block = dynamic_cast<BlockQuantProjectionImpl*>(module.get())) {
+      bytes += block->quantized_weight().bytes();
+    } else if (auto* int8 = dynamic_cast<Int8ProjectionImpl*>(module.get())) {
+      if (!int8->quantized()) continue;
+      const Int8Weight& weight = int8->int8_weight();
+      bytes += weight.values.numel() + weight.scales.numel() * 4;
+    }
   }
   return bytes;
 }

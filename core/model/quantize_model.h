@@ -1,33 +1,57 @@
-// int8 weight-only quantisation of a whole model (see core/ops/quantize.h for the format).
+// Weight quantisation of a whole model at load time.
 //
 //   LoadOptions load;
-//   load.parts = Int8ModelParts();           // projections that can become int8
+//   load.parts = QuantizedModelParts(WeightQuantization::kInt4);  // quantisable projections
 //   LoadedModel loaded = *LoadCheckpoint(dir, load);
-//   RETURN_IF_ERROR(QuantizeModelInt8(*loaded.model));
+//   RETURN_IF_ERROR(QuantizeModel(*loaded.model));                 // frees the float weights
 //
-// The quantised model keeps float32 embeddings, norms and biases; the int8 GEMV serves
-// decoding on the CPU, larger inputs dequantise per call.
+// Formats: kInt8 and kInt4 are the block formats of core/ops/block_quant.h (q8_0/q4_0-like: a
+// float32 scale per 32 weights, integer-dot GEMV for decoding) for every projection, the MoE
+// experts and lm_head; the embedding, norms, biases and the MoE router stay float32, as do
+// projections whose in_features is not a multiple of 32. The older per-channel/per-group
+// int8 format (core/nn/int8_linear.h, Int8ModelParts) serves int8-base LoRA fine-tuning.
+// Each projection's float weight is freed as soon as it is quantised, so the float32 and the
+// quantised copy of the model never coexist beyond one matrix.
 #ifndef LGPT_CORE_MODEL_QUANTIZE_MODEL_H_
 #define LGPT_CORE_MODEL_QUANTIZE_MODEL_H_
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "core/model/gpt.h"
 #include "core/model/model_parts.h"
+#include "core/nn/block_quant_linear.h"
 #include "core/nn/int8_linear.h"
 
 namespace lgpt {
 
-// Model parts whose projections QuantizeModelInt8 can quantise: pass them as
-// LoadOptions::parts or to GPTImpl::Create. Until quantised the model is a plain float one.
+enum class WeightQuantization {
+  kNone,
+  kInt8,  // q8_0-like blocks: 1.125 bytes per weight
+  kInt4,  // q4_0-like blocks: 0.625 bytes per weight
+};
+const char* WeightQuantizationName(WeightQuantization quantization);  // none, int8, int4
+// "none", "int8" or "int4"; InvalidArgument naming the accepted values otherwise.
+absl::StatusOr<WeightQuantization> ParseWeightQuantization(absl::string_view name);
+
+// Model parts whose projections QuantizeModel turns into `quantization`'s format (kNone: the
+// default parts). Until quantised the model is a plain float one.
+ModelParts QuantizedModelParts(WeightQuantization quantization);
+
+// Model parts whose projections QuantizeModelInt8 can quantise to the per-channel/per-group
+// int8 format: pass them as LoadOptions::parts or to GPTImpl::Create.
 ModelParts Int8ModelParts(const Int8Options& options = {});
 
-// Quantises every projection of `model` to int8 and frees their float weights. The model
-// must have been built with Int8ModelParts and be on the CPU in float32 (move it first);
-// quantising twice is a no-op.
+// Quantises every quantisable projection of `model` (built with QuantizedModelParts or
+// Int8ModelParts) and frees their float weights. The model must be on the CPU in float32
+// (move it first); quantising twice is a no-op. FailedPrecondition when nothing is
+// quantisable.
+absl::Status QuantizeModel(GPTImpl& model);
+// The same; the name of the int8-only days.
 absl::Status QuantizeModelInt8(GPTImpl& model);
 
-// Bytes of the model's weights as held: every parameter plus the int8 values and scales of
-// quantised projections.
+// Bytes of the model's weights as held: every parameter plus the quantised values and scales
+// of quantised projections.
 int64_t ModelWeightBytes(GPTImpl& model);
 
 }  // namespace lgpt

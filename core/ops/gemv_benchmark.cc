@@ -1,7 +1,8 @@
-// The few-row GEMV against at::linear (OpenBLAS) at decode shapes of the 110M Llama, and a
-// streaming read of the same bytes (the memory-bandwidth bound).
+// The few-row GEMV against at::linear (OpenBLAS) at decode shapes of the 110M Llama, the
+// int8 (per-channel) and block-quantised (q8_0/q4_0-like, each kernel) GEMVs, and a streaming
+// read of the same bytes (the memory-bandwidth bound). GB_per_s counts the weight bytes read.
 //
-//   bazel run -c opt //core:gemv_benchmark -- [--threads=N]
+//   bazel run -c opt //core/ops:gemv_benchmark -- [--threads=N] [--benchmark_filter=Block]
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -13,6 +14,7 @@
 #include <ATen/Parallel.h>
 #include <benchmark/benchmark.h>
 
+#include "core/ops/block_quant.h"
 #include "core/ops/gemv.h"
 #include "core/ops/quantize.h"
 
@@ -59,6 +61,23 @@ void BM_Int8Gemv(benchmark::State& state) {
   SetBytes(state, n_out * k);
 }
 
+// args: rows, n_out, k. Skipped where the CPU lacks the kernel.
+void BM_BlockQuantGemv(benchmark::State& state, BlockFormat format, QuantKernel kernel) {
+  if (!QuantKernelAvailable(kernel)) {
+    state.SkipWithError("kernel not available on this CPU");
+    return;
+  }
+  const int64_t rows = state.range(0), n_out = state.range(1), k = state.range(2);
+  const BlockQuantWeight w = QuantizeBlocks(at::randn({n_out, k}), format).value();
+  const at::Tensor x = at::randn({rows, k});
+  at::Tensor y = at::empty({rows, n_out});
+  for (auto _ : state) {
+    BlockQuantGemv(w, nullptr, x.data_ptr<float>(), y.data_ptr<float>(), rows, kernel);
+    benchmark::DoNotOptimize(y.data_ptr<float>());
+  }
+  SetBytes(state, w.bytes());
+}
+
 // Sums `bytes` of int32 in chunks over the GEMV's threads: the read bandwidth the GEMV can
 // reach (far larger than the caches).
 void BM_StreamRead(benchmark::State& state) {
@@ -93,6 +112,16 @@ BENCHMARK_CAPTURE(BM_Gemv, avx2, true)->Apply(Shapes);
 BENCHMARK_CAPTURE(BM_Gemv, portable, false)->Apply(Shapes);
 BENCHMARK(BM_AtLinear)->Apply(Shapes);
 BENCHMARK(BM_Int8Gemv)->Apply(Shapes);
+BENCHMARK_CAPTURE(BM_BlockQuantGemv, q8_0_vnni, BlockFormat::kQ8_0, QuantKernel::kAvx512Vnni)
+    ->Apply(Shapes);
+BENCHMARK_CAPTURE(BM_BlockQuantGemv, q8_0_avx2, BlockFormat::kQ8_0, QuantKernel::kAvx2)
+    ->Apply(Shapes);
+BENCHMARK_CAPTURE(BM_BlockQuantGemv, q4_0_vnni, BlockFormat::kQ4_0, QuantKernel::kAvx512Vnni)
+    ->Apply(Shapes);
+BENCHMARK_CAPTURE(BM_BlockQuantGemv, q4_0_avx2, BlockFormat::kQ4_0, QuantKernel::kAvx2)
+    ->Apply(Shapes);
+BENCHMARK_CAPTURE(BM_BlockQuantGemv, q4_0_portable, BlockFormat::kQ4_0, QuantKernel::kPortable)
+    ->Apply(Shapes);
 BENCHMARK(BM_StreamRead)->Arg(int64_t{438} << 20)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace

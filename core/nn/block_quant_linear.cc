@@ -1,0 +1,115 @@
+#include "core/nn/block_quant_linear.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/ops/gemv.h"
+#include "torch/csrc/autograd/custom_function.h"
+
+namespace lgpt {
+namespace {
+
+// y = x · dequantised(W)^T + b with autograd, saving only the quantised weight for the
+// backward pass (a frozen quantised base under trained LoRA weights keeps no float copy).
+class BlockQuantLinear : public torch::autograd::Function<BlockQuantLinear> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            const at::Tensor& values, const at::Tensor& scales, int64_t format,
+                            const at::Tensor& bias) {
+    ctx->save_for_backward({values, scales});
+    ctx->saved_data["format"] = format;
+    ctx->saved_data["bias_grad"] = bias.requires_grad();
+    const at::Tensor w = DequantizeBlocks(Weight(values, scales, format));  // [N, K]
+    return at::linear(x, w.to(x.device(), x.scalar_type()), bias.to(x.scalar_type()));
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const BlockQuantWeight weight =
+        Weight(saved[0], saved[1], ctx->saved_data["format"].toInt());
+    const at::Tensor& grad_y = grads[0];  // [..., N]
+    const at::Tensor grad_x =
+        at::matmul(grad_y, DequantizeBlocks(weight).to(grad_y.device(), grad_y.scalar_type()));
+    at::Tensor grad_bias;
+    if (ctx->saved_data["bias_grad"].toBool()) {
+      grad_bias = grad_y.reshape({-1, grad_y.size(-1)}).sum(0);
+    }
+    return {grad_x, at::Tensor(), at::Tensor(), at::Tensor(), grad_bias};
+  }
+
+  static BlockQuantWeight Weight(const at::Tensor& values, const at::Tensor& scales,
+                                 int64_t format) {
+    BlockQuantWeight w;
+    w.format = static_cast<BlockFormat>(format);
+    w.values = values;
+    w.scales = scales;
+    w.out_features = scales.size(0);
+    w.in_features = scales.size(1) * kQuantBlock;
+    return w;
+  }
+};
+
+}  // namespace
+
+BlockQuantProjectionImpl::BlockQuantProjectionImpl(const LinearSpec& spec,
+                                                   const BlockQuantOptions& options)
+    : DenseProjectionImpl(spec), spec_(spec), options_(options) {}
+
+absl::Status BlockQuantProjectionImpl::Quantize() {
+  if (quantized()) return absl::OkStatus();
+  absl::StatusOr<BlockQuantWeight> q = QuantizeBlocks(weight, options_.format);
+  if (!q.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(LinearSiteName(spec_.site), " of layer ",
+                                                   spec_.layer, ": ", q.status().message()));
+  }
+  quantized_ = *std::move(q);
+  // Frees the float weight (or drops this module's hold on a memory-mapped checkpoint's
+  // pages); the parameter stays registered, empty, so the module's structure is unchanged.
+  at::NoGradGuard no_grad;
+  weight.set_data(at::empty({0}, weight.options()));
+  return absl::OkStatus();
+}
+
+at::Tensor BlockQuantProjectionImpl::forward(const at::Tensor& x) {
+  if (!quantized()) return DenseProjectionImpl::forward(x);
+  const int64_t k = quantized_.in_features, n_out = quantized_.out_features;
+  const bool gemv = x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() >= 1 &&
+                    x.size(-1) == k && x.numel() > 0 &&
+                    (!bias.defined() || bias.scalar_type() == at::kFloat) &&
+                    !(c10::GradMode::is_enabled() &&
+                      (x.requires_grad() || (bias.defined() && bias.requires_grad())));
+  if (!gemv) {
+    // Autograd functions take defined tensors only: a projection without bias adds zeros.
+    const at::Tensor b = bias.defined() ? bias : at::zeros({n_out}, x.options());
+    return BlockQuantLinear::apply(x, quantized_.values, quantized_.scales,
+                                   static_cast<int64_t>(quantized_.format), b);
+  }
+  const at::Tensor xc = x.contiguous();  // [..., K]
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape.back() = n_out;
+  at::Tensor y = at::empty(shape, x.options());  // [..., N]
+  const at::Tensor b = bias.defined() ? bias.contiguous() : bias;
+  BlockQuantGemv(quantized_, b.defined() ? b.data_ptr<float>() : nullptr, xc.data_ptr<float>(),
+                 y.data_ptr<float>(), xc.numel() / k);
+  return y;
+}
+
+at::Tensor BlockQuantProjectionImpl::DenseWeight() const {
+  if (!quantized()) return DenseProjectionImpl::DenseWeight();
+  return DequantizeBlocks(quantized_).to(weight.scalar_type());
+}
+
+ProjectionPtr BlockQuantLinearFactory::Make(const LinearSpec& spec) const {
+  if ((spec.site == LinearSite::kHead && !options_.quantize_head) ||
+      spec.site == LinearSite::kMoeGate || spec.in_features % kQuantBlock != 0) {
+    return LinearFactory::Make(spec);
+  }
+  return std::make_shared<BlockQuantProjectionImpl>(spec, options_);
+}
+
+}  // namespace lgpt

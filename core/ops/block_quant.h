@@ -1,0 +1,91 @@
+// Block-quantised weights for CPU decoding: q8_0-like (int8, one float32 scale per 32
+// weights) and q4_0-like (4-bit, one float32 scale per 32 weights), and the GEMV that
+// multiplies them with integer dot products.
+//
+// Each call quantises the activation rows to int8 per 32-block once (symmetric, scale =
+// amax / 127; O(rows * K), negligible next to the weights), then streams every weight byte
+// once for all rows: per 32-block an exact int32 dot product, scaled by weight scale x
+// activation scale into float32 lane accumulators. Bytes read per weight: 1.125 (q8_0) and
+// 0.625 (q4_0), against 4 for float32; decoding is bound by those bytes. Kernels, chosen at
+// run time (the target builds and runs on any CPU):
+//   kAvx512Vnni  _mm512_dpbusd_epi32, two blocks per instruction (AVX-512 F/BW + VNNI)
+//   kAvx2        _mm256_maddubs_epi16 + _mm256_madd_epi16, one block per step (AVX2 + FMA)
+//   kPortable    scalar loops
+// Integer block sums are exact in every kernel; kernels differ only in the order of the
+// float32 accumulation (tests bound the difference). Output rows are split over the
+// row-parallel pool like GemvF32. A row's result never depends on the other rows of the
+// call (same instructions per row whatever the batch): batched decoding gives each request
+// the result it would get alone.
+#ifndef LGPT_CORE_OPS_BLOCK_QUANT_H_
+#define LGPT_CORE_OPS_BLOCK_QUANT_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace lgpt {
+
+// Weights (and activations) per scale.
+inline constexpr int64_t kQuantBlock = 32;
+
+enum class BlockFormat {
+  kQ8_0,  // int8 q in [-127, 127]; w ~ q * scale, scale = amax / 127
+  kQ4_0,  // 4-bit q in [-8, 7]; w ~ q * scale, the block's largest magnitude exactly representable
+};
+const char* BlockFormatName(BlockFormat format);
+
+struct BlockQuantWeight {
+  BlockFormat format = BlockFormat::kQ8_0;
+  // kQ8_0: int8 [N, K]. kQ4_0: uint8 [N, K / 2]; a block's 16 bytes hold q + 8 of its
+  // element j in the low nibble of byte j and of element j + 16 in the high nibble.
+  at::Tensor values;
+  at::Tensor scales;  // float32 [N, K / 32]
+  int64_t out_features = 0;  // N
+  int64_t in_features = 0;   // K, a multiple of kQuantBlock
+
+  bool defined() const { return values.defined(); }
+  // Bytes held (values and scales).
+  int64_t bytes() const;
+};
+
+// Quantises a float [N, K] weight (any float dtype or device; the result is on the CPU).
+// InvalidArgument when it is not 2-D or K is not a multiple of kQuantBlock.
+absl::StatusOr<BlockQuantWeight> QuantizeBlocks(const at::Tensor& weight, BlockFormat format);
+
+// The float32 [N, K] weight a BlockQuantWeight stands for (rows [begin, end) of it with the
+// second form: an embedding lookup dequantises only the rows it needs).
+at::Tensor DequantizeBlocks(const BlockQuantWeight& weight);
+at::Tensor DequantizeBlockRows(const BlockQuantWeight& weight, const at::Tensor& rows);
+
+enum class QuantKernel { kPortable, kAvx2, kAvx512Vnni };
+const char* QuantKernelName(QuantKernel kernel);
+// Whether this CPU (and OS) runs `kernel`.
+bool QuantKernelAvailable(QuantKernel kernel);
+// The fastest available kernel; the environment variable LGPT_QUANT_KERNEL (portable, avx2,
+// avx512vnni) picks a slower one for comparisons.
+QuantKernel BestQuantKernel();
+
+// Activation rows quantised per 32-block (symmetric int8, scale = amax / 127, ties to even);
+// every kernel gives the same bytes (kPortable: scalar; the others: AVX2).
+struct QuantizedRows {
+  std::vector<int8_t> values;  // [rows, K]
+  std::vector<float> scales;   // [rows, K / 32]
+  std::vector<float> sums;     // [rows, K / 32]: scale * sum of the block's values
+};
+void QuantizeRows(const float* x, int64_t rows, int64_t k, QuantizedRows* out,
+                  QuantKernel kernel = BestQuantKernel());
+
+// y[m, n] = sum_k x[m, k] w[n, k] (+ bias[n]) with x quantised per block, for any number of
+// rows (decoding has 1..kGemvMaxRows; prefill more: per pair of weight rows, held in L1,
+// every group of four x rows, so the weights still stream once and the cost becomes the
+// integer dot products); x rows are K floats apart, y rows N floats apart. Parallel over n.
+// CHECK-fails on a kernel this CPU lacks.
+void BlockQuantGemv(const BlockQuantWeight& weight, const float* bias, const float* x, float* y,
+                    int64_t rows, QuantKernel kernel = BestQuantKernel());
+
+}  // namespace lgpt
+
+#endif  // LGPT_CORE_OPS_BLOCK_QUANT_H_
