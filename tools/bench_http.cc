@@ -26,6 +26,7 @@
 #include "lgpt.h"
 #include "nlohmann/json.hpp"
 #include "tools/server/http_server.h"
+#include "tools/bench_util.h"
 #include "tools/tool_util.h"
 
 ABSL_FLAG(std::string, server, "",
@@ -42,27 +43,6 @@ ABSL_FLAG(int64_t, prompt_seed, 1, "seed of the random prompts");
 
 namespace lgpt {
 namespace {
-
-double Percentile(std::vector<double> values, double q) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  const size_t index = std::min(values.size() - 1, static_cast<size_t>(q * values.size()));
-  return values[index];
-}
-
-std::vector<int64_t> ParseCounts(const std::string& text) {
-  std::vector<int64_t> counts;
-  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
-    int64_t n = 0;
-    if (!absl::SimpleAtoi(part, &n) || n < 1) {
-      Die(absl::InvalidArgumentError(
-          absl::StrCat("--concurrency takes numbers >= 1, got '", part, "'")));
-    }
-    counts.push_back(n);
-  }
-  if (counts.empty()) Die(absl::InvalidArgumentError("--concurrency is empty"));
-  return counts;
-}
 
 struct Round {
   double tokens_per_s = 0, ttft_p50 = 0, ttft_p99 = 0, itl_p50 = 0, itl_p99 = 0;
@@ -223,7 +203,8 @@ int main(int argc, char** argv) {
   InitTool(argc, argv,
            "bench_http [--server=http://HOST:PORT | --checkpoint_dir=DIR] --concurrency=1,4,16 "
            "--prompt_tokens=N --new_tokens=N");
-  const std::vector<int64_t> counts = ParseCounts(absl::GetFlag(FLAGS_concurrency));
+  const std::vector<int64_t> counts =
+      ValueOrDie(ParseConcurrency(absl::GetFlag(FLAGS_concurrency)));
   if (absl::GetFlag(FLAGS_prompt_tokens) < 1 || absl::GetFlag(FLAGS_new_tokens) < 1) {
     Die(absl::InvalidArgumentError("--prompt_tokens and --new_tokens must be >= 1"));
   }

@@ -31,6 +31,7 @@
 #include "absl/strings/str_split.h"
 #include "lgpt.h"
 #include "tools/generation_flags.h"
+#include "tools/bench_util.h"
 #include "tools/tool_util.h"
 
 ABSL_FLAG(std::string, checkpoint_dir, "",
@@ -51,27 +52,6 @@ ABSL_FLAG(bool, prefix_caching, true, "reuse cached prompt blocks (with --pool_m
 
 namespace lgpt {
 namespace {
-
-double Percentile(std::vector<double> values, double q) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  const size_t index = std::min(values.size() - 1, static_cast<size_t>(q * values.size()));
-  return values[index];
-}
-
-std::vector<int64_t> ParseCounts(const std::string& text) {
-  std::vector<int64_t> counts;
-  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
-    int64_t n = 0;
-    if (!absl::SimpleAtoi(part, &n) || n < 1) {
-      Die(absl::InvalidArgumentError(
-          absl::StrCat("--concurrency takes numbers >= 1, got '", part, "'")));
-    }
-    counts.push_back(n);
-  }
-  if (counts.empty()) Die(absl::InvalidArgumentError("--concurrency is empty"));
-  return counts;
-}
 
 struct Round {
   double tokens_per_s = 0, ttft_p50 = 0, ttft_p99 = 0, itl_p50 = 0, itl_p99 = 0;
@@ -173,7 +153,8 @@ int main(int argc, char** argv) {
            "--new_tokens=N [--shared_prefix_tokens=N] [--kv_cache=POLICY ...]");
   std::string checkpoint_dir = ResolvePath(absl::GetFlag(FLAGS_checkpoint_dir));
   if (checkpoint_dir.empty()) checkpoint_dir = DefaultModelDir();
-  const std::vector<int64_t> counts = ParseCounts(absl::GetFlag(FLAGS_concurrency));
+  const std::vector<int64_t> counts =
+      ValueOrDie(ParseConcurrency(absl::GetFlag(FLAGS_concurrency)));
   if (absl::GetFlag(FLAGS_prompt_tokens) < 1 || absl::GetFlag(FLAGS_new_tokens) < 1) {
     Die(absl::InvalidArgumentError("--prompt_tokens and --new_tokens must be >= 1"));
   }

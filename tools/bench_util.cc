@@ -1,0 +1,32 @@
+#include "tools/bench_util.h"
+
+#include <algorithm>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace lgpt {
+
+double Percentile(std::vector<double> values, double q) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t index = std::min(values.size() - 1, static_cast<size_t>(q * values.size()));
+  return values[index];
+}
+
+absl::StatusOr<std::vector<int64_t>> ParseConcurrency(const std::string& text) {
+  std::vector<int64_t> counts;
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    int64_t n = 0;
+    if (!absl::SimpleAtoi(part, &n) || n < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--concurrency takes numbers >= 1, got '", part, "'"));
+    }
+    counts.push_back(n);
+  }
+  if (counts.empty()) return absl::InvalidArgumentError("--concurrency is empty");
+  return counts;
+}
+
+}  // namespace lgpt
