@@ -359,11 +359,7 @@ absl::StatusOr<std::shared_ptr<BlockPool>> Engine::NewBlockPool() const {
   geometry.layers = model_->CacheLayout();
   geometry.dtype = model_->dtype();
   geometry.device = model_->device();
-  int64_t bytes_per_block = 0;
-  for (const KVLayerSpec& layer : geometry.layers) {
-    bytes_per_block += 2 * layer.n_query_groups * serving_.kv_block_size * layer.head_size *
-                       static_cast<int64_t>(c10::elementSize(geometry.dtype));
-  }
+  const int64_t bytes_per_block = BlockPool::BytesPerBlock(geometry, serving_.kv_block_size);
   BlockPoolOptions options;
   options.block_size = serving_.kv_block_size;
   options.num_blocks = serving_.kv_pool_bytes / std::max<int64_t>(bytes_per_block, 1);

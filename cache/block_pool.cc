@@ -27,6 +27,15 @@ BlockPool::BlockPool(std::vector<KVLayerSpec> layers, int64_t block_size, int64_
       num_blocks_(num_blocks),
       tensor_options_(tensor_options) {}
 
+int64_t BlockPool::BytesPerBlock(const KVCacheGeometry& geometry, int64_t block_size) {
+  int64_t bytes = 0;
+  for (const KVLayerSpec& layer : geometry.layers) {
+    bytes += 2 * layer.n_query_groups * block_size * layer.head_size *
+             static_cast<int64_t>(c10::elementSize(geometry.dtype));
+  }
+  return bytes;
+}
+
 absl::StatusOr<std::shared_ptr<BlockPool>> BlockPool::Create(const KVCacheGeometry& geometry,
                                                              const BlockPoolOptions& options) {
   RETURN_IF_ERROR(options.Validate());
@@ -38,10 +47,7 @@ absl::StatusOr<std::shared_ptr<BlockPool>> BlockPool::Create(const KVCacheGeomet
       at::TensorOptions().dtype(geometry.dtype).device(geometry.device);
   std::shared_ptr<BlockPool> pool(
       new BlockPool(geometry.layers, options.block_size, options.num_blocks, tensor_options));
-  for (const KVLayerSpec& layer : geometry.layers) {
-    pool->bytes_per_block_ += 2 * layer.n_query_groups * options.block_size * layer.head_size *
-                              static_cast<int64_t>(c10::elementSize(geometry.dtype));
-  }
+  pool->bytes_per_block_ = BytesPerBlock(geometry, options.block_size);
   pool->storage_.resize(options.num_blocks);
   pool->references_.assign(options.num_blocks, 0);
   pool->published_.resize(options.num_blocks);
@@ -90,7 +96,7 @@ absl::StatusOr<int64_t> BlockPool::Allocate() {
 
 absl::Status BlockPool::Reserve(int64_t bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
-  const int64_t reserved = (reserved_bytes_ + bytes + bytes_per_block_ - 1) / bytes_per_block_;
+  const int64_t reserved = BlocksForBytes(reserved_bytes_ + bytes);
   if (bytes < 0 || referenced_ + reserved > num_blocks_) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the KV block pool cannot set aside ", bytes, " bytes: ", num_blocks_, " blocks of ",
@@ -108,7 +114,7 @@ void BlockPool::Unreserve(int64_t bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
   CHECK(bytes >= 0 && bytes <= reserved_bytes_) << bytes << " of " << reserved_bytes_;
   reserved_bytes_ -= bytes;
-  reserved_ = (reserved_bytes_ + bytes_per_block_ - 1) / bytes_per_block_;
+  reserved_ = BlocksForBytes(reserved_bytes_);
 }
 
 void BlockPool::Unpublish(int64_t block) {

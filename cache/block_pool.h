@@ -102,6 +102,13 @@ class BlockPool {
   int64_t block_size() const { return block_size_; }
   // Key and value bytes of one block over all layers.
   int64_t BytesPerBlock() const { return bytes_per_block_; }
+  // The same for a geometry not yet made into a pool (sizing a pool by bytes).
+  static int64_t BytesPerBlock(const KVCacheGeometry& geometry, int64_t block_size);
+  // Blocks that hold `entries` entries, and blocks that cover `bytes` bytes (rounded up).
+  int64_t BlocksFor(int64_t entries) const { return (entries + block_size_ - 1) / block_size_; }
+  int64_t BlocksForBytes(int64_t bytes) const {
+    return (bytes + bytes_per_block_ - 1) / bytes_per_block_;
+  }
   const std::vector<KVLayerSpec>& layers() const { return layers_; }
   c10::Device device() const { return tensor_options_.device(); }
   // [n_query_groups, block_size, head_size]: the keys or values of `layer` in a taken block.

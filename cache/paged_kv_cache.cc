@@ -35,15 +35,20 @@ void PagedKVCache::Reset() {
   length_ = 0;
 }
 
-int64_t PagedKVCache::BlocksNeeded(int64_t steps) const {
+std::vector<int64_t> PagedKVCache::TableSlotsToFill(int64_t steps) const {
+  std::vector<int64_t> slots;
+  if (steps <= 0) return slots;
   const int64_t block_size = pool_->block_size();
-  const int64_t first = length_ / block_size;
-  const int64_t last = (length_ + steps - 1) / block_size;
-  int64_t needed = 0;
-  for (int64_t i = first; i <= last && steps > 0; ++i) {
-    if (i >= static_cast<int64_t>(table_.size()) || pool_->IsShared(table_[i])) ++needed;
+  for (int64_t i = length_ / block_size; i <= (length_ + steps - 1) / block_size; ++i) {
+    if (i >= static_cast<int64_t>(table_.size()) || pool_->IsShared(table_[i])) {
+      slots.push_back(i);
+    }
   }
-  return needed;
+  return slots;
+}
+
+int64_t PagedKVCache::BlocksNeeded(int64_t steps) const {
+  return static_cast<int64_t>(TableSlotsToFill(steps).size());
 }
 
 absl::Status PagedKVCache::CheckStep(const KVStep& step, int64_t batch_size) const {
@@ -60,12 +65,10 @@ absl::Status PagedKVCache::CheckStep(const KVStep& step, int64_t batch_size) con
 absl::Status PagedKVCache::Reserve(int64_t steps) { return TakeBlocks(steps); }
 
 absl::Status PagedKVCache::TakeBlocks(int64_t steps) const {
+  const std::vector<int64_t> slots = TableSlotsToFill(steps);
   // Take every block first, so a full pool leaves the cache as it was.
-  const int64_t block_size = pool_->block_size();
-  const int64_t first = length_ / block_size, last = (length_ + steps - 1) / block_size;
   std::vector<int64_t> taken;
-  for (int64_t i = first; i <= last && steps > 0; ++i) {
-    if (i < static_cast<int64_t>(table_.size()) && !pool_->IsShared(table_[i])) continue;
+  for (size_t k = 0; k < slots.size(); ++k) {
     absl::StatusOr<int64_t> block = pool_->Allocate();
     if (!block.ok()) {
       for (int64_t b : taken) pool_->Release(b);
@@ -73,15 +76,15 @@ absl::Status PagedKVCache::TakeBlocks(int64_t steps) const {
     }
     taken.push_back(*block);
   }
-  auto next = taken.begin();
-  for (int64_t i = first; i <= last && steps > 0; ++i) {
-    if (i >= static_cast<int64_t>(table_.size())) {
-      table_.push_back(*next++);
-    } else if (pool_->IsShared(table_[i])) {
+  for (size_t k = 0; k < slots.size(); ++k) {
+    const int64_t i = slots[k];
+    if (i == static_cast<int64_t>(table_.size())) {
+      table_.push_back(taken[k]);
+    } else {
       // Copy-on-write: this cache's writes land in its own copy of the shared block.
-      pool_->CopyBlock(table_[i], *next);
+      pool_->CopyBlock(table_[i], taken[k]);
       pool_->Release(table_[i]);
-      table_[i] = *next++;
+      table_[i] = taken[k];
     }
   }
   return absl::OkStatus();
@@ -121,8 +124,7 @@ absl::StatusOr<int64_t> PagedKVCache::Write(int64_t layer, const KVStep& step,
       CheckLayerStep(layer, pool_->layers(), step, keys, values, 1, max_sequence_length_));
   const int64_t steps = keys.size(2), begin = layer_length_[layer];
   const int64_t block_size = pool_->block_size();
-  if (begin != length_ || (begin + steps + block_size - 1) / block_size >
-                              static_cast<int64_t>(table_.size())) {
+  if (begin != length_ || pool_->BlocksFor(begin + steps) > static_cast<int64_t>(table_.size())) {
     return absl::FailedPreconditionError(
         absl::StrCat("PagedKVCache layer ", layer, " written without its step's CheckStep"));
   }
@@ -155,8 +157,7 @@ at::Tensor PagedKVCache::Positions(int64_t begin, int64_t length) const {
 absl::StatusOr<KVView> PagedKVCache::Update(int64_t layer, const KVStep& step,
                                             const at::Tensor& keys, const at::Tensor& values) {
   ASSIGN_OR_RETURN(const int64_t length, Write(layer, step, keys, values));
-  const int64_t block_size = pool_->block_size();
-  const int64_t blocks = (length + block_size - 1) / block_size;
+  const int64_t blocks = pool_->BlocksFor(length);
   std::vector<at::Tensor> block_keys, block_values;
   for (int64_t i = 0; i < blocks; ++i) {
     block_keys.push_back(pool_->keys(table_[i], layer));

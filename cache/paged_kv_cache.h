@@ -89,6 +89,9 @@ class PagedKVCache : public KVCache {
   at::Tensor Positions(int64_t begin, int64_t length) const;
   // Reserve's work; CheckStep (const in the KVCache contract) calls it too.
   absl::Status TakeBlocks(int64_t steps) const;
+  // Indices into table_ that the next `steps` entries write into and that need a block of
+  // their own: past the table's end (ascending from it), or shared (copied on write).
+  std::vector<int64_t> TableSlotsToFill(int64_t steps) const;
 
   std::shared_ptr<BlockPool> pool_;
   int64_t max_sequence_length_;

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
 #include "cache/batched_kv_cache.h"
 #include "cache/paged_kv_cache.h"
 #include "core/base/status_macros.h"
@@ -88,8 +89,10 @@ void RequestHandle::Finish(absl::StatusOr<RequestResult> result) {
 struct Scheduler::Request {
   std::shared_ptr<RequestHandle> handle;
   uint64_t arrival = 0;
-  std::vector<int64_t> prompt_ids;
-  at::Tensor prompt;  // [P] int64, made once at Submit
+  // The prompt, then the generated tokens; the cache holds the entries of
+  // ids[0, prefilled + fed).
+  std::vector<int64_t> ids;
+  int64_t prompt_length = 0;
   GenerateOptions options;
   std::unique_ptr<KVCache> cache;
   PagedKVCache* paged = nullptr;  // the cache, when it draws from the scheduler's pool
@@ -99,7 +102,6 @@ struct Scheduler::Request {
   at::Generator generator;
   int64_t prefilled = 0;
   int64_t fed = 0;          // generated tokens whose entries the cache holds
-  std::vector<int64_t> history;  // ids of the cache's entries, in position order (paged)
   at::Tensor logits;        // [1, V] of the last position, to sample from
   int64_t next_token = -1;  // to feed in this step's decode pass
   bool finished = false;
@@ -110,11 +112,9 @@ struct Scheduler::Request {
   RequestResult result;
   Clock::time_point submitted, admitted, prefill_done, last_token;
 
-  int64_t prompt_length() const { return static_cast<int64_t>(prompt_ids.size()); }
+  int64_t generated() const { return static_cast<int64_t>(ids.size()) - prompt_length; }
   // A token to feed next: the next generated one while replaying.
-  void ContinueReplay() {
-    next_token = fed < static_cast<int64_t>(result.tokens.size()) ? result.tokens[fed] : -1;
-  }
+  void ContinueReplay() { next_token = fed < generated() ? ids[prompt_length + fed] : -1; }
 };
 
 Scheduler::Scheduler(GPT model, SchedulerOptions options, std::shared_ptr<BlockPool> pool)
@@ -158,7 +158,7 @@ absl::StatusOr<std::shared_ptr<RequestHandle>> Scheduler::Submit(std::vector<int
           std::min(options.start_position + static_cast<int64_t>(prompt.size()) +
                        options.max_new_tokens,
                    paged->max_sequence_length());
-      const int64_t blocks = (entries + pool_->block_size() - 1) / pool_->block_size();
+      const int64_t blocks = pool_->BlocksFor(entries);
       if (blocks > pool_->num_blocks()) {
         return absl::ResourceExhaustedError(absl::StrCat(
             "the request needs ", blocks, " KV blocks of ", pool_->block_size(),
@@ -177,8 +177,8 @@ absl::StatusOr<std::shared_ptr<RequestHandle>> Scheduler::Submit(std::vector<int
     }
   }
   request->handle = std::make_shared<RequestHandle>();
-  request->prompt_ids = prompt;
-  request->prompt = at::tensor(prompt, at::kLong);
+  request->prompt_length = static_cast<int64_t>(prompt.size());
+  request->ids = std::move(prompt);
   request->options = std::move(options);
   request->cache = std::move(cache);
   request->generator = at::make_generator<at::CPUGeneratorImpl>(request->options.seed);
@@ -263,25 +263,25 @@ void Scheduler::AdmitWaiting(Running& running) {
   }
 }
 
+int64_t Scheduler::FirstChunk(const Request& request) const {
+  return std::min(EffectiveChunk(request.options), request.prompt_length);
+}
+
 bool Scheduler::Fits(const Request& request, const Running& running) const {
   if ((request.paged == nullptr && request.pool_charge == 0) || running.empty()) return true;
   // A new request needs its first chunk; a preempted one all it held (resuming it sooner
   // would only preempt it again).
   const int64_t entries =
       request.result.preemptions > 0
-          ? request.prompt_length() + static_cast<int64_t>(request.result.tokens.size()) + 1
-          : std::min(EffectiveChunk(request.options), request.prompt_length());
-  int64_t needed =
-      request.paged != nullptr
-          ? (entries + pool_->block_size() - 1) / pool_->block_size()
-          : (request.pool_charge + pool_->BytesPerBlock() - 1) / pool_->BytesPerBlock();
+          ? static_cast<int64_t>(request.ids.size()) + 1
+          : FirstChunk(request);
+  int64_t needed = request.paged != nullptr ? pool_->BlocksFor(entries)
+                                            : pool_->BlocksForBytes(request.pool_charge);
   // Blocks promised to running requests: a request yet to start its prefill its first chunk,
   // any other one block for its next step.
   for (const auto& other : running) {
     if (other->paged == nullptr) continue;
-    needed += other->started ? 1
-                             : (std::min(EffectiveChunk(other->options), other->prompt_length()) +
-                                pool_->block_size() - 1) / pool_->block_size();
+    needed += other->started ? 1 : pool_->BlocksFor(FirstChunk(*other));
   }
   return needed <= pool_->free_blocks();
 }
@@ -295,15 +295,13 @@ void Scheduler::Admit(Request& r) {
 
 void Scheduler::Start(Request& r) {
   r.started = true;
-  // The tokens whose entries the cache must hold: the prompt, then the generated tokens when
-  // the request was preempted.
-  std::vector<int64_t> known = r.prompt_ids;
-  known.insert(known.end(), r.result.tokens.begin(), r.result.tokens.end());
+  // The cache must hold the prompt, then the generated tokens when the request was
+  // preempted: the cached prefix of all of them counts.
   int64_t hit = 0;
   if (r.paged != nullptr && options_.prefix_caching && r.options.start_position == 0) {
-    hit = r.paged->AttachPrefix(known);
+    hit = r.paged->AttachPrefix(r.ids);
   }
-  const int64_t prompt_hit = std::min(hit, r.prompt_length());
+  const int64_t prompt_hit = std::min(hit, r.prompt_length);
   if (r.result.preemptions == 0 && prompt_hit > 0) {
     r.result.prefix_hit_tokens = prompt_hit;
     std::lock_guard<std::mutex> lock(mutex_);
@@ -312,9 +310,8 @@ void Scheduler::Start(Request& r) {
   }
   r.prefilled = prompt_hit;
   r.fed = hit - prompt_hit;
-  r.history.assign(known.begin(), known.begin() + hit);
   r.stream = std::make_unique<CachePositions>(*model_, *r.cache, r.options.start_position + hit);
-  if (r.prefilled == r.prompt_length()) r.ContinueReplay();
+  if (r.prefilled == r.prompt_length) r.ContinueReplay();
 }
 
 bool Scheduler::Step(Running& running) {
@@ -369,7 +366,6 @@ void Scheduler::Preempt(Request& r) {
   r.cache->Reset();
   r.prefilled = 0;
   r.fed = 0;
-  r.history.clear();
   r.logits = at::Tensor();
   r.next_token = -1;
   ++r.result.preemptions;
@@ -399,7 +395,7 @@ void Scheduler::Requeue(Running& running) {
 
 void Scheduler::Publish(Request& r) {
   if (r.paged != nullptr && options_.prefix_caching && r.options.start_position == 0) {
-    r.paged->PublishPrefix(r.history);
+    r.paged->PublishPrefix(absl::MakeConstSpan(r.ids).first(r.prefilled + r.fed));
   }
 }
 
@@ -411,7 +407,7 @@ void Scheduler::Prefill(Running& running) {
   bool any = false;
   for (size_t i = 0; i < running.size(); ++i) {
     Request& r = *running[i];
-    const int64_t length = r.prompt_length();
+    const int64_t length = r.prompt_length;
     if (r.finished || r.preempted || (r.started && r.prefilled >= length)) continue;
     if (any && std::min(EffectiveChunk(r.options), length - r.prefilled) > budget) break;
     // Started here, not at admission: blocks published by the requests before it in this
@@ -432,26 +428,24 @@ void Scheduler::Prefill(Running& running) {
     ForwardOptions forward;
     forward.positions = r.stream->Take(*reserved);
     forward.last_logits_only = true;
-    const at::Tensor tokens = r.prompt.narrow(0, r.prefilled, *reserved).unsqueeze(0);
+    // A view of the chunk's ids ([1, T] int64), read during the forward pass only.
+    const at::Tensor tokens =
+        at::from_blob(r.ids.data() + r.prefilled, {1, *reserved}, at::kLong);
     absl::StatusOr<at::Tensor> logits = model_->Forward(tokens, r.cache.get(), forward);
     if (!logits.ok()) {
       r.error = logits.status();
       r.finished = true;
       continue;
     }
-    if (r.paged != nullptr) {
-      r.history.insert(r.history.end(), r.prompt_ids.begin() + r.prefilled,
-                       r.prompt_ids.begin() + r.prefilled + *reserved);
-      Publish(r);
-    }
     r.prefilled += *reserved;
+    Publish(r);
     budget -= *reserved;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       stats_.prefill_tokens += *reserved;
     }
     if (r.prefilled < length) continue;
-    if (!r.result.tokens.empty()) {
+    if (r.generated() > 0) {
       r.ContinueReplay();  // recomputing after a preemption: the logits are known already
       continue;
     }
@@ -475,9 +469,8 @@ void Scheduler::SampleReady(Running& running) {
     }
     const int64_t next = sampled->cpu().item<int64_t>();
     const Clock::time_point now = Clock::now();
-    std::vector<int64_t>& out = r.result.tokens;
-    out.push_back(next);
-    if (out.size() == 1) {
+    r.ids.push_back(next);
+    if (r.generated() == 1) {
       r.result.stats.time_to_first_token_s = Seconds(r.submitted, now);
     } else {
       r.result.inter_token_s.push_back(Seconds(r.last_token, now));
@@ -496,7 +489,7 @@ void Scheduler::SampleReady(Running& running) {
     const std::vector<int64_t>& stops = r.options.stop_tokens;
     const bool stop = std::find(stops.begin(), stops.end(), next) != stops.end();
     if (!r.error.ok() || !keep_going || stop ||
-        static_cast<int64_t>(out.size()) == r.options.max_new_tokens) {
+        r.generated() == r.options.max_new_tokens) {
       r.finished = true;
     } else {
       r.next_token = next;
@@ -546,10 +539,7 @@ void Scheduler::DecodeBatch(Running& running) {
       continue;
     }
     ++r.fed;
-    if (r.paged != nullptr) {
-      r.history.push_back(r.next_token);
-      Publish(r);
-    }
+    Publish(r);
     r.ContinueReplay();
     if (r.next_token < 0) {
       r.logits = logits->select(0, static_cast<int64_t>(b)).reshape({1, -1});
@@ -570,7 +560,8 @@ void Scheduler::Retire(Running& running) {
   for (auto it = done; it != running.end(); ++it) {
     Request& r = **it;
     RequestResult& result = r.result;
-    result.stats.prompt_tokens = r.prompt.size(0);
+    result.tokens.assign(r.ids.begin() + r.prompt_length, r.ids.end());
+    result.stats.prompt_tokens = r.prompt_length;
     result.stats.new_tokens = static_cast<int64_t>(result.tokens.size());
     result.stats.kv_cache_bytes = r.cache->AllocatedBytes();
     result.kv_cache_index_bytes = r.cache->IndexBytes();

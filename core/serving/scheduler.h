@@ -168,6 +168,8 @@ class Scheduler {
   void Admit(Request& request);
   // At the request's first prefill turn: takes cached prefix blocks, makes its stream.
   void Start(Request& request);
+  // Prompt tokens of the request's first prefill chunk.
+  int64_t FirstChunk(const Request& request) const;
   // Whether the head of the queue fits the pool beside the running requests.
   bool Fits(const Request& request, const Running& running) const;
   // One iteration over the running requests; false when there was nothing to do.
