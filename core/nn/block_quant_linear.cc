@@ -19,11 +19,12 @@ class BlockQuantLinear : public torch::autograd::Function<BlockQuantLinear> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
                             const at::Tensor& values, const at::Tensor& scales, int64_t format,
-                            const at::Tensor& bias) {
+                            int64_t out_features, const at::Tensor& bias) {
     ctx->save_for_backward({values, scales});
     ctx->saved_data["format"] = format;
+    ctx->saved_data["out_features"] = out_features;
     ctx->saved_data["bias_grad"] = bias.requires_grad();
-    const at::Tensor w = DequantizeBlocks(Weight(values, scales, format));  // [N, K]
+    const at::Tensor w = DequantizeBlocks(Weight(values, scales, format, out_features));  // [N, K]
     return at::linear(x, w.to(x.device(), x.scalar_type()), bias.to(x.scalar_type()));
   }
 
@@ -31,7 +32,8 @@ class BlockQuantLinear : public torch::autograd::Function<BlockQuantLinear> {
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const BlockQuantWeight weight =
-        Weight(saved[0], saved[1], ctx->saved_data["format"].toInt());
+        Weight(saved[0], saved[1], ctx->saved_data["format"].toInt(),
+               ctx->saved_data["out_features"].toInt());
     const at::Tensor& grad_y = grads[0];  // [..., N]
     const at::Tensor grad_x =
         at::matmul(grad_y, DequantizeBlocks(weight).to(grad_y.device(), grad_y.scalar_type()));
@@ -39,17 +41,17 @@ class BlockQuantLinear : public torch::autograd::Function<BlockQuantLinear> {
     if (ctx->saved_data["bias_grad"].toBool()) {
       grad_bias = grad_y.reshape({-1, grad_y.size(-1)}).sum(0);
     }
-    return {grad_x, at::Tensor(), at::Tensor(), at::Tensor(), grad_bias};
+    return {grad_x, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), grad_bias};
   }
 
   static BlockQuantWeight Weight(const at::Tensor& values, const at::Tensor& scales,
-                                 int64_t format) {
+                                 int64_t format, int64_t out_features) {
     BlockQuantWeight w;
     w.format = static_cast<BlockFormat>(format);
     w.values = values;
     w.scales = scales;
-    w.out_features = scales.size(0);
-    w.in_features = scales.size(1) * kQuantBlock;
+    w.out_features = out_features;
+    w.in_features = scales.size(1) * kQuantBlock;  // scales [G, K / 32, 16]
     return w;
   }
 };
@@ -87,7 +89,7 @@ at::Tensor BlockQuantProjectionImpl::forward(const at::Tensor& x) {
     // Autograd functions take defined tensors only: a projection without bias adds zeros.
     const at::Tensor b = bias.defined() ? bias : at::zeros({n_out}, x.options());
     return BlockQuantLinear::apply(x, quantized_.values, quantized_.scales,
-                                   static_cast<int64_t>(quantized_.format), b);
+                                   static_cast<int64_t>(quantized_.format), n_out, b);
   }
   const at::Tensor xc = x.contiguous();  // [..., K]
   std::vector<int64_t> shape = x.sizes().vec();

@@ -18,7 +18,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/ops/gemv.h"
-#include "core/ops/simd_avx2.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -28,59 +27,87 @@
 namespace lgpt {
 namespace {
 
-constexpr int64_t kHalfBlock = kQuantBlock / 2;
+constexpr int64_t kGroup = kQuantRowGroup;
+// Weight elements per 4-byte lane of a chunk, and chunks per block.
+constexpr int64_t kLaneBytes = 4;
+constexpr int64_t kChunkBytes = kGroup * kLaneBytes;  // 64: one 512-bit load
+// Bytes of one (row group, block) tile: q8 8 chunks, q4 4 chunks (two nibbles a byte).
+constexpr int64_t kQ8TileBytes = kQuantBlock * kGroup;
+constexpr int64_t kQ4TileBytes = kQuantBlock * kGroup / 2;
+// The stored byte is q + offset: unsigned for dpbusd/maddubs. The offset is removed once per
+// block and activation row (offset x the row's block sum), whatever the weight row.
+constexpr int kQ8Offset = 128;
+constexpr int kQ4Offset = 8;
 // Blocks whose largest magnitude is below this quantise to zeros (their inverse scale would
 // overflow to infinity).
 constexpr float kTinyScale = 1e-30f;
 
+int64_t TileBytes(BlockFormat format) {
+  return format == BlockFormat::kQ4_0 ? kQ4TileBytes : kQ8TileBytes;
+}
+
+// Where element e (0..31) of block b of a row at `lane` of its group lives inside the tile:
+// q8 byte index, or q4 byte index plus whether it is the high nibble.
+inline int64_t Q8ByteInTile(int64_t lane, int64_t e) {
+  return (e / kLaneBytes) * kChunkBytes + lane * kLaneBytes + e % kLaneBytes;
+}
+inline int64_t Q4ByteInTile(int64_t lane, int64_t e, bool* high) {
+  const int64_t pair = e / (2 * kLaneBytes), within = e % (2 * kLaneBytes);
+  *high = within >= kLaneBytes;
+  return pair * kChunkBytes + lane * kLaneBytes + within % kLaneBytes;
+}
+
 // Everything a kernel reads; pointers stay valid for the whole call.
 struct GemvArgs {
-  const void* w;        // weight values: int8 [N, K] or packed nibbles [N, K / 2]
-  const float* ws;      // weight scales [N, blocks]
-  const int8_t* xq;     // activation values [rows, K]
-  const float* xs;      // activation scales [rows, blocks]
-  const float* xsum;    // activation scale * block sum [rows, blocks]
-  const float* bias;    // [N] or null
-  float* y;             // [rows, N]
+  const uint8_t* w;       // tiles [groups, blocks, tile bytes]
+  const float* ws;        // weight scales [groups, blocks, 16]
+  const int8_t* xq;       // activation values [rows, K]
+  const float* xs;        // activation scales [rows, blocks]
+  const int32_t* xsum;    // activation block sums [rows, blocks]
+  const float* bias;      // [N] or null
+  float* y;               // [rows, N]
   int64_t n_out, k, blocks;
+
+  const uint8_t* Tile(int64_t group, int64_t b, int64_t tile_bytes) const {
+    return w + (group * blocks + b) * tile_bytes;
+  }
+  const float* Scales(int64_t group, int64_t b) const { return ws + (group * blocks + b) * kGroup; }
 };
 
 // ---------------------------------------------------------------------------------------
-// Portable kernels: exact int32 block sums, float32 accumulation in block order.
+// Portable kernel: exact int32 block sums; per block acc = fma(dot, ws * xs, acc), the
+// same float operations, in the same order, as the SIMD kernels: every kernel gives the same
+// bits.
 
-void Q8Portable(const GemvArgs& a, int64_t rows, int64_t begin, int64_t end) {
-  const int8_t* w = static_cast<const int8_t*>(a.w);
-  for (int64_t n = begin; n < end; ++n) {
-    for (int64_t m = 0; m < rows; ++m) {
-      float acc = 0;
-      for (int64_t b = 0; b < a.blocks; ++b) {
-        const int8_t* wb = w + n * a.k + b * kQuantBlock;
-        const int8_t* xb = a.xq + m * a.k + b * kQuantBlock;
-        int32_t dot = 0;
-        for (int64_t j = 0; j < kQuantBlock; ++j) dot += int32_t{wb[j]} * int32_t{xb[j]};
-        acc += static_cast<float>(dot) * (a.ws[n * a.blocks + b] * a.xs[m * a.blocks + b]);
-      }
-      a.y[m * a.n_out + n] = acc + (a.bias != nullptr ? a.bias[n] : 0.0f);
-    }
-  }
-}
-
-void Q4Portable(const GemvArgs& a, int64_t rows, int64_t begin, int64_t end) {
-  const uint8_t* w = static_cast<const uint8_t*>(a.w);
-  for (int64_t n = begin; n < end; ++n) {
-    for (int64_t m = 0; m < rows; ++m) {
-      float acc = 0;
-      for (int64_t b = 0; b < a.blocks; ++b) {
-        const uint8_t* wb = w + n * (a.k / 2) + b * kHalfBlock;
-        const int8_t* xb = a.xq + m * a.k + b * kQuantBlock;
-        int32_t dot = 0;
-        for (int64_t j = 0; j < kHalfBlock; ++j) {
-          dot += (int32_t{wb[j] & 15} - 8) * int32_t{xb[j]};
-          dot += (int32_t{wb[j] >> 4} - 8) * int32_t{xb[j + kHalfBlock]};
+void GemvPortable(bool q4, const GemvArgs& a, int64_t rows, int64_t group_begin,
+                  int64_t group_end) {
+  const int64_t tile_bytes = q4 ? kQ4TileBytes : kQ8TileBytes;
+  const int offset = q4 ? kQ4Offset : kQ8Offset;
+  for (int64_t g = group_begin; g < group_end; ++g) {
+    for (int64_t lane = 0; lane < kGroup && g * kGroup + lane < a.n_out; ++lane) {
+      const int64_t n = g * kGroup + lane;
+      for (int64_t m = 0; m < rows; ++m) {
+        float acc = 0;
+        for (int64_t b = 0; b < a.blocks; ++b) {
+          const uint8_t* tile = a.Tile(g, b, tile_bytes);
+          const int8_t* xb = a.xq + m * a.k + b * kQuantBlock;
+          int32_t dot = 0;
+          for (int64_t e = 0; e < kQuantBlock; ++e) {
+            int stored;
+            if (q4) {
+              bool high;
+              const uint8_t byte = tile[Q4ByteInTile(lane, e, &high)];
+              stored = high ? byte >> 4 : byte & 15;
+            } else {
+              stored = tile[Q8ByteInTile(lane, e)];
+            }
+            dot += (stored - offset) * int32_t{xb[e]};
+          }
+          acc = std::fma(static_cast<float>(dot),
+                         a.Scales(g, b)[lane] * a.xs[m * a.blocks + b], acc);
         }
-        acc += static_cast<float>(dot) * (a.ws[n * a.blocks + b] * a.xs[m * a.blocks + b]);
+        a.y[m * a.n_out + n] = acc + (a.bias != nullptr ? a.bias[n] : 0.0f);
       }
-      a.y[m * a.n_out + n] = acc + (a.bias != nullptr ? a.bias[n] : 0.0f);
     }
   }
 }
@@ -90,235 +117,230 @@ void Q4Portable(const GemvArgs& a, int64_t rows, int64_t begin, int64_t end) {
 #define LGPT_AVX2 __attribute__((target("avx2,fma")))
 #define LGPT_AVX512VNNI __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vnni")))
 
-// ---------------------------------------------------------------------------------------
-// AVX2: per block and row, maddubs (u8 x s8 -> pairs of int16) and madd (-> 8 int32 lanes).
-
-// sum_b ws[b] * xsum[b] with 8 lanes (the q4 offset correction).
-LGPT_AVX2 inline float OffsetDotAvx2(const float* ws, const float* xsum, int64_t blocks) {
-  __m256 acc = _mm256_setzero_ps();
-  int64_t b = 0;
-  for (; b + 8 <= blocks; b += 8) {
-    acc = _mm256_fmadd_ps(_mm256_loadu_ps(ws + b), _mm256_loadu_ps(xsum + b), acc);
-  }
-  float tail = 0;
-  for (; b < blocks; ++b) tail += ws[b] * xsum[b];
-  return simd::HorizontalSum(acc) + tail;
-}
-
-// The 32 nibbles of a q4 block as bytes 0..15 in order of the elements.
-LGPT_AVX2 inline __m256i UnpackQ4(const uint8_t* p) {
-  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  const __m128i low_mask = _mm_set1_epi8(15);
-  const __m128i low = _mm_and_si128(raw, low_mask);
-  const __m128i high = _mm_and_si128(_mm_srli_epi16(raw, 4), low_mask);
-  return _mm256_inserti128_si256(_mm256_castsi128_si256(low), high, 1);
-}
-
-// R weight rows against M activation rows. kQ4 selects the format: q8 weights are signed
-// (sign moved onto x so maddubs sees |w|), q4 weights are q + 8 in [0, 15] (fed to maddubs
-// as they are; the + 8 is removed once per output with OffsetDotAvx2).
-template <bool kQ4, int M, int R>
-LGPT_AVX2 void BlockAvx2(const GemvArgs& a, int64_t n) {
-  __m256 acc[R][M];
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 4
-    for (int m = 0; m < M; ++m) acc[r][m] = _mm256_setzero_ps();
-  }
-  const __m256i ones = _mm256_set1_epi16(1);
-  for (int64_t b = 0; b < a.blocks; ++b) {
-    __m256i xv[M];
-    __m256 dx[M];
-#pragma GCC unroll 4
-    for (int m = 0; m < M; ++m) {
-      xv[m] = _mm256_loadu_si256(
-          reinterpret_cast<const __m256i*>(a.xq + m * a.k + b * kQuantBlock));
-      dx[m] = _mm256_broadcast_ss(a.xs + m * a.blocks + b);
-    }
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      const __m256 dw = _mm256_broadcast_ss(a.ws + (n + r) * a.blocks + b);
-      __m256i wu;
-      __m256i wsigned = _mm256_setzero_si256();
-      if constexpr (kQ4) {
-        wu = UnpackQ4(static_cast<const uint8_t*>(a.w) + (n + r) * (a.k / 2) + b * kHalfBlock);
-      } else {
-        wsigned = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
-            static_cast<const int8_t*>(a.w) + (n + r) * a.k + b * kQuantBlock));
-        wu = _mm256_sign_epi8(wsigned, wsigned);
-      }
-#pragma GCC unroll 4
-      for (int m = 0; m < M; ++m) {
-        const __m256i xs = kQ4 ? xv[m] : _mm256_sign_epi8(xv[m], wsigned);
-        const __m256i pairs = _mm256_maddubs_epi16(wu, xs);
-        const __m256 sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
-        acc[r][m] = _mm256_fmadd_ps(sums, _mm256_mul_ps(dw, dx[m]), acc[r][m]);
-      }
-    }
-  }
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r) {
-    const float bias = a.bias != nullptr ? a.bias[n + r] : 0.0f;
-#pragma GCC unroll 4
-    for (int m = 0; m < M; ++m) {
-      float sum = simd::HorizontalSum(acc[r][m]);
-      if constexpr (kQ4) {
-        sum -= 8.0f * OffsetDotAvx2(a.ws + (n + r) * a.blocks, a.xsum + m * a.blocks, a.blocks);
-      }
-      a.y[m * a.n_out + n + r] = sum + bias;
-    }
-  }
+inline int32_t LoadLane(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
 }
 
 // ---------------------------------------------------------------------------------------
-// AVX-512 VNNI: one dpbusd (u8 x s8, four products per int32 lane) covers two blocks: lanes
-// 0..7 the first, 8..15 the second. An odd last block runs with the second half zero.
+// AVX-512 VNNI. A chunk load holds 4 consecutive weights of each of the 16 rows of a group
+// (one int32 lane per row); the matching 4 activations are broadcast to every lane, so one
+// dpbusd advances 16 rows by 4 elements and a block ends with the 16 rows' exact dot
+// products in one register: no horizontal sums, no per-row shuffles. RG groups and M
+// activation rows per pass (RG * M independent dpbusd chains hide the latency; each weight
+// load serves M rows, each activation broadcast RG groups).
 
-// Lanes 0..7 = p[0], lanes 8..15 = p[1] (p[1] taken as 0 with `single`); with `halves`,
-// lanes 0..3 and 8..11 = p[0], 4..7 and 12..15 = p[1] (the interleaved q4 pair layout).
-LGPT_AVX512VNNI inline __m512 PairScales(const float* p, bool single, bool halves = false) {
-  const __m512i index =
-      halves ? _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0)
-             : _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-  const __m128 pair = single ? _mm_load_ss(p)
-                             : _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(p)));
-  return _mm512_permutexvar_ps(index, _mm512_zextps128_ps512(pair));
-}
-
-// Two q4 blocks (32 bytes) as [low 0, low 1, high 0, high 1] nibbles (128-bit lanes): one
-// broadcast load, one shift of the upper half, one mask. The activations of a pair are laid
-// out to match (InterleavePairs).
-LGPT_AVX512VNNI inline __m512i UnpackQ4PairInterleaved(const uint8_t* p) {
-  const __m512i raw = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  const __m512i shifts = _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0);
-  return _mm512_and_si512(_mm512_srlv_epi64(raw, shifts), _mm512_set1_epi8(15));
-}
-
-// Two q4 blocks (32 bytes, or 16 with `single`) as [low 0, high 0, low 1, high 1] nibbles.
-LGPT_AVX512VNNI inline __m512i UnpackQ4Pair(const uint8_t* p, bool single) {
-  const __m256i raw =
-      single ? _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))
-             : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  const __m256i low_mask = _mm256_set1_epi8(15);
-  const __m256i low = _mm256_and_si256(raw, low_mask);
-  const __m256i high = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low_mask);
-  const __m512i halves = _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1);
-  return _mm512_shuffle_i64x2(halves, halves, _MM_SHUFFLE(3, 1, 2, 0));
-}
-
-// One step of BlockVnni over blocks b and b + 1 (b alone with kSingle: plain loads for the
-// pairs, masked ones only for an odd last block).
-template <bool kQ4, bool kSingle, int M, int R>
-LGPT_AVX512VNNI inline void StepVnni(const GemvArgs& a, int64_t n, int64_t b,
-                                     __m512 (&acc)[R][M]) {
-  const __m512i zero = _mm512_setzero_si512();
-  constexpr __mmask64 kFirstBlock = 0xFFFFFFFFu;
-  __m512i xv[M];
-  __m512 dx[M];
+template <bool kQ4, int M, int RG>
+LGPT_AVX512VNNI void TileVnni(const GemvArgs& a, int64_t g) {
+  constexpr int64_t kTileBytes = kQ4 ? kQ4TileBytes : kQ8TileBytes;
+  constexpr int kOffset = kQ4 ? kQ4Offset : kQ8Offset;
+  __m512 acc[RG][M];
 #pragma GCC unroll 4
-  for (int m = 0; m < M; ++m) {
-    const int8_t* x = a.xq + m * a.k + b * kQuantBlock;
-    xv[m] = kSingle ? _mm512_maskz_loadu_epi8(kFirstBlock, x) : _mm512_loadu_si512(x);
-    dx[m] = PairScales(a.xs + m * a.blocks + b, kSingle, kQ4 && !kSingle);
-  }
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r) {
-    const __m512 dw = PairScales(a.ws + (n + r) * a.blocks + b, kSingle, kQ4 && !kSingle);
-    __m512i wu;
-    __mmask64 negative = 0;
-    if constexpr (kQ4) {
-      const uint8_t* wp = static_cast<const uint8_t*>(a.w) + (n + r) * (a.k / 2) + b * kHalfBlock;
-      wu = kSingle ? UnpackQ4Pair(wp, true) : UnpackQ4PairInterleaved(wp);
-    } else {
-      const int8_t* wp = static_cast<const int8_t*>(a.w) + (n + r) * a.k + b * kQuantBlock;
-      const __m512i w = kSingle ? _mm512_maskz_loadu_epi8(kFirstBlock, wp) : _mm512_loadu_si512(wp);
-      wu = _mm512_abs_epi8(w);
-      negative = _mm512_movepi8_mask(w);
-    }
-#pragma GCC unroll 4
-    for (int m = 0; m < M; ++m) {
-      // q8: x negated where w < 0, so |w| (unsigned) times it is w x; x is never -128.
-      const __m512i xs = kQ4 ? xv[m] : _mm512_mask_sub_epi8(xv[m], negative, zero, xv[m]);
-      const __m512 sums = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, wu, xs));
-      acc[r][m] = _mm512_fmadd_ps(sums, _mm512_mul_ps(dw, dx[m]), acc[r][m]);
-    }
-  }
-}
-
-template <bool kQ4, int M, int R>
-LGPT_AVX512VNNI void BlockVnni(const GemvArgs& a, int64_t n) {
-  __m512 acc[R][M];
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r) {
+  for (int r = 0; r < RG; ++r) {
 #pragma GCC unroll 4
     for (int m = 0; m < M; ++m) acc[r][m] = _mm512_setzero_ps();
   }
-  int64_t b = 0;
-  for (; b + 2 <= a.blocks; b += 2) StepVnni<kQ4, false, M, R>(a, n, b, acc);
-  if (b < a.blocks) StepVnni<kQ4, true, M, R>(a, n, b, acc);
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r) {
-    const float bias = a.bias != nullptr ? a.bias[n + r] : 0.0f;
+  const __m512i low_nibbles = _mm512_set1_epi8(15);
+  for (int64_t b = 0; b < a.blocks; ++b) {
+    const int8_t* xb[M];
+    __m512i dot[RG][M];
 #pragma GCC unroll 4
     for (int m = 0; m < M; ++m) {
-      float sum = _mm512_reduce_add_ps(acc[r][m]);
-      if constexpr (kQ4) {
-        sum -= 8.0f * OffsetDotAvx2(a.ws + (n + r) * a.blocks, a.xsum + m * a.blocks, a.blocks);
+      xb[m] = a.xq + m * a.k + b * kQuantBlock;
+      const __m512i start = _mm512_set1_epi32(-kOffset * a.xsum[m * a.blocks + b]);
+#pragma GCC unroll 4
+      for (int r = 0; r < RG; ++r) dot[r][m] = start;
+    }
+    const uint8_t* tile[RG];
+#pragma GCC unroll 4
+    for (int r = 0; r < RG; ++r) tile[r] = a.Tile(g + r, b, kTileBytes);
+    if constexpr (kQ4) {
+#pragma GCC unroll 4
+      for (int p = 0; p < 4; ++p) {  // 8 elements per pair of chunks
+        __m512i x_low[M], x_high[M];
+#pragma GCC unroll 4
+        for (int m = 0; m < M; ++m) {
+          x_low[m] = _mm512_set1_epi32(LoadLane(xb[m] + 8 * p));
+          x_high[m] = _mm512_set1_epi32(LoadLane(xb[m] + 8 * p + 4));
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < RG; ++r) {
+          const __m512i raw = _mm512_loadu_si512(tile[r] + p * kChunkBytes);
+          const __m512i low = _mm512_and_si512(raw, low_nibbles);
+          const __m512i high = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low_nibbles);
+#pragma GCC unroll 4
+          for (int m = 0; m < M; ++m) {
+            dot[r][m] = _mm512_dpbusd_epi32(dot[r][m], low, x_low[m]);
+            dot[r][m] = _mm512_dpbusd_epi32(dot[r][m], high, x_high[m]);
+          }
+        }
       }
-      a.y[m * a.n_out + n + r] = sum + bias;
+    } else {
+#pragma GCC unroll 8
+      for (int c = 0; c < 8; ++c) {
+        __m512i xv[M];
+#pragma GCC unroll 4
+        for (int m = 0; m < M; ++m) xv[m] = _mm512_set1_epi32(LoadLane(xb[m] + 4 * c));
+#pragma GCC unroll 4
+        for (int r = 0; r < RG; ++r) {
+          const __m512i w = _mm512_loadu_si512(tile[r] + c * kChunkBytes);
+#pragma GCC unroll 4
+          for (int m = 0; m < M; ++m) dot[r][m] = _mm512_dpbusd_epi32(dot[r][m], w, xv[m]);
+        }
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < RG; ++r) {
+      const __m512 scales = _mm512_loadu_ps(a.Scales(g + r, b));
+#pragma GCC unroll 4
+      for (int m = 0; m < M; ++m) {
+        const __m512 step = _mm512_mul_ps(scales, _mm512_set1_ps(a.xs[m * a.blocks + b]));
+        acc[r][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r][m]), step, acc[r][m]);
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < RG; ++r) {
+    const int64_t n = (g + r) * kGroup;
+    const int64_t valid = std::min<int64_t>(kGroup, a.n_out - n);
+    const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
+    const __m512 bias =
+        a.bias != nullptr ? _mm512_maskz_loadu_ps(mask, a.bias + n) : _mm512_setzero_ps();
+#pragma GCC unroll 4
+    for (int m = 0; m < M; ++m) {
+      _mm512_mask_storeu_ps(a.y + m * a.n_out + n, mask, _mm512_add_ps(acc[r][m], bias));
     }
   }
 }
 
 // ---------------------------------------------------------------------------------------
-// Row grouping shared by both SIMD kernels: R weight rows per step for M activation rows
-// (R * M <= 8 accumulators), groups of four activation rows beyond four. Every output is
-// computed by the same instruction sequence whatever M and R are.
+// AVX2: the same tiles, each chunk as two halves of 8 rows. maddubs (u8 x s8 -> int16
+// pairs) would saturate on q8's stored bytes (up to 255 x 127 x 2), so q8 turns them back
+// into signed weights and moves their sign onto x (|w| x +-x <= 127 x 127 x 2); q4's stored
+// nibbles (<= 15) go in as they are, their offset removed like VNNI's.
 
-template <QuantKernel kKernel, bool kQ4, int M, int R>
-void Block(const GemvArgs& a, int64_t n) {
-  if constexpr (kKernel == QuantKernel::kAvx512Vnni) {
-    BlockVnni<kQ4, M, R>(a, n);
-  } else {
-    BlockAvx2<kQ4, M, R>(a, n);
+template <bool kQ4, int M>
+LGPT_AVX2 void TileAvx2(const GemvArgs& a, int64_t g) {
+  constexpr int64_t kTileBytes = kQ4 ? kQ4TileBytes : kQ8TileBytes;
+  __m256 acc[2][M];
+#pragma GCC unroll 4
+  for (int h = 0; h < 2; ++h) {
+#pragma GCC unroll 4
+    for (int m = 0; m < M; ++m) acc[h][m] = _mm256_setzero_ps();
+  }
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i low_nibbles = _mm256_set1_epi8(15);
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  for (int64_t b = 0; b < a.blocks; ++b) {
+    const uint8_t* tile = a.Tile(g, b, kTileBytes);
+    __m256i dot[2][M];
+#pragma GCC unroll 4
+    for (int m = 0; m < M; ++m) {
+      const __m256i start =
+          _mm256_set1_epi32(kQ4 ? -kQ4Offset * a.xsum[m * a.blocks + b] : 0);
+      dot[0][m] = dot[1][m] = start;
+    }
+    const int8_t* xb = a.xq + b * kQuantBlock;
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; ++c) {
+      // q4: chunk c is the low (even c) or high (odd c) nibbles of pair c / 2.
+      const uint8_t* chunk = tile + (kQ4 ? c / 2 : c) * kChunkBytes;
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        const __m256i raw =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + h * 32));
+        __m256i w, w_signed;
+        if constexpr (kQ4) {
+          w = _mm256_and_si256(c % 2 == 0 ? raw : _mm256_srli_epi16(raw, 4), low_nibbles);
+        } else {
+          w_signed = _mm256_xor_si256(raw, flip);
+          w = _mm256_sign_epi8(w_signed, w_signed);
+        }
+#pragma GCC unroll 4
+        for (int m = 0; m < M; ++m) {
+          __m256i xv = _mm256_set1_epi32(LoadLane(xb + m * a.k + 4 * c));
+          if constexpr (!kQ4) xv = _mm256_sign_epi8(xv, w_signed);
+          const __m256i pairs = _mm256_maddubs_epi16(w, xv);
+          dot[h][m] = _mm256_add_epi32(dot[h][m], _mm256_madd_epi16(pairs, ones));
+        }
+      }
+    }
+    const float* scales = a.Scales(g, b);
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      const __m256 s = _mm256_loadu_ps(scales + 8 * h);
+#pragma GCC unroll 4
+      for (int m = 0; m < M; ++m) {
+        const __m256 step = _mm256_mul_ps(s, _mm256_set1_ps(a.xs[m * a.blocks + b]));
+        acc[h][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[h][m]), step, acc[h][m]);
+      }
+    }
+  }
+  const int64_t n = g * kGroup;
+  const int64_t valid = std::min<int64_t>(kGroup, a.n_out - n);
+#pragma GCC unroll 4
+  for (int m = 0; m < M; ++m) {
+    alignas(32) float out[kGroup];
+    _mm256_store_ps(out, acc[0][m]);
+    _mm256_store_ps(out + 8, acc[1][m]);
+    for (int64_t i = 0; i < valid; ++i) {
+      a.y[m * a.n_out + n + i] = out[i] + (a.bias != nullptr ? a.bias[n + i] : 0.0f);
+    }
   }
 }
 
-template <QuantKernel kKernel, bool kQ4, int M>
-void RangeSimd(const GemvArgs& a, int64_t begin, int64_t end) {
-  constexpr int R = M == 1 ? 4 : (M == 2 ? 2 : 1);
-  int64_t n = begin;
-  for (; n + R <= end; n += R) Block<kKernel, kQ4, M, R>(a, n);
-  for (; n < end; ++n) Block<kKernel, kQ4, M, 1>(a, n);
+// ---------------------------------------------------------------------------------------
+// Tiling over groups and activation rows, shared by both SIMD kernels: up to four rows per
+// pass (the weights of a group, in L1 after the first pass, serve every pass), VNNI with
+// several groups per pass where few rows leave dpbusd chains idle.
+
+template <bool kQ4, int M>
+void GroupsVnni(const GemvArgs& a, int64_t begin, int64_t end) {
+  constexpr int RG = M == 1 ? 4 : 2;
+  int64_t g = begin;
+  for (; g + RG <= end; g += RG) TileVnni<kQ4, M, RG>(a, g);
+  for (; g < end; ++g) TileVnni<kQ4, M, 1>(a, g);
 }
 
-template <QuantKernel kKernel, bool kQ4>
-void GemvSimd(const GemvArgs& a, int64_t rows, int64_t begin, int64_t end) {
+template <bool kQ4, int M>
+void GroupsAvx2(const GemvArgs& a, int64_t begin, int64_t end) {
+  for (int64_t g = begin; g < end; ++g) TileAvx2<kQ4, M>(a, g);
+}
+
+template <bool kQ4, int M>
+void Groups(QuantKernel kernel, const GemvArgs& a, int64_t begin, int64_t end) {
+  if (kernel == QuantKernel::kAvx512Vnni) return GroupsVnni<kQ4, M>(a, begin, end);
+  GroupsAvx2<kQ4, M>(a, begin, end);
+}
+
+template <bool kQ4>
+void GemvSimd(QuantKernel kernel, const GemvArgs& a, int64_t rows, int64_t begin,
+              int64_t end) {
   if (rows > 4) {
-    // Per pair of weight rows (in L1 after the first group) every group of four activation
-    // rows: each weight byte still comes from memory once.
-    for (int64_t n = begin; n < end; n += 2) {
-      const int64_t stop = std::min<int64_t>(n + 2, end);
+    // Per pair of groups (their tiles stay in L1/L2), every group of four activation rows.
+    for (int64_t g = begin; g < end; g += 2) {
+      const int64_t stop = std::min<int64_t>(g + 2, end);
       for (int64_t m = 0; m < rows; m += 4) {
-        GemvArgs group = a;
-        group.xq += m * a.k;
-        group.xs += m * a.blocks;
-        group.xsum += m * a.blocks;
-        group.y += m * a.n_out;
-        GemvSimd<kKernel, kQ4>(group, std::min<int64_t>(4, rows - m), n, stop);
+        GemvArgs part = a;
+        part.xq += m * a.k;
+        part.xs += m * a.blocks;
+        part.xsum += m * a.blocks;
+        part.y += m * a.n_out;
+        GemvSimd<kQ4>(kernel, part, std::min<int64_t>(4, rows - m), g, stop);
       }
     }
     return;
   }
   switch (rows) {
     case 1:
-      return RangeSimd<kKernel, kQ4, 1>(a, begin, end);
+      return Groups<kQ4, 1>(kernel, a, begin, end);
     case 2:
-      return RangeSimd<kKernel, kQ4, 2>(a, begin, end);
+      return Groups<kQ4, 2>(kernel, a, begin, end);
     case 3:
-      return RangeSimd<kKernel, kQ4, 3>(a, begin, end);
+      return Groups<kQ4, 3>(kernel, a, begin, end);
     default:
-      return RangeSimd<kKernel, kQ4, 4>(a, begin, end);
+      return Groups<kQ4, 4>(kernel, a, begin, end);
   }
 }
 
@@ -327,19 +349,12 @@ void GemvSimd(const GemvArgs& a, int64_t rows, int64_t begin, int64_t end) {
 void GemvRange(QuantKernel kernel, bool q4, const GemvArgs& a, int64_t rows, int64_t begin,
                int64_t end) {
 #ifdef LGPT_BLOCK_QUANT_X86
-  switch (kernel) {
-    case QuantKernel::kAvx512Vnni:
-      return q4 ? GemvSimd<QuantKernel::kAvx512Vnni, true>(a, rows, begin, end)
-                : GemvSimd<QuantKernel::kAvx512Vnni, false>(a, rows, begin, end);
-    case QuantKernel::kAvx2:
-      return q4 ? GemvSimd<QuantKernel::kAvx2, true>(a, rows, begin, end)
-                : GemvSimd<QuantKernel::kAvx2, false>(a, rows, begin, end);
-    case QuantKernel::kPortable:
-      break;
+  if (kernel != QuantKernel::kPortable) {
+    return q4 ? GemvSimd<true>(kernel, a, rows, begin, end)
+              : GemvSimd<false>(kernel, a, rows, begin, end);
   }
 #endif
-  if (q4) return Q4Portable(a, rows, begin, end);
-  Q8Portable(a, rows, begin, end);
+  GemvPortable(q4, a, rows, begin, end);
 }
 
 // Rounds |v| < 2^22 to the nearest integer, ties to even, as the default rounding mode and
@@ -352,7 +367,7 @@ inline int RoundToInt(float v) {
 
 // QuantizeRows's portable loop over `blocks` consecutive 32-blocks.
 void QuantizeBlocksOfRow(const float* x, int64_t blocks, int8_t* values, float* scales,
-                         float* sums) {
+                         int32_t* sums) {
   for (int64_t i = 0; i < blocks; ++i) {
     const float* block = x + i * kQuantBlock;
     float amax = 0;
@@ -365,7 +380,7 @@ void QuantizeBlocksOfRow(const float* x, int64_t blocks, int8_t* values, float* 
       sum += q[j];
     }
     scales[i] = amax / 127.0f;
-    sums[i] = scales[i] * static_cast<float>(sum);
+    sums[i] = sum;
   }
 }
 
@@ -373,7 +388,7 @@ void QuantizeBlocksOfRow(const float* x, int64_t blocks, int8_t* values, float* 
 // The same with AVX2, bit for bit: max is exact in any order, the product x * inverse is the
 // same float operation, and _mm256_cvtps_epi32 rounds ties to even like RoundToInt.
 LGPT_AVX2 void QuantizeBlocksOfRowAvx2(const float* x, int64_t blocks, int8_t* values,
-                                       float* scales, float* sums) {
+                                       float* scales, int32_t* sums) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (int64_t i = 0; i < blocks; ++i) {
@@ -404,27 +419,51 @@ LGPT_AVX2 void QuantizeBlocksOfRowAvx2(const float* x, int64_t blocks, int8_t* v
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(values + i * kQuantBlock),
                         _mm256_permutevar8x32_epi32(bytes, order));
     scales[i] = amax / 127.0f;
-    sums[i] = scales[i] * static_cast<float>(_mm_cvtsi128_si32(s));
+    sums[i] = _mm_cvtsi128_si32(s);
   }
 }
 #endif  // LGPT_BLOCK_QUANT_X86
 
-// Reorders each row's full pairs of 32-blocks from [a0..a31, b0..b31] to [a0..a15, b0..b15,
-// a16..a31, b16..b31], the order UnpackQ4PairInterleaved yields the weights in; an odd last
-// block stays as it is. O(rows * K) bytes, once per call.
-void InterleavePairs(int64_t rows, int64_t k, std::vector<int8_t>* values) {
-  const int64_t pairs = k / (2 * kQuantBlock);
-  int8_t tmp[2 * kQuantBlock];
-  for (int64_t m = 0; m < rows; ++m) {
-    for (int64_t p = 0; p < pairs; ++p) {
-      int8_t* pair = values->data() + m * k + p * 2 * kQuantBlock;
-      std::memcpy(tmp, pair, sizeof(tmp));
-      std::memcpy(pair + 0 * kHalfBlock, tmp + 0 * kHalfBlock, kHalfBlock);  // a0..15
-      std::memcpy(pair + 1 * kHalfBlock, tmp + 2 * kHalfBlock, kHalfBlock);  // b0..15
-      std::memcpy(pair + 2 * kHalfBlock, tmp + 1 * kHalfBlock, kHalfBlock);  // a16..31
-      std::memcpy(pair + 3 * kHalfBlock, tmp + 3 * kHalfBlock, kHalfBlock);  // b16..31
-    }
+// Quantises one block of a weight row: q[e] in [-127, 127] (q8) or [-8, 7] (q4); returns
+// the scale. q4: the element of largest magnitude maps to -8 when negative, else to 7, so it
+// is represented exactly and all 16 levels are in reach. An all-zero block: scale 0.
+float QuantizeWeightBlock(const float* block, bool q4, int* q) {
+  float extreme = 0;  // the element of largest magnitude (the first of equals)
+  for (int64_t j = 0; j < kQuantBlock; ++j) {
+    if (std::fabs(block[j]) > std::fabs(extreme)) extreme = block[j];
   }
+  const float scale =
+      q4 ? (extreme < 0 ? -extreme / 8.0f : extreme / 7.0f) : std::fabs(extreme) / 127.0f;
+  const float inverse = scale > kTinyScale ? 1.0f / scale : 0.0f;
+  for (int64_t j = 0; j < kQuantBlock; ++j) {
+    q[j] = q4 ? std::clamp(RoundToInt(block[j] * inverse), -8, 7)
+              : std::clamp(RoundToInt(block[j] * inverse), -127, 127);
+  }
+  return scale;
+}
+
+// The bytes of rows as [R, blocks, chunks, 4] (q8: element 4c + j at [c, j]; q4: elements
+// 8p + j and 8p + 4 + j in the low and high nibble of [p, j]) with their scales [R, blocks]
+// -> float32 [R, K].
+at::Tensor DecodeRows(const at::Tensor& bytes, const at::Tensor& scales, BlockFormat format) {
+  const int64_t rows = bytes.size(0), blocks = bytes.size(1);
+  at::Tensor q;  // [R, blocks, 32]
+  if (format == BlockFormat::kQ4_0) {
+    const at::Tensor packed = bytes.unsqueeze(3);  // [R, blocks, pair, 1, 4]
+    q = at::cat({at::bitwise_and(packed, 15), at::bitwise_right_shift(packed, 4)}, 3)
+            .reshape({rows, blocks, kQuantBlock})
+            .to(at::kFloat) - kQ4Offset;
+  } else {
+    q = bytes.reshape({rows, blocks, kQuantBlock}).to(at::kFloat) - kQ8Offset;
+  }
+  return (q * scales.unsqueeze(-1)).reshape({rows, blocks * kQuantBlock});
+}
+
+// Tiles [groups, blocks, tile bytes] as [groups, blocks, chunks, 16 lanes, 4].
+at::Tensor LaneView(const BlockQuantWeight& weight) {
+  const int64_t chunks = TileBytes(weight.format) / kChunkBytes;
+  return weight.values.view({weight.values.size(0), weight.values.size(1), chunks, kGroup,
+                             kLaneBytes});
 }
 
 }  // namespace
@@ -457,45 +496,39 @@ absl::StatusOr<BlockQuantWeight> QuantizeBlocks(const at::Tensor& weight, BlockF
         kQuantBlock, ", got ", k));
   }
   at::NoGradGuard no_grad;
-  const int64_t blocks = k / kQuantBlock;
+  const int64_t blocks = k / kQuantBlock, groups = (n + kGroup - 1) / kGroup;
+  const bool q4 = format == BlockFormat::kQ4_0;
+  const int64_t tile_bytes = TileBytes(format);
   const at::Tensor w = weight.detach().to(at::kCPU, at::kFloat).contiguous();
   const float* src = w.data_ptr<float>();
   BlockQuantWeight out;
   out.format = format;
   out.out_features = n;
   out.in_features = k;
-  out.scales = at::empty({n, blocks}, at::kFloat);
+  // Padding rows: the stored zero and scale 0.
+  out.scales = at::zeros({groups, blocks, kGroup}, at::kFloat);
+  out.values = at::full({groups, blocks, tile_bytes},
+                        q4 ? kQ4Offset * 17 : kQ8Offset, at::kByte);
   float* scales = out.scales.data_ptr<float>();
-  const bool q4 = format == BlockFormat::kQ4_0;
-  out.values = q4 ? at::empty({n, k / 2}, at::kByte) : at::empty({n, k}, at::kChar);
-  uint8_t* packed = q4 ? out.values.data_ptr<uint8_t>() : nullptr;
-  int8_t* values = q4 ? nullptr : out.values.data_ptr<int8_t>();
-  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t row = begin; row < end; ++row) {
-      for (int64_t b = 0; b < blocks; ++b) {
-        const float* block = src + row * k + b * kQuantBlock;
-        // The element of largest magnitude (the first of equals).
-        float extreme = 0;
-        for (int64_t j = 0; j < kQuantBlock; ++j) {
-          if (std::fabs(block[j]) > std::fabs(extreme)) extreme = block[j];
-        }
-        // q8: amax -> 127. q4: the extreme maps to -8 when negative, else to 7, so it is
-        // represented exactly and all 16 levels are in reach. An all-zero block: scale 0.
-        const float scale = q4 ? (extreme < 0 ? -extreme / 8.0f : extreme / 7.0f)
-                               : std::fabs(extreme) / 127.0f;
-        const float inverse = scale > kTinyScale ? 1.0f / scale : 0.0f;
-        scales[row * blocks + b] = scale;
-        if (q4) {
-          uint8_t* out_block = packed + row * (k / 2) + b * kHalfBlock;
-          for (int64_t j = 0; j < kHalfBlock; ++j) {
-            const int low = std::clamp(RoundToInt(block[j] * inverse), -8, 7) + 8;
-            const int high = std::clamp(RoundToInt(block[j + kHalfBlock] * inverse), -8, 7) + 8;
-            out_block[j] = static_cast<uint8_t>(low | (high << 4));
-          }
-        } else {
-          int8_t* out_block = values + row * k + b * kQuantBlock;
-          for (int64_t j = 0; j < kQuantBlock; ++j) {
-            out_block[j] = static_cast<int8_t>(std::clamp(RoundToInt(block[j] * inverse), -127, 127));
+  uint8_t* tiles = out.values.data_ptr<uint8_t>();
+  at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
+    int q[kQuantBlock];
+    for (int64_t g = begin; g < end; ++g) {
+      for (int64_t lane = 0; lane < kGroup && g * kGroup + lane < n; ++lane) {
+        const float* row = src + (g * kGroup + lane) * k;
+        for (int64_t b = 0; b < blocks; ++b) {
+          scales[(g * blocks + b) * kGroup + lane] =
+              QuantizeWeightBlock(row + b * kQuantBlock, q4, q);
+          uint8_t* tile = tiles + (g * blocks + b) * tile_bytes;
+          for (int64_t e = 0; e < kQuantBlock; ++e) {
+            if (q4) {
+              bool high;
+              uint8_t& byte = tile[Q4ByteInTile(lane, e, &high)];
+              const int stored = q[e] + kQ4Offset;
+              byte = high ? (byte & 15) | (stored << 4) : (byte & 0xF0) | stored;
+            } else {
+              tile[Q8ByteInTile(lane, e)] = static_cast<uint8_t>(q[e] + kQ8Offset);
+            }
           }
         }
       }
@@ -504,35 +537,25 @@ absl::StatusOr<BlockQuantWeight> QuantizeBlocks(const at::Tensor& weight, BlockF
   return out;
 }
 
-namespace {
-
-// values: int8 [R, K] or packed uint8 [R, K / 2]; scales [R, K / 32] -> float32 [R, K].
-at::Tensor Dequantize(const at::Tensor& values, const at::Tensor& scales, BlockFormat format,
-                      int64_t k) {
-  const int64_t rows = scales.size(0), blocks = k / kQuantBlock;
-  at::Tensor q;  // [R, blocks, 32]
-  if (format == BlockFormat::kQ4_0) {
-    const at::Tensor packed = values.view({rows, blocks, kHalfBlock});
-    q = at::cat({at::bitwise_and(packed, 15), at::bitwise_right_shift(packed, 4)}, -1)
-            .to(at::kFloat) - 8;
-  } else {
-    q = values.view({rows, blocks, kQuantBlock}).to(at::kFloat);
-  }
-  return (q * scales.unsqueeze(-1)).view({rows, k});
-}
-
-}  // namespace
-
 at::Tensor DequantizeBlockRows(const BlockQuantWeight& weight, const at::Tensor& rows) {
   TORCH_CHECK(weight.defined(), "DequantizeBlockRows: undefined weight");
+  using at::indexing::Slice;
   const at::Tensor index = rows.to(at::kCPU, at::kLong).contiguous().view({-1});
-  return Dequantize(weight.values.index_select(0, index), weight.scales.index_select(0, index),
-                    weight.format, weight.in_features);
+  const at::Tensor groups = at::floor_divide(index, kGroup);
+  const at::Tensor lanes = index - groups * kGroup;
+  // Only the requested rows' bytes are read: [R, blocks, chunks, 4] and [R, blocks].
+  return DecodeRows(LaneView(weight).index({groups, Slice(), Slice(), lanes}),
+                    weight.scales.index({groups, Slice(), lanes}), weight.format);
 }
 
 at::Tensor DequantizeBlocks(const BlockQuantWeight& weight) {
   TORCH_CHECK(weight.defined(), "DequantizeBlocks: undefined weight");
-  return Dequantize(weight.values, weight.scales, weight.format, weight.in_features);
+  const int64_t n = weight.out_features, padded = weight.values.size(0) * kGroup;
+  const int64_t blocks = weight.in_features / kQuantBlock;
+  const at::Tensor bytes = LaneView(weight).permute({0, 3, 1, 2, 4});  // [groups, 16, ...]
+  const at::Tensor scales = weight.scales.permute({0, 2, 1}).reshape({padded, blocks});
+  return DecodeRows(bytes.reshape({padded, blocks, bytes.size(3), kLaneBytes}).narrow(0, 0, n),
+                    scales.narrow(0, 0, n), weight.format);
 }
 
 const char* QuantKernelName(QuantKernel kernel) {
@@ -606,28 +629,26 @@ void BlockQuantGemv(const BlockQuantWeight& weight, const float* bias, const flo
               "BlockQuantGemv: bad weight");
   TORCH_CHECK(QuantKernelAvailable(kernel), "BlockQuantGemv: kernel ",
               QuantKernelName(kernel), " is not available on this CPU");
-  const int64_t n_out = weight.out_features, k = weight.in_features;
+  const int64_t k = weight.in_features;
   // Reused across calls of this thread: no allocation per decoding step.
   thread_local QuantizedRows xq;
   QuantizeRows(x, rows, k, &xq, kernel);
   const bool q4 = weight.format == BlockFormat::kQ4_0;
-  if (q4 && kernel == QuantKernel::kAvx512Vnni) InterleavePairs(rows, k, &xq.values);
   GemvArgs args;
-  args.w = weight.values.data_ptr();
+  args.w = weight.values.data_ptr<uint8_t>();
   args.ws = weight.scales.data_ptr<float>();
   args.xq = xq.values.data();
   args.xs = xq.scales.data();
   args.xsum = xq.sums.data();
   args.bias = bias;
   args.y = y;
-  args.n_out = n_out;
+  args.n_out = weight.out_features;
   args.k = k;
   args.blocks = k / kQuantBlock;
   // ~64 KiB of weight bytes per thread at least, as the float kernel.
-  const int64_t row_bytes = q4 ? k / 2 : k;
-  const int64_t min_rows =
-      std::max<int64_t>(16, (int64_t{64} << 10) / std::max<int64_t>(row_bytes, 1));
-  ParallelForRows(n_out, 8, min_rows, [&](int64_t begin, int64_t end) {
+  const int64_t group_bytes = args.blocks * TileBytes(weight.format);
+  const int64_t min_groups = std::max<int64_t>(1, (int64_t{64} << 10) / group_bytes);
+  ParallelForRows(weight.values.size(0), 4, min_groups, [&](int64_t begin, int64_t end) {
     GemvRange(kernel, q4, args, rows, begin, end);
   });
 }

@@ -5,17 +5,22 @@
 // Each call quantises the activation rows to int8 per 32-block once (symmetric, scale =
 // amax / 127; O(rows * K), negligible next to the weights), then streams every weight byte
 // once for all rows: per 32-block an exact int32 dot product, scaled by weight scale x
-// activation scale into float32 lane accumulators. Bytes read per weight: 1.125 (q8_0) and
-// 0.625 (q4_0), against 4 for float32; decoding is bound by those bytes. Kernels, chosen at
-// run time (the target builds and runs on any CPU):
-//   kAvx512Vnni  _mm512_dpbusd_epi32, two blocks per instruction (AVX-512 F/BW + VNNI)
-//   kAvx2        _mm256_maddubs_epi16 + _mm256_madd_epi16, one block per step (AVX2 + FMA)
+// activation scale into float32 accumulators. Bytes read per weight: 1.125 (q8_0) and
+// 0.625 (q4_0), against 4 for float32; decoding is bound by those bytes.
+//
+// Weights are stored in tiles of 16 rows x one 32-block, rows interleaved by 4 bytes (the
+// order int8 dot-product instructions consume; llama.cpp repacks its CPU weights alike): one 64-byte load
+// holds 4 consecutive weights of 16 rows, so an int8 dot-product instruction advances 16
+// rows at once against 4 broadcast activations, and a block ends with 16 finished row sums
+// in one register (no horizontal sums, no per-row shuffles). Kernels, chosen at run time
+// (the target builds and runs on any CPU):
+//   kAvx512Vnni  _mm512_dpbusd_epi32 (AVX-512 F/BW + VNNI)
+//   kAvx2        _mm256_maddubs_epi16 + _mm256_madd_epi16 (AVX2 + FMA)
 //   kPortable    scalar loops
-// Integer block sums are exact in every kernel; kernels differ only in the order of the
-// float32 accumulation (tests bound the difference). Output rows are split over the
-// row-parallel pool like GemvF32. A row's result never depends on the other rows of the
-// call (same instructions per row whatever the batch): batched decoding gives each request
-// the result it would get alone.
+// All kernels perform the same float operations in the same order (the integer sums are
+// exact), so they agree bit for bit. Output rows are split over the row-parallel pool like
+// GemvF32. A row's result never depends on the other rows of the call: batched decoding
+// gives each request the result it would get alone.
 #ifndef LGPT_CORE_OPS_BLOCK_QUANT_H_
 #define LGPT_CORE_OPS_BLOCK_QUANT_H_
 
@@ -30,6 +35,8 @@ namespace lgpt {
 
 // Weights (and activations) per scale.
 inline constexpr int64_t kQuantBlock = 32;
+// Weight rows per tile (interleaved in the stored layout).
+inline constexpr int64_t kQuantRowGroup = 16;
 
 enum class BlockFormat {
   kQ8_0,  // int8 q in [-127, 127]; w ~ q * scale, scale = amax / 127
@@ -39,10 +46,13 @@ const char* BlockFormatName(BlockFormat format);
 
 struct BlockQuantWeight {
   BlockFormat format = BlockFormat::kQ8_0;
-  // kQ8_0: int8 [N, K]. kQ4_0: uint8 [N, K / 2]; a block's 16 bytes hold q + 8 of its
-  // element j in the low nibble of byte j and of element j + 16 in the high nibble.
+  // uint8 tiles [G, K / 32, T] for G = ceil(N / 16) row groups (rows past N are padding,
+  // scale 0). Tile bytes T, for chunk c of 64 bytes, row lane l (0..15), byte j (0..3):
+  //   kQ8_0 (T = 512): byte [c * 64 + l * 4 + j] = q + 128 of element 4c + j;
+  //   kQ4_0 (T = 256): byte [c * 64 + l * 4 + j] holds q + 8 of element 8c + j in its low
+  //                    nibble and of element 8c + 4 + j in its high nibble.
   at::Tensor values;
-  at::Tensor scales;  // float32 [N, K / 32]
+  at::Tensor scales;  // float32 [G, K / 32, 16]: per tile, one scale per row lane
   int64_t out_features = 0;  // N
   int64_t in_features = 0;   // K, a multiple of kQuantBlock
 
@@ -73,13 +83,13 @@ QuantKernel BestQuantKernel();
 struct QuantizedRows {
   std::vector<int8_t> values;  // [rows, K]
   std::vector<float> scales;   // [rows, K / 32]
-  std::vector<float> sums;     // [rows, K / 32]: scale * sum of the block's values
+  std::vector<int32_t> sums;   // [rows, K / 32]: sum of the block's values
 };
 void QuantizeRows(const float* x, int64_t rows, int64_t k, QuantizedRows* out,
                   QuantKernel kernel = BestQuantKernel());
 
 // y[m, n] = sum_k x[m, k] w[n, k] (+ bias[n]) with x quantised per block, for any number of
-// rows (decoding has 1..kGemvMaxRows; prefill more: per pair of weight rows, held in L1,
+// rows (decoding has 1..kGemvMaxRows; prefill more: per pair of row groups, held in L1/L2,
 // every group of four x rows, so the weights still stream once and the cost becomes the
 // integer dot products); x rows are K floats apart, y rows N floats apart. Parallel over n.
 // CHECK-fails on a kernel this CPU lacks.

@@ -41,6 +41,13 @@ at::Tensor DequantizedRows(const at::Tensor& x) {
   return (values * scales).view({rows, k});
 }
 
+// Per-row scales [N, K / 32] out of the tiles' [G, K / 32, 16].
+at::Tensor RowScales(const BlockQuantWeight& q) {
+  return q.scales.permute({0, 2, 1})
+      .reshape({-1, q.in_features / kQuantBlock})
+      .narrow(0, 0, q.out_features);
+}
+
 at::Tensor RunGemv(const BlockQuantWeight& q, const at::Tensor& x, const at::Tensor& bias,
                QuantKernel kernel) {
   at::Tensor y = at::empty({x.size(0), q.out_features});
@@ -54,17 +61,21 @@ TEST(QuantizeBlocks, RoundingErrorAndExtremes) {
   const at::Tensor w = at::randn({9, 128}) * 0.05;
   for (BlockFormat format : kFormats) {
     const BlockQuantWeight q = Quantize(w, format);
-    ASSERT_EQ(q.scales.sizes(), (std::vector<int64_t>{9, 4}));
+    // One row group (9 rows padded to 16), 4 blocks.
+    ASSERT_EQ(q.scales.sizes(), (std::vector<int64_t>{1, 4, 16}));
+    EXPECT_TRUE(at::equal(q.scales.narrow(2, 9, 7), at::zeros({1, 4, 7})));  // padding
+    EXPECT_EQ(q.values.scalar_type(), at::kByte);
     const at::Tensor dequantised = DequantizeBlocks(q);
+    ASSERT_EQ(dequantised.sizes(), w.sizes());
     const at::Tensor error = (dequantised - w).abs().view({9, 4, 32});
-    const at::Tensor step = q.scales.unsqueeze(-1);
+    const at::Tensor step = RowScales(q).unsqueeze(-1);
     if (format == BlockFormat::kQ8_0) {
-      EXPECT_EQ(q.values.scalar_type(), at::kChar);
-      EXPECT_LE(q.values.abs().max().item<int>(), 127);
+      EXPECT_EQ(q.values.sizes(), (std::vector<int64_t>{1, 4, 512}));
+      EXPECT_GE(q.values.min().item<int>(), 1);  // q + 128 with q in [-127, 127]
       // Nearest of 255 levels: at most half a step.
       EXPECT_TRUE((error <= step * 0.5 + 1e-7).all().item<bool>());
     } else {
-      EXPECT_EQ(q.values.sizes(), (std::vector<int64_t>{9, 64}));
+      EXPECT_EQ(q.values.sizes(), (std::vector<int64_t>{1, 4, 256}));
       // Nearest level, but +8 steps clamps to +7 when the extreme is negative: one step.
       EXPECT_TRUE((error <= step + 1e-7).all().item<bool>());
       EXPECT_GT((error <= step * 0.5 + 1e-7).to(at::kFloat).mean().item<double>(), 0.99);
@@ -92,6 +103,43 @@ TEST(QuantizeBlocks, ZeroBlocksRowsAndErrors) {
   }
 }
 
+// The stored layout is a contract (quantised checkpoints hold it): check the documented byte
+// positions of chosen elements against their levels.
+TEST(QuantizeBlocks, TileLayoutIsTheDocumentedOne) {
+  const int64_t n = 20, k = 64;  // two row groups (the second half padding), two blocks
+  // Weight n, element e: level ((n * 7 + e * 3) % 15) - 7, times a per-row scale, with one
+  // element per block at -8 / -127 levels' extreme so every block's scale is exact.
+  for (BlockFormat format : kFormats) {
+    const bool q4 = format == BlockFormat::kQ4_0;
+    const int top = q4 ? 7 : 127;
+    at::Tensor levels = at::empty({n, k}, at::kInt);
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t e = 0; e < k; ++e) {
+        levels[r][e] = e % kQuantBlock == 0 ? top : ((r * 7 + e * 3) % 15) - 7;
+      }
+    }
+    const BlockQuantWeight q = Quantize(levels.to(at::kFloat) * 0.25, format);
+    const at::Tensor bytes = q.values.contiguous();
+    const uint8_t* tiles = bytes.data_ptr<uint8_t>();
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t g = r / 16, lane = r % 16;
+      for (int64_t e = 0; e < k; ++e) {
+        const int64_t b = e / 32, i = e % 32;
+        const int level = levels[r][e].item<int>();
+        if (q4) {
+          const uint8_t byte = tiles[(g * 2 + b) * 256 + (i / 8) * 64 + lane * 4 + i % 4];
+          const int stored = (i % 8) < 4 ? byte & 15 : byte >> 4;
+          ASSERT_EQ(stored, level + 8) << "row " << r << " element " << e;
+        } else {
+          ASSERT_EQ(tiles[(g * 2 + b) * 512 + (i / 4) * 64 + lane * 4 + i % 4], level + 128)
+              << "row " << r << " element " << e;
+        }
+      }
+    }
+    EXPECT_TRUE(at::allclose(RowScales(q), at::full({n, 2}, 0.25f * top / (q4 ? 7 : 127))));
+  }
+}
+
 TEST(QuantizeRows, HalfAStepPerBlock) {
   at::manual_seed(1);
   const at::Tensor x = at::randn({3, 96}) * 3;
@@ -105,7 +153,7 @@ TEST(QuantizeRows, HalfAStepPerBlock) {
   for (int64_t i = 0; i < 9; ++i) {
     int sum = 0;
     for (int j = 0; j < 32; ++j) sum += q.values[i * 32 + j];
-    EXPECT_FLOAT_EQ(q.sums[i], q.scales[i] * sum);
+    EXPECT_EQ(q.sums[i], sum);
   }
 }
 
@@ -181,8 +229,8 @@ TEST_P(BlockQuantGemvShapes, KernelsMatchReferences) {
       if (kernel == QuantKernel::kPortable) {
         portable = y;
       } else {
-        // Each SIMD kernel against the portable one: both within the bound above.
-        EXPECT_TRUE(((y - portable).abs() <= magnitude * 2e-5 + 2e-6).all().item<bool>())
+        // The same float operations in the same order: the same bits as the portable kernel.
+        EXPECT_TRUE(at::equal(y, portable))
             << what << " vs portable: " << (y - portable).abs().max().item<double>();
       }
     }
