@@ -94,8 +94,9 @@ struct BlockCase {
 };
 
 // The default model (4 layers, 192 wide, every projection and lm_head quantised). Bounds
-// measured on it (AVX-512 VNNI) with margin: q8_0 moves the logits by 0.7% (argmax agreement
-// 97.5%, greedy 27/32 tokens as float), q4_0 by 6% (90%, 3/32: a near-tie at token 4).
+// measured on it with margin (every kernel gives the same bits): q8_0 moves the logits by
+// 0.7% (argmax agreement 95-97.5%: near-ties in a random model; greedy 27/32 tokens as float),
+// q4_0 by 6% (90-92.5%, 3/32: a near-tie at token 4).
 class BlockQuantModel : public ::testing::TestWithParam<BlockCase> {};
 
 TEST_P(BlockQuantModel, CloseToFloatAndDecodeMatchesFullForward) {
@@ -152,7 +153,7 @@ TEST_P(BlockQuantModel, CloseToFloatAndDecodeMatchesFullForward) {
 
 INSTANTIATE_TEST_SUITE_P(
     Formats, BlockQuantModel,
-    ::testing::Values(BlockCase{WeightQuantization::kInt8, 0.02, 0.95, 16},
+    ::testing::Values(BlockCase{WeightQuantization::kInt8, 0.02, 0.9, 16},
                       BlockCase{WeightQuantization::kInt4, 0.12, 0.8, 2}),
     [](const ::testing::TestParamInfo<BlockCase>& info) {
       return std::string(WeightQuantizationName(info.param.quantization));

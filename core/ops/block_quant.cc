@@ -15,6 +15,7 @@
 #include <ATen/Parallel.h>
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
+#include <c10/util/Half.h>
 
 #include "absl/strings/str_cat.h"
 #include "core/ops/gemv.h"
@@ -60,7 +61,7 @@ inline int64_t Q4ByteInTile(int64_t lane, int64_t e, bool* high) {
 // Everything a kernel reads; pointers stay valid for the whole call.
 struct GemvArgs {
   const uint8_t* w;       // tiles [groups, blocks, tile bytes]
-  const float* ws;        // weight scales [groups, blocks, 16]
+  const uint16_t* ws;     // weight scales, IEEE half [groups, blocks, 16]
   const int8_t* xq;       // activation values [rows, K]
   const float* xs;        // activation scales [rows, blocks]
   const int32_t* xsum;    // activation block sums [rows, blocks]
@@ -71,7 +72,9 @@ struct GemvArgs {
   const uint8_t* Tile(int64_t group, int64_t b, int64_t tile_bytes) const {
     return w + (group * blocks + b) * tile_bytes;
   }
-  const float* Scales(int64_t group, int64_t b) const { return ws + (group * blocks + b) * kGroup; }
+  const uint16_t* Scales(int64_t group, int64_t b) const {
+    return ws + (group * blocks + b) * kGroup;
+  }
 };
 
 // ---------------------------------------------------------------------------------------
@@ -103,8 +106,8 @@ void GemvPortable(bool q4, const GemvArgs& a, int64_t rows, int64_t group_begin,
             }
             dot += (stored - offset) * int32_t{xb[e]};
           }
-          acc = std::fma(static_cast<float>(dot),
-                         a.Scales(g, b)[lane] * a.xs[m * a.blocks + b], acc);
+          const float scale = c10::detail::fp16_ieee_to_fp32_value(a.Scales(g, b)[lane]);
+          acc = std::fma(static_cast<float>(dot), scale * a.xs[m * a.blocks + b], acc);
         }
         a.y[m * a.n_out + n] = acc + (a.bias != nullptr ? a.bias[n] : 0.0f);
       }
@@ -114,8 +117,8 @@ void GemvPortable(bool q4, const GemvArgs& a, int64_t rows, int64_t group_begin,
 
 #ifdef LGPT_BLOCK_QUANT_X86
 
-#define LGPT_AVX2 __attribute__((target("avx2,fma")))
-#define LGPT_AVX512VNNI __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vnni")))
+#define LGPT_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define LGPT_AVX512VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vnni")))
 
 inline int32_t LoadLane(const int8_t* p) {
   int32_t v;
@@ -192,7 +195,8 @@ LGPT_AVX512VNNI void TileVnni(const GemvArgs& a, int64_t g) {
     }
 #pragma GCC unroll 4
     for (int r = 0; r < RG; ++r) {
-      const __m512 scales = _mm512_loadu_ps(a.Scales(g + r, b));
+      const __m512 scales = _mm512_cvtph_ps(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.Scales(g + r, b))));
 #pragma GCC unroll 4
       for (int m = 0; m < M; ++m) {
         const __m512 step = _mm512_mul_ps(scales, _mm512_set1_ps(a.xs[m * a.blocks + b]));
@@ -266,10 +270,11 @@ LGPT_AVX2 void TileAvx2(const GemvArgs& a, int64_t g) {
         }
       }
     }
-    const float* scales = a.Scales(g, b);
+    const uint16_t* scales = a.Scales(g, b);
 #pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {
-      const __m256 s = _mm256_loadu_ps(scales + 8 * h);
+      const __m256 s =
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 8 * h)));
 #pragma GCC unroll 4
       for (int m = 0; m < M; ++m) {
         const __m256 step = _mm256_mul_ps(s, _mm256_set1_ps(a.xs[m * a.blocks + b]));
@@ -424,17 +429,42 @@ LGPT_AVX2 void QuantizeBlocksOfRowAvx2(const float* x, int64_t blocks, int8_t* v
 }
 #endif  // LGPT_BLOCK_QUANT_X86
 
+// The smallest IEEE half >= v (v >= 0 and at most the largest half): a scale rounded up,
+// so no element of its block lands beyond the top level.
+at::Half HalfAtLeast(float v) {
+  at::Half h(v);
+  if (static_cast<float>(h) < v) h = at::Half(static_cast<uint16_t>(h.x + 1), at::Half::from_bits());
+  return h;
+}
+
+// The index of the first element that is not finite or exceeds `limit` in magnitude; -1
+// when there is none. One parallel pass without temporaries.
+int64_t FirstWeightBeyond(const float* w, int64_t count, float limit) {
+  return at::parallel_reduce(
+      0, count, int64_t{1} << 16, int64_t{-1},
+      [&](int64_t begin, int64_t end, int64_t found) {
+        if (found >= 0) return found;
+        for (int64_t i = begin; i < end; ++i) {
+          if (!(std::fabs(w[i]) <= limit)) return i;  // NaN fails the comparison too
+        }
+        return int64_t{-1};
+      },
+      [](int64_t a, int64_t b) { return a < 0 ? b : (b < 0 ? a : std::min(a, b)); });
+}
+
 // Quantises one block of a weight row: q[e] in [-127, 127] (q8) or [-8, 7] (q4); returns
-// the scale. q4: the element of largest magnitude maps to -8 when negative, else to 7, so it
-// is represented exactly and all 16 levels are in reach. An all-zero block: scale 0.
-float QuantizeWeightBlock(const float* block, bool q4, int* q) {
+// the scale, stored as a half (the elements are quantised with the stored value, so halving
+// the scale's bytes costs no accuracy beyond its rounding up by at most 2^-11). q4: the
+// element of largest magnitude maps to -8 when negative, else to 7, so it is represented to
+// the scale's rounding and all 16 levels are in reach. An all-zero block: scale 0.
+at::Half QuantizeWeightBlock(const float* block, bool q4, int* q) {
   float extreme = 0;  // the element of largest magnitude (the first of equals)
   for (int64_t j = 0; j < kQuantBlock; ++j) {
     if (std::fabs(block[j]) > std::fabs(extreme)) extreme = block[j];
   }
-  const float scale =
-      q4 ? (extreme < 0 ? -extreme / 8.0f : extreme / 7.0f) : std::fabs(extreme) / 127.0f;
-  const float inverse = scale > kTinyScale ? 1.0f / scale : 0.0f;
+  const at::Half scale = HalfAtLeast(
+      q4 ? (extreme < 0 ? -extreme / 8.0f : extreme / 7.0f) : std::fabs(extreme) / 127.0f);
+  const float inverse = static_cast<float>(scale) > 0 ? 1.0f / static_cast<float>(scale) : 0.0f;
   for (int64_t j = 0; j < kQuantBlock; ++j) {
     q[j] = q4 ? std::clamp(RoundToInt(block[j] * inverse), -8, 7)
               : std::clamp(RoundToInt(block[j] * inverse), -127, 127);
@@ -456,7 +486,7 @@ at::Tensor DecodeRows(const at::Tensor& bytes, const at::Tensor& scales, BlockFo
   } else {
     q = bytes.reshape({rows, blocks, kQuantBlock}).to(at::kFloat) - kQ8Offset;
   }
-  return (q * scales.unsqueeze(-1)).reshape({rows, blocks * kQuantBlock});
+  return (q * scales.to(at::kFloat).unsqueeze(-1)).reshape({rows, blocks * kQuantBlock});
 }
 
 // Tiles [groups, blocks, tile bytes] as [groups, blocks, chunks, 16 lanes, 4].
@@ -501,15 +531,23 @@ absl::StatusOr<BlockQuantWeight> QuantizeBlocks(const at::Tensor& weight, BlockF
   const int64_t tile_bytes = TileBytes(format);
   const at::Tensor w = weight.detach().to(at::kCPU, at::kFloat).contiguous();
   const float* src = w.data_ptr<float>();
+  // Half scales reach 65504: weights up to 127 (q8) or 7 (q4) times that.
+  const float limit = 65504.0f * (q4 ? 7.0f : 127.0f);
+  const int64_t at_index = FirstWeightBeyond(src, n * k, limit);
+  if (at_index >= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        BlockFormatName(format), " quantisation: weight [", at_index / k, ", ", at_index % k,
+        "] is ", src[at_index], " (must be finite with magnitude <= ", limit, ")"));
+  }
   BlockQuantWeight out;
   out.format = format;
   out.out_features = n;
   out.in_features = k;
   // Padding rows: the stored zero and scale 0.
-  out.scales = at::zeros({groups, blocks, kGroup}, at::kFloat);
+  out.scales = at::zeros({groups, blocks, kGroup}, at::kHalf);
   out.values = at::full({groups, blocks, tile_bytes},
                         q4 ? kQ4Offset * 17 : kQ8Offset, at::kByte);
-  float* scales = out.scales.data_ptr<float>();
+  at::Half* scales = out.scales.data_ptr<at::Half>();
   uint8_t* tiles = out.values.data_ptr<uint8_t>();
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
     int q[kQuantBlock];
@@ -575,7 +613,7 @@ bool QuantKernelAvailable(QuantKernel kernel) {
     case QuantKernel::kPortable:
       return true;
     case QuantKernel::kAvx2:
-      return CpuHasAvx2Fma();
+      return CpuHasAvx2Fma();  // every AVX2 CPU also has F16C (half scales)
     case QuantKernel::kAvx512Vnni:
 #ifdef LGPT_BLOCK_QUANT_X86
       {
@@ -636,7 +674,7 @@ void BlockQuantGemv(const BlockQuantWeight& weight, const float* bias, const flo
   const bool q4 = weight.format == BlockFormat::kQ4_0;
   GemvArgs args;
   args.w = weight.values.data_ptr<uint8_t>();
-  args.ws = weight.scales.data_ptr<float>();
+  args.ws = reinterpret_cast<const uint16_t*>(weight.scales.data_ptr<at::Half>());
   args.xq = xq.values.data();
   args.xs = xq.scales.data();
   args.xsum = xq.sums.data();

@@ -1,12 +1,12 @@
-// Block-quantised weights for CPU decoding: q8_0-like (int8, one float32 scale per 32
-// weights) and q4_0-like (4-bit, one float32 scale per 32 weights), and the GEMV that
+// Block-quantised weights for CPU decoding: q8_0-like (int8, one half-precision scale per
+// 32 weights) and q4_0-like (4-bit, one half scale per 32 weights), and the GEMV that
 // multiplies them with integer dot products.
 //
 // Each call quantises the activation rows to int8 per 32-block once (symmetric, scale =
 // amax / 127; O(rows * K), negligible next to the weights), then streams every weight byte
 // once for all rows: per 32-block an exact int32 dot product, scaled by weight scale x
-// activation scale into float32 accumulators. Bytes read per weight: 1.125 (q8_0) and
-// 0.625 (q4_0), against 4 for float32; decoding is bound by those bytes.
+// activation scale into float32 accumulators. Bytes read per weight: 1.0625 (q8_0) and
+// 0.5625 (q4_0), as llama.cpp's formats, against 4 for float32; decoding is bound by them.
 //
 // Weights are stored in tiles of 16 rows x one 32-block, rows interleaved by 4 bytes (the
 // order int8 dot-product instructions consume; llama.cpp repacks its CPU weights alike): one 64-byte load
@@ -52,7 +52,7 @@ struct BlockQuantWeight {
   //   kQ4_0 (T = 256): byte [c * 64 + l * 4 + j] holds q + 8 of element 8c + j in its low
   //                    nibble and of element 8c + 4 + j in its high nibble.
   at::Tensor values;
-  at::Tensor scales;  // float32 [G, K / 32, 16]: per tile, one scale per row lane
+  at::Tensor scales;  // IEEE half [G, K / 32, 16]: per tile, one scale per row lane
   int64_t out_features = 0;  // N
   int64_t in_features = 0;   // K, a multiple of kQuantBlock
 
@@ -62,7 +62,8 @@ struct BlockQuantWeight {
 };
 
 // Quantises a float [N, K] weight (any float dtype or device; the result is on the CPU).
-// InvalidArgument when it is not 2-D or K is not a multiple of kQuantBlock.
+// InvalidArgument when it is not 2-D, K is not a multiple of kQuantBlock, or an element is
+// not finite or too large for a half scale (|w| > 65504 x 127 for q8, x 7 for q4).
 absl::StatusOr<BlockQuantWeight> QuantizeBlocks(const at::Tensor& weight, BlockFormat format);
 
 // The float32 [N, K] weight a BlockQuantWeight stands for (rows [begin, end) of it with the
