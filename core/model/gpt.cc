@@ -58,6 +58,27 @@ void GPTImpl::To(c10::Device device, c10::ScalarType dtype) {
   rope_ = std::make_unique<Rope>(config_, device);
 }
 
+absl::Status GPTImpl::SetQuantizedEmbedding(BlockQuantWeight table) {
+  if (!table.defined() || table.out_features != config_.PaddedVocabSize() ||
+      table.in_features != config_.n_embd) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "quantised embedding must be [", config_.PaddedVocabSize(), ", ", config_.n_embd,
+        "], got [", table.out_features, ", ", table.in_features, "]"));
+  }
+  quantized_wte_ = std::move(table);
+  at::NoGradGuard no_grad;
+  at::Tensor& weight = transformer->wte->weight;
+  weight.set_data(at::empty({0}, weight.options()));
+  return absl::OkStatus();
+}
+
+at::Tensor GPTImpl::Embed(const at::Tensor& ids) {
+  if (!quantized_wte_.defined()) return transformer->wte->forward(ids);
+  std::vector<int64_t> shape = ids.sizes().vec();
+  shape.push_back(config_.n_embd);
+  return DequantizeBlockRows(quantized_wte_, ids).view(shape).to(ids.device(), dtype());
+}
+
 std::vector<KVLayerSpec> GPTImpl::CacheLayout() const {
   std::vector<KVLayerSpec> layers;
   for (int64_t layer = 0; layer < config_.n_layer; ++layer) {
@@ -160,7 +181,7 @@ absl::StatusOr<at::Tensor> GPTImpl::ForwardUnchecked(const at::Tensor& idx, KVCa
 
   const RopeTables global = rope_->Tables(step.positions, /*local=*/false);
   const RopeTables local = rope_->has_local() ? rope_->Tables(step.positions, true) : global;
-  at::Tensor x = transformer->wte->forward(ids);  // [B, T, n_embd]
+  at::Tensor x = Embed(ids);  // [B, T, n_embd]
   if (config_.scale_embeddings) {
     x = x * at::scalar_tensor(std::sqrt(static_cast<double>(config_.n_embd)), x.options());
   }

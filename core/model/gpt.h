@@ -26,6 +26,7 @@
 #include "core/model/model_parts.h"
 #include "core/nn/norm.h"
 #include "core/nn/rope.h"
+#include "core/ops/block_quant.h"
 
 namespace lgpt {
 
@@ -76,6 +77,13 @@ class GPTImpl : public torch::nn::Module {
   // Moves parameters (and the RoPE frequency tables) to a device and dtype.
   void To(c10::Device device, c10::ScalarType dtype);
 
+  // Replaces the token embedding by a block-quantised table [padded_vocab_size, n_embd]
+  // (possibly the quantised lm_head of a tied model); the float table is freed, its
+  // parameter stays registered, empty. Lookups dequantise only the rows they read.
+  // InvalidArgument on a table of another shape.
+  absl::Status SetQuantizedEmbedding(BlockQuantWeight table);
+  const BlockQuantWeight& quantized_embedding() const { return quantized_wte_; }
+
   Transformer transformer{nullptr};
   ProjectionPtr lm_head;  // [padded_vocab_size, n_embd]
 
@@ -84,8 +92,12 @@ class GPTImpl : public torch::nn::Module {
   absl::StatusOr<at::Tensor> ForwardUnchecked(const at::Tensor& idx, KVCache* cache,
                                               const ForwardOptions& options);
 
+  // ids [B, T] -> [B, T, n_embd] in the model's dtype.
+  at::Tensor Embed(const at::Tensor& ids);
+
   Config config_;
   std::unique_ptr<Rope> rope_;
+  BlockQuantWeight quantized_wte_;  // undefined unless the embedding is quantised
 };
 using GPT = std::shared_ptr<GPTImpl>;
 

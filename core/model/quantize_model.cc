@@ -1,7 +1,10 @@
 #include "core/model/quantize_model.h"
 
 #include <memory>
+#include <optional>
 #include <string>
+
+#include <ATen/ATen.h>
 
 #include "absl/strings/str_cat.h"
 #include "core/base/status_macros.h"
@@ -50,10 +53,18 @@ absl::Status QuantizeModel(GPTImpl& model) {
     return absl::FailedPreconditionError(
         "weight quantisation needs a float32 model on the CPU");
   }
+  // A tied model's head and embedding are one table: quantised once, shared.
+  auto* head = dynamic_cast<BlockQuantProjectionImpl*>(model.lm_head.get());
+  const at::Tensor& embedding = model.transformer->wte->weight;
+  const bool tied = head != nullptr && !head->quantized() &&
+                    head->weight.sizes() == embedding.sizes() &&
+                    at::equal(head->weight, embedding);
   int quantized = 0;
+  std::optional<BlockFormat> format;
   for (const std::shared_ptr<torch::nn::Module>& module : model.modules()) {
     if (auto* block = dynamic_cast<BlockQuantProjectionImpl*>(module.get())) {
       RETURN_IF_ERROR(block->Quantize());
+      format = block->options().format;
       ++quantized;
     } else if (auto* int8 = dynamic_cast<Int8ProjectionImpl*>(module.get())) {
       RETURN_IF_ERROR(int8->Quantize());
@@ -65,7 +76,19 @@ absl::Status QuantizeModel(GPTImpl& model) {
         model.config().name,
         ": no quantisable projections; build the model with QuantizedModelParts()"));
   }
-  return absl::OkStatus();
+  if (!format.has_value() || model.quantized_embedding().defined() ||
+      model.config().n_embd % kQuantBlock != 0) {
+    return absl::OkStatus();
+  }
+  if (tied && head->quantized_weight().format == *format) {
+    return model.SetQuantizedEmbedding(head->quantized_weight());
+  }
+  absl::StatusOr<BlockQuantWeight> table = QuantizeBlocks(embedding, *format);
+  if (!table.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("transformer.wte: ", table.status().message()));
+  }
+  return model.SetQuantizedEmbedding(*std::move(table));
 }
 
 absl::Status QuantizeModelInt8(GPTImpl& model) { return QuantizeModel(model); }
@@ -75,6 +98,12 @@ int64_t ModelWeightBytes(GPTImpl& model) {
   for (const at::Tensor& p : model.parameters()) {
     bytes += p.numel() * static_cast<int64_t>(p.element_size());
   }
+  const BlockQuantWeight& embedding = model.quantized_embedding();
+  const auto* head = dynamic_cast<const BlockQuantProjectionImpl*>(model.lm_head.get());
+  const bool shared =
+      head != nullptr && embedding.defined() && head->quantized_weight().defined() &&
+      embedding.values.is_same(head->quantized_weight().values);
+  if (!shared) bytes += embedding.bytes();
   for (const std::shared_ptr<torch::nn::Module>& module : model.modules()) {
     if (auto* block = dynamic_cast<BlockQuantProjectionImpl*>(module.get())) {
       bytes += block->quantized_weight().bytes();

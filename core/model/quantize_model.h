@@ -6,9 +6,10 @@
 //   RETURN_IF_ERROR(QuantizeModel(*loaded.model));                 // frees the float weights
 //
 // Formats: kInt8 and kInt4 are the block formats of core/ops/block_quant.h (q8_0/q4_0-like: a
-// float32 scale per 32 weights, integer-dot GEMV for decoding) for every projection, the MoE
-// experts and lm_head; the embedding, norms, biases and the MoE router stay float32, as do
-// projections whose in_features is not a multiple of 32. The older per-channel/per-group
+// half scale per 32 weights, integer-dot GEMV for decoding) for every projection, the MoE
+// experts, lm_head and the token embedding (one table shared by a tied head and embedding;
+// lookups dequantise the rows they read); norms, biases and the MoE router stay float32, as
+// do projections whose in_features is not a multiple of 32. The older per-channel/per-group
 // int8 format (core/nn/int8_linear.h, Int8ModelParts) serves int8-base LoRA fine-tuning.
 // Each projection's float weight is freed as soon as it is quantised, so the float32 and the
 // quantised copy of the model never coexist beyond one matrix.
@@ -27,8 +28,8 @@ namespace lgpt {
 
 enum class WeightQuantization {
   kNone,
-  kInt8,  // q8_0-like blocks: 1.125 bytes per weight
-  kInt4,  // q4_0-like blocks: 0.625 bytes per weight
+  kInt8,  // q8_0-like blocks: 1.0625 bytes per weight
+  kInt4,  // q4_0-like blocks: 0.5625 bytes per weight
 };
 const char* WeightQuantizationName(WeightQuantization quantization);  // none, int8, int4
 // "none", "int8" or "int4"; InvalidArgument naming the accepted values otherwise.

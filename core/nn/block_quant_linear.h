@@ -45,6 +45,7 @@ class BlockQuantProjectionImpl : public DenseProjectionImpl {
   absl::Status Quantize();
   bool quantized() const { return quantized_.defined(); }
   const BlockQuantWeight& quantized_weight() const { return quantized_; }
+  const BlockQuantOptions& options() const { return options_; }
 
  private:
   LinearSpec spec_;
