@@ -15,98 +15,12 @@
 #include "core/io/safetensors.h"
 #include "core/base/status_macros.h"
 #include "core/io/torch_pickle.h"
+#include "core/model/quantized_checkpoint.h"
 
 namespace lgpt {
-namespace {
-
-std::string Shape(const at::Tensor& t) {
-  return absl::StrCat("[", absl::StrJoin(t.sizes(), ", "), "]");
-}
-
-std::string Names(const std::vector<std::string>& names) {
-  constexpr size_t kShown = 5;
-  std::vector<std::string> shown(names.begin(), names.begin() + std::min(kShown, names.size()));
-  std::string text = absl::StrJoin(shown, ", ");
-  if (names.size() > kShown) absl::StrAppend(&text, " and ", names.size() - kShown, " more");
-  return text;
-}
-
-}  // namespace
-
-absl::Status CheckFinite(const TensorMap& tensors, const std::string& source) {
-  constexpr int64_t kSlice = int64_t{1} << 22;  // elements checked at a time
-  for (const auto& [name, tensor] : tensors) {
-    if (!tensor.is_floating_point()) continue;
-    const at::Tensor flat = tensor.reshape({-1});
-    for (int64_t begin = 0; begin < flat.numel(); begin += kSlice) {
-      const at::Tensor slice = flat.narrow(0, begin, std::min(kSlice, flat.numel() - begin));
-      if (at::isfinite(slice).all().item<bool>()) continue;
-      const int64_t index =
-          begin + at::logical_not(at::isfinite(slice)).nonzero()[0][0].item<int64_t>();
-      const double value = flat[index].item<double>();
-      return absl::DataLossError(absl::StrCat(source, ": tensor ", name, " holds ",
-                                              std::isnan(value) ? "NaN" : "infinity",
-                                              " at element ", index, " of ", flat.numel()));
-    }
-  }
-  return absl::OkStatus();
-}
 
 absl::StatusOr<LoadedModel> LoadCheckpointUnchecked(const std::string& checkpoint_dir,
                                                     const LoadOptions& options);
-
-TensorMap StateDict(const torch::nn::Module& module) {
-  TensorMap tensors;
-  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
-    tensors[item.key()] = item.value();
-  }
-  for (const auto& item : module.named_buffers(/*recurse=*/true)) {
-    tensors[item.key()] = item.value();
-  }
-  return tensors;
-}
-
-absl::Status LoadStateDict(torch::nn::Module& module, const TensorMap& tensors,
-                           const std::string& source, bool allow_missing, bool adopt_storage) {
-  const TensorMap targets = StateDict(module);
-  std::vector<std::string> missing, unexpected;
-  for (const auto& [name, target] : targets) {
-    if (!tensors.count(name)) missing.push_back(name);
-  }
-  for (const auto& [name, tensor] : tensors) {
-    if (!targets.count(name)) unexpected.push_back(name);
-  }
-  if (!unexpected.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source, ": unexpected tensors ", Names(unexpected)));
-  }
-  if (!missing.empty() && !allow_missing) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": missing tensors ", Names(missing)));
-  }
-  for (const auto& [name, tensor] : tensors) {
-    const at::Tensor& target = targets.at(name);
-    if (!tensor.sizes().equals(target.sizes())) {
-      return absl::InvalidArgumentError(absl::StrCat(source, ": tensor ", name, " has shape ",
-                                                     Shape(tensor), ", the model expects ",
-                                                     Shape(target)));
-    }
-    if (!tensor.is_floating_point() && target.is_floating_point()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(source, ": tensor ", name, " is not floating point"));
-    }
-  }
-  at::NoGradGuard no_grad;
-  for (const auto& [name, tensor] : tensors) {
-    at::Tensor target = targets.at(name);
-    if (adopt_storage && tensor.scalar_type() == target.scalar_type() &&
-        tensor.device() == target.device() && tensor.is_contiguous()) {
-      target.set_data(tensor);  // every holder of the parameter sees the new storage
-    } else {
-      target.copy_(tensor);
-    }
-  }
-  return absl::OkStatus();
-}
 
 absl::StatusOr<TensorMap> ReadCheckpointTensors(const std::string& checkpoint_dir,
                                                 std::string* source, bool verify_checksums) {
@@ -177,12 +91,27 @@ absl::StatusOr<LoadedModel> LoadCheckpointUnchecked(const std::string& checkpoin
   }
   progress("reading model_config.yaml");
   ASSIGN_OR_RETURN(Config config, LoadConfigFile(checkpoint_dir + "/model_config.yaml"));
+  // A quantised checkpoint builds block-quantised projections of its format unless the
+  // caller chose the parts (which must then be of that format; loading says where not).
+  const std::string quantized = checkpoint_dir + "/" + kQuantizedWeightsFile;
+  ModelParts parts = options.parts;
+  if (IsFile(quantized) && parts.linear_factory == nullptr) {
+    ASSIGN_OR_RETURN(const BlockFormat format, QuantizedCheckpointFormat(quantized));
+    parts.linear_factory = QuantizedCheckpointParts(format).linear_factory;
+  }
   progress(absl::StrCat("building ", config.name, " (", config.n_layer, " layers)"));
   GPT model;
   {
     // Every weight is loaded next: random initialisation would only cost time and memory.
     SkipProjectionInit skip_init;
-    ASSIGN_OR_RETURN(model, GPTImpl::Create(config, options.parts));
+    ASSIGN_OR_RETURN(model, GPTImpl::Create(config, parts));
+  }
+  if (IsFile(quantized)) {
+    progress(absl::StrCat("loading quantised weights from ", quantized));
+    model->To(options.device, options.dtype);
+    RETURN_IF_ERROR(LoadQuantizedCheckpoint(*model, quantized, options.verify_checksums));
+    model->eval();
+    return LoadedModel{model->config(), model, ContextWarnings(checkpoint_dir, config)};
   }
   std::string source;
   progress("reading weights");

@@ -18,27 +18,9 @@
 #include "core/model/gpt.h"
 #include "core/model/model_parts.h"
 #include "core/io/tensor_map.h"
+#include "core/model/state_dict.h"
 
 namespace lgpt {
-
-// Copies `tensors` into the module's parameters and buffers by name (with dtype
-// conversion). Missing or unexpected tensors and shape mismatches are errors naming the
-// tensor; `source` names the file in messages. With `allow_missing`, parameters absent
-// from `tensors` keep their values (used to load PEFT weights on top of a base). With
-// `adopt_storage`, a contiguous tensor of the parameter's dtype and device becomes the
-// parameter's storage instead of being copied (a memory-mapped checkpoint then costs no
-// second copy; the mapping is private, so later in-place updates never reach the file).
-absl::Status LoadStateDict(torch::nn::Module& module, const TensorMap& tensors,
-                           const std::string& source, bool allow_missing = false,
-                           bool adopt_storage = false);
-
-// Error naming the first tensor (in name order) holding a NaN or infinity, and the flat index of
-// its first such element; `source` names the file. One pass over the floating-point data,
-// in slices, so no tensor-sized temporary is made.
-absl::Status CheckFinite(const TensorMap& tensors, const std::string& source);
-
-// The module's parameters and persistent buffers by LitGPT name.
-TensorMap StateDict(const torch::nn::Module& module);
 
 // Reads the weights of a checkpoint directory: model.safetensors if present, else
 // lit_model.pth (a state dict, optionally wrapped as {"model": ...}), whose records are checked

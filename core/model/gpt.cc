@@ -65,6 +65,11 @@ absl::Status GPTImpl::SetQuantizedEmbedding(BlockQuantWeight table) {
         "quantised embedding must be [", config_.PaddedVocabSize(), ", ", config_.n_embd,
         "], got [", table.out_features, ", ", table.in_features, "]"));
   }
+  absl::Status well_formed = CheckBlockQuantWeight(table);
+  if (!well_formed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("quantised embedding: ", well_formed.message()));
+  }
   quantized_wte_ = std::move(table);
   at::NoGradGuard no_grad;
   at::Tensor& weight = transformer->wte->weight;

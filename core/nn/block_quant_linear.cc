@@ -4,6 +4,7 @@
 #include <c10/core/GradMode.h>
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -69,7 +70,26 @@ absl::Status BlockQuantProjectionImpl::Quantize() {
     return absl::InvalidArgumentError(absl::StrCat(LinearSiteName(spec_.site), " of layer ",
                                                    spec_.layer, ": ", q.status().message()));
   }
-  quantized_ = *std::move(q);
+  return SetQuantized(*std::move(q));
+}
+
+absl::Status BlockQuantProjectionImpl::SetQuantized(BlockQuantWeight q) {
+  const std::string site = absl::StrCat(LinearSiteName(spec_.site), " of layer ", spec_.layer);
+  if (q.format != options_.format) {
+    return absl::InvalidArgumentError(absl::StrCat(site, ": weights are ",
+                                                   BlockFormatName(q.format), ", the model expects ",
+                                                   BlockFormatName(options_.format)));
+  }
+  if (q.out_features != spec_.out_features || q.in_features != spec_.in_features) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        site, ": quantised weight is [", q.out_features, ", ", q.in_features,
+        "], the model expects [", spec_.out_features, ", ", spec_.in_features, "]"));
+  }
+  absl::Status well_formed = CheckBlockQuantWeight(q);
+  if (!well_formed.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(site, ": ", well_formed.message()));
+  }
+  quantized_ = std::move(q);
   // Frees the float weight (or drops this module's hold on a memory-mapped checkpoint's
   // pages); the parameter stays registered, empty, so the module's structure is unchanged.
   at::NoGradGuard no_grad;

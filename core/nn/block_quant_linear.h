@@ -43,6 +43,10 @@ class BlockQuantProjectionImpl : public DenseProjectionImpl {
   // its device and dtype first). InvalidArgument naming the site when in_features is not a
   // multiple of 32; quantising twice is a no-op.
   absl::Status Quantize();
+  // Adopts an already quantised weight (a quantised checkpoint's) and frees the float one.
+  // InvalidArgument naming the site when its format, shape or dtypes are not this
+  // projection's.
+  absl::Status SetQuantized(BlockQuantWeight weight);
   bool quantized() const { return quantized_.defined(); }
   const BlockQuantWeight& quantized_weight() const { return quantized_; }
   const BlockQuantOptions& options() const { return options_; }

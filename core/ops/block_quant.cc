@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -18,6 +19,7 @@
 #include <c10/util/Half.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/ops/gemv.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -573,6 +575,29 @@ absl::StatusOr<BlockQuantWeight> QuantizeBlocks(const at::Tensor& weight, BlockF
     }
   });
   return out;
+}
+
+absl::Status CheckBlockQuantWeight(const BlockQuantWeight& w) {
+  const int64_t n = w.out_features, k = w.in_features;
+  if (n <= 0 || k <= 0 || k % kQuantBlock != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "quantised weight shape [", n, ", ", k, "] needs positive sizes, K a multiple of 32"));
+  }
+  const int64_t groups = (n + kGroup - 1) / kGroup, blocks = k / kQuantBlock;
+  const std::vector<int64_t> values_shape = {groups, blocks, TileBytes(w.format)};
+  const std::vector<int64_t> scales_shape = {groups, blocks, kGroup};
+  const auto ok = [](const at::Tensor& t, at::ScalarType dtype,
+                     const std::vector<int64_t>& shape) {
+    return t.defined() && t.scalar_type() == dtype && t.sizes() == at::IntArrayRef(shape) &&
+           t.is_contiguous() && t.device().is_cpu();
+  };
+  if (!ok(w.values, at::kByte, values_shape) || !ok(w.scales, at::kHalf, scales_shape)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        BlockFormatName(w.format), " weight [", n, ", ", k, "] must be uint8 values [",
+        absl::StrJoin(values_shape, ", "), "] and float16 scales [",
+        absl::StrJoin(scales_shape, ", "), "], contiguous, on the CPU"));
+  }
+  return absl::OkStatus();
 }
 
 at::Tensor DequantizeBlockRows(const BlockQuantWeight& weight, const at::Tensor& rows) {

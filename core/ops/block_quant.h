@@ -66,6 +66,11 @@ struct BlockQuantWeight {
 // not finite or too large for a half scale (|w| > 65504 x 127 for q8, x 7 for q4).
 absl::StatusOr<BlockQuantWeight> QuantizeBlocks(const at::Tensor& weight, BlockFormat format);
 
+// OK when `weight` is well formed for its out_features, in_features and format: uint8
+// values [G, K / 32, T] and half scales [G, K / 32, 16], contiguous, on the CPU (what the
+// kernels may read without further checks). InvalidArgument saying what differs otherwise.
+absl::Status CheckBlockQuantWeight(const BlockQuantWeight& weight);
+
 // The float32 [N, K] weight a BlockQuantWeight stands for (rows [begin, end) of it with the
 // second form: an embedding lookup dequantises only the rows it needs).
 at::Tensor DequantizeBlocks(const BlockQuantWeight& weight);
