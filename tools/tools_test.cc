@@ -109,6 +109,34 @@ TEST(GenerateTest, GreedyIdsAreTheLastLineForAnyPrefillChunk) {
   }
 }
 
+// A checkpoint quantised once generates what quantising at every load generates, from a
+// file a seventh of the float one; a second quantisation and a bad format are refused.
+TEST(QuantizeTest, SavedQuantisedCheckpointGeneratesAsQuantisingAtLoad) {
+  const std::string out = TempDir() + "/default_int4";
+  const ToolRun quantize = Execute(
+      "quantize", absl::StrCat("--checkpoint_dir=tools/default_model --quantize=int4 --out_dir=",
+                               out));
+  ASSERT_EQ(quantize.status, 0) << quantize.err;
+  EXPECT_NE(quantize.out.find("ratio=0.1"), std::string::npos) << quantize.out;
+  const std::string args = " --prompt='And God said' --max_new_tokens=24 --temperature=0";
+  const ToolRun saved = Execute("generate", "--checkpoint_dir=" + out + args);
+  const ToolRun at_load =
+      Execute("generate", "--checkpoint_dir=tools/default_model --quantize=int4" + args);
+  ASSERT_EQ(saved.status, 0) << saved.err;
+  ASSERT_EQ(at_load.status, 0) << at_load.err;
+  EXPECT_EQ(saved.out, at_load.out);
+  ExpectCleanFailure(Execute("generate", "--checkpoint_dir=" + out + " --quantize=int8" + args),
+                     "q4_0");
+  ExpectCleanFailure(
+      Execute("quantize", absl::StrCat("--checkpoint_dir=", out, " --quantize=int8 --out_dir=",
+                                       TempDir(), "/twice")),
+      "already quantised");
+  ExpectCleanFailure(Execute("quantize", absl::StrCat("--checkpoint_dir=tools/default_model ",
+                                                      "--quantize=int3 --out_dir=", TempDir(),
+                                                      "/int3")),
+                     "int3");
+}
+
 TEST(GenerateTest, SeededSamplingIsReproducible) {
   const std::string args = absl::StrCat("--checkpoint_dir=", kGolden,
                                         " --prompt_ids=1,2,3 --max_new_tokens=10 "
