@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/base/status_macros.h"
 #include "core/ops/attention.h"
+#include "core/ops/decode_attention.h"
 
 namespace lgpt {
 
@@ -178,6 +179,18 @@ absl::StatusOr<at::Tensor> PagedKVCache::UpdateAndAttend(int64_t layer, const KV
   RETURN_IF_ERROR(CheckQueries(layer, q, keys));
   ASSIGN_OR_RETURN(const int64_t length, Write(layer, step, keys, values));
   const int64_t block_size = pool_->block_size();
+  // Decoding steps read the blocks in place (no gather of the request's cache).
+  std::vector<at::Tensor> block_keys, block_values;  // [G, bs, hs] each
+  for (int64_t begin = 0; begin < length; begin += block_size) {
+    block_keys.push_back(pool_->keys(table_[begin / block_size], layer));
+    block_values.push_back(pool_->values(table_[begin / block_size], layer));
+  }
+  const at::Tensor key_positions = Positions(0, length);  // [1, 1, length]
+  if (DecodeAttentionBlocksApplies(q, block_keys, block_values, length, step.positions,
+                                   key_positions)) {
+    return DecodeAttentionBlocks(q, block_keys, block_values, length, step.positions,
+                                 key_positions, params);
+  }
   std::vector<KVBlockSource> sources;
   for (int64_t begin = 0; begin < length; begin += block_size) {
     const int64_t block = table_[begin / block_size];

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <vector>
 
@@ -14,6 +15,15 @@ namespace lgpt {
 namespace {
 
 constexpr int64_t kMaxSteps = 4;
+
+// Consecutive cache entries of one (batch row, key group) stored together: [entries, hs]
+// keys and values. A contiguous cache is one segment; a paged one, one per block.
+struct KVSegment {
+  const float* keys;
+  const float* values;
+  int64_t entries;
+};
+using Segments = std::vector<KVSegment>;
 
 bool RowsContiguous(const at::Tensor& t) {
   return t.dim() == 4 && t.stride(3) == 1 && t.stride(2) == t.size(3);
@@ -29,18 +39,22 @@ float ExpAndSumPortable(float* s, int64_t entries, float max_score) {
   return total;
 }
 
-// out_r = inv_r * sum_e w_r[e] v[e] for each of `rows` weight rows, v [entries, hs].
-void WeightedValuesPortable(const float* const* w, const float* v, int64_t rows, int64_t entries,
-                            int64_t hs, const float* inv, float* const* out, float* acc) {
+// out_r = inv_r * sum_e w_r[e] v[e] for each of `rows` weight rows, v the segments' values
+// in order (e counts across segments).
+void WeightedValuesPortable(const float* const* w, const Segments& v, int64_t rows, int64_t hs,
+                            const float* inv, float* const* out, float* acc) {
   for (int64_t r = 0; r < rows; ++r) {
     std::fill(acc, acc + hs, 0.0f);
-    for (int64_t e = 0; e < entries; ++e) {
-      const float we = w[r][e];
-      if (we == 0.0f) continue;
-      const float* ve = v + e * hs;
-      for (int64_t i = 0; i < hs; ++i) acc[i] += we * ve[i];
+    int64_t e = 0;
+    for (const KVSegment& segment : v) {
+      for (int64_t i = 0; i < segment.entries; ++i, ++e) {
+        const float we = w[r][e];
+        if (we == 0.0f) continue;
+        const float* ve = segment.values + i * hs;
+        for (int64_t j = 0; j < hs; ++j) acc[j] += we * ve[j];
+      }
     }
-    for (int64_t i = 0; i < hs; ++i) out[r][i] = acc[i] * inv[r];
+    for (int64_t j = 0; j < hs; ++j) out[r][j] = acc[j] * inv[r];
   }
 }
 
@@ -70,21 +84,24 @@ __attribute__((target("avx2,fma"))) float ExpAndSumAvx2(float* s, int64_t entrie
 // once for all R queries.
 template <int R, int V>
 __attribute__((target("avx2,fma"))) void WeightedValuesBlockAvx2(const float* const* w,
-                                                                 const float* v, int64_t entries,
-                                                                 int64_t hs, int64_t col,
-                                                                 const float* inv,
+                                                                 const Segments& v, int64_t hs,
+                                                                 int64_t col, const float* inv,
                                                                  float* const* out) {
   __m256 acc[R][V];
   for (int r = 0; r < R; ++r) {
     for (int j = 0; j < V; ++j) acc[r][j] = _mm256_setzero_ps();
   }
-  const float* ve = v + col;
-  for (int64_t e = 0; e < entries; ++e, ve += hs) {
-    __m256 values[V];
-    for (int j = 0; j < V; ++j) values[j] = _mm256_loadu_ps(ve + 8 * j);
-    for (int r = 0; r < R; ++r) {
-      const __m256 we = _mm256_broadcast_ss(w[r] + e);
-      for (int j = 0; j < V; ++j) acc[r][j] = _mm256_fmadd_ps(we, values[j], acc[r][j]);
+  // The accumulators carry across segments: the sums are those of one contiguous pass.
+  int64_t e = 0;
+  for (const KVSegment& segment : v) {
+    const float* ve = segment.values + col;
+    for (int64_t i = 0; i < segment.entries; ++i, ++e, ve += hs) {
+      __m256 values[V];
+      for (int j = 0; j < V; ++j) values[j] = _mm256_loadu_ps(ve + 8 * j);
+      for (int r = 0; r < R; ++r) {
+        const __m256 we = _mm256_broadcast_ss(w[r] + e);
+        for (int j = 0; j < V; ++j) acc[r][j] = _mm256_fmadd_ps(we, values[j], acc[r][j]);
+      }
     }
   }
   for (int r = 0; r < R; ++r) {
@@ -97,26 +114,23 @@ __attribute__((target("avx2,fma"))) void WeightedValuesBlockAvx2(const float* co
 
 // Column chunks of 8·V for R rows; hs must be a multiple of 8.
 template <int R, int V>
-void WeightedValuesRowsAvx2(const float* const* w, const float* v, int64_t entries, int64_t hs,
+void WeightedValuesRowsAvx2(const float* const* w, const Segments& v, int64_t hs,
                             const float* inv, float* const* out) {
   int64_t col = 0;
-  for (; col + 8 * V <= hs; col += 8 * V) {
-    WeightedValuesBlockAvx2<R, V>(w, v, entries, hs, col, inv, out);
-  }
-  for (; col < hs; col += 8) WeightedValuesBlockAvx2<R, 1>(w, v, entries, hs, col, inv, out);
+  for (; col + 8 * V <= hs; col += 8 * V) WeightedValuesBlockAvx2<R, V>(w, v, hs, col, inv, out);
+  for (; col < hs; col += 8) WeightedValuesBlockAvx2<R, 1>(w, v, hs, col, inv, out);
 }
 
 // Up to 4 rows share each pass over the values (16 accumulators would spill: 8 at most).
-void WeightedValuesAvx2(const float* const* w, const float* v, int64_t rows, int64_t entries,
-                        int64_t hs, const float* inv, float* const* out) {
+void WeightedValuesAvx2(const float* const* w, const Segments& v, int64_t rows, int64_t hs,
+                        const float* inv, float* const* out) {
   int64_t r = 0;
-  for (; r + 4 <= rows; r += 4)
-    WeightedValuesRowsAvx2<4, 2>(w + r, v, entries, hs, inv + r, out + r);
+  for (; r + 4 <= rows; r += 4) WeightedValuesRowsAvx2<4, 2>(w + r, v, hs, inv + r, out + r);
   if (rows - r >= 2) {
-    WeightedValuesRowsAvx2<2, 4>(w + r, v, entries, hs, inv + r, out + r);
+    WeightedValuesRowsAvx2<2, 4>(w + r, v, hs, inv + r, out + r);
     r += 2;
   }
-  if (r < rows) WeightedValuesRowsAvx2<1, 8>(w + r, v, entries, hs, inv + r, out + r);
+  if (r < rows) WeightedValuesRowsAvx2<1, 8>(w + r, v, hs, inv + r, out + r);
 }
 
 #endif  // LGPT_SIMD_AVX2
@@ -163,11 +177,16 @@ bool DecodeAttentionApplies(const at::Tensor& q, const at::Tensor& keys, const a
   return RowsContiguous(keys) && RowsContiguous(values) && keys.sizes() == values.sizes();
 }
 
-at::Tensor DecodeAttention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
-                           const at::Tensor& query_positions, const at::Tensor& key_positions,
-                           const AttentionParams& params, bool use_avx2) {
+namespace {
+
+// DecodeAttention over any storage: segments(b, g, &out) lists the entries of (batch row b,
+// key group g) in order; key_positions [B, 1 or G, entries].
+at::Tensor DecodeAttentionOver(
+    const at::Tensor& q, int64_t groups, int64_t entries,
+    const std::function<void(int64_t, int64_t, Segments*)>& segments,
+    const at::Tensor& query_positions, const at::Tensor& key_positions,
+    const AttentionParams& params, bool use_avx2) {
   const int64_t batch = q.size(0), n_head = q.size(1), steps = q.size(2), hs = q.size(3);
-  const int64_t groups = keys.size(1), entries = keys.size(2);
   const int64_t q_per_kv = n_head / groups;
   const int64_t rows = q_per_kv * steps;  // queries of one group
   const at::Tensor qc = q.contiguous();
@@ -175,8 +194,6 @@ at::Tensor DecodeAttention(const at::Tensor& q, const at::Tensor& keys, const at
   at::Tensor out = at::empty({batch, n_head, steps, hs}, q.options());
   const float* q_data = qc.data_ptr<float>();
   float* out_data = out.data_ptr<float>();
-  const float* k_data = keys.data_ptr<float>();
-  const float* v_data = values.data_ptr<float>();
   const int64_t* qp_data = qpos.data_ptr<int64_t>();
   const int64_t* kp_data = key_positions.data_ptr<int64_t>();
   const int64_t kp_b = key_positions.stride(0), kp_s = key_positions.stride(2);
@@ -193,20 +210,36 @@ at::Tensor DecodeAttention(const at::Tensor& q, const at::Tensor& keys, const at
   const int64_t min_tasks = std::max<int64_t>(1, (int64_t{32} << 10) / per_task);
   ParallelForRows(batch * groups, 1, min_tasks, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(rows * entries);
+    std::vector<float> part;  // one segment's scores [rows, segment entries]
     std::vector<float> acc(hs);
     std::vector<const float*> weight_rows(rows);
     std::vector<float*> out_rows(rows);
     std::vector<float> inv(rows);
+    Segments kv;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / groups, g = task % groups;
-      const float* k = k_data + b * keys.stride(0) + g * keys.stride(1);
-      const float* v = v_data + b * values.stride(0) + g * values.stride(1);
+      kv.clear();
+      segments(b, g, &kv);
       const int64_t* kp = kp_data + b * kp_b + g * kp_g;
       // The group's queries are contiguous in q: heads g·q_per_kv .. (g+1)·q_per_kv - 1.
       const float* qg = q_data + ((b * n_head + g * q_per_kv) * steps) * hs;
-      for (int64_t r = 0; r < rows; r += kGemvMaxRows) {
-        const int64_t n = std::min(kGemvMaxRows, rows - r);
-        GemvF32Serial(k, nullptr, qg + r * hs, scores.data() + r * entries, n, entries, hs);
+      int64_t column = 0;
+      for (const KVSegment& segment : kv) {
+        const bool whole = kv.size() == 1;
+        part.resize(rows * segment.entries);
+        float* dst = whole ? scores.data() : part.data();
+        for (int64_t r = 0; r < rows; r += kGemvMaxRows) {
+          const int64_t n = std::min(kGemvMaxRows, rows - r);
+          GemvF32Serial(segment.keys, nullptr, qg + r * hs, dst + r * segment.entries, n,
+                        segment.entries, hs);
+        }
+        if (!whole) {
+          for (int64_t r = 0; r < rows; ++r) {
+            std::copy(dst + r * segment.entries, dst + (r + 1) * segment.entries,
+                      scores.data() + r * entries + column);
+          }
+        }
+        column += segment.entries;
       }
       for (int64_t r = 0; r < rows; ++r) {
         float* s = scores.data() + r * entries;
@@ -217,15 +250,82 @@ at::Tensor DecodeAttention(const at::Tensor& q, const at::Tensor& keys, const at
       }
 #ifdef LGPT_SIMD_AVX2
       if (avx2) {
-        WeightedValuesAvx2(weight_rows.data(), v, rows, entries, hs, inv.data(), out_rows.data());
+        WeightedValuesAvx2(weight_rows.data(), kv, rows, hs, inv.data(), out_rows.data());
         continue;
       }
 #endif
-      WeightedValuesPortable(weight_rows.data(), v, rows, entries, hs, inv.data(), out_rows.data(),
+      WeightedValuesPortable(weight_rows.data(), kv, rows, hs, inv.data(), out_rows.data(),
                              acc.data());
     }
   });
   return out;
+}
+
+bool PositionsApply(const at::Tensor& query_positions, const at::Tensor& key_positions) {
+  return query_positions.device().is_cpu() && key_positions.device().is_cpu() &&
+         query_positions.scalar_type() == at::kLong && key_positions.scalar_type() == at::kLong &&
+         key_positions.dim() == 3;
+}
+
+}  // namespace
+
+at::Tensor DecodeAttention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
+                           const at::Tensor& query_positions, const at::Tensor& key_positions,
+                           const AttentionParams& params, bool use_avx2) {
+  const int64_t entries = keys.size(2);
+  const float* k_data = keys.data_ptr<float>();
+  const float* v_data = values.data_ptr<float>();
+  auto segments = [&](int64_t b, int64_t g, Segments* out) {
+    out->push_back({k_data + b * keys.stride(0) + g * keys.stride(1),
+                    v_data + b * values.stride(0) + g * values.stride(1), entries});
+  };
+  return DecodeAttentionOver(q, keys.size(1), entries, segments, query_positions, key_positions,
+                             params, use_avx2);
+}
+
+bool DecodeAttentionBlocksApplies(const at::Tensor& q, const std::vector<at::Tensor>& block_keys,
+                                  const std::vector<at::Tensor>& block_values, int64_t entries,
+                                  const at::Tensor& query_positions,
+                                  const at::Tensor& key_positions) {
+  if (!q.device().is_cpu() || q.scalar_type() != at::kFloat || q.dim() != 4 || q.size(0) != 1 ||
+      q.size(2) > kMaxSteps || q.requires_grad() || entries < 1 || block_keys.empty() ||
+      block_keys.size() != block_values.size() || !PositionsApply(query_positions, key_positions)) {
+    return false;
+  }
+  const at::Tensor& first = block_keys[0];
+  if (first.dim() != 3 || first.size(0) < 1 || q.size(1) % first.size(0) != 0 ||
+      first.size(2) != q.size(3) ||
+      static_cast<int64_t>(block_keys.size()) * first.size(1) < entries) {
+    return false;
+  }
+  for (size_t i = 0; i < block_keys.size(); ++i) {
+    for (const at::Tensor* t : {&block_keys[i], &block_values[i]}) {
+      if (!t->device().is_cpu() || t->scalar_type() != at::kFloat || !t->is_contiguous() ||
+          t->sizes() != first.sizes() || t->requires_grad()) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+at::Tensor DecodeAttentionBlocks(const at::Tensor& q, const std::vector<at::Tensor>& block_keys,
+                                 const std::vector<at::Tensor>& block_values, int64_t entries,
+                                 const at::Tensor& query_positions,
+                                 const at::Tensor& key_positions, const AttentionParams& params,
+                                 bool use_avx2) {
+  const int64_t block_size = block_keys[0].size(1), hs = block_keys[0].size(2);
+  auto segments = [&](int64_t, int64_t g, Segments* out) {
+    for (size_t i = 0; i < block_keys.size(); ++i) {
+      const int64_t begin = static_cast<int64_t>(i) * block_size;
+      if (begin >= entries) break;
+      out->push_back({block_keys[i].data_ptr<float>() + g * block_size * hs,
+                      block_values[i].data_ptr<float>() + g * block_size * hs,
+                      std::min(block_size, entries - begin)});
+    }
+  };
+  return DecodeAttentionOver(q, block_keys[0].size(0), entries, segments, query_positions,
+                             key_positions, params, use_avx2);
 }
 
 }  // namespace lgpt

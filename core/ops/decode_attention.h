@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "core/ops/attention_mask.h"
 #include "core/ops/gemv.h"
@@ -28,6 +29,21 @@ bool DecodeAttentionApplies(const at::Tensor& q, const at::Tensor& keys, const a
 at::Tensor DecodeAttention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
                            const at::Tensor& query_positions, const at::Tensor& key_positions,
                            const AttentionParams& params, bool use_avx2 = CpuHasAvx2Fma());
+
+// The same over a cache stored in blocks (the paged KV pool) without gathering them: one
+// batch row whose first `entries` entries are those of blocks 0, 1, ... in order, each block
+// [G, block_size, hs] (keys and values alike); key_positions [1, 1 or G, entries]. The
+// arithmetic is DecodeAttention's on the concatenated blocks, to the bit. Applies to CPU
+// float32 contiguous blocks of one shape and up to 4 query steps.
+bool DecodeAttentionBlocksApplies(const at::Tensor& q, const std::vector<at::Tensor>& block_keys,
+                                  const std::vector<at::Tensor>& block_values, int64_t entries,
+                                  const at::Tensor& query_positions,
+                                  const at::Tensor& key_positions);
+at::Tensor DecodeAttentionBlocks(const at::Tensor& q, const std::vector<at::Tensor>& block_keys,
+                                 const std::vector<at::Tensor>& block_values, int64_t entries,
+                                 const at::Tensor& query_positions,
+                                 const at::Tensor& key_positions, const AttentionParams& params,
+                                 bool use_avx2 = CpuHasAvx2Fma());
 
 }  // namespace lgpt
 

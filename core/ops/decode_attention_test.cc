@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <vector>
+
 #include "core/ops/attention.h"
 
 namespace lgpt {
@@ -67,6 +69,57 @@ INSTANTIATE_TEST_SUITE_P(Cases, DecodeAttentionCases,
                                            Case{2, 2, 130, 0, false, 24}, Case{1, 4, 31, 6, false, 40},
                                            Case{6, 4, 200, 0, false, 16}, Case{3, 2, 64, 0, true, 72},
                                            Case{1, 1, 257, 0, false, 256}));
+
+// Blocks read in place (the paged pool) give DecodeAttention's bits on their concatenation,
+// for block sizes that divide the entries and ones that leave a partial last block.
+TEST(DecodeAttentionBlocks, EqualsDecodeAttentionOnTheConcatenatedBlocks) {
+  for (const int64_t hs : {int64_t{20}, int64_t{64}}) {
+    for (const int64_t block_size : {1, 16, 7}) {
+      for (const int64_t steps : {1, 3}) {
+        const int64_t groups = 2, n_head = 6, entries = 45;
+        at::manual_seed(block_size * 10 + steps + hs);
+        const int64_t blocks = (entries + block_size - 1) / block_size;
+        std::vector<at::Tensor> block_keys, block_values;  // [G, bs, hs]
+        for (int64_t i = 0; i < blocks; ++i) {
+          block_keys.push_back(at::randn({groups, block_size, hs}));
+          block_values.push_back(at::randn({groups, block_size, hs}));
+        }
+        const at::Tensor keys = at::cat(block_keys, 1).narrow(1, 0, entries).unsqueeze(0);
+        const at::Tensor values = at::cat(block_values, 1).narrow(1, 0, entries).unsqueeze(0);
+        const at::Tensor q = at::randn({1, n_head, steps, hs});
+        const at::Tensor key_positions = at::arange(entries, at::kLong).view({1, 1, -1});
+        const at::Tensor query_positions =
+            at::arange(entries - steps, entries, at::kLong).view({1, -1});
+        AttentionParams params;
+        params.scale = 0.25;
+        params.sliding_window = block_size == 7 ? 20 : 0;
+        ASSERT_TRUE(DecodeAttentionBlocksApplies(q, block_keys, block_values, entries,
+                                                 query_positions, key_positions));
+        for (const bool use_avx2 : {false, CpuHasAvx2Fma()}) {
+          const at::Tensor expected = DecodeAttention(q, keys.contiguous(), values.contiguous(),
+                                                      query_positions, key_positions, params,
+                                                      use_avx2);
+          const at::Tensor actual = DecodeAttentionBlocks(q, block_keys, block_values, entries,
+                                                          query_positions, key_positions,
+                                                          params, use_avx2);
+          EXPECT_TRUE(at::equal(actual, expected))
+              << "hs " << hs << " block " << block_size << " steps " << steps << " avx2 "
+              << use_avx2 << ": " << (actual - expected).abs().max().item<float>();
+        }
+      }
+    }
+  }
+  // What it does not take: more than 4 steps, blocks too few for the entries, mixed shapes.
+  const std::vector<at::Tensor> two = {at::randn({2, 4, 8}), at::randn({2, 4, 8})};
+  const at::Tensor positions = at::arange(8, at::kLong).view({1, 1, -1});
+  const at::Tensor q1 = at::randn({1, 4, 1, 8});
+  EXPECT_FALSE(DecodeAttentionBlocksApplies(at::randn({1, 4, 5, 8}), two, two, 8,
+                                            at::zeros({1, 5}, at::kLong), positions));
+  EXPECT_FALSE(DecodeAttentionBlocksApplies(q1, two, two, 9, at::zeros({1, 1}, at::kLong),
+                                            positions));
+  EXPECT_FALSE(DecodeAttentionBlocksApplies(q1, two, {two[0], at::randn({2, 3, 8})}, 8,
+                                            at::zeros({1, 1}, at::kLong), positions));
+}
 
 TEST(DecodeAttention, RowWithNoAllowedKeyGetsUniformWeights) {
   const at::Tensor q = at::randn({1, 2, 1, 8});
