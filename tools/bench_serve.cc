@@ -2,7 +2,7 @@
 //   bazel run //tools:bench_serve -- [--checkpoint_dir=DIR] --concurrency=1,4,16,64
 //       --prompt_tokens=128 --new_tokens=128 [--shared_prefix_tokens=N]
 //       [--kv_cache=POLICY --kv_budget=N --kv_bits=B] [--max_running=N]
-//       [--pool_mb=M --kv_block_size=64 --prefix_caching=true]
+//       [--pool_mb=M --kv_block_size=16 --prefix_caching=true]
 // For each concurrency C, submits C requests at once (random prompts of --prompt_tokens ids, the
 // first --shared_prefix_tokens of them common to all; --new_tokens each, no EOS stop) and waits
 // for all. Prints one row per concurrency: aggregate decode tokens/s (generated tokens over
@@ -43,7 +43,7 @@ ABSL_FLAG(int64_t, shared_prefix_tokens, 0, "leading prompt tokens common to eve
 ABSL_FLAG(int64_t, max_running, 64, "SchedulerOptions.max_running: rows of a decode step");
 ABSL_FLAG(int64_t, prompt_seed, 1, "seed of the random prompts");
 ABSL_FLAG(int64_t, pool_mb, 0, "KV block pool of this many MiB shared by dense requests; 0: none");
-ABSL_FLAG(int64_t, kv_block_size, 64, "entries per pool block");
+ABSL_FLAG(int64_t, kv_block_size, 16, "entries per pool block");
 ABSL_FLAG(int64_t, prefill_chunk, 256,
           "SchedulerOptions.prefill_chunk: prompt tokens per prefill forward pass");
 ABSL_FLAG(int64_t, step_prefill_tokens, 256,

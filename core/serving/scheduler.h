@@ -69,10 +69,10 @@ struct SchedulerOptions {
   // The shared KV memory pool (cache/block_pool.h) that Engine::Submit's dense caches draw
   // from: 0 = no pool (each request allocates its own cache as it grows).
   int64_t kv_pool_bytes = 0;
-  // Entries per pool block. Decode attention reads a paged cache block by block with LibTorch
-  // operations, so small blocks cost per-block overhead: at a 2k context on the default model
-  // a decode step took 19 ms with 16, 7.8 ms with 64, 2.5 ms with 256 (own cache 2.2 ms).
-  int64_t kv_block_size = 64;
+  // Entries per pool block (vLLM's default): prefixes are shared at this granularity and a
+  // request wastes at most one partial block. Decoding reads the blocks in place
+  // (DecodeAttentionBlocks); the per-block cost is small (bench_serve in README.md).
+  int64_t kv_block_size = 16;
   bool prefix_caching = true;   // reuse cached prompt blocks (dense full-precision requests)
 
   absl::Status Validate() const;
