@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "core/ops/decode_attention.h"
+#include "core/ops/flash_attention.h"
 
 namespace lgpt {
 namespace {
@@ -84,6 +85,60 @@ at::Tensor WeightedValues(const at::Tensor& weights, const std::vector<KVBlockSo
   return y;
 }
 
+// Row-contiguous per (batch row, group): [.., n, hs] with unit column stride.
+bool RowsContiguous(const at::Tensor& t) {
+  return t.dim() == 4 && t.stride(3) == 1 && t.stride(2) == t.size(3);
+}
+
+// Prompts through FlashAttention when every block reads as float32 rows on the CPU; false
+// (nothing written) otherwise, and for decode-sized steps (DecodeAttention's, or the generic
+// path's bit-for-bit results are what the caches' equivalence tests pin).
+bool TryFlash(const at::Tensor& q, int64_t groups, const std::vector<KVBlockSource>& sources,
+              const at::Tensor& query_positions, const AttentionParams& params,
+              at::Tensor* out) {
+  constexpr int64_t kMinSteps = 5;
+  if (!q.device().is_cpu() || q.scalar_type() != at::kFloat || q.size(2) < kMinSteps ||
+      q.requires_grad() || !query_positions.device().is_cpu() ||
+      query_positions.scalar_type() != at::kLong || at::GradMode::is_enabled()) {
+    return false;
+  }
+  struct Block {
+    at::Tensor keys, values, positions;  // [B, G, n, hs], [B, 1 or G, n]
+  };
+  std::vector<Block> blocks;
+  bool ok = true;
+  ForEachBlock(sources, [&](const KVBlockSource& source, int64_t, int64_t begin,
+                            int64_t length) {
+    if (!ok) return;
+    Block block;
+    source.read(begin, length, &block.keys, &block.values);
+    block.positions = source.positions.narrow(2, begin, length);
+    ok = block.keys.scalar_type() == at::kFloat && block.values.scalar_type() == at::kFloat &&
+         block.keys.device().is_cpu() && block.values.device().is_cpu() &&
+         RowsContiguous(block.keys) && RowsContiguous(block.values) &&
+         block.positions.scalar_type() == at::kLong && block.positions.device().is_cpu();
+    blocks.push_back(std::move(block));
+  });
+  if (!ok) return false;
+  auto runs_of = [&](int64_t b, int64_t g, std::vector<KVRun>* runs) {
+    for (const Block& block : blocks) {
+      const at::Tensor& k = block.keys;
+      const at::Tensor& v = block.values;
+      const at::Tensor& p = block.positions;
+      KVRun run;
+      run.keys = k.data_ptr<float>() + b * k.stride(0) + g * k.stride(1);
+      run.values = v.data_ptr<float>() + b * v.stride(0) + g * v.stride(1);
+      run.positions =
+          p.data_ptr<int64_t>() + b * p.stride(0) + (p.size(1) == 1 ? 0 : g * p.stride(1));
+      run.positions_stride = p.stride(2);
+      run.entries = k.size(2);
+      runs->push_back(run);
+    }
+  };
+  *out = FlashAttention(q, groups, runs_of, query_positions, params);
+  return true;
+}
+
 }  // namespace
 
 KVBlockSource TensorSource(const at::Tensor& keys, const at::Tensor& values,
@@ -110,6 +165,10 @@ at::Tensor AttendBlockwise(const at::Tensor& q, int64_t groups,
     if (weights_out != nullptr)
       *weights_out = at::zeros({batch, n_head, steps, 0}, q.options().dtype(at::kFloat));
     return at::zeros_like(q);
+  }
+  at::Tensor flash;
+  if (weights_out == nullptr && TryFlash(q, groups, sources, query_positions, params, &flash)) {
+    return flash;
   }
   // Query head h uses key group h / q_per_kv (LitGPT's repeat_interleave layout).
   const at::Tensor q_grouped = q.reshape({batch, groups, q_per_kv * steps, head_size});
