@@ -14,6 +14,8 @@
 #include "core/base/file_util.h"
 #include "core/io/safetensors.h"
 #include "core/base/status_macros.h"
+#include "core/dist/tensor_parallel.h"
+#include "core/model/tensor_parallel_model.h"
 #include "core/io/torch_pickle.h"
 
 namespace lgpt {
@@ -178,16 +180,23 @@ absl::StatusOr<LoadedModel> LoadCheckpointUnchecked(const std::string& checkpoin
   progress("reading model_config.yaml");
   ASSIGN_OR_RETURN(Config config, LoadConfigFile(checkpoint_dir + "/model_config.yaml"));
   progress(absl::StrCat("building ", config.name, " (", config.n_layer, " layers)"));
+  ASSIGN_OR_RETURN(const RankModelSpec rank_spec,
+                   TensorParallelSpec(config, options.parts, options.tensor_parallel));
   GPT model;
   {
     // Every weight is loaded next: random initialisation would only cost time and memory.
     SkipProjectionInit skip_init;
-    ASSIGN_OR_RETURN(model, GPTImpl::Create(config, options.parts));
+    ASSIGN_OR_RETURN(model, GPTImpl::Create(rank_spec.config, rank_spec.parts));
   }
   std::string source;
   progress("reading weights");
   ASSIGN_OR_RETURN(TensorMap tensors,
                    ReadCheckpointTensors(checkpoint_dir, &source, options.verify_checksums));
+  if (options.tensor_parallel && options.tensor_parallel->world_size() > 1) {
+    // Views of the mapped file: only this rank's slices are read from here on.
+    ASSIGN_OR_RETURN(tensors, ShardTensors(tensors, config, options.tensor_parallel->rank(),
+                                           options.tensor_parallel->world_size()));
+  }
   if (options.check_finite) {
     progress("checking the weights are finite");
     RETURN_IF_ERROR(CheckFinite(tensors, source));
