@@ -120,6 +120,14 @@ absl::StatusOr<std::shared_ptr<const Engine>> Engine::Load(const std::string& ch
     }
     load.parts = QuantizedModelParts(quantize);
   }
+  if (options.tensor_parallel && options.tensor_parallel->world_size() > 1) {
+    if (quantize != WeightQuantization::kNone || !options.loras.empty()) {
+      return absl::UnimplementedError(
+          "EngineOptions.tensor_parallel does not combine with EngineOptions.quantize or "
+          "EngineOptions.loras yet");
+    }
+    load.tensor_parallel = options.tensor_parallel;
+  }
   absl::StatusOr<LoadedModel> loaded_or =
       LoadModelWithPeft(checkpoint_dir, options.loras, load, "EngineOptions.loras");
   if (absl::IsDataLoss(loaded_or.status())) {  // Name the option the caller set.

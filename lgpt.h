@@ -32,6 +32,7 @@
 #include "core/model/generate.h"
 #include "core/model/gpt.h"
 #include "core/model/quantize_model.h"
+#include "core/dist/process_group.h"
 #include "core/model/sampling.h"
 #include "core/serving/scheduler.h"
 #include "core/text/tokenizer.h"
@@ -60,6 +61,11 @@ struct EngineOptions {
   bool verify_checksums = true;
   // Called with a short description of each loading stage.
   std::function<void(const std::string&)> progress;
+  // Tensor-parallel inference over this group (world size > 1; core/dist/): every rank calls
+  // Engine::Load and then makes the same requests in the same order, with the same seeds, so
+  // that all ranks sample the same tokens (their logits are identical). Not yet with
+  // quantize or loras.
+  std::shared_ptr<ProcessGroup> tensor_parallel;
 };
 
 enum class FinishReason {

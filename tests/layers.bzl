@@ -13,6 +13,7 @@ LAYERS = [
     struct(name = "convert", packages = ["core/convert"], uses = ["base", "config", "io"]),
     struct(name = "nn", packages = ["core/nn"], uses = ["base", "config", "ops"]),
     struct(name = "cache", packages = ["cache"], uses = ["base", "ops"]),
+    struct(name = "dist", packages = ["core/dist"], uses = ["base", "config", "ops", "nn"]),
     struct(
         name = "attention",
         packages = ["attention"],
@@ -21,17 +22,17 @@ LAYERS = [
     struct(
         name = "model",
         packages = ["core/model"],
-        uses = ["base", "config", "ops", "io", "nn", "cache", "attention"],
+        uses = ["base", "config", "ops", "io", "nn", "cache", "attention", "dist"],
     ),
     struct(
         name = "peft",
         packages = ["peft"],
-        uses = ["base", "config", "ops", "io", "nn", "cache", "attention", "model"],
+        uses = ["base", "config", "ops", "io", "nn", "cache", "attention", "dist", "model"],
     ),
     struct(
         name = "serving",
         packages = ["core/serving"],
-        uses = ["base", "config", "ops", "io", "nn", "cache", "attention", "model"],
+        uses = ["base", "config", "ops", "io", "nn", "cache", "attention", "dist", "model"],
     ),
     struct(
         name = "top",
@@ -46,6 +47,7 @@ LAYERS = [
             "nn",
             "cache",
             "attention",
+            "dist",
             "model",
             "peft",
             "serving",

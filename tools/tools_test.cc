@@ -146,6 +146,37 @@ TEST(GenerateTest, SeededSamplingIsReproducible) {
   EXPECT_EQ(LastLine(a.out), LastLine(b.out));
 }
 
+TEST(GenerateTest, TensorParallelRanksMatchOneProcess) {
+  // --tp=2 starts two local ranks over Gloo; rank 0 alone prints.
+  std::string expected = IdsOf(absl::StrCat(kGolden, "/greedy.npy"));
+  std::replace(expected.begin(), expected.end(), ',', ' ');
+  const ToolRun greedy = Execute(
+      "generate", absl::StrCat("--checkpoint_dir=", kGolden,
+                               " --prompt_ids=", IdsOf(absl::StrCat(kGolden, "/prompt.npy")),
+                               " --max_new_tokens=12 --temperature=0 --print_ids --tp=2"));
+  ASSERT_EQ(greedy.status, 0) << greedy.err;
+  EXPECT_EQ(greedy.out, expected + "\n");
+  // Each rank's cache holds 2 of the 4 query groups: half of one process's bytes.
+  for (const char* rank : {"[rank 0] ", "[rank 1] "}) {
+    EXPECT_NE(greedy.err.find(absl::StrCat(rank, "kv_cache_bytes=", 2 * 2 * 1 * 2 * 20 * 16 * 4)),
+              std::string::npos)
+        << greedy.err;
+  }
+  const std::string sampled = absl::StrCat("--checkpoint_dir=", kGolden,
+                                           " --prompt_ids=1,2,3 --max_new_tokens=10 "
+                                           "--temperature=1.0 --top_k=20 --seed=7");
+  const ToolRun one = Execute("generate", sampled), two = Execute("generate", sampled + " --tp=2");
+  ASSERT_EQ(two.status, 0) << two.err;
+  EXPECT_EQ(LastLine(one.out), LastLine(two.out));
+  // 4 heads do not split 3 ways: every rank fails naming the field, and so does the run.
+  const ToolRun three = Execute("generate", sampled + " --tp=3");
+  EXPECT_NE(three.status, 0);
+  EXPECT_NE(three.err.find("n_head (4) is not divisible by the tensor-parallel size 3"),
+            std::string::npos)
+      << three.err;
+  EXPECT_NE(three.err.find("[launcher] rank "), std::string::npos) << three.err;
+}
+
 TEST(GenerateTest, DefaultModelStreamsTextThatContinuesThePrompt) {
   const ToolRun run = Execute("generate", "--prompt='And God said' --max_new_tokens=30 --seed=1");
   ASSERT_EQ(run.status, 0) << run.err;

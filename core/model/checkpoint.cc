@@ -14,6 +14,8 @@
 #include "core/base/file_util.h"
 #include "core/io/safetensors.h"
 #include "core/base/status_macros.h"
+#include "core/dist/tensor_parallel.h"
+#include "core/model/tensor_parallel_model.h"
 #include "core/io/torch_pickle.h"
 #include "core/model/quantized_checkpoint.h"
 
@@ -100,11 +102,19 @@ absl::StatusOr<LoadedModel> LoadCheckpointUnchecked(const std::string& checkpoin
     parts.linear_factory = QuantizedCheckpointParts(format).linear_factory;
   }
   progress(absl::StrCat("building ", config.name, " (", config.n_layer, " layers)"));
+  ASSIGN_OR_RETURN(const RankModelSpec rank_spec,
+                   TensorParallelSpec(config, parts, options.tensor_parallel));
+  const bool sharded = options.tensor_parallel && options.tensor_parallel->world_size() > 1;
+  if (sharded && IsFile(quantized)) {
+    return absl::UnimplementedError(absl::StrCat(
+        checkpoint_dir, ": tensor parallelism over a quantised checkpoint (", kQuantizedWeightsFile,
+        ") is not implemented; load the float checkpoint"));
+  }
   GPT model;
   {
     // Every weight is loaded next: random initialisation would only cost time and memory.
     SkipProjectionInit skip_init;
-    ASSIGN_OR_RETURN(model, GPTImpl::Create(config, parts));
+    ASSIGN_OR_RETURN(model, GPTImpl::Create(rank_spec.config, rank_spec.parts));
   }
   if (IsFile(quantized)) {
     progress(absl::StrCat("loading quantised weights from ", quantized));
@@ -117,6 +127,11 @@ absl::StatusOr<LoadedModel> LoadCheckpointUnchecked(const std::string& checkpoin
   progress("reading weights");
   ASSIGN_OR_RETURN(TensorMap tensors,
                    ReadCheckpointTensors(checkpoint_dir, &source, options.verify_checksums));
+  if (sharded) {
+    // Views of the mapped file: only this rank's slices are read from here on.
+    ASSIGN_OR_RETURN(tensors, ShardTensors(tensors, config, options.tensor_parallel->rank(),
+                                           options.tensor_parallel->world_size()));
+  }
   if (options.check_finite) {
     progress("checking the weights are finite");
     RETURN_IF_ERROR(CheckFinite(tensors, source));

@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/config/config.h"
+#include "core/dist/process_group.h"
 #include "core/model/gpt.h"
 #include "core/model/model_parts.h"
 #include "core/io/tensor_map.h"
@@ -47,6 +48,11 @@ struct LoadOptions {
   bool verify_checksums = true;
   // Called with a short description of each loading stage (for progress output).
   std::function<void(const std::string&)> progress;
+  // Tensor parallelism over this group (world size > 1): the model is this rank's part
+  // (core/model/tensor_parallel_model.h), LoadedModel::config its per-rank view, and only
+  // this rank's slices of the checkpoint are read (and checked for NaN) from the mapping.
+  // Every rank of the group must load the same checkpoint.
+  std::shared_ptr<ProcessGroup> tensor_parallel;
 };
 
 struct LoadedModel {

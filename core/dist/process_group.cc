@@ -1,0 +1,283 @@
+#include "core/dist/process_group.h"
+
+#include <csignal>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/match.h"
+
+namespace lgpt {
+namespace {
+
+constexpr char kArrivedPrefix[] = "lgpt/arrived/";
+constexpr char kReadyKey[] = "lgpt/ready";
+constexpr char kReadyOk[] = "ok";
+
+std::chrono::milliseconds ToChrono(absl::Duration d) {
+  return std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
+}
+
+absl::StatusOr<int64_t> IntFromEnv(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') {
+    return absl::InvalidArgumentError(absl::StrCat("environment variable ", name, " is not set"));
+  }
+  int64_t parsed = 0;
+  if (!absl::SimpleAtoi(value, &parsed)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("environment variable ", name, "='", value, "' is not an integer"));
+  }
+  return parsed;
+}
+
+std::string StoreValue(const std::vector<uint8_t>& bytes) {
+  return std::string(bytes.begin(), bytes.end());
+}
+std::vector<uint8_t> StoreBytes(const std::string& s) {
+  return std::vector<uint8_t>(s.begin(), s.end());
+}
+
+bool IsLoopback(const std::string& addr) {
+  return absl::StartsWith(addr, "127.") || addr == "localhost" || addr == "::1";
+}
+
+// c10d reports errors by throwing; turn them into a Status naming the operation.
+template <typename F>
+absl::Status Collective(const char* what, int rank, int world_size, F&& f) {
+  try {
+    f();
+    return absl::OkStatus();
+  } catch (const c10::Error& e) {
+    return absl::UnavailableError(absl::StrCat("rank ", rank, ": ", what, " across ", world_size,
+                                               " ranks failed (a rank exited or timed out): ",
+                                               e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("rank ", rank, ": ", what, " across ", world_size,
+                                               " ranks failed (a rank exited or timed out): ",
+                                               e.what()));
+  }
+}
+
+}  // namespace
+
+absl::Status ValidateDistOptions(const DistOptions& o) {
+  if (o.world_size < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("WORLD_SIZE must be >= 1, got ", o.world_size));
+  }
+  if (o.rank < 0 || o.rank >= o.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("RANK ", o.rank, " is outside [0, WORLD_SIZE=",
+                                                   o.world_size, ")"));
+  }
+  if (o.world_size > 1) {
+    if (o.master_addr.empty()) return absl::InvalidArgumentError("MASTER_ADDR is empty");
+    if (o.master_port < 1 || o.master_port > 65535) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("MASTER_PORT ", o.master_port, " is outside [1, 65535]"));
+    }
+  }
+  if (o.timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("the distributed timeout must be positive");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DistOptions> DistOptionsFromEnv(absl::Duration timeout) {
+  DistOptions options;
+  options.timeout = timeout;
+  if (std::getenv("RANK") == nullptr && std::getenv("WORLD_SIZE") == nullptr) return options;
+  absl::StatusOr<int64_t> rank = IntFromEnv("RANK");
+  if (!rank.ok()) return rank.status();
+  absl::StatusOr<int64_t> world = IntFromEnv("WORLD_SIZE");
+  if (!world.ok()) return world.status();
+  options.rank = static_cast<int>(*rank);
+  options.world_size = static_cast<int>(*world);
+  if (*rank != options.rank || *world != options.world_size) {
+    return absl::InvalidArgumentError("RANK or WORLD_SIZE does not fit an int");
+  }
+  if (options.world_size > 1) {
+    const char* addr = std::getenv("MASTER_ADDR");
+    if (addr == nullptr || *addr == '\0') {
+      return absl::InvalidArgumentError("environment variable MASTER_ADDR is not set");
+    }
+    options.master_addr = addr;
+    absl::StatusOr<int64_t> port = IntFromEnv("MASTER_PORT");
+    if (!port.ok()) return port.status();
+    if (*port < 1 || *port > 65535) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("environment variable MASTER_PORT=", *port, " is outside [1, 65535]"));
+    }
+    options.master_port = static_cast<int>(*port);
+  }
+  absl::Status valid = ValidateDistOptions(options);
+  if (!valid.ok()) return valid;
+  return options;
+}
+
+struct ProcessGroup::Impl {
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo;
+  std::chrono::milliseconds timeout;
+};
+
+ProcessGroup::ProcessGroup(int rank, int world_size, std::unique_ptr<Impl> impl)
+    : rank_(rank), world_size_(world_size), impl_(std::move(impl)) {}
+
+ProcessGroup::~ProcessGroup() = default;
+
+std::shared_ptr<ProcessGroup> ProcessGroup::Single() {
+  return std::shared_ptr<ProcessGroup>(new ProcessGroup(0, 1, nullptr));
+}
+
+absl::StatusOr<std::shared_ptr<ProcessGroup>> ProcessGroup::Create(const DistOptions& options) {
+  absl::Status valid = ValidateDistOptions(options);
+  if (!valid.ok()) return valid;
+  if (options.world_size == 1) return Single();
+  // A peer that dies mid-send must surface as an error, not kill this process silently.
+  std::signal(SIGPIPE, SIG_IGN);
+
+  const std::string where = absl::StrCat(options.master_addr, ":", options.master_port);
+  const std::string seconds = absl::StrCat(absl::ToDoubleSeconds(options.timeout), " s");
+  auto impl = std::make_unique<Impl>();
+  impl->timeout = ToChrono(options.timeout);
+  try {
+    c10d::TCPStoreOptions store_options;
+    store_options.port = static_cast<uint16_t>(options.master_port);
+    store_options.isServer = options.rank == 0;
+    store_options.numWorkers = c10::nullopt;
+    store_options.waitWorkers = false;  // arrivals are checked below, naming who is missing
+    store_options.timeout = impl->timeout;
+    impl->store = c10::make_intrusive<c10d::TCPStore>(options.master_addr, store_options);
+  } catch (const std::exception& e) {
+    if (options.rank == 0) {
+      return absl::UnavailableError(absl::StrCat("rank 0: cannot serve the store at ", where,
+                                                 " (MASTER_ADDR:MASTER_PORT): ", e.what()));
+    }
+    return absl::DeadlineExceededError(
+        absl::StrCat("rank ", options.rank, ": could not reach rank 0's store at ", where,
+                     " (MASTER_ADDR:MASTER_PORT) within ", seconds, ": ", e.what()));
+  }
+
+  const absl::Time deadline = absl::Now() + options.timeout;
+  try {
+    c10d::Store& store = *impl->store;
+    store.set(absl::StrCat(kArrivedPrefix, options.rank),
+              StoreBytes(absl::StrCat(options.world_size)));
+    if (options.rank == 0) {
+      std::vector<int> missing;
+      for (;;) {
+        missing.clear();
+        for (int r = 1; r < options.world_size; ++r) {
+          if (!store.check({absl::StrCat(kArrivedPrefix, r)})) missing.push_back(r);
+        }
+        if (missing.empty() || absl::Now() >= deadline) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      std::string verdict = kReadyOk;
+      absl::Status status;
+      if (!missing.empty()) {
+        status = absl::DeadlineExceededError(absl::StrCat(
+            "rank 0: rank", missing.size() > 1 ? "s " : " ", absl::StrJoin(missing, ", "),
+            " of WORLD_SIZE=", options.world_size, " never arrived at ", where, " within ",
+            seconds));
+      } else {
+        for (int r = 1; r < options.world_size && status.ok(); ++r) {
+          const std::string theirs = StoreValue(store.get(absl::StrCat(kArrivedPrefix, r)));
+          if (theirs != absl::StrCat(options.world_size)) {
+            status = absl::FailedPreconditionError(
+                absl::StrCat("rank ", r, " has WORLD_SIZE=", theirs, ", rank 0 has ",
+                             options.world_size));
+          }
+        }
+      }
+      if (!status.ok()) verdict = std::string(status.message());
+      store.set(kReadyKey, StoreBytes(verdict));
+      if (!status.ok()) return status;
+    } else {
+      while (!store.check({kReadyKey})) {
+        if (absl::Now() >= deadline) {
+          return absl::DeadlineExceededError(
+              absl::StrCat("rank ", options.rank, ": rank 0 at ", where,
+                           " did not complete the rendezvous within ", seconds));
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      const std::string verdict = StoreValue(store.get(kReadyKey));
+      if (verdict != kReadyOk) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("rank ", options.rank, ": rendezvous failed: ", verdict));
+      }
+    }
+
+    auto gloo_options = c10d::ProcessGroupGloo::Options::create(impl->timeout);
+    if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
+      gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+    } else if (IsLoopback(options.master_addr)) {
+      gloo_options->devices.push_back(
+          c10d::ProcessGroupGloo::createDeviceForHostname(options.master_addr));
+    } else {
+      gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    }
+    impl->gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(impl->store, options.rank,
+                                                             options.world_size, gloo_options);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("rank ", options.rank, ": rendezvous at ", where,
+                                               " failed: ", e.what()));
+  }
+  return std::shared_ptr<ProcessGroup>(
+      new ProcessGroup(options.rank, options.world_size, std::move(impl)));
+}
+
+absl::Status ProcessGroup::AllReduceSum(at::Tensor& tensor) {
+  if (!impl_) return absl::OkStatus();
+  if (!tensor.is_contiguous()) return absl::InvalidArgumentError("all-reduce needs a contiguous tensor");
+  return Collective("all-reduce", rank_, world_size_, [&] {
+    std::vector<at::Tensor> tensors = {tensor};
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = c10d::ReduceOp::SUM;
+    impl_->gloo->allreduce(tensors, opts)->wait(impl_->timeout);
+  });
+}
+
+absl::Status ProcessGroup::Broadcast(at::Tensor& tensor, int root) {
+  if (!impl_) return absl::OkStatus();
+  if (root < 0 || root >= world_size_) {
+    return absl::InvalidArgumentError(absl::StrCat("broadcast root ", root, " is not a rank"));
+  }
+  if (!tensor.is_contiguous()) return absl::InvalidArgumentError("broadcast needs a contiguous tensor");
+  return Collective("broadcast", rank_, world_size_, [&] {
+    std::vector<at::Tensor> tensors = {tensor};
+    c10d::BroadcastOptions opts;
+    opts.rootRank = root;
+    impl_->gloo->broadcast(tensors, opts)->wait(impl_->timeout);
+  });
+}
+
+absl::StatusOr<at::Tensor> ProcessGroup::AllGather(const at::Tensor& tensor) {
+  if (!impl_) return tensor.clone();
+  at::Tensor input = tensor.contiguous();
+  std::vector<std::vector<at::Tensor>> outputs(1);
+  for (int r = 0; r < world_size_; ++r) outputs[0].push_back(at::empty_like(input));
+  absl::Status status = Collective("all-gather", rank_, world_size_, [&] {
+    std::vector<at::Tensor> inputs = {input};
+    impl_->gloo->allgather(outputs, inputs)->wait(impl_->timeout);
+  });
+  if (!status.ok()) return status;
+  return at::cat(outputs[0], 0);
+}
+
+absl::Status ProcessGroup::Barrier() {
+  if (!impl_) return absl::OkStatus();
+  return Collective("barrier", rank_, world_size_,
+                    [&] { impl_->gloo->barrier()->wait(impl_->timeout); });
+}
+
+}  // namespace lgpt

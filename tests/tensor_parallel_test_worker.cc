@@ -1,0 +1,249 @@
+// One rank of tensor_parallel_test, started by the launcher (RANK, WORLD_SIZE, MASTER_ADDR,
+// MASTER_PORT set). Every rank also builds the single-process model and compares; rank 0
+// prints one line per check on stdout, and the exit code says whether all passed.
+//   presets[:A,B,..]   every preset (or those named), shrunk (tests/test_models.h), random weights: TP logits
+//                      of a full forward and of cached prefill + decode steps vs one process
+//   default_model      tools/default_model loaded sharded from its file: logits, then greedy
+//                      generation with a dense, a sink and an h2o cache
+//   refuse             tools/default_model: the sharded load must fail naming the field
+//   rank_dies          the last rank exits during decoding; the others must fail cleanly
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "cache/kv_cache_factory.h"
+#include "core/config/config_presets.h"
+#include "core/dist/process_group.h"
+#include "core/dist/tensor_parallel.h"
+#include "core/model/checkpoint.h"
+#include "core/model/generate.h"
+#include "core/model/tensor_parallel_model.h"
+#include "tests/test_models.h"
+
+namespace lgpt {
+namespace {
+
+constexpr double kTolerance = 1e-5;
+constexpr char kDefaultModel[] = "tools/default_model";
+
+int Fail(const std::string& why) {
+  std::cerr << why << std::endl;
+  return 1;
+}
+
+double MaxDiff(const at::Tensor& a, const at::Tensor& b) {
+  return (a - b).abs().max().item<double>();
+}
+
+// Max |logit difference| of a full forward and of prefill (8 tokens) + 3 decode steps.
+absl::StatusOr<double> CompareLogits(GPTImpl& full, GPTImpl& local, int64_t vocab) {
+  at::manual_seed(3);
+  const at::Tensor idx = at::randint(0, vocab, {2, 11}, at::kLong);
+  double worst = 0;
+  {
+    absl::StatusOr<at::Tensor> a = full.Forward(idx), b = local.Forward(idx);
+    if (!a.ok()) return a.status();
+    if (!b.ok()) return b.status();
+    worst = MaxDiff(*a, *b);
+  }
+  auto full_cache = full.NewDenseCache(2, 11);
+  auto local_cache = local.NewDenseCache(2, 11);
+  if (!full_cache.ok()) return full_cache.status();
+  if (!local_cache.ok()) return local_cache.status();
+  for (int64_t begin = 0; begin < 11;) {
+    const int64_t length = begin == 0 ? 8 : 1;
+    ForwardOptions options;
+    options.positions =
+        at::arange(begin, begin + length, at::kLong).unsqueeze(0).expand({2, length}).contiguous();
+    const at::Tensor step = idx.narrow(1, begin, length);
+    absl::StatusOr<at::Tensor> a = full.Forward(step, full_cache->get(), options);
+    absl::StatusOr<at::Tensor> b = local.Forward(step, local_cache->get(), options);
+    if (!a.ok()) return a.status();
+    if (!b.ok()) return b.status();
+    worst = std::max(worst, MaxDiff(*a, *b));
+    begin += length;
+  }
+  return worst;
+}
+
+int Presets(const std::shared_ptr<ProcessGroup>& group, const std::vector<std::string>& only) {
+  int equal = 0, refused = 0, unbuildable = 0, failed = 0;
+  for (const std::string& name : only.empty() ? PresetNames() : only) {
+    absl::StatusOr<Config> preset = PresetFromName(name);
+    if (!preset.ok()) return Fail(absl::StrCat(name, ": ", preset.status().ToString()));
+    absl::StatusOr<Config> config = ShrinkConfig(*preset);
+    if (!config.ok()) return Fail(absl::StrCat(name, ": ", config.status().ToString()));
+    absl::StatusOr<GPT> full = GPTImpl::Create(*config);
+    if (!full.ok()) {  // multi-head latent attention and the like: no single-process model
+      ++unbuildable;
+      continue;
+    }
+    RandomizeWeights(**full, 11);
+    absl::StatusOr<RankModelSpec> spec = TensorParallelSpec(*config, {}, group);
+    if (!spec.ok()) {
+      ++refused;
+      const auto code = spec.status().code();
+      if (code != absl::StatusCode::kInvalidArgument && code != absl::StatusCode::kUnimplemented) {
+        ++failed;
+      }
+      if (group->rank() == 0) std::cout << name << " refused: " << spec.status() << "\n";
+      continue;
+    }
+    absl::StatusOr<GPT> local = GPTImpl::Create(spec->config, spec->parts);
+    absl::StatusOr<std::map<std::string, at::Tensor>> shard =
+        ShardTensors(StateDict(**full), *config, group->rank(), group->world_size());
+    if (!local.ok() || !shard.ok()) {
+      return Fail(absl::StrCat(name, ": ", local.ok() ? shard.status().ToString()
+                                                      : local.status().ToString()));
+    }
+    if (absl::Status s = LoadStateDict(**local, *shard, name); !s.ok()) return Fail(s.ToString());
+    absl::StatusOr<double> diff = CompareLogits(**full, **local, config->vocab_size);
+    if (!diff.ok()) return Fail(absl::StrCat(name, ": ", diff.status().ToString()));
+    const bool ok = *diff <= kTolerance;
+    if (ok) {
+      ++equal;
+    } else {
+      ++failed;
+    }
+    if (group->rank() == 0) {
+      std::cout << name << (ok ? " equal" : " DIFFERENT") << " max_abs_diff=" << *diff
+                << " heads=" << spec->config.n_head << "/" << config->n_head
+                << " kv_groups=" << spec->config.QueryGroups() << "/" << config->QueryGroups()
+                << "\n";
+    }
+  }
+  if (group->rank() == 0) {
+    std::cout << "summary: " << equal << " equal, " << refused << " refused, " << unbuildable
+              << " unbuildable, " << failed << " failed" << std::endl;
+  }
+  return failed == 0 ? 0 : 1;
+}
+
+absl::StatusOr<std::vector<int64_t>> Greedy(GPTImpl& model, const KVCacheSpec& spec,
+                                            const std::vector<int64_t>& prompt, int64_t n) {
+  KVCacheShape shape;
+  shape.batch_size = 1;
+  shape.max_sequence_length = static_cast<int64_t>(prompt.size()) + n;
+  shape.layers = model.CacheLayout();
+  shape.dtype = model.dtype();
+  shape.device = model.device();
+  absl::StatusOr<std::unique_ptr<KVCache>> cache = MakeKVCache(spec, shape);
+  if (!cache.ok()) return cache.status();
+  GenerateOptions options;
+  options.max_new_tokens = n;
+  options.sampling.temperature = 0;
+  return Generate(model, **cache, prompt, options);
+}
+
+int DefaultModel(const std::shared_ptr<ProcessGroup>& group) {
+  LoadOptions single_options;
+  absl::StatusOr<LoadedModel> single = LoadCheckpoint(kDefaultModel, single_options);
+  LoadOptions tp_options;
+  tp_options.tensor_parallel = group;
+  absl::StatusOr<LoadedModel> sharded = LoadCheckpoint(kDefaultModel, tp_options);
+  if (!single.ok()) return Fail(single.status().ToString());
+  if (!sharded.ok()) return Fail(sharded.status().ToString());
+  const bool root = group->rank() == 0;
+  if (root) {
+    std::cout << "default_model heads=" << sharded->config.n_head << "/" << single->config.n_head
+              << " kv_groups=" << sharded->config.QueryGroups() << "/"
+              << single->config.QueryGroups() << "\n";
+  }
+  absl::StatusOr<double> diff =
+      CompareLogits(*single->model, *sharded->model, single->config.vocab_size);
+  if (!diff.ok()) return Fail(diff.status().ToString());
+  bool ok = *diff <= kTolerance;
+  if (root) std::cout << "logits " << (ok ? "equal" : "DIFFERENT") << " max_abs_diff=" << *diff << "\n";
+
+  std::vector<int64_t> prompt;
+  for (int64_t i = 0; i < 20; ++i) prompt.push_back(5 + 37 * i % 1000);
+  std::vector<KVCacheSpec> caches(3);
+  caches[1].policy = "sink";
+  caches[1].budget = 24;
+  caches[1].sink_tokens = 4;
+  caches[2].policy = "h2o";
+  caches[2].budget = 24;
+  for (const KVCacheSpec& spec : caches) {
+    absl::StatusOr<std::vector<int64_t>> a = Greedy(*single->model, spec, prompt, 24);
+    absl::StatusOr<std::vector<int64_t>> b = Greedy(*sharded->model, spec, prompt, 24);
+    if (!a.ok()) return Fail(a.status().ToString());
+    if (!b.ok()) return Fail(b.status().ToString());
+    // Every rank must have produced the same tokens, not just rank 0.
+    at::Tensor mine = at::tensor(*b, at::kLong);
+    absl::StatusOr<at::Tensor> all = group->AllGather(mine.unsqueeze(0));
+    if (!all.ok()) return Fail(all.status().ToString());
+    const bool same_ranks = at::equal(*all, mine.unsqueeze(0).expand_as(*all));
+    const bool same = *a == *b && same_ranks;
+    ok = ok && same;
+    if (root) {
+      std::cout << "greedy " << DescribeKVCacheSpec(spec) << (same ? " equal" : " DIFFERENT")
+                << (same_ranks ? "" : " (ranks disagree)") << ": " << absl::StrJoin(*b, " ")
+                << "\n";
+    }
+  }
+  std::cout.flush();
+  return ok ? 0 : 1;
+}
+
+int Refuse(const std::shared_ptr<ProcessGroup>& group) {
+  LoadOptions options;
+  options.tensor_parallel = group;
+  absl::StatusOr<LoadedModel> sharded = LoadCheckpoint(kDefaultModel, options);
+  if (sharded.ok()) return Fail("the sharded load succeeded");
+  if (group->rank() == 0) std::cout << "refused: " << sharded.status() << std::endl;
+  return 0;
+}
+
+int RankDies(const std::shared_ptr<ProcessGroup>& group) {
+  LoadOptions options;
+  options.tensor_parallel = group;
+  absl::StatusOr<LoadedModel> sharded = LoadCheckpoint(kDefaultModel, options);
+  if (!sharded.ok()) return Fail(sharded.status().ToString());
+  GenerateOptions generate;
+  generate.max_new_tokens = 200;
+  int64_t produced = 0;
+  const bool dies = group->rank() == group->world_size() - 1;
+  generate.on_token = [&](int64_t) {
+    if (dies && ++produced == 3) _exit(3);
+    return true;
+  };
+  auto cache = sharded->model->NewDenseCache(1, 220);
+  if (!cache.ok()) return Fail(cache.status().ToString());
+  absl::StatusOr<std::vector<int64_t>> tokens =
+      Generate(*sharded->model, **cache, {1, 2, 3, 4}, generate);
+  if (tokens.ok()) return Fail("generation went on without a rank");
+  std::cerr << "error: " << tokens.status() << std::endl;
+  return 2;
+}
+
+}  // namespace
+}  // namespace lgpt
+
+int main(int argc, char** argv) {
+  if (argc != 2) return lgpt::Fail("usage: worker presets|default_model|refuse|rank_dies");
+  const std::string mode = argv[1];
+  absl::StatusOr<lgpt::DistOptions> options = lgpt::DistOptionsFromEnv(absl::Seconds(20));
+  if (!options.ok()) return lgpt::Fail(options.status().ToString());
+  absl::StatusOr<std::shared_ptr<lgpt::ProcessGroup>> group = lgpt::ProcessGroup::Create(*options);
+  if (!group.ok()) return lgpt::Fail(group.status().ToString());
+  at::NoGradGuard no_grad;
+  if (absl::StartsWith(mode, "presets")) {
+    std::vector<std::string> only;
+    if (absl::StartsWith(mode, "presets:")) only = absl::StrSplit(mode.substr(8), ',');
+    return lgpt::Presets(*group, only);
+  }
+  if (mode == "default_model") return lgpt::DefaultModel(*group);
+  if (mode == "refuse") return lgpt::Refuse(*group);
+  if (mode == "rank_dies") return lgpt::RankDies(*group);
+  return lgpt::Fail("unknown mode " + mode);
+}
