@@ -70,9 +70,13 @@ std::pair<at::Tensor, at::Tensor> AdapterPrefix::PrefixKeysValues(ProjectionImpl
                  .reshape({1, length, n_query_groups_, head_size_})
                  .transpose(1, 2);
   }
+  // Contiguous on every call, so the first call and the cached ones take the same attention
+  // kernel (and give the same bits).
+  keys = keys.contiguous();
+  values = values.contiguous();
   if (!at::GradMode::is_enabled()) {
-    cached_keys_ = keys.contiguous();
-    cached_values_ = values.contiguous();
+    cached_keys_ = keys;
+    cached_values_ = values;
     cached_fingerprint_ = fingerprint;
   }
   return {keys, values};

@@ -71,7 +71,13 @@ TEST_P(FlashAttentionCases, EqualsTheGenericPath) {
     const at::Tensor y = FlashAttention(q, c.groups, runs_of, query_positions, params, avx2);
     EXPECT_TRUE(at::allclose(y, expected, 1e-5, 1e-5))
         << "avx2 " << avx2 << ": " << (y - expected).abs().max().item<float>();
+    // Deterministic: the same bits again, whatever the threads' shares or the addresses.
+    const at::Tensor again =
+        FlashAttention(q.clone(), c.groups, runs_of, query_positions, params, avx2);
+    EXPECT_TRUE(at::equal(y, again)) << "avx2 " << avx2;
   }
+  EXPECT_TRUE(at::equal(flash, AttendBlockwise(q.clone(), c.groups, sources, query_positions,
+                                               params)));
 }
 
 INSTANTIATE_TEST_SUITE_P(
