@@ -60,25 +60,6 @@ void WeightedValuesPortable(const float* const* w, const Segments& v, int64_t ro
 
 #ifdef LGPT_SIMD_AVX2
 
-__attribute__((target("avx2,fma"))) float ExpAndSumAvx2(float* s, int64_t entries,
-                                                        float max_score) {
-  const __m256 max_v = _mm256_set1_ps(max_score);
-  __m256 total = _mm256_setzero_ps();
-  int64_t e = 0;
-  for (; e + 8 <= entries; e += 8) {
-    const __m256 x = simd::Exp(_mm256_sub_ps(_mm256_loadu_ps(s + e), max_v));
-    _mm256_storeu_ps(s + e, x);
-    total = _mm256_add_ps(total, x);
-  }
-  if (e < entries) {
-    const __m256i mask = simd::TailMask(entries - e);
-    const __m256 x = simd::Exp(_mm256_sub_ps(_mm256_maskload_ps(s + e, mask), max_v));
-    _mm256_maskstore_ps(s + e, mask, x);
-    total = _mm256_add_ps(total, _mm256_and_ps(x, _mm256_castsi256_ps(mask)));
-  }
-  return simd::HorizontalSum(total);
-}
-
 // R weight rows against V vectors (8·V columns from `col`) of every value row: R·V
 // accumulators stay in registers while the entries stream by, so each value row is read
 // once for all R queries.
@@ -154,7 +135,7 @@ float SoftmaxRow(float* s, int64_t entries, int64_t query_pos, const int64_t* kp
     max_score = std::max(max_score, s[e]);
   }
 #ifdef LGPT_SIMD_AVX2
-  if (avx2) return ExpAndSumAvx2(s, entries, max_score);
+  if (avx2) return simd::ExpAndSum(s, entries, max_score);
 #endif
   return ExpAndSumPortable(s, entries, max_score);
 }

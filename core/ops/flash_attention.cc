@@ -89,23 +89,6 @@ void AccumulateAvx2(const float* p, int64_t entries, const float* v, int64_t row
   }
 }
 
-// s[e] = exp(s[e] - max) in place (masked scores, the lowest float, become 0); returns the sum.
-LGPT_FLASH_AVX2 float ExpAndSumAvx2(float* s, int64_t entries, float max_score) {
-  const __m256 max_v = _mm256_set1_ps(max_score);
-  __m256 total = _mm256_setzero_ps();
-  int64_t e = 0;
-  for (; e + 8 <= entries; e += 8) {
-    const __m256 x = simd::Exp(_mm256_sub_ps(_mm256_loadu_ps(s + e), max_v));
-    _mm256_storeu_ps(s + e, x);
-    total = _mm256_add_ps(total, x);
-  }
-  float tail = 0;
-  for (; e < entries; ++e) {
-    s[e] = std::exp(s[e] - max_score);
-    tail += s[e];
-  }
-  return simd::HorizontalSum(total) + tail;
-}
 #endif  // LGPT_SIMD_AVX2
 
 float ExpAndSumPortable(float* s, int64_t entries, float max_score) {
@@ -172,7 +155,7 @@ void ProcessTile(const TileArgs& t, const KVRun& run, int64_t begin, int64_t n,
     float total;
 #ifdef LGPT_SIMD_AVX2
     if (t.avx2) {
-      total = ExpAndSumAvx2(s, n, new_max);
+      total = simd::ExpAndSum(s, n, new_max);
     } else {
       total = ExpAndSumPortable(s, n, new_max);
     }

@@ -71,6 +71,27 @@ __attribute__((target("avx2,fma"))) inline __m256 Exp(__m256 x_in) {
   return _mm256_blendv_ps(result, x_in, nan);
 }
 
+// s[e] = exp(s[e] - max_score) in place for e < entries; returns their sum. Scores of the
+// lowest float (masked) become exactly 0. The softmax step of the attention kernels.
+__attribute__((target("avx2,fma"))) inline float ExpAndSum(float* s, int64_t entries,
+                                                           float max_score) {
+  const __m256 max_v = _mm256_set1_ps(max_score);
+  __m256 total = _mm256_setzero_ps();
+  int64_t e = 0;
+  for (; e + 8 <= entries; e += 8) {
+    const __m256 x = Exp(_mm256_sub_ps(_mm256_loadu_ps(s + e), max_v));
+    _mm256_storeu_ps(s + e, x);
+    total = _mm256_add_ps(total, x);
+  }
+  if (e < entries) {
+    const __m256i mask = TailMask(entries - e);
+    const __m256 x = Exp(_mm256_sub_ps(_mm256_maskload_ps(s + e, mask), max_v));
+    _mm256_maskstore_ps(s + e, mask, x);
+    total = _mm256_add_ps(total, _mm256_and_ps(x, _mm256_castsi256_ps(mask)));
+  }
+  return HorizontalSum(total);
+}
+
 }  // namespace simd
 }  // namespace lgpt
 
