@@ -8,10 +8,12 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -94,6 +96,14 @@ absl::StatusOr<int> LaunchRanks(const LaunchSpec& spec) {
     if (!overridden) base_env.push_back(entry);
   }
   for (const auto& [key, value] : spec.env) base_env.push_back(key + "=" + value);
+  // Local ranks share the machine's cores: without an explicit OMP_NUM_THREADS each would
+  // start a thread per core, and N ranks would then oversubscribe the cores N times (every
+  // all-reduce waiting on descheduled threads).
+  if (std::getenv("OMP_NUM_THREADS") == nullptr) {
+    const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    base_env.push_back(
+        absl::StrCat("OMP_NUM_THREADS=", std::max(1, cores / std::max(1, spec.world_size))));
+  }
   std::vector<char*> argv;
   for (const std::string& a : spec.argv) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);

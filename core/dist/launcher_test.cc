@@ -3,6 +3,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
 #include "core/dist/test_util.h"
 
 namespace lgpt {
@@ -28,6 +34,26 @@ TEST(LaunchRanksTest, SetsTheEnvironmentAndForwardsRankZerosStdout) {
   EXPECT_EQ(run->out, "out 0/2/0 127.0.0.1\n");
   EXPECT_THAT(run->err, HasSubstr("[rank 0] err 0\n"));
   EXPECT_THAT(run->err, HasSubstr("[rank 1] err 1\n"));
+}
+
+// Local ranks split the cores between them unless OMP_NUM_THREADS says otherwise.
+TEST(LaunchRanksTest, RanksShareTheCoresUnlessOmpNumThreadsIsSet) {
+  const char* saved = std::getenv("OMP_NUM_THREADS");
+  const std::string restore = saved != nullptr ? saved : "";
+  unsetenv("OMP_NUM_THREADS");
+  absl::StatusOr<RanksRun> run = RunRanks(Shell(2, "echo \"$OMP_NUM_THREADS\""));
+  ASSERT_TRUE(run.ok()) << run.status();
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  EXPECT_EQ(run->out, absl::StrCat(std::max(1, cores / 2), "\n"));
+  setenv("OMP_NUM_THREADS", "3", 1);
+  run = RunRanks(Shell(2, "echo \"$OMP_NUM_THREADS\""));
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->out, "3\n");
+  if (saved != nullptr) {
+    setenv("OMP_NUM_THREADS", restore.c_str(), 1);
+  } else {
+    unsetenv("OMP_NUM_THREADS");
+  }
 }
 
 TEST(LaunchRanksTest, FailingRankFailsTheRunAndNamesIt) {
