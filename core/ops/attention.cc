@@ -85,11 +85,6 @@ at::Tensor WeightedValues(const at::Tensor& weights, const std::vector<KVBlockSo
   return y;
 }
 
-// Row-contiguous per (batch row, group): [.., n, hs] with unit column stride.
-bool RowsContiguous(const at::Tensor& t) {
-  return t.dim() == 4 && t.stride(3) == 1 && t.stride(2) == t.size(3);
-}
-
 // Prompts through FlashAttention when every block reads as float32 rows on the CPU; false
 // (nothing written) otherwise, and for decode-sized steps (DecodeAttention's, or the generic
 // path's bit-for-bit results are what the caches' equivalence tests pin).
@@ -115,7 +110,7 @@ bool TryFlash(const at::Tensor& q, int64_t groups, const std::vector<KVBlockSour
     block.positions = source.positions.narrow(2, begin, length);
     ok = block.keys.scalar_type() == at::kFloat && block.values.scalar_type() == at::kFloat &&
          block.keys.device().is_cpu() && block.values.device().is_cpu() &&
-         RowsContiguous(block.keys) && RowsContiguous(block.values) &&
+         KVRowsContiguous(block.keys) && KVRowsContiguous(block.values) &&
          block.positions.scalar_type() == at::kLong && block.positions.device().is_cpu();
     blocks.push_back(std::move(block));
   });

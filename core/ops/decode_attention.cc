@@ -9,9 +9,15 @@
 #include <vector>
 
 #include "core/ops/gemv.h"
+#include "core/ops/score_row.h"
 #include "core/ops/simd_avx2.h"
 
 namespace lgpt {
+
+bool KVRowsContiguous(const at::Tensor& t) {
+  return t.dim() == 4 && t.stride(3) == 1 && t.stride(2) == t.size(3);
+}
+
 namespace {
 
 constexpr int64_t kMaxSteps = 4;
@@ -24,20 +30,6 @@ struct KVSegment {
   int64_t entries;
 };
 using Segments = std::vector<KVSegment>;
-
-bool RowsContiguous(const at::Tensor& t) {
-  return t.dim() == 4 && t.stride(3) == 1 && t.stride(2) == t.size(3);
-}
-
-// s[e] = exp(s[e] - max) in place; returns their sum.
-float ExpAndSumPortable(float* s, int64_t entries, float max_score) {
-  float total = 0;
-  for (int64_t e = 0; e < entries; ++e) {
-    s[e] = std::exp(s[e] - max_score);
-    total += s[e];
-  }
-  return total;
-}
 
 // out_r = inv_r * sum_e w_r[e] v[e] for each of `rows` weight rows, v the segments' values
 // in order (e counts across segments).
@@ -116,28 +108,13 @@ void WeightedValuesAvx2(const float* const* w, const Segments& v, int64_t rows, 
 
 #endif  // LGPT_SIMD_AVX2
 
-// One query's scores s[0, entries) -> unnormalised softmax weights in place: scaled,
-// soft-capped, masked by positions (core/ops/attention_mask.h) with the lowest finite value,
-// exponentiated against the row maximum. Returns their sum. A row with no allowed key gets
+// One query's scores s[0, entries) -> unnormalised softmax weights in place (MaskScores,
+// then ExpAndSum against the row maximum). Returns their sum. A row with no allowed key gets
 // uniform weights (every score equals the maximum), as masked_fill with that value does.
 float SoftmaxRow(float* s, int64_t entries, int64_t query_pos, const int64_t* kp, int64_t kp_s,
                  const AttentionParams& params, bool avx2) {
-  const float scale = static_cast<float>(params.scale);
-  const float lowest = std::numeric_limits<float>::lowest();
-  float max_score = lowest;
-  for (int64_t e = 0; e < entries; ++e) {
-    float x = s[e] * scale;
-    if (params.softcap) {
-      const float cap = static_cast<float>(*params.softcap);
-      x = std::tanh(x / cap) * cap;
-    }
-    s[e] = KeyAllowed(query_pos, kp[e * kp_s], params.sliding_window) ? x : lowest;
-    max_score = std::max(max_score, s[e]);
-  }
-#ifdef LGPT_SIMD_AVX2
-  if (avx2) return simd::ExpAndSum(s, entries, max_score);
-#endif
-  return ExpAndSumPortable(s, entries, max_score);
+  const float max_score = MaskScores(s, entries, query_pos, kp, kp_s, params);
+  return ExpAndSum(s, entries, max_score, avx2);
 }
 
 }  // namespace
@@ -155,7 +132,7 @@ bool DecodeAttentionApplies(const at::Tensor& q, const at::Tensor& keys, const a
   if (q.size(2) > kMaxSteps || keys.size(2) < 1) return false;
   if (q.requires_grad() || keys.requires_grad() || values.requires_grad()) return false;
   if (keys.size(1) < 1 || q.size(1) % keys.size(1) != 0) return false;
-  return RowsContiguous(keys) && RowsContiguous(values) && keys.sizes() == values.sizes();
+  return KVRowsContiguous(keys) && KVRowsContiguous(values) && keys.sizes() == values.sizes();
 }
 
 namespace {

@@ -16,6 +16,10 @@
 
 namespace lgpt {
 
+// Whether t is [B, G, S, hs] with each entry's hs floats contiguous: what the CPU attention
+// kernels read by pointer.
+bool KVRowsContiguous(const at::Tensor& t);
+
 // Whether DecodeAttention handles these inputs: CPU float32, at most 4 query steps, keys and
 // values with contiguous [S, hs] rows per (batch, group), int64 positions.
 bool DecodeAttentionApplies(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,

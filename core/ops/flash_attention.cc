@@ -7,6 +7,7 @@
 #include <limits>
 #include <vector>
 
+#include "core/ops/score_row.h"
 #include "core/ops/simd_avx2.h"
 
 namespace lgpt {
@@ -21,6 +22,7 @@ struct RowState {
   std::vector<float> acc;  // [rows, hs]
   std::vector<float> max;  // [rows]
   std::vector<float> sum;  // [rows]
+  std::vector<float> alpha;  // [rows] a tile's rescaling of the accumulators (scratch)
 };
 
 // acc_r = acc_r * alpha_r + sum_e p_r[e] v[e] for rows [0, rows), v [entries, hs].
@@ -91,15 +93,6 @@ void AccumulateAvx2(const float* p, int64_t entries, const float* v, int64_t row
 
 #endif  // LGPT_SIMD_AVX2
 
-float ExpAndSumPortable(float* s, int64_t entries, float max_score) {
-  float total = 0;
-  for (int64_t e = 0; e < entries; ++e) {
-    s[e] = std::exp(s[e] - max_score);
-    total += s[e];
-  }
-  return total;
-}
-
 // Whether any key of the run's [begin, begin + n) may be seen by a query at a position in
 // [q_min, q_max]: a cheap bound that skips whole tiles (the causal future, or everything
 // before a sliding window).
@@ -129,22 +122,12 @@ void ProcessTile(const TileArgs& t, const KVRun& run, int64_t begin, int64_t n,
     GemvF32Serial(run.keys + begin * t.hs, nullptr, t.q + r * t.hs, scores.data() + r * n, m, n,
                   t.hs);
   }
-  const float scale = static_cast<float>(t.params->scale);
-  std::vector<float> alpha(t.rows);
+  std::vector<float>& alpha = state.alpha;
   for (int64_t r = 0; r < t.rows; ++r) {
     float* s = scores.data() + r * n;
-    float tile_max = kLowest;
-    for (int64_t e = 0; e < n; ++e) {
-      float x = s[e] * scale;
-      if (t.params->softcap) {
-        const float cap = static_cast<float>(*t.params->softcap);
-        x = std::tanh(x / cap) * cap;
-      }
-      const int64_t k = run.positions[(begin + e) * run.positions_stride];
-      const bool allowed = KeyAllowed(t.q_positions[r], k, t.params->sliding_window);
-      s[e] = allowed ? x : kLowest;
-      if (allowed) tile_max = std::max(tile_max, x);
-    }
+    const float tile_max =
+        MaskScores(s, n, t.q_positions[r], run.positions + begin * run.positions_stride,
+                   run.positions_stride, *t.params);
     if (tile_max == kLowest) {  // nothing visible to this row here
       std::fill(s, s + n, 0.0f);
       alpha[r] = 1.0f;
@@ -152,16 +135,7 @@ void ProcessTile(const TileArgs& t, const KVRun& run, int64_t begin, int64_t n,
     }
     const float new_max = std::max(state.max[r], tile_max);
     alpha[r] = state.max[r] == kLowest ? 0.0f : std::exp(state.max[r] - new_max);
-    float total;
-#ifdef LGPT_SIMD_AVX2
-    if (t.avx2) {
-      total = simd::ExpAndSum(s, n, new_max);
-    } else {
-      total = ExpAndSumPortable(s, n, new_max);
-    }
-#else
-    total = ExpAndSumPortable(s, n, new_max);
-#endif
+    const float total = ExpAndSum(s, n, new_max, t.avx2);
     state.sum[r] = state.sum[r] * alpha[r] + total;
     state.max[r] = new_max;
   }
@@ -221,6 +195,7 @@ at::Tensor FlashAttention(const at::Tensor& q, int64_t groups, const KVRunsOf& r
       state.acc.assign(n_rows * hs, 0.0f);
       state.max.assign(n_rows, kLowest);
       state.sum.assign(n_rows, 0.0f);
+      state.alpha.resize(n_rows);
       const TileArgs args{q_rows, positions.data(), n_rows, hs, &params, avx2};
       for (const KVRun& run : runs) {
         for (int64_t k = 0; k < run.entries; k += kKeyTile) {
