@@ -89,6 +89,23 @@ absl::Status CheckCrcs(const TensorMap& tensors, const std::map<std::string, std
   return absl::OkStatus();
 }
 
+// The block format the header's metadata names (QuantizedCheckpointFormat).
+absl::StatusOr<BlockFormat> FormatOf(const SafetensorsHeader& header, const std::string& path) {
+  auto format = header.metadata.find(kFormatKey);
+  if (format == header.metadata.end() || format->second != kFormatValue) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": metadata ", kFormatKey, " must be \"", kFormatValue, "\", got ",
+        format == header.metadata.end() ? "nothing" : "\"" + format->second + "\""));
+  }
+  auto weights = header.metadata.find(kWeightsKey);
+  for (BlockFormat f : {BlockFormat::kQ8_0, BlockFormat::kQ4_0}) {
+    if (weights != header.metadata.end() && weights->second == BlockFormatName(f)) return f;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      path, ": metadata ", kWeightsKey, " must be q8_0 or q4_0, got ",
+      weights == header.metadata.end() ? "nothing" : "\"" + weights->second + "\""));
+}
+
 }  // namespace
 
 ModelParts QuantizedCheckpointParts(BlockFormat format) {
@@ -143,19 +160,7 @@ absl::Status SaveQuantizedCheckpoint(GPTImpl& model, const std::string& path) {
 
 absl::StatusOr<BlockFormat> QuantizedCheckpointFormat(const std::string& path) {
   ASSIGN_OR_RETURN(const SafetensorsHeader header, ReadSafetensorsHeader(path));
-  auto format = header.metadata.find(kFormatKey);
-  if (format == header.metadata.end() || format->second != kFormatValue) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": metadata ", kFormatKey, " must be \"", kFormatValue, "\", got ",
-        format == header.metadata.end() ? "nothing" : "\"" + format->second + "\""));
-  }
-  auto weights = header.metadata.find(kWeightsKey);
-  for (BlockFormat f : {BlockFormat::kQ8_0, BlockFormat::kQ4_0}) {
-    if (weights != header.metadata.end() && weights->second == BlockFormatName(f)) return f;
-  }
-  return absl::InvalidArgumentError(absl::StrCat(
-      path, ": metadata ", kWeightsKey, " must be q8_0 or q4_0, got ",
-      weights == header.metadata.end() ? "nothing" : "\"" + weights->second + "\""));
+  return FormatOf(header, path);
 }
 
 absl::Status LoadQuantizedCheckpoint(GPTImpl& model, const std::string& path,
@@ -165,8 +170,8 @@ absl::Status LoadQuantizedCheckpoint(GPTImpl& model, const std::string& path,
         path, " holds block-quantised weights, which run on the CPU in float32 (dtype and "
               "device of the load options)"));
   }
-  ASSIGN_OR_RETURN(const BlockFormat format, QuantizedCheckpointFormat(path));
   ASSIGN_OR_RETURN(const SafetensorsHeader header, ReadSafetensorsHeader(path));
+  ASSIGN_OR_RETURN(const BlockFormat format, FormatOf(header, path));
   ASSIGN_OR_RETURN(TensorMap tensors, ReadSafetensors(path));
   if (verify_checksums) RETURN_IF_ERROR(CheckCrcs(tensors, header.metadata, path));
   RETURN_IF_ERROR(CheckFinite(tensors, path));  // the half scales too
