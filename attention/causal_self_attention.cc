@@ -60,22 +60,26 @@ absl::StatusOr<at::Tensor> CausalSelfAttentionImpl::Forward(const at::Tensor& x,
   const int64_t batch = x.size(0), steps = x.size(1);
   const int64_t q_size = n_head_ * head_size_, kv_size = n_query_groups_ * head_size_;
   const at::Tensor qkv = qkv_->forward(x);  // [B, T, q_size + 2 · kv_size]
-  at::Tensor q = qkv.narrow(-1, 0, q_size);
-  at::Tensor k = qkv.narrow(-1, q_size, kv_size);
-  at::Tensor v = qkv.narrow(-1, q_size + kv_size, kv_size);
-  if (norm_q_ && norm_qk_olmo2_) {
-    q = norm_q_->forward(q);
-    k = norm_k_->forward(k);
+  at::Tensor q, k, v;  // [B, nh, T, hs], [B, G, T, hs], [B, G, T, hs]
+  if (norm_q_ || !SplitQkvRope(qkv, n_head_, n_query_groups_, head_size_, rope,
+                               rope_interleave_, &q, &k, &v)) {
+    q = qkv.narrow(-1, 0, q_size);
+    k = qkv.narrow(-1, q_size, kv_size);
+    v = qkv.narrow(-1, q_size + kv_size, kv_size);
+    if (norm_q_ && norm_qk_olmo2_) {
+      q = norm_q_->forward(q);
+      k = norm_k_->forward(k);
+    }
+    q = q.reshape({batch, steps, n_head_, head_size_}).transpose(1, 2);
+    k = k.reshape({batch, steps, n_query_groups_, head_size_}).transpose(1, 2);
+    v = v.reshape({batch, steps, n_query_groups_, head_size_}).transpose(1, 2);
+    if (norm_q_ && !norm_qk_olmo2_) {
+      q = norm_q_->forward(q);
+      k = norm_k_->forward(k);
+    }
+    q = ApplyRope(q, rope, rope_interleave_);
+    k = ApplyRope(k, rope, rope_interleave_);
   }
-  q = q.reshape({batch, steps, n_head_, head_size_}).transpose(1, 2);          // [B, nh, T, hs]
-  k = k.reshape({batch, steps, n_query_groups_, head_size_}).transpose(1, 2);  // [B, G, T, hs]
-  v = v.reshape({batch, steps, n_query_groups_, head_size_}).transpose(1, 2);  // [B, G, T, hs]
-  if (norm_q_ && !norm_qk_olmo2_) {
-    q = norm_q_->forward(q);
-    k = norm_k_->forward(k);
-  }
-  q = ApplyRope(q, rope, rope_interleave_);
-  k = ApplyRope(k, rope, rope_interleave_);
 
   at::Tensor y;  // [B, nh, T, hs]
   if (cache != nullptr) {
@@ -87,7 +91,9 @@ absl::StatusOr<at::Tensor> CausalSelfAttentionImpl::Forward(const at::Tensor& x,
     const at::Tensor extra = extension->Contribute({q, qkv_.get(), &params_});
     if (extra.defined()) y = y + extra;
   }
-  y = y.transpose(1, 2).reshape({batch, steps, q_size});
+  // One step of contiguous [B, nh, 1, hs] is already [B, 1, nh · hs] in memory.
+  y = steps == 1 && y.is_contiguous() ? y.view({batch, 1, q_size})
+                                      : y.transpose(1, 2).reshape({batch, steps, q_size});
   return proj_->forward(y);
 }
 

@@ -105,10 +105,14 @@ void DenseKVCache::Grow(Layer& layer, int64_t needed) {
 }
 
 at::Tensor DenseKVCache::Ramp(int64_t length) {
-  if (!ramp_.defined() || ramp_.size(0) < length) {
-    ramp_ = at::arange(length, at::TensorOptions().dtype(at::kLong).device(options_.device));
+  if (!ramp_.defined() || ramp_.size(2) < length) {
+    // Doubles (up to the longest sequence) rather than growing by the one entry of each step.
+    const int64_t old = ramp_.defined() ? ramp_.size(2) : 0;
+    const int64_t size = std::max(length, std::min(2 * old, options_.max_sequence_length));
+    ramp_ = at::arange(size, at::TensorOptions().dtype(at::kLong).device(options_.device))
+                .view({1, 1, size});
   }
-  return ramp_.narrow(0, 0, length).view({1, 1, length});
+  return ramp_.size(2) == length ? ramp_ : ramp_.narrow(2, 0, length);
 }
 
 absl::Status DenseKVCache::CheckStep(const KVStep& step, int64_t batch_size) const {
@@ -121,13 +125,15 @@ absl::StatusOr<KVView> DenseKVCache::Update(int64_t layer_index, const KVStep& s
                                  options_.batch_size, options_.max_sequence_length));
   Layer& layer = layers_[layer_index];
   const int64_t batch = keys.size(0);
-  const at::Tensor k = keys.to(options_.dtype);
-  const at::Tensor v = values.to(options_.dtype);
+  // Each skipped no-op below is one LibTorch dispatch less per layer and decode step.
+  const at::Tensor k = keys.scalar_type() == options_.dtype ? keys : keys.to(options_.dtype);
+  const at::Tensor v = values.scalar_type() == options_.dtype ? values : values.to(options_.dtype);
   if (layer.ring) return RingUpdate(layer, step, k, v);
 
   Grow(layer, step.max_position + 1);
-  at::Tensor layer_keys = layer.keys.narrow(0, 0, batch);
-  at::Tensor layer_values = layer.values.narrow(0, 0, batch);
+  const bool all_rows = batch == layer.keys.size(0);
+  at::Tensor layer_keys = all_rows ? layer.keys : layer.keys.narrow(0, 0, batch);
+  at::Tensor layer_values = all_rows ? layer.values : layer.values.narrow(0, 0, batch);
   ScatterSlots(layer_keys, step.positions, k);
   ScatterSlots(layer_values, step.positions, v);
   layer.end = std::max(layer.end, step.max_position + 1);

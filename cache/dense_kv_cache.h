@@ -70,7 +70,7 @@ class DenseKVCache : public KVCache {
 
   DenseKVCacheOptions options_;
   std::vector<Layer> layers_;
-  at::Tensor ramp_;  // [max allocated global capacity] int64: 0, 1, 2, ...
+  at::Tensor ramp_;  // [1, 1, capacity] int64: 0, 1, 2, ...
 };
 
 }  // namespace lgpt

@@ -43,9 +43,11 @@ absl::StatusOr<at::Tensor> BlockImpl::Forward(const at::Tensor& x, const RopeTab
   if (parallel_residual_) {
     if (!shared_attention_norm_) x_normed = MaybeNorm(norm_2_, x);
     residual = attention + x;
+  } else if (norm_2_) {
+    x_normed = norm_2_->AddForward(x, attention, &residual);
   } else {
     residual = attention + x;
-    x_normed = MaybeNorm(norm_2_, residual);
+    x_normed = residual;
   }
   return MaybeNorm(post_mlp_norm_, mlp_->forward(x_normed)) + residual;
 }

@@ -1,6 +1,9 @@
 #include "core/model/gpt.h"
 
+#include <algorithm>
 #include <cmath>
+#include <tuple>
+#include <utility>
 
 #include <ATen/ATen.h>
 #include <torch/nn/modules/container/modulelist.h>
@@ -9,6 +12,24 @@
 #include "core/base/status_macros.h"
 
 namespace lgpt {
+namespace {
+
+// Smallest and largest of an int64 tensor; a plain loop for the few ids of a decode step on
+// the CPU (four LibTorch operations and two synchronisations otherwise).
+std::pair<int64_t, int64_t> MinMax(const at::Tensor& values) {
+  if (values.device().is_cpu() && values.is_contiguous() && values.numel() <= 4096) {
+    const int64_t* v = values.data_ptr<int64_t>();
+    int64_t lowest = v[0], highest = v[0];
+    for (int64_t i = 1; i < values.numel(); ++i) {
+      lowest = std::min(lowest, v[i]);
+      highest = std::max(highest, v[i]);
+    }
+    return {lowest, highest};
+  }
+  return {values.min().item<int64_t>(), values.max().item<int64_t>()};
+}
+
+}  // namespace
 
 TransformerImpl::TransformerImpl(const Config& config, const ModelParts& parts) {
   wte = register_module("wte", torch::nn::Embedding(config.PaddedVocabSize(), config.n_embd));
@@ -148,8 +169,7 @@ absl::StatusOr<at::Tensor> GPTImpl::ForwardUnchecked(const at::Tensor& idx, KVCa
   const int64_t batch = idx.size(0), steps = idx.size(1);
   const at::Tensor ids = idx.to(device());
   {
-    const int64_t lowest = ids.min().item<int64_t>();
-    const int64_t highest = ids.max().item<int64_t>();
+    const auto [lowest, highest] = MinMax(ids);
     if (lowest < 0 || highest >= config_.PaddedVocabSize()) {
       return absl::OutOfRangeError(absl::StrCat("token id ", lowest < 0 ? lowest : highest,
                                                 " is outside the vocabulary [0, ",
@@ -164,8 +184,7 @@ absl::StatusOr<at::Tensor> GPTImpl::ForwardUnchecked(const at::Tensor& idx, KVCa
           "positions must be int64 [", batch, ", ", steps, "] like the token ids"));
     }
     step.positions = options.positions.to(device());
-    step.min_position = step.positions.min().item<int64_t>();
-    step.max_position = step.positions.max().item<int64_t>();
+    std::tie(step.min_position, step.max_position) = MinMax(step.positions);
   } else {
     step.positions = at::arange(steps, ids.options()).unsqueeze(0).expand({batch, steps});
     step.min_position = 0;

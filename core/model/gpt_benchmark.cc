@@ -3,6 +3,8 @@
 //   bazel run //core/model:gpt_benchmark -- --benchmark_filter=Decode [--threads=N]
 //
 // --threads: intra-op threads (default: all hardware threads).
+// LGPT_BENCH_TRACE=FILE.json: after each Decode benchmark, LibTorch's operator profile of five
+// more steps (chrome://tracing), to count and time the operations a decode step issues.
 // --quantize=int8|int4: block-quantised projections (core/model/quantize_model.h).
 //
 // Models: "tiny" (tests' size) and "llama-110m" (llama2.c's 110M: n_layer 12, n_embd 768,
@@ -20,6 +22,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <benchmark/benchmark.h>
+#include <torch/csrc/autograd/profiler_legacy.h>
 
 #include "core/config/config.h"
 #include "core/config/config_presets.h"
@@ -104,6 +107,11 @@ void Decode(benchmark::State& state, const std::string& name) {
   for (auto _ : state) {
     // Re-writes position `filled` each time: the cache stays at the same fill.
     benchmark::DoNotOptimize(*model->Forward(token, cache.get(), step));
+  }
+  if (const char* trace = std::getenv("LGPT_BENCH_TRACE")) {
+    // LibTorch's operator-level profile of a few decode steps (chrome://tracing format).
+    torch::autograd::profiler::RecordProfile profile{std::string(trace)};
+    for (int i = 0; i < 5; ++i) (void)*model->Forward(token, cache.get(), step);
   }
   state.counters["tokens_per_s"] =
       benchmark::Counter(1, benchmark::Counter::kIsIterationInvariantRate);

@@ -3,6 +3,7 @@
 #include <string>
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <torch/nn/modules/container/modulelist.h>
 
 namespace lgpt {
@@ -47,8 +48,12 @@ at::Tensor MlpImpl::forward(const at::Tensor& x) {
       return proj_->forward(at::gelu(fc_->forward(x), approximate));
     case MlpClass::kGemmaMLP:
       return proj_->forward(at::gelu(fc_1_->forward(x), approximate) * fc_2_->forward(x));
-    default:
-      return proj_->forward(at::silu(fc_1_->forward(x)) * fc_2_->forward(x));
+    default: {
+      at::Tensor gate = fc_1_->forward(x);
+      if (c10::GradMode::is_enabled()) return proj_->forward(at::silu(gate) * fc_2_->forward(x));
+      // Inference: in place, the same kernels without two intermediate tensors.
+      return proj_->forward(at::silu_(gate).mul_(fc_2_->forward(x)));
+    }
   }
 }
 

@@ -19,6 +19,17 @@ bool SmallRmsNormApplies(const at::Tensor& x, const at::Tensor& weight, int64_t 
          !(x.requires_grad() || (weight.defined() && weight.requires_grad()));
 }
 
+// One row: yr = xr / rms(xr) · (w + offset). Shared by both decode paths so they agree bitwise.
+inline void RmsNormRow(const float* xr, const float* w, float offset, double eps, int64_t size,
+                       float* yr) {
+  float partial[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int64_t i = 0; i < size; ++i) partial[i & 7] += xr[i] * xr[i];
+  const float sum = ((partial[0] + partial[1]) + (partial[2] + partial[3])) +
+                    ((partial[4] + partial[5]) + (partial[6] + partial[7]));
+  const float inv = 1.0f / std::sqrt(sum / static_cast<float>(size) + static_cast<float>(eps));
+  for (int64_t i = 0; i < size; ++i) yr[i] = xr[i] * inv * (w ? w[i] + offset : 1.0f);
+}
+
 at::Tensor SmallRmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps,
                         bool unit_offset) {
   const int64_t size = x.size(-1), rows = x.numel() / size;
@@ -26,16 +37,8 @@ at::Tensor SmallRmsNorm(const at::Tensor& x, const at::Tensor& weight, double ep
   const float* in = x.data_ptr<float>();
   const float* w = weight.defined() ? weight.data_ptr<float>() : nullptr;
   float* out = y.data_ptr<float>();
-  const float offset = unit_offset ? 1.0f : 0.0f;
   for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = in + r * size;
-    float* yr = out + r * size;
-    float partial[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int64_t i = 0; i < size; ++i) partial[i & 7] += xr[i] * xr[i];
-    const float sum = ((partial[0] + partial[1]) + (partial[2] + partial[3])) +
-                      ((partial[4] + partial[5]) + (partial[6] + partial[7]));
-    const float inv = 1.0f / std::sqrt(sum / static_cast<float>(size) + static_cast<float>(eps));
-    for (int64_t i = 0; i < size; ++i) yr[i] = xr[i] * inv * (w ? w[i] + offset : 1.0f);
+    RmsNormRow(in + r * size, w, unit_offset ? 1.0f : 0.0f, eps, size, out + r * size);
   }
   return y;
 }
@@ -78,6 +81,32 @@ at::Tensor NormImpl::forward(const at::Tensor& x) {
     normed = normed * scale.to(at::kFloat);
   }
   return normed.to(dtype);
+}
+
+at::Tensor NormImpl::AddForward(const at::Tensor& x, const at::Tensor& delta, at::Tensor* sum) {
+  const bool fused = options_.kind == NormClass::kRMSNorm && delta.sizes() == x.sizes() &&
+                     delta.scalar_type() == at::kFloat && delta.is_contiguous() &&
+                     delta.device().is_cpu() && SmallRmsNormApplies(x, weight_, options_.size) &&
+                     !(c10::GradMode::is_enabled() && delta.requires_grad());
+  if (!fused) {
+    *sum = x + delta;
+    return forward(*sum);
+  }
+  // One pass: the sum is written where the norm reads it back, still in cache.
+  const int64_t size = options_.size, rows = x.numel() / size;
+  *sum = at::empty_like(x);
+  at::Tensor y = at::empty_like(x);
+  const float* a = x.data_ptr<float>();
+  const float* b = delta.data_ptr<float>();
+  const float* w = weight_.defined() ? weight_.data_ptr<float>() : nullptr;
+  float* s = sum->data_ptr<float>();
+  float* out = y.data_ptr<float>();
+  for (int64_t i = 0; i < rows * size; ++i) s[i] = a[i] + b[i];
+  for (int64_t r = 0; r < rows; ++r) {
+    RmsNormRow(s + r * size, w, options_.unit_offset ? 1.0f : 0.0f, options_.eps, size,
+               out + r * size);
+  }
+  return y;
 }
 
 }  // namespace lgpt

@@ -27,6 +27,9 @@ class NormImpl : public torch::nn::Module {
   explicit NormImpl(const NormOptions& options);
   // x [..., size] -> [..., size], same dtype (RMSNorm computes in float32).
   at::Tensor forward(const at::Tensor& x);
+  // The residual step before a norm: *sum = x + delta, returns forward(*sum). Decoding
+  // (a few float32 rows, no autograd, RMSNorm) does both in one pass, same values.
+  at::Tensor AddForward(const at::Tensor& x, const at::Tensor& delta, at::Tensor* sum);
 
   const NormOptions& options() const { return options_; }
 

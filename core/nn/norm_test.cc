@@ -107,6 +107,28 @@ TEST(RmsNorm, MatchesReferenceWithAndWithoutUnitOffset) {
   }
 }
 
+// The residual step before a norm: one pass while decoding, the same values as adding and
+// normalising (and, for LayerNorm or with autograd, exactly that).
+TEST(Norm, AddForwardEqualsAddingThenNormalising) {
+  at::manual_seed(5);
+  for (const NormClass kind : {NormClass::kRMSNorm, NormClass::kLayerNorm}) {
+    for (const bool unit_offset : {false, true}) {
+      Norm norm(Options(kind, 24, 1e-5, unit_offset && kind == NormClass::kRMSNorm));
+      RandomiseParams(*norm);
+      for (const int64_t rows : {1, 3, 40}) {
+        SCOPED_TRACE(testing::Message() << "layer_norm " << (kind == NormClass::kLayerNorm)
+                                        << " unit_offset " << unit_offset << " rows " << rows);
+        const at::Tensor x = at::randn({rows, 1, 24}), delta = at::randn({rows, 1, 24});
+        at::NoGradGuard no_grad;
+        at::Tensor sum;
+        const at::Tensor y = norm->AddForward(x, delta, &sum);
+        EXPECT_TRUE(at::equal(sum, delta + x));
+        EXPECT_TRUE(at::equal(y, norm->forward(delta + x)));
+      }
+    }
+  }
+}
+
 TEST(RmsNorm, UnitOffsetScalesByOnePlusWeight) {
   // A zero weight with the offset is the plain normalisation; without it, zero output.
   at::manual_seed(1);

@@ -1,6 +1,7 @@
 #include "core/nn/rope.h"
 
 #include <cmath>
+#include <cstring>
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
@@ -30,9 +31,23 @@ bool SmallRopeApplies(const at::Tensor& x, const RopeTables& tables, bool interl
   return !c10::GradMode::is_enabled() || !x.requires_grad();
 }
 
+// One head's row: o = x·cos + rotate_half(x)·sin over the first n_elem features, the rest
+// copied. x may be strided (xs); the decode paths below share this loop, so they give the same
+// bits as each other.
+inline void RopeRow(const float* xv, int64_t xs, const float* c, const float* s, int64_t n_elem,
+                    int64_t hs, float* o) {
+  const int64_t half = n_elem / 2;
+  for (int64_t i = 0; i < n_elem; ++i) {
+    const float rotated =
+        i < n_elem - half ? -xv[(i + half) * xs] : xv[(i - (n_elem - half)) * xs];
+    o[i] = xv[i * xs] * c[i] + rotated * s[i];
+  }
+  for (int64_t i = n_elem; i < hs; ++i) o[i] = xv[i * xs];
+}
+
 at::Tensor SmallRope(const at::Tensor& x, const RopeTables& tables) {
   const int64_t batch = x.size(0), heads = x.size(1), steps = x.size(2), hs = x.size(3);
-  const int64_t n_elem = tables.cos.size(-1), half = n_elem / 2;
+  const int64_t n_elem = tables.cos.size(-1);
   const at::Tensor cos_t = tables.cos.contiguous(), sin_t = tables.sin.contiguous();
   at::Tensor y = at::empty({batch, heads, steps, hs}, x.options());
   const float* in = x.data_ptr<float>();
@@ -42,17 +57,9 @@ at::Tensor SmallRope(const at::Tensor& x, const RopeTables& tables) {
   for (int64_t b = 0; b < batch; ++b) {
     for (int64_t h = 0; h < heads; ++h) {
       for (int64_t t = 0; t < steps; ++t) {
-        const float* xv = in + b * x.stride(0) + h * x.stride(1) + t * x.stride(2);
-        const int64_t xs = x.stride(3);
-        const float* c = cos + (b * steps + t) * n_elem;
-        const float* s = sin + (b * steps + t) * n_elem;
-        float* o = out + ((b * heads + h) * steps + t) * hs;
-        for (int64_t i = 0; i < n_elem; ++i) {
-          const float rotated =
-              i < n_elem - half ? -xv[(i + half) * xs] : xv[(i - (n_elem - half)) * xs];
-          o[i] = xv[i * xs] * c[i] + rotated * s[i];
-        }
-        for (int64_t i = n_elem; i < hs; ++i) o[i] = xv[i * xs];
+        RopeRow(in + b * x.stride(0) + h * x.stride(1) + t * x.stride(2), x.stride(3),
+                cos + (b * steps + t) * n_elem, sin + (b * steps + t) * n_elem, n_elem, hs,
+                out + ((b * heads + h) * steps + t) * hs);
       }
     }
   }
@@ -158,6 +165,55 @@ at::Tensor ApplyRope(const at::Tensor& x, const RopeTables& tables, bool interle
   const at::Tensor roped = (part * cos + rotated * sin).to(x.scalar_type());
   if (n_elem == head_size) return roped;
   return at::cat({roped, x.narrow(-1, n_elem, head_size - n_elem)}, -1);
+}
+
+bool SplitQkvRope(const at::Tensor& qkv, int64_t n_head, int64_t n_query_groups,
+                  int64_t head_size, const RopeTables& tables, bool interleave, at::Tensor* q,
+                  at::Tensor* k, at::Tensor* v) {
+  const int64_t q_size = n_head * head_size, kv_size = n_query_groups * head_size;
+  if (qkv.dim() != 3 || !qkv.device().is_cpu() || qkv.scalar_type() != at::kFloat ||
+      !qkv.is_contiguous() || qkv.size(-1) != q_size + 2 * kv_size) {
+    return false;
+  }
+  const int64_t batch = qkv.size(0), steps = qkv.size(1);
+  const int64_t n_elem = tables.cos.defined() ? tables.cos.size(-1) : 0;
+  // [B, T, q_size + 2 · kv_size] viewed as heads: the view SmallRope would get, so the
+  // conditions (and the values) are ApplyRope's.
+  if (n_elem > 0 &&
+      !SmallRopeApplies(qkv.view({batch, steps, -1, head_size}).transpose(1, 2), tables,
+                        interleave)) {
+    return false;
+  }
+  if (c10::GradMode::is_enabled() && qkv.requires_grad()) return false;
+  *q = at::empty({batch, n_head, steps, head_size}, qkv.options());
+  *k = at::empty({batch, n_query_groups, steps, head_size}, qkv.options());
+  *v = at::empty({batch, n_query_groups, steps, head_size}, qkv.options());
+  const at::Tensor cos_t = n_elem > 0 ? tables.cos.contiguous() : at::Tensor();
+  const at::Tensor sin_t = n_elem > 0 ? tables.sin.contiguous() : at::Tensor();
+  const float* cos = n_elem > 0 ? cos_t.data_ptr<float>() : nullptr;
+  const float* sin = n_elem > 0 ? sin_t.data_ptr<float>() : nullptr;
+  const float* in = qkv.data_ptr<float>();
+  float* q_out = q->data_ptr<float>();
+  float* k_out = k->data_ptr<float>();
+  float* v_out = v->data_ptr<float>();
+  const int64_t row = q_size + 2 * kv_size;
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t t = 0; t < steps; ++t) {
+      const float* x = in + (b * steps + t) * row;
+      const float* c = cos ? cos + (b * steps + t) * n_elem : nullptr;
+      const float* s = sin ? sin + (b * steps + t) * n_elem : nullptr;
+      for (int64_t h = 0; h < n_head; ++h) {
+        RopeRow(x + h * head_size, 1, c, s, n_elem, head_size,
+                q_out + ((b * n_head + h) * steps + t) * head_size);
+      }
+      for (int64_t g = 0; g < n_query_groups; ++g) {
+        const int64_t out = ((b * n_query_groups + g) * steps + t) * head_size;
+        RopeRow(x + q_size + g * head_size, 1, c, s, n_elem, head_size, k_out + out);
+        std::memcpy(v_out + out, x + q_size + kv_size + g * head_size, head_size * sizeof(float));
+      }
+    }
+  }
+  return true;
 }
 
 }  // namespace lgpt

@@ -276,6 +276,49 @@ TEST(Rope, ApplyRopeMatchesReference) {
   }
 }
 
+// Decoding's one-pass split of the fused projection gives exactly what narrowing, reshaping
+// and ApplyRope give, for full, partial and no rotary features and grouped keys.
+TEST(Rope, SplitQkvRopeEqualsViewsAndApplyRope) {
+  at::manual_seed(4);
+  at::NoGradGuard no_grad;
+  for (const double percentage : {1.0, 0.25, 0.0}) {
+    RopeCase c;
+    c.rotary_percentage = percentage;
+    const Config config = MakeConfig(c);
+    const Rope rope(config, kCpu);
+    const int64_t hs = c.head_size, heads = 4, groups = 2;
+    for (const int64_t steps : {1, 3, 4}) {
+      SCOPED_TRACE(testing::Message() << "rotary " << percentage << " steps " << steps);
+      const at::Tensor qkv = at::randn({2, steps, (heads + 2 * groups) * hs});
+      const RopeTables tables = rope.Tables(at::randint(0, 48, {2, steps}, at::kLong), false);
+      at::Tensor q, k, v;
+      ASSERT_TRUE(SplitQkvRope(qkv, heads, groups, hs, tables, false, &q, &k, &v));
+      auto heads_of = [&](int64_t offset, int64_t n) {
+        return qkv.narrow(-1, offset, n * hs).reshape({2, steps, n, hs}).transpose(1, 2);
+      };
+      EXPECT_TRUE(at::equal(q, ApplyRope(heads_of(0, heads), tables, false)));
+      EXPECT_TRUE(at::equal(k, ApplyRope(heads_of(heads * hs, groups), tables, false)));
+      EXPECT_TRUE(at::equal(v, heads_of((heads + groups) * hs, groups)));
+      EXPECT_TRUE(q.is_contiguous() && k.is_contiguous() && v.is_contiguous());
+    }
+  }
+  // Where it does not apply it says so and the caller takes the general path.
+  const Config config = MakeConfig(RopeCase{});
+  const Rope rope(config, kCpu);
+  const int64_t width = 4 * 16;
+  at::Tensor q, k, v;
+  const RopeTables five = rope.Tables(at::zeros({1, 5}, at::kLong), false);
+  EXPECT_FALSE(SplitQkvRope(at::randn({1, 5, width}), 2, 1, 16, five, false, &q, &k, &v));
+  const RopeTables one = rope.Tables(at::zeros({1, 1}, at::kLong), false);
+  EXPECT_FALSE(SplitQkvRope(at::randn({1, 1, width}), 2, 1, 16, one, true, &q, &k, &v));
+  EXPECT_FALSE(SplitQkvRope(at::randn({1, 1, width}).to(at::kDouble), 2, 1, 16, one, false, &q,
+                            &k, &v));
+  at::AutoGradMode with_grad(true);  // autograd on: LibTorch's differentiable path
+  EXPECT_FALSE(SplitQkvRope(at::randn({1, 1, width}).requires_grad_(), 2, 1, 16, one, false,
+                            &q, &k, &v));
+  EXPECT_FALSE(q.defined());
+}
+
 TEST(Rope, KeepsDtypeOfHalfPrecisionInputs) {
   at::manual_seed(1);
   const Config config = MakeConfig({"partial", 16, 0.5});

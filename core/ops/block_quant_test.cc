@@ -93,6 +93,23 @@ TEST(QuantizeBlocks, RoundingErrorAndExtremes) {
   }
 }
 
+// A decode step's few rows take a loop over their bytes, more take LibTorch's indexing: both
+// equal the full dequantisation's rows.
+TEST(QuantizeBlocks, DequantizedRowsEqualTheFullTablesRowsForFewAndManyIds) {
+  at::manual_seed(3);
+  const at::Tensor w = at::randn({41, 96});
+  for (BlockFormat format : kFormats) {
+    const BlockQuantWeight q = Quantize(w, format);
+    const at::Tensor full = DequantizeBlocks(q);
+    for (const int64_t count : {1, 5, 16, 17, 40}) {
+      const at::Tensor rows = at::randint(0, 41, {count}, at::kLong);
+      EXPECT_TRUE(at::equal(DequantizeBlockRows(q, rows), full.index_select(0, rows)))
+          << BlockFormatName(format) << " " << count;
+    }
+    EXPECT_THROW(DequantizeBlockRows(q, at::tensor({41}, at::kLong)), c10::Error);
+  }
+}
+
 TEST(QuantizeBlocks, ZeroBlocksRowsAndErrors) {
   at::Tensor w = at::randn({4, 64});
   w[1].zero_();
