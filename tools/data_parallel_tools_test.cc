@@ -58,8 +58,8 @@ struct ToolRun {
 ToolRun Execute(const std::string& tool, const std::string& args, const std::string& env = "") {
   const std::string out = TempDir("run") + "/stdout.txt", err = TempDir("run") + "/stderr.txt";
   ToolRun run;
-  const int raw = std::system(
-      absl::StrCat(env, " tools/", tool, " ", args, " >", out, " 2>", err).c_str());
+  const int raw =
+      std::system(absl::StrCat(env, " tools/", tool, " ", args, " >", out, " 2>", err).c_str());
   run.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
   run.out = ReadAll(out);
   run.err = ReadAll(err);
@@ -90,10 +90,8 @@ double MaxDiff(const TensorMap& a, const TensorMap& b) {
       ADD_FAILURE() << name << " is missing";
       continue;
     }
-    worst = std::max(worst, (tensor.to(at::kDouble) - other->second.to(at::kDouble))
-                                .abs()
-                                .max()
-                                .item<double>());
+    worst = std::max(
+        worst, (tensor.to(at::kDouble) - other->second.to(at::kDouble)).abs().max().item<double>());
   }
   return worst;
 }
@@ -146,15 +144,17 @@ TEST(FinetuneDevicesTest, TwoRanksWriteOneCheckpointEqualToOneProcess) {
 
 TEST(PretrainDevicesTest, TwoRanksWriteOneCheckpointEqualToOneProcess) {
   const std::string dir = TempDir("pretrain_devices");
-  const std::string common = absl::StrCat(
-      "--model_config=", kModelConfig, " --text_file=", kCorpus,
-      " --seq_len=32 --accumulate=2 --max_steps=3 --warmup_steps=1 --eval_every=3 "
-      "--eval_batches=2 --save_precision=32-true --dist_timeout_s=120");
+  const std::string common =
+      absl::StrCat("--model_config=", kModelConfig, " --text_file=", kCorpus,
+                   " --seq_len=32 --accumulate=2 --max_steps=3 --warmup_steps=1 --eval_every=3 "
+                   "--eval_batches=2 --save_precision=32-true --dist_timeout_s=120");
   // Rank 0 trains the tokenizer and sends it to rank 1.
-  const ToolRun two =
-      Execute("pretrain", absl::StrCat(common, " --vocab_size=400 --devices=2 --micro_batch=2 "
-                                               "--out_dir=", dir, "/two"),
-              kOneThread);
+  const ToolRun two = Execute("pretrain",
+                              absl::StrCat(common,
+                                           " --vocab_size=400 --devices=2 --micro_batch=2 "
+                                           "--out_dir=",
+                                           dir, "/two"),
+                              kOneThread);
   ASSERT_EQ(two.status, 0) << two.err;
   EXPECT_THAT(two.err, HasSubstr("[rank 0] saved ")) << two.err;
   EXPECT_THAT(two.err, Not(HasSubstr("[rank 1]"))) << two.err;
@@ -162,16 +162,22 @@ TEST(PretrainDevicesTest, TwoRanksWriteOneCheckpointEqualToOneProcess) {
             (std::set<std::string>{"model.safetensors", "model_config.yaml", "tokenizer.model",
                                    "tokenizer_config.json", "training_state.pt"}));
 
-  const ToolRun one = Execute(
-      "pretrain", absl::StrCat(common, " --tokenizer_dir=", dir, "/two --devices=1 "
-                                       "--micro_batch=4 --out_dir=", dir, "/one"),
-      kOneThread);
+  const ToolRun one = Execute("pretrain",
+                              absl::StrCat(common, " --tokenizer_dir=", dir,
+                                           "/two --devices=1 "
+                                           "--micro_batch=4 --out_dir=",
+                                           dir, "/one"),
+                              kOneThread);
   ASSERT_EQ(one.status, 0) << one.err;
   absl::StatusOr<TensorMap> a = ReadCheckpointTensors(dir + "/two");
   absl::StatusOr<TensorMap> b = ReadCheckpointTensors(dir + "/one");
   ASSERT_TRUE(a.ok()) << a.status();
   ASSERT_TRUE(b.ok()) << b.status();
-  EXPECT_LT(MaxDiff(*a, *b), 1e-5);
+  // float32 training of every weight: the two runs round differently (other batch shapes)
+  // and AdamW divides each gradient by its own size, so entries with gradients near 0 end
+  // ~3e-5 apart. A wrong or missing all-reduce moves weights ~lr (3e-3) apart; the exact
+  // check (1e-5, float64) is //tools:sft_data_parallel_test's.
+  EXPECT_LT(MaxDiff(*a, *b), 1e-4);
 }
 
 TEST(DevicesFlagTest, BadValuesAreOneLineAndStatusOne) {
@@ -197,10 +203,11 @@ TEST(DevicesFlagTest, RanksWithDifferentFlagsAreRefusedAtStart) {
   LaunchSpec spec;
   spec.world_size = 2;
   spec.executable = "/bin/sh";
-  spec.argv = {"sh", "-c",
-               absl::StrCat("exec tools/finetune --devices=2 --data=", FinetuneData(),
-                            " --out_dir=", dir, "/out --global_batch_size=2 --max_steps=1 "
-                            "--dist_timeout_s=60 --lr=0.00${RANK}1")};
+  spec.argv = {
+      "sh", "-c",
+      absl::StrCat("exec tools/finetune --devices=2 --data=", FinetuneData(), " --out_dir=", dir,
+                   "/out --global_batch_size=2 --max_steps=1 "
+                   "--dist_timeout_s=60 --lr=0.00${RANK}1")};
   spec.timeout = absl::Seconds(120);
   absl::StatusOr<RanksRun> run = RunRanks(spec);
   ASSERT_TRUE(run.ok()) << run.status();

@@ -24,8 +24,8 @@ absl::StatusOr<std::optional<int>> LaunchDevices(int argc, char** argv) {
     return absl::InvalidArgumentError(absl::StrCat("--devices must be >= 1, got ", devices));
   }
   if (absl::GetFlag(FLAGS_dist_timeout_s) < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("--dist_timeout_s must be >= 1, got ",
-                                                   absl::GetFlag(FLAGS_dist_timeout_s)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--dist_timeout_s must be >= 1, got ", absl::GetFlag(FLAGS_dist_timeout_s)));
   }
   return LaunchIfRequested(devices, argc, argv);
 }

@@ -167,9 +167,9 @@ int main(int argc, char** argv) {
   const int64_t micro_batch = absl::GetFlag(FLAGS_micro_batch_size);
   const int64_t global_batch = absl::GetFlag(FLAGS_global_batch_size);
   if (devices >= 1 && micro_batch >= 1 && global_batch % (micro_batch * devices) != 0) {
-    Die(absl::InvalidArgumentError(absl::StrCat(
-        "--global_batch_size (", global_batch, ") must be a multiple of --micro_batch_size (",
-        micro_batch, ") times --devices (", devices, ")")));
+    Die(absl::InvalidArgumentError(absl::StrCat("--global_batch_size (", global_batch,
+                                                ") must be a multiple of --micro_batch_size (",
+                                                micro_batch, ") times --devices (", devices, ")")));
   }
   // Checked before any work: never the input directory, and writable.
   DieIfError(OutputDir::Check(out_dir, {checkpoint_dir}));
@@ -235,12 +235,12 @@ int main(int argc, char** argv) {
   for (const SftExample& e : train) longest = std::max<int64_t>(longest, e.input_ids.size());
   if (lead) {
     std::fprintf(stderr,
-               "%zu training and %zu validation examples (prompt style %s); longest %lld tokens; "
-               "%lld truncated, %lld dropped (prompt alone >= %lld tokens)\n",
-               train.size(), val.size(), style.name().c_str(), static_cast<long long>(longest),
-               static_cast<long long>(train_stats.truncated + val_stats.truncated),
-               static_cast<long long>(train_stats.dropped + val_stats.dropped),
-               static_cast<long long>(max_seq_length));
+                 "%zu training and %zu validation examples (prompt style %s); longest %lld tokens; "
+                 "%lld truncated, %lld dropped (prompt alone >= %lld tokens)\n",
+                 train.size(), val.size(), style.name().c_str(), static_cast<long long>(longest),
+                 static_cast<long long>(train_stats.truncated + val_stats.truncated),
+                 static_cast<long long>(train_stats.dropped + val_stats.dropped),
+                 static_cast<long long>(max_seq_length));
   }
 
   // Model: the method's architecture, base weights, only the method's parameters trainable.

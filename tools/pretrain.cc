@@ -274,11 +274,10 @@ int main(int argc, char** argv) {
         "seq_len=%d micro_batch=%d accumulate=%d max_steps=%d lr=%.17g min_lr=%.17g "
         "warmup_steps=%d weight_decay=%.17g grad_clip=%.17g val_fraction=%.17g eval_every=%d "
         "eval_batches=%d seed=%d bos_first=%d start_step=%d",
-        seq_len, micro, accumulate, max_steps, absl::GetFlag(FLAGS_lr),
-        absl::GetFlag(FLAGS_min_lr), absl::GetFlag(FLAGS_warmup_steps),
-        absl::GetFlag(FLAGS_weight_decay), absl::GetFlag(FLAGS_grad_clip), val_fraction,
-        absl::GetFlag(FLAGS_eval_every), absl::GetFlag(FLAGS_eval_batches),
-        absl::GetFlag(FLAGS_seed), bos_first, start_step);
+        seq_len, micro, accumulate, max_steps, absl::GetFlag(FLAGS_lr), absl::GetFlag(FLAGS_min_lr),
+        absl::GetFlag(FLAGS_warmup_steps), absl::GetFlag(FLAGS_weight_decay),
+        absl::GetFlag(FLAGS_grad_clip), val_fraction, absl::GetFlag(FLAGS_eval_every),
+        absl::GetFlag(FLAGS_eval_batches), absl::GetFlag(FLAGS_seed), bos_first, start_step);
     const std::string tokens = absl::StrFormat(
         "%d tokens, %016x", ids.size(), Fingerprint64(ids.data(), ids.size() * sizeof(int64_t)));
     DieIfError(CheckRanksAgree(*group, {{"model config", ConfigToYaml(config)},
@@ -356,14 +355,14 @@ int main(int argc, char** argv) {
     const double elapsed =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
     if (progress) {
-      progress->Update(step + 1, absl::StrFormat("loss %.4f lr %.2e %.0f tokens/s", step_loss,
-                                                 lr, tokens_seen / elapsed));
+      progress->Update(step + 1, absl::StrFormat("loss %.4f lr %.2e %.0f tokens/s", step_loss, lr,
+                                                 tokens_seen / elapsed));
     }
     if ((step + 1) % absl::GetFlag(FLAGS_eval_every) == 0 || step + 1 == max_steps) {
       const double val_loss = evaluate();
       if (progress) {
-        progress->Message(absl::StrFormat("step %d val_loss %.4f val_ppl %.2f", step + 1,
-                                          val_loss, std::exp(val_loss)));
+        progress->Message(absl::StrFormat("step %d val_loss %.4f val_ppl %.2f", step + 1, val_loss,
+                                          std::exp(val_loss)));
       }
     }
     if ((step + 1) % absl::GetFlag(FLAGS_save_every) == 0 || step + 1 == max_steps) save(step + 1);

@@ -90,8 +90,8 @@ int Equal(const std::shared_ptr<ProcessGroup>& group, PeftMethod method) {
     options.group = group;
     absl::StatusOr<SftTrainStats> refused = TrainSft(*model, examples, examples, options);
     if (refused.ok() || refused.status().code() != absl::StatusCode::kInvalidArgument) {
-      return Fail(absl::StrCat("global batch 3 over ", world, " ranks: ",
-                               refused.status().ToString()));
+      return Fail(
+          absl::StrCat("global batch 3 over ", world, " ranks: ", refused.status().ToString()));
     }
   }
 
@@ -125,16 +125,16 @@ int Equal(const std::shared_ptr<ProcessGroup>& group, PeftMethod method) {
       param_diff = diff;
       worst = item.key();
     }
-    trained_change = std::max(
-        trained_change, (item.value() - before[item.key()]).abs().max().item<double>());
+    trained_change =
+        std::max(trained_change, (item.value() - before[item.key()]).abs().max().item<double>());
   }
   double val_diff = 0;
   if (ddp_stats->val_losses.size() != 2 || one_stats->val_losses.size() != 2) {
     return Fail("expected validation at steps 0 and 3");
   }
   for (size_t i = 0; i < 2; ++i) {
-    val_diff = std::max(val_diff, std::abs(ddp_stats->val_losses[i].second -
-                                           one_stats->val_losses[i].second));
+    val_diff = std::max(
+        val_diff, std::abs(ddp_stats->val_losses[i].second - one_stats->val_losses[i].second));
   }
   const double loss_diff = std::max(std::abs(ddp_stats->first_loss - one_stats->first_loss),
                                     std::abs(ddp_stats->last_loss - one_stats->last_loss));

@@ -110,9 +110,9 @@ static absl::StatusOr<SftTrainStats> TrainSftUnchecked(GPTImpl& model,
   // Every rank's micro-batch together: the micro-batch of the equivalent single process.
   const int64_t global_micro = micro * world;
   if (global % global_micro != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "global_batch_size (", global, ") must be a multiple of micro_batch_size (", micro,
-        ") times the number of data-parallel ranks (", world, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("global_batch_size (", global, ") must be a multiple of micro_batch_size (",
+                     micro, ") times the number of data-parallel ranks (", world, ")"));
   }
   if (options.max_steps < 0 || options.epochs < 1 || options.warmup_steps < 0 ||
       options.eval_interval < 1 || options.log_interval < 1) {
@@ -150,11 +150,11 @@ static absl::StatusOr<SftTrainStats> TrainSftUnchecked(GPTImpl& model,
     std::vector<AgreementItem> items = {
         {"trained parameters", ParameterFingerprint(named)},
         {"training options",
-         absl::StrCat(micro, " ", global, " ", options.max_steps, " ", options.epochs, " ",
-                      options.warmup_steps, " ", options.eval_interval, " ",
-                      options.eval_max_batches, " ", options.pad_id, " ", options.seed, " ",
-                      Doubles({options.lr, options.min_lr, options.weight_decay,
-                               options.grad_clip}))},
+         absl::StrCat(
+             micro, " ", global, " ", options.max_steps, " ", options.epochs, " ",
+             options.warmup_steps, " ", options.eval_interval, " ", options.eval_max_batches, " ",
+             options.pad_id, " ", options.seed, " ",
+             Doubles({options.lr, options.min_lr, options.weight_decay, options.grad_clip}))},
         {"training data", DataFingerprint(train)},
         {"validation data", DataFingerprint(val)}};
     items.insert(items.end(), options.agree_on.begin(), options.agree_on.end());
@@ -173,8 +173,8 @@ static absl::StatusOr<SftTrainStats> TrainSftUnchecked(GPTImpl& model,
   // eval_max_batches == 0 turns validation off.
   auto validate = [&](int64_t step) -> absl::Status {
     if (val.empty() || options.eval_max_batches == 0) return absl::OkStatus();
-    const auto [total, tokens] = ValidationSums(model, val, micro, options.pad_id,
-                                                options.eval_max_batches, rank, world);
+    const auto [total, tokens] =
+        ValidationSums(model, val, micro, options.pad_id, options.eval_max_batches, rank, world);
     double loss = tokens > 0 ? total / tokens : std::nan("");
     if (world > 1) {
       at::Tensor sums = at::tensor({total, static_cast<double>(tokens)}, at::kDouble);

@@ -123,8 +123,8 @@ int Agree(ProcessGroup& pg) {
   if (std::abs(*mean - num / den) > 1e-12) return Fail(absl::StrCat("mean ", *mean));
   absl::StatusOr<double> none = GlobalMean(pg, 1, 0);
   if (!none.ok() || !std::isnan(*none)) return Fail("a mean of no weight is not NaN");
-  for (const std::string& payload : {std::string("tokenizer bytes\0with a zero", 27),
-                                     std::string()}) {
+  for (const std::string& payload :
+       {std::string("tokenizer bytes\0with a zero", 27), std::string()}) {
     absl::StatusOr<std::string> got =
         BroadcastBytes(pg, rank == world - 1 ? payload : "not this", world - 1);
     if (!got.ok()) return Fail(got.status().ToString());
