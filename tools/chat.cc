@@ -24,6 +24,7 @@
 #include "tools/line_reader.h"
 #include "tools/peft_flags.h"
 #include "tools/tool_util.h"
+#include "tools/tp_flags.h"
 
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "LitGPT checkpoint or fine-tune directory; empty: the embedded default model");
@@ -55,6 +56,10 @@ int main(int argc, char** argv) {
   const KVCacheSpec kv_cache = options.kv_cache;
   EngineOptions engine_options = ValueOrDie(EngineOptionsFromFlags());
   engine_options.loras = ValueOrDie(LoraFlags(argc, argv));
+  if (std::optional<int> code = ValueOrDie(LaunchTensorParallel(argc, argv))) return *code;
+  // Tensor parallel: rank 0 reads the input and shares each line; every rank runs the turn.
+  const std::shared_ptr<ProcessGroup> group = ValueOrDie(JoinTensorParallel());
+  engine_options.tensor_parallel = group;
   std::shared_ptr<const Engine> engine = ValueOrDie(Engine::Load(checkpoint_dir, engine_options));
   for (const std::string& warning : engine->warnings()) {
     std::fprintf(stderr, "chat: note: %s\n", warning.c_str());
@@ -92,7 +97,11 @@ int main(int argc, char** argv) {
                DescribeKVCacheSpec(kv_cache, engine_options.dtype).c_str(), context.c_str());
   std::string line;
   int64_t turn = 0;
-  while (reader.ReadLine(">> ", &line)) {
+  auto next_line = [&](std::string* line) {
+    const bool read = (!group || group->rank() == 0) && reader.ReadLine(">> ", line);
+    return group ? ValueOrDie(ShareLine(*group, read, line)) : read;
+  };
+  while (next_line(&line)) {
     std::string message(absl::StripAsciiWhitespace(line));
     if (message.empty()) continue;
     reader.AddHistory(message);

@@ -10,6 +10,11 @@
 // and prompt_style.yaml; --merge (LoRA) also writes a merged plain lit_model.pth that
 // //tools:generate loads. Progress (with an ETA) and the final statistics, key=value lines,
 // go to stderr.
+//
+// --devices=N trains data-parallel on N local ranks (or joins a torchrun-style world):
+// --micro_batch_size is per rank, --global_batch_size counts the examples of all ranks (a
+// multiple of micro_batch_size × N), gradients and losses are averaged over all ranks'
+// response tokens (tools/sft_trainer.h), and rank 0 alone logs and writes out_dir.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -32,6 +37,7 @@
 #include "core/io/torch_pickle_writer.h"
 #include "peft/lora.h"
 #include "core/model/quantize_model.h"
+#include "tools/devices_flags.h"
 #include "tools/finetune_model.h"
 #include "tools/progress.h"
 #include "tools/sft_data.h"
@@ -57,8 +63,9 @@ ABSL_FLAG(int64_t, adapter_prompt_length, 10, "adapter prefix length");
 ABSL_FLAG(int64_t, adapter_start_layer, 2, "first layer with an adapter prefix");
 ABSL_FLAG(int64_t, epochs, 1, "passes over the training data (when --max_steps is 0)");
 ABSL_FLAG(int64_t, max_steps, 0, "optimizer steps; 0: --epochs passes");
-ABSL_FLAG(int64_t, micro_batch_size, 1, "examples per forward pass");
-ABSL_FLAG(int64_t, global_batch_size, 16, "examples per optimizer step (accumulation)");
+ABSL_FLAG(int64_t, micro_batch_size, 1, "examples per forward pass (of each rank with --devices)");
+ABSL_FLAG(int64_t, global_batch_size, 16,
+          "examples per optimizer step, all ranks together (accumulation)");
 ABSL_FLAG(double, lr, 3e-4, "peak learning rate");
 ABSL_FLAG(double, min_lr, 6e-5, "final learning rate of the cosine decay");
 ABSL_FLAG(int64_t, warmup_steps, 10, "linear warm-up steps");
@@ -104,6 +111,7 @@ std::string HyperparametersYaml(const std::string& base_dir, const Config& confi
                   "\nepochs: ", absl::GetFlag(FLAGS_epochs),
                   "\nmicro_batch_size: ", absl::GetFlag(FLAGS_micro_batch_size),
                   "\nglobal_batch_size: ", absl::GetFlag(FLAGS_global_batch_size),
+                  "\ndevices: ", absl::GetFlag(FLAGS_devices),
                   "\nlr: ", absl::GetFlag(FLAGS_lr), "\nmin_lr: ", absl::GetFlag(FLAGS_min_lr),
                   "\nwarmup_steps: ", absl::GetFlag(FLAGS_warmup_steps),
                   "\nweight_decay: ", absl::GetFlag(FLAGS_weight_decay),
@@ -155,8 +163,20 @@ int main(int argc, char** argv) {
         "LoRA file into the float base with merge_lora instead"));
   }
   const PromptStyle style = ValueOrDie(PromptStyleFromName(absl::GetFlag(FLAGS_prompt_style)));
+  const int devices = absl::GetFlag(FLAGS_devices);
+  const int64_t micro_batch = absl::GetFlag(FLAGS_micro_batch_size);
+  const int64_t global_batch = absl::GetFlag(FLAGS_global_batch_size);
+  if (devices >= 1 && micro_batch >= 1 && global_batch % (micro_batch * devices) != 0) {
+    Die(absl::InvalidArgumentError(absl::StrCat("--global_batch_size (", global_batch,
+                                                ") must be a multiple of --micro_batch_size (",
+                                                micro_batch, ") times --devices (", devices, ")")));
+  }
   // Checked before any work: never the input directory, and writable.
   DieIfError(OutputDir::Check(out_dir, {checkpoint_dir}));
+  // --devices > 1: the ranks start here and each runs this main from the top.
+  if (std::optional<int> code = ValueOrDie(LaunchDevices(argc, argv))) return *code;
+  const std::shared_ptr<ProcessGroup> group = ValueOrDie(JoinDevices());
+  const bool lead = group->rank() == 0;  // logs and writes
 
   // The base model's config with the method's fields.
   Config config = ValueOrDie(LoadConfigFile(checkpoint_dir + "/model_config.yaml"));
@@ -213,13 +233,15 @@ int main(int argc, char** argv) {
   }
   int64_t longest = 0;
   for (const SftExample& e : train) longest = std::max<int64_t>(longest, e.input_ids.size());
-  std::fprintf(stderr,
-               "%zu training and %zu validation examples (prompt style %s); longest %lld tokens; "
-               "%lld truncated, %lld dropped (prompt alone >= %lld tokens)\n",
-               train.size(), val.size(), style.name().c_str(), static_cast<long long>(longest),
-               static_cast<long long>(train_stats.truncated + val_stats.truncated),
-               static_cast<long long>(train_stats.dropped + val_stats.dropped),
-               static_cast<long long>(max_seq_length));
+  if (lead) {
+    std::fprintf(stderr,
+                 "%zu training and %zu validation examples (prompt style %s); longest %lld tokens; "
+                 "%lld truncated, %lld dropped (prompt alone >= %lld tokens)\n",
+                 train.size(), val.size(), style.name().c_str(), static_cast<long long>(longest),
+                 static_cast<long long>(train_stats.truncated + val_stats.truncated),
+                 static_cast<long long>(train_stats.dropped + val_stats.dropped),
+                 static_cast<long long>(max_seq_length));
+  }
 
   // Model: the method's architecture, base weights, only the method's parameters trainable.
   at::manual_seed(absl::GetFlag(FLAGS_seed));
@@ -252,6 +274,9 @@ int main(int argc, char** argv) {
   options.eval_max_batches = absl::GetFlag(FLAGS_eval_iters);
   options.log_interval = absl::GetFlag(FLAGS_log_interval);
   options.seed = absl::GetFlag(FLAGS_seed);
+  options.group = group;
+  options.agree_on = {{"model config", ConfigToYaml(config)},
+                      {"method", absl::StrCat(PeftMethodName(method), " base=", quantize)}};
   // Progress with an ETA on stderr; the trainer's lines (validation losses) print beside it.
   std::unique_ptr<Progress> progress;
   options.log = [&progress](const std::string& line) {
@@ -261,13 +286,16 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "%s\n", line.c_str());
     }
   };
-  options.on_step = [&progress](int64_t step, int64_t steps, double loss, double lr) {
+  options.on_step = [&progress, lead](int64_t step, int64_t steps, double loss, double lr) {
+    if (!lead) return;
     if (!progress) progress = std::make_unique<Progress>("finetune: step", steps);
     progress->Update(step, absl::StrFormat("loss %.4f lr %.2e", loss, lr));
   };
   const SftTrainStats stats = ValueOrDie(TrainSft(*model, train, val, options));
   const int64_t train_peak_rss = PeakRssBytes();
   if (progress) progress->Finish();
+  // Every rank holds the same parameters: rank 0 alone writes them and reports.
+  if (!lead) return 0;
 
   // Output: LitGPT's layout, as one transaction (core/base/output_dir.h).
   OutputDirOptions out_options;
@@ -293,8 +321,9 @@ int main(int argc, char** argv) {
   DieIfError(out->Commit());
   std::fprintf(stderr, "saved %s\n", trained_path.c_str());
 
-  std::fprintf(stderr, "method=%s threads=%d\n", std::string(PeftMethodName(method)).c_str(),
-               at::get_num_threads());
+  std::fprintf(stderr, "method=%s threads=%d devices=%d\n",
+               std::string(PeftMethodName(method)).c_str(), at::get_num_threads(),
+               group->world_size());
   std::fprintf(stderr, "trainable_parameters=%lld total_parameters=%lld\n",
                static_cast<long long>(stats.trainable_parameters),
                static_cast<long long>(total_parameters));

@@ -18,13 +18,12 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "core/dist/launcher.h"
-#include "core/dist/process_group.h"
 #include "core/text/prompt_style.h"
 #include "lgpt.h"
 #include "tools/generation_flags.h"
 #include "tools/peft_flags.h"
 #include "tools/tool_util.h"
+#include "tools/tp_flags.h"
 
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "LitGPT checkpoint or fine-tune directory; empty: the embedded default model");
@@ -43,12 +42,6 @@ ABSL_FLAG(bool, stop_at_eos, true,
 ABSL_FLAG(bool, print_ids, false,
           "print the generated ids as the only line of stdout (the text goes to stderr)");
 
-ABSL_FLAG(int, tp, 1,
-          "tensor-parallel ranks: without RANK in the environment, runs this many local ranks "
-          "(rank 0 prints); under torchrun-style RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, must "
-          "equal WORLD_SIZE");
-ABSL_FLAG(int, tp_timeout_s, 120,
-          "seconds every rank may take to arrive, and each collective to complete");
 
 int main(int argc, char** argv) {
   using namespace lgpt;
@@ -81,22 +74,8 @@ int main(int argc, char** argv) {
   DieIfError(ApplyGenerationFlags(options));
   EngineOptions engine_options = ValueOrDie(EngineOptionsFromFlags());
   engine_options.loras = ValueOrDie(LoraFlags(argc, argv));
-  const int tp = absl::GetFlag(FLAGS_tp);
-  if (tp < 1) Die(absl::InvalidArgumentError(absl::StrCat("--tp must be >= 1, got ", tp)));
-  if (std::optional<int> code = LaunchIfRequested(tp, argc, argv)) return *code;
-  if (tp > 1) {
-    const DistOptions dist =
-        ValueOrDie(DistOptionsFromEnv(absl::Seconds(absl::GetFlag(FLAGS_tp_timeout_s))));
-    if (dist.world_size != tp) {
-      Die(absl::InvalidArgumentError(absl::StrCat("--tp=", tp, " but WORLD_SIZE=",
-                                                  dist.world_size)));
-    }
-    engine_options.tensor_parallel = ValueOrDie(ProcessGroup::Create(dist));
-    // Every rank computes the same tokens; rank 0 alone prints them.
-    if (dist.rank != 0 && !std::freopen("/dev/null", "w", stdout)) {
-      Die(absl::InternalError("cannot silence stdout of a rank other than 0"));
-    }
-  }
+  if (std::optional<int> code = ValueOrDie(LaunchTensorParallel(argc, argv))) return *code;
+  engine_options.tensor_parallel = ValueOrDie(JoinTensorParallel());
   std::shared_ptr<const Engine> engine = ValueOrDie(Engine::Load(checkpoint_dir, engine_options));
   for (const std::string& warning : engine->warnings()) {
     std::fprintf(stderr, "generate: note: %s\n", warning.c_str());

@@ -5,13 +5,26 @@
 // holds out the corpus tail for validation, and trains with AdamW, linear warm-up plus
 // cosine decay, gradient clipping and accumulation. Checkpoints are LitGPT directories
 // (model_config.yaml, model.safetensors, tokenizer files) and resume with --resume.
+//
+// --devices=N trains data-parallel on N local ranks (or joins a torchrun-style world): every
+// rank draws the same global micro-batch of micro_batch × N windows and trains on its own
+// micro_batch rows (so a step sees micro_batch × N × accumulate windows, as one process with
+// --micro_batch=micro_batch × N would, and ends with the same parameters); gradients are
+// averaged over the ranks before clipping and the step; the losses reported are the global
+// means. Rank 0 alone trains the tokenizer (before the ranks meet, then sends it to the
+// others), logs and writes out_dir. With --resume every rank reads out_dir's training state,
+// so on several hosts out_dir must be on a shared file system.
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -30,7 +43,9 @@
 #include "core/model/checkpoint.h"
 #include "core/model/gpt.h"
 #include "core/base/output_dir.h"
+#include "core/dist/data_parallel.h"
 #include "core/io/safetensors.h"
+#include "tools/devices_flags.h"
 #include "tools/progress.h"
 #include "tools/spm_tools.h"
 #include "tools/load_flags.h"
@@ -44,7 +59,7 @@ ABSL_FLAG(std::string, out_dir, "", "output checkpoint directory");
 ABSL_FLAG(std::string, tokenizer_dir, "", "existing tokenizer; empty: train one on the corpus");
 ABSL_FLAG(int64_t, vocab_size, 4096, "vocabulary of the trained tokenizer");
 ABSL_FLAG(int64_t, seq_len, 256, "training sequence length");
-ABSL_FLAG(int64_t, micro_batch, 16, "sequences per micro-batch");
+ABSL_FLAG(int64_t, micro_batch, 16, "sequences per micro-batch (of each rank with --devices)");
 ABSL_FLAG(int64_t, accumulate, 1, "micro-batches per optimizer step");
 ABSL_FLAG(int64_t, max_steps, 2000, "optimizer steps");
 ABSL_FLAG(double, lr, 3e-3, "peak learning rate");
@@ -159,11 +174,14 @@ int main(int argc, char** argv) {
     Die(absl::InvalidArgumentError(
         absl::StrCat("--seq_len ", seq_len, " exceeds block_size ", config.block_size)));
   }
-  ::mkdir(out_dir.c_str(), 0755);
+  // --devices > 1: the ranks start here and each runs this main from the top.
+  if (std::optional<int> code = ValueOrDie(LaunchDevices(argc, argv))) return *code;
+  const bool lead = RankFromEnv() == 0;  // trains the tokenizer, logs and writes
+  if (lead) ::mkdir(out_dir.c_str(), 0755);
 
-  // Tokenizer: trained on the corpus, or copied from an existing checkpoint.
+  // Tokenizer: trained on the corpus, or copied from an existing checkpoint (rank 0 alone).
   const std::string tokenizer_dir = ResolvePath(absl::GetFlag(FLAGS_tokenizer_dir));
-  if (!absl::GetFlag(FLAGS_resume) || !Exists(out_dir + "/tokenizer.model")) {
+  if (lead && (!absl::GetFlag(FLAGS_resume) || !Exists(out_dir + "/tokenizer.model"))) {
     if (tokenizer_dir.empty()) {
       std::fprintf(stderr, "training a %lld-piece SentencePiece tokenizer on %s\n",
                    static_cast<long long>(absl::GetFlag(FLAGS_vocab_size)), text_file.c_str());
@@ -180,9 +198,22 @@ int main(int argc, char** argv) {
       }
     }
   }
-  std::fprintf(stderr, "tokenizing %s\n", text_file.c_str());
-  const std::vector<int64_t> ids =
-      ValueOrDie(EncodeLinesWithBosEos(out_dir + "/tokenizer.model", text_file));
+  const std::shared_ptr<ProcessGroup> group = ValueOrDie(JoinDevices());
+  const int rank = group->rank(), world = group->world_size();
+  // The other ranks tokenize with rank 0's tokenizer, from a private copy.
+  std::string tokenizer_model = out_dir + "/tokenizer.model";
+  if (world > 1) {
+    const std::string bytes =
+        ValueOrDie(BroadcastBytes(*group, lead ? ReadFile(tokenizer_model) : std::string()));
+    if (!lead) {
+      tokenizer_model = absl::StrCat(std::filesystem::temp_directory_path().string(),
+                                     "/lgpt-pretrain-tokenizer-", ::getpid(), ".model");
+      WriteFile(tokenizer_model, bytes);
+    }
+  }
+  if (lead) std::fprintf(stderr, "tokenizing %s\n", text_file.c_str());
+  const std::vector<int64_t> ids = ValueOrDie(EncodeLinesWithBosEos(tokenizer_model, text_file));
+  if (!lead) std::remove(tokenizer_model.c_str());
   const int64_t vocab = ids.empty() ? 0 : *std::max_element(ids.begin(), ids.end()) + 1;
   if (vocab > config.PaddedVocabSize()) {
     Die(absl::InvalidArgumentError(absl::StrCat("tokenizer has ", vocab,
@@ -199,15 +230,19 @@ int main(int argc, char** argv) {
   const at::Tensor train = all.narrow(0, 0, all.size(0) - val_tokens);
   const at::Tensor val = all.narrow(0, all.size(0) - val_tokens, val_tokens);
   if (val.size(0) <= seq_len + 1) Die(absl::InvalidArgumentError("corpus too small"));
-  std::fprintf(stderr, "%lld training tokens, %lld validation tokens\n",
-               static_cast<long long>(train.size(0)), static_cast<long long>(val.size(0)));
+  if (lead) {
+    std::fprintf(stderr, "%lld training tokens, %lld validation tokens\n",
+                 static_cast<long long>(train.size(0)), static_cast<long long>(val.size(0)));
+  }
 
   at::manual_seed(absl::GetFlag(FLAGS_seed));
   GPT model = ValueOrDie(GPTImpl::Create(config));
   int64_t parameters = 0;
   for (const auto& p : model->parameters()) parameters += p.numel();
-  std::fprintf(stderr, "%s: %lld parameters\n", config.name.c_str(),
-               static_cast<long long>(parameters));
+  if (lead) {
+    std::fprintf(stderr, "%s: %lld parameters\n", config.name.c_str(),
+                 static_cast<long long>(parameters));
+  }
 
   // Weight decay on matrices only, as usual for transformers.
   std::unique_ptr<torch::optim::AdamW> adamw =
@@ -226,8 +261,39 @@ int main(int argc, char** argv) {
     at::Tensor step;
     archive.read("step", step);
     start_step = step.item<int64_t>();
-    std::fprintf(stderr, "resumed at step %lld\n", static_cast<long long>(start_step));
+    if (lead) std::fprintf(stderr, "resumed at step %lld\n", static_cast<long long>(start_step));
   }
+
+  // Data parallelism: the ranks must train the same model on the same tokens with the same
+  // settings from the same step; then they start from rank 0's parameters.
+  std::vector<std::pair<std::string, at::Tensor>> named;
+  for (const auto& item : model->named_parameters()) named.emplace_back(item.key(), item.value());
+  GradientAllReducer reducer(group, named);
+  if (world > 1) {
+    const std::string settings = absl::StrFormat(
+        "seq_len=%d micro_batch=%d accumulate=%d max_steps=%d lr=%.17g min_lr=%.17g "
+        "warmup_steps=%d weight_decay=%.17g grad_clip=%.17g val_fraction=%.17g eval_every=%d "
+        "eval_batches=%d seed=%d bos_first=%d start_step=%d",
+        seq_len, micro, accumulate, max_steps, absl::GetFlag(FLAGS_lr), absl::GetFlag(FLAGS_min_lr),
+        absl::GetFlag(FLAGS_warmup_steps), absl::GetFlag(FLAGS_weight_decay),
+        absl::GetFlag(FLAGS_grad_clip), val_fraction, absl::GetFlag(FLAGS_eval_every),
+        absl::GetFlag(FLAGS_eval_batches), absl::GetFlag(FLAGS_seed), bos_first, start_step);
+    const std::string tokens = absl::StrFormat(
+        "%d tokens, %016x", ids.size(), Fingerprint64(ids.data(), ids.size() * sizeof(int64_t)));
+    DieIfError(CheckRanksAgree(*group, {{"model config", ConfigToYaml(config)},
+                                        {"trained parameters", ParameterFingerprint(named)},
+                                        {"training settings", settings},
+                                        {"training tokens", tokens}}));
+    DieIfError(reducer.BroadcastParameters(0));
+    // Dropout masks differ between ranks, as they do between a single process's rows.
+    at::manual_seed(absl::GetFlag(FLAGS_seed) + 1000003ull * static_cast<uint64_t>(rank + 1));
+  }
+  // Every rank draws the same global micro-batch of micro × world windows and keeps its rows.
+  const BatchShard shard = ValueOrDie(ShardOfBatch(micro * world, rank, world));
+  auto my_rows = [&](std::pair<at::Tensor, at::Tensor> batch) {
+    return std::make_pair(batch.first.narrow(0, shard.begin, shard.size),
+                          batch.second.narrow(0, shard.begin, shard.size));
+  };
 
   at::Generator gen =
       at::make_generator<at::CPUGeneratorImpl>(absl::GetFlag(FLAGS_seed) + start_step);
@@ -239,13 +305,16 @@ int main(int argc, char** argv) {
     at::Generator val_gen = at::make_generator<at::CPUGeneratorImpl>(7);
     double total = 0;
     for (int64_t i = 0; i < absl::GetFlag(FLAGS_eval_batches); ++i) {
-      auto [x, y] = Batch(val, micro, seq_len, val_gen, bos_first);
+      auto [x, y] = my_rows(Batch(val, micro * world, seq_len, val_gen, bos_first));
       total += Loss(*model, x, y).item<double>();
     }
     model->train();
-    return total / absl::GetFlag(FLAGS_eval_batches);
+    // Every rank's rows hold as many tokens: the global mean is the mean of the ranks' means.
+    const double mean = total / absl::GetFlag(FLAGS_eval_batches);
+    return world > 1 ? ValueOrDie(GlobalMean(*group, mean)) : mean;
   };
   auto save = [&](int64_t step) {
+    if (!lead) return;
     model->eval();
     SaveCheckpoint(*model, config, out_dir, save_dtype);
     torch::serialize::OutputArchive archive;
@@ -258,7 +327,8 @@ int main(int argc, char** argv) {
   model->train();
   const auto begin = std::chrono::steady_clock::now();
   int64_t tokens_seen = 0;
-  Progress progress("pretrain: step", max_steps, start_step);
+  std::unique_ptr<Progress> progress;
+  if (lead) progress = std::make_unique<Progress>("pretrain: step", max_steps, start_step);
   for (int64_t step = start_step; step < max_steps; ++step) {
     const double lr = LearningRate(step, max_steps, absl::GetFlag(FLAGS_warmup_steps),
                                    absl::GetFlag(FLAGS_lr), absl::GetFlag(FLAGS_min_lr));
@@ -266,11 +336,17 @@ int main(int argc, char** argv) {
     optimizer.zero_grad();
     double step_loss = 0;
     for (int64_t m = 0; m < accumulate; ++m) {
-      auto [x, y] = Batch(train, micro, seq_len, gen, bos_first);
+      auto [x, y] = my_rows(Batch(train, micro * world, seq_len, gen, bos_first));
       at::Tensor loss = Loss(*model, x, y) / static_cast<double>(accumulate);
       loss.backward();
       step_loss += loss.item<double>();
-      tokens_seen += micro * seq_len;
+      tokens_seen += micro * world * seq_len;
+    }
+    if (world > 1) {
+      // Rows of equal length: the global loss is the mean of the ranks' means, and the
+      // averaged gradients are those of the global batch.
+      step_loss = ValueOrDie(SumAcrossRanks(*group, step_loss)) / world;
+      DieIfError(reducer.AllReduceGradients());
     }
     if (absl::GetFlag(FLAGS_grad_clip) > 0) {
       torch::nn::utils::clip_grad_norm_(model->parameters(), absl::GetFlag(FLAGS_grad_clip));
@@ -278,16 +354,21 @@ int main(int argc, char** argv) {
     optimizer.step();
     const double elapsed =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
-    progress.Update(step + 1, absl::StrFormat("loss %.4f lr %.2e %.0f tokens/s", step_loss, lr,
-                                              tokens_seen / elapsed));
+    if (progress) {
+      progress->Update(step + 1, absl::StrFormat("loss %.4f lr %.2e %.0f tokens/s", step_loss, lr,
+                                                 tokens_seen / elapsed));
+    }
     if ((step + 1) % absl::GetFlag(FLAGS_eval_every) == 0 || step + 1 == max_steps) {
       const double val_loss = evaluate();
-      progress.Message(absl::StrFormat("step %d val_loss %.4f val_ppl %.2f", step + 1, val_loss,
-                                       std::exp(val_loss)));
+      if (progress) {
+        progress->Message(absl::StrFormat("step %d val_loss %.4f val_ppl %.2f", step + 1, val_loss,
+                                          std::exp(val_loss)));
+      }
     }
     if ((step + 1) % absl::GetFlag(FLAGS_save_every) == 0 || step + 1 == max_steps) save(step + 1);
   }
-  progress.Finish();
+  if (!lead) return 0;
+  progress->Finish();
   std::fprintf(stderr, "saved %s\n", out_dir.c_str());
   return 0;
 }

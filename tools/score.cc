@@ -1,8 +1,10 @@
 // Writes the logits of one full forward pass over given token ids as a NumPy file:
 //   bazel run //tools:score -- --checkpoint_dir=DIR --token_ids=1,2,3 --logits_out=FILE.npy
+// (--tp=N: tensor parallel over N ranks; rank 0 writes the file)
 #include <ATen/ATen.h>
 
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -13,6 +15,7 @@
 #include "tools/peft_flags.h"
 #include "tools/load_flags.h"
 #include "tools/tool_util.h"
+#include "tools/tp_flags.h"
 
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "LitGPT checkpoint directory, or a fine-tune directory (finetune's --out_dir)");
@@ -31,12 +34,14 @@ int main(int argc, char** argv) {
   const std::vector<int64_t> ids =
       ValueOrDie(ParseIds(absl::GetFlag(FLAGS_token_ids), "token_ids"));
   const std::vector<LoraAdapterSpec> loras = ValueOrDie(LoraFlags(argc, argv));
+  if (std::optional<int> code = ValueOrDie(LaunchTensorParallel(argc, argv))) return *code;
 
   LoadOptions options;
   options.dtype = ValueOrDie(ParsePrecision(absl::GetFlag(FLAGS_precision)));
   options.device = ValueOrDie(ParseDevice(absl::GetFlag(FLAGS_device)));
   options.progress = PrintProgress;
   ApplyLoadFlags(options);
+  options.tensor_parallel = ValueOrDie(JoinTensorParallel());
   LoadedModel loaded = ValueOrDie(LoadModelWithPeft(checkpoint_dir, loras, options, "--lora"));
   if (static_cast<int64_t>(ids.size()) > loaded.config.block_size) {
     Die(absl::InvalidArgumentError(
@@ -49,6 +54,8 @@ int main(int argc, char** argv) {
     Die(absl::FailedPreconditionError(
         "the model's logits are not finite (NaN or infinity): its activations overflowed"));
   }
+  // Every rank holds the whole (replicated-head) logits; rank 0 writes them.
+  if (options.tensor_parallel && options.tensor_parallel->rank() != 0) return 0;
   DieIfError(WriteNpy(out, logits.squeeze(0).to(at::kCPU, at::kFloat).contiguous()));
   std::fprintf(stderr, "wrote logits [%zu, %lld] to %s\n", ids.size(),
                static_cast<long long>(logits.size(-1)), out.c_str());

@@ -89,6 +89,20 @@ TEST(ScoreTest, WritesLitGptLogits) {
   EXPECT_LT((got - want).abs().max().item<double>(), 1e-4);
 }
 
+TEST(ScoreTest, TensorParallelLogitsMatchOneProcess) {
+  const std::string args =
+      absl::StrCat("--checkpoint_dir=", kGolden,
+                   " --token_ids=", IdsOf(absl::StrCat(kGolden, "/tokens.npy")), " --logits_out=");
+  const std::string one = TempDir() + "/logits_tp1.npy", two = TempDir() + "/logits_tp2.npy";
+  const ToolRun a = Execute("score", args + one), b = Execute("score", args + two + " --tp=2");
+  ASSERT_EQ(a.status, 0) << a.err;
+  ASSERT_EQ(b.status, 0) << b.err;
+  const at::Tensor single = ReadNpy(one).value(), sharded = ReadNpy(two).value();
+  ASSERT_EQ(single.sizes(), sharded.sizes());
+  EXPECT_LT((single - sharded).abs().max().item<double>(), 1e-5);
+  ExpectCleanFailure(Execute("score", args + two + " --tp=0"), "--tp must be >= 1, got 0");
+}
+
 TEST(GenerateTest, GreedyIdsAreTheLastLineForAnyPrefillChunk) {
   std::string expected = IdsOf(absl::StrCat(kGolden, "/greedy.npy"));
   std::replace(expected.begin(), expected.end(), ',', ' ');
@@ -280,6 +294,19 @@ TEST(ChatTest, KeepsTheCacheAcrossTurnsAndSaysWhenTheContextIsFull) {
       Execute("chat", "--temperature=0 --max_new_tokens=100 --prompt_style=default < " + input);
   ASSERT_EQ(full.status, 0) << full.err;
   EXPECT_NE(full.err.find("context full"), std::string::npos) << full.err;
+}
+
+TEST(ChatTest, TensorParallelRanksHoldTheSameConversation) {
+  // Rank 0 reads the lines and shares them; both ranks run every turn, rank 0 prints.
+  const std::string input = TempDir() + "/chat_tp_input.txt";
+  std::ofstream(input) << "And God said\n/reset\nAnd Moses said\nAnd Jesus said\n";
+  const std::string args = "--temperature=0 --max_new_tokens=10 --prompt_style=default < " + input;
+  const ToolRun one = Execute("chat", args), two = Execute("chat", "--tp=2 " + args);
+  ASSERT_EQ(one.status, 0) << one.err;
+  ASSERT_EQ(two.status, 0) << two.err;
+  EXPECT_FALSE(one.out.empty());
+  EXPECT_EQ(one.out, two.out);
+  EXPECT_NE(two.err.find("[rank 1] "), std::string::npos) << two.err;
 }
 
 TEST(ChatTest, HelpListsCommandsAndUnknownCommandsAreNotSentToTheModel) {

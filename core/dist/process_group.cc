@@ -1,6 +1,8 @@
 #include "core/dist/process_group.h"
 
+#include <algorithm>
 #include <csignal>
+#include <functional>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -50,21 +52,25 @@ bool IsLoopback(const std::string& addr) {
   return absl::StartsWith(addr, "127.") || addr == "localhost" || addr == "::1";
 }
 
-// c10d reports errors by throwing; turn them into a Status naming the operation.
+// c10d reports errors by throwing; turn them into a Status naming the operation and, from
+// `suspects` (called only on failure), the ranks that are gone.
 template <typename F>
-absl::Status Collective(const char* what, int rank, int world_size, F&& f) {
+absl::Status Collective(const char* what, int rank, int world_size,
+                        const std::function<std::string()>& suspects, F&& f) {
+  std::string error;
   try {
     f();
     return absl::OkStatus();
   } catch (const c10::Error& e) {
-    return absl::UnavailableError(absl::StrCat("rank ", rank, ": ", what, " across ", world_size,
-                                               " ranks failed (a rank exited or timed out): ",
-                                               e.what_without_backtrace()));
+    error = e.what_without_backtrace();
   } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("rank ", rank, ": ", what, " across ", world_size,
-                                               " ranks failed (a rank exited or timed out): ",
-                                               e.what()));
+    error = e.what();
   }
+  std::string who = suspects();
+  if (!who.empty()) who += "; ";
+  return absl::UnavailableError(absl::StrCat("rank ", rank, ": ", what, " across ", world_size,
+                                             " ranks failed (a rank exited or timed out): ", who,
+                                             "gloo: ", error));
 }
 
 }  // namespace
@@ -126,6 +132,37 @@ struct ProcessGroup::Impl {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo;
   std::chrono::milliseconds timeout;
+  std::string where;  // MASTER_ADDR:MASTER_PORT
+  int failures = 0;
+
+  // After a failed collective: which ranks are gone. Gloo's errors name a peer's address at
+  // most, and local ranks share one, so each rank that saw the failure reports in through
+  // the store and waits a few seconds for the others: the ranks that never report exited,
+  // were killed or hang. Rank 0 serves the store, so an unreachable store means rank 0 is gone.
+  std::string Suspects(int rank, int world_size) {
+    const std::string prefix = absl::StrCat("lgpt/failed/", ++failures, "/");
+    const absl::Duration window = std::min(absl::Milliseconds(timeout.count()), absl::Seconds(5));
+    try {
+      store->set(absl::StrCat(prefix, rank), StoreBytes("1"));
+      const absl::Time deadline = absl::Now() + window;
+      std::vector<int> missing;
+      for (;;) {
+        missing.clear();
+        for (int r = 0; r < world_size; ++r) {
+          if (r != rank && !store->check({absl::StrCat(prefix, r)})) missing.push_back(r);
+        }
+        if (missing.empty() || absl::Now() >= deadline) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      if (missing.empty()) return "";  // every rank is alive and saw the failure too
+      return absl::StrCat("rank", missing.size() > 1 ? "s " : " ", absl::StrJoin(missing, ", "),
+                          " did not report back within ", absl::FormatDuration(window),
+                          " (exited, killed or hung)");
+    } catch (const std::exception&) {
+      return absl::StrCat("rank 0 (it serves the store at ", where,
+                          ") is unreachable (exited, killed or hung)");
+    }
+  }
 };
 
 ProcessGroup::ProcessGroup(int rank, int world_size, std::unique_ptr<Impl> impl)
@@ -148,6 +185,7 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> ProcessGroup::Create(const DistOpt
   const std::string seconds = absl::StrCat(absl::ToDoubleSeconds(options.timeout), " s");
   auto impl = std::make_unique<Impl>();
   impl->timeout = ToChrono(options.timeout);
+  impl->where = where;
   try {
     c10d::TCPStoreOptions store_options;
     store_options.port = static_cast<uint16_t>(options.master_port);
@@ -239,7 +277,7 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> ProcessGroup::Create(const DistOpt
 absl::Status ProcessGroup::AllReduceSum(at::Tensor& tensor) {
   if (!impl_) return absl::OkStatus();
   if (!tensor.is_contiguous()) return absl::InvalidArgumentError("all-reduce needs a contiguous tensor");
-  return Collective("all-reduce", rank_, world_size_, [&] {
+  return Collective("all-reduce", rank_, world_size_, Suspects(), [&] {
     std::vector<at::Tensor> tensors = {tensor};
     c10d::AllreduceOptions opts;
     opts.reduceOp = c10d::ReduceOp::SUM;
@@ -253,7 +291,7 @@ absl::Status ProcessGroup::Broadcast(at::Tensor& tensor, int root) {
     return absl::InvalidArgumentError(absl::StrCat("broadcast root ", root, " is not a rank"));
   }
   if (!tensor.is_contiguous()) return absl::InvalidArgumentError("broadcast needs a contiguous tensor");
-  return Collective("broadcast", rank_, world_size_, [&] {
+  return Collective("broadcast", rank_, world_size_, Suspects(), [&] {
     std::vector<at::Tensor> tensors = {tensor};
     c10d::BroadcastOptions opts;
     opts.rootRank = root;
@@ -266,7 +304,7 @@ absl::StatusOr<at::Tensor> ProcessGroup::AllGather(const at::Tensor& tensor) {
   at::Tensor input = tensor.contiguous();
   std::vector<std::vector<at::Tensor>> outputs(1);
   for (int r = 0; r < world_size_; ++r) outputs[0].push_back(at::empty_like(input));
-  absl::Status status = Collective("all-gather", rank_, world_size_, [&] {
+  absl::Status status = Collective("all-gather", rank_, world_size_, Suspects(), [&] {
     std::vector<at::Tensor> inputs = {input};
     impl_->gloo->allgather(outputs, inputs)->wait(impl_->timeout);
   });
@@ -276,8 +314,12 @@ absl::StatusOr<at::Tensor> ProcessGroup::AllGather(const at::Tensor& tensor) {
 
 absl::Status ProcessGroup::Barrier() {
   if (!impl_) return absl::OkStatus();
-  return Collective("barrier", rank_, world_size_,
+  return Collective("barrier", rank_, world_size_, Suspects(),
                     [&] { impl_->gloo->barrier()->wait(impl_->timeout); });
+}
+
+std::function<std::string()> ProcessGroup::Suspects() {
+  return [this] { return impl_->Suspects(rank_, world_size_); };
 }
 
 }  // namespace lgpt

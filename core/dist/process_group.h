@@ -1,12 +1,15 @@
 // Process groups on PyTorch's c10d: a TCPStore rendezvous and ProcessGroupGloo (CPU, TCP),
 // initialised like torchrun from RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT. Collectives
-// act on at::Tensor and report failures (a peer that died, a timeout) as absl::Status.
+// act on at::Tensor and report failures (a peer that died, a timeout) as absl::Status naming
+// the ranks that are gone (those that do not report back through the store within a few
+// seconds of the failure).
 //
 // World size 1 makes no c10d objects at all: every collective is a no-op, so single-process
 // code paths run the same calls at no cost.
 #ifndef LGPT_CORE_DIST_PROCESS_GROUP_H_
 #define LGPT_CORE_DIST_PROCESS_GROUP_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -64,6 +67,8 @@ class ProcessGroup {
  private:
   struct Impl;
   ProcessGroup(int rank, int world_size, std::unique_ptr<Impl> impl);
+  // After a failed collective: the ranks that are gone, in words (see Impl::Suspects).
+  std::function<std::string()> Suspects();
 
   int rank_;
   int world_size_;

@@ -151,6 +151,11 @@ TEST(ProcessGroupTest, DeadPeerFailsTheSurvivorWithinTheTimeout) {
   EXPECT_THAT(run->err, HasSubstr("rank 1 exited with status 3"));
   EXPECT_THAT(run->err, HasSubstr("[rank 0] error: UNAVAILABLE: rank 0: all-reduce across 2 "
                                   "ranks failed (a rank exited or timed out)"));
+  // The survivor names the dead rank itself (the launcher's line aside, which torchrun-style
+  // runs on several hosts do not have).
+  EXPECT_THAT(run->err, HasSubstr("[rank 0] error: UNAVAILABLE: rank 0: all-reduce across 2 "
+                                  "ranks failed (a rank exited or timed out): rank 1 did not "
+                                  "report back within 5s (exited, killed or hung); gloo: "));
   // The worker's timeout is 10 s; the failure must come well before the launcher's 60 s.
   EXPECT_LT(run->elapsed, absl::Seconds(30));
 }
