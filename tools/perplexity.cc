@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -31,6 +32,9 @@ ABSL_FLAG(bool, lines_bos_eos, false,
 ABSL_FLAG(std::string, quantize, "none",
           "none, int8 (q8_0-like blocks), int4 (q4_0-like blocks) or int8_channel (int8 with "
           "a scale per output channel or per --group_size inputs)");
+ABSL_FLAG(bool, agreement, false,
+          "with --quantize: also load the float model and report how often the quantised "
+          "model's most likely next token is the float model's (top1_agreement)");
 ABSL_FLAG(int64_t, group_size, 0,
           "int8_channel: input features per scale; 0: one per output channel");
 
@@ -60,6 +64,13 @@ int main(int argc, char** argv) {
   const std::vector<LoraAdapterSpec> loras = ValueOrDie(LoraFlags(argc, argv));
   LoadedModel loaded = ValueOrDie(LoadModelWithPeft(checkpoint_dir, loras, load, "--lora"));
   if (quantize != "none") DieIfError(QuantizeModel(*loaded.model));
+  // The float model the quantised one is compared with (--agreement).
+  std::optional<LoadedModel> reference;
+  if (absl::GetFlag(FLAGS_agreement) && quantize != "none") {
+    LoadOptions plain = load;
+    plain.parts = ModelParts();
+    reference = ValueOrDie(LoadModelWithPeft(checkpoint_dir, loras, plain, "--lora"));
+  }
   std::unique_ptr<Tokenizer> tokenizer = ValueOrDie(Tokenizer::Load(checkpoint_dir));
   DieIfError(tokenizer->CheckFitsVocabulary(loaded.config.PaddedVocabSize()));
   std::vector<int64_t> ids;
@@ -75,7 +86,7 @@ int main(int argc, char** argv) {
   const int64_t window = loaded.config.block_size;
   const at::Tensor all = at::tensor(ids, at::kLong);
   double nll = 0;
-  int64_t scored = 0;
+  int64_t scored = 0, agreed = 0;
   for (int64_t begin = 0; begin + 1 < static_cast<int64_t>(ids.size()); begin += window) {
     const int64_t length = std::min<int64_t>(window, ids.size() - begin);
     if (length < 2) break;
@@ -84,9 +95,18 @@ int main(int argc, char** argv) {
     const at::Tensor logp = at::log_softmax(logits[0].narrow(0, 0, length - 1).to(at::kDouble), -1);
     const at::Tensor target = tokens[0].narrow(0, 1, length - 1).unsqueeze(1);
     nll -= logp.gather(1, target).sum().item<double>();
+    if (reference) {
+      const at::Tensor expected = ValueOrDie(reference->model->Forward(tokens));  // [1, T, V]
+      agreed += (logits[0].narrow(0, 0, length - 1).argmax(-1) ==
+                 expected[0].narrow(0, 0, length - 1).argmax(-1))
+                    .sum()
+                    .item<int64_t>();
+    }
     scored += length - 1;
   }
-  std::printf("weights=%s tokens=%lld nll=%.5f perplexity=%.3f\n", quantize.c_str(),
+  std::printf("weights=%s tokens=%lld nll=%.5f perplexity=%.3f", quantize.c_str(),
               static_cast<long long>(scored), nll / scored, std::exp(nll / scored));
+  if (reference) std::printf(" top1_agreement=%.4f", static_cast<double>(agreed) / scored);
+  std::printf("\n");
   return 0;
 }

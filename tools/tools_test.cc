@@ -151,6 +151,26 @@ TEST(QuantizeTest, SavedQuantisedCheckpointGeneratesAsQuantisingAtLoad) {
                      "int3");
 }
 
+TEST(PerplexityTest, AgreementComparesTheQuantisedModelWithTheFloatOne) {
+  // A short text: the default model's first held-out lines are not in this package, so a
+  // verse of its training domain stands in.
+  const std::string text = TempDir() + "/agreement.txt";
+  std::ofstream(text) << "And God said, Let there be light: and there was light.\n"
+                         "And God saw the light, that it was good.\n";
+  const ToolRun int8 = Execute("perplexity", "--lines_bos_eos --quantize=int8 --agreement "
+                                             "--text_file=" + text);
+  ASSERT_EQ(int8.status, 0) << int8.err;
+  const size_t at = int8.out.find("top1_agreement=");
+  ASSERT_NE(at, std::string::npos) << int8.out;
+  const double agreement = std::atof(int8.out.c_str() + at + 15);
+  EXPECT_GT(agreement, 0.8) << int8.out;  // int8 rarely changes the most likely token
+  EXPECT_LE(agreement, 1.0) << int8.out;
+  // Without quantisation there is nothing to compare: no agreement is printed.
+  const ToolRun plain = Execute("perplexity", "--agreement --text_file=" + text);
+  ASSERT_EQ(plain.status, 0) << plain.err;
+  EXPECT_EQ(plain.out.find("top1_agreement"), std::string::npos) << plain.out;
+}
+
 TEST(GenerateTest, SeededSamplingIsReproducible) {
   const std::string args = absl::StrCat("--checkpoint_dir=", kGolden,
                                         " --prompt_ids=1,2,3 --max_new_tokens=10 "
