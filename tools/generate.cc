@@ -153,6 +153,7 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "kv_cache_index_bytes=%lld\n",
                static_cast<long long>(result.kv_cache_index_bytes));
   std::fprintf(stderr, "peak_rss_bytes=%lld\n", static_cast<long long>(PeakRssBytes()));
+  std::fprintf(stderr, "anon_rss_bytes=%lld\n", static_cast<long long>(AnonRssBytes()));
   // Without a tokenizer the ids are the output, so they are printed either way.
   if (print_ids) {
     std::printf("%s\n", absl::StrJoin(result.tokens, " ").c_str());

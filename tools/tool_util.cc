@@ -224,6 +224,19 @@ int64_t PeakRssBytes() {
   return static_cast<int64_t>(usage.ru_maxrss) * 1024;
 }
 
+int64_t AnonRssBytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    int64_t kb = 0;
+    if (absl::StartsWith(line, "RssAnon:") &&
+        absl::SimpleAtoi(absl::StripAsciiWhitespace(absl::StripSuffix(line.substr(8), "kB")), &kb)) {
+      return kb * 1024;
+    }
+  }
+  return 0;
+}
+
 void ResetPeakRss() {
   std::ofstream clear_refs("/proc/self/clear_refs");
   clear_refs << "5";

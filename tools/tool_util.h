@@ -66,6 +66,10 @@ void PrintProgress(const std::string& stage);
 
 // Peak resident memory of this process, in bytes.
 int64_t PeakRssBytes();
+// Resident memory of this process now that is not a mapped file (RssAnon): what it owns,
+// leaving out the pages of memory-mapped checkpoints, which the page cache shares. 0 where
+// unsupported.
+int64_t AnonRssBytes();
 // Starts a new peak for PeakRssBytes (Linux /proc/self/clear_refs); a no-op where unsupported.
 void ResetPeakRss();
 
