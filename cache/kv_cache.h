@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -47,10 +48,24 @@ struct KVView {
 using KeyShifter = std::function<at::Tensor(int64_t layer, const at::Tensor& keys, int64_t shift)>;
 
 // Per-layer geometry a cache is built for.
+// Combines a layer's eviction scores over processes that hold copies of the same query
+// groups (tensor parallelism with fewer KV groups than ranks: each copy sees the attention of
+// its own query heads only). Reduce turns scores [B, G, S] from this process's heads into the
+// scores of all the group's heads, the same on every copy, so the copies evict alike and as
+// one process would.
+class KVScoreReducer {
+ public:
+  virtual ~KVScoreReducer() = default;
+  virtual void Reduce(at::Tensor& scores) const = 0;
+};
+
 struct KVLayerSpec {
   int64_t n_query_groups = 0;
   int64_t head_size = 0;
   int64_t sliding_window = 0;  // 0: global attention; else the layer's window size
+  // Scoring policies (h2o, tova) pass their step scores through it; null: this process's
+  // heads are all of each group's heads.
+  std::shared_ptr<const KVScoreReducer> score_reducer;
 };
 
 // What every cache is built for: rows, context, per-layer geometry, dtype and device of the

@@ -294,7 +294,8 @@ void PolicyKVCache::Settle(Layer& layer, const at::Tensor& weights) {
   const int64_t chunk = pending.kind == Pending::kChunk ? pending.positions.size(2) : 0;
   at::Tensor chunk_scores;
   if (layer.plan.scored && weights.defined()) {
-    const at::Tensor step = StepScores(layer.plan, weights, groups);  // [rows, G, S]
+    at::Tensor step = StepScores(layer.plan, weights, groups).contiguous();  // [rows, G, S]
+    if (layer.spec.score_reducer) layer.spec.score_reducer->Reduce(step);
     TORCH_CHECK(
         step.size(0) == rows && step.size(2) == pending.main_high + pending.ring_size + chunk,
         "attention weights ", weights.sizes(), " do not cover the KV view");

@@ -68,6 +68,10 @@ TEST(TensorParallelTest, FewerKvGroupsThanRanksAreReplicated) {
   EXPECT_EQ(run->exit_code, 0) << run->out << run->err;
   EXPECT_THAT(run->out, HasSubstr("Gemma-3-4b-it equal"));
   EXPECT_THAT(run->out, HasSubstr("heads=1/4 kv_groups=1/2"));
+  // Scoring caches combine the copies' scores: the same evictions, the same tokens.
+  EXPECT_THAT(run->out, HasSubstr("Qwen3-0.6B greedy h2o budget=6 equal"));
+  EXPECT_THAT(run->out, HasSubstr("Qwen3-0.6B greedy tova budget=6 equal"));
+  EXPECT_THAT(run->out, Not(HasSubstr("DIFFERENT")));
   EXPECT_THAT(run->out, HasSubstr("summary: 4 equal, 0 refused"));
 }
 

@@ -76,6 +76,38 @@ absl::StatusOr<double> CompareLogits(GPTImpl& full, GPTImpl& local, int64_t voca
   return worst;
 }
 
+absl::StatusOr<std::vector<int64_t>> Greedy(GPTImpl& model, const KVCacheSpec& spec,
+                                            const std::vector<int64_t>& prompt, int64_t n);
+
+// Where KV groups are replicated, a scoring cache must combine the copies' scores (each
+// rank sees its own heads' attention): greedy tokens with h2o and tova equal one process's,
+// on every rank. Returns whether they do; rank 0 prints each cache's line.
+absl::StatusOr<bool> ScoringCachesAgree(const std::shared_ptr<ProcessGroup>& group,
+                                        const std::string& name, GPTImpl& full, GPTImpl& local) {
+  std::vector<int64_t> prompt;
+  for (int64_t i = 0; i < 12; ++i) prompt.push_back(3 + 7 * i % 50);
+  bool all_same = true;
+  for (const char* policy : {"h2o", "tova"}) {
+    KVCacheSpec spec;
+    spec.policy = policy;
+    spec.budget = 6;
+    absl::StatusOr<std::vector<int64_t>> a = Greedy(full, spec, prompt, 10);
+    absl::StatusOr<std::vector<int64_t>> b = Greedy(local, spec, prompt, 10);
+    if (!a.ok()) return a.status();
+    if (!b.ok()) return b.status();
+    const at::Tensor mine = at::tensor(*b, at::kLong).unsqueeze(0);
+    absl::StatusOr<at::Tensor> every = group->AllGather(mine);
+    if (!every.ok()) return every.status();
+    const bool same = *a == *b && at::equal(*every, mine.expand_as(*every));
+    all_same = all_same && same;
+    if (group->rank() == 0) {
+      std::cout << name << " greedy " << policy << " budget=6" << (same ? " equal" : " DIFFERENT")
+                << "\n";
+    }
+  }
+  return all_same;
+}
+
 int Presets(const std::shared_ptr<ProcessGroup>& group, const std::vector<std::string>& only) {
   int equal = 0, refused = 0, unbuildable = 0, failed = 0;
   for (const std::string& name : only.empty() ? PresetNames() : only) {
@@ -109,7 +141,12 @@ int Presets(const std::shared_ptr<ProcessGroup>& group, const std::vector<std::s
     if (absl::Status s = LoadStateDict(**local, *shard, name); !s.ok()) return Fail(s.ToString());
     absl::StatusOr<double> diff = CompareLogits(**full, **local, config->vocab_size);
     if (!diff.ok()) return Fail(absl::StrCat(name, ": ", diff.status().ToString()));
-    const bool ok = *diff <= kTolerance;
+    bool ok = *diff <= kTolerance;
+    if (config->QueryGroups() % group->world_size() != 0) {
+      absl::StatusOr<bool> agree = ScoringCachesAgree(group, name, **full, **local);
+      if (!agree.ok()) return Fail(absl::StrCat(name, ": ", agree.status().ToString()));
+      ok = ok && *agree;
+    }
     if (ok) {
       ++equal;
     } else {

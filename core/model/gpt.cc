@@ -58,7 +58,8 @@ absl::StatusOr<GPT> GPTImpl::Create(const Config& config, const ModelParts& part
   return GPT(new GPTImpl(finalised, parts));
 }
 
-GPTImpl::GPTImpl(const Config& config, const ModelParts& parts) : config_(config) {
+GPTImpl::GPTImpl(const Config& config, const ModelParts& parts)
+    : config_(config), kv_score_reducer_(parts.kv_score_reducer) {
   transformer = register_module("transformer", Transformer(config, parts));
   LinearSpec head;
   head.site = LinearSite::kHead;
@@ -112,6 +113,7 @@ std::vector<KVLayerSpec> GPTImpl::CacheLayout() const {
     spec.n_query_groups = config_.QueryGroups();
     spec.head_size = config_.HeadSize();
     if (config_.IsSlidingWindowLayer(layer)) spec.sliding_window = *config_.sliding_window_size;
+    spec.score_reducer = kv_score_reducer_;
     layers.push_back(spec);
   }
   return layers;

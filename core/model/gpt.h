@@ -98,6 +98,7 @@ class GPTImpl : public torch::nn::Module {
   Config config_;
   std::unique_ptr<Rope> rope_;
   BlockQuantWeight quantized_wte_;  // undefined unless the embedding is quantised
+  std::shared_ptr<const KVScoreReducer> kv_score_reducer_;  // ModelParts::kv_score_reducer
 };
 using GPT = std::shared_ptr<GPTImpl>;
 

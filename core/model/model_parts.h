@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "attention/attention_extension.h"
+#include "cache/kv_cache.h"
 #include "core/nn/linear_factory.h"
 
 namespace lgpt {
@@ -15,6 +16,9 @@ namespace lgpt {
 struct ModelParts {
   std::shared_ptr<const LinearFactory> linear_factory;  // null: plain projections
   std::vector<std::shared_ptr<const AttentionExtensionFactory>> attention_extensions;
+  // Set on every layer of the model's cache layout (tensor parallelism over replicated KV
+  // groups); null: none.
+  std::shared_ptr<const KVScoreReducer> kv_score_reducer;
 };
 
 }  // namespace lgpt
