@@ -15,6 +15,7 @@
 #include <fstream>
 #include <iostream>
 #include <new>
+#include <optional>
 #include <thread>
 
 #include "absl/flags/flag.h"
@@ -208,34 +209,35 @@ void PrintProgress(const std::string& stage) {
   if (terminal) std::fprintf(stderr, "%s\n", stage.c_str());
 }
 
-int64_t PeakRssBytes() {
-  // VmHWM follows ResetPeakRss; getrusage's maximum never goes down.
+namespace {
+
+// A "Name:   N kB" line of /proc/self/status, in bytes; nullopt where absent.
+std::optional<int64_t> ProcStatusBytes(absl::string_view name) {
   std::ifstream status("/proc/self/status");
   std::string line;
   while (std::getline(status, line)) {
     int64_t kb = 0;
-    if (absl::StartsWith(line, "VmHWM:") &&
-        absl::SimpleAtoi(absl::StripAsciiWhitespace(absl::StripSuffix(line.substr(6), "kB")), &kb)) {
+    if (absl::StartsWith(line, name) && line.size() > name.size() && line[name.size()] == ':' &&
+        absl::SimpleAtoi(
+            absl::StripAsciiWhitespace(absl::StripSuffix(line.substr(name.size() + 1), "kB")),
+            &kb)) {
       return kb * 1024;
     }
   }
+  return std::nullopt;
+}
+
+}  // namespace
+
+int64_t PeakRssBytes() {
+  // VmHWM follows ResetPeakRss; getrusage's maximum never goes down.
+  if (std::optional<int64_t> peak = ProcStatusBytes("VmHWM")) return *peak;
   struct rusage usage;
   if (getrusage(RUSAGE_SELF, &usage) != 0) return 0;
   return static_cast<int64_t>(usage.ru_maxrss) * 1024;
 }
 
-int64_t AnonRssBytes() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    int64_t kb = 0;
-    if (absl::StartsWith(line, "RssAnon:") &&
-        absl::SimpleAtoi(absl::StripAsciiWhitespace(absl::StripSuffix(line.substr(8), "kB")), &kb)) {
-      return kb * 1024;
-    }
-  }
-  return 0;
-}
+int64_t AnonRssBytes() { return ProcStatusBytes("RssAnon").value_or(0); }
 
 void ResetPeakRss() {
   std::ofstream clear_refs("/proc/self/clear_refs");
