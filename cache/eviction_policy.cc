@@ -102,10 +102,12 @@ at::Tensor Priority(const LayerPlan& plan, const at::Tensor& positions, const at
       priority = at::where(positions < plan.sink_tokens, p + kProtected, p);
       break;
     case PolicyKind::kH2O:
-    case PolicyKind::kTova:
-      priority =
-          at::where(positions > newest - plan.recent, p + kProtected, scores.to(at::kDouble));
+    case PolicyKind::kTova: {
+      // Without scores (a policy whose recent window is its whole budget) every score is 0.
+      const at::Tensor s = scores.defined() ? scores.to(at::kDouble) : at::zeros({}, p.options());
+      priority = at::where(positions > newest - plan.recent, p + kProtected, s);
       break;
+    }
   }
   if (plan.window > 0) {
     priority =

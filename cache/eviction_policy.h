@@ -67,10 +67,11 @@ struct LayerPlan {
 LayerPlan MakeLayerPlan(const EvictionPolicyOptions& options, int64_t window,
                         int64_t max_sequence_length);
 
-// Priorities of entries (higher stays): positions [B, G, S] int64 (negative: empty), scores
-// [B, G, S] float32, newest [B, 1, 1] int64 (the newest position of each row). Returns
-// [B, G, S] float64: -inf for empty entries and (windowed layers) entries no later query can
-// see; protected entries (recent, sinks) rank above every other.
+// Priorities of entries (higher stays): positions [B, P, S] int32 or int64 (negative: empty;
+// P = 1 when the row's groups share one slot layout, else G), scores [B, G, S] float32
+// (undefined for policies that do not score), newest [B, 1, 1] int64 (the newest position of
+// each row). Returns [B, P or G, S] float64: -inf for empty entries and (windowed layers)
+// entries no later query can see; protected entries (recent, sinks) rank above every other.
 at::Tensor Priority(const LayerPlan& plan, const at::Tensor& positions, const at::Tensor& scores,
                     const at::Tensor& newest);
 

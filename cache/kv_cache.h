@@ -38,7 +38,7 @@ struct KVStep {
 struct KVView {
   at::Tensor keys;       // [B, n_query_groups, S, head_size]
   at::Tensor values;     // [B, n_query_groups, S, head_size]
-  at::Tensor positions;  // [B, 1, S] or [B, n_query_groups, S], int64
+  at::Tensor positions;  // [B, 1, S] or [B, n_query_groups, S], int64 or int32
 };
 
 // Moves keys that a layer's RoPE rotated at positions p to positions p - shift (RoPE is a

@@ -13,9 +13,10 @@ namespace {
 
 at::Tensor Rows(const at::Tensor& t, int64_t rows) { return t.narrow(0, 0, rows); }
 
-// index [rows, G, n] -> [rows, G, n, width], to gather or scatter entries along dim 2.
-at::Tensor Expand4(const at::Tensor& index, int64_t width) {
-  return index.unsqueeze(-1).expand({index.size(0), index.size(1), index.size(2), width});
+// index [rows, 1 or G, n] (slots, per row or per group) -> [rows, G, n, width], to gather or
+// scatter entries along dim 2.
+at::Tensor Expand4(const at::Tensor& index, int64_t groups, int64_t width) {
+  return index.unsqueeze(-1).expand({index.size(0), groups, index.size(2), width});
 }
 
 }  // namespace
@@ -57,6 +58,12 @@ absl::StatusOr<std::unique_ptr<PolicyKVCache>> PolicyKVCache::Create(
         absl::StrCat("PolicyKVCacheOptions.cache_positions needs a budget below the context (",
                      options.max_sequence_length, " tokens), got ", policy.budget));
   }
+  if (options.max_sequence_length > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PolicyKVCacheOptions.max_sequence_length must be at most ",
+        std::numeric_limits<int32_t>::max(), " (positions are stored as int32), got ",
+        options.max_sequence_length));
+  }
   std::unique_ptr<PolicyKVCache> cache(new PolicyKVCache(options));
   for (size_t i = 0; i < options.layers.size(); ++i) {
     const KVLayerSpec& spec = options.layers[i];
@@ -65,6 +72,7 @@ absl::StatusOr<std::unique_ptr<PolicyKVCache>> PolicyKVCache::Create(
     layer.plan = MakeLayerPlan(policy, spec.sliding_window, options.max_sequence_length);
     layer.residual = options.bits < 16 ? std::min(options.residual, layer.plan.recent) : 0;
     layer.main_budget = layer.plan.budget - layer.residual;
+    layer.position_groups = layer.plan.scored ? spec.n_query_groups : 1;
     layer.ring_codec = MakeFullCodec(spec.head_size, options.dtype, options.device);
     if (options.bits == 16) {
       layer.codec = MakeFullCodec(spec.head_size, options.dtype, options.device);
@@ -90,20 +98,22 @@ int64_t PolicyKVCache::MaxMainCapacity(const Layer& layer) const {
   return std::max<int64_t>(1, layer.plan.evicts() ? layer.main_budget + 1 : layer.main_budget);
 }
 
-void PolicyKVCache::Reserve(Store& store, const EntryCodec& codec, int64_t groups,
+void PolicyKVCache::Reserve(Store& store, const EntryCodec& codec, const Layer& layer,
                             int64_t capacity) {
   if (capacity <= store.capacity) return;
-  const int64_t batch = options_.batch_size;
+  const int64_t batch = options_.batch_size, groups = layer.spec.n_query_groups;
   std::vector<at::Tensor> parts = codec.Allocate(batch, groups, capacity);
   const at::TensorOptions index_opts = at::TensorOptions().device(options_.device);
-  at::Tensor positions = at::full({batch, groups, capacity}, -1, index_opts.dtype(at::kLong));
-  at::Tensor scores = at::zeros({batch, groups, capacity}, index_opts.dtype(at::kFloat));
+  at::Tensor positions =
+      at::full({batch, layer.position_groups, capacity}, -1, index_opts.dtype(at::kInt));
+  at::Tensor scores;
+  if (layer.plan.scored) scores = at::zeros({batch, groups, capacity}, index_opts.dtype(at::kFloat));
   if (store.capacity > 0) {
     for (size_t i = 0; i < parts.size(); ++i) {
       parts[i].narrow(2, 0, store.capacity).copy_(store.parts[i]);
     }
     positions.narrow(2, 0, store.capacity).copy_(store.positions);
-    scores.narrow(2, 0, store.capacity).copy_(store.scores);
+    if (scores.defined()) scores.narrow(2, 0, store.capacity).copy_(store.scores);
   }
   store.parts = std::move(parts);
   store.positions = positions;
@@ -170,8 +180,9 @@ std::vector<KVBlockSource> PolicyKVCache::Begin(Layer& layer, const KVStep& step
   Settle(layer, at::Tensor());
   Rewind(layer, step);
   layer.max_written = std::max(layer.max_written, step.max_position);
-  const int64_t rows = keys.size(0), steps = keys.size(2), groups = layer.spec.n_query_groups;
-  const at::Tensor positions = step.positions.unsqueeze(1).expand({rows, groups, steps});
+  const int64_t rows = keys.size(0), steps = keys.size(2);
+  const at::Tensor positions =  // [rows, P, T]
+      step.positions.to(at::kInt).unsqueeze(1).expand({rows, layer.position_groups, steps});
   Pending& pending = layer.pending;
   pending = Pending();
   pending.rows = rows;
@@ -239,28 +250,26 @@ void PolicyKVCache::Rewind(Layer& layer, const KVStep& step) {
 void PolicyKVCache::PlaceDecode(Layer& layer, int64_t rows, const at::Tensor& keys,
                                 const at::Tensor& values, const at::Tensor& positions) {
   const int64_t groups = layer.spec.n_query_groups, head_size = layer.spec.head_size;
-  const at::Tensor fresh_scores =
-      at::zeros({rows, groups, 1}, at::TensorOptions().dtype(at::kFloat).device(keys.device()));
   if (layer.residual == 0) {
-    InsertMain(layer, rows, keys, values, positions, fresh_scores);
+    InsertMain(layer, rows, keys, values, positions, at::Tensor());
     return;
   }
   Store& ring = layer.ring;
-  if (ring.capacity == 0) Reserve(ring, *layer.ring_codec, groups, layer.residual);
-  at::Tensor ring_positions = Rows(ring.positions, rows);
-  at::Tensor ring_scores = Rows(ring.scores, rows);
+  if (ring.capacity == 0) Reserve(ring, *layer.ring_codec, layer, layer.residual);
+  at::Tensor ring_positions = Rows(ring.positions, rows);  // [rows, P, residual]
   at::Tensor ring_keys = Rows(ring.parts[0], rows), ring_values = Rows(ring.parts[1], rows);
   const at::Tensor slot = ring_positions.argmin(-1, /*keepdim=*/true);  // empty, else oldest
-  const at::Tensor slot4 = Expand4(slot, head_size);
+  const at::Tensor slot4 = Expand4(slot, groups, head_size);
   if (ring.used >= layer.residual) {
     // The oldest recent entry moves to main (encoded) before the new one takes its slot.
     InsertMain(layer, rows, ring_keys.gather(2, slot4), ring_values.gather(2, slot4),
-               ring_positions.gather(-1, slot), ring_scores.gather(-1, slot));
+               ring_positions.gather(-1, slot),
+               ring.scores.defined() ? Rows(ring.scores, rows).gather(-1, slot) : at::Tensor());
   }
   ring_keys.scatter_(2, slot4, keys.to(options_.dtype));
   ring_values.scatter_(2, slot4, values.to(options_.dtype));
   ring_positions.scatter_(-1, slot, positions);
-  ring_scores.scatter_(-1, slot, fresh_scores);
+  if (ring.scores.defined()) Rows(ring.scores, rows).scatter_(-1, slot, 0.0);
   ring.used = std::min(layer.residual, ring.used + 1);
   ring.high = ring.capacity;
 }
@@ -271,18 +280,24 @@ void PolicyKVCache::InsertMain(Layer& layer, int64_t rows, const at::Tensor& key
   Store& main = layer.main;
   const int64_t groups = layer.spec.n_query_groups;
   if (main.used + 1 > main.capacity) {
-    Reserve(main, *layer.codec, groups,
+    Reserve(main, *layer.codec, layer,
             GrownCapacity(main.used + 1, main.capacity, MaxMainCapacity(layer)));
   }
-  at::Tensor main_positions = Rows(main.positions, rows);
+  at::Tensor main_positions = Rows(main.positions, rows);  // [rows, P, capacity]
   // The first empty slot (empty slots hold -1, below every position).
   const at::Tensor slot = main_positions.argmin(-1, /*keepdim=*/true);
   const std::vector<at::Tensor> encoded = layer.codec->Encode(keys, values);
   for (size_t i = 0; i < encoded.size(); ++i) {
-    Rows(main.parts[i], rows).scatter_(2, Expand4(slot, encoded[i].size(-1)), encoded[i]);
+    Rows(main.parts[i], rows).scatter_(2, Expand4(slot, groups, encoded[i].size(-1)), encoded[i]);
   }
   main_positions.scatter_(-1, slot, positions);
-  Rows(main.scores, rows).scatter_(-1, slot, scores);
+  if (main.scores.defined()) {
+    if (scores.defined()) {
+      Rows(main.scores, rows).scatter_(-1, slot, scores);
+    } else {
+      Rows(main.scores, rows).scatter_(-1, slot, 0.0);
+    }
+  }
   main.used = std::min(main.used + 1, main.capacity);
   main.high = std::min(main.capacity, std::max(main.high, main.used));
 }
@@ -319,7 +334,7 @@ void PolicyKVCache::Settle(Layer& layer, const at::Tensor& weights) {
   if (pending.kind == Pending::kDecode) {
     EvictDecode(layer);
   } else {
-    if (!chunk_scores.defined()) {
+    if (!chunk_scores.defined() && layer.plan.scored) {
       chunk_scores = at::zeros({rows, groups, chunk},
                                at::TensorOptions().dtype(at::kFloat).device(options_.device));
     }
@@ -332,8 +347,10 @@ void PolicyKVCache::EvictDecode(Layer& layer) {
   Store& main = layer.main;
   if (!layer.plan.evicts() || main.used <= layer.main_budget) return;
   const Pending& pending = layer.pending;
-  at::Tensor positions = Rows(main.positions, pending.rows).narrow(2, 0, main.high);
-  const at::Tensor scores = Rows(main.scores, pending.rows).narrow(2, 0, main.high);
+  at::Tensor positions = Rows(main.positions, pending.rows).narrow(2, 0, main.high);  // [rows, P, high]
+  const at::Tensor scores = main.scores.defined()
+                                ? Rows(main.scores, pending.rows).narrow(2, 0, main.high)
+                                : at::Tensor();
   at::Tensor priority = Priority(layer.plan, positions, scores, pending.newest);
   priority.masked_fill_(positions < 0, std::numeric_limits<double>::infinity());
   const at::Tensor victim = priority.argmin(-1, /*keepdim=*/true);
@@ -360,18 +377,19 @@ PolicyKVCache::Recent PolicyKVCache::TakeIntoRing(Layer& layer, const at::Tensor
   at::Tensor& recent_values = recent.values;
   at::Tensor& migrant_positions = recent.migrant_positions;
   if (layer.residual > 0) {
-    if (ring.capacity == 0) Reserve(ring, *layer.ring_codec, groups, layer.residual);
-    recent_positions = at::cat({Rows(ring.positions, rows), pending.positions}, 2);
-    recent_scores = at::cat({Rows(ring.scores, rows), chunk_scores}, 2);
+    if (ring.capacity == 0) Reserve(ring, *layer.ring_codec, layer, layer.residual);
+    recent_positions = at::cat({Rows(ring.positions, rows), pending.positions}, 2);  // [rows, P, n]
+    if (ring.scores.defined()) recent_scores = at::cat({Rows(ring.scores, rows), chunk_scores}, 2);
     recent_keys = at::cat({Rows(ring.parts[0], rows), pending.keys}, 2);
     recent_values = at::cat({Rows(ring.parts[1], rows), pending.values}, 2);
     const auto top = recent_positions.topk(layer.residual, -1);
     const at::Tensor& top_positions = std::get<0>(top);
-    const at::Tensor& top_index = std::get<1>(top);
-    Rows(ring.parts[0], rows).copy_(recent_keys.gather(2, Expand4(top_index, head_size)));
-    Rows(ring.parts[1], rows).copy_(recent_values.gather(2, Expand4(top_index, head_size)));
+    const at::Tensor& top_index = std::get<1>(top);  // [rows, P, residual]
+    const at::Tensor top4 = Expand4(top_index, groups, head_size);
+    Rows(ring.parts[0], rows).copy_(recent_keys.gather(2, top4));
+    Rows(ring.parts[1], rows).copy_(recent_values.gather(2, top4));
     Rows(ring.positions, rows).copy_(top_positions);
-    Rows(ring.scores, rows).copy_(recent_scores.gather(-1, top_index));
+    if (ring.scores.defined()) Rows(ring.scores, rows).copy_(recent_scores.gather(-1, top_index));
     const at::Tensor in_ring =
         at::zeros_like(recent_positions, at::kBool).scatter_(-1, top_index, top_positions >= 0);
     migrant_positions = recent_positions.masked_fill(in_ring, -1);
@@ -394,7 +412,9 @@ void PolicyKVCache::KeepInMain(Layer& layer, const Recent& recent) {
   if (high > 0) {
     candidate_positions =
         at::cat({Rows(main.positions, rows).narrow(2, 0, high), migrant_positions}, 2);
-    candidate_scores = at::cat({Rows(main.scores, rows).narrow(2, 0, high), recent_scores}, 2);
+    if (main.scores.defined()) {
+      candidate_scores = at::cat({Rows(main.scores, rows).narrow(2, 0, high), recent_scores}, 2);
+    }
   }
   const int64_t kept = std::min(layer.main_budget, candidate_positions.size(2));
   const std::vector<at::Tensor> encoded = layer.codec->Encode(recent.keys, recent.values);
@@ -413,17 +433,17 @@ void PolicyKVCache::KeepInMain(Layer& layer, const Recent& recent) {
     index = index.gather(-1, order);
     kept_positions = candidate_positions.gather(-1, index).masked_fill_(
         valid.gather(-1, order).logical_not(), -1);
-    kept_scores = candidate_scores.gather(-1, index);
+    if (candidate_scores.defined()) kept_scores = candidate_scores.gather(-1, index);
     for (size_t i = 0; i < encoded.size(); ++i) {
       const at::Tensor source =
           high > 0 ? at::cat({Rows(main.parts[i], rows).narrow(2, 0, high), encoded[i]}, 2)
                    : encoded[i];
-      gathered.push_back(source.gather(2, Expand4(index, source.size(-1))));
+      gathered.push_back(source.gather(2, Expand4(index, groups, source.size(-1))));
     }
   }
   const int64_t needed = std::min(kept + 1, MaxMainCapacity(layer));
   if (needed > main.capacity) {
-    Reserve(main, *layer.codec, groups,
+    Reserve(main, *layer.codec, layer,
             GrownCapacity(needed, main.capacity, MaxMainCapacity(layer)));
   }
   Rows(main.positions, rows).fill_(-1);
@@ -432,7 +452,7 @@ void PolicyKVCache::KeepInMain(Layer& layer, const Recent& recent) {
       Rows(main.parts[i], rows).narrow(2, 0, kept).copy_(gathered[i]);
     }
     Rows(main.positions, rows).narrow(2, 0, kept).copy_(kept_positions);
-    Rows(main.scores, rows).narrow(2, 0, kept).copy_(kept_scores);
+    if (kept_scores.defined()) Rows(main.scores, rows).narrow(2, 0, kept).copy_(kept_scores);
   }
   const bool all_rows = rows == options_.batch_size;
   main.used = all_rows ? kept : std::max(main.used, kept);
@@ -467,7 +487,7 @@ void PolicyKVCache::Shift(int64_t index, Layer& layer, int64_t shift,
     if (store->capacity == 0 || store->high == 0) continue;
     const EntryCodec& codec = store == &layer.main ? *layer.codec : *layer.ring_codec;
     const int64_t high = store->high;
-    at::Tensor positions = store->positions.narrow(2, 0, high);  // [B, G, high]
+    at::Tensor positions = store->positions.narrow(2, 0, high);  // [B, P, high]
     const at::Tensor moves = positions >= sinks;                 // empty slots (-1) stay
     // Quantised entries are decoded a block at a time, as UpdateAndAttend reads them.
     const int64_t block = codec.bits() < 16 ? options_.block_size : high;
@@ -478,7 +498,7 @@ void PolicyKVCache::Shift(int64_t index, Layer& layer, int64_t shift,
       at::Tensor keys;
       codec.Decode(slice, &keys, nullptr);                                   // [B, G, length, hs]
       const at::Tensor shifted = shift_keys(index, keys, shift);             // [B, G, length, hs]
-      const at::Tensor move = moves.narrow(2, begin, length).unsqueeze(-1);  // [B, G, length, 1]
+      const at::Tensor move = moves.narrow(2, begin, length).unsqueeze(-1);  // [B, P, length, 1]
       // Encode takes keys and values: the value parts of this encoding are discarded.
       const std::vector<at::Tensor> encoded = codec.Encode(shifted, shifted);
       for (int i = 0; i < codec.key_parts(); ++i) {
@@ -498,7 +518,7 @@ void PolicyKVCache::Reset() {
     for (Store* store : {&layer.main, &layer.ring}) {
       if (store->capacity > 0) {
         store->positions.fill_(-1);
-        store->scores.zero_();
+        if (store->scores.defined()) store->scores.zero_();
       }
       store->used = 0;
       store->high = 0;
@@ -524,20 +544,25 @@ int64_t PolicyKVCache::IndexBytes() const {
   int64_t bytes = 0;
   for (const Layer& layer : layers_) {
     for (const Store* store : {&layer.main, &layer.ring}) {
-      if (store->capacity > 0) bytes += store->positions.numel() * (8 + 4);
+      for (const at::Tensor* index : {&store->positions, &store->scores}) {
+        if (index->defined()) bytes += index->numel() * static_cast<int64_t>(index->element_size());
+      }
     }
   }
   return bytes;
 }
 
 std::optional<int64_t> PolicyKVCache::MaxBytes() const {
-  constexpr int64_t kIndexBytesPerSlot = 8 + 4;  // position and score
   int64_t bytes = 0;
   for (const Layer& layer : layers_) {
-    const int64_t entries = options_.batch_size * layer.spec.n_query_groups;
-    bytes += entries * MaxMainCapacity(layer) * (layer.codec->BytesPerEntry() + kIndexBytesPerSlot);
+    const int64_t groups = layer.spec.n_query_groups;
+    // Per slot of a row: int32 positions and, for scoring policies, float32 scores.
+    const int64_t index = 4 * layer.position_groups + (layer.plan.scored ? 4 * groups : 0);
+    bytes += options_.batch_size * MaxMainCapacity(layer) *
+             (groups * layer.codec->BytesPerEntry() + index);
     if (layer.residual > 0 && layer.ring_codec != nullptr) {
-      bytes += entries * layer.residual * (layer.ring_codec->BytesPerEntry() + kIndexBytesPerSlot);
+      bytes += options_.batch_size * layer.residual *
+               (groups * layer.ring_codec->BytesPerEntry() + index);
     }
   }
   return bytes;
@@ -553,7 +578,8 @@ std::vector<int64_t> PolicyKVCache::KeptPositions(int64_t layer_index, int64_t r
   std::vector<int64_t> kept;
   for (const Store* store : {&layer.main, &layer.ring}) {
     if (store->capacity == 0) continue;
-    const at::Tensor positions = store->positions[row][group].cpu();
+    const at::Tensor positions =
+        store->positions[row][layer.position_groups == 1 ? 0 : group].to(at::kCPU, at::kLong);
     for (int64_t i = 0; i < positions.size(0); ++i) {
       const int64_t p = positions[i].item<int64_t>();
       if (p >= 0) kept.push_back(p);

@@ -5,6 +5,12 @@
 // Storage of one layer, per (row, group):
 //   main  up to `main_budget + 1` slots (grown on demand, doubling) of encoded entries with
 //         their positions (-1: empty) and policy scores; slots are filled in any order.
+// Index bytes: positions are int32 and, where the policy decides from positions alone (window,
+// sink, dense, h2o whose recent window is its whole budget), shared by the row's groups (one
+// slot layout for all of them); only scoring policies (h2o, tova) keep positions per group and
+// a float32 score per entry. So an int8/int4 entry's bookkeeping is 4 / n_query_groups bytes
+// (window, sink) or 8 bytes (h2o, tova) beside its 2 · (head_size · bits / 8 + 2 · head_size /
+// group_size) bytes of keys and values.
 //   ring  quantised caches only: the `residual` most recent entries in full precision (KIVI's
 //         residual). An entry leaving the ring is encoded into main; the policy never evicts
 //         ring entries (residual <= the policy's protected recent window).
@@ -95,7 +101,7 @@ class PolicyKVCache : public KVCache {
   void Reset() override;
   // Entry storage (main and ring, scales included), summed over layers.
   int64_t AllocatedBytes() const override;
-  // Positions (int64) and scores (float32) of every slot.
+  // Positions (int32, per row or per group) and scores (float32, scoring policies) of every slot.
   int64_t IndexBytes() const override;
   // Every layer at its largest: main_budget + 1 slots (main_budget without eviction) and the
   // ring, entries and index.
@@ -126,8 +132,9 @@ class PolicyKVCache : public KVCache {
  private:
   struct Store {
     std::vector<at::Tensor> parts;  // encoded entries, each [B, G, capacity, width]
-    at::Tensor positions;           // [B, G, capacity] int64, -1 where empty
-    at::Tensor scores;              // [B, G, capacity] float32: the policy's scores
+    at::Tensor positions;           // [B, P, capacity] int32, -1 where empty (P: Layer)
+    at::Tensor scores;              // [B, G, capacity] float32: the policy's scores (scoring
+                                    // policies only; undefined otherwise)
     int64_t capacity = 0;
     int64_t used = 0;  // upper bound on the live entries of any (row, group)
     int64_t high = 0;  // upper bound on (highest live slot + 1): views stop there
@@ -139,7 +146,7 @@ class PolicyKVCache : public KVCache {
     int64_t main_high = 0;    // main slots in the step's view
     int64_t ring_size = 0;    // ring slots in the step's view
     at::Tensor keys, values;  // chunk: [rows, G, T, hs]
-    at::Tensor positions;     // chunk: [rows, G, T]
+    at::Tensor positions;     // chunk: [rows, P, T] int32
     at::Tensor newest;        // [rows, 1, 1]: the newest position of each row
   };
   struct Layer {
@@ -147,6 +154,9 @@ class PolicyKVCache : public KVCache {
     LayerPlan plan;
     int64_t residual = 0;
     int64_t main_budget = 0;
+    // P, the position groups: G where decisions differ by group (scoring policies), else 1
+    // (one slot layout for every group of a row).
+    int64_t position_groups = 1;
     int64_t max_written = -1;                // largest position written since the last reset
     std::unique_ptr<EntryCodec> codec;       // main's entries
     std::unique_ptr<EntryCodec> ring_codec;  // full precision
@@ -181,7 +191,7 @@ class PolicyKVCache : public KVCache {
   void KeepInMain(Layer& layer, const Recent& recent);
   // Moves the layer's entries at or above its sink positions down by `shift`.
   void Shift(int64_t index, Layer& layer, int64_t shift, const KeyShifter& shift_keys);
-  void Reserve(Store& store, const EntryCodec& codec, int64_t groups, int64_t capacity);
+  void Reserve(Store& store, const EntryCodec& codec, const Layer& layer, int64_t capacity);
   int64_t MaxMainCapacity(const Layer& layer) const;
   std::vector<KVBlockSource> Sources(Layer& layer, int64_t rows);
 

@@ -111,7 +111,7 @@ bool TryFlash(const at::Tensor& q, int64_t groups, const std::vector<KVBlockSour
     ok = block.keys.scalar_type() == at::kFloat && block.values.scalar_type() == at::kFloat &&
          block.keys.device().is_cpu() && block.values.device().is_cpu() &&
          KVRowsContiguous(block.keys) && KVRowsContiguous(block.values) &&
-         block.positions.scalar_type() == at::kLong && block.positions.device().is_cpu();
+         KeyPositionRun::Readable(block.positions);
     blocks.push_back(std::move(block));
   });
   if (!ok) return false;
@@ -123,9 +123,7 @@ bool TryFlash(const at::Tensor& q, int64_t groups, const std::vector<KVBlockSour
       KVRun run;
       run.keys = k.data_ptr<float>() + b * k.stride(0) + g * k.stride(1);
       run.values = v.data_ptr<float>() + b * v.stride(0) + g * v.stride(1);
-      run.positions =
-          p.data_ptr<int64_t>() + b * p.stride(0) + (p.size(1) == 1 ? 0 : g * p.stride(1));
-      run.positions_stride = p.stride(2);
+      run.positions = KeyPositionRun::Of(p, b, g);
       run.entries = k.size(2);
       runs->push_back(run);
     }

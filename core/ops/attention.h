@@ -41,7 +41,7 @@ at::Tensor AttendByPositions(const at::Tensor& q, const at::Tensor& keys, const 
 struct KVBlockSource {
   int64_t size = 0;        // entries S_i
   int64_t block_size = 0;  // entries decoded per read; 0: the whole source at once
-  at::Tensor positions;    // [B, 1 or G, S_i] int64, negative where empty
+  at::Tensor positions;    // [B, 1 or G, S_i] int64 or int32, negative where empty
   // Decodes entries [begin, begin + length) into keys and/or values [B, G, length, hs] (either
   // pointer may be null).
   std::function<void(int64_t begin, int64_t length, at::Tensor* keys, at::Tensor* values)> read;

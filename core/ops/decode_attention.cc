@@ -111,9 +111,9 @@ void WeightedValuesAvx2(const float* const* w, const Segments& v, int64_t rows, 
 // One query's scores s[0, entries) -> unnormalised softmax weights in place (MaskScores,
 // then ExpAndSum against the row maximum). Returns their sum. A row with no allowed key gets
 // uniform weights (every score equals the maximum), as masked_fill with that value does.
-float SoftmaxRow(float* s, int64_t entries, int64_t query_pos, const int64_t* kp, int64_t kp_s,
+float SoftmaxRow(float* s, int64_t entries, int64_t query_pos, const KeyPositionRun& kp,
                  const AttentionParams& params, bool avx2) {
-  const float max_score = MaskScores(s, entries, query_pos, kp, kp_s, params);
+  const float max_score = MaskScores(s, entries, query_pos, kp, params);
   return ExpAndSum(s, entries, max_score, avx2);
 }
 
@@ -124,9 +124,8 @@ bool DecodeAttentionApplies(const at::Tensor& q, const at::Tensor& keys, const a
   for (const at::Tensor* t : {&q, &keys, &values}) {
     if (!t->device().is_cpu() || t->scalar_type() != at::kFloat || t->dim() != 4) return false;
   }
-  if (!query_positions.device().is_cpu() || !key_positions.device().is_cpu() ||
-      query_positions.scalar_type() != at::kLong || key_positions.scalar_type() != at::kLong ||
-      key_positions.dim() != 3) {
+  if (!query_positions.device().is_cpu() || query_positions.scalar_type() != at::kLong ||
+      !KeyPositionRun::Readable(key_positions)) {
     return false;
   }
   if (q.size(2) > kMaxSteps || keys.size(2) < 1) return false;
@@ -153,9 +152,6 @@ at::Tensor DecodeAttentionOver(
   const float* q_data = qc.data_ptr<float>();
   float* out_data = out.data_ptr<float>();
   const int64_t* qp_data = qpos.data_ptr<int64_t>();
-  const int64_t* kp_data = key_positions.data_ptr<int64_t>();
-  const int64_t kp_b = key_positions.stride(0), kp_s = key_positions.stride(2);
-  const int64_t kp_g = key_positions.size(1) == 1 ? 0 : key_positions.stride(1);
 #ifdef LGPT_SIMD_AVX2
   const bool avx2 = use_avx2 && hs % 8 == 0;
 #else
@@ -178,7 +174,7 @@ at::Tensor DecodeAttentionOver(
       const int64_t b = task / groups, g = task % groups;
       kv.clear();
       segments(b, g, &kv);
-      const int64_t* kp = kp_data + b * kp_b + g * kp_g;
+      const KeyPositionRun kp = KeyPositionRun::Of(key_positions, b, g);
       // The group's queries are contiguous in q: heads g·q_per_kv .. (g+1)·q_per_kv - 1.
       const float* qg = q_data + ((b * n_head + g * q_per_kv) * steps) * hs;
       int64_t column = 0;
@@ -202,7 +198,7 @@ at::Tensor DecodeAttentionOver(
       for (int64_t r = 0; r < rows; ++r) {
         float* s = scores.data() + r * entries;
         const int64_t query_pos = qp_data[b * steps + r % steps];
-        inv[r] = 1.0f / SoftmaxRow(s, entries, query_pos, kp, kp_s, params, avx2);
+        inv[r] = 1.0f / SoftmaxRow(s, entries, query_pos, kp, params, avx2);
         weight_rows[r] = s;
         out_rows[r] = out_data + ((b * n_head + g * q_per_kv) * steps + r) * hs;
       }
@@ -220,9 +216,8 @@ at::Tensor DecodeAttentionOver(
 }
 
 bool PositionsApply(const at::Tensor& query_positions, const at::Tensor& key_positions) {
-  return query_positions.device().is_cpu() && key_positions.device().is_cpu() &&
-         query_positions.scalar_type() == at::kLong && key_positions.scalar_type() == at::kLong &&
-         key_positions.dim() == 3;
+  return query_positions.device().is_cpu() && query_positions.scalar_type() == at::kLong &&
+         KeyPositionRun::Readable(key_positions);
 }
 
 }  // namespace

@@ -21,7 +21,8 @@ namespace lgpt {
 bool KVRowsContiguous(const at::Tensor& t);
 
 // Whether DecodeAttention handles these inputs: CPU float32, at most 4 query steps, keys and
-// values with contiguous [S, hs] rows per (batch, group), int64 positions.
+// values with contiguous [S, hs] rows per (batch, group), int64 query positions, int64 or
+// int32 key positions.
 bool DecodeAttentionApplies(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
                             const at::Tensor& query_positions, const at::Tensor& key_positions);
 

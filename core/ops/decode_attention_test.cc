@@ -54,6 +54,14 @@ TEST_P(DecodeAttentionCases, EqualsGenericPath) {
   const at::Tensor grouped = key_positions.expand({batch, c.groups, c.entries});
   EXPECT_TRUE(at::allclose(AttendByPositions(q, keys, values, query_positions, grouped, params),
                            expected, 1e-5, 1e-5));
+  // int32 key positions (the policy caches' index) read the same: the same bits.
+  const at::Tensor narrow = key_positions.to(at::kInt);
+  ASSERT_TRUE(DecodeAttentionApplies(q, keys, values, query_positions, narrow));
+  for (const bool use_avx2 : {false, CpuHasAvx2Fma()}) {
+    EXPECT_TRUE(at::equal(
+        DecodeAttention(q, keys, values, query_positions, narrow, params, use_avx2),
+        DecodeAttention(q, keys, values, query_positions, key_positions, params, use_avx2)));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, DecodeAttentionCases,

@@ -99,7 +99,7 @@ void AccumulateAvx2(const float* p, int64_t entries, const float* v, int64_t row
 bool TileVisible(const KVRun& run, int64_t begin, int64_t n, int64_t q_min, int64_t q_max,
                  int64_t window) {
   for (int64_t e = begin; e < begin + n; ++e) {
-    const int64_t k = run.positions[e * run.positions_stride];
+    const int64_t k = run.positions[e];
     if (k >= 0 && k <= q_max && (window <= 0 || k > q_min - window)) return true;
   }
   return false;
@@ -126,8 +126,7 @@ void ProcessTile(const TileArgs& t, const KVRun& run, int64_t begin, int64_t n,
   for (int64_t r = 0; r < t.rows; ++r) {
     float* s = scores.data() + r * n;
     const float tile_max =
-        MaskScores(s, n, t.q_positions[r], run.positions + begin * run.positions_stride,
-                   run.positions_stride, *t.params);
+        MaskScores(s, n, t.q_positions[r], run.positions.Skip(begin), *t.params);
     if (tile_max == kLowest) {  // nothing visible to this row here
       std::fill(s, s + n, 0.0f);
       alpha[r] = 1.0f;

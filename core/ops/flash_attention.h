@@ -28,8 +28,7 @@ namespace lgpt {
 struct KVRun {
   const float* keys = nullptr;         // [entries, hs]
   const float* values = nullptr;       // [entries, hs]
-  const int64_t* positions = nullptr;  // entry e at positions[e * positions_stride]
-  int64_t positions_stride = 1;
+  KeyPositionRun positions;             // entry e at positions[e]
   int64_t entries = 0;
 };
 

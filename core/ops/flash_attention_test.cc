@@ -63,7 +63,7 @@ TEST_P(FlashAttentionCases, EqualsTheGenericPath) {
     KVRun run;
     run.keys = keys.data_ptr<float>() + (b * c.groups + g) * entries * hs;
     run.values = values.data_ptr<float>() + (b * c.groups + g) * entries * hs;
-    run.positions = key_positions.data_ptr<int64_t>() + b * entries;
+    run.positions = KeyPositionRun(key_positions.data_ptr<int64_t>() + b * entries, 1);
     run.entries = entries;
     runs->push_back(run);
   };
@@ -78,6 +78,11 @@ TEST_P(FlashAttentionCases, EqualsTheGenericPath) {
   }
   EXPECT_TRUE(at::equal(flash, AttendBlockwise(q.clone(), c.groups, sources, query_positions,
                                                params)));
+  // int32 key positions (the policy caches' index): the same bits.
+  std::vector<KVBlockSource> narrow = sources;
+  for (KVBlockSource& source : narrow) source.positions = source.positions.to(at::kInt);
+  EXPECT_TRUE(
+      at::equal(flash, AttendBlockwise(q.clone(), c.groups, narrow, query_positions, params)));
 }
 
 INSTANTIATE_TEST_SUITE_P(

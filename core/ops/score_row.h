@@ -15,11 +15,10 @@
 namespace lgpt {
 
 // s[e] (q·k of key e) -> scaled and soft-capped, or the lowest float where the key at
-// key_positions[e * stride] is not visible from `query_position`. Returns the largest
-// visible score; the lowest float when no key is visible.
+// key_positions[e] is not visible from `query_position`. Returns the largest visible score;
+// the lowest float when no key is visible.
 inline float MaskScores(float* s, int64_t entries, int64_t query_position,
-                        const int64_t* key_positions, int64_t stride,
-                        const AttentionParams& params) {
+                        const KeyPositionRun& key_positions, const AttentionParams& params) {
   const float scale = static_cast<float>(params.scale);
   const float lowest = std::numeric_limits<float>::lowest();
   float max_score = lowest;
@@ -29,7 +28,7 @@ inline float MaskScores(float* s, int64_t entries, int64_t query_position,
       const float cap = static_cast<float>(*params.softcap);
       x = std::tanh(x / cap) * cap;
     }
-    s[e] = KeyAllowed(query_position, key_positions[e * stride], params.sliding_window) ? x
+    s[e] = KeyAllowed(query_position, key_positions[e], params.sliding_window) ? x
                                                                                        : lowest;
     max_score = std::max(max_score, s[e]);
   }
