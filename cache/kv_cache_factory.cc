@@ -16,13 +16,17 @@ EvictionPolicyOptions PolicyOptions(const KVCacheSpec& spec, PolicyKind kind) {
   policy.budget = spec.budget;
   policy.sink_tokens = spec.sink_tokens;
   policy.recent_fraction = spec.recent_fraction;
+  policy.grace_period = spec.grace_period;
+  policy.normalize_scores = spec.normalize_scores;
+  policy.quant_weight = spec.quant_weight;
   return policy;
 }
 
 absl::StatusOr<PolicyKind> SpecPolicy(const KVCacheSpec& spec) {
   absl::StatusOr<PolicyKind> kind = ParsePolicyKind(spec.policy);
   if (!kind.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("KVCacheSpec.policy: ", kind.status().message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("KVCacheSpec.policy: ", kind.status().message()));
   }
   return kind;
 }
@@ -32,11 +36,22 @@ absl::StatusOr<PolicyKind> SpecPolicy(const KVCacheSpec& spec) {
 absl::Status ValidateKVCacheSpec(const KVCacheSpec& spec) {
   ASSIGN_OR_RETURN(const PolicyKind kind, SpecPolicy(spec));
   RETURN_IF_ERROR(ValidateEvictionPolicy(PolicyOptions(spec, kind), "KVCacheSpec"));
-  RETURN_IF_ERROR(ValidateEntryStorage(spec.bits, spec.residual, spec.group_size,
-                                       spec.block_size, "KVCacheSpec"));
+  RETURN_IF_ERROR(ValidateEntryStorage(spec.bits, spec.residual, spec.group_size, spec.block_size,
+                                       "KVCacheSpec"));
   if (spec.positions != "absolute" && spec.positions != "cache") {
     return absl::InvalidArgumentError(absl::StrCat(
         "KVCacheSpec.positions must be absolute or cache, got '", spec.positions, "'"));
+  }
+  if (kind == PolicyKind::kQH2O && spec.bits == 16) {
+    return absl::InvalidArgumentError(
+        "KVCacheSpec.policy qh2o needs KVCacheSpec.bits 8 or 4 (it scores quantisation error)");
+  }
+  if (absl::Status rule = LayerBudgets(spec.budget_rule, spec.budget, 1).status(); !rule.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("KVCacheSpec.", rule.message()));
+  }
+  if (UsesCachePositions(spec) && spec.budget_rule != "uniform") {
+    return absl::InvalidArgumentError(
+        "KVCacheSpec.positions=cache needs KVCacheSpec.budget_rule uniform");
   }
   if (UsesCachePositions(spec) && !KeepsContiguousPositions(kind)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -52,8 +67,9 @@ std::string DescribeKVCacheSpec(const KVCacheSpec& spec,
   const int64_t bits =
       spec.bits == 16 && model_dtype ? 8 * c10::elementSize(*model_dtype) : spec.bits;
   if (spec.policy == "dense") return absl::StrCat("dense bits=", bits);
-  return absl::StrCat(spec.policy, " budget=", spec.budget, " bits=", bits,
-                      UsesCachePositions(spec) ? " positions=cache" : "");
+  return absl::StrCat(spec.policy, " budget=", spec.budget,
+                      spec.budget_rule != "uniform" ? absl::StrCat("(", spec.budget_rule, ")") : "",
+                      " bits=", bits, UsesCachePositions(spec) ? " positions=cache" : "");
 }
 
 absl::StatusOr<std::unique_ptr<KVCache>> MakeKVCache(const KVCacheSpec& spec,
@@ -70,6 +86,11 @@ absl::StatusOr<std::unique_ptr<KVCache>> MakeKVCache(const KVCacheSpec& spec,
   PolicyKVCacheOptions options;
   static_cast<KVCacheGeometry&>(options) = shape;
   options.policy = PolicyOptions(spec, kind);
+  if (spec.budget_rule != "uniform" && kind != PolicyKind::kDense) {
+    ASSIGN_OR_RETURN(
+        options.policy.layer_budgets,
+        LayerBudgets(spec.budget_rule, spec.budget, static_cast<int64_t>(shape.layers.size())));
+  }
   options.bits = spec.bits;
   options.residual = spec.residual;
   options.group_size = spec.group_size;

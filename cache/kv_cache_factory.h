@@ -1,9 +1,11 @@
-// Building a KV cache from what a caller names (KVCacheSpec): policy dense|window|sink|h2o|tova,
+// Building a KV cache from what a caller names (KVCacheSpec): policy
+// dense|window|sink|h2o|tova|h2o-vlen|qh2o,
 // budget (entries kept per layer), bits 16|8|4 (16: the model's own dtype), the finer
 // sink_tokens, residual and group_size, and positions absolute|cache (whether a window or sink
 // cache keeps stream positions, bounded by the context, or positions within the cache,
-// unbounded: see cache/policy_kv_cache.h). Tools fill it from --kv_cache, --kv_budget, ... The dense policy at 16 bits is the exact
-// DenseKVCache; everything else is a PolicyKVCache (cache/policy_kv_cache.h).
+// unbounded: see cache/policy_kv_cache.h). Tools fill it from --kv_cache, --kv_budget, ... The
+// dense policy at 16 bits is the exact DenseKVCache; everything else is a PolicyKVCache
+// (cache/policy_kv_cache.h).
 #ifndef LGPT_CACHE_KV_CACHE_FACTORY_H_
 #define LGPT_CACHE_KV_CACHE_FACTORY_H_
 
@@ -26,11 +28,15 @@ struct KVCacheSpec {
   std::string policy = "dense";
   int64_t budget = 0;  // entries per layer and (row, group); >= 1 unless dense (ignored there)
   int bits = 16;
-  int64_t sink_tokens = 4;       // sink
-  double recent_fraction = 0.5;  // h2o: the recent window's share of the budget
-  int64_t residual = 16;         // quantised: most recent entries kept in full precision
-  int64_t group_size = 32;       // quantised: channels per scale
-  int64_t block_size = 512;      // quantised: entries decoded at a time when attending in place
+  int64_t sink_tokens = 4;        // sink
+  double recent_fraction = 0.5;   // h2o family: the recent window's share of the budget
+  int64_t grace_period = -1;      // score policies: newest positions never evicted (-1: default)
+  bool normalize_scores = false;  // h2o family: scores per query that saw the entry
+  double quant_weight = 0.5;      // qh2o: the attention score's weight against the error
+  std::string budget_rule = "uniform";  // or "pyramid": budgets per layer (eviction_policy.h)
+  int64_t residual = 16;                // quantised: most recent entries kept in full precision
+  int64_t group_size = 32;              // quantised: channels per scale
+  int64_t block_size = 512;  // quantised: entries decoded at a time when attending in place
   // "absolute": entries keep their stream positions, so a stream ends at the context.
   // "cache" (window and sink only): positions within the cache, shifted down when they reach
   // the context, so generation goes on indefinitely in flat memory (StreamingLLM).
@@ -43,7 +49,8 @@ inline bool UsesCachePositions(const KVCacheSpec& spec) { return spec.positions 
 // Errors name the field and the value ("KVCacheSpec.budget must be >= 1 for policy h2o, got
 // 0"): unknown policy, budget < 1, bits not 16/8/4, more sink tokens than the budget, negative
 // residual, group or block size < 1, positions other than absolute/cache, cache positions with
-// a policy other than window and sink. Tools show them in flag terms (tools/tool_util.h).
+// a policy other than window and sink, qh2o at 16 bits, a budget rule other than
+// uniform/pyramid. Tools show them in flag terms (tools/tool_util.h).
 absl::Status ValidateKVCacheSpec(const KVCacheSpec& spec);
 
 // "h2o budget=256 bits=8", or "dense bits=16". With the model's dtype, full-precision storage
@@ -58,7 +65,6 @@ struct KVCacheShape : KVCacheGeometry {
 
 absl::StatusOr<std::unique_ptr<KVCache>> MakeKVCache(const KVCacheSpec& spec,
                                                      const KVCacheShape& shape);
-
 
 }  // namespace lgpt
 

@@ -59,17 +59,32 @@ absl::StatusOr<std::unique_ptr<PolicyKVCache>> PolicyKVCache::Create(
                      options.max_sequence_length, " tokens), got ", policy.budget));
   }
   if (options.max_sequence_length > std::numeric_limits<int32_t>::max()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "PolicyKVCacheOptions.max_sequence_length must be at most ",
-        std::numeric_limits<int32_t>::max(), " (positions are stored as int32), got ",
-        options.max_sequence_length));
+    return absl::InvalidArgumentError(
+        absl::StrCat("PolicyKVCacheOptions.max_sequence_length must be at most ",
+                     std::numeric_limits<int32_t>::max(), " (positions are stored as int32), got ",
+                     options.max_sequence_length));
+  }
+  if (policy.kind == PolicyKind::kQH2O && options.bits == 16) {
+    return absl::InvalidArgumentError(
+        "PolicyKVCacheOptions.bits must be 8 or 4 for policy qh2o (it scores quantisation error)");
+  }
+  if (!policy.layer_budgets.empty() && policy.layer_budgets.size() != options.layers.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("PolicyKVCacheOptions.policy.layer_budgets has ",
+                                                   policy.layer_budgets.size(), " entries for ",
+                                                   options.layers.size(), " layers"));
+  }
+  if (!policy.layer_budgets.empty() && options.cache_positions) {
+    return absl::InvalidArgumentError(
+        "PolicyKVCacheOptions.cache_positions needs one budget for every layer, got "
+        "policy.layer_budgets");
   }
   std::unique_ptr<PolicyKVCache> cache(new PolicyKVCache(options));
   for (size_t i = 0; i < options.layers.size(); ++i) {
     const KVLayerSpec& spec = options.layers[i];
     Layer layer;
     layer.spec = spec;
-    layer.plan = MakeLayerPlan(policy, spec.sliding_window, options.max_sequence_length);
+    const int64_t budget = policy.layer_budgets.empty() ? policy.budget : policy.layer_budgets[i];
+    layer.plan = MakeLayerPlan(policy, budget, spec.sliding_window, options.max_sequence_length);
     layer.residual = options.bits < 16 ? std::min(options.residual, layer.plan.recent) : 0;
     layer.main_budget = layer.plan.budget - layer.residual;
     layer.position_groups = layer.plan.scored ? spec.n_query_groups : 1;
@@ -107,7 +122,9 @@ void PolicyKVCache::Reserve(Store& store, const EntryCodec& codec, const Layer& 
   at::Tensor positions =
       at::full({batch, layer.position_groups, capacity}, -1, index_opts.dtype(at::kInt));
   at::Tensor scores;
-  if (layer.plan.scored) scores = at::zeros({batch, groups, capacity}, index_opts.dtype(at::kFloat));
+  if (const int64_t channels = StateChannels(layer.plan); channels > 0) {
+    scores = at::zeros({batch, groups, capacity, channels}, index_opts.dtype(at::kFloat));
+  }
   if (store.capacity > 0) {
     for (size_t i = 0; i < parts.size(); ++i) {
       parts[i].narrow(2, 0, store.capacity).copy_(store.parts[i]);
@@ -187,6 +204,13 @@ std::vector<KVBlockSource> PolicyKVCache::Begin(Layer& layer, const KVStep& step
   pending = Pending();
   pending.rows = rows;
   pending.newest = step.positions.amax(1).view({rows, 1, 1});
+  const EntryCodec& codec = *layer.codec;
+  pending.feature =
+      EntryFeature(layer.plan, keys, values, [&codec](const at::Tensor& k, const at::Tensor& v) {
+        std::pair<at::Tensor, at::Tensor> decoded;
+        codec.Decode(codec.Encode(k, v), &decoded.first, &decoded.second);
+        return decoded;
+      });
   if (steps == 1) {
     PlaceDecode(layer, rows, keys, values, positions);
     pending.kind = Pending::kDecode;
@@ -250,8 +274,9 @@ void PolicyKVCache::Rewind(Layer& layer, const KVStep& step) {
 void PolicyKVCache::PlaceDecode(Layer& layer, int64_t rows, const at::Tensor& keys,
                                 const at::Tensor& values, const at::Tensor& positions) {
   const int64_t groups = layer.spec.n_query_groups, head_size = layer.spec.head_size;
+  const at::Tensor state = FreshState(layer, rows);  // [rows, G, 1, C]
   if (layer.residual == 0) {
-    InsertMain(layer, rows, keys, values, positions, at::Tensor());
+    InsertMain(layer, rows, keys, values, positions, state);
     return;
   }
   Store& ring = layer.ring;
@@ -262,14 +287,19 @@ void PolicyKVCache::PlaceDecode(Layer& layer, int64_t rows, const at::Tensor& ke
   const at::Tensor slot4 = Expand4(slot, groups, head_size);
   if (ring.used >= layer.residual) {
     // The oldest recent entry moves to main (encoded) before the new one takes its slot.
+    at::Tensor moving;
+    if (state.defined()) {
+      moving = Rows(ring.scores, rows).gather(2, Expand4(slot, groups, state.size(3)));
+    }
     InsertMain(layer, rows, ring_keys.gather(2, slot4), ring_values.gather(2, slot4),
-               ring_positions.gather(-1, slot),
-               ring.scores.defined() ? Rows(ring.scores, rows).gather(-1, slot) : at::Tensor());
+               ring_positions.gather(-1, slot), moving);
   }
   ring_keys.scatter_(2, slot4, keys.to(options_.dtype));
   ring_values.scatter_(2, slot4, values.to(options_.dtype));
   ring_positions.scatter_(-1, slot, positions);
-  if (ring.scores.defined()) Rows(ring.scores, rows).scatter_(-1, slot, 0.0);
+  if (state.defined()) {
+    Rows(ring.scores, rows).scatter_(2, Expand4(slot, groups, state.size(3)), state);
+  }
   ring.used = std::min(layer.residual, ring.used + 1);
   ring.high = ring.capacity;
 }
@@ -291,15 +321,45 @@ void PolicyKVCache::InsertMain(Layer& layer, int64_t rows, const at::Tensor& key
     Rows(main.parts[i], rows).scatter_(2, Expand4(slot, groups, encoded[i].size(-1)), encoded[i]);
   }
   main_positions.scatter_(-1, slot, positions);
-  if (main.scores.defined()) {
-    if (scores.defined()) {
-      Rows(main.scores, rows).scatter_(-1, slot, scores);
-    } else {
-      Rows(main.scores, rows).scatter_(-1, slot, 0.0);
-    }
+  if (scores.defined()) {
+    Rows(main.scores, rows).scatter_(2, Expand4(slot, groups, scores.size(3)), scores);
   }
   main.used = std::min(main.used + 1, main.capacity);
   main.high = std::min(main.capacity, std::max(main.high, main.used));
+}
+
+at::Tensor PolicyKVCache::FreshState(const Layer& layer, int64_t rows) const {
+  const int64_t channels = StateChannels(layer.plan);
+  if (channels == 0) return at::Tensor();
+  at::Tensor state = at::zeros({rows, layer.spec.n_query_groups, 1, channels},
+                               at::TensorOptions().dtype(at::kFloat).device(options_.device));
+  if (channels > 1) state.select(3, 1).copy_(layer.pending.feature);
+  return state;
+}
+
+at::Tensor PolicyKVCache::ChunkState(const Layer& layer, const at::Tensor& chunk_scores) const {
+  const int64_t channels = StateChannels(layer.plan);
+  if (channels == 0) return at::Tensor();
+  const Pending& pending = layer.pending;
+  at::Tensor state =
+      at::zeros({pending.rows, layer.spec.n_query_groups, pending.keys.size(2), channels},
+                at::TensorOptions().dtype(at::kFloat).device(options_.device));
+  if (chunk_scores.defined()) state.select(3, 0).copy_(chunk_scores);
+  if (channels > 1) state.select(3, 1).copy_(pending.feature);
+  return state;
+}
+
+at::Tensor PolicyKVCache::ViewFeature(const Layer& layer) const {
+  if (layer.plan.kind != PolicyKind::kH2OVlen) return at::Tensor();
+  const Pending& pending = layer.pending;
+  std::vector<at::Tensor> parts;
+  for (auto [store, size] : {std::make_pair(&layer.main, pending.main_high),
+                             std::make_pair(&layer.ring, pending.ring_size)}) {
+    if (size > 0)
+      parts.push_back(Rows(store->scores, pending.rows).narrow(2, 0, size).select(3, 1));
+  }
+  if (pending.kind == Pending::kChunk) parts.push_back(pending.feature);
+  return at::cat(parts, 2);
 }
 
 void PolicyKVCache::Settle(Layer& layer, const at::Tensor& weights) {
@@ -309,7 +369,8 @@ void PolicyKVCache::Settle(Layer& layer, const at::Tensor& weights) {
   const int64_t chunk = pending.kind == Pending::kChunk ? pending.positions.size(2) : 0;
   at::Tensor chunk_scores;
   if (layer.plan.scored && weights.defined()) {
-    at::Tensor step = StepScores(layer.plan, weights, groups).contiguous();  // [rows, G, S]
+    at::Tensor step =  // [rows, G, S]
+        StepScores(layer.plan, weights, groups, ViewFeature(layer)).contiguous();
     if (layer.spec.score_reducer) layer.spec.score_reducer->Reduce(step);
     TORCH_CHECK(
         step.size(0) == rows && step.size(2) == pending.main_high + pending.ring_size + chunk,
@@ -319,7 +380,7 @@ void PolicyKVCache::Settle(Layer& layer, const at::Tensor& weights) {
     for (auto [store, size] : {std::make_pair(&layer.main, pending.main_high),
                                std::make_pair(&layer.ring, pending.ring_size)}) {
       if (size > 0) {
-        at::Tensor target = Rows(store->scores, rows).narrow(2, 0, size);
+        at::Tensor target = Rows(store->scores, rows).narrow(2, 0, size).select(3, 0);
         const at::Tensor part = step.narrow(2, offset, size);
         if (replace) {
           target.copy_(part);
@@ -334,11 +395,7 @@ void PolicyKVCache::Settle(Layer& layer, const at::Tensor& weights) {
   if (pending.kind == Pending::kDecode) {
     EvictDecode(layer);
   } else {
-    if (!chunk_scores.defined() && layer.plan.scored) {
-      chunk_scores = at::zeros({rows, groups, chunk},
-                               at::TensorOptions().dtype(at::kFloat).device(options_.device));
-    }
-    Compact(layer, chunk_scores);
+    Compact(layer, ChunkState(layer, chunk_scores));
   }
   pending = Pending();
 }
@@ -347,7 +404,8 @@ void PolicyKVCache::EvictDecode(Layer& layer) {
   Store& main = layer.main;
   if (!layer.plan.evicts() || main.used <= layer.main_budget) return;
   const Pending& pending = layer.pending;
-  at::Tensor positions = Rows(main.positions, pending.rows).narrow(2, 0, main.high);  // [rows, P, high]
+  at::Tensor positions =
+      Rows(main.positions, pending.rows).narrow(2, 0, main.high);  // [rows, P, high]
   const at::Tensor scores = main.scores.defined()
                                 ? Rows(main.scores, pending.rows).narrow(2, 0, main.high)
                                 : at::Tensor();
@@ -389,7 +447,10 @@ PolicyKVCache::Recent PolicyKVCache::TakeIntoRing(Layer& layer, const at::Tensor
     Rows(ring.parts[0], rows).copy_(recent_keys.gather(2, top4));
     Rows(ring.parts[1], rows).copy_(recent_values.gather(2, top4));
     Rows(ring.positions, rows).copy_(top_positions);
-    if (ring.scores.defined()) Rows(ring.scores, rows).copy_(recent_scores.gather(-1, top_index));
+    if (ring.scores.defined()) {
+      Rows(ring.scores, rows)
+          .copy_(recent_scores.gather(2, Expand4(top_index, groups, recent_scores.size(3))));
+    }
     const at::Tensor in_ring =
         at::zeros_like(recent_positions, at::kBool).scatter_(-1, top_index, top_positions >= 0);
     migrant_positions = recent_positions.masked_fill(in_ring, -1);
@@ -433,7 +494,9 @@ void PolicyKVCache::KeepInMain(Layer& layer, const Recent& recent) {
     index = index.gather(-1, order);
     kept_positions = candidate_positions.gather(-1, index).masked_fill_(
         valid.gather(-1, order).logical_not(), -1);
-    if (candidate_scores.defined()) kept_scores = candidate_scores.gather(-1, index);
+    if (candidate_scores.defined()) {
+      kept_scores = candidate_scores.gather(2, Expand4(index, groups, candidate_scores.size(3)));
+    }
     for (size_t i = 0; i < encoded.size(); ++i) {
       const at::Tensor source =
           high > 0 ? at::cat({Rows(main.parts[i], rows).narrow(2, 0, high), encoded[i]}, 2)
@@ -556,8 +619,8 @@ std::optional<int64_t> PolicyKVCache::MaxBytes() const {
   int64_t bytes = 0;
   for (const Layer& layer : layers_) {
     const int64_t groups = layer.spec.n_query_groups;
-    // Per slot of a row: int32 positions and, for scoring policies, float32 scores.
-    const int64_t index = 4 * layer.position_groups + (layer.plan.scored ? 4 * groups : 0);
+    // Per slot of a row: int32 positions and, for scoring policies, float32 state.
+    const int64_t index = 4 * layer.position_groups + 4 * groups * StateChannels(layer.plan);
     bytes += options_.batch_size * MaxMainCapacity(layer) *
              (groups * layer.codec->BytesPerEntry() + index);
     if (layer.residual > 0 && layer.ring_codec != nullptr) {

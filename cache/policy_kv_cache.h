@@ -5,16 +5,18 @@
 // Storage of one layer, per (row, group):
 //   main  up to `main_budget + 1` slots (grown on demand, doubling) of encoded entries with
 //         their positions (-1: empty) and policy scores; slots are filled in any order.
-// Index bytes: positions are int32 and, where the policy decides from positions alone (window,
-// sink, dense, h2o whose recent window is its whole budget), shared by the row's groups (one
-// slot layout for all of them); only scoring policies (h2o, tova) keep positions per group and
-// a float32 score per entry. So an int8/int4 entry's bookkeeping is 4 / n_query_groups bytes
-// (window, sink) or 8 bytes (h2o, tova) beside its 2 · (head_size · bits / 8 + 2 · head_size /
-// group_size) bytes of keys and values.
 //   ring  quantised caches only: the `residual` most recent entries in full precision (KIVI's
 //         residual). An entry leaving the ring is encoded into main; the policy never evicts
 //         ring entries (residual <= the policy's protected recent window).
 // Between steps a layer holds at most plan.budget = main_budget + residual entries.
+//
+// Index bytes: positions are int32 and, where the policy decides from positions alone (window,
+// sink, dense, h2o whose recent window is its whole budget), shared by the row's groups (one
+// slot layout for all of them); only scoring policies keep positions per group and float32
+// state per entry (the score; h2o-vlen adds the value's norm, qh2o the quantisation error).
+// So an int8/int4 entry's bookkeeping is 4 / n_query_groups bytes (window, sink), 8 bytes
+// (h2o, tova) or 12 (h2o-vlen, qh2o) beside its 2 · (head_size · bits / 8 + 2 · head_size /
+// group_size) bytes of keys and values.
 //
 // A step attends to what the layer kept after the previous step plus the step's own entries,
 // and only then evicts down to the budget: a decode step writes its entry into main's spare
@@ -68,10 +70,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "core/ops/attention.h"
 #include "cache/eviction_policy.h"
 #include "cache/kv_cache.h"
 #include "cache/kv_codec.h"
+#include "core/ops/attention.h"
 
 namespace lgpt {
 
@@ -133,8 +135,8 @@ class PolicyKVCache : public KVCache {
   struct Store {
     std::vector<at::Tensor> parts;  // encoded entries, each [B, G, capacity, width]
     at::Tensor positions;           // [B, P, capacity] int32, -1 where empty (P: Layer)
-    at::Tensor scores;              // [B, G, capacity] float32: the policy's scores (scoring
-                                    // policies only; undefined otherwise)
+    at::Tensor scores;  // [B, G, capacity, StateChannels] float32: the policy's state (scoring
+                        // policies only; undefined otherwise)
     int64_t capacity = 0;
     int64_t used = 0;  // upper bound on the live entries of any (row, group)
     int64_t high = 0;  // upper bound on (highest live slot + 1): views stop there
@@ -148,6 +150,7 @@ class PolicyKVCache : public KVCache {
     at::Tensor keys, values;  // chunk: [rows, G, T, hs]
     at::Tensor positions;     // chunk: [rows, P, T] int32
     at::Tensor newest;        // [rows, 1, 1]: the newest position of each row
+    at::Tensor feature;       // [rows, G, T]: EntryFeature of the step's entries (or undefined)
   };
   struct Layer {
     KVLayerSpec spec;
@@ -171,6 +174,13 @@ class PolicyKVCache : public KVCache {
   std::vector<KVBlockSource> Begin(Layer& layer, const KVStep& step, const at::Tensor& keys,
                                    const at::Tensor& values);
   void Settle(Layer& layer, const at::Tensor& weights);
+  // Policy state of the step's new entries: [rows, G, 1, C] for a decode step (score 0 and
+  // the entry's feature), [rows, G, T, C] for a chunk with its scores [rows, G, T]; undefined
+  // for policies without state.
+  at::Tensor FreshState(const Layer& layer, int64_t rows) const;
+  at::Tensor ChunkState(const Layer& layer, const at::Tensor& chunk_scores) const;
+  // h2o-vlen: the value norms of the step's view [rows, G, S] (main, ring, chunk).
+  at::Tensor ViewFeature(const Layer& layer) const;
   void Rewind(Layer& layer, const KVStep& step);
   void PlaceDecode(Layer& layer, int64_t rows, const at::Tensor& keys, const at::Tensor& values,
                    const at::Tensor& positions);

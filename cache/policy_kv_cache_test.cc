@@ -6,9 +6,9 @@
 #include <set>
 
 #include "absl/strings/match.h"
-#include "core/ops/attention.h"
 #include "cache/dense_kv_cache.h"
 #include "cache/kv_cache_factory.h"
+#include "core/ops/attention.h"
 #include "gtest/gtest.h"
 
 namespace lgpt {
@@ -93,7 +93,7 @@ at::Tensor Drive(KVCache& cache, int64_t total, int64_t prompt, int64_t chunk, b
       at::Tensor weights;
       const at::Tensor y =
           AttendBlockwise(q, kGroups, {TensorSource(view->keys, view->values, view->positions)},
-                             step.positions, params, &weights);
+                          step.positions, params, &weights);
       if (cache.WantsAttentionWeights(layer)) cache.ObserveAttentionWeights(layer, weights);
       outputs.push_back(y);
     }
@@ -255,6 +255,57 @@ TEST(PolicyKVCacheTest, QuantisedCachesKeepTheRecentEntriesInFullPrecision) {
   EXPECT_EQ(quantised, 9);  // 12 kept + the new entry
 }
 
+TEST(PolicyKVCacheTest, ScorePolicyOptionsThroughTheCache) {
+  AttentionParams params;
+  // Per-layer budgets: each layer keeps its own number of entries.
+  PolicyKVCacheOptions options = Options(PolicyKind::kH2OVlen, 12, 8, {0, 0});
+  options.policy.layer_budgets = {12, 6};
+  options.policy.grace_period = 2;
+  options.policy.normalize_scores = true;
+  auto cache = MakeCache(options);
+  EXPECT_EQ(cache->plan(0).budget, 12);
+  EXPECT_EQ(cache->plan(1).budget, 6);
+  EXPECT_EQ(cache->plan(1).recent, 2);
+  for (int64_t p = 0; p < 30; p += p == 0 ? 5 : 1) {
+    const int64_t length = p == 0 ? 5 : 1;
+    auto [k, v] = Entries(1, p, length);
+    for (int64_t layer = 0; layer < 2; ++layer) {
+      ASSERT_TRUE(
+          cache->UpdateAndAttend(layer, Step(1, p, length), Queries(1, p, length), k, v, params)
+              .ok());
+    }
+    const int64_t newest = p + length - 1;
+    for (int64_t layer = 0; layer < 2; ++layer) {
+      for (int64_t group = 0; group < kGroups; ++group) {
+        const std::vector<int64_t> kept = cache->KeptPositions(layer, 0, group);
+        ASSERT_EQ(static_cast<int64_t>(kept.size()),
+                  std::min(newest + 1, cache->plan(layer).budget));
+        // The grace period: the two newest positions always stay.
+        ASSERT_EQ(kept.back(), newest);
+        if (newest > 0) ASSERT_EQ(kept[kept.size() - 2], newest - 1);
+      }
+    }
+  }
+}
+
+TEST(PolicyKVCacheTest, RefusesImpossibleScorePolicyOptions) {
+  PolicyKVCacheOptions options = Options(PolicyKind::kQH2O, 8, 16);
+  auto qh2o = PolicyKVCache::Create(options);
+  ASSERT_FALSE(qh2o.ok());
+  EXPECT_TRUE(absl::StrContains(qh2o.status().message(), "bits must be 8 or 4 for policy qh2o"));
+  options = Options(PolicyKind::kH2O, 8, 16, {0, 0});
+  options.policy.layer_budgets = {8, 8, 8};
+  auto mismatch = PolicyKVCache::Create(options);
+  ASSERT_FALSE(mismatch.ok());
+  EXPECT_TRUE(absl::StrContains(mismatch.status().message(), "layer_budgets has 3 entries for 2"));
+  KVCacheSpec spec{"qh2o", 8, 16};
+  EXPECT_TRUE(absl::StrContains(ValidateKVCacheSpec(spec).message(), "KVCacheSpec.bits 8 or 4"));
+  spec = KVCacheSpec{"h2o", 8, 16};
+  spec.budget_rule = "cone";
+  EXPECT_TRUE(absl::StrContains(ValidateKVCacheSpec(spec).message(),
+                                "KVCacheSpec.budget_rule must be uniform or pyramid"));
+}
+
 TEST(PolicyKVCacheTest, BytesFollowTheFormula) {
   // 2 layers, batch 2, budget 40 reached: main holds budget - residual + 1 slots.
   for (int bits : {16, 8, 4}) {
@@ -303,9 +354,8 @@ TEST(PolicyKVCacheTest, QuantisedEntriesWithTheirIndexAgainstA16BitEntry) {
   };
   // The default model's layers (2 groups of 32 channels) and a Llama-7B-like layer.
   for (const Geometry g : {Geometry{2, 32}, Geometry{8, 128}, Geometry{32, 128}}) {
-    for (PolicyKind kind :
-         {PolicyKind::kDense, PolicyKind::kWindow, PolicyKind::kSink, PolicyKind::kH2O,
-          PolicyKind::kTova}) {
+    for (PolicyKind kind : {PolicyKind::kDense, PolicyKind::kWindow, PolicyKind::kSink,
+                            PolicyKind::kH2O, PolicyKind::kTova}) {
       for (int bits : {8, 4}) {
         PolicyKVCacheOptions options;
         options.max_sequence_length = 4096;

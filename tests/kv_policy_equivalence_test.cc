@@ -11,13 +11,13 @@
 #include <string>
 #include <vector>
 
-#include "core/ops/attention.h"
 #include "cache/dense_kv_cache.h"
 #include "cache/kv_cache_factory.h"
 #include "cache/policy_kv_cache.h"
-#include "core/config/config_presets.h"
 #include "core/base/device.h"
+#include "core/config/config_presets.h"
 #include "core/model/gpt.h"
+#include "core/ops/attention.h"
 #include "gtest/gtest.h"
 #include "tests/test_models.h"
 
@@ -89,7 +89,7 @@ TEST_P(KVPolicyEquivalenceTest, EveryPolicyWithACoveringBudgetEqualsDense) {
     const at::Tensor expected = CachedLogits(*model, **dense, tokens, chunk);
     ASSERT_GT(expected.abs().max().item<double>(), 0.1);
     for (PolicyKind kind : {PolicyKind::kDense, PolicyKind::kWindow, PolicyKind::kSink,
-                            PolicyKind::kH2O, PolicyKind::kTova}) {
+                            PolicyKind::kH2O, PolicyKind::kTova, PolicyKind::kH2OVlen}) {
       auto cache = PolicyCache(*model, kind, kTotal, 16);
       const at::Tensor got = CachedLogits(*model, *cache, tokens, chunk);
       EXPECT_LT((got - expected).abs().max().item<double>(), 1e-5)
@@ -127,12 +127,40 @@ TEST_P(KVPolicyEquivalenceTest, FactoryCachesAtFullBudgetEqualDense) {
   shape.layers = model->CacheLayout();
   shape.dtype = model->dtype();
   shape.device = model->device();
-  for (const char* policy : {"dense", "window", "sink", "h2o", "tova"}) {
+  for (const char* policy : {"dense", "window", "sink", "h2o", "tova", "h2o-vlen"}) {
     auto cache = MakeKVCache({policy, kTotal, 16}, shape);
     ASSERT_TRUE(cache.ok()) << cache.status();
     EXPECT_LT((CachedLogits(*model, **cache, tokens, 4) - expected).abs().max().item<double>(),
               1e-5)
         << policy;
+  }
+  // The score policies' options change nothing while nothing is evicted: grace periods,
+  // normalised scores, pyramid budgets (whose smallest layer budget still covers the sequence).
+  for (const char* policy : {"h2o", "tova", "h2o-vlen"}) {
+    KVCacheSpec spec{policy, kTotal, 16};
+    spec.grace_period = 3;
+    spec.normalize_scores = true;
+    auto cache = MakeKVCache(spec, shape);
+    ASSERT_TRUE(cache.ok()) << cache.status();
+    spec.budget = 2 * kTotal;
+    spec.budget_rule = "pyramid";
+    auto pyramid = MakeKVCache(spec, shape);
+    ASSERT_TRUE(pyramid.ok()) << pyramid.status();
+    for (KVCache* c : {cache->get(), pyramid->get()}) {
+      EXPECT_LT((CachedLogits(*model, *c, tokens, 4) - expected).abs().max().item<double>(), 1e-5)
+          << policy;
+    }
+  }
+  // qh2o scores quantisation error, so it runs on int8/int4 storage: at full budget it equals
+  // h2o on the same storage (itself within rounding of dense:
+  // EveryPolicyWithACoveringBudgetEqualsDense), bit for bit.
+  for (int bits : {8, 4}) {
+    auto h2o = MakeKVCache({"h2o", kTotal, bits}, shape);
+    auto qh2o = MakeKVCache({"qh2o", kTotal, bits}, shape);
+    ASSERT_TRUE(h2o.ok() && qh2o.ok()) << qh2o.status();
+    EXPECT_TRUE(
+        at::equal(CachedLogits(*model, **qh2o, tokens, 4), CachedLogits(*model, **h2o, tokens, 4)))
+        << bits << " bits";
   }
 }
 
@@ -149,9 +177,11 @@ INSTANTIATE_TEST_SUITE_P(Presets, KVPolicyEquivalenceTest,
 // the decisions that follow from the kernel's weights, for every policy and width.
 TEST(KVPolicyInPlaceTest, InPlaceAttentionEqualsTheAttentionKernel) {
   const int64_t groups = 2, n_head = 6, head_size = 16, total = 40, prompt = 13;
-  for (PolicyKind kind : {PolicyKind::kDense, PolicyKind::kWindow, PolicyKind::kSink,
-                          PolicyKind::kH2O, PolicyKind::kTova}) {
+  for (PolicyKind kind :
+       {PolicyKind::kDense, PolicyKind::kWindow, PolicyKind::kSink, PolicyKind::kH2O,
+        PolicyKind::kTova, PolicyKind::kH2OVlen, PolicyKind::kQH2O}) {
     for (int bits : {16, 8, 4}) {
+      if (kind == PolicyKind::kQH2O && bits == 16) continue;  // refused: it needs 8 or 4 bits
       PolicyKVCacheOptions options;
       options.max_sequence_length = 64;
       options.layers = {{groups, head_size, 0}, {groups, head_size, 6}};
@@ -264,8 +294,9 @@ TEST(KVPolicyInPlaceTest, ModelLogitsAreTheSameFromViewsAndInPlace) {
 
 TEST(KVPolicyBytesTest, BudgetedBytesStayFlatWhileDecodingFarPastTheBudget) {
   GPT model = RandomModel("Gemma-2-2b");
-  for (const char* policy : {"window", "sink", "h2o", "tova"}) {
+  for (const char* policy : {"window", "sink", "h2o", "tova", "h2o-vlen", "qh2o"}) {
     for (int bits : {16, 8, 4}) {
+      if (std::string(policy) == "qh2o" && bits == 16) continue;  // refused (8 or 4 bits only)
       KVCacheSpec spec{policy, 8, bits};
       spec.sink_tokens = 2;
       spec.residual = 2;

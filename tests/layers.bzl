@@ -35,6 +35,11 @@ LAYERS = [
         uses = ["base", "config", "ops", "io", "nn", "cache", "attention", "dist", "model"],
     ),
     struct(
+        name = "train",
+        packages = ["core/train"],
+        uses = ["base", "config", "ops", "io", "nn", "cache", "attention", "dist", "model"],
+    ),
+    struct(
         name = "top",
         packages = ["", "tests", "tools", "tools/server"],
         uses = [
@@ -51,6 +56,7 @@ LAYERS = [
             "model",
             "peft",
             "serving",
+            "train",
         ],
     ),
 ]

@@ -51,18 +51,18 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "cache/attention_probe.h"
-#include "tools/plot.h"
 #include "cache/kv_cache_factory.h"
-#include "core/config/config_presets.h"
 #include "core/base/device.h"
+#include "core/base/status_macros.h"
+#include "core/config/config_presets.h"
 #include "core/model/cache_positions.h"
 #include "core/model/checkpoint.h"
 #include "core/model/gpt.h"
-#include "core/base/status_macros.h"
 #include "core/text/tokenizer.h"
-#include "tools/progress.h"
-#include "tools/peft_flags.h"
 #include "tools/load_flags.h"
+#include "tools/peft_flags.h"
+#include "tools/plot.h"
+#include "tools/progress.h"
 #include "tools/tool_util.h"
 
 ABSL_FLAG(std::string, checkpoint_dir, "",
@@ -80,7 +80,8 @@ ABSL_FLAG(std::string, token_file, "", "token ids to score, separated by commas 
 ABSL_FLAG(int64_t, random_tokens, 0, "score this many random token ids (smoke runs)");
 ABSL_FLAG(int64_t, max_tokens, 0, "score at most this many tokens; 0: all");
 ABSL_FLAG(std::string, budgets, "64,128,256", "entries per layer, comma-separated");
-ABSL_FLAG(std::string, policies, "dense,window,sink,h2o", "dense, window, sink, h2o, tova");
+ABSL_FLAG(std::string, policies, "dense,window,sink,h2o",
+          "dense, window, sink, h2o, tova, h2o-vlen, qh2o (8/4 bits only: skipped at 16)");
 ABSL_FLAG(std::string, bits, "16,8,4",
           "16 (full precision: the model's dtype, reported with its real width, e.g. 32 for "
           "float32), 8, 4; comma-separated");
@@ -88,6 +89,9 @@ ABSL_FLAG(int64_t, kv_sink, 4, "sink tokens of the sink policy");
 ABSL_FLAG(int64_t, kv_residual, 16, "quantised caches: recent entries kept in full precision");
 ABSL_FLAG(int64_t, kv_group, 32, "quantised caches: channels sharing one scale");
 ABSL_FLAG(double, kv_recent_fraction, 0.5, "h2o: the recent window's share of the budget");
+ABSL_FLAG(int64_t, kv_grace, -1, "score policies: newest positions never evicted (-1: default)");
+ABSL_FLAG(bool, kv_normalize_scores, false, "h2o family: scores per query that saw the entry");
+ABSL_FLAG(std::string, kv_budget_rule, "uniform", "uniform or pyramid (per-layer budgets)");
 ABSL_FLAG(int64_t, chunk, 1, "tokens fed a step (1: token by token)");
 ABSL_FLAG(std::string, kv_positions, "absolute",
           "absolute, or cache: window and sink caches stream with positions within the cache, "
@@ -344,6 +348,10 @@ int Run(const std::vector<LoraAdapterSpec>& loras) {
     spec.residual = absl::GetFlag(FLAGS_kv_residual);
     spec.group_size = absl::GetFlag(FLAGS_kv_group);
     spec.recent_fraction = absl::GetFlag(FLAGS_kv_recent_fraction);
+    spec.grace_period = absl::GetFlag(FLAGS_kv_grace);
+    spec.normalize_scores = absl::GetFlag(FLAGS_kv_normalize_scores);
+    if (policy != "dense") spec.budget_rule = absl::GetFlag(FLAGS_kv_budget_rule);
+    if (policy == "qh2o" && bits == 16) return;  // scores quantisation error: 8/4 bits only
     if (policy != "dense") spec.positions = absl::GetFlag(FLAGS_kv_positions);
     if (absl::Status status = ValidateKVCacheSpec(spec); !status.ok()) {
       Die(absl::InvalidArgumentError(absl::StrCat("--policies/--budgets/--bits combination ",

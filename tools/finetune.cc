@@ -23,26 +23,28 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "core/config/config.h"
-#include "core/model/checkpoint.h"
+#include "cache/kv_cache_factory.h"
 #include "core/base/output_dir.h"
+#include "core/config/config.h"
+#include "core/io/torch_pickle_writer.h"
+#include "core/model/checkpoint.h"
+#include "core/model/quantize_model.h"
 #include "core/text/prompt_style.h"
 #include "core/text/tokenizer.h"
-#include "core/io/torch_pickle_writer.h"
 #include "peft/lora.h"
-#include "core/model/quantize_model.h"
 #include "tools/devices_flags.h"
 #include "tools/finetune_model.h"
+#include "tools/load_flags.h"
 #include "tools/progress.h"
 #include "tools/sft_data.h"
 #include "tools/sft_trainer.h"
-#include "tools/load_flags.h"
 #include "tools/tool_util.h"
 
 ABSL_FLAG(std::string, method, "lora", "lora, adapter, adapter_v2 or full");
@@ -77,6 +79,20 @@ ABSL_FLAG(int64_t, eval_interval, 50, "optimizer steps between validation runs")
 ABSL_FLAG(int64_t, eval_iters, 100, "micro-batches per validation run");
 ABSL_FLAG(int64_t, log_interval, 10, "optimizer steps between progress lines");
 ABSL_FLAG(uint64_t, seed, 1337, "random seed (split, order, initialisation, dropout)");
+ABSL_FLAG(std::string, kv_cache, "",
+          "cache-aware training: sequences run in chunks through this KV cache policy (dense, "
+          "window, sink, h2o, tova, h2o-vlen, qh2o) and gradients are those of that chunked "
+          "computation; empty: plain training over whole sequences");
+ABSL_FLAG(int64_t, kv_budget, 0, "with --kv_cache: entries kept per layer (and row, group)");
+ABSL_FLAG(int, kv_bits, 16, "with --kv_cache: 16 (the model's dtype), 8 or 4");
+ABSL_FLAG(int64_t, kv_sink, 4, "with --kv_cache=sink: first tokens always kept");
+ABSL_FLAG(int64_t, kv_grace, -1, "with a score policy: newest positions never evicted");
+ABSL_FLAG(bool, kv_normalize_scores, false, "h2o family: scores per query that saw the entry");
+ABSL_FLAG(std::string, kv_budget_rule, "uniform", "uniform or pyramid (per-layer budgets)");
+ABSL_FLAG(int64_t, chunk_size, 128, "with --kv_cache: tokens a step through the cache");
+ABSL_FLAG(int64_t, first_chunk, 0,
+          "with --kv_cache: tokens of the first step; 0: --kv_budget (the prefill fills the "
+          "cache), or --chunk_size for dense");
 ABSL_FLAG(bool, merge, false, "also write a merged plain lit_model.pth (lora, full)");
 ABSL_FLAG(std::string, quantize, "none",
           "lora only: int8 freezes the base projections in int8 (QLoRA-style; the saved LoRA "
@@ -92,9 +108,8 @@ constexpr char kDefaultModelDir[] = "tools/default_model";
 std::string HyperparametersYaml(const std::string& base_dir, const Config& config,
                                 PeftMethod method) {
   // LitGPT's merge_lora reads checkpoint_dir, precision and the lora_* keys from here.
-  std::string yaml =
-      absl::StrCat("checkpoint_dir: ", fs::absolute(base_dir).string(), "\n",
-                   "method: ", PeftMethodName(method), "\n", "precision: 32-true\n");
+  std::string yaml = absl::StrCat("checkpoint_dir: ", fs::absolute(base_dir).string(), "\n",
+                                  "method: ", PeftMethodName(method), "\n", "precision: 32-true\n");
   if (method == PeftMethod::kLora) {
     absl::StrAppend(&yaml, "lora_r: ", config.lora_r, "\nlora_alpha: ", config.lora_alpha,
                     "\nlora_dropout: ", config.lora_dropout,
@@ -111,12 +126,42 @@ std::string HyperparametersYaml(const std::string& base_dir, const Config& confi
                   "\nepochs: ", absl::GetFlag(FLAGS_epochs),
                   "\nmicro_batch_size: ", absl::GetFlag(FLAGS_micro_batch_size),
                   "\nglobal_batch_size: ", absl::GetFlag(FLAGS_global_batch_size),
-                  "\ndevices: ", absl::GetFlag(FLAGS_devices),
-                  "\nlr: ", absl::GetFlag(FLAGS_lr), "\nmin_lr: ", absl::GetFlag(FLAGS_min_lr),
+                  "\ndevices: ", absl::GetFlag(FLAGS_devices), "\nlr: ", absl::GetFlag(FLAGS_lr),
+                  "\nmin_lr: ", absl::GetFlag(FLAGS_min_lr),
                   "\nwarmup_steps: ", absl::GetFlag(FLAGS_warmup_steps),
                   "\nweight_decay: ", absl::GetFlag(FLAGS_weight_decay),
                   "\nseed: ", absl::GetFlag(FLAGS_seed), "\n");
   return yaml;
+}
+
+// --kv_cache and its companions; nullopt without --kv_cache. Exits on bad values, naming flags.
+std::optional<ChunkedTrainingOptions> ChunkedOptionsFromFlags() {
+  const std::string policy = absl::GetFlag(FLAGS_kv_cache);
+  if (policy.empty()) return std::nullopt;
+  ChunkedTrainingOptions options;
+  KVCacheSpec& spec = options.cache;
+  spec.policy = policy;
+  spec.budget = absl::GetFlag(FLAGS_kv_budget);
+  spec.bits = absl::GetFlag(FLAGS_kv_bits);
+  spec.sink_tokens = absl::GetFlag(FLAGS_kv_sink);
+  spec.grace_period = absl::GetFlag(FLAGS_kv_grace);
+  spec.normalize_scores = absl::GetFlag(FLAGS_kv_normalize_scores);
+  spec.budget_rule = absl::GetFlag(FLAGS_kv_budget_rule);
+  DieIfError(ValidateKVCacheSpec(spec));
+  options.chunk_size = absl::GetFlag(FLAGS_chunk_size);
+  options.first_chunk = absl::GetFlag(FLAGS_first_chunk);
+  if (options.chunk_size < 1) {
+    Die(absl::InvalidArgumentError(
+        absl::StrCat("--chunk_size must be >= 1, got ", options.chunk_size)));
+  }
+  if (options.first_chunk < 0) {
+    Die(absl::InvalidArgumentError(
+        absl::StrCat("--first_chunk must be >= 0, got ", options.first_chunk)));
+  }
+  if (options.first_chunk == 0) {
+    options.first_chunk = policy == "dense" ? options.chunk_size : spec.budget;
+  }
+  return options;
 }
 
 }  // namespace
@@ -142,8 +187,7 @@ int main(int argc, char** argv) {
     Die(absl::InvalidArgumentError(absl::StrCat(
         "--eval_iters must be >= 0 (0: no validation), got ", absl::GetFlag(FLAGS_eval_iters))));
   }
-  if (absl::GetFlag(FLAGS_merge) && method != PeftMethod::kLora &&
-      method != PeftMethod::kFull) {
+  if (absl::GetFlag(FLAGS_merge) && method != PeftMethod::kLora && method != PeftMethod::kFull) {
     Die(absl::InvalidArgumentError(absl::StrCat("--merge: ", PeftMethodName(method),
                                                 " cannot be merged into a base checkpoint")));
   }
@@ -154,8 +198,8 @@ int main(int argc, char** argv) {
   }
   const bool int8_base = quantize == "int8";
   if (int8_base && method != PeftMethod::kLora) {
-    Die(absl::InvalidArgumentError(absl::StrCat("--quantize=int8 is for --method=lora, not ",
-                                                PeftMethodName(method))));
+    Die(absl::InvalidArgumentError(
+        absl::StrCat("--quantize=int8 is for --method=lora, not ", PeftMethodName(method))));
   }
   if (int8_base && absl::GetFlag(FLAGS_merge)) {
     Die(absl::InvalidArgumentError(
@@ -197,6 +241,7 @@ int main(int argc, char** argv) {
   DieIfError(config.Finalize());
   // The model's config is checked before the data is read (a bad --lora_r fails at once).
   if (method == PeftMethod::kLora) DieIfError(LoraParts(config).status());
+  const std::optional<ChunkedTrainingOptions> chunked = ChunkedOptionsFromFlags();
   int64_t max_seq_length = absl::GetFlag(FLAGS_max_seq_length);
   if (max_seq_length == 0) max_seq_length = config.block_size;
   if (max_seq_length < 2 || max_seq_length > config.block_size) {
@@ -243,6 +288,13 @@ int main(int argc, char** argv) {
                  static_cast<long long>(max_seq_length));
   }
 
+  if (chunked && lead) {
+    std::fprintf(stderr, "cache-aware training: %s, chunks of %lld (first %lld)\n",
+                 DescribeKVCacheSpec(chunked->cache).c_str(),
+                 static_cast<long long>(chunked->chunk_size),
+                 static_cast<long long>(chunked->first_chunk));
+  }
+
   // Model: the method's architecture, base weights, only the method's parameters trainable.
   at::manual_seed(absl::GetFlag(FLAGS_seed));
   GPT model = ValueOrDie(CreateFinetuneModel(config, method, int8_base));
@@ -274,6 +326,7 @@ int main(int argc, char** argv) {
   options.eval_max_batches = absl::GetFlag(FLAGS_eval_iters);
   options.log_interval = absl::GetFlag(FLAGS_log_interval);
   options.seed = absl::GetFlag(FLAGS_seed);
+  options.chunked = chunked;
   options.group = group;
   options.agree_on = {{"model config", ConfigToYaml(config)},
                       {"method", absl::StrCat(PeftMethodName(method), " base=", quantize)}};

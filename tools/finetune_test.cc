@@ -19,11 +19,11 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
 #include "core/config/config_presets.h"
-#include "core/model/checkpoint.h"
-#include "core/text/prompt_style.h"
 #include "core/io/npy.h"
 #include "core/io/safetensors.h"
 #include "core/io/torch_pickle_writer.h"
+#include "core/model/checkpoint.h"
+#include "core/text/prompt_style.h"
 #include "gtest/gtest.h"
 #include "tests/test_models.h"
 #include "tools/finetune_model.h"
@@ -153,9 +153,7 @@ TEST_P(PeftMethodTest, SavedFileLoadsOnTopOfTheBaseToTheSameLogits) {
 INSTANTIATE_TEST_SUITE_P(Methods, PeftMethodTest,
                          ::testing::Values(PeftMethod::kLora, PeftMethod::kAdapter,
                                            PeftMethod::kAdapterV2, PeftMethod::kFull),
-                         [](const auto& info) {
-                           return std::string(PeftMethodName(info.param));
-                         });
+                         [](const auto& info) { return std::string(PeftMethodName(info.param)); });
 
 // A LitGPT adapter fine-tune (base lit_model.pth plus lit_model.pth.adapter /
 // .adapter_v2, split from LitGPT's golden model in tests/testdata/golden_adapter) loads to
@@ -192,15 +190,12 @@ TEST_P(LitGptAdapterFilesTest, LoadToLitGptLogits) {
 
 INSTANTIATE_TEST_SUITE_P(Adapters, LitGptAdapterFilesTest,
                          ::testing::Values(PeftMethod::kAdapter, PeftMethod::kAdapterV2),
-                         [](const auto& info) {
-                           return std::string(PeftMethodName(info.param));
-                         });
+                         [](const auto& info) { return std::string(PeftMethodName(info.param)); });
 
 TEST(FinetuneTest, MergedLoraEqualsUnmerged) {
   Trained t = Train(PeftMethod::kLora, 5);
   GPT plain = *GPTImpl::Create(t.config);
-  ASSERT_TRUE(
-      LoadStateDict(*plain, *MergedStateDict(*t.model, PeftMethod::kLora), "merged").ok());
+  ASSERT_TRUE(LoadStateDict(*plain, *MergedStateDict(*t.model, PeftMethod::kLora), "merged").ok());
   at::manual_seed(4);
   const at::Tensor tokens = at::randint(0, t.config.vocab_size, {1, 16}, at::kLong);
   EXPECT_LT(MaxDiff(Logits(*plain, tokens), Logits(*t.model, tokens)), 1e-5);
@@ -444,6 +439,44 @@ TEST(FinetuneToolTest, LoraOnTheDefaultModelThenMergeThenGenerate) {
       "never writes into its input");
 }
 
+// Cache-aware training from the tool: sequences in chunks through an h2o cache far smaller
+// than the examples; bad cache flags end with one error line naming the flag.
+TEST(FinetuneToolTest, CacheAwareLoraRunsThroughTheCachePolicy) {
+  const std::string dir = TempDir("tool_chunked");
+  WriteText(dir + "/data.json",
+            "[{\"instruction\": \"Quote Genesis 1:1 to 1:3.\", \"input\": \"\", \"output\": "
+            "\"In the beginning God created the heaven and the earth. And the earth was without "
+            "form, and void; and darkness was upon the face of the deep. And the Spirit of God "
+            "moved upon the face of the waters. And God said, Let there be light: and there was "
+            "light.\"},"
+            " {\"instruction\": \"Which book?\", \"input\": \"The LORD is my shepherd; I "
+            "shall not want. He maketh me to lie down in green pastures\", \"output\": "
+            "\"Psalms\"}]");
+  const std::string common =
+      absl::StrCat("--method=lora --data=", dir, "/data.json --max_steps=2 --global_batch_size=1 ",
+                   "--micro_batch_size=1 --val_split_fraction=0.5 --warmup_steps=1 ");
+  const ToolRun tuned =
+      Execute("finetune", absl::StrCat(common, "--out_dir=", dir, "/out --kv_cache=h2o ",
+                                       "--kv_budget=8 --chunk_size=4 --lora_dropout=0"));
+  ASSERT_EQ(tuned.status, 0) << tuned.err;
+  EXPECT_NE(tuned.err.find("cache-aware training: h2o budget=8 bits=16, chunks of 4 (first 8)"),
+            std::string::npos)
+      << tuned.err;
+  EXPECT_NE(tuned.err.find("final_val_loss="), std::string::npos) << tuned.err;
+  EXPECT_FALSE(ReadAll(dir + "/out/lit_model.pth.lora").empty());
+  ExpectCleanFailure(Execute("finetune", absl::StrCat(common, "--out_dir=", dir,
+                                                      "/bad --kv_cache=qh2o "
+                                                      "--kv_budget=8")),
+                     "--kv_bits 8 or 4");
+  ExpectCleanFailure(Execute("finetune", absl::StrCat(common, "--out_dir=", dir,
+                                                      "/bad --kv_cache=h2o "
+                                                      "--kv_budget=8 --chunk_size=0")),
+                     "--chunk_size must be >= 1");
+  ExpectCleanFailure(
+      Execute("finetune", absl::StrCat(common, "--out_dir=", dir, "/bad --kv_cache=h2o")),
+      "--kv_budget must be >= 1");
+}
+
 // A `finetune` LoRA used at run time: the fine-tune directory itself and --lora over the base
 // score, generate and measure perplexity as the merge_lora output does; bad --lora values
 // end with one error line.
@@ -485,11 +518,11 @@ TEST(FinetuneToolTest, LoraAtRunTimeEqualsTheMergedLora) {
   EXPECT_EQ(MaxDiff(score("--checkpoint_dir=" + base + " --lora=" + dir + "/lora"), finetune), 0);
   // Repeated and comma-separated --lora stack: halves add up to the whole.
   const std::string half = dir + "/lora:0.5";
-  EXPECT_LT(MaxDiff(score("--checkpoint_dir=" + base + " --lora=" + half + " --lora " + half),
-                    finetune),
-            tolerance);
-  EXPECT_LT(MaxDiff(score(absl::StrCat("--checkpoint_dir=", base, " --lora=", dir,
-                                       "/lora:0.25,", dir, "/lora:0.75")),
+  EXPECT_LT(
+      MaxDiff(score("--checkpoint_dir=" + base + " --lora=" + half + " --lora " + half), finetune),
+      tolerance);
+  EXPECT_LT(MaxDiff(score(absl::StrCat("--checkpoint_dir=", base, " --lora=", dir, "/lora:0.25,",
+                                       dir, "/lora:0.75")),
                     finetune),
             tolerance);
   EXPECT_LT(MaxDiff(score("--checkpoint_dir=" + base + " --lora=" + dir + "/lora:0"), base_logits),
@@ -498,8 +531,7 @@ TEST(FinetuneToolTest, LoraAtRunTimeEqualsTheMergedLora) {
   const std::string greedy = " --prompt_ids=1,2,3 --max_new_tokens=8 --temperature=0 --print_ids";
   const ToolRun generated = Execute("generate", "--checkpoint_dir=" + dir + "/lora" + greedy);
   ASSERT_EQ(generated.status, 0) << generated.err;
-  EXPECT_EQ(Execute("generate", "--checkpoint_dir=" + dir + "/merged" + greedy).out,
-            generated.out);
+  EXPECT_EQ(Execute("generate", "--checkpoint_dir=" + dir + "/merged" + greedy).out, generated.out);
   EXPECT_EQ(Execute("generate", "--lora=" + dir + "/lora" + greedy).out, generated.out);
 
   WriteText(dir + "/text.txt", "In the beginning God created the heaven and the earth.\n");
@@ -511,9 +543,10 @@ TEST(FinetuneToolTest, LoraAtRunTimeEqualsTheMergedLora) {
   // eval_cache: the dense perplexity (column 7 of results.csv) is the fine-tune's both ways.
   auto eval_cache = [&](const std::string& flags) {
     const std::string out = dir + "/eval_cache" + std::to_string(scored++);
-    const ToolRun run = Execute(
-        "eval_cache", flags + " --random_tokens=64 --policies=dense --bits=16 "
-                              "--attention_report=false --out_dir=" + out);
+    const ToolRun run = Execute("eval_cache", flags +
+                                                  " --random_tokens=64 --policies=dense --bits=16 "
+                                                  "--attention_report=false --out_dir=" +
+                                                  out);
     EXPECT_EQ(run.status, 0) << flags << ": " << run.err;
     const std::string csv = ReadAll(out + "/results.csv");
     const std::string row = csv.substr(csv.find('\n') + 1);
@@ -531,9 +564,9 @@ TEST(FinetuneToolTest, LoraAtRunTimeEqualsTheMergedLora) {
 
   // Bad --lora values: one line, status 1, naming the flag.
   const std::string ids = " --token_ids=1,2 --logits_out=" + dir + "/bad.npy";
-  ExpectCleanFailure(Execute("score", "--checkpoint_dir=" + base + " --lora=" + dir +
-                                          "/nowhere" + ids),
-                     "--lora[0] " + dir + "/nowhere: no such directory");
+  ExpectCleanFailure(
+      Execute("score", "--checkpoint_dir=" + base + " --lora=" + dir + "/nowhere" + ids),
+      "--lora[0] " + dir + "/nowhere: no such directory");
   ExpectCleanFailure(Execute("score", "--checkpoint_dir=" + base + " --lora=" + base + ids),
                      "no lit_model.pth.lora");
   ExpectCleanFailure(Execute("generate", "--lora=" + dir + "/lora:abc" + greedy),

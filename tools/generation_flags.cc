@@ -19,11 +19,19 @@ ABSL_FLAG(std::string, quantize, "none",
           "none, int8 (q8_0-like: int8 weights, a scale per 32) or int4 (q4_0-like: 4-bit "
           "weights, a scale per 32); every projection and lm_head, quantised at load (CPU, "
           "--precision=32-true)");
-ABSL_FLAG(std::string, kv_cache, "dense", "KV cache policy: dense, window, sink, h2o or tova");
+ABSL_FLAG(std::string, kv_cache, "dense",
+          "KV cache policy: dense, window, sink, h2o, tova, h2o-vlen or qh2o (8/4 bits)");
 ABSL_FLAG(int64_t, kv_budget, 0, "entries kept per layer (and row, group); not for dense");
 ABSL_FLAG(int, kv_bits, 16, "bits per cached key/value: 16 (the model's dtype), 8 or 4");
 ABSL_FLAG(int64_t, kv_sink, 4, "sink: first tokens always kept");
 ABSL_FLAG(int64_t, kv_residual, 16, "8/4 bits: most recent entries kept in full precision");
+ABSL_FLAG(int64_t, kv_grace, -1,
+          "score policies: the newest N positions are never evicted (-1: h2o family half the "
+          "budget, tova none)");
+ABSL_FLAG(bool, kv_normalize_scores, false,
+          "h2o family: divide accumulated scores by the queries that saw the entry");
+ABSL_FLAG(std::string, kv_budget_rule, "uniform",
+          "uniform, or pyramid: per-layer budgets from 1.5x (first layer) to 0.5x (last)");
 ABSL_FLAG(std::string, kv_positions, "absolute",
           "absolute: stream positions (generation ends at the context); cache (window and sink "
           "caches): positions within the cache, so generation goes past the context");
@@ -41,6 +49,9 @@ absl::Status ApplyGenerationFlags(RequestOptions& options) {
   options.kv_cache.bits = absl::GetFlag(FLAGS_kv_bits);
   options.kv_cache.sink_tokens = absl::GetFlag(FLAGS_kv_sink);
   options.kv_cache.residual = absl::GetFlag(FLAGS_kv_residual);
+  options.kv_cache.grace_period = absl::GetFlag(FLAGS_kv_grace);
+  options.kv_cache.normalize_scores = absl::GetFlag(FLAGS_kv_normalize_scores);
+  options.kv_cache.budget_rule = absl::GetFlag(FLAGS_kv_budget_rule);
   options.kv_cache.positions = absl::GetFlag(FLAGS_kv_positions);
   return ValidateKVCacheSpec(options.kv_cache);
 }

@@ -9,7 +9,8 @@
 namespace lgpt {
 
 // --temperature, --top_k, --top_p, --seed and the KV cache flags (--kv_cache, --kv_budget,
-// --kv_bits, --kv_sink, --kv_residual, --kv_positions) into `options`; InvalidArgument naming the
+// --kv_bits, --kv_sink, --kv_residual, --kv_positions, --kv_grace, --kv_normalize_scores,
+// --kv_budget_rule) into `options`; InvalidArgument naming the
 // flag.
 absl::Status ApplyGenerationFlags(RequestOptions& options);
 

@@ -24,6 +24,21 @@ at::Tensor BatchLoss(GPTImpl& model, const SftBatch& batch) {
   return SftLoss(*logits, batch.labels.to(model.device()));
 }
 
+// The micro-batch's loss, through the cache policy when `chunked` is set; with
+// `backward_scale`, adds backward_scale · the loss's gradient to the parameters' .grad.
+absl::StatusOr<double> LossAndBackward(GPTImpl& model, const SftBatch& batch,
+                                       const ChunkedTrainingOptions* chunked,
+                                       std::optional<double> backward_scale) {
+  if (chunked != nullptr) {
+    ASSIGN_OR_RETURN(const ChunkedLossResult result,
+                     ChunkedLoss(model, batch.input_ids, batch.labels, *chunked, backward_scale));
+    return result.loss;
+  }
+  at::Tensor loss = BatchLoss(model, batch);
+  if (backward_scale) (loss * *backward_scale).backward();
+  return loss.item<double>();
+}
+
 std::vector<const SftExample*> Slice(const std::vector<SftExample>& examples,
                                      const std::vector<size_t>& order, size_t begin, size_t n) {
   std::vector<const SftExample*> out;
@@ -45,7 +60,8 @@ int64_t TargetTokens(const SftExample& example) {
 // micro_batch_size examples of each (fewer, or none, in a last partial batch).
 std::pair<double, int64_t> ValidationSums(GPTImpl& model, const std::vector<SftExample>& examples,
                                           int64_t micro_batch_size, int64_t pad_id,
-                                          int64_t max_batches, int rank, int world_size) {
+                                          int64_t max_batches, int rank, int world_size,
+                                          const ChunkedTrainingOptions* chunked) {
   at::NoGradGuard no_grad;
   const bool was_training = model.is_training();
   model.eval();
@@ -60,7 +76,9 @@ std::pair<double, int64_t> ValidationSums(GPTImpl& model, const std::vector<SftE
     if (begin >= order.size()) continue;
     const SftBatch batch = CollateSft(Slice(examples, order, begin, micro_batch_size), pad_id);
     if (batch.target_tokens == 0) continue;
-    total += BatchLoss(model, batch).item<double>() * batch.target_tokens;
+    const absl::StatusOr<double> loss = LossAndBackward(model, batch, chunked, std::nullopt);
+    TORCH_CHECK(loss.ok(), std::string(loss.status().message()));
+    total += *loss * batch.target_tokens;
     tokens += batch.target_tokens;
   }
   model.train(was_training);
@@ -88,9 +106,10 @@ std::string DataFingerprint(const std::vector<SftExample>& examples) {
 }  // namespace
 
 double SftValidationLoss(GPTImpl& model, const std::vector<SftExample>& examples,
-                         int64_t micro_batch_size, int64_t pad_id, int64_t max_batches) {
+                         int64_t micro_batch_size, int64_t pad_id, int64_t max_batches,
+                         const ChunkedTrainingOptions* chunked) {
   const auto [total, tokens] =
-      ValidationSums(model, examples, micro_batch_size, pad_id, max_batches, 0, 1);
+      ValidationSums(model, examples, micro_batch_size, pad_id, max_batches, 0, 1, chunked);
   return tokens > 0 ? total / tokens : std::nan("");
 }
 
@@ -174,7 +193,8 @@ static absl::StatusOr<SftTrainStats> TrainSftUnchecked(GPTImpl& model,
   auto validate = [&](int64_t step) -> absl::Status {
     if (val.empty() || options.eval_max_batches == 0) return absl::OkStatus();
     const auto [total, tokens] =
-        ValidationSums(model, val, micro, options.pad_id, options.eval_max_batches, rank, world);
+        ValidationSums(model, val, micro, options.pad_id, options.eval_max_batches, rank, world,
+                       options.chunked ? &*options.chunked : nullptr);
     double loss = tokens > 0 ? total / tokens : std::nan("");
     if (world > 1) {
       at::Tensor sums = at::tensor({total, static_cast<double>(tokens)}, at::kDouble);
@@ -236,9 +256,11 @@ static absl::StatusOr<SftTrainStats> TrainSftUnchecked(GPTImpl& model,
       // gradients (÷ W) leaves the gradient of the mean over every rank's tokens. One process:
       // the weight is exactly 1.
       const double weight = static_cast<double>(batch.target_tokens) * world / all_targets;
-      at::Tensor loss = BatchLoss(model, batch) * weight / static_cast<double>(accumulate);
-      loss.backward();
-      step_loss += loss.item<double>() / world;
+      const double scale = weight / static_cast<double>(accumulate);
+      ASSIGN_OR_RETURN(
+          const double loss,
+          LossAndBackward(model, batch, options.chunked ? &*options.chunked : nullptr, scale));
+      step_loss += loss * scale / world;
     }
     if (world > 1) {
       at::Tensor sums = at::tensor({step_loss, static_cast<double>(step_tokens)}, at::kDouble);

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -26,6 +27,7 @@
 #include "core/dist/data_parallel.h"
 #include "core/dist/process_group.h"
 #include "core/model/gpt.h"
+#include "core/train/chunked_backward.h"
 #include "tools/sft_data.h"
 
 namespace lgpt {
@@ -59,6 +61,11 @@ struct SftTrainOptions {
   std::shared_ptr<ProcessGroup> group;
   std::vector<AgreementItem> agree_on;
   int64_t bucket_bytes = GradientAllReducerOptions().bucket_bytes;
+
+  // Cache-aware training (core/train/chunked_backward.h): every micro-batch, and validation,
+  // runs through this cache policy in chunks, gradients cell by cell; unset: plain forward
+  // and backward over whole sequences.
+  std::optional<ChunkedTrainingOptions> chunked;
 };
 
 struct SftTrainStats {
@@ -73,9 +80,11 @@ struct SftTrainStats {
   std::vector<std::pair<int64_t, double>> val_losses;
 };
 
-// Mean validation loss over up to `max_batches` micro-batches (in order, no dropout).
+// Mean validation loss over up to `max_batches` micro-batches (in order, no dropout), through
+// `chunked`'s cache policy when given.
 double SftValidationLoss(GPTImpl& model, const std::vector<SftExample>& examples,
-                         int64_t micro_batch_size, int64_t pad_id, int64_t max_batches);
+                         int64_t micro_batch_size, int64_t pad_id, int64_t max_batches,
+                         const ChunkedTrainingOptions* chunked = nullptr);
 
 // Trains in place. InvalidArgument for bad options or no trainable parameters.
 absl::StatusOr<SftTrainStats> TrainSft(GPTImpl& model, const std::vector<SftExample>& train,

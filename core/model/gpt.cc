@@ -1,12 +1,12 @@
 #include "core/model/gpt.h"
 
+#include <ATen/ATen.h>
+#include <torch/nn/modules/container/modulelist.h>
+
 #include <algorithm>
 #include <cmath>
 #include <tuple>
 #include <utility>
-
-#include <ATen/ATen.h>
-#include <torch/nn/modules/container/modulelist.h>
 
 #include "absl/strings/str_cat.h"
 #include "core/base/status_macros.h"
@@ -83,14 +83,13 @@ void GPTImpl::To(c10::Device device, c10::ScalarType dtype) {
 absl::Status GPTImpl::SetQuantizedEmbedding(BlockQuantWeight table) {
   if (!table.defined() || table.out_features != config_.PaddedVocabSize() ||
       table.in_features != config_.n_embd) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "quantised embedding must be [", config_.PaddedVocabSize(), ", ", config_.n_embd,
-        "], got [", table.out_features, ", ", table.in_features, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("quantised embedding must be [", config_.PaddedVocabSize(), ", ",
+                     config_.n_embd, "], got [", table.out_features, ", ", table.in_features, "]"));
   }
   absl::Status well_formed = CheckBlockQuantWeight(table);
   if (!well_formed.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("quantised embedding: ", well_formed.message()));
+    return absl::InvalidArgumentError(absl::StrCat("quantised embedding: ", well_formed.message()));
   }
   quantized_wte_ = std::move(table);
   at::NoGradGuard no_grad;
@@ -129,12 +128,13 @@ at::Tensor GPTImpl::ShiftKeys(int64_t layer, const at::Tensor& keys, int64_t shi
   return ApplyRope(keys, rope_->RotationTables(delta, local), /*interleave=*/false);
 }
 
-absl::StatusOr<std::unique_ptr<DenseKVCache>> GPTImpl::NewDenseCache(
-    int64_t batch_size, int64_t max_sequence_length, int64_t initial_capacity) {
+absl::StatusOr<std::unique_ptr<DenseKVCache>> GPTImpl::NewDenseCache(int64_t batch_size,
+                                                                     int64_t max_sequence_length,
+                                                                     int64_t initial_capacity) {
   if (max_sequence_length > config_.block_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KV cache length ", max_sequence_length, " exceeds the block size ",
-                     config_.block_size, " of ", config_.name));
+    return absl::InvalidArgumentError(absl::StrCat("KV cache length ", max_sequence_length,
+                                                   " exceeds the block size ", config_.block_size,
+                                                   " of ", config_.name));
   }
   DenseKVCacheOptions options;
   options.batch_size = batch_size;
@@ -182,8 +182,8 @@ absl::StatusOr<at::Tensor> GPTImpl::ForwardUnchecked(const at::Tensor& idx, KVCa
   if (options.positions.defined()) {
     if (options.positions.dim() != 2 || options.positions.size(0) != batch ||
         options.positions.size(1) != steps || options.positions.scalar_type() != at::kLong) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "positions must be int64 [", batch, ", ", steps, "] like the token ids"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("positions must be int64 [", batch, ", ", steps, "] like the token ids"));
     }
     step.positions = options.positions.to(device());
     std::tie(step.min_position, step.max_position) = MinMax(step.positions);
@@ -193,9 +193,9 @@ absl::StatusOr<at::Tensor> GPTImpl::ForwardUnchecked(const at::Tensor& idx, KVCa
     step.max_position = steps - 1;
   }
   if (step.min_position < 0 || step.max_position >= config_.block_size) {
-    return absl::OutOfRangeError(absl::StrCat(
-        "position ", step.min_position < 0 ? step.min_position : step.max_position,
-        " is outside the model's context [0, ", config_.block_size, ")"));
+    return absl::OutOfRangeError(
+        absl::StrCat("position ", step.min_position < 0 ? step.min_position : step.max_position,
+                     " is outside the model's context [0, ", config_.block_size, ")"));
   }
   if (cache != nullptr) {
     if (cache->num_layers() != config_.n_layer) {
@@ -207,17 +207,35 @@ absl::StatusOr<at::Tensor> GPTImpl::ForwardUnchecked(const at::Tensor& idx, KVCa
 
   const RopeTables global = rope_->Tables(step.positions, /*local=*/false);
   const RopeTables local = rope_->has_local() ? rope_->Tables(step.positions, true) : global;
-  at::Tensor x = Embed(ids);  // [B, T, n_embd]
-  if (config_.scale_embeddings) {
-    x = x * at::scalar_tensor(std::sqrt(static_cast<double>(config_.n_embd)), x.options());
-  }
+  at::Tensor x = EmbedTokens(ids);  // [B, T, n_embd]
   for (int64_t layer = 0; layer < config_.n_layer; ++layer) {
     const RopeTables& rope = config_.UsesLocalRope(layer) ? local : global;
     ASSIGN_OR_RETURN(x, transformer->h[layer]->Forward(x, rope, step, cache));
   }
   if (options.last_logits_only) x = x.narrow(1, steps - 1, 1);
-  x = transformer->ln_f->forward(x);
-  at::Tensor logits = lm_head->forward(x);
+  return Head(x);
+}
+
+at::Tensor GPTImpl::EmbedTokens(const at::Tensor& ids) {
+  at::Tensor x = Embed(ids);  // [B, T, n_embd]
+  if (config_.scale_embeddings) {
+    x = x * at::scalar_tensor(std::sqrt(static_cast<double>(config_.n_embd)), x.options());
+  }
+  return x;
+}
+
+absl::StatusOr<at::Tensor> GPTImpl::ForwardBlock(int64_t layer, const at::Tensor& x,
+                                                 const KVStep& step, KVCache* cache) {
+  if (layer < 0 || layer >= config_.n_layer) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer ", layer, " is outside the model's [0, ", config_.n_layer, ")"));
+  }
+  const bool local = config_.UsesLocalRope(layer) && rope_->has_local();
+  return transformer->h[layer]->Forward(x, rope_->Tables(step.positions, local), step, cache);
+}
+
+at::Tensor GPTImpl::Head(const at::Tensor& x) {
+  at::Tensor logits = lm_head->forward(transformer->ln_f->forward(x));
   if (config_.final_logit_softcapping) {
     const double cap = *config_.final_logit_softcapping;
     logits = at::tanh(logits / cap) * cap;

@@ -7,9 +7,6 @@
 #ifndef LGPT_CORE_MODEL_GPT_H_
 #define LGPT_CORE_MODEL_GPT_H_
 
-#include <memory>
-#include <vector>
-
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
@@ -17,13 +14,16 @@
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/pimpl.h>
 
+#include <memory>
+#include <vector>
+
 #include "absl/status/statusor.h"
 #include "cache/dense_kv_cache.h"
 #include "cache/kv_cache.h"
 #include "core/config/config.h"
-#include "core/nn/linear_factory.h"
 #include "core/model/block.h"
 #include "core/model/model_parts.h"
+#include "core/nn/linear_factory.h"
 #include "core/nn/norm.h"
 #include "core/nn/rope.h"
 #include "core/ops/block_quant.h"
@@ -43,7 +43,7 @@ class TransformerImpl : public torch::nn::Module {
   TransformerImpl(const Config& config, const ModelParts& parts);
   torch::nn::Embedding wte{nullptr};  // [padded_vocab_size, n_embd]
   std::vector<Block> h;
-  Norm ln_f{nullptr};                 // [n_embd]
+  Norm ln_f{nullptr};  // [n_embd]
 };
 TORCH_MODULE(Transformer);
 
@@ -58,6 +58,16 @@ class GPTImpl : public torch::nn::Module {
   // step attends to itself only (a full forward pass).
   absl::StatusOr<at::Tensor> Forward(const at::Tensor& idx, KVCache* cache = nullptr,
                                      const ForwardOptions& options = {});
+
+  // Forward's pieces, for callers that run one layer at a time (core/train's chunked
+  // backward): the token embedding (scaled where the model scales it), one block over x
+  // [B, T, n_embd] at step.positions (RoPE tables built for them), and the head (final norm,
+  // lm_head, soft-capping). Forward is EmbedTokens, every ForwardBlock, Head. Ids and
+  // positions are not checked here.
+  at::Tensor EmbedTokens(const at::Tensor& ids);
+  absl::StatusOr<at::Tensor> ForwardBlock(int64_t layer, const at::Tensor& x, const KVStep& step,
+                                          KVCache* cache);
+  at::Tensor Head(const at::Tensor& x);
 
   // A dense cache shaped for this model (per-layer windows included).
   absl::StatusOr<std::unique_ptr<DenseKVCache>> NewDenseCache(int64_t batch_size,
