@@ -164,6 +164,37 @@ at::Tensor Priority(const LayerPlan& plan, const at::Tensor& positions, const at
   return at::where(positions >= 0, priority, at::full({}, -inf, p.options()));
 }
 
+bool EntryPriorityApplies(const LayerPlan& plan) { return plan.kind != PolicyKind::kQH2O; }
+
+double EntryPriority(const LayerPlan& plan, int64_t position, double score, int64_t newest) {
+  const double p = static_cast<double>(position);
+  double priority = p;
+  switch (plan.kind) {
+    case PolicyKind::kDense:
+    case PolicyKind::kWindow:
+      break;
+    case PolicyKind::kSink:
+      if (position < plan.sink_tokens) priority = p + kProtected;
+      break;
+    case PolicyKind::kH2O:
+    case PolicyKind::kH2OVlen:
+    case PolicyKind::kQH2O:
+    case PolicyKind::kTova:
+      if (position > newest - plan.recent) {
+        priority = p + kProtected;
+      } else {
+        priority = plan.normalize
+                       ? score / static_cast<double>(std::max<int64_t>(1, newest - position + 1))
+                       : score;
+      }
+      break;
+  }
+  if (plan.window > 0 && position <= newest - plan.window) {
+    priority = -std::numeric_limits<double>::infinity();
+  }
+  return priority;
+}
+
 at::Tensor EntryFeature(const LayerPlan& plan, const at::Tensor& keys, const at::Tensor& values,
                         const RoundTrip& round_trip) {
   if (StateChannels(plan) < 2) return at::Tensor();

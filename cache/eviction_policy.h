@@ -114,6 +114,13 @@ LayerPlan MakeLayerPlan(const EvictionPolicyOptions& options, int64_t budget, in
 at::Tensor Priority(const LayerPlan& plan, const at::Tensor& positions, const at::Tensor& state,
                     const at::Tensor& newest);
 
+// Priority's value for one entry at `position` (>= 0) with score channel `score`, of a row
+// whose newest position is `newest`: the same double, for callers that rank entries in a host
+// loop. Only for plans whose priorities need no other entry (EntryPriorityApplies: all but
+// qh2o, whose normalisation spans the row).
+bool EntryPriorityApplies(const LayerPlan& plan);
+double EntryPriority(const LayerPlan& plan, int64_t position, double score, int64_t newest);
+
 // Encodes and decodes keys, values [B, G, T, hs] under a layer's storage.
 using RoundTrip =
     std::function<std::pair<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&)>;

@@ -116,6 +116,41 @@ TEST(EvictionPolicyTest, QuantisationAwareScoresEvictTheWorstQuantisedAmongEqual
   EXPECT_TRUE(at::allclose(feature, at::full({1, 1, 2}, 1.0f)));
 }
 
+// The host loop's priorities (EvictDecodeOnHost) are Priority's, entry by entry.
+TEST(EvictionPolicyTest, EntryPriorityEqualsPriority) {
+  at::manual_seed(3);
+  const int64_t rows = 3, groups = 2, slots = 40;
+  const at::Tensor positions = at::randint(-1, 60, {rows, groups, slots}, at::kInt);
+  const at::Tensor state = at::rand({rows, groups, slots, 2});
+  const at::Tensor newest = at::tensor({59, 45, 61}, at::kLong).view({rows, 1, 1});
+  for (PolicyKind kind : {PolicyKind::kWindow, PolicyKind::kSink, PolicyKind::kH2O,
+                          PolicyKind::kTova, PolicyKind::kH2OVlen}) {
+    for (int64_t window : {int64_t{0}, int64_t{20}}) {
+      for (bool normalize : {false, true}) {
+        EvictionPolicyOptions options = Options(kind, 12);
+        options.sink_tokens = 3;
+        options.normalize_scores = normalize;
+        const LayerPlan plan = MakeLayerPlan(options, 12, window, 100);
+        ASSERT_TRUE(EntryPriorityApplies(plan));
+        const at::Tensor expected = Priority(plan, positions, state, newest);
+        for (int64_t b = 0; b < rows; ++b) {
+          for (int64_t g = 0; g < groups; ++g) {
+            for (int64_t e = 0; e < slots; ++e) {
+              const int64_t p = positions[b][g][e].item<int64_t>();
+              if (p < 0) continue;
+              EXPECT_EQ(EntryPriority(plan, p, state[b][g][e][0].item<double>(),
+                                      newest[b][0][0].item<int64_t>()),
+                        expected[b][g][e].item<double>())
+                  << PolicyName(kind) << " window " << window << " normalize " << normalize;
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_FALSE(EntryPriorityApplies(MakeLayerPlan(Options(PolicyKind::kQH2O, 12), 12, 0, 100)));
+}
+
 TEST(EvictionPolicyTest, PyramidBudgetsShrinkWithDepth) {
   auto budgets = LayerBudgets("pyramid", 64, 4);
   ASSERT_TRUE(budgets.ok());

@@ -403,6 +403,7 @@ void PolicyKVCache::Settle(Layer& layer, const at::Tensor& weights) {
 void PolicyKVCache::EvictDecode(Layer& layer) {
   Store& main = layer.main;
   if (!layer.plan.evicts() || main.used <= layer.main_budget) return;
+  if (EvictDecodeOnHost(layer)) return;
   const Pending& pending = layer.pending;
   at::Tensor positions =
       Rows(main.positions, pending.rows).narrow(2, 0, main.high);  // [rows, P, high]
@@ -416,6 +417,45 @@ void PolicyKVCache::EvictDecode(Layer& layer) {
   const at::Tensor kept = positions.gather(-1, victim);
   positions.scatter_(-1, victim, at::where(over, at::full({}, -1, kept.options()), kept));
   main.used = layer.main_budget;
+}
+
+bool PolicyKVCache::EvictDecodeOnHost(Layer& layer) {
+  Store& main = layer.main;
+  const Pending& pending = layer.pending;
+  if (!EntryPriorityApplies(layer.plan) || !main.positions.device().is_cpu() ||
+      !main.positions.is_contiguous() || !pending.newest.device().is_cpu() ||
+      (main.scores.defined() && !main.scores.is_contiguous())) {
+    return false;
+  }
+  const int64_t groups = layer.spec.n_query_groups, shared = layer.position_groups;
+  const int64_t capacity = main.capacity, channels = StateChannels(layer.plan);
+  const at::Tensor newest = pending.newest.contiguous();  // [rows, 1, 1]
+  const int64_t* newest_of = newest.data_ptr<int64_t>();
+  int32_t* positions = main.positions.data_ptr<int32_t>();  // [B, P, capacity]
+  const float* state = main.scores.defined() ? main.scores.data_ptr<float>() : nullptr;
+  for (int64_t b = 0; b < pending.rows; ++b) {
+    for (int64_t g = 0; g < shared; ++g) {
+      int32_t* slot = positions + (b * shared + g) * capacity;
+      // Scoring plans keep positions per group (shared == groups): the same (b, g) rows.
+      const float* score =
+          state != nullptr ? state + (b * groups + g) * capacity * channels : nullptr;
+      int64_t live = 0, victim = 0;
+      double lowest = std::numeric_limits<double>::infinity();  // empty slots rank +inf
+      for (int64_t s = 0; s < main.high; ++s) {
+        if (slot[s] < 0) continue;
+        ++live;
+        const double priority = EntryPriority(
+            layer.plan, slot[s], score != nullptr ? score[s * channels] : 0.0, newest_of[b]);
+        if (priority < lowest) {  // the first of equals, as argmin
+          lowest = priority;
+          victim = s;
+        }
+      }
+      if (live > layer.main_budget) slot[victim] = -1;
+    }
+  }
+  main.used = layer.main_budget;
+  return true;
 }
 
 void PolicyKVCache::Compact(Layer& layer, const at::Tensor& chunk_scores) {

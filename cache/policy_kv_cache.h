@@ -187,6 +187,10 @@ class PolicyKVCache : public KVCache {
   void InsertMain(Layer& layer, int64_t rows, const at::Tensor& keys, const at::Tensor& values,
                   const at::Tensor& positions, const at::Tensor& scores);
   void EvictDecode(Layer& layer);
+  // EvictDecode as one loop over the slots (CPU storage, EntryPriorityApplies): the same
+  // choice as Priority and argmin without a LibTorch operation per step; false when it does
+  // not apply.
+  bool EvictDecodeOnHost(Layer& layer);
   // After a chunk: the ring takes the newest entries, main keeps the policy's choice.
   void Compact(Layer& layer, const at::Tensor& chunk_scores);
   // The ring's entries and the chunk's [rows, G, ·]: the ring keeps the `residual` newest;
