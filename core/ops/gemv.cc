@@ -276,6 +276,9 @@ const float* PackedRows(const float* x, int64_t rows, int64_t k) {
 
 #endif  // LGPT_GEMV_X86
 
+// Rows up to which GemvApplies with the AVX-512 kernel (in slices of kGemvMaxRows).
+constexpr int64_t kGemvMaxRowsAvx512 = 4096;
+
 bool RequiresGrad(const at::Tensor& t) { return t.defined() && t.requires_grad(); }
 
 }  // namespace
@@ -323,6 +326,15 @@ void GemvF32(const float* w, const float* bias, const float* x, float* y, int64_
   const int64_t min_rows = std::max<int64_t>(16, (int64_t{16} << 10) / std::max<int64_t>(k, 1));
 #ifdef LGPT_GEMV_X86
   // One row is bound by memory bandwidth, which the AVX2 kernel already reaches.
+  if (kernel == GemvKernel::kAvx512 && rows > kGemvMaxRows) {
+    // Prefill chunks: slices of kGemvMaxRows rows, whose packed x stays in L2 while the
+    // weights stream by (32 rows make 16 FLOP per weight byte, far above the bandwidth bound).
+    for (int64_t m = 0; m < rows; m += kGemvMaxRows) {
+      GemvF32(w, bias, x + m * k, y + m * n_out, std::min(kGemvMaxRows, rows - m), n_out, k,
+              kernel);
+    }
+    return;
+  }
   if (kernel == GemvKernel::kAvx512 && rows >= 2) {
     const float* packed = PackedRows(x, rows, k);
     // Chunks of whole blocks (24 = 4 blocks of 6), so only the last chunk has a partial one.
@@ -366,7 +378,11 @@ bool GemvApplies(const at::Tensor& x, const at::Tensor& weight, const at::Tensor
                          bias.dim() != 1 || bias.size(0) != weight.size(0))) {
     return false;
   }
-  if (x.numel() == 0 || x.numel() / x.size(-1) > kGemvMaxRows) return false;
+  // With AVX-512 the kernel also beats BLAS's GEMM (Debian's OpenBLAS picks its AVX2 kernels on
+  // Zen 5) on prefill chunks.
+  const int64_t max_rows =
+      BestGemvKernel() == GemvKernel::kAvx512 ? kGemvMaxRowsAvx512 : kGemvMaxRows;
+  if (x.numel() == 0 || x.numel() / x.size(-1) > max_rows) return false;
   if (c10::GradMode::is_enabled() &&
       (RequiresGrad(x) || RequiresGrad(weight) || RequiresGrad(bias))) {
     return false;

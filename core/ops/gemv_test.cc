@@ -90,6 +90,26 @@ TEST(GemvF32, ARowsResultDoesNotDependOnTheOtherRows) {
   }
 }
 
+// Past kGemvMaxRows (prefill chunks, in slices): equal to at::linear, and each row's bits
+// those it gets alone.
+TEST(GemvF32, PrefillRowsEqualLinearAndRowsAlone) {
+  at::manual_seed(11);
+  const int64_t n_out = 67, k = 131, rows = 3 * kGemvMaxRows + 5;
+  const at::Tensor w = at::randn({n_out, k});
+  const at::Tensor b = at::randn({n_out});
+  const at::Tensor x = at::randn({rows, k});
+  for (const GemvKernel kernel : Kernels()) {
+    SCOPED_TRACE(Name(kernel));
+    const at::Tensor all = RunGemv(w, b, x, kernel);
+    ExpectClose(all, at::linear(x, w, b), k);
+    for (const int64_t m : {int64_t{0}, kGemvMaxRows, rows - 1}) {
+      EXPECT_TRUE(at::equal(all.narrow(0, m, 1), RunGemv(w, b, x.narrow(0, m, 1).contiguous(),
+                                                          kernel)))
+          << "row " << m;
+    }
+  }
+}
+
 // The AVX-512 kernel sums every product in the AVX2 kernel's order: equal bits, so results do
 // not depend on which of the two the CPU has.
 TEST(GemvF32, Avx512EqualsAvx2BitForBit) {
@@ -99,7 +119,7 @@ TEST(GemvF32, Avx512EqualsAvx2BitForBit) {
     for (const int64_t n_out : {1, 5, 6, 7, 13, 24, 25, 67, 1031}) {
       const at::Tensor w = at::randn({n_out, k});
       const at::Tensor b = at::randn({n_out});
-      for (const int64_t rows : {1, 2, 3, 5, 8, 11, 16, 32}) {
+      for (const int64_t rows : {1, 2, 3, 5, 8, 11, 16, 32, 75}) {
         const at::Tensor x = at::randn({rows, k});
         for (const bool with_bias : {false, true}) {
           const at::Tensor bias = with_bias ? b : at::Tensor();
@@ -143,7 +163,10 @@ TEST(GemvLinear, KeepsLeadingDimensions) {
 TEST(GemvApplies, OnlyForFewRowsFloatCpuWithoutGrad) {
   const at::Tensor w = at::randn({8, 16});
   EXPECT_TRUE(GemvApplies(at::randn({1, 1, 16}), w, at::Tensor()));
-  EXPECT_FALSE(GemvApplies(at::randn({1, kGemvMaxRows + 1, 16}), w, at::Tensor()));
+  // Prefill chunks too where the AVX-512 kernel runs (it beats BLAS there).
+  EXPECT_EQ(GemvApplies(at::randn({1, kGemvMaxRows + 1, 16}), w, at::Tensor()),
+            BestGemvKernel() == GemvKernel::kAvx512);
+  EXPECT_FALSE(GemvApplies(at::randn({1, 4097, 16}), w, at::Tensor()));
   EXPECT_FALSE(GemvApplies(at::randn({1, 16}, at::kDouble), w.to(at::kDouble), at::Tensor()));
   EXPECT_FALSE(GemvApplies(at::randn({1, 15}), w, at::Tensor()));
   EXPECT_FALSE(
