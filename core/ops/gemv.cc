@@ -131,7 +131,153 @@ void GemvAvx2(const float* w, const float* bias, const float* x, float* y, int64
   }
 }
 
+
+// AVX-512 for two or more rows of x, bit for bit the AVX2 kernel's results. Each zmm
+// accumulator holds the 8-lane AVX2 accumulators of two x rows for one weight row (lanes 0-7
+// row 2p, 8-15 row 2p+1), fed by the weight row's 8 floats broadcast to both halves: every lane
+// gets the FMAs of GemvBlockAvx2 in the same order, at twice the width and with 32 registers
+// for a larger block (why: at 16 rows a step the AVX2 kernel is bound by FMA throughput).
+
+// x rows in the layout the kernel loads: chunk c (8 floats of k, the last zero-padded) of pair
+// p (rows 2p and 2p+1, an odd last row paired with zeros) at packed[(c * pairs + p) * 16].
+void PackRowPairs(const float* x, int64_t rows, int64_t k, float* packed) {
+  const int64_t pairs = (rows + 1) / 2, chunks = (k + 7) / 8;
+  for (int64_t c = 0; c < chunks; ++c) {
+    for (int64_t p = 0; p < pairs; ++p) {
+      float* dst = packed + (c * pairs + p) * 16;
+      for (int h = 0; h < 2; ++h) {
+        const int64_t m = 2 * p + h;
+        for (int64_t j = 0; j < 8; ++j) {
+          const int64_t i = c * 8 + j;
+          dst[h * 8 + j] = m < rows && i < k ? x[m * k + i] : 0.0f;
+        }
+      }
+    }
+  }
+}
+
+// Weight rows n..n+C-1 against row pairs p0..p0+P-1: C * P accumulators, per 8 floats of k
+// C weight loads and P x loads for C * P FMAs of 16 lanes.
+template <int P, int C>
+__attribute__((target("avx512f,avx512dq,avx2,fma"))) void GemvBlockAvx512(
+    const float* w, const float* bias, const float* packed, int64_t pairs, int64_t rows,
+    float* y, int64_t n_out, int64_t k, int64_t n, int64_t p0) {
+  __m512 acc[C][P];
+#pragma GCC unroll 8
+  for (int r = 0; r < C; ++r) {
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p) acc[r][p] = _mm512_setzero_ps();
+  }
+  const float* wn = w + n * k;
+  const float* xc = packed + p0 * 16;  // chunk 0 of pair p0
+  const int64_t k8 = k & ~int64_t{7};
+  // The next block's C rows (contiguous after these) are prefetched at the rate these are read:
+  // a row of 1024 floats is one page, too short for the hardware prefetcher to ramp up on.
+  const char* next = reinterpret_cast<const char*>(wn + C * k);
+  for (int64_t i = 0; i < k8; i += 8, xc += pairs * 16, next += C * 32) {
+#pragma GCC unroll 8
+    for (int line = 0; line < C * 32; line += 64) _mm_prefetch(next + line, _MM_HINT_T0);
+    __m512 xv[P];
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p) xv[p] = _mm512_loadu_ps(xc + p * 16);
+#pragma GCC unroll 8
+    for (int r = 0; r < C; ++r) {
+      const __m512 wv = _mm512_broadcast_f32x8(_mm256_loadu_ps(wn + r * k + i));
+#pragma GCC unroll 4
+      for (int p = 0; p < P; ++p) acc[r][p] = _mm512_fmadd_ps(wv, xv[p], acc[r][p]);
+    }
+  }
+  if (k8 < k) {  // the AVX2 kernel's masked tail: zeros beyond k in x and w
+    const __m256i mask = simd::TailMask(k - k8);
+    __m512 xv[P];
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p) xv[p] = _mm512_loadu_ps(xc + p * 16);
+#pragma GCC unroll 8
+    for (int r = 0; r < C; ++r) {
+      const __m512 wv = _mm512_broadcast_f32x8(_mm256_maskload_ps(wn + r * k + k8, mask));
+#pragma GCC unroll 4
+      for (int p = 0; p < P; ++p) acc[r][p] = _mm512_fmadd_ps(wv, xv[p], acc[r][p]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < C; ++r) {
+    const float b = bias != nullptr ? bias[n + r] : 0.0f;
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p) {
+      const int64_t m = 2 * (p0 + p);
+      y[m * n_out + n + r] = simd::HorizontalSum(_mm512_castps512_ps256(acc[r][p])) + b;
+      if (m + 1 < rows) {
+        y[(m + 1) * n_out + n + r] =
+            simd::HorizontalSum(_mm512_extractf32x8_ps(acc[r][p], 1)) + b;
+      }
+    }
+  }
+}
+
+// Weight rows per block and row pairs per block: 6 x 4 = 24 accumulators, 4 x vectors and
+// a weight vector of the 32 registers.
+constexpr int64_t kAvx512BlockRows = 6;
+constexpr int64_t kAvx512BlockPairs = 4;
+
+template <int P>
+void GemvPairsAvx512(const float* w, const float* bias, const float* packed, int64_t pairs,
+                     int64_t rows, float* y, int64_t n_out, int64_t k, int64_t n, int64_t c,
+                     int64_t p0) {
+  static_assert(kAvx512BlockRows == 6, "the switch covers 1..kAvx512BlockRows");
+  switch (c) {
+    case 1:
+      return GemvBlockAvx512<P, 1>(w, bias, packed, pairs, rows, y, n_out, k, n, p0);
+    case 2:
+      return GemvBlockAvx512<P, 2>(w, bias, packed, pairs, rows, y, n_out, k, n, p0);
+    case 3:
+      return GemvBlockAvx512<P, 3>(w, bias, packed, pairs, rows, y, n_out, k, n, p0);
+    case 4:
+      return GemvBlockAvx512<P, 4>(w, bias, packed, pairs, rows, y, n_out, k, n, p0);
+    case 5:
+      return GemvBlockAvx512<P, 5>(w, bias, packed, pairs, rows, y, n_out, k, n, p0);
+    default:
+      return GemvBlockAvx512<P, 6>(w, bias, packed, pairs, rows, y, n_out, k, n, p0);
+  }
+}
+
+// Weight rows [begin, end) against all rows of x (packed by PackRowPairs): for each block of
+// weight rows (in L1 after the first group), every group of up to four row pairs.
+void GemvAvx512(const float* w, const float* bias, const float* packed, int64_t rows,
+                float* y, int64_t n_out, int64_t k, int64_t begin, int64_t end) {
+  const int64_t pairs = (rows + 1) / 2;
+  for (int64_t n = begin; n < end; n += kAvx512BlockRows) {
+    const int64_t c = std::min(kAvx512BlockRows, end - n);
+    for (int64_t p0 = 0; p0 < pairs; p0 += kAvx512BlockPairs) {
+      switch (std::min(kAvx512BlockPairs, pairs - p0)) {
+        case 1:
+          GemvPairsAvx512<1>(w, bias, packed, pairs, rows, y, n_out, k, n, c, p0);
+          break;
+        case 2:
+          GemvPairsAvx512<2>(w, bias, packed, pairs, rows, y, n_out, k, n, c, p0);
+          break;
+        case 3:
+          GemvPairsAvx512<3>(w, bias, packed, pairs, rows, y, n_out, k, n, c, p0);
+          break;
+        default:
+          GemvPairsAvx512<4>(w, bias, packed, pairs, rows, y, n_out, k, n, c, p0);
+      }
+    }
+  }
+}
+
+// PackRowPairs into a buffer reused by the calling thread (decoding calls this per projection).
+const float* PackedRows(const float* x, int64_t rows, int64_t k) {
+  thread_local std::vector<float> buffer;
+  const size_t size = static_cast<size_t>((rows + 1) / 2 * ((k + 7) / 8) * 16);
+  if (buffer.size() < size) buffer.resize(size);
+  PackRowPairs(x, rows, k, buffer.data());
+  return buffer.data();
+}
+
 #endif  // LGPT_GEMV_X86
+
+// Rows up to which GemvApplies with the AVX-512 kernel (in slices of kGemvMaxRows).
+constexpr int64_t kGemvMaxRowsAvx512 = 4096;
 
 bool RequiresGrad(const at::Tensor& t) { return t.defined() && t.requires_grad(); }
 
@@ -161,22 +307,64 @@ void ParallelForRows(int64_t n, int64_t align, int64_t min_rows_per_thread,
   });
 }
 
+GemvKernel BestGemvKernel() {
+#ifdef LGPT_GEMV_X86
+  static const GemvKernel best =
+      !CpuHasAvx2Fma() ? GemvKernel::kPortable
+      : __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")
+          ? GemvKernel::kAvx512
+          : GemvKernel::kAvx2;
+  return best;
+#else
+  return GemvKernel::kPortable;
+#endif
+}
+
 void GemvF32(const float* w, const float* bias, const float* x, float* y, int64_t rows,
-             int64_t n_out, int64_t k, bool use_avx2) {
+             int64_t n_out, int64_t k, GemvKernel kernel) {
   // Below ~64 KiB of weights per thread the fork costs more than it saves.
   const int64_t min_rows = std::max<int64_t>(16, (int64_t{16} << 10) / std::max<int64_t>(k, 1));
+#ifdef LGPT_GEMV_X86
+  // One row is bound by memory bandwidth, which the AVX2 kernel already reaches.
+  if (kernel == GemvKernel::kAvx512 && rows > kGemvMaxRows) {
+    // Prefill chunks: slices of kGemvMaxRows rows, whose packed x stays in L2 while the
+    // weights stream by (32 rows make 16 FLOP per weight byte, far above the bandwidth bound).
+    for (int64_t m = 0; m < rows; m += kGemvMaxRows) {
+      GemvF32(w, bias, x + m * k, y + m * n_out, std::min(kGemvMaxRows, rows - m), n_out, k,
+              kernel);
+    }
+    return;
+  }
+  if (kernel == GemvKernel::kAvx512 && rows >= 2) {
+    const float* packed = PackedRows(x, rows, k);
+    // Chunks of whole blocks (24 = 4 blocks of 6), so only the last chunk has a partial one.
+    return ParallelForRows(n_out, 4 * kAvx512BlockRows, min_rows,
+                           [&](int64_t begin, int64_t end) {
+                             GemvAvx512(w, bias, packed, rows, y, n_out, k, begin, end);
+                           });
+  }
+#endif
   ParallelForRows(n_out, 8, min_rows, [&](int64_t begin, int64_t end) {
 #ifdef LGPT_GEMV_X86
-    if (use_avx2) return GemvAvx2(w, bias, x, y, rows, n_out, k, begin, end);
+    if (kernel != GemvKernel::kPortable) return GemvAvx2(w, bias, x, y, rows, n_out, k, begin, end);
 #endif
     GemvPortable(w, bias, x, y, rows, n_out, k, begin, end);
   });
 }
 
+void GemvF32(const float* w, const float* bias, const float* x, float* y, int64_t rows,
+             int64_t n_out, int64_t k, bool use_avx2) {
+  GemvF32(w, bias, x, y, rows, n_out, k, use_avx2 ? BestGemvKernel() : GemvKernel::kPortable);
+}
+
 void GemvF32Serial(const float* w, const float* bias, const float* x, float* y, int64_t rows,
                    int64_t n_out, int64_t k) {
 #ifdef LGPT_GEMV_X86
-  if (CpuHasAvx2Fma()) return GemvAvx2(w, bias, x, y, rows, n_out, k, 0, n_out);
+  const GemvKernel kernel = BestGemvKernel();
+  if (kernel == GemvKernel::kAvx512 && rows >= 2) {
+    return GemvAvx512(w, bias, PackedRows(x, rows, k), rows, y, n_out, k, 0, n_out);
+  }
+  if (kernel != GemvKernel::kPortable) return GemvAvx2(w, bias, x, y, rows, n_out, k, 0, n_out);
 #endif
   GemvPortable(w, bias, x, y, rows, n_out, k, 0, n_out);
 }
@@ -190,7 +378,11 @@ bool GemvApplies(const at::Tensor& x, const at::Tensor& weight, const at::Tensor
                          bias.dim() != 1 || bias.size(0) != weight.size(0))) {
     return false;
   }
-  if (x.numel() == 0 || x.numel() / x.size(-1) > kGemvMaxRows) return false;
+  // With AVX-512 the kernel also beats BLAS's GEMM (Debian's OpenBLAS picks its AVX2 kernels on
+  // Zen 5) on prefill chunks.
+  const int64_t max_rows =
+      BestGemvKernel() == GemvKernel::kAvx512 ? kGemvMaxRowsAvx512 : kGemvMaxRows;
+  if (x.numel() == 0 || x.numel() / x.size(-1) > max_rows) return false;
   if (c10::GradMode::is_enabled() &&
       (RequiresGrad(x) || RequiresGrad(weight) || RequiresGrad(bias))) {
     return false;

@@ -3,9 +3,11 @@
 // bandwidth; decoding is bound by reading W once per token, so this path streams each weight
 // row once for all rows of x, split over at::get_num_threads() threads of a persistent pool.
 //
-// The AVX2/FMA kernel is chosen at run time; other CPUs get a portable loop, so the target
-// builds anywhere. Accumulation is float32 in a different order than BLAS: results equal
-// at::linear to float32 rounding, not bit for bit.
+// The kernel is chosen at run time (AVX-512 for two or more rows, else AVX2/FMA, with equal
+// bits); other CPUs get a portable loop, so the target builds anywhere. Accumulation is
+// float32 in a different order than BLAS: results equal at::linear to float32 rounding, not
+// bit for bit. With the AVX-512 kernel prefill chunks take this path too (up to 4096 rows,
+// in slices of kGemvMaxRows), faster than Debian's OpenBLAS on this CPU.
 #ifndef LGPT_CORE_OPS_GEMV_H_
 #define LGPT_CORE_OPS_GEMV_H_
 
@@ -24,8 +26,16 @@ inline constexpr int64_t kGemvMaxRows = 32;
 // Whether the CPU has AVX2 and FMA (the fast kernels' requirement).
 bool CpuHasAvx2Fma();
 
+// The GEMV kernels. kAvx512 runs two or more rows with AVX-512F/DQ (one row with AVX2) and
+// gives the same bits as kAvx2; kPortable sums in another order (equal within rounding).
+enum class GemvKernel { kPortable, kAvx2, kAvx512 };
+
+// The fastest kernel this CPU runs.
+GemvKernel BestGemvKernel();
+
 // Whether GemvLinear can stand in for at::linear(x, weight, bias): CPU float32 tensors, a
-// contiguous [N, K] weight, x [..., K] with at most kGemvMaxRows rows, and no autograd
+// contiguous [N, K] weight, x [..., K] with at most kGemvMaxRows rows (4096
+// with the AVX-512 kernel), and no autograd
 // graph to record (grad mode off or nothing requiring grad).
 bool GemvApplies(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
 
@@ -35,11 +45,15 @@ at::Tensor GemvLinear(const at::Tensor& x, const at::Tensor& weight, const at::T
 // The kernel: y[m, n] = sum_k x[m, k] w[n, k] (+ bias[n]) for m < rows (<= kGemvMaxRows; a
 // row's result is the same whatever the number of rows),
 // n < n_out; x rows are k floats apart, y rows n_out floats apart; bias may be null.
-// Parallel over n; `use_avx2` false forces the portable loop (for tests and benchmarks).
+// Parallel over n; `kernel` must be one the CPU runs (tests and benchmarks pick one).
+void GemvF32(const float* w, const float* bias, const float* x, float* y, int64_t rows,
+             int64_t n_out, int64_t k, GemvKernel kernel);
+
+// GemvF32 with the best kernel, or with the portable loop when `use_avx2` is false.
 void GemvF32(const float* w, const float* bias, const float* x, float* y, int64_t rows,
              int64_t n_out, int64_t k, bool use_avx2 = CpuHasAvx2Fma());
 
-// GemvF32 on the calling thread only (AVX2 where available), for callers that split work
+// GemvF32 on the calling thread only (the best kernel), for callers that split work
 // themselves.
 void GemvF32Serial(const float* w, const float* bias, const float* x, float* y, int64_t rows,
                    int64_t n_out, int64_t k);

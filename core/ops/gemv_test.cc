@@ -1,6 +1,8 @@
 #include "core/ops/gemv.h"
 
+#include <cmath>
 #include <tuple>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
@@ -9,6 +11,33 @@
 
 namespace lgpt {
 namespace {
+
+// The kernels this CPU runs.
+std::vector<GemvKernel> Kernels() {
+  std::vector<GemvKernel> kernels = {GemvKernel::kPortable};
+  if (CpuHasAvx2Fma()) kernels.push_back(GemvKernel::kAvx2);
+  if (BestGemvKernel() == GemvKernel::kAvx512) kernels.push_back(GemvKernel::kAvx512);
+  return kernels;
+}
+
+const char* Name(GemvKernel kernel) {
+  switch (kernel) {
+    case GemvKernel::kPortable:
+      return "portable";
+    case GemvKernel::kAvx2:
+      return "avx2";
+    case GemvKernel::kAvx512:
+      return "avx512";
+  }
+  return "?";
+}
+
+at::Tensor RunGemv(const at::Tensor& w, const at::Tensor& b, const at::Tensor& x, GemvKernel kernel) {
+  at::Tensor y = at::empty({x.size(0), w.size(0)});  // [rows, n_out]
+  GemvF32(w.data_ptr<float>(), b.defined() ? b.data_ptr<float>() : nullptr, x.data_ptr<float>(),
+          y.data_ptr<float>(), x.size(0), w.size(0), w.size(1), kernel);
+  return y;
+}
 
 // |a - b| <= atol + rtol |b|, with atol scaled to the size of the dot products.
 void ExpectClose(const at::Tensor& actual, const at::Tensor& expected, int64_t k) {
@@ -27,40 +56,92 @@ TEST_P(GemvShapes, EqualsLinear) {
   const at::Tensor b = with_bias ? at::randn({n_out}) : at::Tensor();
   const at::Tensor x = at::randn({rows, k});
   const at::Tensor expected = at::linear(x, w, b);
-  for (const bool avx2 : {false, true}) {
-    if (avx2 && !CpuHasAvx2Fma()) continue;
-    at::Tensor y = at::empty({rows, n_out});
-    GemvF32(w.data_ptr<float>(), with_bias ? b.data_ptr<float>() : nullptr, x.data_ptr<float>(),
-            y.data_ptr<float>(), rows, n_out, k, avx2);
-    SCOPED_TRACE(avx2 ? "avx2" : "portable");
-    ExpectClose(y, expected, k);
+  for (const GemvKernel kernel : Kernels()) {
+    SCOPED_TRACE(Name(kernel));
+    ExpectClose(RunGemv(w, b, x, kernel), expected, k);
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GemvShapes,
-                         ::testing::Combine(::testing::Values(1, 2, 3, 4, 5, 9, 32),
-                                            ::testing::Values(1, 7, 9, 33, 768, 1031),
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4, 5, 9, 16, 32),
+                                            ::testing::Values(1, 6, 7, 9, 33, 768, 1031),
                                             ::testing::Values(1, 5, 8, 13, 64, 771),
                                             ::testing::Bool()));
 
-// A batched decoding step gives each row the bits it gets alone.
+// A batched decoding step gives each row the bits it gets alone, with every kernel (the
+// AVX-512 one in all its row-pair and weight-row block shapes, tails of k included).
 TEST(GemvF32, ARowsResultDoesNotDependOnTheOtherRows) {
   at::manual_seed(5);
-  const int64_t n_out = 67, k = 131;
+  for (const int64_t k : {131, 64, 8}) {
+    const int64_t n_out = 67;
+    const at::Tensor w = at::randn({n_out, k});
+    const at::Tensor b = at::randn({n_out});
+    for (const GemvKernel kernel : Kernels()) {
+      for (const int64_t rows : {2, 3, 4, 5, 7, 8, 9, 16, 17, 32}) {
+        const at::Tensor x = at::randn({rows, k});
+        const at::Tensor all = RunGemv(w, b, x, kernel);
+        for (int64_t m = 0; m < rows; ++m) {
+          const at::Tensor alone = RunGemv(w, b, x.narrow(0, m, 1).contiguous(), kernel);
+          EXPECT_TRUE(at::equal(all.narrow(0, m, 1), alone))
+              << Name(kernel) << " k " << k << " rows " << rows << " row " << m;
+        }
+      }
+    }
+  }
+}
+
+// Past kGemvMaxRows (prefill chunks, in slices): equal to at::linear, and each row's bits
+// those it gets alone.
+TEST(GemvF32, PrefillRowsEqualLinearAndRowsAlone) {
+  at::manual_seed(11);
+  const int64_t n_out = 67, k = 131, rows = 3 * kGemvMaxRows + 5;
   const at::Tensor w = at::randn({n_out, k});
   const at::Tensor b = at::randn({n_out});
-  for (const int64_t rows : {2, 4, 7, 16, 32}) {
-    const at::Tensor x = at::randn({rows, k});
-    at::Tensor all = at::empty({rows, n_out});
-    GemvF32(w.data_ptr<float>(), b.data_ptr<float>(), x.data_ptr<float>(), all.data_ptr<float>(),
-            rows, n_out, k);
-    for (int64_t m = 0; m < rows; ++m) {
-      const at::Tensor row = x.narrow(0, m, 1).contiguous();
-      at::Tensor alone = at::empty({1, n_out});
-      GemvF32(w.data_ptr<float>(), b.data_ptr<float>(), row.data_ptr<float>(),
-              alone.data_ptr<float>(), 1, n_out, k);
-      EXPECT_TRUE(at::equal(all.narrow(0, m, 1), alone)) << "rows " << rows << " row " << m;
+  const at::Tensor x = at::randn({rows, k});
+  for (const GemvKernel kernel : Kernels()) {
+    SCOPED_TRACE(Name(kernel));
+    const at::Tensor all = RunGemv(w, b, x, kernel);
+    ExpectClose(all, at::linear(x, w, b), k);
+    for (const int64_t m : {int64_t{0}, kGemvMaxRows, rows - 1}) {
+      EXPECT_TRUE(at::equal(all.narrow(0, m, 1), RunGemv(w, b, x.narrow(0, m, 1).contiguous(),
+                                                          kernel)))
+          << "row " << m;
     }
+  }
+}
+
+// The AVX-512 kernel sums every product in the AVX2 kernel's order: equal bits, so results do
+// not depend on which of the two the CPU has.
+TEST(GemvF32, Avx512EqualsAvx2BitForBit) {
+  if (BestGemvKernel() != GemvKernel::kAvx512) GTEST_SKIP() << "no AVX-512F/DQ on this CPU";
+  at::manual_seed(9);
+  for (const int64_t k : {1, 5, 8, 13, 64, 771, 1024}) {
+    for (const int64_t n_out : {1, 5, 6, 7, 13, 24, 25, 67, 1031}) {
+      const at::Tensor w = at::randn({n_out, k});
+      const at::Tensor b = at::randn({n_out});
+      for (const int64_t rows : {1, 2, 3, 5, 8, 11, 16, 32, 75}) {
+        const at::Tensor x = at::randn({rows, k});
+        for (const bool with_bias : {false, true}) {
+          const at::Tensor bias = with_bias ? b : at::Tensor();
+          EXPECT_TRUE(at::equal(RunGemv(w, bias, x, GemvKernel::kAvx512),
+                                RunGemv(w, bias, x, GemvKernel::kAvx2)))
+              << "k " << k << " n_out " << n_out << " rows " << rows << " bias " << with_bias;
+        }
+      }
+    }
+  }
+}
+
+// GemvF32Serial (the attention kernels' scores) equals the parallel GemvF32.
+TEST(GemvF32Serial, EqualsGemvF32) {
+  at::manual_seed(3);
+  const at::Tensor w = at::randn({300, 64});
+  for (const int64_t rows : {1, 4, 7, 32}) {
+    const at::Tensor x = at::randn({rows, 64});
+    at::Tensor y = at::empty({rows, 300});
+    GemvF32Serial(w.data_ptr<float>(), nullptr, x.data_ptr<float>(), y.data_ptr<float>(), rows,
+                  300, 64);
+    EXPECT_TRUE(at::equal(y, RunGemv(w, at::Tensor(), x, BestGemvKernel()))) << "rows " << rows;
   }
 }
 
@@ -82,7 +163,10 @@ TEST(GemvLinear, KeepsLeadingDimensions) {
 TEST(GemvApplies, OnlyForFewRowsFloatCpuWithoutGrad) {
   const at::Tensor w = at::randn({8, 16});
   EXPECT_TRUE(GemvApplies(at::randn({1, 1, 16}), w, at::Tensor()));
-  EXPECT_FALSE(GemvApplies(at::randn({1, kGemvMaxRows + 1, 16}), w, at::Tensor()));
+  // Prefill chunks too where the AVX-512 kernel runs (it beats BLAS there).
+  EXPECT_EQ(GemvApplies(at::randn({1, kGemvMaxRows + 1, 16}), w, at::Tensor()),
+            BestGemvKernel() == GemvKernel::kAvx512);
+  EXPECT_FALSE(GemvApplies(at::randn({1, 4097, 16}), w, at::Tensor()));
   EXPECT_FALSE(GemvApplies(at::randn({1, 16}, at::kDouble), w.to(at::kDouble), at::Tensor()));
   EXPECT_FALSE(GemvApplies(at::randn({1, 15}), w, at::Tensor()));
   EXPECT_FALSE(
