@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -161,6 +163,43 @@ absl::StatusOr<std::unique_ptr<EntryCodec>> MakeQuantCodec(int bits, int64_t hea
   const int64_t group = std::gcd(group_size, head_size);
   return std::unique_ptr<EntryCodec>(
       std::make_unique<QuantCodec>(bits, head_size, group, dtype, device));
+}
+
+void QuantizeRow(const float* x, int64_t n, int bits, int64_t group, void* data, at::Half* scales) {
+  const float levels = static_cast<float>(Levels(bits));
+  auto* int8 = static_cast<int8_t*>(data);
+  auto* nibbles = static_cast<uint8_t*>(data);
+  for (int64_t begin = 0; begin < n; begin += group) {
+    float absmax = 0.0f;
+    for (int64_t i = begin; i < begin + group; ++i) absmax = std::max(absmax, std::abs(x[i]));
+    const at::Half scale(std::min(absmax / levels, static_cast<float>(kMaxHalf)));
+    scales[begin / group] = scale;
+    const float scale_f = static_cast<float>(scale);
+    const float inverse = scale_f > 0 ? 1.0f / scale_f : 0.0f;
+    for (int64_t i = begin; i < begin + group; ++i) {
+      const float q = std::clamp(std::nearbyint(x[i] * inverse), -levels, levels);
+      if (bits == 8) {
+        int8[i] = static_cast<int8_t>(q);
+      } else if (i % 2 == 0) {
+        nibbles[i / 2] = static_cast<uint8_t>(q + 8);
+      } else {
+        nibbles[i / 2] = static_cast<uint8_t>(nibbles[i / 2] + static_cast<uint8_t>(q + 8) * 16);
+      }
+    }
+  }
+}
+
+void DequantizeRow(const void* data, const at::Half* scales, int64_t n, int bits, int64_t group,
+                   float* out) {
+  const auto* int8 = static_cast<const int8_t*>(data);
+  const auto* nibbles = static_cast<const uint8_t*>(data);
+  for (int64_t begin = 0; begin < n; begin += group) {
+    const float scale = static_cast<float>(scales[begin / group]);
+    for (int64_t i = begin; i < begin + group; ++i) {
+      const int q = bits == 8 ? int8[i] : ((nibbles[i / 2] >> (4 * (i % 2))) & 15) - 8;
+      out[i] = static_cast<float>(q) * scale;
+    }
+  }
 }
 
 }  // namespace lgpt

@@ -23,6 +23,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
+#include <c10/util/Half.h>
 
 #include <cstdint>
 #include <memory>
@@ -79,6 +80,14 @@ struct QuantizedGroups {
 QuantizedGroups QuantizeGroups(const at::Tensor& x, int bits, int64_t group);
 at::Tensor DequantizeGroups(const at::Tensor& data, const at::Tensor& scales, int bits,
                             int64_t group, c10::ScalarType dtype);
+
+// One entry's n channels on the host, bit for bit what QuantizeGroups / DequantizeGroups do to
+// a row (same float32 operations, round half to even, float16 scales): for caches that place
+// and read single entries in host loops. data is int8_t[n] (8 bits) or uint8_t[n / 2] (4 bits),
+// scales n / group float16. Cost O(n), no allocation.
+void QuantizeRow(const float* x, int64_t n, int bits, int64_t group, void* data, at::Half* scales);
+void DequantizeRow(const void* data, const at::Half* scales, int64_t n, int bits, int64_t group,
+                   float* out);
 
 }  // namespace lgpt
 

@@ -36,6 +36,32 @@ TEST(KVCodecTest, RoundTripErrorIsAtMostHalfAStepOfItsGroup) {
   }
 }
 
+TEST(KVCodecTest, HostRowsAreTheTensorCodecsBits) {
+  at::Tensor x = Entries(9, 64).reshape({-1, 64});  // [54, 64] rows
+  // Values on rounding boundaries (x · inverse = k + 0.5), zeros and huge values.
+  x[0].fill_(0.0f);
+  x[1].copy_(at::arange(64, at::kFloat).sub_(32).mul_(0.5f));
+  x[2].fill_(1e6f);
+  x[3].copy_(at::linspace(-1, 1, 64));
+  for (int bits : {8, 4}) {
+    for (int64_t group : {32, 16, 64}) {
+      const QuantizedGroups q = QuantizeGroups(x, bits, group);
+      const at::Tensor expected = DequantizeGroups(q.data, q.scales, bits, group, at::kFloat);
+      at::Tensor data = at::full_like(q.data, 99), scales = at::zeros_like(q.scales);
+      at::Tensor back = at::empty_like(x);
+      for (int64_t r = 0; r < x.size(0); ++r) {
+        QuantizeRow(x[r].data_ptr<float>(), 64, bits, group, data[r].data_ptr(),
+                    scales[r].data_ptr<at::Half>());
+        DequantizeRow(q.data[r].data_ptr(), q.scales[r].data_ptr<at::Half>(), 64, bits, group,
+                      back[r].data_ptr<float>());
+      }
+      EXPECT_TRUE(at::equal(data, q.data)) << bits << " bits, groups of " << group;
+      EXPECT_TRUE(at::equal(scales, q.scales)) << bits << " bits, groups of " << group;
+      EXPECT_TRUE(at::equal(back, expected)) << bits << " bits, groups of " << group;
+    }
+  }
+}
+
 TEST(KVCodecTest, Int8IsFarMoreAccurateThanInt4) {
   at::manual_seed(11);
   const at::Tensor x = at::randn({2, 3, 64, 64});

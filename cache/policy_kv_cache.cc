@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <limits>
+#include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "core/base/status_macros.h"
+#include "core/ops/decode_attention.h"
 
 namespace lgpt {
 namespace {
@@ -18,6 +20,10 @@ at::Tensor Rows(const at::Tensor& t, int64_t rows) { return t.narrow(0, 0, rows)
 at::Tensor Expand4(const at::Tensor& index, int64_t groups, int64_t width) {
   return index.unsqueeze(-1).expand({index.size(0), groups, index.size(2), width});
 }
+
+// Host decoding steps of quantised caches decode a (row, group)'s main entries for the step:
+// at most this many (budgeted caches); longer layers attend block by block.
+constexpr int64_t kHostDecodedEntries = 4096;
 
 }  // namespace
 
@@ -88,6 +94,7 @@ absl::StatusOr<std::unique_ptr<PolicyKVCache>> PolicyKVCache::Create(
     layer.residual = options.bits < 16 ? std::min(options.residual, layer.plan.recent) : 0;
     layer.main_budget = layer.plan.budget - layer.residual;
     layer.position_groups = layer.plan.scored ? spec.n_query_groups : 1;
+    layer.quant_group = std::gcd(options.group_size, spec.head_size);  // as MakeQuantCodec
     layer.ring_codec = MakeFullCodec(spec.head_size, options.dtype, options.device);
     if (options.bits == 16) {
       layer.codec = MakeFullCodec(spec.head_size, options.dtype, options.device);
@@ -169,12 +176,15 @@ absl::StatusOr<at::Tensor> PolicyKVCache::UpdateAndAttend(int64_t layer_index, c
                                                           const at::Tensor& keys,
                                                           const at::Tensor& values,
                                                           const AttentionParams& params) {
-  if (options_.bits == 16)
-    return KVCache::UpdateAndAttend(layer_index, step, q, keys, values, params);
   RETURN_IF_ERROR(CheckLayerStep(layer_index, options_.layers, step, keys, values,
                                  options_.batch_size, options_.max_sequence_length));
   RETURN_IF_ERROR(CheckQueries(layer_index, q, keys));
   Layer& layer = layers_[layer_index];
+  if (DecodeOnHostApplies(layer, q, keys, values, step)) {
+    return DecodeOnHost(layer, step, q, keys, values, params);
+  }
+  if (options_.bits == 16)
+    return KVCache::UpdateAndAttend(layer_index, step, q, keys, values, params);
   const std::vector<KVBlockSource> sources = Begin(layer, step, keys, values);
   at::Tensor weights;
   at::Tensor y = AttendBlockwise(q, layer.spec.n_query_groups, sources, step.positions, params,
@@ -427,13 +437,18 @@ bool PolicyKVCache::EvictDecodeOnHost(Layer& layer) {
       (main.scores.defined() && !main.scores.is_contiguous())) {
     return false;
   }
+  const at::Tensor newest = pending.newest.contiguous();  // [rows, 1, 1]
+  EvictOnHost(layer, pending.rows, newest.data_ptr<int64_t>());
+  return true;
+}
+
+void PolicyKVCache::EvictOnHost(Layer& layer, int64_t rows, const int64_t* newest_of) {
+  Store& main = layer.main;
   const int64_t groups = layer.spec.n_query_groups, shared = layer.position_groups;
   const int64_t capacity = main.capacity, channels = StateChannels(layer.plan);
-  const at::Tensor newest = pending.newest.contiguous();  // [rows, 1, 1]
-  const int64_t* newest_of = newest.data_ptr<int64_t>();
   int32_t* positions = main.positions.data_ptr<int32_t>();  // [B, P, capacity]
   const float* state = main.scores.defined() ? main.scores.data_ptr<float>() : nullptr;
-  for (int64_t b = 0; b < pending.rows; ++b) {
+  for (int64_t b = 0; b < rows; ++b) {
     for (int64_t g = 0; g < shared; ++g) {
       int32_t* slot = positions + (b * shared + g) * capacity;
       // Scoring plans keep positions per group (shared == groups): the same (b, g) rows.
@@ -455,7 +470,238 @@ bool PolicyKVCache::EvictDecodeOnHost(Layer& layer) {
     }
   }
   main.used = layer.main_budget;
-  return true;
+}
+
+bool PolicyKVCache::DecodeOnHostApplies(const Layer& layer, const at::Tensor& q,
+                                        const at::Tensor& keys, const at::Tensor& values,
+                                        const KVStep& step) const {
+  const LayerPlan& plan = layer.plan;
+  if (options_.dtype != at::kFloat || !options_.device.is_cpu() || !EntryPriorityApplies(plan) ||
+      plan.kind == PolicyKind::kH2OVlen || (plan.scored && layer.spec.score_reducer)) {
+    return false;
+  }
+  // Quantised main entries are decoded per (row, group) for the step: bounded by the budget.
+  if (options_.bits < 16 && MaxMainCapacity(layer) > kHostDecodedEntries) return false;
+  for (const at::Tensor* t : {&q, &keys, &values}) {
+    if (!t->device().is_cpu() || t->scalar_type() != at::kFloat || t->requires_grad() ||
+        t->size(2) != 1) {
+      return false;
+    }
+  }
+  return step.positions.device().is_cpu() && step.positions.scalar_type() == at::kLong &&
+         q.size(1) % layer.spec.n_query_groups == 0;
+}
+
+at::Tensor PolicyKVCache::DecodeOnHost(Layer& layer, const KVStep& step, const at::Tensor& q,
+                                       const at::Tensor& keys, const at::Tensor& values,
+                                       const AttentionParams& params) {
+  Settle(layer, at::Tensor());
+  Rewind(layer, step);
+  layer.max_written = std::max(layer.max_written, step.max_position);
+  const int64_t rows = keys.size(0), n_head = q.size(1), groups = layer.spec.n_query_groups;
+  Store& main = layer.main;
+  Store& ring = layer.ring;
+  const bool has_ring = layer.residual > 0;
+  if (has_ring && ring.capacity == 0) Reserve(ring, *layer.ring_codec, layer, layer.residual);
+  // The new entry enters main directly, or the ring's oldest moves there to make room.
+  const bool ring_full = has_ring && ring.used >= layer.residual;
+  const bool enters_main = !has_ring || ring_full;
+  if (enters_main && main.used + 1 > main.capacity) {
+    Reserve(main, *layer.codec, layer,
+            GrownCapacity(main.used + 1, main.capacity, MaxMainCapacity(layer)));
+  }
+  // [rows, G, 1, hs] with each entry's hs floats contiguous, as the loops read them.
+  const at::Tensor k = keys.stride(3) == 1 ? keys : keys.contiguous();
+  const at::Tensor v = values.stride(3) == 1 ? values : values.contiguous();
+  const at::Tensor positions = step.positions.contiguous();  // [rows, 1]
+  const int64_t* newest = positions.data_ptr<int64_t>();
+  for (int64_t b = 0; b < rows; ++b) {
+    PlaceOnHost(layer, b, static_cast<int32_t>(newest[b]), k, v, ring_full);
+  }
+  if (enters_main) {
+    main.used = std::min(main.used + 1, main.capacity);
+    main.high = std::min(main.capacity, std::max(main.high, main.used));
+  }
+  if (has_ring) {
+    ring.used = std::min(layer.residual, ring.used + 1);
+    ring.high = ring.capacity;
+  }
+
+  const int64_t ring_size = has_ring ? ring.capacity : 0, entries = main.high + ring_size;
+  const at::Tensor view_positions = ViewPositionsOnHost(layer, rows);  // [rows, P, entries]
+  float* weights = nullptr;                                            // [rows, n_head, 1, entries]
+  if (layer.plan.scored) {
+    layer.step_weights.resize(rows * n_head * entries);
+    weights = layer.step_weights.data();
+  }
+  at::Tensor y = DecodeAttentionSegments(q, groups, entries, ViewSegments(layer), step.positions,
+                                         view_positions, params, CpuHasAvx2Fma(), weights);
+  if (weights != nullptr) ScoreOnHost(layer, rows, n_head, weights);
+  if (layer.plan.evicts() && main.used > layer.main_budget) EvictOnHost(layer, rows, newest);
+  return y;
+}
+
+void PolicyKVCache::PlaceOnHost(Layer& layer, int64_t b, int32_t position, const at::Tensor& keys,
+                                const at::Tensor& values, bool ring_full) {
+  const int64_t groups = layer.spec.n_query_groups, hs = layer.spec.head_size;
+  const int64_t shared = layer.position_groups, channels = StateChannels(layer.plan);
+  const float* k = keys.data_ptr<float>() + b * keys.stride(0);
+  const float* v = values.data_ptr<float>() + b * values.stride(0);
+  TORCH_CHECK(keys.stride(1) == values.stride(1), "keys and values of one layout");
+  if (layer.residual == 0) {
+    for (int64_t p = 0; p < shared; ++p) {
+      InsertMainOnHost(layer, b, p, position, {k, v, keys.stride(1), nullptr, 0});
+    }
+    return;
+  }
+  Store& ring = layer.ring;
+  const int64_t residual = ring.capacity;
+  int32_t* ring_positions = ring.positions.data_ptr<int32_t>();  // [B, P, residual]
+  float* ring_keys = ring.parts[0].data_ptr<float>();            // [B, G, residual, hs]
+  float* ring_values = ring.parts[1].data_ptr<float>();
+  float* ring_state = ring.scores.defined() ? ring.scores.data_ptr<float>() : nullptr;
+  for (int64_t p = 0; p < shared; ++p) {
+    int32_t* slots = ring_positions + (b * shared + p) * residual;
+    // An empty slot, else the oldest entry (argmin: the first of equals).
+    const int64_t slot = std::min_element(slots, slots + residual) - slots;
+    const int64_t first = (b * groups) * residual + slot;  // entry index of group 0
+    if (ring_full && slots[slot] >= 0) {
+      InsertMainOnHost(
+          layer, b, p, slots[slot],
+          {ring_keys + first * hs, ring_values + first * hs, residual * hs,
+           ring_state != nullptr ? ring_state + first * channels : nullptr, residual * channels});
+    }
+    slots[slot] = position;
+    for (const int64_t g : GroupsOf(layer, p)) {
+      const int64_t entry = first + g * residual;
+      std::copy_n(k + g * keys.stride(1), hs, ring_keys + entry * hs);
+      std::copy_n(v + g * values.stride(1), hs, ring_values + entry * hs);
+      if (ring_state != nullptr) std::fill_n(ring_state + entry * channels, channels, 0.0f);
+    }
+  }
+}
+
+void PolicyKVCache::InsertMainOnHost(Layer& layer, int64_t b, int64_t p, int32_t position,
+                                     const HostEntry& entry) {
+  Store& main = layer.main;
+  const int64_t groups = layer.spec.n_query_groups, hs = layer.spec.head_size;
+  const int64_t capacity = main.capacity, channels = StateChannels(layer.plan);
+  int32_t* slots = main.positions.data_ptr<int32_t>() + (b * layer.position_groups + p) * capacity;
+  // The first empty slot, as InsertMain's argmin finds it; one exists (capacity > used).
+  const int64_t slot =
+      std::find_if(slots, slots + capacity, [](int32_t s) { return s < 0; }) - slots;
+  TORCH_CHECK(slot < capacity, "no empty slot in a layer's main store");
+  slots[slot] = position;
+  float* state = main.scores.defined() ? main.scores.data_ptr<float>() : nullptr;
+  const int bits = layer.codec->bits();
+  for (const int64_t g : GroupsOf(layer, p)) {
+    const int64_t index = (b * groups + g) * capacity + slot;  // of [B, G, capacity]
+    const float* key = entry.keys + g * entry.group_stride;
+    const float* value = entry.values + g * entry.group_stride;
+    if (bits == 16) {
+      std::copy_n(key, hs, main.parts[0].data_ptr<float>() + index * hs);
+      std::copy_n(value, hs, main.parts[1].data_ptr<float>() + index * hs);
+    } else {
+      const int64_t width = hs * bits / 8, scales = hs / layer.quant_group;
+      QuantizeRow(key, hs, bits, layer.quant_group,
+                  static_cast<uint8_t*>(main.parts[0].data_ptr()) + index * width,
+                  main.parts[1].data_ptr<at::Half>() + index * scales);
+      QuantizeRow(value, hs, bits, layer.quant_group,
+                  static_cast<uint8_t*>(main.parts[2].data_ptr()) + index * width,
+                  main.parts[3].data_ptr<at::Half>() + index * scales);
+    }
+    if (state == nullptr) continue;
+    float* target = state + index * channels;
+    if (entry.state != nullptr) {
+      std::copy_n(entry.state + g * entry.state_group_stride, channels, target);
+    } else {
+      std::fill_n(target, channels, 0.0f);
+    }
+  }
+}
+
+std::vector<int64_t> PolicyKVCache::GroupsOf(const Layer& layer, int64_t p) {
+  // Shared positions (P = 1) stand for every group; per-group ones for group p alone.
+  if (layer.position_groups != 1) return {p};
+  std::vector<int64_t> all(layer.spec.n_query_groups);
+  std::iota(all.begin(), all.end(), 0);
+  return all;
+}
+
+at::Tensor PolicyKVCache::ViewPositionsOnHost(const Layer& layer, int64_t rows) const {
+  const Store& main = layer.main;
+  const Store& ring = layer.ring;
+  if (layer.residual == 0) return Rows(main.positions, rows).narrow(2, 0, main.high);
+  const int64_t shared = layer.position_groups, high = main.high, residual = ring.capacity;
+  at::Tensor view = at::empty({rows, shared, high + residual}, ring.positions.options());
+  int32_t* out = view.data_ptr<int32_t>();
+  const int32_t* main_positions = main.capacity > 0 ? main.positions.data_ptr<int32_t>() : nullptr;
+  const int32_t* ring_positions = ring.positions.data_ptr<int32_t>();
+  for (int64_t row = 0; row < rows * shared; ++row) {
+    if (high > 0) std::copy_n(main_positions + row * main.capacity, high, out);
+    std::copy_n(ring_positions + row * residual, residual, out + high);
+    out += high + residual;
+  }
+  return view;
+}
+
+KVSegmentsOf PolicyKVCache::ViewSegments(const Layer& layer) const {
+  const Store& main = layer.main;
+  const Store& ring = layer.ring;
+  const int64_t groups = layer.spec.n_query_groups, hs = layer.spec.head_size;
+  const int64_t high = main.high, capacity = main.capacity, residual = ring.capacity;
+  const int bits = layer.codec->bits(), group = layer.quant_group;
+  std::vector<const void*> parts;
+  for (const at::Tensor& part : main.parts) parts.push_back(part.data_ptr());
+  const float* ring_keys = residual > 0 ? ring.parts[0].data_ptr<float>() : nullptr;
+  const float* ring_values = residual > 0 ? ring.parts[1].data_ptr<float>() : nullptr;
+  return [=](int64_t b, int64_t g, std::vector<KVSegment>* out) {
+    const int64_t first = (b * groups + g) * capacity;  // main's entry 0 of (b, g)
+    if (high > 0 && bits == 16) {
+      out->push_back({static_cast<const float*>(parts[0]) + first * hs,
+                      static_cast<const float*>(parts[1]) + first * hs, high});
+    } else if (high > 0) {
+      // This (row, group)'s entries, decoded for the one step: [high, hs] keys, then values.
+      thread_local std::vector<float> decoded;
+      decoded.resize(2 * high * hs);
+      const int64_t width = hs * bits / 8, scales = hs / group;
+      for (int64_t e = 0; e < high; ++e) {
+        for (int part = 0; part < 2; ++part) {
+          DequantizeRow(static_cast<const uint8_t*>(parts[2 * part]) + (first + e) * width,
+                        static_cast<const at::Half*>(parts[2 * part + 1]) + (first + e) * scales,
+                        hs, bits, group, decoded.data() + (part * high + e) * hs);
+        }
+      }
+      out->push_back({decoded.data(), decoded.data() + high * hs, high});
+    }
+    if (residual > 0) {
+      const int64_t ring_first = (b * groups + g) * residual;
+      out->push_back({ring_keys + ring_first * hs, ring_values + ring_first * hs, residual});
+    }
+  };
+}
+
+void PolicyKVCache::ScoreOnHost(Layer& layer, int64_t rows, int64_t n_head, const float* weights) {
+  const int64_t groups = layer.spec.n_query_groups, q_per_kv = n_head / groups;
+  const int64_t channels = StateChannels(layer.plan), high = layer.main.high;
+  const int64_t residual = layer.residual > 0 ? layer.ring.capacity : 0;
+  const int64_t entries = high + residual;
+  const bool replace = ScoresReplace(layer.plan);  // tova: the mean over the group's heads
+  float* main_state = layer.main.scores.defined() ? layer.main.scores.data_ptr<float>() : nullptr;
+  float* ring_state = residual > 0 ? layer.ring.scores.data_ptr<float>() : nullptr;
+  for (int64_t b = 0; b < rows; ++b) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* w = weights + (b * n_head + g * q_per_kv) * entries;  // [q_per_kv, entries]
+      for (int64_t s = 0; s < entries; ++s) {
+        float sum = 0.0f;
+        for (int64_t h = 0; h < q_per_kv; ++h) sum += w[h * entries + s];
+        float* score = s < high
+                           ? main_state + ((b * groups + g) * layer.main.capacity + s) * channels
+                           : ring_state + ((b * groups + g) * residual + s - high) * channels;
+        *score = replace ? sum / static_cast<float>(q_per_kv) : *score + sum;
+      }
+    }
+  }
 }
 
 void PolicyKVCache::Compact(Layer& layer, const at::Tensor& chunk_scores) {

@@ -27,16 +27,26 @@
 // policy equals the dense cache. Eviction waits for the step's attention weights
 // (ObserveAttentionWeights) or, for policies that do not score, for the layer's next step.
 //
-// Reading: UpdateAndAttend on quantised storage attends block by block (AttendBlockwise in
-// core/ops/attention.h): at most `block_size` entries are decoded at a time, so no
-// full-precision copy of the layer exists. Full-precision storage takes KVCache's default
-// (Update, whose view of main copies nothing on decode steps, then AttendByPositions). Update
-// on quantised storage decodes the whole layer (a transient copy, for callers that want the
-// entries themselves, such as the attention probe).
+// Reading: decoding steps (one token) of float32 CPU caches run in host loops (DecodeOnHost):
+// the entry is placed, encoded and its slot chosen by plain loops, attention takes the decode
+// kernel over main's and the ring's entries in place (quantised main entries of a (row, group)
+// are decoded for the step into a thread-local buffer of at most budget + 1 entries), the
+// kernel hands out the softmax weights a scoring policy adds to its scores, and the eviction
+// is one loop over the slots: one LibTorch allocation (the output) a layer and step, where the
+// tensor path below takes ~25 operations and costs more than the attention on small models.
+// Everything else (prompt chunks, other dtypes or devices, h2o-vlen, qh2o, unbudgeted quantised
+// layers) takes the tensor path: quantised storage attends block by block (AttendBlockwise in
+// core/ops/attention.h; at most `block_size` entries decoded at a time, so no full-precision
+// copy of the layer exists), full-precision storage takes KVCache's default (Update, whose
+// view of main copies nothing on decode steps, then AttendByPositions). Update on quantised
+// storage decodes the whole layer (a transient copy, for callers that want the entries
+// themselves, such as the attention probe). Both paths make the same decisions from the same
+// bits (policy_kv_cache_test InPlaceAttentionEqualsAttentionOverTheView).
 //
-// Costs per decode step and layer: O(slots) for slot choice and eviction (argmin over
-// positions/priorities), O(head_size) to encode the one entry that enters main, no
-// allocation of storage except when main grows, so bytes stay flat once the budget is reached.
+// Costs per decode step and layer: O(slots) for slot choice and eviction, O(head_size) to
+// encode the one entry that enters main, O(slots · head_size) to decode quantised entries for
+// the step, no allocation of storage except when main grows, so bytes stay flat once the
+// budget is reached.
 //
 // Cache positions (options.cache_positions; window and sink policies): StreamingLLM's point,
 // generating past the model's context. RoPE scores depend only on the query-key distance, so
@@ -74,6 +84,7 @@
 #include "cache/kv_cache.h"
 #include "cache/kv_codec.h"
 #include "core/ops/attention.h"
+#include "core/ops/decode_attention.h"
 
 namespace lgpt {
 
@@ -113,8 +124,8 @@ class PolicyKVCache : public KVCache {
   int64_t num_layers() const override { return static_cast<int64_t>(layers_.size()); }
   bool WantsAttentionWeights(int64_t layer) const override;
   void ObserveAttentionWeights(int64_t layer, const at::Tensor& weights) override;
-  // Quantised storage attends block by block (AttendBlockwise); full-precision storage takes
-  // KVCache's default (views of main cost nothing and decoding steps get the decode kernel).
+  // Decoding steps in host loops where DecodeOnHostApplies; otherwise quantised storage attends
+  // block by block (AttendBlockwise) and full-precision storage takes KVCache's default.
   absl::StatusOr<at::Tensor> UpdateAndAttend(int64_t layer, const KVStep& step, const at::Tensor& q,
                                              const at::Tensor& keys, const at::Tensor& values,
                                              const AttentionParams& params) override;
@@ -160,12 +171,14 @@ class PolicyKVCache : public KVCache {
     // P, the position groups: G where decisions differ by group (scoring policies), else 1
     // (one slot layout for every group of a row).
     int64_t position_groups = 1;
+    int64_t quant_group = 0;                 // channels sharing a scale in quantised entries
     int64_t max_written = -1;                // largest position written since the last reset
     std::unique_ptr<EntryCodec> codec;       // main's entries
     std::unique_ptr<EntryCodec> ring_codec;  // full precision
     Store main;
     Store ring;
     Pending pending;
+    std::vector<float> step_weights;  // DecodeOnHost's attention weights, reused every step
   };
 
   explicit PolicyKVCache(const PolicyKVCacheOptions& options);
@@ -191,6 +204,49 @@ class PolicyKVCache : public KVCache {
   // choice as Priority and argmin without a LibTorch operation per step; false when it does
   // not apply.
   bool EvictDecodeOnHost(Layer& layer);
+  // The loop itself, for `rows` rows whose newest positions are newest[0, rows).
+  void EvictOnHost(Layer& layer, int64_t rows, const int64_t* newest);
+  // A whole decoding step of float32 storage on the CPU in host loops: place the entry (into
+  // the ring, whose oldest entry moves on to main, or into main, encoded), attend with the
+  // decode kernel (which hands out the weights a scoring policy adds to its scores), evict.
+  // The same arithmetic as Begin, AttendBlockwise and Settle (the same bits for quantised
+  // entries) without their ~25 LibTorch operations per layer and step, which cost more than
+  // the step's attention on small models. Quantised main entries are decoded per (row, group)
+  // into a thread-local buffer for the step (budgeted caches only: kHostDecodedEntries).
+  // Applies to one-token steps of policies EntryPriorityApplies to, except h2o-vlen (its
+  // feature is computed by tensor operations) and layers with a score reducer.
+  bool DecodeOnHostApplies(const Layer& layer, const at::Tensor& q, const at::Tensor& keys,
+                           const at::Tensor& values, const KVStep& step) const;
+  at::Tensor DecodeOnHost(Layer& layer, const KVStep& step, const at::Tensor& q,
+                          const at::Tensor& keys, const at::Tensor& values,
+                          const AttentionParams& params);
+  // Places row b's new entry (keys, values [rows, G, 1, hs] float32, each entry's hs floats
+  // contiguous) with fresh (zero) policy state: into the ring, after moving its oldest entry to
+  // main when `ring_full`, or straight into main.
+  void PlaceOnHost(Layer& layer, int64_t b, int32_t position, const at::Tensor& keys,
+                   const at::Tensor& values, bool ring_full);
+  // One entry of every group of a position group, in host memory: group g's key at
+  // keys + g · group_stride (values alike) and its state at state + g · state_group_stride
+  // (null: fresh zero state).
+  struct HostEntry {
+    const float* keys;
+    const float* values;
+    int64_t group_stride;
+    const float* state;
+    int64_t state_group_stride;
+  };
+  // Writes (and encodes) an entry into the first empty main slot of (row b, position group p).
+  void InsertMainOnHost(Layer& layer, int64_t b, int64_t p, int32_t position,
+                        const HostEntry& entry);
+  // The query groups whose slots position group p stands for.
+  static std::vector<int64_t> GroupsOf(const Layer& layer, int64_t p);
+  // The step's view in host decoding: positions [rows, P, main.high + ring] (int32) and the
+  // entries of each (row, group), main's then the ring's.
+  at::Tensor ViewPositionsOnHost(const Layer& layer, int64_t rows) const;
+  KVSegmentsOf ViewSegments(const Layer& layer) const;
+  // Adds (h2o) or sets (tova) each viewed entry's score from the step's weights
+  // [rows, n_head, 1, main.high + ring].
+  void ScoreOnHost(Layer& layer, int64_t rows, int64_t n_head, const float* weights);
   // After a chunk: the ring takes the newest entries, main keeps the policy's choice.
   void Compact(Layer& layer, const at::Tensor& chunk_scores);
   // The ring's entries and the chunk's [rows, G, ·]: the ring keeps the `residual` newest;

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "cache/dense_kv_cache.h"
 #include "cache/kv_cache_factory.h"
 #include "core/ops/attention.h"
@@ -207,19 +208,38 @@ TEST(PolicyKVCacheTest, TovaKeepsWhatTheLatestQueryAttends) {
 }
 
 TEST(PolicyKVCacheTest, InPlaceAttentionEqualsAttentionOverTheView) {
-  // Budgets below the sequence, so entries are evicted and (4 bits) quantised.
-  for (PolicyKind kind : {PolicyKind::kDense, PolicyKind::kWindow, PolicyKind::kSink,
-                          PolicyKind::kH2O, PolicyKind::kTova}) {
+  // Budgets below the sequence, so entries are evicted and (4 bits) quantised. In place, 16-bit
+  // decoding steps take the host loops (DecodeOnHost); over the view, the tensor operations.
+  struct Variant {
+    PolicyKind kind;
+    bool normalize = false;
+    int64_t grace = -1;
+  };
+  for (const Variant variant :
+       {Variant{PolicyKind::kDense}, Variant{PolicyKind::kWindow}, Variant{PolicyKind::kSink},
+        Variant{PolicyKind::kH2O}, Variant{PolicyKind::kTova}, Variant{PolicyKind::kH2O, true},
+        Variant{PolicyKind::kH2O, false, 2}, Variant{PolicyKind::kTova, true, 3},
+        Variant{PolicyKind::kH2OVlen}}) {
     for (int bits : {16, 8, 4}) {
-      auto a = MakeCache(Options(kind, 9, bits, {0, 5}));
-      auto b = MakeCache(Options(kind, 9, bits, {0, 5}));
-      const at::Tensor via_view = Drive(*a, 40, 12, 5, false, 1, 5);
-      const at::Tensor in_place = Drive(*b, 40, 12, 5, true, 1, 5);
-      EXPECT_LT((via_view - in_place).abs().max().item<double>(), 1e-5)
-          << PolicyName(kind) << " " << bits;
-      for (int64_t layer : {0, 1}) {
-        for (int64_t g : {0, 1}) {
-          EXPECT_EQ(a->KeptPositions(layer, 0, g), b->KeptPositions(layer, 0, g));
+      for (int64_t batch : {1, 2}) {
+        PolicyKVCacheOptions options = Options(variant.kind, 9, bits, {0, 5}, batch);
+        options.policy.normalize_scores = variant.normalize;
+        options.policy.grace_period = variant.grace;
+        auto a = MakeCache(options);
+        auto b = MakeCache(options);
+        const at::Tensor via_view = Drive(*a, 40, 12, 5, false, batch, 5);
+        const at::Tensor in_place = Drive(*b, 40, 12, 5, true, batch, 5);
+        const std::string name =
+            absl::StrCat(PolicyName(variant.kind), " normalize ", variant.normalize, " grace ",
+                         variant.grace, " bits ", bits, " batch ", batch);
+        EXPECT_LT((via_view - in_place).abs().max().item<double>(), 1e-5) << name;
+        for (int64_t layer : {0, 1}) {
+          for (int64_t row = 0; row < batch; ++row) {
+            for (int64_t g : {0, 1}) {
+              EXPECT_EQ(a->KeptPositions(layer, row, g), b->KeptPositions(layer, row, g))
+                  << name << " layer " << layer << " row " << row << " group " << g;
+            }
+          }
         }
       }
     }

@@ -89,8 +89,7 @@ at::Tensor WeightedValues(const at::Tensor& weights, const std::vector<KVBlockSo
 // (nothing written) otherwise, and for decode-sized steps (DecodeAttention's, or the generic
 // path's bit-for-bit results are what the caches' equivalence tests pin).
 bool TryFlash(const at::Tensor& q, int64_t groups, const std::vector<KVBlockSource>& sources,
-              const at::Tensor& query_positions, const AttentionParams& params,
-              at::Tensor* out) {
+              const at::Tensor& query_positions, const AttentionParams& params, at::Tensor* out) {
   constexpr int64_t kMinSteps = 5;
   if (!q.device().is_cpu() || q.scalar_type() != at::kFloat || q.size(2) < kMinSteps ||
       q.requires_grad() || !query_positions.device().is_cpu() ||
@@ -102,8 +101,7 @@ bool TryFlash(const at::Tensor& q, int64_t groups, const std::vector<KVBlockSour
   };
   std::vector<Block> blocks;
   bool ok = true;
-  ForEachBlock(sources, [&](const KVBlockSource& source, int64_t, int64_t begin,
-                            int64_t length) {
+  ForEachBlock(sources, [&](const KVBlockSource& source, int64_t, int64_t begin, int64_t length) {
     if (!ok) return;
     Block block;
     source.read(begin, length, &block.keys, &block.values);
@@ -184,9 +182,14 @@ at::Tensor AttendBlockwise(const at::Tensor& q, int64_t groups,
 at::Tensor AttendByPositions(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
                              const at::Tensor& query_positions, const at::Tensor& key_positions,
                              const AttentionParams& params, at::Tensor* weights_out) {
-  if (weights_out == nullptr &&
-      DecodeAttentionApplies(q, keys, values, query_positions, key_positions)) {
-    return DecodeAttention(q, keys, values, query_positions, key_positions, params);
+  if (DecodeAttentionApplies(q, keys, values, query_positions, key_positions)) {
+    if (weights_out == nullptr) {
+      return DecodeAttention(q, keys, values, query_positions, key_positions, params);
+    }
+    *weights_out =
+        at::empty({q.size(0), q.size(1), q.size(2), keys.size(2)}, q.options().dtype(at::kFloat));
+    return DecodeAttention(q, keys, values, query_positions, key_positions, params, CpuHasAvx2Fma(),
+                           weights_out->data_ptr<float>());
   }
   return AttendBlockwise(q, keys.size(1), {TensorSource(keys, values, key_positions)},
                          query_positions, params, weights_out);

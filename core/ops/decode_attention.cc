@@ -22,13 +22,6 @@ namespace {
 
 constexpr int64_t kMaxSteps = 4;
 
-// Consecutive cache entries of one (batch row, key group) stored together: [entries, hs]
-// keys and values. A contiguous cache is one segment; a paged one, one per block.
-struct KVSegment {
-  const float* keys;
-  const float* values;
-  int64_t entries;
-};
 using Segments = std::vector<KVSegment>;
 
 // out_r = inv_r * sum_e w_r[e] v[e] for each of `rows` weight rows, v the segments' values
@@ -87,8 +80,8 @@ __attribute__((target("avx2,fma"))) void WeightedValuesBlockAvx2(const float* co
 
 // Column chunks of 8·V for R rows; hs must be a multiple of 8.
 template <int R, int V>
-void WeightedValuesRowsAvx2(const float* const* w, const Segments& v, int64_t hs,
-                            const float* inv, float* const* out) {
+void WeightedValuesRowsAvx2(const float* const* w, const Segments& v, int64_t hs, const float* inv,
+                            float* const* out) {
   int64_t col = 0;
   for (; col + 8 * V <= hs; col += 8 * V) WeightedValuesBlockAvx2<R, V>(w, v, hs, col, inv, out);
   for (; col < hs; col += 8) WeightedValuesBlockAvx2<R, 1>(w, v, hs, col, inv, out);
@@ -138,11 +131,10 @@ namespace {
 
 // DecodeAttention over any storage: segments(b, g, &out) lists the entries of (batch row b,
 // key group g) in order; key_positions [B, 1 or G, entries].
-at::Tensor DecodeAttentionOver(
-    const at::Tensor& q, int64_t groups, int64_t entries,
-    const std::function<void(int64_t, int64_t, Segments*)>& segments,
-    const at::Tensor& query_positions, const at::Tensor& key_positions,
-    const AttentionParams& params, bool use_avx2) {
+at::Tensor DecodeAttentionOver(const at::Tensor& q, int64_t groups, int64_t entries,
+                               const std::function<void(int64_t, int64_t, Segments*)>& segments,
+                               const at::Tensor& query_positions, const at::Tensor& key_positions,
+                               const AttentionParams& params, bool use_avx2, float* weights_out) {
   const int64_t batch = q.size(0), n_head = q.size(1), steps = q.size(2), hs = q.size(3);
   const int64_t q_per_kv = n_head / groups;
   const int64_t rows = q_per_kv * steps;  // queries of one group
@@ -200,7 +192,12 @@ at::Tensor DecodeAttentionOver(
         const int64_t query_pos = qp_data[b * steps + r % steps];
         inv[r] = 1.0f / SoftmaxRow(s, entries, query_pos, kp, params, avx2);
         weight_rows[r] = s;
-        out_rows[r] = out_data + ((b * n_head + g * q_per_kv) * steps + r) * hs;
+        const int64_t row = (b * n_head + g * q_per_kv) * steps + r;  // of [B, n_head, T]
+        out_rows[r] = out_data + row * hs;
+        if (weights_out != nullptr) {
+          float* w = weights_out + row * entries;
+          for (int64_t e = 0; e < entries; ++e) w[e] = s[e] * inv[r];
+        }
       }
 #ifdef LGPT_SIMD_AVX2
       if (avx2) {
@@ -222,9 +219,18 @@ bool PositionsApply(const at::Tensor& query_positions, const at::Tensor& key_pos
 
 }  // namespace
 
+at::Tensor DecodeAttentionSegments(const at::Tensor& q, int64_t groups, int64_t entries,
+                                   const KVSegmentsOf& segments_of,
+                                   const at::Tensor& query_positions,
+                                   const at::Tensor& key_positions, const AttentionParams& params,
+                                   bool use_avx2, float* weights_out) {
+  return DecodeAttentionOver(q, groups, entries, segments_of, query_positions, key_positions,
+                             params, use_avx2, weights_out);
+}
+
 at::Tensor DecodeAttention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
                            const at::Tensor& query_positions, const at::Tensor& key_positions,
-                           const AttentionParams& params, bool use_avx2) {
+                           const AttentionParams& params, bool use_avx2, float* weights_out) {
   const int64_t entries = keys.size(2);
   const float* k_data = keys.data_ptr<float>();
   const float* v_data = values.data_ptr<float>();
@@ -233,7 +239,7 @@ at::Tensor DecodeAttention(const at::Tensor& q, const at::Tensor& keys, const at
                     v_data + b * values.stride(0) + g * values.stride(1), entries});
   };
   return DecodeAttentionOver(q, keys.size(1), entries, segments, query_positions, key_positions,
-                             params, use_avx2);
+                             params, use_avx2, weights_out);
 }
 
 bool DecodeAttentionBlocksApplies(const at::Tensor& q, const std::vector<at::Tensor>& block_keys,
@@ -264,9 +270,8 @@ bool DecodeAttentionBlocksApplies(const at::Tensor& q, const std::vector<at::Ten
 
 at::Tensor DecodeAttentionBlocks(const at::Tensor& q, const std::vector<at::Tensor>& block_keys,
                                  const std::vector<at::Tensor>& block_values, int64_t entries,
-                                 const at::Tensor& query_positions,
-                                 const at::Tensor& key_positions, const AttentionParams& params,
-                                 bool use_avx2) {
+                                 const at::Tensor& query_positions, const at::Tensor& key_positions,
+                                 const AttentionParams& params, bool use_avx2) {
   const int64_t block_size = block_keys[0].size(1), hs = block_keys[0].size(2);
   auto segments = [&](int64_t, int64_t g, Segments* out) {
     for (size_t i = 0; i < block_keys.size(); ++i) {
@@ -278,7 +283,7 @@ at::Tensor DecodeAttentionBlocks(const at::Tensor& q, const std::vector<at::Tens
     }
   };
   return DecodeAttentionOver(q, block_keys[0].size(0), entries, segments, query_positions,
-                             key_positions, params, use_avx2);
+                             key_positions, params, use_avx2, /*weights_out=*/nullptr);
 }
 
 }  // namespace lgpt

@@ -8,6 +8,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -27,13 +28,38 @@ bool DecodeAttentionApplies(const at::Tensor& q, const at::Tensor& keys, const a
                             const at::Tensor& query_positions, const at::Tensor& key_positions);
 
 // AttendByPositions (core/ops/attention.h) for the inputs DecodeAttentionApplies accepts;
-// returns [B, n_head, T, hs].
+// returns [B, n_head, T, hs]. If `weights_out` is not null it receives the softmax weights,
+// [B, n_head, T, S] contiguous float32 (the caller's buffer: eviction policies score entries
+// with them without a tensor allocated per step).
 // Cost per (row, group): one pass over the filled keys for up to 4 queries, a vectorised
-// softmax, one pass over the values per 4 queries. `use_avx2` false forces the portable loops
-// (tests); AVX2 needs head_size % 8 == 0.
+// softmax, one pass over the values per 4 queries (plus one store per weight when asked).
+// `use_avx2` false forces the portable loops (tests); AVX2 needs head_size % 8 == 0.
 at::Tensor DecodeAttention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
                            const at::Tensor& query_positions, const at::Tensor& key_positions,
-                           const AttentionParams& params, bool use_avx2 = CpuHasAvx2Fma());
+                           const AttentionParams& params, bool use_avx2 = CpuHasAvx2Fma(),
+                           float* weights_out = nullptr);
+
+// Consecutive cache entries of one (batch row, key group): [entries, hs] float32 keys and
+// values. A contiguous cache is one segment; a paged one, one per block.
+struct KVSegment {
+  const float* keys;
+  const float* values;
+  int64_t entries;
+};
+// Lists the entries of (batch row b, key group g) in order. Called once per (b, g), possibly
+// from several threads at once; the pointers must stay valid until the (b, g)'s attention is
+// done (a decoding source may fill a thread_local buffer).
+using KVSegmentsOf = std::function<void(int64_t b, int64_t g, std::vector<KVSegment>* out)>;
+
+// DecodeAttention over entries in any storage: `entries` per (row, group), listed by
+// `segments_of`; key_positions [B, 1 or G, entries]. The arithmetic of DecodeAttention on the
+// concatenated segments, to the bit. Same conditions on q and positions as
+// DecodeAttentionApplies; `groups` divides n_head.
+at::Tensor DecodeAttentionSegments(const at::Tensor& q, int64_t groups, int64_t entries,
+                                   const KVSegmentsOf& segments_of,
+                                   const at::Tensor& query_positions,
+                                   const at::Tensor& key_positions, const AttentionParams& params,
+                                   bool use_avx2 = CpuHasAvx2Fma(), float* weights_out = nullptr);
 
 // The same over a cache stored in blocks (the paged KV pool) without gathering them: one
 // batch row whose first `entries` entries are those of blocks 0, 1, ... in order, each block
@@ -46,9 +72,8 @@ bool DecodeAttentionBlocksApplies(const at::Tensor& q, const std::vector<at::Ten
                                   const at::Tensor& key_positions);
 at::Tensor DecodeAttentionBlocks(const at::Tensor& q, const std::vector<at::Tensor>& block_keys,
                                  const std::vector<at::Tensor>& block_values, int64_t entries,
-                                 const at::Tensor& query_positions,
-                                 const at::Tensor& key_positions, const AttentionParams& params,
-                                 bool use_avx2 = CpuHasAvx2Fma());
+                                 const at::Tensor& query_positions, const at::Tensor& key_positions,
+                                 const AttentionParams& params, bool use_avx2 = CpuHasAvx2Fma());
 
 }  // namespace lgpt
 

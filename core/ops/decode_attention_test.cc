@@ -41,15 +41,29 @@ TEST_P(DecodeAttentionCases, EqualsGenericPath) {
   if (c.softcap) params.softcap = 5.0;
   params.sliding_window = c.window;
   ASSERT_TRUE(DecodeAttentionApplies(q, keys, values, query_positions, key_positions));
-  at::Tensor weights;
-  const at::Tensor expected =
-      AttendByPositions(q, keys, values, query_positions, key_positions, params, &weights);
+  // The generic path (weights asked of AttendBlockwise never take a CPU kernel).
+  at::Tensor weights;  // [B, n_head, T, S]
+  const at::Tensor expected = AttendBlockwise(
+      q, c.groups, {TensorSource(keys, values, key_positions)}, query_positions, params, &weights);
   for (const bool use_avx2 : {false, CpuHasAvx2Fma()}) {
     const at::Tensor actual =
         DecodeAttention(q, keys, values, query_positions, key_positions, params, use_avx2);
     EXPECT_TRUE(at::allclose(actual, expected, 1e-5, 1e-5))
         << "avx2 " << use_avx2 << ": " << (actual - expected).abs().max().item<float>();
+    // The weights it hands out are the generic path's, and the output is the same bits.
+    at::Tensor handed = at::full(weights.sizes(), -7.0f);
+    EXPECT_TRUE(at::equal(DecodeAttention(q, keys, values, query_positions, key_positions, params,
+                                          use_avx2, handed.data_ptr<float>()),
+                          actual));
+    EXPECT_TRUE(at::allclose(handed, weights, 1e-5, 1e-5))
+        << "avx2 " << use_avx2 << ": " << (handed - weights).abs().max().item<float>();
   }
+  // AttendByPositions asked for weights takes the decode kernel and returns them.
+  at::Tensor dispatched_weights;
+  EXPECT_TRUE(at::allclose(AttendByPositions(q, keys, values, query_positions, key_positions,
+                                             params, &dispatched_weights),
+                           expected, 1e-5, 1e-5));
+  EXPECT_TRUE(at::allclose(dispatched_weights, weights, 1e-5, 1e-5));
   // Through AttendByPositions' own dispatch, with per-group positions expanded.
   const at::Tensor grouped = key_positions.expand({batch, c.groups, c.entries});
   EXPECT_TRUE(at::allclose(AttendByPositions(q, keys, values, query_positions, grouped, params),
@@ -64,19 +78,19 @@ TEST_P(DecodeAttentionCases, EqualsGenericPath) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, DecodeAttentionCases,
-                         ::testing::Values(Case{6, 1, 1, 0, false}, Case{6, 1, 17, 0, false},
-                                           Case{2, 1, 100, 0, false}, Case{1, 1, 33, 0, true},
-                                           Case{2, 3, 40, 0, false}, Case{3, 4, 9, 0, false},
-                                           Case{2, 1, 64, 8, false}, Case{2, 2, 50, 5, true},
-                                           // AVX2 kernels: 1, 2, 3, 4, 6, 12 and 24 queries
-                                           // a group; head sizes with and without a
-                                           // 64-column block; entries not a multiple of 8.
-                                           Case{6, 1, 1, 0, false, 64}, Case{6, 1, 1000, 0, false, 64},
-                                           Case{3, 1, 77, 0, false, 128}, Case{2, 1, 9, 0, true, 8},
-                                           Case{2, 2, 130, 0, false, 24}, Case{1, 4, 31, 6, false, 40},
-                                           Case{6, 4, 200, 0, false, 16}, Case{3, 2, 64, 0, true, 72},
-                                           Case{1, 1, 257, 0, false, 256}));
+INSTANTIATE_TEST_SUITE_P(
+    Cases, DecodeAttentionCases,
+    ::testing::Values(Case{6, 1, 1, 0, false}, Case{6, 1, 17, 0, false}, Case{2, 1, 100, 0, false},
+                      Case{1, 1, 33, 0, true}, Case{2, 3, 40, 0, false}, Case{3, 4, 9, 0, false},
+                      Case{2, 1, 64, 8, false}, Case{2, 2, 50, 5, true},
+                      // AVX2 kernels: 1, 2, 3, 4, 6, 12 and 24 queries
+                      // a group; head sizes with and without a
+                      // 64-column block; entries not a multiple of 8.
+                      Case{6, 1, 1, 0, false, 64}, Case{6, 1, 1000, 0, false, 64},
+                      Case{3, 1, 77, 0, false, 128}, Case{2, 1, 9, 0, true, 8},
+                      Case{2, 2, 130, 0, false, 24}, Case{1, 4, 31, 6, false, 40},
+                      Case{6, 4, 200, 0, false, 16}, Case{3, 2, 64, 0, true, 72},
+                      Case{1, 1, 257, 0, false, 256}));
 
 // Blocks read in place (the paged pool) give DecodeAttention's bits on their concatenation,
 // for block sizes that divide the entries and ones that leave a partial last block.
@@ -104,12 +118,12 @@ TEST(DecodeAttentionBlocks, EqualsDecodeAttentionOnTheConcatenatedBlocks) {
         ASSERT_TRUE(DecodeAttentionBlocksApplies(q, block_keys, block_values, entries,
                                                  query_positions, key_positions));
         for (const bool use_avx2 : {false, CpuHasAvx2Fma()}) {
-          const at::Tensor expected = DecodeAttention(q, keys.contiguous(), values.contiguous(),
-                                                      query_positions, key_positions, params,
-                                                      use_avx2);
-          const at::Tensor actual = DecodeAttentionBlocks(q, block_keys, block_values, entries,
-                                                          query_positions, key_positions,
-                                                          params, use_avx2);
+          const at::Tensor expected =
+              DecodeAttention(q, keys.contiguous(), values.contiguous(), query_positions,
+                              key_positions, params, use_avx2);
+          const at::Tensor actual =
+              DecodeAttentionBlocks(q, block_keys, block_values, entries, query_positions,
+                                    key_positions, params, use_avx2);
           EXPECT_TRUE(at::equal(actual, expected))
               << "hs " << hs << " block " << block_size << " steps " << steps << " avx2 "
               << use_avx2 << ": " << (actual - expected).abs().max().item<float>();
@@ -123,8 +137,8 @@ TEST(DecodeAttentionBlocks, EqualsDecodeAttentionOnTheConcatenatedBlocks) {
   const at::Tensor q1 = at::randn({1, 4, 1, 8});
   EXPECT_FALSE(DecodeAttentionBlocksApplies(at::randn({1, 4, 5, 8}), two, two, 8,
                                             at::zeros({1, 5}, at::kLong), positions));
-  EXPECT_FALSE(DecodeAttentionBlocksApplies(q1, two, two, 9, at::zeros({1, 1}, at::kLong),
-                                            positions));
+  EXPECT_FALSE(
+      DecodeAttentionBlocksApplies(q1, two, two, 9, at::zeros({1, 1}, at::kLong), positions));
   EXPECT_FALSE(DecodeAttentionBlocksApplies(q1, two, {two[0], at::randn({2, 3, 8})}, 8,
                                             at::zeros({1, 1}, at::kLong), positions));
 }
