@@ -7,6 +7,7 @@
 
 #include "core/ops/decode_attention.h"
 #include "core/ops/flash_attention.h"
+#include "core/ops/flash_attention_grad.h"
 
 namespace lgpt {
 namespace {
@@ -89,8 +90,7 @@ at::Tensor WeightedValues(const at::Tensor& weights, const std::vector<KVBlockSo
 // (nothing written) otherwise, and for decode-sized steps (DecodeAttention's, or the generic
 // path's bit-for-bit results are what the caches' equivalence tests pin).
 bool TryFlash(const at::Tensor& q, int64_t groups, const std::vector<KVBlockSource>& sources,
-              const at::Tensor& query_positions, const AttentionParams& params,
-              at::Tensor* out) {
+              const at::Tensor& query_positions, const AttentionParams& params, at::Tensor* out) {
   constexpr int64_t kMinSteps = 5;
   if (!q.device().is_cpu() || q.scalar_type() != at::kFloat || q.size(2) < kMinSteps ||
       q.requires_grad() || !query_positions.device().is_cpu() ||
@@ -102,8 +102,7 @@ bool TryFlash(const at::Tensor& q, int64_t groups, const std::vector<KVBlockSour
   };
   std::vector<Block> blocks;
   bool ok = true;
-  ForEachBlock(sources, [&](const KVBlockSource& source, int64_t, int64_t begin,
-                            int64_t length) {
+  ForEachBlock(sources, [&](const KVBlockSource& source, int64_t, int64_t begin, int64_t length) {
     if (!ok) return;
     Block block;
     source.read(begin, length, &block.keys, &block.values);
@@ -129,6 +128,27 @@ bool TryFlash(const at::Tensor& q, int64_t groups, const std::vector<KVBlockSour
     }
   };
   *out = FlashAttention(q, groups, runs_of, query_positions, params);
+  return true;
+}
+
+// Training: when autograd records the attention (grad mode on, and q, keys or values need
+// gradients) and there is one source read whole of float32 tensors on the CPU, the trainable
+// flash kernel (core/ops/flash_attention_grad.h) instead of the generic path, whose saved
+// scores and weights grow as T · S. False (nothing written) otherwise.
+bool TryFlashTrainable(const at::Tensor& q, const std::vector<KVBlockSource>& sources,
+                       const at::Tensor& query_positions, const AttentionParams& params,
+                       at::Tensor* out) {
+  if (!at::GradMode::is_enabled() || sources.size() != 1 ||
+      BlockSize(sources[0]) < sources[0].size) {
+    return false;
+  }
+  at::Tensor keys, values;
+  sources[0].read(0, sources[0].size, &keys, &values);
+  if (!q.requires_grad() && !keys.requires_grad() && !values.requires_grad()) return false;
+  if (!FlashAttentionTrainableApplies(q, keys, values, query_positions, sources[0].positions)) {
+    return false;
+  }
+  *out = FlashAttentionTrainable(q, keys, values, query_positions, sources[0].positions, params);
   return true;
 }
 
@@ -160,7 +180,8 @@ at::Tensor AttendBlockwise(const at::Tensor& q, int64_t groups,
     return at::zeros_like(q);
   }
   at::Tensor flash;
-  if (weights_out == nullptr && TryFlash(q, groups, sources, query_positions, params, &flash)) {
+  if (weights_out == nullptr && (TryFlashTrainable(q, sources, query_positions, params, &flash) ||
+                                 TryFlash(q, groups, sources, query_positions, params, &flash))) {
     return flash;
   }
   // Query head h uses key group h / q_per_kv (LitGPT's repeat_interleave layout).
