@@ -7,6 +7,7 @@
 
 #include "core/ops/decode_attention.h"
 #include "core/ops/flash_attention.h"
+#include "core/ops/flash_attention_grad.h"
 
 namespace lgpt {
 namespace {
@@ -130,6 +131,27 @@ bool TryFlash(const at::Tensor& q, int64_t groups, const std::vector<KVBlockSour
   return true;
 }
 
+// Training: when autograd records the attention (grad mode on, and q, keys or values need
+// gradients) and there is one source read whole of float32 tensors on the CPU, the trainable
+// flash kernel (core/ops/flash_attention_grad.h) instead of the generic path, whose saved
+// scores and weights grow as T · S. False (nothing written) otherwise.
+bool TryFlashTrainable(const at::Tensor& q, const std::vector<KVBlockSource>& sources,
+                       const at::Tensor& query_positions, const AttentionParams& params,
+                       at::Tensor* out) {
+  if (!at::GradMode::is_enabled() || sources.size() != 1 ||
+      BlockSize(sources[0]) < sources[0].size) {
+    return false;
+  }
+  at::Tensor keys, values;
+  sources[0].read(0, sources[0].size, &keys, &values);
+  if (!q.requires_grad() && !keys.requires_grad() && !values.requires_grad()) return false;
+  if (!FlashAttentionTrainableApplies(q, keys, values, query_positions, sources[0].positions)) {
+    return false;
+  }
+  *out = FlashAttentionTrainable(q, keys, values, query_positions, sources[0].positions, params);
+  return true;
+}
+
 }  // namespace
 
 KVBlockSource TensorSource(const at::Tensor& keys, const at::Tensor& values,
@@ -158,7 +180,8 @@ at::Tensor AttendBlockwise(const at::Tensor& q, int64_t groups,
     return at::zeros_like(q);
   }
   at::Tensor flash;
-  if (weights_out == nullptr && TryFlash(q, groups, sources, query_positions, params, &flash)) {
+  if (weights_out == nullptr && (TryFlashTrainable(q, sources, query_positions, params, &flash) ||
+                                 TryFlash(q, groups, sources, query_positions, params, &flash))) {
     return flash;
   }
   // Query head h uses key group h / q_per_kv (LitGPT's repeat_interleave layout).

@@ -4,7 +4,12 @@
 // Two entry points, one implementation:
 // - AttendByPositions: keys and values as tensors (the dense cache's views). Decoding steps
 //   on the CPU (few float32 queries) take the decode-step kernel (core/ops/decode_attention.h);
-//   everything else the generic path below, over one source read whole.
+//   everything else the generic path below, over one source read whole. Prompts of float32
+//   rows on the CPU take the flash kernel (core/ops/flash_attention.h) instead: without
+//   autograd the inference kernel; in training (grad mode on and q, keys or values requiring
+//   grad; one source read whole) the trainable one (core/ops/flash_attention_grad.h), which
+//   keeps q, k, v, the output and one log-sum-exp per query for backward instead of the
+//   [B, n_head, T, S] scores and weights.
 // - AttendBlockwise: entries read block by block from any storage (quantised caches), so no
 //   full-precision copy of a layer's entries is ever made. Two passes: the first decodes each
 //   block's keys and fills its columns of the scores; the second decodes each block's values
@@ -12,10 +17,10 @@
 //
 // Grouped queries are computed without repeating keys: the q_per_kv query heads of a group
 // are folded into the query axis, so keys and values are read once per group.
-// Cost per call: O(B · n_head · T · S · head_size) multiply-adds plus the scores/weights
-// [B, n_head, T, S] float32 and the mask, where S is the number of entries attended (the
-// filled cache), never max_seq_length; blockwise sources also decode each entry twice and hold
-// one decoded block [B, G, block, head_size] at a time.
+// Cost per call of the generic path: O(B · n_head · T · S · head_size) multiply-adds plus the
+// scores/weights [B, n_head, T, S] float32 and the mask (kept for backward in training), where S is
+// the number of entries attended (the filled cache), never max_seq_length; blockwise sources also
+// decode each entry twice and hold one decoded block [B, G, block, head_size] at a time.
 #ifndef LGPT_CORE_OPS_ATTENTION_H_
 #define LGPT_CORE_OPS_ATTENTION_H_
 

@@ -1,6 +1,7 @@
 #include "core/ops/flash_attention.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cmath>
@@ -19,15 +20,15 @@ constexpr float kLowest = std::numeric_limits<float>::lowest();
 
 // A query tile's state: rows r of [rows, hs] accumulators, running maxima and sums.
 struct RowState {
-  std::vector<float> acc;  // [rows, hs]
-  std::vector<float> max;  // [rows]
-  std::vector<float> sum;  // [rows]
+  std::vector<float> acc;    // [rows, hs]
+  std::vector<float> max;    // [rows]
+  std::vector<float> sum;    // [rows]
   std::vector<float> alpha;  // [rows] a tile's rescaling of the accumulators (scratch)
 };
 
 // acc_r = acc_r * alpha_r + sum_e p_r[e] v[e] for rows [0, rows), v [entries, hs].
-void AccumulatePortable(const float* p, int64_t entries, const float* v, int64_t rows,
-                        int64_t hs, const float* alpha, float* acc) {
+void AccumulatePortable(const float* p, int64_t entries, const float* v, int64_t rows, int64_t hs,
+                        const float* alpha, float* acc) {
   for (int64_t r = 0; r < rows; ++r) {
     float* a = acc + r * hs;
     for (int64_t j = 0; j < hs; ++j) a[j] *= alpha[r];
@@ -47,8 +48,7 @@ void AccumulatePortable(const float* p, int64_t entries, const float* v, int64_t
 // rows stream by (each read once for the R rows).
 template <int R, int V>
 LGPT_FLASH_AVX2 void AccumulateBlockAvx2(const float* p, int64_t entries, const float* v,
-                                         int64_t hs, int64_t col, const float* alpha,
-                                         float* acc) {
+                                         int64_t hs, int64_t col, const float* alpha, float* acc) {
   __m256 sums[R][V];
   for (int r = 0; r < R; ++r) {
     const __m256 a = _mm256_set1_ps(alpha[r]);
@@ -93,16 +93,30 @@ void AccumulateAvx2(const float* p, int64_t entries, const float* v, int64_t row
 
 #endif  // LGPT_SIMD_AVX2
 
-// Whether any key of the run's [begin, begin + n) may be seen by a query at a position in
+// Whether any key among positions[0, n) may be seen by a query at a position in
 // [q_min, q_max]: a cheap bound that skips whole tiles (the causal future, or everything
 // before a sliding window).
-bool TileVisible(const KVRun& run, int64_t begin, int64_t n, int64_t q_min, int64_t q_max,
-                 int64_t window) {
-  for (int64_t e = begin; e < begin + n; ++e) {
-    const int64_t k = run.positions[e];
+bool AnyVisible(const KeyPositionRun& positions, int64_t n, int64_t q_min, int64_t q_max,
+                int64_t window) {
+  for (int64_t e = 0; e < n; ++e) {
+    const int64_t k = positions[e];
     if (k >= 0 && k <= q_max && (window <= 0 || k > q_min - window)) return true;
   }
   return false;
+}
+
+bool TileVisible(const KVRun& run, int64_t begin, int64_t n, int64_t q_min, int64_t q_max,
+                 int64_t window) {
+  return AnyVisible(run.positions.Skip(begin), n, q_min, q_max, window);
+}
+
+// AccumulatePortable or its AVX2 kernel (hs % 8 == 0).
+void Accumulate(const float* p, int64_t entries, const float* v, int64_t rows, int64_t hs,
+                const float* alpha, float* acc, bool avx2) {
+#ifdef LGPT_SIMD_AVX2
+  if (avx2) return AccumulateAvx2(p, entries, v, rows, hs, alpha, acc);
+#endif
+  AccumulatePortable(p, entries, v, rows, hs, alpha, acc);
 }
 
 struct TileArgs {
@@ -125,8 +139,7 @@ void ProcessTile(const TileArgs& t, const KVRun& run, int64_t begin, int64_t n,
   std::vector<float>& alpha = state.alpha;
   for (int64_t r = 0; r < t.rows; ++r) {
     float* s = scores.data() + r * n;
-    const float tile_max =
-        MaskScores(s, n, t.q_positions[r], run.positions.Skip(begin), *t.params);
+    const float tile_max = MaskScores(s, n, t.q_positions[r], run.positions.Skip(begin), *t.params);
     if (tile_max == kLowest) {  // nothing visible to this row here
       std::fill(s, s + n, 0.0f);
       alpha[r] = 1.0f;
@@ -138,21 +151,15 @@ void ProcessTile(const TileArgs& t, const KVRun& run, int64_t begin, int64_t n,
     state.sum[r] = state.sum[r] * alpha[r] + total;
     state.max[r] = new_max;
   }
-#ifdef LGPT_SIMD_AVX2
-  if (t.avx2) {
-    return AccumulateAvx2(scores.data(), n, run.values + begin * t.hs, t.rows, t.hs,
-                          alpha.data(), state.acc.data());
-  }
-#endif
-  AccumulatePortable(scores.data(), n, run.values + begin * t.hs, t.rows, t.hs, alpha.data(),
-                     state.acc.data());
+  Accumulate(scores.data(), n, run.values + begin * t.hs, t.rows, t.hs, alpha.data(),
+             state.acc.data(), t.avx2);
 }
 
 }  // namespace
 
 at::Tensor FlashAttention(const at::Tensor& q, int64_t groups, const KVRunsOf& runs_of,
                           const at::Tensor& query_positions, const AttentionParams& params,
-                          bool use_avx2) {
+                          bool use_avx2, at::Tensor* lse) {
   const int64_t batch = q.size(0), n_head = q.size(1), steps = q.size(2), hs = q.size(3);
   const int64_t q_per_kv = n_head / groups;
   const int64_t rows = q_per_kv * steps;  // a group's queries: head-major, then step
@@ -163,6 +170,11 @@ at::Tensor FlashAttention(const at::Tensor& q, int64_t groups, const KVRunsOf& r
   const float* q_data = qc.data_ptr<float>();
   float* out_data = out.data_ptr<float>();
   const int64_t* qp_data = qpos.data_ptr<int64_t>();
+  float* lse_data = nullptr;
+  if (lse != nullptr) {
+    *lse = at::empty({batch, n_head, steps}, q.options());
+    lse_data = lse->data_ptr<float>();
+  }
 #ifdef LGPT_SIMD_AVX2
   const bool avx2 = use_avx2 && hs % 8 == 0;
 #else
@@ -204,7 +216,12 @@ at::Tensor FlashAttention(const at::Tensor& q, int64_t groups, const KVRunsOf& r
         }
       }
       for (int64_t r = 0; r < n_rows; ++r) {
-        float* y = out_data + ((b * n_head + g * q_per_kv) * steps + row0 + r) * hs;
+        const int64_t row = (b * n_head + g * q_per_kv) * steps + row0 + r;
+        float* y = out_data + row * hs;
+        if (lse_data != nullptr) {
+          lse_data[row] = state.sum[r] > 0 ? state.max[r] + std::log(state.sum[r])
+                                           : std::numeric_limits<float>::infinity();
+        }
         if (state.sum[r] > 0) {
           const float inv = 1.0f / state.sum[r];
           for (int64_t j = 0; j < hs; ++j) y[j] = state.acc[r * hs + j] * inv;
@@ -223,6 +240,187 @@ at::Tensor FlashAttention(const at::Tensor& q, int64_t groups, const KVRunsOf& r
     }
   });
   return out;
+}
+
+namespace {
+
+constexpr int64_t kGradQueryTile = kGemvMaxRows;  // query rows per tile of the backward
+
+// A backward task's buffers: [m, n] scores then weights P, [m, n] dO V^T then scale · dS,
+// their transposes, and the soft-capped scores over the cap (tanh) of one row.
+struct GradScratch {
+  std::vector<float> p, ds, p_t, ds_t, tanh;
+};
+
+// A query tile of the backward: `rows` consecutive rows of one group (contiguous, hs apart).
+struct GradQueries {
+  const float* q;
+  const float* grad_out;
+  const float* lse;
+  const float* delta;  // D = rowsum(dO · out)
+  const int64_t* positions;
+  float* grad_q;
+  int64_t rows;
+};
+
+// A key/value tile of the backward and the gradients it owns.
+struct GradKeys {
+  const float* keys;
+  const float* values;
+  KeyPositionRun positions;
+  int64_t entries;
+  float* grad_keys;
+  float* grad_values;
+};
+
+// One (query tile, key tile) pair: recompute P, then dS, and add the pair's share of
+// dV = P^T dO, dK = scale dS^T Q and dQ = scale dS K.
+void BackwardPair(const GradQueries& t, const GradKeys& k, int64_t hs,
+                  const AttentionParams& params, bool avx2, const float* ones, GradScratch& s) {
+  const int64_t m = t.rows, n = k.entries;
+  s.p.resize(m * n);
+  s.ds.resize(m * n);
+  s.p_t.resize(n * m);
+  s.ds_t.resize(n * m);
+  for (int64_t r = 0; r < m; r += kGemvMaxRows) {
+    const int64_t rows = std::min(kGemvMaxRows, m - r);
+    GemvF32Serial(k.keys, nullptr, t.q + r * hs, s.p.data() + r * n, rows, n, hs);
+    GemvF32Serial(k.values, nullptr, t.grad_out + r * hs, s.ds.data() + r * n, rows, n, hs);
+  }
+  const float scale = static_cast<float>(params.scale);
+  const bool capped = params.softcap.has_value();
+  const float cap = capped ? static_cast<float>(*params.softcap) : 1.0f;
+  if (capped) s.tanh.resize(n);
+  for (int64_t r = 0; r < m; ++r) {
+    float* p = s.p.data() + r * n;
+    float* ds = s.ds.data() + r * n;
+    if (std::isinf(t.lse[r])) {  // no visible key: the caller spreads dO over the values
+      std::fill(p, p + n, 0.0f);
+      std::fill(ds, ds + n, 0.0f);
+      continue;
+    }
+    MaskScores(p, n, t.positions[r], k.positions, params);
+    if (capped) {
+      for (int64_t e = 0; e < n; ++e) s.tanh[e] = p[e] == kLowest ? 0.0f : p[e] / cap;
+    }
+    ExpAndSum(p, n, t.lse[r], avx2);  // masked scores become exactly 0
+    const float d = t.delta[r];
+    if (capped) {
+      for (int64_t e = 0; e < n; ++e) {
+        ds[e] = p[e] * (ds[e] - d) * (1.0f - s.tanh[e] * s.tanh[e]) * scale;
+      }
+    } else {
+      for (int64_t e = 0; e < n; ++e) ds[e] = p[e] * (ds[e] - d) * scale;
+    }
+  }
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t e = 0; e < n; ++e) {
+      s.p_t[e * m + r] = s.p[r * n + e];
+      s.ds_t[e * m + r] = s.ds[r * n + e];
+    }
+  }
+  Accumulate(s.p_t.data(), m, t.grad_out, n, hs, ones, k.grad_values, avx2);
+  Accumulate(s.ds_t.data(), m, t.q, n, hs, ones, k.grad_keys, avx2);
+  Accumulate(s.ds.data(), n, k.keys, m, hs, ones, t.grad_q, avx2);
+}
+
+}  // namespace
+
+FlashGradients FlashAttentionBackward(const at::Tensor& q, const at::Tensor& keys,
+                                      const at::Tensor& values, const at::Tensor& out,
+                                      const at::Tensor& lse, const at::Tensor& grad_out,
+                                      const at::Tensor& query_positions,
+                                      const at::Tensor& key_positions,
+                                      const AttentionParams& params, bool use_avx2) {
+  const int64_t batch = q.size(0), n_head = q.size(1), steps = q.size(2), hs = q.size(3);
+  const int64_t groups = keys.size(1), entries = keys.size(2);
+  const int64_t q_per_kv = n_head / groups;
+  const int64_t rows = q_per_kv * steps;  // a group's queries: head-major, then step
+  const at::Tensor qc = q.contiguous(), kc = keys.contiguous(), vc = values.contiguous();
+  const at::Tensor dout = grad_out.contiguous(), lsec = lse.contiguous();
+  const at::Tensor delta = (dout * out).sum(-1).contiguous();  // [B, n_head, T]
+  const at::Tensor qpos = query_positions.contiguous();
+  at::Tensor grad_keys = at::zeros(kc.sizes(), kc.options());
+  at::Tensor grad_values = at::zeros(vc.sizes(), vc.options());
+  const int64_t key_tiles = (entries + kKeyTile - 1) / kKeyTile;
+  const int64_t query_tiles = (rows + kGradQueryTile - 1) / kGradQueryTile;
+  const int64_t pairs = batch * groups;
+  // Each (row, group) pair's key tiles are dealt round-robin to `shares` tasks (so causal
+  // shares are even), enough to give every thread one; each share sums its own dQ.
+  const int64_t shares = std::max<int64_t>(
+      1, std::min<int64_t>(key_tiles, (at::get_num_threads() + pairs - 1) / pairs));
+  at::Tensor grad_q = at::zeros({shares, batch, n_head, steps, hs}, qc.options());
+#ifdef LGPT_SIMD_AVX2
+  const bool avx2 = use_avx2 && hs % 8 == 0;
+#else
+  const bool avx2 = false;
+#endif
+  const float* q_data = qc.data_ptr<float>();
+  const float* k_data = kc.data_ptr<float>();
+  const float* v_data = vc.data_ptr<float>();
+  const float* do_data = dout.data_ptr<float>();
+  const float* lse_data = lsec.data_ptr<float>();
+  const float* delta_data = delta.data_ptr<float>();
+  const int64_t* qp_data = qpos.data_ptr<int64_t>();
+  float* dq_data = grad_q.data_ptr<float>();
+  float* dk_data = grad_keys.data_ptr<float>();
+  float* dv_data = grad_values.data_ptr<float>();
+  const std::vector<float> ones(std::max(kKeyTile, kGradQueryTile), 1.0f);
+  const float uniform_weight = 1.0f / static_cast<float>(std::max<int64_t>(entries, 1));
+  at::parallel_for(0, pairs * shares, 1, [&](int64_t begin, int64_t end) {
+    GradScratch scratch;
+    std::vector<int64_t> positions(rows), q_min(query_tiles), q_max(query_tiles);
+    std::vector<int64_t> unseeing;  // rows with no visible key
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t pair = task / shares, share = task % shares;
+      const int64_t b = pair / groups, g = pair % groups;
+      const int64_t row0 = (b * n_head + g * q_per_kv) * steps;  // the group's first row
+      for (int64_t r = 0; r < rows; ++r) positions[r] = qp_data[b * steps + r % steps];
+      for (int64_t t = 0; t < query_tiles; ++t) {
+        const int64_t first = t * kGradQueryTile, last = std::min(rows, first + kGradQueryTile);
+        q_min[t] = *std::min_element(positions.begin() + first, positions.begin() + last);
+        q_max[t] = *std::max_element(positions.begin() + first, positions.begin() + last);
+      }
+      unseeing.clear();
+      for (int64_t r = 0; r < rows; ++r) {
+        if (std::isinf(lse_data[row0 + r])) unseeing.push_back(r);
+      }
+      const KeyPositionRun key_run = KeyPositionRun::Of(key_positions, b, g);
+      const int64_t kv0 = pair * entries * hs;
+      float* dq_rows = dq_data + (share * batch * n_head * steps + row0) * hs;
+      for (int64_t kt = share; kt < key_tiles; kt += shares) {
+        const int64_t k0 = kt * kKeyTile;
+        const GradKeys tile{k_data + kv0 + k0 * hs,  v_data + kv0 + k0 * hs,
+                            key_run.Skip(k0),        std::min(kKeyTile, entries - k0),
+                            dk_data + kv0 + k0 * hs, dv_data + kv0 + k0 * hs};
+        for (int64_t t = 0; t < query_tiles; ++t) {
+          if (!AnyVisible(tile.positions, tile.entries, q_min[t], q_max[t],
+                          params.sliding_window)) {
+            continue;
+          }
+          const int64_t r0 = t * kGradQueryTile;
+          const GradQueries queries{q_data + (row0 + r0) * hs,
+                                    do_data + (row0 + r0) * hs,
+                                    lse_data + row0 + r0,
+                                    delta_data + row0 + r0,
+                                    positions.data() + r0,
+                                    dq_rows + r0 * hs,
+                                    std::min(kGradQueryTile, rows - r0)};
+          BackwardPair(queries, tile, hs, params, avx2, ones.data(), scratch);
+        }
+        // A query with no visible key weighs every entry 1 / S (the masked softmax's
+        // uniform weights; its scores get no gradient).
+        for (const int64_t r : unseeing) {
+          const float* dy = do_data + (row0 + r) * hs;
+          for (int64_t e = 0; e < tile.entries; ++e) {
+            float* dv = tile.grad_values + e * hs;
+            for (int64_t j = 0; j < hs; ++j) dv[j] += dy[j] * uniform_weight;
+          }
+        }
+      }
+    }
+  });
+  return {shares == 1 ? grad_q.select(0, 0) : grad_q.sum(0), grad_keys, grad_values};
 }
 
 }  // namespace lgpt
