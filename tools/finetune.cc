@@ -93,6 +93,8 @@ ABSL_FLAG(int64_t, chunk_size, 128, "with --kv_cache: tokens a step through the 
 ABSL_FLAG(int64_t, first_chunk, 0,
           "with --kv_cache: tokens of the first step; 0: --kv_budget (the prefill fills the "
           "cache), or --chunk_size for dense");
+ABSL_FLAG(int, checkpoint_bits, 16,
+          "with --kv_cache: layer-input checkpoints in the model's dtype (16) or int8 (8)");
 ABSL_FLAG(bool, merge, false, "also write a merged plain lit_model.pth (lora, full)");
 ABSL_FLAG(std::string, quantize, "none",
           "lora only: int8 freezes the base projections in int8 (QLoRA-style; the saved LoRA "
@@ -160,6 +162,11 @@ std::optional<ChunkedTrainingOptions> ChunkedOptionsFromFlags() {
   }
   if (options.first_chunk == 0) {
     options.first_chunk = policy == "dense" ? options.chunk_size : spec.budget;
+  }
+  options.checkpoint_bits = absl::GetFlag(FLAGS_checkpoint_bits);
+  if (options.checkpoint_bits != 16 && options.checkpoint_bits != 8) {
+    Die(absl::InvalidArgumentError(
+        absl::StrCat("--checkpoint_bits must be 16 or 8, got ", options.checkpoint_bits)));
   }
   return options;
 }
@@ -289,10 +296,11 @@ int main(int argc, char** argv) {
   }
 
   if (chunked && lead) {
-    std::fprintf(stderr, "cache-aware training: %s, chunks of %lld (first %lld)\n",
+    std::fprintf(stderr, "cache-aware training: %s, chunks of %lld (first %lld), %s checkpoints\n",
                  DescribeKVCacheSpec(chunked->cache).c_str(),
                  static_cast<long long>(chunked->chunk_size),
-                 static_cast<long long>(chunked->first_chunk));
+                 static_cast<long long>(chunked->first_chunk),
+                 chunked->checkpoint_bits == 8 ? "int8" : "full-precision");
   }
 
   // Model: the method's architecture, base weights, only the method's parameters trainable.

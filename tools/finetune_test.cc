@@ -459,11 +459,22 @@ TEST(FinetuneToolTest, CacheAwareLoraRunsThroughTheCachePolicy) {
       Execute("finetune", absl::StrCat(common, "--out_dir=", dir, "/out --kv_cache=h2o ",
                                        "--kv_budget=8 --chunk_size=4 --lora_dropout=0"));
   ASSERT_EQ(tuned.status, 0) << tuned.err;
-  EXPECT_NE(tuned.err.find("cache-aware training: h2o budget=8 bits=16, chunks of 4 (first 8)"),
+  EXPECT_NE(tuned.err.find("cache-aware training: h2o budget=8 bits=16, chunks of 4 (first 8), "
+                           "full-precision checkpoints"),
             std::string::npos)
       << tuned.err;
   EXPECT_NE(tuned.err.find("final_val_loss="), std::string::npos) << tuned.err;
   EXPECT_FALSE(ReadAll(dir + "/out/lit_model.pth.lora").empty());
+  const ToolRun packed = Execute(
+      "finetune", absl::StrCat(common, "--out_dir=", dir, "/packed --kv_cache=h2o --kv_budget=8 ",
+                               "--chunk_size=4 --lora_dropout=0 --checkpoint_bits=8"));
+  ASSERT_EQ(packed.status, 0) << packed.err;
+  EXPECT_NE(packed.err.find("(first 8), int8 checkpoints"), std::string::npos) << packed.err;
+  EXPECT_FALSE(ReadAll(dir + "/packed/lit_model.pth.lora").empty());
+  ExpectCleanFailure(Execute("finetune", absl::StrCat(common, "--out_dir=", dir,
+                                                      "/bad --kv_cache=h2o --kv_budget=8 "
+                                                      "--checkpoint_bits=4")),
+                     "--checkpoint_bits must be 16 or 8, got 4");
   ExpectCleanFailure(Execute("finetune", absl::StrCat(common, "--out_dir=", dir,
                                                       "/bad --kv_cache=qh2o "
                                                       "--kv_budget=8")),

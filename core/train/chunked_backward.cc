@@ -5,11 +5,13 @@
 
 #include <algorithm>
 #include <memory>
+#include <numeric>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "cache/kv_codec.h"
 #include "core/base/status_macros.h"
 #include "core/train/replay_kv_cache.h"
 
@@ -65,6 +67,57 @@ absl::StatusOr<at::Tensor> ClassTargets(const at::Tensor& targets,
   }
   return out.to(targets.device());
 }
+
+// Every layer's input [B, S, E] for the backward pass, in the model's dtype or int8 (per token
+// and group of channels, float16 scales: cache/kv_codec.h's quantisation).
+class LayerCheckpoints {
+ public:
+  LayerCheckpoints(int64_t count, int64_t batch, int64_t total, int64_t width, int bits,
+                   const at::TensorOptions& options)
+      : bits_(bits), group_(std::gcd<int64_t>(32, width)), dtype_(options.dtype().toScalarType()) {
+    for (int64_t i = 0; i < count; ++i) {
+      if (bits_ == 8) {
+        data_.push_back(at::empty({batch, total, width}, options.dtype(at::kChar)));
+        scales_.push_back(at::empty({batch, total, width / group_}, options.dtype(at::kHalf)));
+      } else {
+        data_.push_back(at::empty({batch, total, width}, options));
+      }
+    }
+  }
+  // Stores x [B, T, E] as positions [begin, begin + T) of checkpoint i.
+  void Write(int64_t i, int64_t begin, const at::Tensor& x) {
+    const int64_t steps = x.size(1);
+    if (bits_ != 8) {
+      data_[i].narrow(1, begin, steps).copy_(x);
+      return;
+    }
+    const QuantizedGroups q = QuantizeGroups(x, 8, group_);
+    data_[i].narrow(1, begin, steps).copy_(q.data);
+    scales_[i].narrow(1, begin, steps).copy_(q.scales);
+  }
+  // Checkpoint i in the model's dtype [B, S, E] (int8: decoded, one layer at a time), and
+  // frees its storage.
+  at::Tensor Take(int64_t i) {
+    at::Tensor out =
+        bits_ == 8 ? DequantizeGroups(data_[i], scales_[i], 8, group_, dtype_) : data_[i];
+    data_[i] = at::Tensor();
+    if (bits_ == 8) scales_[i] = at::Tensor();
+    return out;
+  }
+  int64_t bytes() const {
+    int64_t total = 0;
+    for (const std::vector<at::Tensor>* parts : {&data_, &scales_}) {
+      for (const at::Tensor& t : *parts) total += t.numel() * t.element_size();
+    }
+    return total;
+  }
+
+ private:
+  int bits_;
+  int64_t group_;
+  c10::ScalarType dtype_;
+  std::vector<at::Tensor> data_, scales_;
+};
 
 // The rows one cell recomputes: per batch row, the positions before the chunk that any group
 // attended to (ascending), padded to the longest row, then the chunk's own.
@@ -155,6 +208,10 @@ absl::Status CheckInputs(const GPTImpl& model, const at::Tensor& input_ids,
     return absl::InvalidArgumentError(
         absl::StrCat("ChunkedTrainingOptions.first_chunk must be >= 0, got ", options.first_chunk));
   }
+  if (options.checkpoint_bits != 16 && options.checkpoint_bits != 8) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ChunkedTrainingOptions.checkpoint_bits must be 16 or 8, got ", options.checkpoint_bits));
+  }
   for (const int64_t token : options.class_tokens) {
     if (token < 0 || token >= config.PaddedVocabSize()) {
       return absl::OutOfRangeError(absl::StrCat("ChunkedTrainingOptions.class_tokens: token ",
@@ -243,11 +300,9 @@ absl::StatusOr<ChunkedLossResult> ChunkedLossUnchecked(GPTImpl& model, const at:
   // Forward: every layer's input is kept (checkpoints [B, S, E], the last one the output of
   // the last layer) when a backward pass follows.
   const bool backward = grad_scale.has_value();
-  std::vector<at::Tensor> inputs;
-  for (int64_t l = 0; backward && l <= layers; ++l) {
-    inputs.push_back(at::empty({batch, total, config.n_embd},
-                               at::TensorOptions().dtype(model.dtype()).device(device)));
-  }
+  LayerCheckpoints inputs(backward ? layers + 1 : 0, batch, total, config.n_embd,
+                          options.checkpoint_bits,
+                          at::TensorOptions().dtype(model.dtype()).device(device));
   ChunkedLossResult result;
   result.chunks = static_cast<int64_t>(chunks.size());
   double loss_sum = 0;
@@ -263,10 +318,10 @@ absl::StatusOr<ChunkedLossResult> ChunkedLossUnchecked(GPTImpl& model, const at:
       RETURN_IF_ERROR(cache.CheckStep(step, batch));
       at::Tensor x = model.EmbedTokens(ids.narrow(1, chunk.begin, chunk.size()));
       for (int64_t l = 0; l < layers; ++l) {
-        if (backward) inputs[l].narrow(1, chunk.begin, chunk.size()).copy_(x);
+        if (backward) inputs.Write(l, chunk.begin, x);
         ASSIGN_OR_RETURN(x, model.ForwardBlock(l, x, step, &cache));
       }
-      if (backward) inputs[layers].narrow(1, chunk.begin, chunk.size()).copy_(x);
+      if (backward) inputs.Write(layers, chunk.begin, x);
       loss_sum += LossSum(model.Head(x), targets.narrow(1, chunk.begin, chunk.size()), classes)
                       .item<double>();
     }
@@ -274,18 +329,18 @@ absl::StatusOr<ChunkedLossResult> ChunkedLossUnchecked(GPTImpl& model, const at:
   result.target_tokens = (targets != kIgnoreIndex).sum().item<int64_t>();
   result.loss = result.target_tokens > 0 ? loss_sum / result.target_tokens : 0.0;
   if (!backward || result.target_tokens == 0) return result;
-  for (const at::Tensor& t : inputs) result.checkpoint_bytes += t.numel() * t.element_size();
+  result.checkpoint_bytes = inputs.bytes();
 
   // Backward: the head chunk by chunk, then each layer cell by cell, top down; a layer's
-  // checkpoint is freed once its cells are done.
+  // checkpoint is taken (decoded) when its cells start and freed when they are done.
   const double scale = *grad_scale / static_cast<double>(result.target_tokens);
-  at::Tensor grad = at::zeros_like(inputs[layers]);
-  HeadBackward(model, inputs[layers], targets, classes, chunks, scale, grad);
-  inputs[layers] = at::Tensor();
+  at::Tensor last = inputs.Take(layers);
+  at::Tensor grad = at::zeros_like(last);
+  HeadBackward(model, last, targets, classes, chunks, scale, grad);
+  last = at::Tensor();
   for (int64_t l = layers - 1; l >= 0; --l) {
-    ASSIGN_OR_RETURN(grad, LayerBackward(model, l, inputs[l], grad, cache.log()[l], chunks,
+    ASSIGN_OR_RETURN(grad, LayerBackward(model, l, inputs.Take(l), grad, cache.log()[l], chunks,
                                          shape.layers[l].n_query_groups, result));
-    inputs[l] = at::Tensor();
   }
   const at::Tensor embedded = model.EmbedTokens(ids);
   if (embedded.requires_grad()) embedded.backward(grad.to(embedded.scalar_type()));

@@ -7,7 +7,8 @@
 //   forward   no autograd: chunk c (positions [c0, c1)) runs every layer through the policy
 //             cache, wrapped in a RecordingKVCache (the replay log: what each (row, group)
 //             attended to); the input of every layer is kept (checkpoints [B, S, n_embd] per
-//             layer: the only state that grows with the sequence), and the loss summed.
+//             layer, optionally int8: the only state that grows with the sequence), and the
+//             loss summed.
 //   backward  cell by cell (one layer, one chunk), top layer down. A cell recomputes its layer
 //             with autograd over the rows of the entries the chunk attended to (gathered from
 //             the layer's checkpoint, so their keys and values are recomputed by the layer's
@@ -52,6 +53,11 @@ struct ChunkedTrainingOptions {
   // response's first token), scored over the logits of these token ids only; that target must
   // be one of them. Empty: next-token loss over every target that counts.
   std::vector<int64_t> class_tokens;
+  // The layer-input checkpoints: 16, the model's dtype (the gradient is exact); or 8, int8 per
+  // token and group of 32 channels with a float16 scale (keys_values' quantised checkpoints:
+  // ~0.27x the float32 bytes; the recomputed cells see inputs rounded to half a step of their
+  // group, so the gradient is close to, not equal to, the exact one).
+  int checkpoint_bits = 16;
 };
 
 struct ChunkedLossResult {
