@@ -18,6 +18,7 @@
 #include "core/base/status_macros.h"
 #include "core/model/cache_positions.h"
 #include "core/model/sampling.h"
+#include "core/ops/gemv.h"
 
 namespace lgpt {
 namespace {
@@ -451,7 +452,7 @@ bool Scheduler::SharesUnpublishedBlock(const Request& request,
 }
 
 void Scheduler::Prefill(Running& running) {
-  // The chunks of this step, all in one forward pass. Chunks are never split (score-based and
+  // The chunks of this step. Chunks are never split (score-based and
   // quantised caches evict by chunk, so the chunks must be those of the batch-1 run); the budget
   // defers whole chunks, but the first chunk of a step always runs.
   int64_t budget = options_.step_prefill_tokens;
@@ -487,9 +488,25 @@ void Scheduler::Prefill(Running& running) {
                                return piece.request->preempted || piece.request->finished;
                              }),
               batch.end());
-  if (batch.empty()) return;
+  // Chunks of kGemvMaxRows tokens or more fill the matrix kernels' row slices on their own
+  // (core/ops/gemv.h), so sharing a pass would save no weight reads, only make larger
+  // activations: they run alone; the shorter ones share one pass.
+  std::vector<std::vector<PrefillPiece>> passes;
+  std::vector<PrefillPiece> short_chunks;
+  for (PrefillPiece& piece : batch) {
+    if (piece.tokens >= kGemvMaxRows) {
+      passes.push_back({std::move(piece)});
+    } else {
+      short_chunks.push_back(std::move(piece));
+    }
+  }
+  if (!short_chunks.empty()) passes.push_back(std::move(short_chunks));
+  for (const std::vector<PrefillPiece>& pass : passes) PrefillPass(pass);
+}
+
+void Scheduler::PrefillPass(const std::vector<PrefillPiece>& pass) {
   std::vector<PromptChunk> chunks;
-  for (const PrefillPiece& piece : batch) {
+  for (const PrefillPiece& piece : pass) {
     Request& r = *piece.request;
     // A view of the chunk's ids ([1, T] int64), read during the forward pass only.
     chunks.push_back({r.cache.get(),
@@ -498,15 +515,15 @@ void Scheduler::Prefill(Running& running) {
   }
   absl::StatusOr<at::Tensor> logits = ForwardChunks(*model_, chunks);  // [pieces, V]
   int64_t tokens = 0;
-  for (size_t p = 0; p < batch.size(); ++p) {
-    Request& r = *batch[p].request;
+  for (size_t p = 0; p < pass.size(); ++p) {
+    Request& r = *pass[p].request;
     if (!logits.ok()) {
       r.error = logits.status();
       r.finished = true;
       continue;
     }
-    r.prefilled += batch[p].tokens;
-    tokens += batch[p].tokens;
+    r.prefilled += pass[p].tokens;
+    tokens += pass[p].tokens;
     Publish(r);
     if (r.prefilled < r.prompt_length) continue;
     if (r.generated() > 0) {
@@ -521,7 +538,7 @@ void Scheduler::Prefill(Running& running) {
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.prefill_tokens += tokens;
   ++stats_.prefill_passes;
-  stats_.prefill_chunks += static_cast<int64_t>(batch.size());
+  stats_.prefill_chunks += static_cast<int64_t>(pass.size());
 }
 
 absl::StatusOr<at::Tensor> ForwardChunks(GPTImpl& model, const std::vector<PromptChunk>& chunks) {

@@ -4,9 +4,10 @@
 //   1. admits waiting requests in arrival order while fewer than max_running run;
 //   2. prefills prompt chunks of requests still reading their prompt, about
 //      step_prefill_tokens a step, so a long prompt stalls running streams for one chunk only;
-//      the step's chunks run as one forward pass over their tokens end to end
-//      (SegmentedKVCache: each chunk attends through its own cache), so every weight is read
-//      once a step for all of them;
+//      the step's chunks shorter than kGemvMaxRows run as one forward pass over their tokens
+//      end to end (SegmentedKVCache: each chunk attends through its own cache), so every
+//      weight is read once for all of them (longer chunks fill the matrix kernels' row
+//      slices alone and run alone);
 //   3. samples the next token of every request whose logits are ready (its own sampling
 //      options and its own generator, seeded as Generate seeds it), calls its on_token;
 //   4. runs one [B, 1] forward pass for the B requests that continue, through a
@@ -205,6 +206,9 @@ class Scheduler {
     at::Tensor positions;
   };
   void Prefill(Running& running);
+  // One forward pass over the chunks of `pass` (ForwardChunks); publishes their blocks and
+  // keeps the logits of the requests whose prompt is done.
+  void PrefillPass(const std::vector<PrefillPiece>& pass);
   // Whether `request` (not started) would reuse prefix blocks that a chunk of `batch` is
   // computing (its prompt shares them and they are not published yet).
   bool SharesUnpublishedBlock(const Request& request, const std::vector<PrefillPiece>& batch) const;
