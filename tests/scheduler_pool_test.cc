@@ -155,6 +155,58 @@ TEST(PrefixReuseTest, SharedPrefixIsComputedOnce) {
   EXPECT_EQ(pool->free_blocks(), pool->num_blocks());
 }
 
+// Prefix hits beside misses in the same prefill passes (a budget of several chunks), beside
+// budgeted and quantised requests with their own caches: every request equals its batch-1
+// run, each hit counts only its suffix against the step's budget, and requests submitted
+// together with a common prefix still compute it once (those that would continue blocks a
+// chunk of the step computes wait for them).
+TEST(PrefixReuseTest, HitsAndMissesShareAPrefillPass) {
+  GPT model = GoldenModel("golden/llama2");
+  const int64_t vocab = model->config().PaddedVocabSize();
+  at::manual_seed(13);
+  const at::Tensor shared = at::randint(0, vocab, {16}, at::kLong);
+  const std::vector<int64_t> prefix(shared.data_ptr<int64_t>(), shared.data_ptr<int64_t>() + 16);
+  std::vector<Job> others = Jobs(*model, 8, 17);  // misses, of every kind of cache
+  std::vector<Job> jobs;
+  for (int i = 0; i < 12; ++i) {
+    Job job;
+    if (i % 3 == 2) {
+      job = others[i / 3];
+    } else {
+      job.prompt = prefix;
+      for (int j = 0; j < 1 + i % 5; ++j) job.prompt.push_back((11 * i + 5 * j) % vocab);
+      job.options.max_new_tokens = 6 + i % 4;
+      job.options.sampling = i % 4 == 1 ? SamplingOptions{0.8, 12, 1.0} : SamplingOptions{};
+      job.options.seed = 70 + i;
+      job.spec = TestSpec("dense", 0, 16);
+    }
+    job.options.prefill_chunk = 6;
+    jobs.push_back(job);
+  }
+  std::vector<std::vector<int64_t>> expected;
+  for (const Job& job : jobs) expected.push_back(Alone(*model, job));
+  SchedulerOptions options;
+  options.max_running = 12;
+  options.prefill_chunk = 6;
+  options.step_prefill_tokens = 24;
+  std::shared_ptr<BlockPool> pool = Pool(*model, 160, 4);
+  const Outcome outcome = Serve(model, jobs, options, pool);
+  ASSERT_EQ(outcome.results.size(), jobs.size());
+  int64_t hits = 0;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    SCOPED_TRACE(absl::StrCat("request ", i, " ", DescribeKVCacheSpec(jobs[i].spec)));
+    EXPECT_EQ(outcome.results[i].tokens, expected[i]);
+    if (i % 3 != 2 && i > 0) {
+      // Everything the first request computed of the common 16 ids.
+      EXPECT_EQ(outcome.results[i].prefix_hit_tokens, 16);
+      ++hits;
+    }
+  }
+  EXPECT_EQ(outcome.stats.prefix_hits, hits);
+  EXPECT_GT(outcome.stats.prefill_chunks, outcome.stats.prefill_passes);
+  EXPECT_EQ(pool->free_blocks(), pool->num_blocks());
+}
+
 TEST(PrefixReuseTest, LogitsOfAPrefixHitMatchAFreshPrefill) {
   GPT model = GoldenModel("golden/llama3_gqa");
   const int64_t vocab = model->config().PaddedVocabSize();

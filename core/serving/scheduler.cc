@@ -4,7 +4,9 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>
+#include <cmath>
 #include <exception>
+#include <limits>
 #include <optional>
 #include <utility>
 
@@ -12,9 +14,11 @@
 #include "absl/types/span.h"
 #include "cache/batched_kv_cache.h"
 #include "cache/paged_kv_cache.h"
+#include "cache/segmented_kv_cache.h"
 #include "core/base/status_macros.h"
 #include "core/model/cache_positions.h"
 #include "core/model/sampling.h"
+#include "core/ops/gemv.h"
 
 namespace lgpt {
 namespace {
@@ -23,6 +27,32 @@ using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double>(to - from).count();
+}
+
+// Greedy decoding's token read on the host from float32 CPU logits [1, V]: the first index
+// of the largest value, as SampleNext's argmax gives it, without its ~10 tensor operations a
+// request and step. nullopt when SampleNext must decide: another dtype, device or sampling
+// option, or logits that are not usable (NaN, +inf, no finite value: SampleNext's error).
+std::optional<int64_t> GreedyOnHost(const at::Tensor& logits, const SamplingOptions& sampling) {
+  if (!(sampling.temperature <= 0 || sampling.top_p <= 0) || sampling.top_k != 0) {
+    return std::nullopt;
+  }
+  if (!logits.device().is_cpu() || logits.scalar_type() != at::kFloat || logits.dim() != 2 ||
+      logits.size(0) != 1 || logits.size(1) < 1 || logits.stride(1) != 1) {
+    return std::nullopt;
+  }
+  const float* values = logits.data_ptr<float>();
+  const int64_t vocab = logits.size(1);
+  int64_t best = 0;
+  bool finite = false;
+  for (int64_t v = 0; v < vocab; ++v) {
+    const float x = values[v];
+    if (std::isnan(x) || x == std::numeric_limits<float>::infinity()) return std::nullopt;
+    finite = finite || std::isfinite(x);
+    if (x > values[best]) best = v;
+  }
+  if (!finite) return std::nullopt;
+  return best;
 }
 
 }  // namespace
@@ -399,25 +429,49 @@ void Scheduler::Publish(Request& r) {
   }
 }
 
+bool Scheduler::SharesUnpublishedBlock(const Request& request,
+                                       const std::vector<PrefillPiece>& batch) const {
+  if (request.paged == nullptr || !options_.prefix_caching || request.options.start_position != 0 ||
+      request.ids.size() < 2) {
+    return false;
+  }
+  const int64_t block_size = pool_->block_size();
+  for (const PrefillPiece& piece : batch) {
+    const Request& other = *piece.request;
+    if (other.paged == nullptr || other.options.start_position != 0) continue;
+    // The whole blocks the two share (AttachPrefix leaves the request's last token out), and
+    // how far `other` had published them before this step.
+    const size_t limit = std::min(request.ids.size() - 1, other.ids.size());
+    const int64_t common = static_cast<int64_t>(
+        std::mismatch(request.ids.begin(), request.ids.begin() + limit, other.ids.begin()).first -
+        request.ids.begin());
+    const int64_t published = (other.prefilled + other.fed) / block_size * block_size;
+    if (common / block_size * block_size > published) return true;
+  }
+  return false;
+}
+
 void Scheduler::Prefill(Running& running) {
-  // Chunks are never split (score-based and quantised caches evict by chunk, so the chunks must
-  // be those of the batch-1 run); the budget defers whole chunks, but the first chunk of a
-  // step always runs.
+  // The chunks of this step. Chunks are never split (score-based and
+  // quantised caches evict by chunk, so the chunks must be those of the batch-1 run); the budget
+  // defers whole chunks, but the first chunk of a step always runs.
   int64_t budget = options_.step_prefill_tokens;
-  bool any = false;
-  for (size_t i = 0; i < running.size(); ++i) {
+  std::vector<PrefillPiece> batch;
+  for (size_t i = 0; i < running.size() && (batch.empty() || budget > 0); ++i) {
     Request& r = *running[i];
     const int64_t length = r.prompt_length;
     if (r.finished || r.preempted || (r.started && r.prefilled >= length)) continue;
-    if (any && std::min(EffectiveChunk(r.options), length - r.prefilled) > budget) break;
-    // Started here, not at admission: blocks published by the requests before it in this
-    // very loop are found.
     if (!r.started) {
+      // A request whose prompt continues blocks that a chunk of this step computes waits for
+      // them (published after the pass) rather than computing them again.
+      if (SharesUnpublishedBlock(r, batch)) break;
+      // Started here, not at admission: the cached prefix counts against the budget only
+      // for what it leaves to prefill.
       Start(r);
       if (r.prefilled >= length) continue;
     }
     const int64_t chunk = std::min(EffectiveChunk(r.options), length - r.prefilled);
-    any = true;
+    if (!batch.empty() && chunk > budget) break;
     absl::StatusOr<int64_t> reserved = r.stream->Reserve(chunk);
     if (!reserved.ok()) {
       r.error = reserved.status();
@@ -425,34 +479,133 @@ void Scheduler::Prefill(Running& running) {
       continue;
     }
     if (!ReserveBlocks(r, *reserved, running)) continue;
-    ForwardOptions forward;
-    forward.positions = r.stream->Take(*reserved);
-    forward.last_logits_only = true;
+    batch.push_back({&r, *reserved, r.stream->Take(*reserved)});
+    budget -= *reserved;
+  }
+  // A later chunk's blocks may have preempted an earlier request of the batch.
+  batch.erase(std::remove_if(batch.begin(), batch.end(),
+                             [](const PrefillPiece& piece) {
+                               return piece.request->preempted || piece.request->finished;
+                             }),
+              batch.end());
+  // Chunks of kGemvMaxRows tokens or more fill the matrix kernels' row slices on their own
+  // (core/ops/gemv.h), so sharing a pass would save no weight reads, only make larger
+  // activations: they run alone; the shorter ones share one pass.
+  std::vector<std::vector<PrefillPiece>> passes;
+  std::vector<PrefillPiece> short_chunks;
+  for (PrefillPiece& piece : batch) {
+    if (piece.tokens >= kGemvMaxRows) {
+      passes.push_back({std::move(piece)});
+    } else {
+      short_chunks.push_back(std::move(piece));
+    }
+  }
+  if (!short_chunks.empty()) passes.push_back(std::move(short_chunks));
+  for (const std::vector<PrefillPiece>& pass : passes) PrefillPass(pass);
+}
+
+void Scheduler::PrefillPass(const std::vector<PrefillPiece>& pass) {
+  std::vector<PromptChunk> chunks;
+  for (const PrefillPiece& piece : pass) {
+    Request& r = *piece.request;
     // A view of the chunk's ids ([1, T] int64), read during the forward pass only.
-    const at::Tensor tokens =
-        at::from_blob(r.ids.data() + r.prefilled, {1, *reserved}, at::kLong);
-    absl::StatusOr<at::Tensor> logits = model_->Forward(tokens, r.cache.get(), forward);
+    chunks.push_back({r.cache.get(),
+                      at::from_blob(r.ids.data() + r.prefilled, {1, piece.tokens}, at::kLong),
+                      piece.positions});
+  }
+  absl::StatusOr<at::Tensor> logits = ForwardChunks(*model_, chunks);  // [pieces, V]
+  int64_t tokens = 0;
+  for (size_t p = 0; p < pass.size(); ++p) {
+    Request& r = *pass[p].request;
     if (!logits.ok()) {
       r.error = logits.status();
       r.finished = true;
       continue;
     }
-    r.prefilled += *reserved;
+    r.prefilled += pass[p].tokens;
+    tokens += pass[p].tokens;
     Publish(r);
-    budget -= *reserved;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stats_.prefill_tokens += *reserved;
-    }
-    if (r.prefilled < length) continue;
+    if (r.prefilled < r.prompt_length) continue;
     if (r.generated() > 0) {
       r.ContinueReplay();  // recomputing after a preemption: the logits are known already
       continue;
     }
     r.prefill_done = Clock::now();
     r.result.stats.prefill_s = Seconds(r.admitted, r.prefill_done);
-    r.logits = logits->reshape({1, -1});
+    r.logits = logits->narrow(0, static_cast<int64_t>(p), 1);
     if (r.options.max_new_tokens == 0) r.finished = true;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  stats_.prefill_tokens += tokens;
+  ++stats_.prefill_passes;
+  stats_.prefill_chunks += static_cast<int64_t>(pass.size());
+}
+
+absl::StatusOr<at::Tensor> ForwardChunks(GPTImpl& model, const std::vector<PromptChunk>& chunks) {
+  if (chunks.empty()) return absl::InvalidArgumentError("ForwardChunks needs at least one chunk");
+  if (chunks.size() == 1) {
+    // One chunk: the batch-1 forward pass itself.
+    ForwardOptions forward;
+    forward.positions = chunks.front().positions;
+    forward.last_logits_only = true;
+    ASSIGN_OR_RETURN(at::Tensor logits,
+                     model.Forward(chunks.front().ids, chunks.front().cache, forward));
+    return logits.reshape({1, -1});
+  }
+  // Several chunks: their tokens end to end in one [1, sum T] step whose attention each chunk's
+  // own cache serves (SegmentedKVCache); every other layer works token by token, so each chunk
+  // gets what its batch-1 pass gives, and each weight is read once for all of them.
+  std::vector<KVCache*> caches;
+  std::vector<int64_t> lengths;
+  std::vector<at::Tensor> ids, positions;
+  for (const PromptChunk& chunk : chunks) {
+    if (chunk.ids.dim() != 2 || chunk.ids.size(0) != 1 || chunk.ids.scalar_type() != at::kLong ||
+        !chunk.positions.defined() || !chunk.positions.sizes().equals(chunk.ids.sizes()) ||
+        chunk.positions.scalar_type() != at::kLong) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ForwardChunks needs int64 ids and positions of shape [1, T], got ",
+                       ShapeString(chunk.ids), " and ", ShapeString(chunk.positions)));
+    }
+    caches.push_back(chunk.cache);
+    lengths.push_back(chunk.ids.size(1));
+    ids.push_back(chunk.ids.to(at::kCPU));
+    positions.push_back(chunk.positions.to(at::kCPU));
+  }
+  ASSIGN_OR_RETURN(SegmentedKVCache cache,
+                   SegmentedKVCache::Create(std::move(caches), std::move(lengths)));
+  try {
+    const at::Tensor all_ids = at::cat(ids, 1);  // [1, sum T]
+    const auto [lowest_id, highest_id] = std::minmax_element(
+        all_ids.data_ptr<int64_t>(), all_ids.data_ptr<int64_t>() + all_ids.numel());
+    if (*lowest_id < 0 || *highest_id >= model.config().PaddedVocabSize()) {
+      return absl::OutOfRangeError(
+          absl::StrCat("token id ", *lowest_id < 0 ? *lowest_id : *highest_id,
+                       " is outside the vocabulary [0, ", model.config().PaddedVocabSize(), ")"));
+    }
+    const at::Tensor host = at::cat(positions, 1).contiguous();
+    KVStep step;
+    const auto [lowest, highest] =
+        std::minmax_element(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
+    step.min_position = *lowest;
+    step.max_position = *highest;
+    if (step.min_position < 0 || step.max_position >= model.config().block_size) {
+      return absl::OutOfRangeError(
+          absl::StrCat("position ", step.min_position < 0 ? step.min_position : step.max_position,
+                       " is outside the model's context [0, ", model.config().block_size, ")"));
+    }
+    step.positions = host.to(model.device());
+    RETURN_IF_ERROR(cache.CheckStep(step, 1));
+    // GPT::Forward's pieces, so that only each chunk's last step reaches the head.
+    at::Tensor x = model.EmbedTokens(all_ids.to(model.device()));
+    for (int64_t layer = 0; layer < model.config().n_layer; ++layer) {
+      ASSIGN_OR_RETURN(x, model.ForwardBlock(layer, x, step, &cache));
+    }
+    const at::Tensor last = at::tensor(cache.LastSteps(), at::kLong).to(x.device());
+    return model.Head(x.index_select(1, last)).squeeze(0);  // [chunks, V]
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("forward pass failed: ", e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("forward pass failed: ", e.what()));
   }
 }
 
@@ -460,14 +613,20 @@ void Scheduler::SampleReady(Running& running) {
   for (auto& owned : running) {
     Request& r = *owned;
     if (r.finished || !r.logits.defined()) continue;
-    absl::StatusOr<at::Tensor> sampled = SampleNext(r.logits, r.options.sampling, r.generator);
-    r.logits = at::Tensor();
-    if (!sampled.ok()) {
-      r.error = sampled.status();
-      r.finished = true;
-      continue;
+    int64_t next = -1;
+    if (std::optional<int64_t> greedy = GreedyOnHost(r.logits, r.options.sampling)) {
+      next = *greedy;
+    } else {
+      absl::StatusOr<at::Tensor> sampled = SampleNext(r.logits, r.options.sampling, r.generator);
+      if (!sampled.ok()) {
+        r.error = sampled.status();
+        r.finished = true;
+        r.logits = at::Tensor();
+        continue;
+      }
+      next = sampled->cpu().item<int64_t>();
     }
-    const int64_t next = sampled->cpu().item<int64_t>();
+    r.logits = at::Tensor();
     const Clock::time_point now = Clock::now();
     r.ids.push_back(next);
     if (r.generated() == 1) {

@@ -4,6 +4,10 @@
 //   1. admits waiting requests in arrival order while fewer than max_running run;
 //   2. prefills prompt chunks of requests still reading their prompt, about
 //      step_prefill_tokens a step, so a long prompt stalls running streams for one chunk only;
+//      the step's chunks shorter than kGemvMaxRows run as one forward pass over their tokens
+//      end to end (SegmentedKVCache: each chunk attends through its own cache), so every
+//      weight is read once for all of them (longer chunks fill the matrix kernels' row
+//      slices alone and run alone);
 //   3. samples the next token of every request whose logits are ready (its own sampling
 //      options and its own generator, seeded as Generate seeds it), calls its on_token;
 //   4. runs one [B, 1] forward pass for the B requests that continue, through a
@@ -29,9 +33,11 @@
 //     (Submit checks) always finishes;
 //   - prefix reuse (SchedulerOptions.prefix_caching, requests starting at position 0): at its
 //     first prefill turn the cache takes the pool's cached blocks that start the request's
-//     tokens and only the rest is prefilled (requests admitted together still share: each
-//     looks up after the ones before it in the step published their blocks); every full block the request computes (prompt and generated
-//     tokens) is published for later requests. Shared entries were computed in other chunks,
+//     tokens and only the rest is prefilled, and only the rest counts against the step's
+//     budget (requests admitted together still share: one whose prompt continues blocks a
+//     chunk of the step computes waits for the next step, when they are published); every
+//     full block the request computes (prompt and generated tokens) is published for later
+//     requests. Shared entries were computed in other chunks,
 //     so logits may differ from a fresh prefill by rounding (greedy tokens do not change in
 //     the tests; dense full-precision caches only, since only their entries depend on the
 //     tokens alone).
@@ -89,6 +95,22 @@ struct RequestResult {
   std::vector<double> inter_token_s;  // gaps between consecutive tokens
 };
 
+// A prompt chunk for ForwardChunks: ids and positions [1, T] (int64) of a batch-1 cache.
+struct PromptChunk {
+  KVCache* cache;
+  at::Tensor ids;
+  at::Tensor positions;
+};
+
+// One forward pass over the prompt chunks of several batch-1 caches, their tokens end to end
+// ([1, T_0 + T_1 + ...]): each weight is read once for all of them, and chunk s attends through
+// chunks[s].cache (cache/segmented_kv_cache.h). Returns the logits of each chunk's last token,
+// [chunks, padded_vocab_size]: chunk s's row equals the last logits of
+// model.Forward(ids, cache, {positions, last_logits_only}) run alone, up to the rounding of
+// matrix products over another number of rows (every other layer works token by token). The
+// scheduler prefills a step's chunks through it.
+absl::StatusOr<at::Tensor> ForwardChunks(GPTImpl& model, const std::vector<PromptChunk>& chunks);
+
 class Scheduler;
 
 // A submitted request. Thread-safe.
@@ -121,6 +143,8 @@ struct SchedulerStats {
   int64_t decode_passes = 0;
   int64_t peak_decode_rows = 0;   // the most requests decoding in one step so far
   int64_t prefill_tokens = 0;
+  int64_t prefill_passes = 0;  // forward passes that prefilled prompt chunks
+  int64_t prefill_chunks = 0;  // chunks they ran (several requests' chunks share a pass)
   int64_t generated_tokens = 0;
   // The KV block pool (zeros without one): blocks in all, held by requests, and unreferenced
   // blocks the prefix cache keeps (reusable, evicted LRU when memory is needed).
@@ -174,7 +198,20 @@ class Scheduler {
   bool Fits(const Request& request, const Running& running) const;
   // One iteration over the running requests; false when there was nothing to do.
   bool Step(Running& running);
+  // A prompt chunk of this step's prefill pass: `tokens` ids of `request` from its prefilled
+  // ones, at `positions` ([1, tokens]).
+  struct PrefillPiece {
+    Request* request;
+    int64_t tokens;
+    at::Tensor positions;
+  };
   void Prefill(Running& running);
+  // One forward pass over the chunks of `pass` (ForwardChunks); publishes their blocks and
+  // keeps the logits of the requests whose prompt is done.
+  void PrefillPass(const std::vector<PrefillPiece>& pass);
+  // Whether `request` (not started) would reuse prefix blocks that a chunk of `batch` is
+  // computing (its prompt shares them and they are not published yet).
+  bool SharesUnpublishedBlock(const Request& request, const std::vector<PrefillPiece>& batch) const;
   void SampleReady(Running& running);
   void DecodeBatch(Running& running);
   // Takes the blocks `request`'s next step of `steps` entries needs, preempting the most
