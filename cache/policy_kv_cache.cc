@@ -510,9 +510,12 @@ at::Tensor PolicyKVCache::DecodeOnHost(Layer& layer, const KVStep& step, const a
     Reserve(main, *layer.codec, layer,
             GrownCapacity(main.used + 1, main.capacity, MaxMainCapacity(layer)));
   }
-  // [rows, G, 1, hs] with each entry's hs floats contiguous, as the loops read them.
-  const at::Tensor k = keys.stride(3) == 1 ? keys : keys.contiguous();
-  const at::Tensor v = values.stride(3) == 1 ? values : values.contiguous();
+  // [rows, G, 1, hs] with each entry's hs floats contiguous and keys laid out as values (one
+  // group stride), as the loops read them; the serving engine's rows may come otherwise.
+  const bool alike = keys.stride(3) == 1 && values.stride(3) == 1 &&
+                     (groups == 1 || keys.stride(1) == values.stride(1));
+  const at::Tensor k = alike ? keys : keys.contiguous();
+  const at::Tensor v = alike ? values : values.contiguous();
   const at::Tensor positions = step.positions.contiguous();  // [rows, 1]
   const int64_t* newest = positions.data_ptr<int64_t>();
   for (int64_t b = 0; b < rows; ++b) {
@@ -547,7 +550,6 @@ void PolicyKVCache::PlaceOnHost(Layer& layer, int64_t b, int32_t position, const
   const int64_t shared = layer.position_groups, channels = StateChannels(layer.plan);
   const float* k = keys.data_ptr<float>() + b * keys.stride(0);
   const float* v = values.data_ptr<float>() + b * values.stride(0);
-  TORCH_CHECK(keys.stride(1) == values.stride(1), "keys and values of one layout");
   if (layer.residual == 0) {
     for (int64_t p = 0; p < shared; ++p) {
       InsertMainOnHost(layer, b, p, position, {k, v, keys.stride(1), nullptr, 0});

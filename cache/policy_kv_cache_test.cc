@@ -246,6 +246,34 @@ TEST(PolicyKVCacheTest, InPlaceAttentionEqualsAttentionOverTheView) {
   }
 }
 
+// Decoding steps read keys and values of any layout (the serving engine's rows are views with
+// other strides): the same as contiguous ones.
+TEST(PolicyKVCacheTest, DecodingStepsTakeKeysAndValuesOfAnyLayout) {
+  for (int bits : {16, 4}) {
+    auto plain = MakeCache(Options(PolicyKind::kH2O, 6, bits, {0}, 2));
+    auto strided = MakeCache(Options(PolicyKind::kH2O, 6, bits, {0}, 2));
+    AttentionParams params;
+    params.scale = 0.2;
+    for (int64_t p = 0; p < 20; ++p) {
+      auto [k, v] = Entries(2, p, 1);
+      const at::Tensor q = Queries(2, p, 1);
+      // Keys inside a wider buffer: another group stride than the values'.
+      at::Tensor wide = at::zeros({2, kGroups, 1, 3 * kHeadSize});
+      wide.narrow(3, kHeadSize, kHeadSize).copy_(k);
+      const at::Tensor k_view = wide.narrow(3, kHeadSize, kHeadSize);
+      auto want = plain->UpdateAndAttend(0, Step(2, p, 1), q, k, v, params);
+      auto got = strided->UpdateAndAttend(0, Step(2, p, 1), q, k_view, v, params);
+      ASSERT_TRUE(want.ok() && got.ok()) << want.status() << got.status();
+      EXPECT_TRUE(at::equal(*want, *got)) << "bits " << bits << " position " << p;
+    }
+    for (int64_t row : {0, 1}) {
+      for (int64_t g : {0, 1}) {
+        EXPECT_EQ(plain->KeptPositions(0, row, g), strided->KeptPositions(0, row, g));
+      }
+    }
+  }
+}
+
 TEST(PolicyKVCacheTest, QuantisedCachesKeepTheRecentEntriesInFullPrecision) {
   EXPECT_EQ(MakeCache(Options(PolicyKind::kWindow, 12, 16))->residual(0), 0);
   auto cache = MakeCache(Options(PolicyKind::kWindow, 12, 4));
