@@ -177,8 +177,10 @@ absl::StatusOr<std::vector<int64_t>> Engine::Encode(absl::string_view text) cons
 }
 
 absl::StatusOr<std::unique_ptr<KVCache>> Engine::NewCache(const KVCacheSpec& spec, int64_t batch,
-                                                          int64_t length) const {
+                                                          int64_t length,
+                                                          int64_t growth_step) const {
   KVCacheShape shape;
+  shape.growth_step = growth_step;
   shape.batch_size = batch;
   shape.max_sequence_length = length;
   shape.layers = model_->CacheLayout();
@@ -385,8 +387,10 @@ absl::StatusOr<std::unique_ptr<KVCache>> Engine::SubmitCacheFor(
   const std::shared_ptr<BlockPool>& pool = scheduler().pool();
   if (!pool_error_.ok()) return pool_error_;
   const KVCacheSpec& spec = options.kv_cache;
-  if (pool == nullptr || spec.policy != "dense" || spec.bits != 16) {
-    return CacheFor(prompt, options);
+  if (pool == nullptr) return CacheFor(prompt, options);
+  if (spec.policy != "dense" || spec.bits != 16) {
+    // Own storage, grown a pool block at a time and charged to the pool as it grows.
+    return NewCache(spec, 1, CacheLength(prompt, options), pool->block_size());
   }
   ASSIGN_OR_RETURN(std::unique_ptr<PagedKVCache> paged,
                    PagedKVCache::Create(pool, static_cast<int64_t>(prompt.size()) +
@@ -441,13 +445,17 @@ absl::Status Engine::CheckRequest(const std::vector<int64_t>& prompt,
   return absl::OkStatus();
 }
 
+int64_t Engine::CacheLength(const std::vector<int64_t>& prompt,
+                            const RequestOptions& options) const {
+  // Cache positions: the cache spans the whole context and shifts within it.
+  return UsesCachePositions(options.kv_cache)
+             ? config().block_size
+             : static_cast<int64_t>(prompt.size()) + options.max_new_tokens;
+}
+
 absl::StatusOr<std::unique_ptr<KVCache>> Engine::CacheFor(const std::vector<int64_t>& prompt,
                                                           const RequestOptions& options) const {
-  // Cache positions: the cache spans the whole context and shifts within it.
-  const int64_t length = UsesCachePositions(options.kv_cache)
-                             ? config().block_size
-                             : static_cast<int64_t>(prompt.size()) + options.max_new_tokens;
-  return NewCache(options.kv_cache, 1, length);
+  return NewCache(options.kv_cache, 1, CacheLength(prompt, options));
 }
 
 absl::StatusOr<Completion> Engine::Generate(absl::string_view prompt,

@@ -207,16 +207,21 @@ class Engine : public std::enable_shared_from_this<Engine> {
                             const RequestOptions& options) const;
   absl::StatusOr<std::unique_ptr<KVCache>> CacheFor(const std::vector<int64_t>& prompt,
                                                     const RequestOptions& options) const;
+  // Positions a request's cache spans.
+  int64_t CacheLength(const std::vector<int64_t>& prompt, const RequestOptions& options) const;
   // Started by the first Submit, with the KV block pool when SchedulerOptions.kv_pool_bytes
   // asks for one.
   Scheduler& scheduler() const;
   absl::StatusOr<std::shared_ptr<BlockPool>> NewBlockPool() const;
-  // Submit's cache: a PagedKVCache over the pool for dense full-precision requests, else the
-  // request's own cache (budgeted and quantised caches are not drawn from the pool yet).
+  // Submit's cache: a PagedKVCache over the pool for dense full-precision requests; budgeted
+  // and quantised requests keep their own storage, grown a pool block at a time (the
+  // scheduler charges it to the pool as it grows).
   absl::StatusOr<std::unique_ptr<KVCache>> SubmitCacheFor(const std::vector<int64_t>& prompt,
                                                           const RequestOptions& options) const;
+  // growth_step: KVCacheShape.growth_step.
   absl::StatusOr<std::unique_ptr<KVCache>> NewCache(const KVCacheSpec& spec, int64_t batch,
-                                                    int64_t length) const;
+                                                    int64_t length,
+                                                    int64_t growth_step = 0) const;
   std::vector<int64_t> StopTokens(const RequestOptions& options) const;
   // Generates after `prompt` at `start_position` in `cache` with stop sequences, streaming
   // and cancellation.

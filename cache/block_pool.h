@@ -3,9 +3,9 @@
 // [n_query_groups, block_size, head_size]. The pool is a budget of num_blocks blocks: a block's
 // storage is allocated when the block is taken and freed when it is free again, so memory
 // follows what is in use (at most num_blocks · BytesPerBlock()), and the budget is shared with
-// caches that keep their own storage (budgeted and quantised caches): they Reserve the blocks
-// their bytes amount to for as long as they run. Blocks are reference counted (shared
-// prefixes).
+// caches that keep their own storage (budgeted and quantised caches): a serving engine
+// Reserves their bytes as their storage grows and Unreserves them when it is freed. Blocks
+// are reference counted (shared prefixes).
 //
 // Prefix cache (vLLM's automatic prefix caching): a full block whose entries depend only on
 // the tokens up to and including it (dense full-precision entries written from position 0)

@@ -117,6 +117,10 @@ class KVCache {
 
   // Forgets every entry; keeps allocations for reuse.
   virtual void Reset() = 0;
+  // Forgets every entry and frees the storage (a serving engine gives a preempted request's
+  // memory back). Caches whose storage is not their own (the paged cache's pool blocks)
+  // give it back in Reset already.
+  virtual void Release() { Reset(); }
 
   // Bytes of entry storage currently allocated: keys and values (encoded entries and their
   // quantisation scales for quantised caches), whether filled or not.
@@ -124,9 +128,14 @@ class KVCache {
   // Bytes of bookkeeping beside the entries: slot positions, policy scores, position ramps.
   virtual int64_t IndexBytes() const = 0;
   // The most AllocatedBytes() + IndexBytes() the cache can ever reach, when that is bounded by
-  // its options rather than by what it is fed (budgeted caches); nullopt otherwise. A serving
-  // engine reserves this much of its KV budget for a cache that keeps its own storage.
+  // its options rather than by what it is fed (budgeted and quantised caches); nullopt
+  // otherwise. A serving engine refuses a request whose cache could outgrow its KV budget.
   virtual std::optional<int64_t> MaxBytes() const { return std::nullopt; }
+  // For caches with MaxBytes: the AllocatedBytes() + IndexBytes() the cache will have after
+  // its next step of `tokens` entries (an upper bound; at most MaxBytes), so that a serving
+  // engine charges their storage to its KV budget as it grows rather than all of it up front.
+  // nullopt for the others.
+  virtual std::optional<int64_t> BytesAfterStep(int64_t tokens) const { return std::nullopt; }
 
   // Largest position a step may write plus one (the context length this cache serves).
   virtual int64_t max_sequence_length() const = 0;

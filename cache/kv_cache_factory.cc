@@ -96,6 +96,7 @@ absl::StatusOr<std::unique_ptr<KVCache>> MakeKVCache(const KVCacheSpec& spec,
   options.group_size = spec.group_size;
   options.block_size = spec.block_size;
   options.cache_positions = UsesCachePositions(spec);
+  options.growth_step = shape.growth_step;
   ASSIGN_OR_RETURN(std::unique_ptr<PolicyKVCache> cache, PolicyKVCache::Create(options));
   return std::unique_ptr<KVCache>(std::move(cache));
 }

@@ -61,6 +61,7 @@ std::string DescribeKVCacheSpec(const KVCacheSpec& spec,
 // The model-side shape of a cache (GPTImpl::CacheLayout() gives `layers`).
 struct KVCacheShape : KVCacheGeometry {
   int64_t initial_capacity = 0;  // dense only: slots allocated up front
+  int64_t growth_step = 0;       // budgeted and quantised: PolicyKVCacheOptions.growth_step
 };
 
 absl::StatusOr<std::unique_ptr<KVCache>> MakeKVCache(const KVCacheSpec& spec,

@@ -120,6 +120,22 @@ int64_t PolicyKVCache::MaxMainCapacity(const Layer& layer) const {
   return std::max<int64_t>(1, layer.plan.evicts() ? layer.main_budget + 1 : layer.main_budget);
 }
 
+int64_t PolicyKVCache::GrownMainCapacity(const Layer& layer, int64_t needed,
+                                         int64_t current) const {
+  const int64_t limit = MaxMainCapacity(layer);
+  if (needed <= current) return current;
+  if (options_.growth_step <= 0) return GrownCapacity(needed, current, limit);
+  const int64_t step = options_.growth_step;
+  return std::min((needed + step - 1) / step * step, limit);
+}
+
+void PolicyKVCache::GrowMain(Layer& layer, int64_t needed) {
+  if (needed > layer.main.capacity) {
+    Reserve(layer.main, *layer.codec, layer,
+            GrownMainCapacity(layer, needed, layer.main.capacity));
+  }
+}
+
 void PolicyKVCache::Reserve(Store& store, const EntryCodec& codec, const Layer& layer,
                             int64_t capacity) {
   if (capacity <= store.capacity) return;
@@ -319,10 +335,7 @@ void PolicyKVCache::InsertMain(Layer& layer, int64_t rows, const at::Tensor& key
                                const at::Tensor& scores) {
   Store& main = layer.main;
   const int64_t groups = layer.spec.n_query_groups;
-  if (main.used + 1 > main.capacity) {
-    Reserve(main, *layer.codec, layer,
-            GrownCapacity(main.used + 1, main.capacity, MaxMainCapacity(layer)));
-  }
+  GrowMain(layer, main.used + 1);
   at::Tensor main_positions = Rows(main.positions, rows);  // [rows, P, capacity]
   // The first empty slot (empty slots hold -1, below every position).
   const at::Tensor slot = main_positions.argmin(-1, /*keepdim=*/true);
@@ -506,10 +519,7 @@ at::Tensor PolicyKVCache::DecodeOnHost(Layer& layer, const KVStep& step, const a
   // The new entry enters main directly, or the ring's oldest moves there to make room.
   const bool ring_full = has_ring && ring.used >= layer.residual;
   const bool enters_main = !has_ring || ring_full;
-  if (enters_main && main.used + 1 > main.capacity) {
-    Reserve(main, *layer.codec, layer,
-            GrownCapacity(main.used + 1, main.capacity, MaxMainCapacity(layer)));
-  }
+  if (enters_main) GrowMain(layer, main.used + 1);
   // [rows, G, 1, hs] with each entry's hs floats contiguous and keys laid out as values (one
   // group stride), as the loops read them; the serving engine's rows may come otherwise.
   const bool alike = keys.stride(3) == 1 && values.stride(3) == 1 &&
@@ -792,11 +802,7 @@ void PolicyKVCache::KeepInMain(Layer& layer, const Recent& recent) {
       gathered.push_back(source.gather(2, Expand4(index, groups, source.size(-1))));
     }
   }
-  const int64_t needed = std::min(kept + 1, MaxMainCapacity(layer));
-  if (needed > main.capacity) {
-    Reserve(main, *layer.codec, layer,
-            GrownCapacity(needed, main.capacity, MaxMainCapacity(layer)));
-  }
+  GrowMain(layer, std::min(kept + 1, MaxMainCapacity(layer)));
   Rows(main.positions, rows).fill_(-1);
   if (kept > 0) {
     for (size_t i = 0; i < gathered.size(); ++i) {
@@ -903,20 +909,45 @@ int64_t PolicyKVCache::IndexBytes() const {
   return bytes;
 }
 
+int64_t PolicyKVCache::SlotBytes(const Layer& layer, const EntryCodec& codec,
+                                 int64_t slots) const {
+  const int64_t groups = layer.spec.n_query_groups;
+  // Per slot of a row: the groups' entries, int32 positions and, for scoring policies,
+  // float32 state.
+  const int64_t index = 4 * layer.position_groups + 4 * groups * StateChannels(layer.plan);
+  return options_.batch_size * slots * (groups * codec.BytesPerEntry() + index);
+}
+
 std::optional<int64_t> PolicyKVCache::MaxBytes() const {
   int64_t bytes = 0;
   for (const Layer& layer : layers_) {
-    const int64_t groups = layer.spec.n_query_groups;
-    // Per slot of a row: int32 positions and, for scoring policies, float32 state.
-    const int64_t index = 4 * layer.position_groups + 4 * groups * StateChannels(layer.plan);
-    bytes += options_.batch_size * MaxMainCapacity(layer) *
-             (groups * layer.codec->BytesPerEntry() + index);
-    if (layer.residual > 0 && layer.ring_codec != nullptr) {
-      bytes += options_.batch_size * layer.residual *
-               (groups * layer.ring_codec->BytesPerEntry() + index);
-    }
+    bytes += SlotBytes(layer, *layer.codec, MaxMainCapacity(layer));
+    if (layer.residual > 0) bytes += SlotBytes(layer, *layer.ring_codec, layer.residual);
   }
   return bytes;
+}
+
+std::optional<int64_t> PolicyKVCache::BytesAfterStep(int64_t tokens) const {
+  int64_t bytes = 0;
+  for (const Layer& layer : layers_) {
+    const Store& main = layer.main;
+    // A decode step moves at most one entry into main; a chunk keeps at most what main held
+    // and the chunk's tokens, plus the spare slot of an evicting layer.
+    const int64_t needed =
+        std::min(main.used + tokens + (tokens > 1 ? 1 : 0), MaxMainCapacity(layer));
+    bytes += SlotBytes(layer, *layer.codec, GrownMainCapacity(layer, needed, main.capacity));
+    if (layer.residual > 0) bytes += SlotBytes(layer, *layer.ring_codec, layer.residual);
+  }
+  return bytes;
+}
+
+void PolicyKVCache::Release() {
+  for (Layer& layer : layers_) {
+    layer.main = Store();
+    layer.ring = Store();
+    layer.pending = Pending();
+    layer.max_written = -1;
+  }
 }
 
 int64_t PolicyKVCache::slots(int64_t layer) const {

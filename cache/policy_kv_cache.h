@@ -97,6 +97,10 @@ struct PolicyKVCacheOptions : KVCacheGeometry {
   // Positions within the cache (window and sink policies, budget below max_sequence_length):
   // MakeRoom shifts kept entries down when the stream reaches max_sequence_length.
   bool cache_positions = false;
+  // Slots main grows by: 0 doubles its capacity (at least 64 slots, O(1) amortised copies);
+  // N > 0 grows it to the next multiple of N (a serving pool's block size: storage charged to
+  // the pool in whole blocks, never more than budget / N + 1 blocks per layer and group).
+  int64_t growth_step = 0;
 };
 
 // Checks the storage fields: bits (16, 8 or 4), residual (>= 0), group_size (>= 1) and
@@ -112,6 +116,8 @@ class PolicyKVCache : public KVCache {
                                 const at::Tensor& values) override;
   absl::Status CheckStep(const KVStep& step, int64_t batch_size) const override;
   void Reset() override;
+  // Frees every layer's storage (capacity back to 0).
+  void Release() override;
   // Entry storage (main and ring, scales included), summed over layers.
   int64_t AllocatedBytes() const override;
   // Positions (int32, per row or per group) and scores (float32, scoring policies) of every slot.
@@ -119,6 +125,9 @@ class PolicyKVCache : public KVCache {
   // Every layer at its largest: main_budget + 1 slots (main_budget without eviction) and the
   // ring, entries and index.
   std::optional<int64_t> MaxBytes() const override;
+  // Main's capacity after the step as Reserve would grow it (a decode step adds at most one
+  // entry to main, a chunk at most its tokens), the ring's once allocated.
+  std::optional<int64_t> BytesAfterStep(int64_t tokens) const override;
   int64_t max_sequence_length() const override { return options_.max_sequence_length; }
   int64_t batch_size() const override { return options_.batch_size; }
   int64_t num_layers() const override { return static_cast<int64_t>(layers_.size()); }
@@ -262,7 +271,13 @@ class PolicyKVCache : public KVCache {
   // Moves the layer's entries at or above its sink positions down by `shift`.
   void Shift(int64_t index, Layer& layer, int64_t shift, const KeyShifter& shift_keys);
   void Reserve(Store& store, const EntryCodec& codec, const Layer& layer, int64_t capacity);
+  // Grows main to hold `needed` slots (nothing when it does already).
+  void GrowMain(Layer& layer, int64_t needed);
+  // Main's capacity for `needed` slots when it has `current` (options.growth_step).
+  int64_t GrownMainCapacity(const Layer& layer, int64_t needed, int64_t current) const;
   int64_t MaxMainCapacity(const Layer& layer) const;
+  // Bytes of `slots` slots of a row with `codec`'s entries and the layer's index.
+  int64_t SlotBytes(const Layer& layer, const EntryCodec& codec, int64_t slots) const;
   std::vector<KVBlockSource> Sources(Layer& layer, int64_t rows);
 
   PolicyKVCacheOptions options_;

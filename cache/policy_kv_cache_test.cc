@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <optional>
 #include <set>
 
 #include "absl/strings/match.h"
@@ -511,6 +512,65 @@ TEST(PolicyKVCacheTest, BytesStayFlatOnceTheBudgetIsReached) {
       EXPECT_LE(cache->slots(1), 9);  // the windowed layer keeps its window (8) plus one
       EXPECT_EQ(cache->KeptPositions(0, 0, 0).size(), 32u);
     }
+  }
+}
+
+// BytesAfterStep, which a serving pool charges before each step, bounds the bytes the step
+// leaves (and MaxBytes bounds it); with a growth step, main grows in whole steps and a budgeted
+// layer never holds more than budget + 1 slots: budget / step + 1 blocks of `step` entries.
+TEST(PolicyKVCacheTest, BytesAfterStepBoundsWhatEveryStepLeaves) {
+  for (PolicyKind kind : {PolicyKind::kDense, PolicyKind::kWindow, PolicyKind::kSink,
+                          PolicyKind::kH2O, PolicyKind::kTova}) {
+    for (int bits : {16, 8, 4}) {
+      for (int64_t growth_step : {0, 4}) {
+        if (kind == PolicyKind::kDense && bits == 16) continue;
+        SCOPED_TRACE(absl::StrCat(PolicyName(kind), " bits ", bits, " growth ", growth_step));
+        PolicyKVCacheOptions options = Options(kind, 32, bits, {0, 8});
+        options.growth_step = growth_step;
+        auto cache = MakeCache(options);
+        AttentionParams params;
+        int64_t predicted_total = 0, actual_total = 0;
+        for (int64_t p = 0; p < 120;) {
+          const int64_t length = p < 30 ? 7 : (p % 17 == 0 ? 5 : 1);  // chunks between decodes
+          const std::optional<int64_t> predicted = cache->BytesAfterStep(length);
+          ASSERT_TRUE(predicted.has_value());
+          ASSERT_LE(*predicted, *cache->MaxBytes());
+          auto [k, v] = Entries(1, p, length);
+          for (int64_t layer = 0; layer < 2; ++layer) {
+            ASSERT_TRUE(cache
+                            ->UpdateAndAttend(layer, Step(1, p, length), Queries(1, p, length), k,
+                                              v, params)
+                            .ok());
+          }
+          const int64_t actual = cache->AllocatedBytes() + cache->IndexBytes();
+          ASSERT_LE(actual, *predicted) << "at position " << p;
+          predicted_total += *predicted;
+          actual_total += actual;
+          if (growth_step > 0 && kind != PolicyKind::kDense) {
+            ASSERT_LE(cache->slots(0), 33) << "at position " << p;
+            ASSERT_LE(cache->slots(1), 9) << "at position " << p;
+          }
+          p += length;
+        }
+        // The bound is tight: a pool charging it holds little more than the cache uses.
+        EXPECT_LE(predicted_total, actual_total + actual_total / 8);
+      }
+    }
+  }
+}
+
+TEST(PolicyKVCacheTest, ReleaseFreesTheStorageAndTheCacheStartsAgain) {
+  for (int bits : {16, 4}) {
+    auto cache = MakeCache(Options(PolicyKind::kH2O, 8, bits));
+    const at::Tensor first = Drive(*cache, 20, 5, 5, true);
+    EXPECT_GT(cache->AllocatedBytes(), 0);
+    cache->Release();
+    EXPECT_EQ(cache->AllocatedBytes(), 0);
+    EXPECT_EQ(cache->IndexBytes(), 0);
+    EXPECT_EQ(cache->slots(0), 0);
+    EXPECT_TRUE(cache->KeptPositions(0, 0, 0).empty());
+    const at::Tensor again = Drive(*cache, 20, 5, 5, true);
+    EXPECT_TRUE(at::equal(first, again)) << "bits " << bits;
   }
 }
 

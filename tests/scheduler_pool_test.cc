@@ -41,7 +41,8 @@ int64_t Length(const Job& job) {
   return static_cast<int64_t>(job.prompt.size()) + job.options.max_new_tokens;
 }
 
-// Dense jobs draw from the pool; the others keep their own caches.
+// Dense jobs draw blocks from the pool; the others keep their own caches, grown a block at a
+// time and charged to the pool (as Engine::Submit makes them).
 std::unique_ptr<KVCache> CacheOf(GPTImpl& model, const Job& job,
                                  const std::shared_ptr<BlockPool>& pool) {
   if (job.spec.policy == "dense" && job.spec.bits == 16) {
@@ -49,7 +50,7 @@ std::unique_ptr<KVCache> CacheOf(GPTImpl& model, const Job& job,
     EXPECT_TRUE(paged.ok()) << paged.status();
     return *std::move(paged);
   }
-  return BatchOneCache(model, job.spec, Length(job));
+  return BatchOneCache(model, job.spec, Length(job), pool->block_size());
 }
 
 struct Outcome {
@@ -99,13 +100,16 @@ TEST_P(PreemptionTest, NeverChangesAToken) {
   }
   const Outcome outcome = Serve(model, jobs, options, pool);
   ASSERT_EQ(outcome.results.size(), jobs.size());
-  int64_t preempted = 0;
+  int64_t preempted = 0, preempted_own_storage = 0;
   for (size_t i = 0; i < jobs.size(); ++i) {
     SCOPED_TRACE(absl::StrCat("request ", i, " ", DescribeKVCacheSpec(jobs[i].spec)));
     EXPECT_EQ(outcome.results[i].tokens, expected[i]);
     preempted += outcome.results[i].preemptions;
+    if (i % 2 == 1) preempted_own_storage += outcome.results[i].preemptions;
   }
   EXPECT_GT(outcome.stats.preemptions, 0);
+  // Requests with storage of their own (charged to the pool) are preempted too.
+  EXPECT_GT(preempted_own_storage, 0);
   EXPECT_EQ(outcome.stats.preemptions, preempted);
   EXPECT_EQ(outcome.stats.completed, static_cast<int64_t>(jobs.size()));
   EXPECT_EQ(outcome.stats.pool_blocks_used, 0);
@@ -250,10 +254,10 @@ TEST(PoolAdmissionTest, RequestLargerThanThePoolIsRefused) {
   EXPECT_EQ(scheduler.Stats().pool_blocks_used, 0);
 }
 
-// Budgeted and quantised caches keep their own storage but reserve its bound (MaxBytes) from
-// the pool from admission to their end: the pool limits how many run at once, their tokens
-// do not change, and the reservation is returned.
-TEST(PoolAdmissionTest, BudgetedCachesReserveTheirBytesFromThePool) {
+// Budgeted and quantised caches keep their own storage, charged to the pool as it grows (at
+// most its bound, MaxBytes): the pool limits how many run at once, their tokens do not change,
+// and the charge is returned.
+TEST(PoolAdmissionTest, BudgetedCachesChargeTheirBytesToThePool) {
   GPT model = GoldenModel("golden/llama2");
   std::vector<Job> jobs = Jobs(*model, 8, 13);
   for (Job& job : jobs) job.spec = TestSpec("sink", 8, 4);
@@ -294,6 +298,38 @@ TEST(PoolAdmissionTest, BudgetedCachesReserveTheirBytesFromThePool) {
   EXPECT_LE(most_reserved.load(), 3 * bytes + per_block);
   EXPECT_EQ(pool->reserved_blocks(), 0);
   EXPECT_EQ(scheduler.Stats().pool_blocks_used, 0);
+}
+
+// An unbudgeted int8 cache grows a block at a time with its request: the pool's charge follows
+// the entries it holds (never all of max_new_tokens up front) and goes back at the end.
+TEST(PoolAdmissionTest, QuantisedCachesAreChargedAsTheyGrow) {
+  GPT model = GoldenModel("golden/llama2");
+  std::vector<Job> jobs = Jobs(*model, 1, 21);
+  Job& job = jobs[0];
+  job.spec = TestSpec("dense", 0, 8);
+  job.options.max_new_tokens = 40;
+  std::shared_ptr<BlockPool> pool = Pool(*model, 64, 4);
+  Scheduler scheduler(model, {}, pool);
+  std::vector<int64_t> reserved;  // blocks charged when each token arrives
+  GenerateOptions options = job.options;
+  options.on_token = [&reserved, &pool](int64_t) {
+    reserved.push_back(pool->reserved_blocks());
+    return true;
+  };
+  std::unique_ptr<KVCache> cache = CacheOf(*model, job, pool);
+  const int64_t max_blocks = pool->BlocksForBytes(*cache->MaxBytes());
+  absl::StatusOr<std::shared_ptr<RequestHandle>> handle =
+      scheduler.Submit(job.prompt, options, std::move(cache));
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  absl::StatusOr<RequestResult> result = (*handle)->Wait();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->tokens, Alone(*model, job));
+  ASSERT_EQ(reserved.size(), 40u);
+  EXPECT_TRUE(std::is_sorted(reserved.begin(), reserved.end()));
+  EXPECT_LT(reserved.front(), reserved.back());
+  EXPECT_LT(reserved.front(), max_blocks / 2);
+  EXPECT_LE(reserved.back(), max_blocks);
+  EXPECT_EQ(pool->reserved_blocks(), 0);
 }
 
 }  // namespace

@@ -21,8 +21,10 @@ GPT RandomModel(const std::string& preset, uint64_t seed) {
   return *model;
 }
 
-std::unique_ptr<KVCache> BatchOneCache(GPTImpl& model, const KVCacheSpec& spec, int64_t length) {
+std::unique_ptr<KVCache> BatchOneCache(GPTImpl& model, const KVCacheSpec& spec, int64_t length,
+                                       int64_t growth_step) {
   KVCacheShape shape;
+  shape.growth_step = growth_step;
   shape.batch_size = 1;
   shape.max_sequence_length = length;
   shape.layers = model.CacheLayout();

@@ -17,8 +17,10 @@ namespace lgpt {
 // The preset shrunk (tests/test_models.h) with random weights, in eval mode.
 GPT RandomModel(const std::string& preset, uint64_t seed);
 
-// A batch-1 cache of `spec` for `length` positions of `model`.
-std::unique_ptr<KVCache> BatchOneCache(GPTImpl& model, const KVCacheSpec& spec, int64_t length);
+// A batch-1 cache of `spec` for `length` positions of `model` (growth_step:
+// KVCacheShape.growth_step).
+std::unique_ptr<KVCache> BatchOneCache(GPTImpl& model, const KVCacheSpec& spec, int64_t length,
+                                       int64_t growth_step = 0);
 
 // A cache spec with small quantisation groups and residual, so tiny models quantise too.
 KVCacheSpec TestSpec(const std::string& policy, int64_t budget, int bits);

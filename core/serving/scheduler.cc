@@ -125,9 +125,11 @@ struct Scheduler::Request {
   int64_t prompt_length = 0;
   GenerateOptions options;
   std::unique_ptr<KVCache> cache;
-  PagedKVCache* paged = nullptr;  // the cache, when it draws from the scheduler's pool
-  int64_t pool_charge = 0;        // else: pool bytes reserved for its own storage
+  PagedKVCache* paged = nullptr;  // the cache, when it draws blocks from the scheduler's pool
+  // Else, with a pool and a cache with bounded storage of its own (KVCache::MaxBytes): that
+  // storage is charged to the pool as it grows; `charge` bytes are reserved for it now.
   bool charged = false;
+  int64_t charge = 0;
   std::unique_ptr<CachePositions> stream;
   at::Generator generator;
   int64_t prefilled = 0;
@@ -198,7 +200,7 @@ absl::StatusOr<std::shared_ptr<RequestHandle>> Scheduler::Submit(std::vector<int
       request->paged = paged;
     } else if (std::optional<int64_t> bytes = cache->MaxBytes()) {
       // A cache with its own bounded storage: its bytes come out of the pool's budget.
-      request->pool_charge = *bytes;
+      request->charged = true;
       if (*bytes > pool_->num_blocks() * pool_->BytesPerBlock()) {
         return absl::ResourceExhaustedError(absl::StrCat(
             "the request's KV cache (", cache->DebugName(), ") needs up to ", *bytes,
@@ -282,11 +284,6 @@ void Scheduler::AdmitWaiting(Running& running) {
   waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), nullptr), waiting_.end());
   while (static_cast<int64_t>(running.size()) < options_.max_running && !waiting_.empty() &&
          Fits(*waiting_.front(), running)) {
-    Request& head = *waiting_.front();
-    if (head.pool_charge > 0) {
-      if (!pool_->Reserve(head.pool_charge).ok()) break;
-      head.charged = true;
-    }
     running.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
     Admit(*running.back());
@@ -298,22 +295,33 @@ int64_t Scheduler::FirstChunk(const Request& request) const {
 }
 
 bool Scheduler::Fits(const Request& request, const Running& running) const {
-  if ((request.paged == nullptr && request.pool_charge == 0) || running.empty()) return true;
+  if ((request.paged == nullptr && !request.charged) || running.empty()) return true;
   // A new request needs its first chunk; a preempted one all it held (resuming it sooner
   // would only preempt it again).
   const int64_t entries =
       request.result.preemptions > 0
           ? static_cast<int64_t>(request.ids.size()) + 1
           : FirstChunk(request);
-  int64_t needed = request.paged != nullptr ? pool_->BlocksFor(entries)
-                                            : pool_->BlocksForBytes(request.pool_charge);
+  int64_t needed = BlocksForStep(request, entries);
   // Blocks promised to running requests: a request yet to start its prefill its first chunk,
-  // any other one block for its next step.
+  // any other its next step.
   for (const auto& other : running) {
-    if (other->paged == nullptr) continue;
-    needed += other->started ? 1 : pool_->BlocksFor(FirstChunk(*other));
+    needed += BlocksForStep(*other, other->started ? 1 : FirstChunk(*other));
   }
   return needed <= pool_->free_blocks();
+}
+
+int64_t Scheduler::ChargeFor(const Request& request, int64_t steps) const {
+  const KVCache& cache = *request.cache;
+  return cache.BytesAfterStep(steps).value_or(cache.MaxBytes().value_or(0));
+}
+
+int64_t Scheduler::BlocksForStep(const Request& request, int64_t steps) const {
+  if (request.paged != nullptr) {
+    return request.started ? request.paged->BlocksNeeded(steps) : pool_->BlocksFor(steps);
+  }
+  if (!request.charged) return 0;
+  return pool_->BlocksForBytes(std::max<int64_t>(0, ChargeFor(request, steps) - request.charge));
 }
 
 void Scheduler::Admit(Request& r) {
@@ -354,9 +362,11 @@ bool Scheduler::Step(Running& running) {
   Retire(running);
   if (running.empty()) return false;
   Prefill(running);
+  SettleCharges(running);
   SampleReady(running);
   Retire(running);  // finished requests give their blocks back before the decode step
   DecodeBatch(running);
+  SettleCharges(running);
   Retire(running);
   Requeue(running);
   std::lock_guard<std::mutex> lock(mutex_);
@@ -364,19 +374,40 @@ bool Scheduler::Step(Running& running) {
   return true;
 }
 
+absl::Status Scheduler::TakeMemory(Request& request, int64_t steps) {
+  if (request.paged != nullptr) return request.paged->Reserve(steps);
+  const int64_t needed = ChargeFor(request, steps);
+  if (needed <= request.charge) return absl::OkStatus();
+  RETURN_IF_ERROR(pool_->Reserve(needed - request.charge));
+  request.charge = needed;
+  return absl::OkStatus();
+}
+
+void Scheduler::SettleCharges(Running& running) {
+  for (auto& owned : running) {
+    Request& r = *owned;
+    if (!r.charged || r.cache == nullptr) continue;
+    // The prediction is an upper bound: give back what the step did not use.
+    const int64_t used = r.cache->AllocatedBytes() + r.cache->IndexBytes();
+    if (used < r.charge) {
+      pool_->Unreserve(r.charge - used);
+      r.charge = used;
+    }
+  }
+}
+
 bool Scheduler::ReserveBlocks(Request& request, int64_t steps, Running& running) {
-  if (request.paged == nullptr) return true;
+  if (request.paged == nullptr && !request.charged) return true;
   while (true) {
-    const absl::Status reserved = request.paged->Reserve(steps);
+    const absl::Status reserved = TakeMemory(request, steps);
     if (reserved.ok()) return true;
-    // The most recently admitted request still holding blocks goes (possibly this one).
+    // The most recently admitted request still holding pool memory goes (possibly this one).
     Request* victim = nullptr;
     for (auto it = running.rbegin(); it != running.rend() && victim == nullptr; ++it) {
       Request& other = **it;
-      if (other.paged != nullptr && !other.finished && !other.preempted &&
-          other.paged->blocks_held() > 0) {
-        victim = &other;
-      }
+      const bool holds =
+          other.paged != nullptr ? other.paged->blocks_held() > 0 : other.charge > 0;
+      if (holds && !other.finished && !other.preempted) victim = &other;
     }
     if (victim == nullptr) {
       // Nothing left to free: the request cannot go on (Submit's check makes this rare).
@@ -393,7 +424,11 @@ void Scheduler::Preempt(Request& r) {
   r.preempted = true;
   r.started = false;
   r.stream.reset();
-  r.cache->Reset();
+  r.cache->Release();
+  if (r.charge > 0) {
+    pool_->Unreserve(r.charge);
+    r.charge = 0;
+  }
   r.prefilled = 0;
   r.fed = 0;
   r.logits = at::Tensor();
@@ -748,7 +783,7 @@ void Scheduler::Retire(Running& running) {
     // The cache goes before the waiter wakes: a finished request holds no KV memory.
     r.stream.reset();
     r.cache.reset();
-    if (r.charged) pool_->Unreserve(r.pool_charge);
+    if (r.charge > 0) pool_->Unreserve(r.charge);
     if (!r.error.ok()) {
       r.handle->Finish(r.error);
     } else {

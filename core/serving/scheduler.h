@@ -19,8 +19,10 @@
 //
 // With a BlockPool (cache/block_pool.h), requests whose caches are PagedKVCaches over it
 // draw their KV memory from the pool, and requests whose caches keep their own bounded
-// storage (budgeted and quantised caches: KVCache::MaxBytes) reserve the blocks those bytes
-// amount to from admission to their end, so one budget holds both:
+// storage (budgeted and quantised caches: KVCache::MaxBytes) are charged for it as it grows:
+// before each step the scheduler reserves what the step will leave (KVCache::BytesAfterStep)
+// beyond what the request is charged, and gives back what it did not use after it, so one
+// budget holds both and memory follows use for every kind of cache:
 //   - admission follows free blocks: the oldest waiting request is admitted when its first
 //     prefill chunk fits beside one block per running request (arrival order, no skipping);
 //   - when a step needs blocks the pool lacks, the most recently admitted request is
@@ -28,9 +30,9 @@
 //     when admitted again. Recomputing replays it exactly: its prompt is prefilled in the same
 //     chunks and its generated tokens are fed one by one as in its first run (no sampling, no
 //     callbacks; its generator is untouched), so preemption never changes a token, for any
-//     cache. Only paged requests are preempted (a reservation is held to the end); the oldest
-//     paged request can preempt every other one, so a request that fits the pool alone
-//     (Submit checks) always finishes;
+//     cache (a charged cache frees its storage, KVCache::Release). The oldest request can
+//     preempt every other one, so a request that fits the pool alone (Submit checks: its
+//     blocks, or its cache's MaxBytes) always finishes;
 //   - prefix reuse (SchedulerOptions.prefix_caching, requests starting at position 0): at its
 //     first prefill turn the cache takes the pool's cached blocks that start the request's
 //     tokens and only the rest is prefilled, and only the rest counts against the step's
@@ -218,6 +220,16 @@ class Scheduler {
   // recently admitted requests while the pool lacks them; false when `request` itself was
   // preempted.
   bool ReserveBlocks(Request& request, int64_t steps, Running& running);
+  // Takes the pool memory of `request`'s next step: its blocks (paged) or the growth of its
+  // own storage (charged); ResourceExhausted, taking nothing, when the pool lacks it.
+  absl::Status TakeMemory(Request& request, int64_t steps);
+  // The bytes a charged request's storage will have after a step of `steps` entries.
+  int64_t ChargeFor(const Request& request, int64_t steps) const;
+  // Pool blocks `request`'s next step of `steps` entries takes beyond what it holds (an
+  // estimate for admission: reservations are summed in bytes).
+  int64_t BlocksForStep(const Request& request, int64_t steps) const;
+  // After a forward pass: charged requests give back what their step's bound over-counted.
+  void SettleCharges(Running& running);
   void Preempt(Request& request);
   // Puts preempted requests back at the head of the queue, in arrival order.
   void Requeue(Running& running);

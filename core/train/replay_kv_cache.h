@@ -37,9 +37,16 @@ class RecordingKVCache : public KVCache {
   }
   // Resets the inner cache and the log.
   void Reset() override;
+  void Release() override {
+    inner_->Release();
+    log_.clear();
+  }
   int64_t AllocatedBytes() const override { return inner_->AllocatedBytes(); }
   int64_t IndexBytes() const override { return inner_->IndexBytes(); }
   std::optional<int64_t> MaxBytes() const override { return inner_->MaxBytes(); }
+  std::optional<int64_t> BytesAfterStep(int64_t tokens) const override {
+    return inner_->BytesAfterStep(tokens);
+  }
   int64_t max_sequence_length() const override { return inner_->max_sequence_length(); }
   int64_t batch_size() const override { return inner_->batch_size(); }
   int64_t num_layers() const override { return inner_->num_layers(); }
