@@ -220,8 +220,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
                                                           const RequestOptions& options) const;
   // growth_step: KVCacheShape.growth_step.
   absl::StatusOr<std::unique_ptr<KVCache>> NewCache(const KVCacheSpec& spec, int64_t batch,
-                                                    int64_t length,
-                                                    int64_t growth_step = 0) const;
+                                                    int64_t length, int64_t growth_step = 0) const;
   std::vector<int64_t> StopTokens(const RequestOptions& options) const;
   // Generates after `prompt` at `start_position` in `cache` with stop sequences, streaming
   // and cancellation.

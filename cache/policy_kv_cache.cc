@@ -131,8 +131,7 @@ int64_t PolicyKVCache::GrownMainCapacity(const Layer& layer, int64_t needed,
 
 void PolicyKVCache::GrowMain(Layer& layer, int64_t needed) {
   if (needed > layer.main.capacity) {
-    Reserve(layer.main, *layer.codec, layer,
-            GrownMainCapacity(layer, needed, layer.main.capacity));
+    Reserve(layer.main, *layer.codec, layer, GrownMainCapacity(layer, needed, layer.main.capacity));
   }
 }
 
@@ -909,8 +908,7 @@ int64_t PolicyKVCache::IndexBytes() const {
   return bytes;
 }
 
-int64_t PolicyKVCache::SlotBytes(const Layer& layer, const EntryCodec& codec,
-                                 int64_t slots) const {
+int64_t PolicyKVCache::SlotBytes(const Layer& layer, const EntryCodec& codec, int64_t slots) const {
   const int64_t groups = layer.spec.n_query_groups;
   // Per slot of a row: the groups' entries, int32 positions and, for scoring policies,
   // float32 state.
@@ -931,10 +929,19 @@ std::optional<int64_t> PolicyKVCache::BytesAfterStep(int64_t tokens) const {
   int64_t bytes = 0;
   for (const Layer& layer : layers_) {
     const Store& main = layer.main;
-    // A decode step moves at most one entry into main; a chunk keeps at most what main held
-    // and the chunk's tokens, plus the spare slot of an evicting layer.
-    const int64_t needed =
-        std::min(main.used + tokens + (tokens > 1 ? 1 : 0), MaxMainCapacity(layer));
+    // A chunk rebuilds main from the slots of main, the ring and its tokens, plus a spare
+    // slot (KeepInMain), when it settles: in its own step (scoring policies) or at the next.
+    const Pending& pending = layer.pending;
+    const int64_t pending_chunk =
+        pending.kind == Pending::kChunk ? pending.positions.size(2) : 0;
+    int64_t needed = 0, used = main.used, high = main.high;
+    if (pending_chunk > 0) {
+      needed = high + layer.residual + pending_chunk + 1;
+      used = high = std::min(layer.main_budget, needed - 1);
+    }
+    // A decode step moves at most one entry into main.
+    needed = std::max(needed, tokens == 1 ? used + 1 : high + layer.residual + tokens + 1);
+    needed = std::min(needed, MaxMainCapacity(layer));
     bytes += SlotBytes(layer, *layer.codec, GrownMainCapacity(layer, needed, main.capacity));
     if (layer.residual > 0) bytes += SlotBytes(layer, *layer.ring_codec, layer.residual);
   }

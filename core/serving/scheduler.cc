@@ -405,8 +405,7 @@ bool Scheduler::ReserveBlocks(Request& request, int64_t steps, Running& running)
     Request* victim = nullptr;
     for (auto it = running.rbegin(); it != running.rend() && victim == nullptr; ++it) {
       Request& other = **it;
-      const bool holds =
-          other.paged != nullptr ? other.paged->blocks_held() > 0 : other.charge > 0;
+      const bool holds = other.paged != nullptr ? other.paged->blocks_held() > 0 : other.charge > 0;
       if (holds && !other.finished && !other.preempted) victim = &other;
     }
     if (victim == nullptr) {
