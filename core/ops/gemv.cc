@@ -274,6 +274,39 @@ const float* PackedRows(const float* x, int64_t rows, int64_t k) {
   return buffer.data();
 }
 
+// Prefill chunks: x in slices of kGemvMaxRows rows (each packed once, together at most a few
+// hundred KiB, in L2), one fork for the whole product; each thread takes bands of weight rows
+// small enough to stay in L2 and runs every slice over a band before the next, so a weight
+// byte comes from memory or L3 once per product rather than once per slice. Every row's sums
+// are those of GemvAvx512 on its slice: the bits do not depend on the number of rows.
+void GemvSlicesAvx512(const float* w, const float* bias, const float* x, float* y, int64_t rows,
+                      int64_t n_out, int64_t k, int64_t min_rows) {
+  const int64_t slices = (rows + kGemvMaxRows - 1) / kGemvMaxRows;
+  const int64_t slice_floats = kGemvMaxRows / 2 * ((k + 7) / 8) * 16;
+  thread_local std::vector<float> buffer;
+  if (buffer.size() < static_cast<size_t>(slices * slice_floats)) {
+    buffer.resize(static_cast<size_t>(slices * slice_floats));
+  }
+  for (int64_t s = 0; s < slices; ++s) {
+    PackRowPairs(x + s * kGemvMaxRows * k, std::min(kGemvMaxRows, rows - s * kGemvMaxRows), k,
+                 buffer.data() + s * slice_floats);
+  }
+  const float* packed = buffer.data();
+  // Weight rows of a band: about 128 KiB of them, whole blocks.
+  const int64_t band = std::max<int64_t>(
+      1, (int64_t{128} << 10) / (4 * k * kAvx512BlockRows)) * kAvx512BlockRows;
+  ParallelForRows(n_out, 4 * kAvx512BlockRows, min_rows, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; b += band) {
+      const int64_t stop = std::min(b + band, end);
+      for (int64_t s = 0; s < slices; ++s) {
+        const int64_t m = s * kGemvMaxRows;
+        GemvAvx512(w, bias, packed + s * slice_floats, std::min(kGemvMaxRows, rows - m),
+                   y + m * n_out, n_out, k, b, stop);
+      }
+    }
+  });
+}
+
 #endif  // LGPT_GEMV_X86
 
 // Rows up to which GemvApplies with the AVX-512 kernel (in slices of kGemvMaxRows).
@@ -327,13 +360,7 @@ void GemvF32(const float* w, const float* bias, const float* x, float* y, int64_
 #ifdef LGPT_GEMV_X86
   // One row is bound by memory bandwidth, which the AVX2 kernel already reaches.
   if (kernel == GemvKernel::kAvx512 && rows > kGemvMaxRows) {
-    // Prefill chunks: slices of kGemvMaxRows rows, whose packed x stays in L2 while the
-    // weights stream by (32 rows make 16 FLOP per weight byte, far above the bandwidth bound).
-    for (int64_t m = 0; m < rows; m += kGemvMaxRows) {
-      GemvF32(w, bias, x + m * k, y + m * n_out, std::min(kGemvMaxRows, rows - m), n_out, k,
-              kernel);
-    }
-    return;
+    return GemvSlicesAvx512(w, bias, x, y, rows, n_out, k, min_rows);
   }
   if (kernel == GemvKernel::kAvx512 && rows >= 2) {
     const float* packed = PackedRows(x, rows, k);
