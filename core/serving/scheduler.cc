@@ -18,7 +18,6 @@
 #include "core/base/status_macros.h"
 #include "core/model/cache_positions.h"
 #include "core/model/sampling.h"
-#include "core/ops/gemv.h"
 
 namespace lgpt {
 namespace {
@@ -522,20 +521,10 @@ void Scheduler::Prefill(Running& running) {
                                return piece.request->preempted || piece.request->finished;
                              }),
               batch.end());
-  // Chunks of kGemvMaxRows tokens or more fill the matrix kernels' row slices on their own
-  // (core/ops/gemv.h), so sharing a pass would save no weight reads, only make larger
-  // activations: they run alone; the shorter ones share one pass.
-  std::vector<std::vector<PrefillPiece>> passes;
-  std::vector<PrefillPiece> short_chunks;
-  for (PrefillPiece& piece : batch) {
-    if (piece.tokens >= kGemvMaxRows) {
-      passes.push_back({std::move(piece)});
-    } else {
-      short_chunks.push_back(std::move(piece));
-    }
-  }
-  if (!short_chunks.empty()) passes.push_back(std::move(short_chunks));
-  for (const std::vector<PrefillPiece>& pass : passes) PrefillPass(pass);
+  // One forward pass for all of them: every weight is read once for the step's prompt tokens
+  // (the matrix kernels run the rows in slices, core/ops/gemv.h) and the per-pass costs of
+  // small models are paid once.
+  if (!batch.empty()) PrefillPass(batch);
 }
 
 void Scheduler::PrefillPass(const std::vector<PrefillPiece>& pass) {

@@ -4,10 +4,9 @@
 //   1. admits waiting requests in arrival order while fewer than max_running run;
 //   2. prefills prompt chunks of requests still reading their prompt, about
 //      step_prefill_tokens a step, so a long prompt stalls running streams for one chunk only;
-//      the step's chunks shorter than kGemvMaxRows run as one forward pass over their tokens
-//      end to end (SegmentedKVCache: each chunk attends through its own cache), so every
-//      weight is read once for all of them (longer chunks fill the matrix kernels' row
-//      slices alone and run alone);
+//      the step's chunks run as one forward pass over their tokens end to end
+//      (SegmentedKVCache: each chunk attends through its own cache), so every weight is read
+//      once for all of them;
 //   3. samples the next token of every request whose logits are ready (its own sampling
 //      options and its own generator, seeded as Generate seeds it), calls its on_token;
 //   4. runs one [B, 1] forward pass for the B requests that continue, through a
