@@ -583,7 +583,8 @@ void PolicyKVCache::PlaceOnHost(Layer& layer, int64_t b, int32_t position, const
            ring_state != nullptr ? ring_state + first * channels : nullptr, residual * channels});
     }
     slots[slot] = position;
-    for (const int64_t g : GroupsOf(layer, p)) {
+    const GroupRange groups_of_p = GroupsOf(layer, p);
+    for (int64_t g = groups_of_p.first; g < groups_of_p.last; ++g) {
       const int64_t entry = first + g * residual;
       std::copy_n(k + g * keys.stride(1), hs, ring_keys + entry * hs);
       std::copy_n(v + g * values.stride(1), hs, ring_values + entry * hs);
@@ -605,7 +606,8 @@ void PolicyKVCache::InsertMainOnHost(Layer& layer, int64_t b, int64_t p, int32_t
   slots[slot] = position;
   float* state = main.scores.defined() ? main.scores.data_ptr<float>() : nullptr;
   const int bits = layer.codec->bits();
-  for (const int64_t g : GroupsOf(layer, p)) {
+  const GroupRange groups_of_p = GroupsOf(layer, p);
+  for (int64_t g = groups_of_p.first; g < groups_of_p.last; ++g) {
     const int64_t index = (b * groups + g) * capacity + slot;  // of [B, G, capacity]
     const float* key = entry.keys + g * entry.group_stride;
     const float* value = entry.values + g * entry.group_stride;
@@ -631,12 +633,10 @@ void PolicyKVCache::InsertMainOnHost(Layer& layer, int64_t b, int64_t p, int32_t
   }
 }
 
-std::vector<int64_t> PolicyKVCache::GroupsOf(const Layer& layer, int64_t p) {
+PolicyKVCache::GroupRange PolicyKVCache::GroupsOf(const Layer& layer, int64_t p) {
   // Shared positions (P = 1) stand for every group; per-group ones for group p alone.
-  if (layer.position_groups != 1) return {p};
-  std::vector<int64_t> all(layer.spec.n_query_groups);
-  std::iota(all.begin(), all.end(), 0);
-  return all;
+  if (layer.position_groups != 1) return {p, p + 1};
+  return {0, layer.spec.n_query_groups};
 }
 
 at::Tensor PolicyKVCache::ViewPositionsOnHost(const Layer& layer, int64_t rows) const {

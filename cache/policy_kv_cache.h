@@ -247,8 +247,12 @@ class PolicyKVCache : public KVCache {
   // Writes (and encodes) an entry into the first empty main slot of (row b, position group p).
   void InsertMainOnHost(Layer& layer, int64_t b, int64_t p, int32_t position,
                         const HostEntry& entry);
-  // The query groups whose slots position group p stands for.
-  static std::vector<int64_t> GroupsOf(const Layer& layer, int64_t p);
+  // The query groups [first, last) whose slots position group p stands for.
+  struct GroupRange {
+    int64_t first;
+    int64_t last;
+  };
+  static GroupRange GroupsOf(const Layer& layer, int64_t p);
   // The step's view in host decoding: positions [rows, P, main.high + ring] (int32) and the
   // entries of each (row, group), main's then the ring's.
   at::Tensor ViewPositionsOnHost(const Layer& layer, int64_t rows) const;
