@@ -12,7 +12,8 @@
 // use (sampled every 2 ms), the most requests in one decode step (each holding its whole
 // prompt: with --prefill_chunk and --step_prefill_tokens covering the prompts, the number of
 // requests of that length the KV budget holds at once), prompt tokens taken from the prefix cache, preemptions, peak RSS;
-// then `throughput_ratio_16_vs_1=X` when both were measured. With --pool_mb, dense requests
+// then `throughput_ratio_16_vs_1=X` when both were measured. An unmeasured warm-up request runs
+// first (--warmup=false skips it). With --pool_mb, dense requests
 // draw their KV entries from one pool of that size (SchedulerOptions.kv_pool_bytes), so
 // `peak_running` is how many requests that memory holds at once.
 #include <algorithm>
@@ -49,6 +50,8 @@ ABSL_FLAG(int64_t, prefill_chunk, 256,
 ABSL_FLAG(int64_t, step_prefill_tokens, 256,
           "SchedulerOptions.step_prefill_tokens: prompt tokens prefilled per step");
 ABSL_FLAG(bool, prefix_caching, true, "reuse cached prompt blocks (with --pool_mb)");
+ABSL_FLAG(bool, warmup, true,
+          "run one unmeasured request (--prompt_tokens, 8 new tokens) before the rounds");
 
 namespace lgpt {
 namespace {
@@ -185,6 +188,15 @@ int main(int argc, char** argv) {
               "decode_tok/s", "ttft_p50", "ttft_p99", "later_ttft", "itl_p50", "itl_p99",
               "mean_batch", "peak_running", "peak_decoding", "peak_blocks", "prefix_hit", "preempt",
               "peak_rss");
+  if (absl::GetFlag(FLAGS_warmup)) {
+    // The process's first request pays for page faults and thread start-up: kept out of the
+    // rounds (its own generator, so the rounds' prompts do not change).
+    std::mt19937_64 warmup_rng(static_cast<uint64_t>(absl::GetFlag(FLAGS_prompt_seed)) ^
+                               0x9e3779b97f4a7c15ULL);
+    RequestOptions warmup = options;
+    warmup.max_new_tokens = std::min<int64_t>(options.max_new_tokens, 8);
+    RunRound(*engine, 1, warmup, warmup_rng);
+  }
   std::map<int64_t, double> throughput;
   for (int64_t concurrency : counts) {
     const Round r = RunRound(*engine, concurrency, options, rng);

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "core/base/status_macros.h"
@@ -65,11 +66,43 @@ at::Tensor SampleChecked(const at::Tensor& logits, const SamplingOptions& option
   return at::multinomial(probs, 1, /*replacement=*/false, generator).squeeze(-1);
 }
 
+// Greedy decoding of float32 CPU logits [B, V] (unit-stride rows) on the host: each row's
+// first largest value, argmax's choice, without CheckLogits' and argmax's ~10 tensor
+// operations, which cost more than the loop on small vocabularies. nullopt when the tensor
+// path must decide: other options, dtypes, devices or layouts, and rows that are not usable
+// (its error names them).
+std::optional<at::Tensor> GreedyOnHost(const at::Tensor& logits, const SamplingOptions& options) {
+  if (!(options.temperature <= 0 || options.top_p <= 0) || options.top_k != 0) {
+    return std::nullopt;
+  }
+  if (!logits.device().is_cpu() || logits.scalar_type() != at::kFloat || logits.dim() != 2 ||
+      logits.size(1) < 1 || logits.stride(1) != 1) {
+    return std::nullopt;
+  }
+  const int64_t rows = logits.size(0), vocab = logits.size(1);
+  at::Tensor tokens = at::empty({rows}, at::kLong);  // [B]
+  for (int64_t b = 0; b < rows; ++b) {
+    const float* values = logits.data_ptr<float>() + b * logits.stride(0);
+    int64_t best = 0;
+    bool finite = false;
+    for (int64_t v = 0; v < vocab; ++v) {
+      const float x = values[v];
+      if (std::isnan(x) || x == std::numeric_limits<float>::infinity()) return std::nullopt;
+      finite = finite || std::isfinite(x);
+      if (x > values[best]) best = v;
+    }
+    if (!finite) return std::nullopt;
+    tokens.data_ptr<int64_t>()[b] = best;
+  }
+  return tokens;
+}
+
 }  // namespace
 
 absl::StatusOr<at::Tensor> SampleNext(const at::Tensor& logits, const SamplingOptions& options,
                                       at::Generator& generator) {
   try {
+    if (std::optional<at::Tensor> greedy = GreedyOnHost(logits, options)) return *greedy;
     const at::Tensor scores = logits.to(at::kFloat);  // [B, V]
     RETURN_IF_ERROR(CheckLogits(scores));
     return SampleChecked(scores, options, generator);

@@ -19,6 +19,30 @@ TEST(SamplingTest, GreedyWhenTemperatureOrTopPIsZero) {
   EXPECT_EQ(SampleNext(logits, {1.0, 0, 0.0}, gen).value().item<int64_t>(), 1);
 }
 
+// Greedy float32 logits are read on the host: the same tokens as argmax (the first of tied
+// maxima, -inf entries, strided rows, bfloat16 through the tensor path), NaN still an error.
+TEST(SamplingTest, GreedyOnTheHostEqualsArgmax) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(1);
+  at::manual_seed(4);
+  at::Tensor logits = at::randn({5, 300});
+  logits[1].fill_(2.0f);                                      // all tied: token 0
+  logits[2].fill_(-std::numeric_limits<float>::infinity());  // one finite entry
+  logits[2][7] = -3.0f;
+  logits[3][10] = 50.0f;  // tied maxima: the first
+  logits[3][200] = 50.0f;
+  const at::Tensor expected = logits.argmax(-1);
+  EXPECT_TRUE(at::equal(SampleNext(logits, {0.0, 0, 1.0}, gen).value(), expected));
+  const at::Tensor wide = at::randn({5, 600});
+  const at::Tensor strided = wide.narrow(1, 0, 300);  // rows 600 floats apart
+  EXPECT_TRUE(at::equal(SampleNext(strided, {0.0, 0, 1.0}, gen).value(), strided.argmax(-1)));
+  const at::Tensor bf16 = logits.to(at::kBFloat16);
+  EXPECT_TRUE(
+      at::equal(SampleNext(bf16, {0.0, 0, 1.0}, gen).value(), bf16.to(at::kFloat).argmax(-1)));
+  logits[4][3] = std::nanf("");
+  EXPECT_EQ(SampleNext(logits, {0.0, 0, 1.0}, gen).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 TEST(SamplingTest, TopKOneIsGreedyAtAnyTemperature) {
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(1);
   const at::Tensor logits = at::randn({3, 50});

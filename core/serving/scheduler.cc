@@ -4,9 +4,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>
-#include <cmath>
 #include <exception>
-#include <limits>
 #include <optional>
 #include <utility>
 
@@ -26,32 +24,6 @@ using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double>(to - from).count();
-}
-
-// Greedy decoding's token read on the host from float32 CPU logits [1, V]: the first index
-// of the largest value, as SampleNext's argmax gives it, without its ~10 tensor operations a
-// request and step. nullopt when SampleNext must decide: another dtype, device or sampling
-// option, or logits that are not usable (NaN, +inf, no finite value: SampleNext's error).
-std::optional<int64_t> GreedyOnHost(const at::Tensor& logits, const SamplingOptions& sampling) {
-  if (!(sampling.temperature <= 0 || sampling.top_p <= 0) || sampling.top_k != 0) {
-    return std::nullopt;
-  }
-  if (!logits.device().is_cpu() || logits.scalar_type() != at::kFloat || logits.dim() != 2 ||
-      logits.size(0) != 1 || logits.size(1) < 1 || logits.stride(1) != 1) {
-    return std::nullopt;
-  }
-  const float* values = logits.data_ptr<float>();
-  const int64_t vocab = logits.size(1);
-  int64_t best = 0;
-  bool finite = false;
-  for (int64_t v = 0; v < vocab; ++v) {
-    const float x = values[v];
-    if (std::isnan(x) || x == std::numeric_limits<float>::infinity()) return std::nullopt;
-    finite = finite || std::isfinite(x);
-    if (x > values[best]) best = v;
-  }
-  if (!finite) return std::nullopt;
-  return best;
 }
 
 }  // namespace
@@ -636,19 +608,14 @@ void Scheduler::SampleReady(Running& running) {
   for (auto& owned : running) {
     Request& r = *owned;
     if (r.finished || !r.logits.defined()) continue;
-    int64_t next = -1;
-    if (std::optional<int64_t> greedy = GreedyOnHost(r.logits, r.options.sampling)) {
-      next = *greedy;
-    } else {
-      absl::StatusOr<at::Tensor> sampled = SampleNext(r.logits, r.options.sampling, r.generator);
-      if (!sampled.ok()) {
-        r.error = sampled.status();
-        r.finished = true;
-        r.logits = at::Tensor();
-        continue;
-      }
-      next = sampled->cpu().item<int64_t>();
+    absl::StatusOr<at::Tensor> sampled = SampleNext(r.logits, r.options.sampling, r.generator);
+    if (!sampled.ok()) {
+      r.error = sampled.status();
+      r.finished = true;
+      r.logits = at::Tensor();
+      continue;
     }
+    const int64_t next = sampled->cpu().item<int64_t>();
     r.logits = at::Tensor();
     const Clock::time_point now = Clock::now();
     r.ids.push_back(next);
