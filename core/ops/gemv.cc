@@ -173,10 +173,17 @@ __attribute__((target("avx512f,avx512dq,avx2,fma"))) void GemvBlockAvx512(
   const int64_t k8 = k & ~int64_t{7};
   // The next block's C rows (contiguous after these) are prefetched at the rate these are read:
   // a row of 1024 floats is one page, too short for the hardware prefetcher to ramp up on.
+  // The block after next is prefetched into L2 as well: with several groups of row pairs
+  // only the first pass over a block reads memory, and a single block of lead leaves memory
+  // idle during the others (GemvFromMemory at 16 rows: ~30% faster with it).
   const char* next = reinterpret_cast<const char*>(wn + C * k);
-  for (int64_t i = 0; i < k8; i += 8, xc += pairs * 16, next += C * 32) {
+  const char* after_next = reinterpret_cast<const char*>(wn + 2 * C * k);
+  for (int64_t i = 0; i < k8; i += 8, xc += pairs * 16, next += C * 32, after_next += C * 32) {
 #pragma GCC unroll 8
-    for (int line = 0; line < C * 32; line += 64) _mm_prefetch(next + line, _MM_HINT_T0);
+    for (int line = 0; line < C * 32; line += 64) {
+      _mm_prefetch(next + line, _MM_HINT_T0);
+      _mm_prefetch(after_next + line, _MM_HINT_T1);
+    }
     __m512 xv[P];
 #pragma GCC unroll 4
     for (int p = 0; p < P; ++p) xv[p] = _mm512_loadu_ps(xc + p * 16);

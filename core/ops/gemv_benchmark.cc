@@ -3,6 +3,7 @@
 // read of the same bytes (the memory-bandwidth bound). GB_per_s counts the weight bytes read.
 //
 //   bazel run -c opt //core/ops:gemv_benchmark -- [--threads=N] [--benchmark_filter=Block]
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -40,6 +41,27 @@ void BM_Gemv(benchmark::State& state, GemvKernel kernel) {
   for (auto _ : state) {
     GemvF32(w.data_ptr<float>(), nullptr, x.data_ptr<float>(), y.data_ptr<float>(), rows, n_out, k,
             kernel);
+    benchmark::DoNotOptimize(y.data_ptr<float>());
+  }
+  SetBytes(state, n_out * k * 4);
+  state.counters["GFLOP_per_s"] = benchmark::Counter(
+      static_cast<double>(2 * rows * n_out * k), benchmark::Counter::kIsIterationInvariantRate,
+      benchmark::Counter::kIs1000);
+}
+
+// BM_Gemv with the weights read from memory, as in a model's decoding step: the product runs
+// over copies of the weights that together exceed the last-level cache, one copy an iteration.
+void BM_GemvFromMemory(benchmark::State& state) {
+  const int64_t rows = state.range(0), n_out = state.range(1), k = state.range(2);
+  const int64_t copies = std::max<int64_t>(2, (int64_t{256} << 20) / (n_out * k * 4));
+  const at::Tensor w = at::randn({copies, n_out, k});
+  const at::Tensor x = at::randn({rows, k});
+  at::Tensor y = at::empty({rows, n_out});
+  int64_t copy = 0;
+  for (auto _ : state) {
+    GemvF32(w[copy].data_ptr<float>(), nullptr, x.data_ptr<float>(), y.data_ptr<float>(), rows,
+            n_out, k, BestGemvKernel());
+    copy = (copy + 1) % copies;
     benchmark::DoNotOptimize(y.data_ptr<float>());
   }
   SetBytes(state, n_out * k * 4);
@@ -149,6 +171,7 @@ BENCHMARK_CAPTURE(BM_Gemv, avx2, GemvKernel::kAvx2)->Apply(Shapes);
 BENCHMARK_CAPTURE(BM_Gemv, portable, GemvKernel::kPortable)->Apply(Shapes);
 BENCHMARK_CAPTURE(BM_Gemv, serving_avx512, GemvKernel::kAvx512)->Apply(ServingShapes);
 BENCHMARK_CAPTURE(BM_Gemv, serving_avx2, GemvKernel::kAvx2)->Apply(ServingShapes);
+BENCHMARK(BM_GemvFromMemory)->Apply(ServingShapes);
 BENCHMARK(BM_AtLinear)->Apply(Shapes);
 BENCHMARK(BM_Int8Gemv)->Apply(Shapes);
 BENCHMARK_CAPTURE(BM_BlockQuantGemv, q8_0_vnni, BlockFormat::kQ8_0, QuantKernel::kAvx512Vnni)
