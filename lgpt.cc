@@ -393,8 +393,7 @@ absl::StatusOr<std::unique_ptr<KVCache>> Engine::SubmitCacheFor(
     return NewCache(spec, 1, CacheLength(prompt, options), pool->block_size());
   }
   ASSIGN_OR_RETURN(std::unique_ptr<PagedKVCache> paged,
-                   PagedKVCache::Create(pool, static_cast<int64_t>(prompt.size()) +
-                                                  options.max_new_tokens));
+                   PagedKVCache::Create(pool, CacheLength(prompt, options)));
   return std::unique_ptr<KVCache>(std::move(paged));
 }
 

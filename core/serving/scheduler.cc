@@ -357,7 +357,7 @@ absl::Status Scheduler::TakeMemory(Request& request, int64_t steps) {
 void Scheduler::SettleCharges(Running& running) {
   for (auto& owned : running) {
     Request& r = *owned;
-    if (!r.charged || r.cache == nullptr) continue;
+    if (!r.charged) continue;
     // The prediction is an upper bound: give back what the step did not use.
     const int64_t used = r.cache->AllocatedBytes() + r.cache->IndexBytes();
     if (used < r.charge) {
@@ -367,7 +367,7 @@ void Scheduler::SettleCharges(Running& running) {
   }
 }
 
-bool Scheduler::ReserveBlocks(Request& request, int64_t steps, Running& running) {
+bool Scheduler::ReserveMemory(Request& request, int64_t steps, Running& running) {
   if (request.paged == nullptr && !request.charged) return true;
   while (true) {
     const absl::Status reserved = TakeMemory(request, steps);
@@ -483,7 +483,7 @@ void Scheduler::Prefill(Running& running) {
       r.finished = true;
       continue;
     }
-    if (!ReserveBlocks(r, *reserved, running)) continue;
+    if (!ReserveMemory(r, *reserved, running)) continue;
     batch.push_back({&r, *reserved, r.stream->Take(*reserved)});
     budget -= *reserved;
   }
@@ -659,7 +659,7 @@ void Scheduler::DecodeBatch(Running& running) {
       r.finished = true;
       continue;
     }
-    if (ReserveBlocks(r, 1, running)) candidates.push_back(&r);
+    if (ReserveMemory(r, 1, running)) candidates.push_back(&r);
   }
   std::vector<Request*> rows;
   std::vector<KVCache*> caches;

@@ -215,10 +215,10 @@ class Scheduler {
   bool SharesUnpublishedBlock(const Request& request, const std::vector<PrefillPiece>& batch) const;
   void SampleReady(Running& running);
   void DecodeBatch(Running& running);
-  // Takes the blocks `request`'s next step of `steps` entries needs, preempting the most
-  // recently admitted requests while the pool lacks them; false when `request` itself was
-  // preempted.
-  bool ReserveBlocks(Request& request, int64_t steps, Running& running);
+  // Takes the pool memory `request`'s next step of `steps` entries needs (TakeMemory),
+  // preempting the most recently admitted requests while the pool lacks it; false when
+  // `request` itself was preempted.
+  bool ReserveMemory(Request& request, int64_t steps, Running& running);
   // Takes the pool memory of `request`'s next step: its blocks (paged) or the growth of its
   // own storage (charged); ResourceExhausted, taking nothing, when the pool lacks it.
   absl::Status TakeMemory(Request& request, int64_t steps);
