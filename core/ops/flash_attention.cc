@@ -49,9 +49,12 @@ void AccumulatePortable(const float* p, int64_t entries, const float* v, int64_t
 template <int R, int V>
 LGPT_FLASH_AVX2 void AccumulateBlockAvx2(const float* p, int64_t entries, const float* v,
                                          int64_t hs, int64_t col, const float* alpha, float* acc) {
+  // Loops unrolled in full keep sums and values in registers (GCC otherwise leaves a loop over 8 vectors rolled and the arrays on the stack).
   __m256 sums[R][V];
+#pragma GCC unroll 4
   for (int r = 0; r < R; ++r) {
     const __m256 a = _mm256_set1_ps(alpha[r]);
+#pragma GCC unroll 8
     for (int j = 0; j < V; ++j) {
       sums[r][j] = _mm256_mul_ps(_mm256_loadu_ps(acc + r * hs + col + 8 * j), a);
     }
@@ -59,13 +62,18 @@ LGPT_FLASH_AVX2 void AccumulateBlockAvx2(const float* p, int64_t entries, const 
   const float* ve = v + col;
   for (int64_t e = 0; e < entries; ++e, ve += hs) {
     __m256 values[V];
+#pragma GCC unroll 8
     for (int j = 0; j < V; ++j) values[j] = _mm256_loadu_ps(ve + 8 * j);
+#pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const __m256 w = _mm256_broadcast_ss(p + r * entries + e);
+#pragma GCC unroll 8
       for (int j = 0; j < V; ++j) sums[r][j] = _mm256_fmadd_ps(w, values[j], sums[r][j]);
     }
   }
+#pragma GCC unroll 4
   for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
     for (int j = 0; j < V; ++j) _mm256_storeu_ps(acc + r * hs + col + 8 * j, sums[r][j]);
   }
 }
