@@ -1,6 +1,7 @@
 #include "core/ops/gemv.h"
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -141,17 +142,23 @@ void GemvAvx2(const float* w, const float* bias, const float* x, float* y, int64
 // x rows in the layout the kernel loads: chunk c (8 floats of k, the last zero-padded) of pair
 // p (rows 2p and 2p+1, an odd last row paired with zeros) at packed[(c * pairs + p) * 16].
 void PackRowPairs(const float* x, int64_t rows, int64_t k, float* packed) {
-  const int64_t pairs = (rows + 1) / 2, chunks = (k + 7) / 8;
-  for (int64_t c = 0; c < chunks; ++c) {
-    for (int64_t p = 0; p < pairs; ++p) {
-      float* dst = packed + (c * pairs + p) * 16;
-      for (int h = 0; h < 2; ++h) {
-        const int64_t m = 2 * p + h;
-        for (int64_t j = 0; j < 8; ++j) {
-          const int64_t i = c * 8 + j;
-          dst[h * 8 + j] = m < rows && i < k ? x[m * k + i] : 0.0f;
-        }
-      }
+  // Row by row (x read in order), 8 floats a copy: the calling thread packs before the fork,
+  // so this runs serially (a 256-row prefill chunk packs megabytes per product).
+  const int64_t pairs = (rows + 1) / 2, chunks = (k + 7) / 8, full = k / 8;
+  const int64_t stride = pairs * 16;  // floats from one chunk of a pair to the next
+  for (int64_t m = 0; m < 2 * pairs; ++m) {
+    float* dst = packed + (m / 2) * 16 + (m % 2) * 8;  // chunk 0 of row m
+    if (m >= rows) {  // an odd last row's partner
+      for (int64_t c = 0; c < chunks; ++c) std::fill_n(dst + c * stride, 8, 0.0f);
+      continue;
+    }
+    const float* src = x + m * k;
+    for (int64_t c = 0; c < full; ++c) std::memcpy(dst + c * stride, src + c * 8, 8 * sizeof(float));
+    if (full < chunks) {
+      float* tail = dst + full * stride;
+      const int64_t left = k - full * 8;
+      std::copy_n(src + full * 8, left, tail);
+      std::fill_n(tail + left, 8 - left, 0.0f);
     }
   }
 }
