@@ -161,6 +161,10 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_prompt_tokens) < 1 || absl::GetFlag(FLAGS_new_tokens) < 1) {
     Die(absl::InvalidArgumentError("--prompt_tokens and --new_tokens must be >= 1"));
   }
+  if (absl::GetFlag(FLAGS_shared_prefix_tokens) < 0) {
+    Die(absl::InvalidArgumentError(absl::StrCat("--shared_prefix_tokens must be >= 0, got ",
+                                                absl::GetFlag(FLAGS_shared_prefix_tokens))));
+  }
   RequestOptions options;
   options.max_new_tokens = absl::GetFlag(FLAGS_new_tokens);
   options.stop_at_eos = false;
@@ -168,11 +172,8 @@ int main(int argc, char** argv) {
   DieIfError(ApplyGenerationFlags(options));
   EngineOptions engine_options = ValueOrDie(EngineOptionsFromFlags());
   engine_options.serving.max_running = absl::GetFlag(FLAGS_max_running);
-  if (absl::GetFlag(FLAGS_pool_mb) < 0) {
-    Die(absl::InvalidArgumentError(
-        absl::StrCat("--pool_mb must be >= 0, got ", absl::GetFlag(FLAGS_pool_mb))));
-  }
-  engine_options.serving.kv_pool_bytes = absl::GetFlag(FLAGS_pool_mb) << 20;
+  engine_options.serving.kv_pool_bytes =
+      ValueOrDie(PoolBytesFromFlag(absl::GetFlag(FLAGS_pool_mb)));
   engine_options.serving.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
   engine_options.serving.step_prefill_tokens = absl::GetFlag(FLAGS_step_prefill_tokens);
   engine_options.serving.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);

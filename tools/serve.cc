@@ -62,20 +62,10 @@ absl::StatusOr<EngineOptions> EngineOptionsFromServeFlags() {
   options.quantize_int8 = quantize == "int8";
   options.verify_checksums = VerifyChecksumsFlag();
   options.progress = PrintProgress;
-  if (absl::GetFlag(FLAGS_pool_mb) < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--pool_mb must be >= 0, got ", absl::GetFlag(FLAGS_pool_mb)));
-  }
-  options.serving.kv_pool_bytes = absl::GetFlag(FLAGS_pool_mb) << 20;
+  ASSIGN_OR_RETURN(options.serving.kv_pool_bytes, PoolBytesFromFlag(absl::GetFlag(FLAGS_pool_mb)));
   options.serving.max_running = absl::GetFlag(FLAGS_max_running);
   options.serving.max_waiting = absl::GetFlag(FLAGS_max_waiting);
-  const absl::Status valid = options.serving.Validate();
-  if (!valid.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrReplaceAll(valid.message(), {{"SchedulerOptions.max_running", "--max_running"},
-                                              {"SchedulerOptions.max_waiting", "--max_waiting"},
-                                              {"SchedulerOptions.kv_pool_bytes", "--pool_mb"}}));
-  }
+  RETURN_IF_ERROR(options.serving.Validate());  // Die names the flags (InFlagTerms)
   return options;
 }
 

@@ -14,6 +14,7 @@
 #include <exception>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <new>
 #include <optional>
 #include <thread>
@@ -135,6 +136,13 @@ std::string InFlagTerms(absl::string_view message) {
       {"EngineOptions.dtype float32", "--precision=32-true"},
       {"EngineOptions.device cpu", "--device=cpu"},
       {"ConvertOptions.model_name", "--model_name"},
+      {"SchedulerOptions.step_prefill_tokens", "--step_prefill_tokens"},
+      {"SchedulerOptions.prefix_caching", "--prefix_caching"},
+      {"SchedulerOptions.kv_block_size", "--kv_block_size"},
+      {"SchedulerOptions.prefill_chunk", "--prefill_chunk"},
+      {"SchedulerOptions.kv_pool_bytes", "--pool_mb"},
+      {"SchedulerOptions.max_running", "--max_running"},
+      {"SchedulerOptions.max_waiting", "--max_waiting"},
   };
   std::string text(message);
   for (const auto& [field, flag] : kFlags) text = absl::StrReplaceAll(text, {{field, flag}});
@@ -196,6 +204,15 @@ absl::StatusOr<std::vector<int64_t>> ParseIds(absl::string_view text, absl::stri
     ids.push_back(id);
   }
   return ids;
+}
+
+absl::StatusOr<int64_t> PoolBytesFromFlag(int64_t pool_mb) {
+  constexpr int64_t kMaxMb = std::numeric_limits<int64_t>::max() >> 20;
+  if (pool_mb < 0 || pool_mb > kMaxMb) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--pool_mb must be in [0, ", kMaxMb, "], got ", pool_mb));
+  }
+  return pool_mb << 20;
 }
 
 absl::StatusOr<c10::ScalarType> ParsePrecision(absl::string_view precision) {

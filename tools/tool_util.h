@@ -57,6 +57,9 @@ std::string DefaultModelDir();
 // "1,2,3" -> {1, 2, 3}; `flag` names the flag in errors.
 absl::StatusOr<std::vector<int64_t>> ParseIds(absl::string_view text, absl::string_view flag);
 
+// --pool_mb in bytes (0: no pool); InvalidArgument when negative or past int64 in bytes.
+absl::StatusOr<int64_t> PoolBytesFromFlag(int64_t pool_mb);
+
 // LitGPT's precision names: 32-true, bf16-true, 16-true (and 64-true).
 absl::StatusOr<c10::ScalarType> ParsePrecision(absl::string_view precision);
 

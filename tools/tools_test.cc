@@ -505,6 +505,18 @@ TEST(ToolErrorsTest, BadInputIsOneLineAndStatusOne) {
   ExpectCleanFailure(Execute("generate", ok_dir + " --prompt=hello"), "tokenizer");
 }
 
+TEST(ToolErrorsTest, BenchServeNamesTheFlagNotTheOptionsField) {
+  const std::string base = "--concurrency=1 --prompt_tokens=8 --new_tokens=2 ";
+  for (const std::string flag :
+       {"--kv_block_size=0", "--step_prefill_tokens=0", "--prefill_chunk=-1", "--max_running=0",
+        "--pool_mb=-1", "--pool_mb=99999999999999", "--shared_prefix_tokens=-1",
+        "--concurrency=0"}) {
+    const ToolRun run = Execute("bench_serve", base + flag);
+    ExpectCleanFailure(run, flag.substr(0, flag.find('=')));
+    EXPECT_EQ(run.err.find("Options."), std::string::npos) << run.err;
+  }
+}
+
 TEST(ToolErrorsTest, BrokenCheckpointsAreOneLineAndStatusOne) {
   const std::string dir = TempDir() + "/broken";
   ASSERT_EQ(std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str()), 0);

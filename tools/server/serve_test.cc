@@ -340,13 +340,18 @@ TEST(ServeTest, SigtermDeadlineCancelsStreamsThenExitsZero) {
 }
 
 TEST(ServeTest, BadFlagsAreOneLine) {
-  for (const std::string flag : {"--port=70000", "--max_running=0", "--quantize=int3"}) {
+  for (const std::string flag : {"--port=70000", "--max_running=0", "--max_waiting=-1",
+                                 "--quantize=int3", "--pool_mb=-1", "--pool_mb=99999999999999"}) {
     const std::string err = TempPath("bad_flag.err");
     const int status =
         std::system(absl::StrCat("tools/serve ", flag, " 2>", err, " >/dev/null").c_str());
     EXPECT_EQ(WEXITSTATUS(status), 1) << flag;
     const std::string message = ReadFile(err);
     EXPECT_TRUE(absl::StrContains(message, "serve: error: ")) << message;
+    // The flag by its name, never the options field behind it.
+    const std::string name = flag.substr(0, flag.find('='));
+    EXPECT_TRUE(absl::StrContains(message, name)) << message;
+    EXPECT_FALSE(absl::StrContains(message, "Options.")) << message;
   }
 }
 
