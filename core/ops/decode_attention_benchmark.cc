@@ -30,8 +30,7 @@ void BM_DecodeAttentionBlocks(benchmark::State& state) {
   const bool from_memory = state.range(3) == 1;
   const int64_t blocks = (entries + block - 1) / block;
   const int64_t layer_bytes = requests * blocks * 2 * kGroups * block * kHeadSize * 4;
-  const int64_t layers =
-      from_memory ? std::max<int64_t>(2, (int64_t{256} << 20) / layer_bytes) : 1;
+  const int64_t layers = from_memory ? std::max<int64_t>(2, (int64_t{256} << 20) / layer_bytes) : 1;
   // [layer][request][block]: blocks allocated one by one, as a pool takes them.
   std::vector<std::vector<std::vector<at::Tensor>>> keys(layers), values(layers);
   for (int64_t l = 0; l < layers; ++l) {

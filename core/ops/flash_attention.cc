@@ -49,7 +49,8 @@ void AccumulatePortable(const float* p, int64_t entries, const float* v, int64_t
 template <int R, int V>
 LGPT_FLASH_AVX2 void AccumulateBlockAvx2(const float* p, int64_t entries, const float* v,
                                          int64_t hs, int64_t col, const float* alpha, float* acc) {
-  // Loops unrolled in full keep sums and values in registers (GCC otherwise leaves a loop over 8 vectors rolled and the arrays on the stack).
+  // Loops unrolled in full keep sums and values in registers (GCC otherwise leaves a loop over 8
+  // vectors rolled and the arrays on the stack).
   __m256 sums[R][V];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) {

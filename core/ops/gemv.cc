@@ -1,13 +1,13 @@
 #include "core/ops/gemv.h"
 
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/core/GradMode.h>
+
 #include <algorithm>
 #include <cstring>
 #include <memory>
 #include <vector>
-
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
-#include <c10/core/GradMode.h>
 
 #include "core/base/row_pool.h"
 #include "core/ops/simd_avx2.h"
@@ -148,12 +148,13 @@ void PackRowPairs(const float* x, int64_t rows, int64_t k, float* packed) {
   const int64_t stride = pairs * 16;  // floats from one chunk of a pair to the next
   for (int64_t m = 0; m < 2 * pairs; ++m) {
     float* dst = packed + (m / 2) * 16 + (m % 2) * 8;  // chunk 0 of row m
-    if (m >= rows) {  // an odd last row's partner
+    if (m >= rows) {                                   // an odd last row's partner
       for (int64_t c = 0; c < chunks; ++c) std::fill_n(dst + c * stride, 8, 0.0f);
       continue;
     }
     const float* src = x + m * k;
-    for (int64_t c = 0; c < full; ++c) std::memcpy(dst + c * stride, src + c * 8, 8 * sizeof(float));
+    for (int64_t c = 0; c < full; ++c)
+      std::memcpy(dst + c * stride, src + c * 8, 8 * sizeof(float));
     if (full < chunks) {
       float* tail = dst + full * stride;
       const int64_t left = k - full * 8;
