@@ -1,11 +1,15 @@
 #include "cache/batched_kv_cache.h"
 
+#include <ATen/ATen.h>
+
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "core/base/status_macros.h"
+#include "core/ops/decode_attention.h"
 
 namespace lgpt {
 
@@ -105,6 +109,11 @@ absl::StatusOr<at::Tensor> BatchedKVCache::UpdateAndAttend(int64_t layer, const 
                                                            const at::Tensor& values,
                                                            const AttentionParams& params) {
   ASSIGN_OR_RETURN(const std::vector<KVStep>* steps, RowSteps(step));
+  if (rows_.size() > 1 && keys.defined() && keys.dim() == 4 &&
+      DecodeAttentionRowsApplies(q, keys.size(1), step.positions)) {
+    RETURN_IF_ERROR(CheckQueries(layer, q, keys));
+    return UpdateAndAttendRows(layer, step, *steps, q, keys, values, params);
+  }
   std::vector<at::Tensor> outputs;
   outputs.reserve(rows_.size());
   for (size_t b = 0; b < rows_.size(); ++b) {
@@ -116,6 +125,39 @@ absl::StatusOr<at::Tensor> BatchedKVCache::UpdateAndAttend(int64_t layer, const 
     outputs.push_back(std::move(y));
   }
   return rows_.size() == 1 ? outputs.front() : at::cat(outputs);
+}
+
+absl::StatusOr<at::Tensor> BatchedKVCache::UpdateAndAttendRows(
+    int64_t layer, const KVStep& step, const std::vector<KVStep>& steps, const at::Tensor& q,
+    const at::Tensor& keys, const at::Tensor& values, const AttentionParams& params) {
+  std::vector<DecodeRow> fast;
+  std::vector<int64_t> fast_rows;
+  std::vector<std::pair<int64_t, at::Tensor>> others;  // rows that attend on their own
+  for (size_t b = 0; b < rows_.size(); ++b) {
+    const int64_t row = static_cast<int64_t>(b);
+    const at::Tensor k = keys.narrow(0, row, 1), v = values.narrow(0, row, 1);
+    ASSIGN_OR_RETURN(std::optional<DecodeRow> source,
+                     rows_[b]->UpdateForDecode(layer, steps[b], k, v));
+    if (source.has_value()) {
+      fast.push_back(std::move(*source));
+      fast_rows.push_back(row);
+      continue;
+    }
+    ASSIGN_OR_RETURN(at::Tensor y,
+                     rows_[b]->UpdateAndAttend(layer, steps[b], q.narrow(0, row, 1), k, v, params));
+    others.emplace_back(row, std::move(y));
+  }
+  const int64_t groups = keys.size(1);
+  if (others.empty()) return DecodeAttentionRows(q, groups, fast, step.positions, params);
+  at::Tensor out = at::empty(q.sizes(), q.options());  // [B, n_head, T, hs]
+  if (!fast.empty()) {
+    const at::Tensor index = at::tensor(fast_rows, at::kLong);
+    out.index_copy_(0, index,
+                    DecodeAttentionRows(q.index_select(0, index), groups, fast,
+                                        step.positions.index_select(0, index), params));
+  }
+  for (const auto& [row, y] : others) out.narrow(0, row, 1).copy_(y);
+  return out;
 }
 
 void BatchedKVCache::Reset() {

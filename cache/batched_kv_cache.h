@@ -36,6 +36,8 @@ class BatchedKVCache : public KVCache {
   absl::StatusOr<KVView> Update(int64_t layer, const KVStep& step, const at::Tensor& keys,
                                 const at::Tensor& values) override;
   // Each row's UpdateAndAttend on its slice of q, keys and values: [B, n_head, T, head_size].
+  // Rows whose caches take UpdateForDecode (dense and paged float32 rows on the CPU) attend
+  // in one DecodeAttentionRows pass (one fork for every row and key group, the same bits).
   // A failing row leaves the rows before it updated for this layer; the step's CheckStep
   // makes failures here invariant violations only.
   absl::StatusOr<at::Tensor> UpdateAndAttend(int64_t layer, const KVStep& step,
@@ -54,6 +56,12 @@ class BatchedKVCache : public KVCache {
 
  private:
   explicit BatchedKVCache(std::vector<KVCache*> rows) : rows_(std::move(rows)) {}
+  // UpdateAndAttend with the rows that can in one DecodeAttentionRows pass.
+  absl::StatusOr<at::Tensor> UpdateAndAttendRows(int64_t layer, const KVStep& step,
+                                                 const std::vector<KVStep>& steps,
+                                                 const at::Tensor& q, const at::Tensor& keys,
+                                                 const at::Tensor& values,
+                                                 const AttentionParams& params);
   // The steps of the rows for `step` (split when the step's positions change).
   absl::StatusOr<const std::vector<KVStep>*> RowSteps(const KVStep& step) const;
 

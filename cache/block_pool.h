@@ -111,6 +111,7 @@ class BlockPool {
   }
   const std::vector<KVLayerSpec>& layers() const { return layers_; }
   c10::Device device() const { return tensor_options_.device(); }
+  c10::ScalarType dtype() const { return c10::typeMetaToScalarType(tensor_options_.dtype()); }
   // [n_query_groups, block_size, head_size]: the keys or values of `layer` in a taken block.
   const at::Tensor& keys(int64_t block, int64_t layer) const { return storage_[block][2 * layer]; }
   const at::Tensor& values(int64_t block, int64_t layer) const {

@@ -143,6 +143,27 @@ absl::StatusOr<KVView> DenseKVCache::Update(int64_t layer_index, const KVStep& s
                 Ramp(layer.end).expand({batch, 1, layer.end})};
 }
 
+absl::StatusOr<std::optional<DecodeRow>> DenseKVCache::UpdateForDecode(int64_t layer_index,
+                                                                       const KVStep& step,
+                                                                       const at::Tensor& keys,
+                                                                       const at::Tensor& values) {
+  if (layer_index < 0 || layer_index >= num_layers() || layers_[layer_index].ring ||
+      options_.batch_size != 1 || options_.dtype != at::kFloat || !options_.device.is_cpu()) {
+    return std::nullopt;  // (a bad layer index gets its error from UpdateAndAttend)
+  }
+  ASSIGN_OR_RETURN(const KVView view, Update(layer_index, step, keys, values));
+  // view.keys [1, G, end, hs]: the layer's buffer, each group's entries one run of rows.
+  DecodeRow row;
+  row.entries = view.keys.size(2);
+  row.key_positions = view.positions;  // [1, 1, end]
+  row.segments = [keys = view.keys, values = view.values](int64_t, int64_t g,
+                                                          std::vector<KVSegment>* out) {
+    out->push_back({keys.data_ptr<float>() + g * keys.stride(1),
+                    values.data_ptr<float>() + g * values.stride(1), keys.size(2)});
+  };
+  return row;
+}
+
 KVView DenseKVCache::RingUpdate(Layer& layer, const KVStep& step, const at::Tensor& k,
                                 const at::Tensor& v) {
   const int64_t batch = k.size(0);

@@ -37,6 +37,10 @@ class DenseKVCache : public KVCache {
   absl::StatusOr<KVView> Update(int64_t layer, const KVStep& step, const at::Tensor& keys,
                                 const at::Tensor& values) override;
   absl::Status CheckStep(const KVStep& step, int64_t batch_size) const override;
+  // Float32 caches of one row on the CPU, global (not sliding-window) layers.
+  absl::StatusOr<std::optional<DecodeRow>> UpdateForDecode(int64_t layer, const KVStep& step,
+                                                           const at::Tensor& keys,
+                                                           const at::Tensor& values) override;
   void Reset() override;
   // Key and value storage: 2 · batch · n_query_groups · capacity · head_size · element size,
   // summed over layers (capacity window-sized on windowed layers).

@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "core/ops/attention.h"
+#include "core/ops/decode_attention.h"
 
 namespace lgpt {
 
@@ -155,6 +156,19 @@ class KVCache {
                                                      const at::Tensor& q, const at::Tensor& keys,
                                                      const at::Tensor& values,
                                                      const AttentionParams& params);
+
+  // Batched decoding (BatchedKVCache): stores the step's keys/values for `layer` as Update
+  // does and returns where the layer's entries now lie, for one attention pass over many
+  // caches (DecodeAttentionRows: a batched step then attends to each row exactly as the row's
+  // UpdateAndAttend would, to the bit). nullopt when this cache cannot (storage that is not
+  // float32 rows on the CPU, policies, windows): then nothing is stored and the caller uses
+  // UpdateAndAttend. Batch size 1; keys/values as for Update.
+  virtual absl::StatusOr<std::optional<DecodeRow>> UpdateForDecode(int64_t layer,
+                                                                   const KVStep& step,
+                                                                   const at::Tensor& keys,
+                                                                   const at::Tensor& values) {
+    return std::nullopt;
+  }
 
   // Policies that score entries by attention ask for the step's attention weights.
   virtual bool WantsAttentionWeights(int64_t layer) const { return false; }

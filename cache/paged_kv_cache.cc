@@ -203,6 +203,35 @@ absl::StatusOr<at::Tensor> PagedKVCache::UpdateAndAttend(int64_t layer, const KV
   return AttendBlockwise(q, keys.size(1), sources, step.positions, params);
 }
 
+absl::StatusOr<std::optional<DecodeRow>> PagedKVCache::UpdateForDecode(int64_t layer,
+                                                                       const KVStep& step,
+                                                                       const at::Tensor& keys,
+                                                                       const at::Tensor& values) {
+  if (!pool_->device().is_cpu() || pool_->dtype() != at::kFloat) return std::nullopt;
+  ASSIGN_OR_RETURN(const int64_t length, Write(layer, step, keys, values));
+  const int64_t block_size = pool_->block_size();
+  // [G, bs, hs] blocks, contiguous: group g's entries of a block start at g * bs * hs.
+  std::vector<std::pair<const float*, const float*>> blocks;
+  for (int64_t begin = 0; begin < length; begin += block_size) {
+    const int64_t block = table_[begin / block_size];
+    blocks.emplace_back(pool_->keys(block, layer).data_ptr<float>(),
+                        pool_->values(block, layer).data_ptr<float>());
+  }
+  const int64_t hs = pool_->layers()[layer].head_size;
+  DecodeRow row;
+  row.entries = length;
+  row.key_positions = Positions(0, length);  // [1, 1, length]
+  row.segments = [blocks = std::move(blocks), block_size, hs, length](int64_t, int64_t g,
+                                                                      std::vector<KVSegment>* out) {
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      const int64_t begin = static_cast<int64_t>(i) * block_size;
+      out->push_back({blocks[i].first + g * block_size * hs, blocks[i].second + g * block_size * hs,
+                      std::min(block_size, length - begin)});
+    }
+  };
+  return row;
+}
+
 int64_t PagedKVCache::AllocatedBytes() const {
   return static_cast<int64_t>(table_.size()) * pool_->BytesPerBlock();
 }

@@ -50,6 +50,10 @@ class PagedKVCache : public KVCache {
                                              const at::Tensor& q, const at::Tensor& keys,
                                              const at::Tensor& values,
                                              const AttentionParams& params) override;
+  // The blocks as they lie (float32 pools on the CPU).
+  absl::StatusOr<std::optional<DecodeRow>> UpdateForDecode(int64_t layer, const KVStep& step,
+                                                           const at::Tensor& keys,
+                                                           const at::Tensor& values) override;
 
   // Gives every block back to the pool.
   void Reset() override;

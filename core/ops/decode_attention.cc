@@ -139,11 +139,25 @@ bool DecodeAttentionApplies(const at::Tensor& q, const at::Tensor& keys, const a
 
 namespace {
 
+// Where batch row b's entries are: how many, and their key positions per key group.
+struct RowKeys {
+  std::function<int64_t(int64_t b)> entries;
+  std::function<KeyPositionRun(int64_t b, int64_t g)> positions;
+};
+
+// Rows that all have `entries` entries at key_positions [B, 1 or G, entries].
+RowKeys SameEntries(int64_t entries, const at::Tensor& key_positions) {
+  return {
+      [entries](int64_t) { return entries; },
+      [&key_positions](int64_t b, int64_t g) { return KeyPositionRun::Of(key_positions, b, g); }};
+}
+
 // DecodeAttention over any storage: segments(b, g, &out) lists the entries of (batch row b,
-// key group g) in order; key_positions [B, 1 or G, entries].
-at::Tensor DecodeAttentionOver(const at::Tensor& q, int64_t groups, int64_t entries,
+// key group g) in order, row_keys says how many (at most max_entries) and at which positions.
+// `weights_out` ([B, n_head, T, max_entries]) needs rows of equal lengths.
+at::Tensor DecodeAttentionOver(const at::Tensor& q, int64_t groups, int64_t max_entries,
                                const std::function<void(int64_t, int64_t, Segments*)>& segments,
-                               const at::Tensor& query_positions, const at::Tensor& key_positions,
+                               const at::Tensor& query_positions, const RowKeys& row_keys,
                                const AttentionParams& params, bool use_avx2, float* weights_out) {
   const int64_t batch = q.size(0), n_head = q.size(1), steps = q.size(2), hs = q.size(3);
   const int64_t q_per_kv = n_head / groups;
@@ -162,10 +176,10 @@ at::Tensor DecodeAttentionOver(const at::Tensor& q, int64_t groups, int64_t entr
 
   // One task per (batch row, key group): its keys and values are read once for all of the
   // group's query heads and steps (up to 4 of them per pass over the values).
-  const int64_t per_task = 2 * entries * hs;
+  const int64_t per_task = 2 * max_entries * hs;
   const int64_t min_tasks = std::max<int64_t>(1, (int64_t{32} << 10) / per_task);
   ParallelForRows(batch * groups, 1, min_tasks, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(rows * entries);
+    std::vector<float> scores(rows * max_entries);
     std::vector<float> part;  // one segment's scores [rows, segment entries]
     std::vector<float> acc(hs);
     std::vector<const float*> weight_rows(rows);
@@ -176,7 +190,8 @@ at::Tensor DecodeAttentionOver(const at::Tensor& q, int64_t groups, int64_t entr
       const int64_t b = task / groups, g = task % groups;
       kv.clear();
       segments(b, g, &kv);
-      const KeyPositionRun kp = KeyPositionRun::Of(key_positions, b, g);
+      const KeyPositionRun kp = row_keys.positions(b, g);
+      const int64_t entries = row_keys.entries(b);
       // The group's queries are contiguous in q: heads g·q_per_kv .. (g+1)·q_per_kv - 1.
       const float* qg = q_data + ((b * n_head + g * q_per_kv) * steps) * hs;
       int64_t column = 0;
@@ -234,8 +249,8 @@ at::Tensor DecodeAttentionSegments(const at::Tensor& q, int64_t groups, int64_t 
                                    const at::Tensor& query_positions,
                                    const at::Tensor& key_positions, const AttentionParams& params,
                                    bool use_avx2, float* weights_out) {
-  return DecodeAttentionOver(q, groups, entries, segments_of, query_positions, key_positions,
-                             params, use_avx2, weights_out);
+  return DecodeAttentionOver(q, groups, entries, segments_of, query_positions,
+                             SameEntries(entries, key_positions), params, use_avx2, weights_out);
 }
 
 at::Tensor DecodeAttention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
@@ -248,8 +263,8 @@ at::Tensor DecodeAttention(const at::Tensor& q, const at::Tensor& keys, const at
     out->push_back({k_data + b * keys.stride(0) + g * keys.stride(1),
                     v_data + b * values.stride(0) + g * values.stride(1), entries});
   };
-  return DecodeAttentionOver(q, keys.size(1), entries, segments, query_positions, key_positions,
-                             params, use_avx2, weights_out);
+  return DecodeAttentionOver(q, keys.size(1), entries, segments, query_positions,
+                             SameEntries(entries, key_positions), params, use_avx2, weights_out);
 }
 
 bool DecodeAttentionBlocksApplies(const at::Tensor& q, const std::vector<at::Tensor>& block_keys,
@@ -293,7 +308,31 @@ at::Tensor DecodeAttentionBlocks(const at::Tensor& q, const std::vector<at::Tens
     }
   };
   return DecodeAttentionOver(q, block_keys[0].size(0), entries, segments, query_positions,
-                             key_positions, params, use_avx2, /*weights_out=*/nullptr);
+                             SameEntries(entries, key_positions), params, use_avx2,
+                             /*weights_out=*/nullptr);
+}
+
+bool DecodeAttentionRowsApplies(const at::Tensor& q, int64_t groups,
+                                const at::Tensor& query_positions) {
+  return q.device().is_cpu() && q.scalar_type() == at::kFloat && q.dim() == 4 &&
+         !q.requires_grad() && q.size(2) <= kMaxSteps && groups >= 1 && q.size(1) % groups == 0 &&
+         query_positions.device().is_cpu() && query_positions.scalar_type() == at::kLong &&
+         query_positions.dim() == 2 && query_positions.size(0) == q.size(0) &&
+         query_positions.size(1) == q.size(2);
+}
+
+at::Tensor DecodeAttentionRows(const at::Tensor& q, int64_t groups,
+                               const std::vector<DecodeRow>& rows,
+                               const at::Tensor& query_positions, const AttentionParams& params,
+                               bool use_avx2) {
+  int64_t max_entries = 1;
+  for (const DecodeRow& row : rows) max_entries = std::max(max_entries, row.entries);
+  const RowKeys row_keys{
+      [&rows](int64_t b) { return rows[b].entries; },
+      [&rows](int64_t b, int64_t g) { return KeyPositionRun::Of(rows[b].key_positions, 0, g); }};
+  auto segments = [&rows](int64_t b, int64_t g, Segments* out) { rows[b].segments(0, g, out); };
+  return DecodeAttentionOver(q, groups, max_entries, segments, query_positions, row_keys, params,
+                             use_avx2, /*weights_out=*/nullptr);
 }
 
 }  // namespace lgpt

@@ -75,6 +75,28 @@ at::Tensor DecodeAttentionBlocks(const at::Tensor& q, const std::vector<at::Tens
                                  const at::Tensor& query_positions, const at::Tensor& key_positions,
                                  const AttentionParams& params, bool use_avx2 = CpuHasAvx2Fma());
 
+// One row of a batched decoding step: a request's entries in its own storage. `segments`
+// lists them per key group (called with b = 0); key_positions [1, 1 or G, entries].
+struct DecodeRow {
+  int64_t entries = 0;
+  KVSegmentsOf segments;
+  at::Tensor key_positions;
+};
+
+// Whether DecodeAttentionRows handles q [B, n_head, T, hs] and query_positions [B, T] with
+// `groups` key groups: CPU float32 without autograd, at most 4 query steps.
+bool DecodeAttentionRowsApplies(const at::Tensor& q, int64_t groups,
+                                const at::Tensor& query_positions);
+
+// A decoding step of many requests at once (the serving scheduler's batch): row b's queries
+// q[b] attend over rows[b]'s entries only, rows of any lengths. Every (row, key group) task
+// shares one fork, so a step pays one per layer instead of one per request. Row b's result
+// is DecodeAttentionSegments' on that row alone, to the bit. Returns [B, n_head, T, hs].
+at::Tensor DecodeAttentionRows(const at::Tensor& q, int64_t groups,
+                               const std::vector<DecodeRow>& rows,
+                               const at::Tensor& query_positions, const AttentionParams& params,
+                               bool use_avx2 = CpuHasAvx2Fma());
+
 }  // namespace lgpt
 
 #endif  // LGPT_CORE_OPS_DECODE_ATTENTION_H_

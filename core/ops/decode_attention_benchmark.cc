@@ -1,5 +1,6 @@
 // Decode attention over paged KV blocks as a serving step reads them: every running request's
-// query against its own blocks, one layer an iteration, the layers' blocks together larger than
+// query against its own blocks (a call per request, or one DecodeAttentionRows call for all),
+// one layer an iteration, the layers' blocks together larger than
 // the last-level cache (so entries come from memory, as in a model step). GB_per_s counts the
 // key and value bytes read.
 //
@@ -23,49 +24,106 @@ namespace {
 // The 110M serving model's attention: 16 heads, 16 key/value groups, head size 64.
 constexpr int64_t kHeads = 16, kGroups = 16, kHeadSize = 64;
 
-// args: requests, entries per request, block size, 1 to read the entries from memory (0: one
-// layer, in the caches after the first iteration).
-void BM_DecodeAttentionBlocks(benchmark::State& state) {
-  const int64_t requests = state.range(0), entries = state.range(1), block = state.range(2);
-  const bool from_memory = state.range(3) == 1;
-  const int64_t blocks = (entries + block - 1) / block;
-  const int64_t layer_bytes = requests * blocks * 2 * kGroups * block * kHeadSize * 4;
-  const int64_t layers = from_memory ? std::max<int64_t>(2, (int64_t{256} << 20) / layer_bytes) : 1;
-  // [layer][request][block]: blocks allocated one by one, as a pool takes them.
-  std::vector<std::vector<std::vector<at::Tensor>>> keys(layers), values(layers);
-  for (int64_t l = 0; l < layers; ++l) {
-    keys[l].resize(requests);
-    values[l].resize(requests);
-    for (int64_t r = 0; r < requests; ++r) {
-      for (int64_t b = 0; b < blocks; ++b) {
-        keys[l][r].push_back(at::randn({kGroups, block, kHeadSize}));
-        values[l][r].push_back(at::randn({kGroups, block, kHeadSize}));
-      }
-    }
-  }
-  const at::Tensor q = at::randn({1, kHeads, 1, kHeadSize});
-  const at::Tensor query_positions = at::full({1, 1}, entries - 1, at::kLong);
-  const at::Tensor key_positions = at::arange(entries, at::kLong).view({1, 1, entries});
-  AttentionParams params;
-  params.scale = 1.0 / std::sqrt(static_cast<double>(kHeadSize));
-  int64_t layer = 0;
-  for (auto _ : state) {
-    for (int64_t r = 0; r < requests; ++r) {
-      benchmark::DoNotOptimize(DecodeAttentionBlocks(q, keys[layer][r], values[layer][r], entries,
-                                                     query_positions, key_positions, params));
-    }
-    layer = (layer + 1) % layers;
-  }
-  const int64_t bytes = requests * 2 * kGroups * entries * kHeadSize * 4;
+void SetBytes(benchmark::State& state, int64_t bytes) {
   state.counters["GB_per_s"] =
       benchmark::Counter(static_cast<double>(bytes), benchmark::Counter::kIsIterationInvariantRate,
                          benchmark::Counter::kIs1000);
+}
+
+// [layer][request][block] keys and values [G, block, hs], blocks allocated one by one as a
+// pool takes them; enough layers to exceed the last-level cache when `from_memory`.
+struct Layers {
+  std::vector<std::vector<std::vector<at::Tensor>>> keys, values;
+};
+
+Layers MakeLayers(int64_t requests, int64_t entries, int64_t block, bool from_memory) {
+  const int64_t blocks = (entries + block - 1) / block;
+  const int64_t layer_bytes = requests * blocks * 2 * kGroups * block * kHeadSize * 4;
+  const int64_t layers = from_memory ? std::max<int64_t>(2, (int64_t{256} << 20) / layer_bytes) : 1;
+  Layers data;
+  data.keys.resize(layers);
+  data.values.resize(layers);
+  for (int64_t l = 0; l < layers; ++l) {
+    data.keys[l].resize(requests);
+    data.values[l].resize(requests);
+    for (int64_t r = 0; r < requests; ++r) {
+      for (int64_t b = 0; b < blocks; ++b) {
+        data.keys[l][r].push_back(at::randn({kGroups, block, kHeadSize}));
+        data.values[l][r].push_back(at::randn({kGroups, block, kHeadSize}));
+      }
+    }
+  }
+  return data;
+}
+
+AttentionParams Params() {
+  AttentionParams params;
+  params.scale = 1.0 / std::sqrt(static_cast<double>(kHeadSize));
+  return params;
+}
+
+// args: requests, entries per request, block size, 1 to read the entries from memory (0: one
+// layer, in the caches after the first iteration). One DecodeAttentionBlocks call (one fork)
+// per request, as a request's own cache attends.
+void BM_DecodeAttentionBlocks(benchmark::State& state) {
+  const int64_t requests = state.range(0), entries = state.range(1), block = state.range(2);
+  const Layers data = MakeLayers(requests, entries, block, state.range(3) == 1);
+  const at::Tensor q = at::randn({1, kHeads, 1, kHeadSize});
+  const at::Tensor query_positions = at::full({1, 1}, entries - 1, at::kLong);
+  const at::Tensor key_positions = at::arange(entries, at::kLong).view({1, 1, entries});
+  const AttentionParams params = Params();
+  size_t layer = 0;
+  for (auto _ : state) {
+    for (int64_t r = 0; r < requests; ++r) {
+      benchmark::DoNotOptimize(DecodeAttentionBlocks(q, data.keys[layer][r], data.values[layer][r],
+                                                     entries, query_positions, key_positions,
+                                                     params));
+    }
+    layer = (layer + 1) % data.keys.size();
+  }
+  SetBytes(state, requests * 2 * kGroups * entries * kHeadSize * 4);
+}
+
+// The same step as one DecodeAttentionRows call (a serving batch's path): every request's
+// (row, key group) tasks in one fork. Args as BM_DecodeAttentionBlocks.
+void BM_DecodeAttentionRows(benchmark::State& state) {
+  const int64_t requests = state.range(0), entries = state.range(1), block = state.range(2);
+  const Layers data = MakeLayers(requests, entries, block, state.range(3) == 1);
+  const at::Tensor q = at::randn({requests, kHeads, 1, kHeadSize});
+  const at::Tensor query_positions = at::full({requests, 1}, entries - 1, at::kLong);
+  const at::Tensor key_positions = at::arange(entries, at::kLong).view({1, 1, entries});
+  const AttentionParams params = Params();
+  std::vector<std::vector<DecodeRow>> rows(data.keys.size());  // [layer][request]
+  for (size_t l = 0; l < rows.size(); ++l) {
+    for (int64_t r = 0; r < requests; ++r) {
+      DecodeRow row;
+      row.entries = entries;
+      row.key_positions = key_positions;
+      row.segments = [&keys = data.keys[l][r], &values = data.values[l][r], block, entries](
+                         int64_t, int64_t g, std::vector<KVSegment>* out) {
+        for (size_t i = 0; i < keys.size(); ++i) {
+          const int64_t begin = static_cast<int64_t>(i) * block;
+          out->push_back({keys[i].data_ptr<float>() + g * block * kHeadSize,
+                          values[i].data_ptr<float>() + g * block * kHeadSize,
+                          std::min(block, entries - begin)});
+        }
+      };
+      rows[l].push_back(std::move(row));
+    }
+  }
+  size_t layer = 0;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(DecodeAttentionRows(q, kGroups, rows[layer], query_positions, params));
+    layer = (layer + 1) % rows.size();
+  }
+  SetBytes(state, requests * 2 * kGroups * entries * kHeadSize * 4);
 }
 
 void Shapes(benchmark::internal::Benchmark* b) {
   for (const int64_t from_memory : {0, 1}) {
     for (const int64_t block : {16, 64}) {
       b->Args({1, 2048, block, from_memory});
+      b->Args({16, 32, block, from_memory});
       b->Args({16, 192, block, from_memory});
     }
   }
@@ -73,6 +131,7 @@ void Shapes(benchmark::internal::Benchmark* b) {
 }
 
 BENCHMARK(BM_DecodeAttentionBlocks)->Apply(Shapes);
+BENCHMARK(BM_DecodeAttentionRows)->Apply(Shapes);
 
 }  // namespace
 }  // namespace lgpt

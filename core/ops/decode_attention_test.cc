@@ -143,6 +143,87 @@ TEST(DecodeAttentionBlocks, EqualsDecodeAttentionOnTheConcatenatedBlocks) {
                                             at::zeros({1, 1}, at::kLong), positions));
 }
 
+TEST(DecodeAttentionRows, EachRowEqualsItsOwnDecodeAttention) {
+  // Rows of different lengths, stored as one run per group (a dense cache's buffer, wider than
+  // the filled part) or in blocks (a paged pool), in one pass: each row's result must be
+  // DecodeAttention's on that row alone, to the bit.
+  for (const int64_t hs : {int64_t{20}, int64_t{64}}) {
+    for (const int64_t steps : {1, 2}) {
+      for (const int64_t window : {0, 9}) {
+        const int64_t groups = 2, n_head = 6, block_size = 4;
+        const std::vector<int64_t> lengths = {13, 1, 30, 7, 4};
+        const int64_t batch = static_cast<int64_t>(lengths.size());
+        at::manual_seed(hs + steps * 7 + window);
+        const at::Tensor q = at::randn({batch, n_head, steps, hs});
+        at::Tensor query_positions = at::empty({batch, steps}, at::kLong);
+        std::vector<DecodeRow> rows;
+        std::vector<at::Tensor> row_keys, row_values;  // [1, G, length, hs] each
+        for (int64_t b = 0; b < batch; ++b) {
+          const int64_t length = lengths[b];
+          for (int64_t t = 0; t < steps; ++t) query_positions[b][t] = length - steps + t;
+          DecodeRow row;
+          row.entries = length;
+          row.key_positions = at::arange(length, at::kLong).view({1, 1, -1});
+          if (b % 2 == 0) {  // one run per group in a wider buffer
+            const at::Tensor k = at::randn({1, groups, length + 5, hs});
+            const at::Tensor v = at::randn({1, groups, length + 5, hs});
+            row.segments = [k, v, length](int64_t, int64_t g, std::vector<KVSegment>* out) {
+              out->push_back({k.data_ptr<float>() + g * k.stride(1),
+                              v.data_ptr<float>() + g * v.stride(1), length});
+            };
+            row_keys.push_back(k.narrow(2, 0, length));
+            row_values.push_back(v.narrow(2, 0, length));
+          } else {  // blocks [G, block_size, hs]
+            std::vector<at::Tensor> kb, vb;
+            for (int64_t begin = 0; begin < length; begin += block_size) {
+              kb.push_back(at::randn({groups, block_size, hs}));
+              vb.push_back(at::randn({groups, block_size, hs}));
+            }
+            row.segments = [kb, vb, length, block_size, hs](int64_t, int64_t g,
+                                                            std::vector<KVSegment>* out) {
+              for (size_t i = 0; i < kb.size(); ++i) {
+                const int64_t begin = static_cast<int64_t>(i) * block_size;
+                out->push_back({kb[i].data_ptr<float>() + g * block_size * hs,
+                                vb[i].data_ptr<float>() + g * block_size * hs,
+                                std::min(block_size, length - begin)});
+              }
+            };
+            row_keys.push_back(at::cat(kb, 1).narrow(1, 0, length).unsqueeze(0));
+            row_values.push_back(at::cat(vb, 1).narrow(1, 0, length).unsqueeze(0));
+          }
+          rows.push_back(std::move(row));
+        }
+        AttentionParams params;
+        params.scale = 0.3;
+        params.sliding_window = window;
+        ASSERT_TRUE(DecodeAttentionRowsApplies(q, groups, query_positions));
+        for (const bool use_avx2 : {false, CpuHasAvx2Fma()}) {
+          const at::Tensor actual =
+              DecodeAttentionRows(q, groups, rows, query_positions, params, use_avx2);
+          ASSERT_EQ(actual.sizes(), q.sizes());
+          for (int64_t b = 0; b < batch; ++b) {
+            const at::Tensor expected = DecodeAttention(
+                q.narrow(0, b, 1), row_keys[b].contiguous(), row_values[b].contiguous(),
+                query_positions.narrow(0, b, 1), rows[b].key_positions, params, use_avx2);
+            EXPECT_TRUE(at::equal(actual.narrow(0, b, 1), expected))
+                << "row " << b << " hs " << hs << " steps " << steps << " window " << window
+                << " avx2 " << use_avx2;
+          }
+        }
+      }
+    }
+  }
+  // Not for autograd, other dtypes, more than 4 steps, or positions of another batch.
+  const at::Tensor positions = at::zeros({2, 1}, at::kLong);
+  EXPECT_FALSE(DecodeAttentionRowsApplies(at::randn({2, 4, 1, 8}).requires_grad_(), 2, positions));
+  EXPECT_FALSE(DecodeAttentionRowsApplies(at::randn({2, 4, 1, 8}, at::kDouble), 2, positions));
+  EXPECT_FALSE(
+      DecodeAttentionRowsApplies(at::randn({2, 4, 5, 8}), 2, at::zeros({2, 5}, at::kLong)));
+  EXPECT_FALSE(DecodeAttentionRowsApplies(at::randn({2, 4, 1, 8}), 3, positions));
+  EXPECT_FALSE(
+      DecodeAttentionRowsApplies(at::randn({2, 4, 1, 8}), 2, at::zeros({3, 1}, at::kLong)));
+}
+
 TEST(DecodeAttention, RowWithNoAllowedKeyGetsUniformWeights) {
   const at::Tensor q = at::randn({1, 2, 1, 8});
   const at::Tensor keys = at::randn({1, 1, 5, 8});
