@@ -4,18 +4,19 @@
 //       [--kv_cache=POLICY --kv_budget=N --kv_bits=B] [--max_running=N]
 //       [--pool_mb=M --kv_block_size=16 --prefix_caching=true]
 // For each concurrency C, submits C requests at once (random prompts of --prompt_tokens ids, the
-// first --shared_prefix_tokens of them common to all; --new_tokens each, no EOS stop) and waits
-// for all. Prints one row per concurrency: aggregate decode tokens/s (generated tokens over
+// first --shared_prefix_tokens of them common to all; --new_tokens each, no EOS stop, sampled
+// as generate samples: --temperature=0.8 --top_k=50 unless given, request i seeded --seed + i) and
+// waits for all. Prints one row per concurrency: aggregate decode tokens/s (generated tokens over
 // the round's wall time), time to first token p50/p99 (and of the later half of the requests,
 // which find the shared prefix cached when the first ones computed it), inter-token latency
 // p50/p99, mean decode batch, the most requests running at once and the most pool blocks in
 // use (sampled every 2 ms), the most requests in one decode step (each holding its whole
 // prompt: with --prefill_chunk and --step_prefill_tokens covering the prompts, the number of
-// requests of that length the KV budget holds at once), prompt tokens taken from the prefix cache, preemptions, peak RSS;
-// then `throughput_ratio_16_vs_1=X` when both were measured. An unmeasured warm-up request runs
-// first (--warmup=false skips it). With --pool_mb, dense requests
-// draw their KV entries from one pool of that size (SchedulerOptions.kv_pool_bytes), so
-// `peak_running` is how many requests that memory holds at once.
+// requests of that length the KV budget holds at once), prompt tokens taken from the prefix cache,
+// preemptions, peak RSS; then `throughput_ratio_16_vs_1=X` when both were measured. An unmeasured
+// warm-up request runs first (--warmup=false skips it). With --pool_mb, dense requests draw their
+// KV entries from one pool of that size (SchedulerOptions.kv_pool_bytes), so `peak_running` is how
+// many requests that memory holds at once.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -168,8 +169,7 @@ int main(int argc, char** argv) {
   RequestOptions options;
   options.max_new_tokens = absl::GetFlag(FLAGS_new_tokens);
   options.stop_at_eos = false;
-  options.sampling.temperature = 0;
-  DieIfError(ApplyGenerationFlags(options));
+  DieIfError(ApplyGenerationFlags(options));  // sampling as generate's flags say
   EngineOptions engine_options = ValueOrDie(EngineOptionsFromFlags());
   engine_options.serving.max_running = absl::GetFlag(FLAGS_max_running);
   engine_options.serving.kv_pool_bytes =
