@@ -6,14 +6,10 @@
 //
 //   bazel run -c opt //core/ops:decode_attention_benchmark -- [--threads=N]
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
-#include <thread>
 #include <vector>
 
 #include "core/ops/decode_attention.h"
@@ -135,16 +131,3 @@ BENCHMARK(BM_DecodeAttentionRows)->Apply(Shapes);
 
 }  // namespace
 }  // namespace lgpt
-
-int main(int argc, char** argv) {
-  int threads = 0;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strncmp(argv[i], "--threads=", 10) == 0) threads = std::atoi(argv[i] + 10);
-  }
-  at::set_num_threads(threads > 0 ? threads
-                                  : static_cast<int>(std::thread::hardware_concurrency()));
-  benchmark::Initialize(&argc, argv);
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}

@@ -3,17 +3,14 @@
 // read of the same bytes (the memory-bandwidth bound). GB_per_s counts the weight bytes read.
 //
 //   bazel run -c opt //core/ops:gemv_benchmark -- [--threads=N] [--benchmark_filter=Block]
-#include <algorithm>
-#include <atomic>
-#include <cstdlib>
-#include <cstring>
-#include <string>
-#include <thread>
-#include <vector>
-
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <atomic>
+#include <string>
+#include <vector>
 
 #include "core/ops/block_quant.h"
 #include "core/ops/gemv.h"
@@ -188,16 +185,3 @@ BENCHMARK(BM_StreamRead)->Arg(int64_t{438} << 20)->Unit(benchmark::kMillisecond)
 
 }  // namespace
 }  // namespace lgpt
-
-int main(int argc, char** argv) {
-  int threads = 0;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strncmp(argv[i], "--threads=", 10) == 0) threads = std::atoi(argv[i] + 10);
-  }
-  at::set_num_threads(threads > 0 ? threads
-                                  : static_cast<int>(std::thread::hardware_concurrency()));
-  benchmark::Initialize(&argc, argv);
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}
