@@ -159,8 +159,18 @@ TEST(SamplingTest, NonFiniteLogitsAreAnError) {
       EXPECT_NE(next.status().message().find("row 0"), std::string::npos) << next.status();
     }
   }
+  // Rows that are not unit-stride take the tensor check: the same answers.
+  for (const float bad : {NAN, inf}) {
+    const at::Tensor strided = at::tensor({0.0f, 0.5f, 0.0f, bad, 2.0f, 1.0f}).view({3, 2}).t();
+    ASSERT_NE(strided.stride(1), 1);
+    const absl::StatusOr<at::Tensor> next = SampleNext(strided, {1.0, 2, 0.9}, gen);
+    ASSERT_FALSE(next.ok());
+    EXPECT_EQ(next.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(next.status().message().find("row 1"), std::string::npos) << next.status();
+  }
   const at::Tensor all_masked = at::full({1, 3}, -inf);
   EXPECT_FALSE(SampleNext(all_masked, {1.0, 0, 1.0}, gen).ok());
+  EXPECT_FALSE(SampleNext(all_masked.t().contiguous().t().expand({2, 3}), {1.0, 0, 1.0}, gen).ok());
   // -inf next to finite entries is a masked token, not an error.
   const at::Tensor masked = at::tensor({-inf, 1.0f, -inf}).view({1, 3});
   EXPECT_EQ(SampleNext(masked, {1.0, 0, 1.0}, gen).value().item<int64_t>(), 1);
