@@ -151,15 +151,26 @@ absl::StatusOr<std::optional<DecodeRow>> DenseKVCache::UpdateForDecode(int64_t l
       options_.batch_size != 1 || options_.dtype != at::kFloat || !options_.device.is_cpu()) {
     return std::nullopt;  // (a bad layer index gets its error from UpdateAndAttend)
   }
-  ASSIGN_OR_RETURN(const KVView view, Update(layer_index, step, keys, values));
-  // view.keys [1, G, end, hs]: the layer's buffer, each group's entries one run of rows.
+  // Update's writes without its views: a batched step calls this for every request and
+  // layer, so the few LibTorch operations of a view (narrow, expand) add up.
+  RETURN_IF_ERROR(CheckLayerStep(layer_index, options_.layers, step, keys, values,
+                                 options_.batch_size, options_.max_sequence_length));
+  Layer& layer = layers_[layer_index];
+  Grow(layer, step.max_position + 1);
+  ScatterSlots(layer.keys, step.positions,
+               keys.scalar_type() == at::kFloat ? keys : keys.to(at::kFloat));
+  ScatterSlots(layer.values, step.positions,
+               values.scalar_type() == at::kFloat ? values : values.to(at::kFloat));
+  layer.end = std::max(layer.end, step.max_position + 1);
+  Ramp(layer.end);
   DecodeRow row;
-  row.entries = view.keys.size(2);
-  row.key_positions = view.positions;  // [1, 1, end]
-  row.segments = [keys = view.keys, values = view.values](int64_t, int64_t g,
-                                                          std::vector<KVSegment>* out) {
+  row.entries = layer.end;
+  row.key_positions = ramp_;  // [1, 1, >= end]: the first `end` are read
+  // layer.keys [1, G, capacity, hs]: each group's entries one run of rows.
+  row.segments = [keys = layer.keys, values = layer.values, end = layer.end](
+                     int64_t, int64_t g, std::vector<KVSegment>* out) {
     out->push_back({keys.data_ptr<float>() + g * keys.stride(1),
-                    values.data_ptr<float>() + g * values.stride(1), keys.size(2)});
+                    values.data_ptr<float>() + g * values.stride(1), end});
   };
   return row;
 }

@@ -146,13 +146,17 @@ absl::StatusOr<int64_t> PagedKVCache::Write(int64_t layer, const KVStep& step,
   return begin + steps;
 }
 
+void PagedKVCache::EnsureRamp(int64_t length) const {
+  if (ramp_.defined() && ramp_.size(2) >= length) return;
+  const int64_t size =
+      GrownCapacity(length, ramp_.defined() ? ramp_.size(2) : 0, max_sequence_length_);
+  ramp_ = at::arange(size, at::TensorOptions().dtype(at::kLong).device(pool_->device()))
+              .view({1, 1, size});
+}
+
 at::Tensor PagedKVCache::Positions(int64_t begin, int64_t length) const {
-  if (!ramp_.defined() || ramp_.size(0) < begin + length) {
-    const int64_t size = GrownCapacity(begin + length, ramp_.defined() ? ramp_.size(0) : 0,
-                                       max_sequence_length_);
-    ramp_ = at::arange(size, at::TensorOptions().dtype(at::kLong).device(pool_->device()));
-  }
-  return ramp_.narrow(0, begin, length).view({1, 1, length});
+  EnsureRamp(begin + length);
+  return ramp_.narrow(2, begin, length);
 }
 
 absl::StatusOr<KVView> PagedKVCache::Update(int64_t layer, const KVStep& step,
@@ -220,7 +224,8 @@ absl::StatusOr<std::optional<DecodeRow>> PagedKVCache::UpdateForDecode(int64_t l
   const int64_t hs = pool_->layers()[layer].head_size;
   DecodeRow row;
   row.entries = length;
-  row.key_positions = Positions(0, length);  // [1, 1, length]
+  EnsureRamp(length);
+  row.key_positions = ramp_;  // [1, 1, >= length]: the first `length` are read
   row.segments = [blocks = std::move(blocks), block_size, hs, length](int64_t, int64_t g,
                                                                       std::vector<KVSegment>* out) {
     for (size_t i = 0; i < blocks.size(); ++i) {

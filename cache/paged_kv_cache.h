@@ -91,6 +91,8 @@ class PagedKVCache : public KVCache {
   absl::StatusOr<int64_t> Write(int64_t layer, const KVStep& step, const at::Tensor& keys,
                                 const at::Tensor& values);
   at::Tensor Positions(int64_t begin, int64_t length) const;
+  // Grows ramp_ to at least `length` entries.
+  void EnsureRamp(int64_t length) const;
   // Reserve's work; CheckStep (const in the KVCache contract) calls it too.
   absl::Status TakeBlocks(int64_t steps) const;
   // Indices into table_ that the next `steps` entries write into and that need a block of
@@ -105,7 +107,7 @@ class PagedKVCache : public KVCache {
   std::vector<uint64_t> keys_;
   std::vector<int64_t> layer_length_;  // entries written per layer
   int64_t length_ = 0;                 // entries every layer holds
-  mutable at::Tensor ramp_;            // 0, 1, 2, ... for the positions of the entries
+  mutable at::Tensor ramp_;            // [1, 1, size]: 0, 1, 2, ... the entries' positions
 };
 
 }  // namespace lgpt
