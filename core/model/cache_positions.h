@@ -31,6 +31,8 @@ class CachePositions {
   absl::StatusOr<int64_t> Reserve(int64_t steps);
   // Positions [rows, steps] int64 (next .. next + steps - 1 on every row); advances past them.
   at::Tensor Take(int64_t steps, int64_t rows = 1);
+  // Take(1) of one row as a number (a batched decode step builds one [B, 1] tensor for all).
+  int64_t TakeOne() { return next_++; }
 
   int64_t next() const { return next_; }
   // Positions the cache moved down so far: stream position = cache position + shifted() for

@@ -663,19 +663,19 @@ void Scheduler::DecodeBatch(Running& running) {
   }
   std::vector<Request*> rows;
   std::vector<KVCache*> caches;
-  std::vector<at::Tensor> positions;
+  std::vector<int64_t> positions;
   std::vector<int64_t> tokens;
   for (Request* r : candidates) {
     if (r->preempted || r->finished) continue;  // a later row's reservation preempted it
     rows.push_back(r);
     caches.push_back(r->cache.get());
-    positions.push_back(r->stream->Take(1));
+    positions.push_back(r->stream->TakeOne());
     tokens.push_back(r->next_token);
   }
   if (rows.empty()) return;
   absl::StatusOr<BatchedKVCache> batch = BatchedKVCache::Create(caches);
   ForwardOptions forward;
-  forward.positions = at::cat(positions);
+  forward.positions = at::tensor(positions, at::kLong).unsqueeze(1);  // [B, 1]
   forward.last_logits_only = true;
   absl::StatusOr<at::Tensor> logits =
       batch.ok() ? model_->Forward(at::tensor(tokens, at::kLong).unsqueeze(1), &*batch, forward)
