@@ -104,15 +104,37 @@ void DenseKVCache::Grow(Layer& layer, int64_t needed) {
   layer.capacity = capacity;
 }
 
+void DenseKVCache::GrowRamp(int64_t length) {
+  if (ramp_.defined() && ramp_.size(2) >= length) return;
+  // Doubles (up to the longest sequence) rather than growing by the one entry of each step.
+  const int64_t old = ramp_.defined() ? ramp_.size(2) : 0;
+  const int64_t size = std::max(length, std::min(2 * old, options_.max_sequence_length));
+  ramp_ = at::arange(size, at::TensorOptions().dtype(at::kLong).device(options_.device))
+              .view({1, 1, size});
+}
+
 at::Tensor DenseKVCache::Ramp(int64_t length) {
-  if (!ramp_.defined() || ramp_.size(2) < length) {
-    // Doubles (up to the longest sequence) rather than growing by the one entry of each step.
-    const int64_t old = ramp_.defined() ? ramp_.size(2) : 0;
-    const int64_t size = std::max(length, std::min(2 * old, options_.max_sequence_length));
-    ramp_ = at::arange(size, at::TensorOptions().dtype(at::kLong).device(options_.device))
-                .view({1, 1, size});
-  }
+  GrowRamp(length);
   return ramp_.size(2) == length ? ramp_ : ramp_.narrow(2, 0, length);
+}
+
+at::Tensor DenseKVCache::InCacheDtype(const at::Tensor& t) const {
+  // Each skipped no-op is one LibTorch dispatch less per layer and decode step.
+  return t.scalar_type() == options_.dtype ? t : t.to(options_.dtype);
+}
+
+std::pair<at::Tensor, at::Tensor> DenseKVCache::WriteSlots(Layer& layer, const KVStep& step,
+                                                           const at::Tensor& k,
+                                                           const at::Tensor& v) {
+  Grow(layer, step.max_position + 1);
+  const int64_t batch = k.size(0);
+  const bool all_rows = batch == layer.keys.size(0);
+  at::Tensor layer_keys = all_rows ? layer.keys : layer.keys.narrow(0, 0, batch);
+  at::Tensor layer_values = all_rows ? layer.values : layer.values.narrow(0, 0, batch);
+  ScatterSlots(layer_keys, step.positions, k);
+  ScatterSlots(layer_values, step.positions, v);
+  layer.end = std::max(layer.end, step.max_position + 1);
+  return {layer_keys, layer_values};
 }
 
 absl::Status DenseKVCache::CheckStep(const KVStep& step, int64_t batch_size) const {
@@ -125,18 +147,10 @@ absl::StatusOr<KVView> DenseKVCache::Update(int64_t layer_index, const KVStep& s
                                  options_.batch_size, options_.max_sequence_length));
   Layer& layer = layers_[layer_index];
   const int64_t batch = keys.size(0);
-  // Each skipped no-op below is one LibTorch dispatch less per layer and decode step.
-  const at::Tensor k = keys.scalar_type() == options_.dtype ? keys : keys.to(options_.dtype);
-  const at::Tensor v = values.scalar_type() == options_.dtype ? values : values.to(options_.dtype);
+  const at::Tensor k = InCacheDtype(keys), v = InCacheDtype(values);
   if (layer.ring) return RingUpdate(layer, step, k, v);
 
-  Grow(layer, step.max_position + 1);
-  const bool all_rows = batch == layer.keys.size(0);
-  at::Tensor layer_keys = all_rows ? layer.keys : layer.keys.narrow(0, 0, batch);
-  at::Tensor layer_values = all_rows ? layer.values : layer.values.narrow(0, 0, batch);
-  ScatterSlots(layer_keys, step.positions, k);
-  ScatterSlots(layer_values, step.positions, v);
-  layer.end = std::max(layer.end, step.max_position + 1);
+  const auto [layer_keys, layer_values] = WriteSlots(layer, step, k, v);
   // Slots past a row's own length hold positions beyond its queries: the causal mask hides
   // them, which is what lets rows of different lengths share one cache.
   return KVView{layer_keys.narrow(2, 0, layer.end), layer_values.narrow(2, 0, layer.end),
@@ -156,13 +170,8 @@ absl::StatusOr<std::optional<DecodeRow>> DenseKVCache::UpdateForDecode(int64_t l
   RETURN_IF_ERROR(CheckLayerStep(layer_index, options_.layers, step, keys, values,
                                  options_.batch_size, options_.max_sequence_length));
   Layer& layer = layers_[layer_index];
-  Grow(layer, step.max_position + 1);
-  ScatterSlots(layer.keys, step.positions,
-               keys.scalar_type() == at::kFloat ? keys : keys.to(at::kFloat));
-  ScatterSlots(layer.values, step.positions,
-               values.scalar_type() == at::kFloat ? values : values.to(at::kFloat));
-  layer.end = std::max(layer.end, step.max_position + 1);
-  Ramp(layer.end);
+  WriteSlots(layer, step, InCacheDtype(keys), InCacheDtype(values));
+  GrowRamp(layer.end);
   DecodeRow row;
   row.entries = layer.end;
   row.key_positions = ramp_;  // [1, 1, >= end]: the first `end` are read

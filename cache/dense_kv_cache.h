@@ -11,12 +11,13 @@
 #ifndef LGPT_CACHE_DENSE_KV_CACHE_H_
 #define LGPT_CACHE_DENSE_KV_CACHE_H_
 
-#include <memory>
-#include <vector>
-
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
+
+#include <memory>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "cache/kv_cache.h"
@@ -70,7 +71,15 @@ class DenseKVCache : public KVCache {
   void Grow(Layer& layer, int64_t needed);
   KVView RingUpdate(Layer& layer, const KVStep& step, const at::Tensor& keys,
                     const at::Tensor& values);
+  // ramp_ with at least `length` entries, and its first `length` ([1, 1, length]).
+  void GrowRamp(int64_t length);
   at::Tensor Ramp(int64_t length);
+  // keys or values in options_.dtype.
+  at::Tensor InCacheDtype(const at::Tensor& t) const;
+  // A global layer's writes (Update's and UpdateForDecode's): grows it, stores k and v
+  // (options_.dtype, [B, G, T, hs]) in their slots and returns the [B, ...] buffers written.
+  std::pair<at::Tensor, at::Tensor> WriteSlots(Layer& layer, const KVStep& step,
+                                               const at::Tensor& k, const at::Tensor& v);
 
   DenseKVCacheOptions options_;
   std::vector<Layer> layers_;

@@ -146,6 +146,15 @@ absl::StatusOr<int64_t> PagedKVCache::Write(int64_t layer, const KVStep& step,
   return begin + steps;
 }
 
+PagedKVCache::BlockList PagedKVCache::Blocks(int64_t layer, int64_t length) const {
+  BlockList blocks;
+  for (int64_t i = 0; i < pool_->BlocksFor(length); ++i) {
+    blocks.keys.push_back(pool_->keys(table_[i], layer));
+    blocks.values.push_back(pool_->values(table_[i], layer));
+  }
+  return blocks;
+}
+
 void PagedKVCache::EnsureRamp(int64_t length) const {
   if (ramp_.defined() && ramp_.size(2) >= length) return;
   const int64_t size =
@@ -162,17 +171,12 @@ at::Tensor PagedKVCache::Positions(int64_t begin, int64_t length) const {
 absl::StatusOr<KVView> PagedKVCache::Update(int64_t layer, const KVStep& step,
                                             const at::Tensor& keys, const at::Tensor& values) {
   ASSIGN_OR_RETURN(const int64_t length, Write(layer, step, keys, values));
-  const int64_t blocks = pool_->BlocksFor(length);
-  std::vector<at::Tensor> block_keys, block_values;
-  for (int64_t i = 0; i < blocks; ++i) {
-    block_keys.push_back(pool_->keys(table_[i], layer));
-    block_values.push_back(pool_->values(table_[i], layer));
-  }
+  const BlockList blocks = Blocks(layer, length);
   // [G, bs, hs] blocks -> [1, G, blocks * bs, hs] -> the filled part.
   auto join = [&](const std::vector<at::Tensor>& parts) {
     return at::cat(parts, 1).unsqueeze(0).narrow(2, 0, length);
   };
-  return KVView{join(block_keys), join(block_values), Positions(0, length)};
+  return KVView{join(blocks.keys), join(blocks.values), Positions(0, length)};
 }
 
 absl::StatusOr<at::Tensor> PagedKVCache::UpdateAndAttend(int64_t layer, const KVStep& step,
@@ -184,15 +188,11 @@ absl::StatusOr<at::Tensor> PagedKVCache::UpdateAndAttend(int64_t layer, const KV
   ASSIGN_OR_RETURN(const int64_t length, Write(layer, step, keys, values));
   const int64_t block_size = pool_->block_size();
   // Decoding steps read the blocks in place (no gather of the request's cache).
-  std::vector<at::Tensor> block_keys, block_values;  // [G, bs, hs] each
-  for (int64_t begin = 0; begin < length; begin += block_size) {
-    block_keys.push_back(pool_->keys(table_[begin / block_size], layer));
-    block_values.push_back(pool_->values(table_[begin / block_size], layer));
-  }
+  const BlockList blocks = Blocks(layer, length);
   const at::Tensor key_positions = Positions(0, length);  // [1, 1, length]
-  if (DecodeAttentionBlocksApplies(q, block_keys, block_values, length, step.positions,
+  if (DecodeAttentionBlocksApplies(q, blocks.keys, blocks.values, length, step.positions,
                                    key_positions)) {
-    return DecodeAttentionBlocks(q, block_keys, block_values, length, step.positions,
+    return DecodeAttentionBlocks(q, blocks.keys, blocks.values, length, step.positions,
                                  key_positions, params);
   }
   std::vector<KVBlockSource> sources;
@@ -213,27 +213,12 @@ absl::StatusOr<std::optional<DecodeRow>> PagedKVCache::UpdateForDecode(int64_t l
                                                                        const at::Tensor& values) {
   if (!pool_->device().is_cpu() || pool_->dtype() != at::kFloat) return std::nullopt;
   ASSIGN_OR_RETURN(const int64_t length, Write(layer, step, keys, values));
-  const int64_t block_size = pool_->block_size();
-  // [G, bs, hs] blocks, contiguous: group g's entries of a block start at g * bs * hs.
-  std::vector<std::pair<const float*, const float*>> blocks;
-  for (int64_t begin = 0; begin < length; begin += block_size) {
-    const int64_t block = table_[begin / block_size];
-    blocks.emplace_back(pool_->keys(block, layer).data_ptr<float>(),
-                        pool_->values(block, layer).data_ptr<float>());
-  }
-  const int64_t hs = pool_->layers()[layer].head_size;
+  BlockList blocks = Blocks(layer, length);
   DecodeRow row;
   row.entries = length;
   EnsureRamp(length);
   row.key_positions = ramp_;  // [1, 1, >= length]: the first `length` are read
-  row.segments = [blocks = std::move(blocks), block_size, hs, length](int64_t, int64_t g,
-                                                                      std::vector<KVSegment>* out) {
-    for (size_t i = 0; i < blocks.size(); ++i) {
-      const int64_t begin = static_cast<int64_t>(i) * block_size;
-      out->push_back({blocks[i].first + g * block_size * hs, blocks[i].second + g * block_size * hs,
-                      std::min(block_size, length - begin)});
-    }
-  };
+  row.segments = BlockSegments(std::move(blocks.keys), std::move(blocks.values), length);
   return row;
 }
 

@@ -90,6 +90,11 @@ class PagedKVCache : public KVCache {
   // Writes the step's entries of `layer` into its blocks; returns the layer's new length.
   absl::StatusOr<int64_t> Write(int64_t layer, const KVStep& step, const at::Tensor& keys,
                                 const at::Tensor& values);
+  // The pool blocks [G, bs, hs] holding `layer`'s first `length` entries, in order.
+  struct BlockList {
+    std::vector<at::Tensor> keys, values;
+  };
+  BlockList Blocks(int64_t layer, int64_t length) const;
   at::Tensor Positions(int64_t begin, int64_t length) const;
   // Grows ramp_ to at least `length` entries.
   void EnsureRamp(int64_t length) const;

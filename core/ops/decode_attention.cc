@@ -293,21 +293,27 @@ bool DecodeAttentionBlocksApplies(const at::Tensor& q, const std::vector<at::Ten
   return true;
 }
 
+KVSegmentsOf BlockSegments(std::vector<at::Tensor> block_keys, std::vector<at::Tensor> block_values,
+                           int64_t entries) {
+  return [keys = std::move(block_keys), values = std::move(block_values), entries](
+             int64_t, int64_t g, Segments* out) {
+    const int64_t block_size = keys[0].size(1), hs = keys[0].size(2);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      const int64_t begin = static_cast<int64_t>(i) * block_size;
+      if (begin >= entries) break;
+      out->push_back({keys[i].data_ptr<float>() + g * block_size * hs,
+                      values[i].data_ptr<float>() + g * block_size * hs,
+                      std::min(block_size, entries - begin)});
+    }
+  };
+}
+
 at::Tensor DecodeAttentionBlocks(const at::Tensor& q, const std::vector<at::Tensor>& block_keys,
                                  const std::vector<at::Tensor>& block_values, int64_t entries,
                                  const at::Tensor& query_positions, const at::Tensor& key_positions,
                                  const AttentionParams& params, bool use_avx2) {
-  const int64_t block_size = block_keys[0].size(1), hs = block_keys[0].size(2);
-  auto segments = [&](int64_t, int64_t g, Segments* out) {
-    for (size_t i = 0; i < block_keys.size(); ++i) {
-      const int64_t begin = static_cast<int64_t>(i) * block_size;
-      if (begin >= entries) break;
-      out->push_back({block_keys[i].data_ptr<float>() + g * block_size * hs,
-                      block_values[i].data_ptr<float>() + g * block_size * hs,
-                      std::min(block_size, entries - begin)});
-    }
-  };
-  return DecodeAttentionOver(q, block_keys[0].size(0), entries, segments, query_positions,
+  return DecodeAttentionOver(q, block_keys[0].size(0), entries,
+                             BlockSegments(block_keys, block_values, entries), query_positions,
                              SameEntries(entries, key_positions), params, use_avx2,
                              /*weights_out=*/nullptr);
 }

@@ -66,6 +66,11 @@ at::Tensor DecodeAttentionSegments(const at::Tensor& q, int64_t groups, int64_t 
 // [G, block_size, hs] (keys and values alike); key_positions [1, 1 or G, entries]. The
 // arithmetic is DecodeAttention's on the concatenated blocks, to the bit. Applies to CPU
 // float32 contiguous blocks of one shape and up to 4 query steps.
+// The segments of blocks [G, block_size, hs] (contiguous, keys and values alike) holding
+// `entries` entries in order: per key group, a run of each block's rows. The blocks are kept
+// alive by the returned function.
+KVSegmentsOf BlockSegments(std::vector<at::Tensor> block_keys, std::vector<at::Tensor> block_values,
+                           int64_t entries);
 bool DecodeAttentionBlocksApplies(const at::Tensor& q, const std::vector<at::Tensor>& block_keys,
                                   const std::vector<at::Tensor>& block_values, int64_t entries,
                                   const at::Tensor& query_positions,

@@ -95,15 +95,7 @@ void BM_DecodeAttentionRows(benchmark::State& state) {
       DecodeRow row;
       row.entries = entries;
       row.key_positions = key_positions;
-      row.segments = [&keys = data.keys[l][r], &values = data.values[l][r], block, entries](
-                         int64_t, int64_t g, std::vector<KVSegment>* out) {
-        for (size_t i = 0; i < keys.size(); ++i) {
-          const int64_t begin = static_cast<int64_t>(i) * block;
-          out->push_back({keys[i].data_ptr<float>() + g * block * kHeadSize,
-                          values[i].data_ptr<float>() + g * block * kHeadSize,
-                          std::min(block, entries - begin)});
-        }
-      };
+      row.segments = BlockSegments(data.keys[l][r], data.values[l][r], entries);
       rows[l].push_back(std::move(row));
     }
   }
