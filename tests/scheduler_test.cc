@@ -66,6 +66,9 @@ SchedulerStats ExpectBatchedEqualsAlone(GPT model, int count, SchedulerOptions o
   EXPECT_EQ(stats.failed, 0);
   EXPECT_GT(stats.decode_rows, stats.decode_passes);  // Steps really were batched.
   EXPECT_GE(stats.prefill_chunks, stats.prefill_passes);
+  // Staggered prompts: decode rows rode along with prompt chunks in some steps.
+  EXPECT_GT(stats.mixed_passes, 0);
+  EXPECT_LE(stats.mixed_passes, std::min(stats.prefill_passes, stats.decode_passes));
   return stats;
 }
 
@@ -337,12 +340,13 @@ TEST_P(ForwardChunksTest, EachChunkEqualsItsBatchOnePass) {
     pair.batched_stream = std::make_unique<CachePositions>(*model, *pair.batched, pair.done);
     pair.alone_stream = std::make_unique<CachePositions>(*model, *pair.alone, pair.done);
   }
-  for (int round = 0; round < 2; ++round) {
+  // Round 2 feeds one token per cache: decode rows, as the scheduler's mixed passes run them.
+  for (int round = 0; round < 3; ++round) {
     std::vector<PromptChunk> chunks;
     std::vector<at::Tensor> expected;
     for (size_t i = 0; i < pairs.size(); ++i) {
       Pair& pair = pairs[i];
-      const int64_t steps = 1 + (static_cast<int64_t>(i) * 5 + round * 3) % 9;
+      const int64_t steps = round == 2 ? 1 : 1 + (static_cast<int64_t>(i) * 5 + round * 3) % 9;
       const at::Tensor ids = at::tensor(std::vector<int64_t>(pair.ids.begin() + pair.done,
                                                              pair.ids.begin() + pair.done + steps),
                                         at::kLong)
@@ -368,6 +372,62 @@ TEST_P(ForwardChunksTest, EachChunkEqualsItsBatchOnePass) {
       EXPECT_LE((row - expected[i]).abs().max().item<double>(), 1e-4);
       EXPECT_EQ(row.argmax(-1).item<int64_t>(), expected[i].argmax(-1).item<int64_t>());
     }
+  }
+}
+
+// The scheduler's mixed passes: decode rows (one-token chunks) behind a prompt chunk of another
+// request. Each cache is filled by a batch-1 pass first, so both sides start from the same
+// entries and each row's logits are its batch-1 decode step's up to rounding (the pass
+// normalises and multiplies 30 rows at once, not one).
+TEST_P(ForwardChunksTest, DecodeRowsInAPromptPassMatchTheirBatchOneStep) {
+  GPT model =
+      GetParam().rfind("golden/", 0) == 0 ? GoldenModel(GetParam()) : RandomModel(GetParam(), 6);
+  at::NoGradGuard no_grad;
+  const int64_t vocab = model->config().PaddedVocabSize();
+  const int64_t length = 40;
+  const std::vector<KVCacheSpec> specs = {TestSpec("dense", 0, 16), TestSpec("window", 8, 16),
+                                          TestSpec("h2o", 8, 16),   TestSpec("dense", 0, 8),
+                                          TestSpec("tova", 8, 4),   TestSpec("sink", 8, 16)};
+  at::manual_seed(21);
+  std::vector<std::unique_ptr<KVCache>> batched, alone;
+  std::vector<std::unique_ptr<CachePositions>> batched_stream, alone_stream;
+  std::vector<PromptChunk> chunks;
+  // The prompt chunk: another request's first 24 tokens.
+  std::unique_ptr<KVCache> prompt_cache = BatchOneCache(*model, specs[0], length);
+  CachePositions prompt_stream(*model, *prompt_cache);
+  ASSERT_TRUE(prompt_stream.Reserve(24).ok());
+  chunks.push_back(
+      {prompt_cache.get(), at::randint(0, vocab, {1, 24}, at::kLong), prompt_stream.Take(24)});
+  std::vector<at::Tensor> expected;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const int64_t filled = 5 + 3 * static_cast<int64_t>(i);
+    const at::Tensor prompt = at::randint(0, vocab, {1, filled}, at::kLong);
+    const at::Tensor next = at::randint(0, vocab, {1, 1}, at::kLong);
+    for (auto* side : {&batched, &alone}) {
+      side->push_back(BatchOneCache(*model, specs[i], length));
+      auto& streams = side == &batched ? batched_stream : alone_stream;
+      streams.push_back(std::make_unique<CachePositions>(*model, *side->back()));
+      ASSERT_TRUE(streams.back()->Reserve(filled + 1).ok());
+      ForwardOptions forward;
+      forward.positions = streams.back()->Take(filled);
+      ASSERT_TRUE(model->Forward(prompt, side->back().get(), forward).ok());
+    }
+    ForwardOptions step;
+    step.positions = alone_stream.back()->Take(1);
+    step.last_logits_only = true;
+    absl::StatusOr<at::Tensor> logits = model->Forward(next, alone.back().get(), step);
+    ASSERT_TRUE(logits.ok()) << logits.status();
+    expected.push_back(logits->reshape({1, -1}));
+    chunks.push_back({batched.back().get(), next, batched_stream.back()->Take(1)});
+  }
+  absl::StatusOr<at::Tensor> logits = ForwardChunks(*model, chunks);
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  ASSERT_EQ(logits->size(0), static_cast<int64_t>(specs.size()) + 1);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    SCOPED_TRACE(DescribeKVCacheSpec(specs[i]));
+    const at::Tensor row = logits->narrow(0, static_cast<int64_t>(i) + 1, 1);
+    EXPECT_LE((row - expected[i]).abs().max().item<double>(), 1e-4);
+    EXPECT_EQ(row.argmax(-1).item<int64_t>(), expected[i].argmax(-1).item<int64_t>());
   }
 }
 

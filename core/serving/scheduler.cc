@@ -332,12 +332,25 @@ bool Scheduler::Step(Running& running) {
   }
   Retire(running);
   if (running.empty()) return false;
-  Prefill(running);
+  // Running streams reserve their next entry first, then prompt chunks take the rest.
+  std::vector<Request*> rows = ReserveDecodeRows(running);
+  std::vector<PrefillPiece> pieces = PlanPrefill(running);
+  // A later reservation may have preempted a request of either list.
+  const auto gone = [](const Request& r) { return r.preempted || r.finished; };
+  rows.erase(std::remove_if(rows.begin(), rows.end(), [&](Request* r) { return gone(*r); }),
+             rows.end());
+  pieces.erase(std::remove_if(pieces.begin(), pieces.end(),
+                              [&](const PrefillPiece& piece) { return gone(*piece.request); }),
+               pieces.end());
+  if (!pieces.empty() && !rows.empty()) {
+    MixedPass(pieces, rows);
+  } else if (!pieces.empty()) {
+    PrefillPass(pieces);
+  } else if (!rows.empty()) {
+    DecodePass(rows);
+  }
   SettleCharges(running);
   SampleReady(running);
-  Retire(running);  // finished requests give their blocks back before the decode step
-  DecodeBatch(running);
-  SettleCharges(running);
   Retire(running);
   Requeue(running);
   std::lock_guard<std::mutex> lock(mutex_);
@@ -456,7 +469,7 @@ bool Scheduler::SharesUnpublishedBlock(const Request& request,
   return false;
 }
 
-void Scheduler::Prefill(Running& running) {
+std::vector<Scheduler::PrefillPiece> Scheduler::PlanPrefill(Running& running) {
   // The chunks of this step. Chunks are never split (score-based and
   // quantised caches evict by chunk, so the chunks must be those of the batch-1 run); the budget
   // defers whole chunks, but the first chunk of a step always runs.
@@ -487,28 +500,27 @@ void Scheduler::Prefill(Running& running) {
     batch.push_back({&r, *reserved, r.stream->Take(*reserved)});
     budget -= *reserved;
   }
-  // A later chunk's blocks may have preempted an earlier request of the batch.
-  batch.erase(std::remove_if(batch.begin(), batch.end(),
-                             [](const PrefillPiece& piece) {
-                               return piece.request->preempted || piece.request->finished;
-                             }),
-              batch.end());
-  // One forward pass for all of them: every weight is read once for the step's prompt tokens
-  // (the matrix kernels run the rows in slices, core/ops/gemv.h) and the per-pass costs of
-  // small models are paid once.
-  if (!batch.empty()) PrefillPass(batch);
+  return batch;
+}
+
+// A piece's chunk: a view of its ids ([1, T] int64), read during the forward pass only.
+PromptChunk Scheduler::ChunkOf(const PrefillPiece& piece) {
+  Request& r = *piece.request;
+  return {r.cache.get(), at::from_blob(r.ids.data() + r.prefilled, {1, piece.tokens}, at::kLong),
+          piece.positions};
 }
 
 void Scheduler::PrefillPass(const std::vector<PrefillPiece>& pass) {
+  // One forward pass for all of them: every weight is read once for the step's prompt tokens
+  // (the matrix kernels run the rows in slices, core/ops/gemv.h) and the per-pass costs of
+  // small models are paid once.
   std::vector<PromptChunk> chunks;
-  for (const PrefillPiece& piece : pass) {
-    Request& r = *piece.request;
-    // A view of the chunk's ids ([1, T] int64), read during the forward pass only.
-    chunks.push_back({r.cache.get(),
-                      at::from_blob(r.ids.data() + r.prefilled, {1, piece.tokens}, at::kLong),
-                      piece.positions});
-  }
-  absl::StatusOr<at::Tensor> logits = ForwardChunks(*model_, chunks);  // [pieces, V]
+  for (const PrefillPiece& piece : pass) chunks.push_back(ChunkOf(piece));
+  AfterPrefill(pass, ForwardChunks(*model_, chunks));
+}
+
+void Scheduler::AfterPrefill(const std::vector<PrefillPiece>& pass,
+                             const absl::StatusOr<at::Tensor>& logits) {
   int64_t tokens = 0;
   for (size_t p = 0; p < pass.size(); ++p) {
     Request& r = *pass[p].request;
@@ -646,7 +658,7 @@ void Scheduler::SampleReady(Running& running) {
   }
 }
 
-void Scheduler::DecodeBatch(Running& running) {
+std::vector<Scheduler::Request*> Scheduler::ReserveDecodeRows(Running& running) {
   // Rows in admission order, so that when blocks run out the newest requests go first.
   std::vector<Request*> candidates;
   for (auto& owned : running) {
@@ -661,25 +673,51 @@ void Scheduler::DecodeBatch(Running& running) {
     }
     if (ReserveMemory(r, 1, running)) candidates.push_back(&r);
   }
-  std::vector<Request*> rows;
+  return candidates;
+}
+
+void Scheduler::MixedPass(const std::vector<PrefillPiece>& pieces,
+                          const std::vector<Request*>& rows) {
+  // The decode rows as one-token chunks behind the prompt chunks: each attends through its
+  // own cache as its batch-1 step does, and the weights are read once for the whole step.
+  std::vector<PromptChunk> chunks;
+  for (const PrefillPiece& piece : pieces) chunks.push_back(ChunkOf(piece));
+  for (Request* r : rows) {
+    chunks.push_back({r->cache.get(), at::tensor({r->next_token}, at::kLong).reshape({1, 1}),
+                      at::tensor({r->stream->TakeOne()}, at::kLong).reshape({1, 1})});
+  }
+  const absl::StatusOr<at::Tensor> logits = ForwardChunks(*model_, chunks);  // [chunks, V]
+  const int64_t prompts = static_cast<int64_t>(pieces.size());
+  const auto part = [&](int64_t begin, int64_t count) -> absl::StatusOr<at::Tensor> {
+    if (!logits.ok()) return logits.status();
+    return logits->narrow(0, begin, count);
+  };
+  AfterPrefill(pieces, part(0, prompts));
+  AfterDecode(rows, part(prompts, static_cast<int64_t>(rows.size())));
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++stats_.mixed_passes;
+}
+
+void Scheduler::DecodePass(const std::vector<Request*>& rows) {
   std::vector<KVCache*> caches;
   std::vector<int64_t> positions;
   std::vector<int64_t> tokens;
-  for (Request* r : candidates) {
-    if (r->preempted || r->finished) continue;  // a later row's reservation preempted it
-    rows.push_back(r);
+  for (Request* r : rows) {
     caches.push_back(r->cache.get());
     positions.push_back(r->stream->TakeOne());
     tokens.push_back(r->next_token);
   }
-  if (rows.empty()) return;
   absl::StatusOr<BatchedKVCache> batch = BatchedKVCache::Create(caches);
   ForwardOptions forward;
   forward.positions = at::tensor(positions, at::kLong).unsqueeze(1);  // [B, 1]
   forward.last_logits_only = true;
-  absl::StatusOr<at::Tensor> logits =
-      batch.ok() ? model_->Forward(at::tensor(tokens, at::kLong).unsqueeze(1), &*batch, forward)
-                 : absl::StatusOr<at::Tensor>(batch.status());
+  AfterDecode(rows, batch.ok() ? model_->Forward(at::tensor(tokens, at::kLong).unsqueeze(1),
+                                                 &*batch, forward)
+                               : absl::StatusOr<at::Tensor>(batch.status()));
+}
+
+void Scheduler::AfterDecode(const std::vector<Request*>& rows,
+                            const absl::StatusOr<at::Tensor>& logits) {
   for (size_t b = 0; b < rows.size(); ++b) {
     Request& r = *rows[b];
     if (!logits.ok()) {

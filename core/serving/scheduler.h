@@ -2,16 +2,17 @@
 //
 // Each step (Orca's iteration-level scheduling):
 //   1. admits waiting requests in arrival order while fewer than max_running run;
-//   2. prefills prompt chunks of requests still reading their prompt, about
-//      step_prefill_tokens a step, so a long prompt stalls running streams for one chunk only;
-//      the step's chunks run as one forward pass over their tokens end to end
-//      (SegmentedKVCache: each chunk attends through its own cache), so every weight is read
-//      once for all of them;
-//   3. samples the next token of every request whose logits are ready (its own sampling
-//      options and its own generator, seeded as Generate seeds it), calls its on_token;
-//   4. runs one [B, 1] forward pass for the B requests that continue, through a
-//      BatchedKVCache over their own caches: every weight is read once a step for B tokens,
-//      attention stays per request over its own entries and positions.
+//   2. takes the B requests with a token to feed (decode rows) and prompt chunks of requests
+//      still reading their prompt, about step_prefill_tokens a step, so a long prompt stalls
+//      running streams for one chunk only;
+//   3. runs one forward pass: with prompt chunks, the chunks and then the decode rows as
+//      one-token chunks, end to end (SegmentedKVCache: each chunk attends through its own
+//      cache, as its batch-1 step does; Sarathi's stall-free batching), so every weight is
+//      read once a step; with decode rows only, one [B, 1] pass through a BatchedKVCache over
+//      their own caches (attention per request over its own entries and positions, one
+//      kernel call for all rows where the caches allow);
+//   4. samples the next token of every request whose logits are ready (its own sampling
+//      options and its own generator, seeded as Generate seeds it), calls its on_token.
 // A request's tokens equal lgpt::Generate with the same prompt, options (prefill_chunk as
 // EffectiveChunk says), seed and kind of cache (greedy tokens identical; logits differ only by
 // the rounding of batched matrix products).
@@ -146,6 +147,8 @@ struct SchedulerStats {
   int64_t prefill_tokens = 0;
   int64_t prefill_passes = 0;  // forward passes that prefilled prompt chunks
   int64_t prefill_chunks = 0;  // chunks they ran (several requests' chunks share a pass)
+  // Passes that ran prompt chunks and decode rows together (counted in both kinds above).
+  int64_t mixed_passes = 0;
   int64_t generated_tokens = 0;
   // The KV block pool (zeros without one): blocks in all, held by requests, and unreferenced
   // blocks the prefix cache keeps (reusable, evicted LRU when memory is needed).
@@ -206,15 +209,28 @@ class Scheduler {
     int64_t tokens;
     at::Tensor positions;
   };
-  void Prefill(Running& running);
-  // One forward pass over the chunks of `pass` (ForwardChunks); publishes their blocks and
-  // keeps the logits of the requests whose prompt is done.
+  // This step's prompt chunks within the step's token budget, their memory reserved.
+  std::vector<PrefillPiece> PlanPrefill(Running& running);
+  static PromptChunk ChunkOf(const PrefillPiece& piece);
+  // One forward pass over the chunks of `pass` (ForwardChunks), then AfterPrefill.
   void PrefillPass(const std::vector<PrefillPiece>& pass);
+  // Publishes the pieces' blocks and keeps the logits ([pieces, V]) of the requests whose
+  // prompt is done.
+  void AfterPrefill(const std::vector<PrefillPiece>& pass,
+                    const absl::StatusOr<at::Tensor>& logits);
   // Whether `request` (not started) would reuse prefix blocks that a chunk of `batch` is
   // computing (its prompt shares them and they are not published yet).
   bool SharesUnpublishedBlock(const Request& request, const std::vector<PrefillPiece>& batch) const;
   void SampleReady(Running& running);
-  void DecodeBatch(Running& running);
+  // The requests with a token to feed this step, in admission order, their next entry reserved.
+  std::vector<Request*> ReserveDecodeRows(Running& running);
+  // The decode rows as one-token chunks after the prompt chunks, in one ForwardChunks pass:
+  // running streams wait for one pass a step, not a prefill pass and a decode pass.
+  void MixedPass(const std::vector<PrefillPiece>& pieces, const std::vector<Request*>& rows);
+  // One batched decode pass ([rows, 1] through a BatchedKVCache), then AfterDecode.
+  void DecodePass(const std::vector<Request*>& rows);
+  // Counts the fed tokens, publishes blocks and keeps the logits ([rows, V]) to sample from.
+  void AfterDecode(const std::vector<Request*>& rows, const absl::StatusOr<at::Tensor>& logits);
   // Takes the pool memory `request`'s next step of `steps` entries needs (TakeMemory),
   // preempting the most recently admitted requests while the pool lacks it; false when
   // `request` itself was preempted.
