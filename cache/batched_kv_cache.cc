@@ -6,12 +6,24 @@
 #include <limits>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/base/status_macros.h"
 #include "core/ops/decode_attention.h"
 
 namespace lgpt {
+namespace {
+
+// Row `row` of t ([B, ...]) as a [1, ...] tensor over t's memory that does not own it.
+at::Tensor RowView(const at::Tensor& t, int64_t row) {
+  std::vector<int64_t> sizes = t.sizes().vec();
+  sizes[0] = 1;
+  return at::from_blob(static_cast<char*>(t.data_ptr()) + row * t.stride(0) * t.element_size(),
+                       sizes, t.strides(), t.options());
+}
+
+}  // namespace
 
 absl::StatusOr<BatchedKVCache> BatchedKVCache::Create(std::vector<KVCache*> rows) {
   if (rows.empty()) return absl::InvalidArgumentError("BatchedKVCache needs at least one row");
@@ -135,16 +147,19 @@ absl::StatusOr<at::Tensor> BatchedKVCache::UpdateAndAttendRows(
   std::vector<std::pair<int64_t, at::Tensor>> others;  // rows that attend on their own
   for (size_t b = 0; b < rows_.size(); ++b) {
     const int64_t row = static_cast<int64_t>(b);
-    const at::Tensor k = keys.narrow(0, row, 1), v = values.narrow(0, row, 1);
-    ASSIGN_OR_RETURN(std::optional<DecodeRow> source,
-                     rows_[b]->UpdateForDecode(layer, steps[b], k, v));
+    // UpdateForDecode copies the row at once: a view made without LibTorch's dispatcher (a
+    // narrow is three dispatched operations, for every request and layer of a step).
+    ASSIGN_OR_RETURN(
+        std::optional<DecodeRow> source,
+        rows_[b]->UpdateForDecode(layer, steps[b], RowView(keys, row), RowView(values, row)));
     if (source.has_value()) {
       fast.push_back(std::move(*source));
       fast_rows.push_back(row);
       continue;
     }
-    ASSIGN_OR_RETURN(at::Tensor y,
-                     rows_[b]->UpdateAndAttend(layer, steps[b], q.narrow(0, row, 1), k, v, params));
+    ASSIGN_OR_RETURN(at::Tensor y, rows_[b]->UpdateAndAttend(layer, steps[b], q.narrow(0, row, 1),
+                                                             keys.narrow(0, row, 1),
+                                                             values.narrow(0, row, 1), params));
     others.emplace_back(row, std::move(y));
   }
   const int64_t groups = keys.size(1);

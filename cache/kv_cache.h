@@ -162,7 +162,8 @@ class KVCache {
   // caches (DecodeAttentionRows: a batched step then attends to each row exactly as the row's
   // UpdateAndAttend would, to the bit). nullopt when this cache cannot (storage that is not
   // float32 rows on the CPU, policies, windows): then nothing is stored and the caller uses
-  // UpdateAndAttend. Batch size 1; keys/values as for Update.
+  // UpdateAndAttend. Batch size 1; keys/values as for Update, copied before it returns (the
+  // caller may pass views that do not own their memory).
   virtual absl::StatusOr<std::optional<DecodeRow>> UpdateForDecode(int64_t layer,
                                                                    const KVStep& step,
                                                                    const at::Tensor& keys,

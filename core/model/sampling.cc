@@ -1,11 +1,17 @@
 #include "core/model/sampling.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/DistributionsHelper.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <mutex>
+#include <numeric>
 #include <optional>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/base/status_macros.h"
@@ -134,12 +140,88 @@ std::optional<at::Tensor> GreedyOnHost(const at::Tensor& logits, const SamplingO
   return tokens;
 }
 
+// Indices of row `values` [vocab] that can be drawn: the top_k largest (0 < top_k < vocab) or all,
+// most likely first (ties: lower index first) when the order matters (top_k or top_p).
+std::vector<int64_t> Candidates(const float* values, int64_t vocab,
+                                const SamplingOptions& options) {
+  std::vector<int64_t> order(static_cast<size_t>(vocab));
+  std::iota(order.begin(), order.end(), int64_t{0});
+  const auto more_likely = [values](int64_t a, int64_t b) {
+    return values[a] > values[b] || (values[a] == values[b] && a < b);
+  };
+  if (options.top_k > 0 && options.top_k < vocab) {
+    std::partial_sort(order.begin(), order.begin() + options.top_k, order.end(), more_likely);
+    order.resize(static_cast<size_t>(options.top_k));
+  } else if (options.top_p < 1) {
+    std::sort(order.begin(), order.end(), more_likely);
+  }
+  return order;
+}
+
+// Sampling of float32 CPU logits [B, V] (unit-stride rows) on the host, for temperature > 0:
+// the same distribution as the tensor path (top_k, then temperature, then top_p, then a
+// draw) without its ~20 tensor operations per call, which cost more than the arithmetic at
+// serving vocabularies. The draw is multinomial's: the candidate maximising p / E with E
+// exponential (drawn from `generator`, one per candidate). nullopt when the tensor path must
+// decide: other dtypes, devices or layouts, and rows that are not usable (its error names them).
+std::optional<at::Tensor> SampleOnHost(const at::Tensor& logits, const SamplingOptions& options,
+                                       at::Generator& generator) {
+  if (options.temperature <= 0 || options.top_p <= 0) return std::nullopt;
+  if (!logits.device().is_cpu() || logits.scalar_type() != at::kFloat || logits.dim() != 2 ||
+      logits.size(1) < 1 || logits.stride(1) != 1) {
+    return std::nullopt;
+  }
+  const int64_t rows = logits.size(0), vocab = logits.size(1);
+  for (int64_t b = 0; b < rows; ++b) {
+    if (!RowUsable(logits.data_ptr<float>() + b * logits.stride(0), vocab)) return std::nullopt;
+  }
+  at::Tensor tokens = at::empty({rows}, at::kLong);  // [B]
+  at::CPUGeneratorImpl* rng = at::check_generator<at::CPUGeneratorImpl>(generator);
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  for (int64_t b = 0; b < rows; ++b) {
+    const float* values = logits.data_ptr<float>() + b * logits.stride(0);
+    const std::vector<int64_t> order = Candidates(values, vocab, options);
+    float best = -std::numeric_limits<float>::infinity();
+    for (const int64_t i : order) best = std::max(best, values[i]);
+    // exp((x - max) / T) in float64: the best token weighs 1, a tiny T is greedy.
+    std::vector<double> weight(order.size());
+    double total = 0;
+    for (size_t j = 0; j < order.size(); ++j) {
+      weight[j] = std::exp((static_cast<double>(values[order[j]]) - best) / options.temperature);
+      total += weight[j];
+    }
+    if (options.top_p < 1) {
+      // Drop the least likely tokens whose cumulative probability stays within 1 - top_p;
+      // the most likely token always survives.
+      double cumulative = 0;
+      for (size_t j = order.size() - 1; j > 0; --j) {
+        cumulative += weight[j] / total;
+        if (cumulative > 1 - options.top_p) break;
+        weight[j] = 0;
+      }
+    }
+    at::exponential_distribution<double> exponential(1.0);
+    size_t chosen = 0;
+    double chosen_score = -1;
+    for (size_t j = 0; j < order.size(); ++j) {
+      const double score = weight[j] / exponential(rng);  // +inf when the draw is 0
+      if (score > chosen_score) {
+        chosen = j;
+        chosen_score = score;
+      }
+    }
+    tokens.data_ptr<int64_t>()[b] = order[chosen];
+  }
+  return tokens;
+}
+
 }  // namespace
 
 absl::StatusOr<at::Tensor> SampleNext(const at::Tensor& logits, const SamplingOptions& options,
                                       at::Generator& generator) {
   try {
     if (std::optional<at::Tensor> greedy = GreedyOnHost(logits, options)) return *greedy;
+    if (std::optional<at::Tensor> drawn = SampleOnHost(logits, options, generator)) return *drawn;
     const at::Tensor scores = logits.to(at::kFloat);  // [B, V]
     RETURN_IF_ERROR(CheckLogits(scores));
     return SampleChecked(scores, options, generator);

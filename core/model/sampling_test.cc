@@ -93,30 +93,39 @@ TEST(SamplingTest, DrawsFollowTheTemperedDistribution) {
 }
 
 // With top_k (and top_p) the draws follow softmax(logits / T) renormalised over the tokens
-// kept: the k most likely, then those top_p keeps.
+// kept: the k most likely, then those top_p keeps. Both ways of drawing: on the host (float32
+// rows of unit stride) and through tensor operations (a strided row: every second element of a
+// longer one).
 TEST(SamplingTest, TopKDrawsFollowTheDistributionOverTheKeptTokens) {
-  const at::Tensor logits = at::tensor({1.0f, 0.0f, -1.0f, 2.0f, 0.5f, -3.0f}).view({1, 6});
+  const at::Tensor contiguous = at::tensor({1.0f, 0.0f, -1.0f, 2.0f, 0.5f, -3.0f}).view({1, 6});
+  const at::Tensor strided =
+      at::stack({contiguous, at::zeros_like(contiguous)}, -1).view({1, 12}).slice(1, 0, 12, 2);
+  ASSERT_EQ(strided.stride(1), 2);
+  ASSERT_TRUE(at::equal(strided, contiguous));
   constexpr int kDraws = 20000;
   struct Case {
     SamplingOptions options;
     std::vector<int> kept;
   };
-  for (const Case& c : {Case{{0.7, 3, 1.0}, {0, 3, 4}}, Case{{1.5, 4, 1.0}, {0, 1, 3, 4}},
-                        Case{{1.0, 4, 0.8}, {0, 3, 4}}}) {
-    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(17);
-    std::vector<int> counts(6, 0);
-    for (int i = 0; i < kDraws; ++i)
-      ++counts[SampleNext(logits, c.options, gen).value().item<int64_t>()];
-    at::Tensor kept_logits = at::full({6}, -std::numeric_limits<double>::infinity(), at::kDouble);
-    for (const int v : c.kept) kept_logits[v] = logits[0][v].item<double>() / c.options.temperature;
-    const at::Tensor expected = at::softmax(kept_logits, -1);
-    for (int v = 0; v < 6; ++v) {
-      const double p = expected[v].item<double>();
-      const double sigma = std::sqrt(p * (1 - p) / kDraws);
-      EXPECT_NEAR(counts[v] / static_cast<double>(kDraws), p, 5 * sigma + 1e-9)
-          << "token " << v << " top_k " << c.options.top_k << " top_p " << c.options.top_p;
+  for (const at::Tensor& logits : {contiguous, strided})
+    for (const Case& c : {Case{{0.7, 3, 1.0}, {0, 3, 4}}, Case{{1.5, 4, 1.0}, {0, 1, 3, 4}},
+                          Case{{1.0, 4, 0.8}, {0, 3, 4}}, Case{{1.2, 0, 0.9}, {0, 1, 3, 4}}}) {
+      at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(17);
+      std::vector<int> counts(6, 0);
+      for (int i = 0; i < kDraws; ++i)
+        ++counts[SampleNext(logits, c.options, gen).value().item<int64_t>()];
+      at::Tensor kept_logits = at::full({6}, -std::numeric_limits<double>::infinity(), at::kDouble);
+      for (const int v : c.kept)
+        kept_logits[v] = logits[0][v].item<double>() / c.options.temperature;
+      const at::Tensor expected = at::softmax(kept_logits, -1);
+      for (int v = 0; v < 6; ++v) {
+        const double p = expected[v].item<double>();
+        const double sigma = std::sqrt(p * (1 - p) / kDraws);
+        EXPECT_NEAR(counts[v] / static_cast<double>(kDraws), p, 5 * sigma + 1e-9)
+            << "token " << v << " top_k " << c.options.top_k << " top_p " << c.options.top_p
+            << " stride " << logits.stride(1);
+      }
     }
-  }
 }
 
 TEST(SamplingTest, DifferentSeedsDrawDifferentSequences) {

@@ -153,7 +153,7 @@ void ServingShapes(benchmark::internal::Benchmark* b) {
 // A 128-token prefill chunk of the same model: the AVX-512 kernel past kGemvMaxRows against
 // BLAS's GEMM.
 void PrefillShapes(benchmark::internal::Benchmark* b) {
-  for (const int64_t rows : {32, 128}) {
+  for (const int64_t rows : {32, 256}) {
     b->Args({rows, 3072, 1024});
     b->Args({rows, 2816, 1024});
     b->Args({rows, 1024, 2816});

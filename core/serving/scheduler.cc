@@ -627,7 +627,10 @@ void Scheduler::SampleReady(Running& running) {
       r.logits = at::Tensor();
       continue;
     }
-    const int64_t next = sampled->cpu().item<int64_t>();
+    // A CPU token is read in place (cpu() and item() are two dispatched operations).
+    const int64_t next = sampled->device().is_cpu() && sampled->scalar_type() == at::kLong
+                             ? sampled->data_ptr<int64_t>()[0]
+                             : sampled->cpu().item<int64_t>();
     r.logits = at::Tensor();
     const Clock::time_point now = Clock::now();
     r.ids.push_back(next);
