@@ -16,10 +16,14 @@
 // preemptions, peak RSS; then `throughput_ratio_16_vs_1=X` when both were measured. An unmeasured
 // warm-up request runs first (--warmup=false skips it). With --pool_mb, dense requests draw their
 // KV entries from one pool of that size (SchedulerOptions.kv_pool_bytes), so `peak_running` is how
-// many requests that memory holds at once.
+// many requests that memory holds at once. With --rounds=N the concurrency list runs N times in
+// turns (1, 4, 16, 1, 4, 16, ...: a slow spell of a shared machine hits every concurrency
+// alike), a row per round, then the median of every column per concurrency and the median of
+// the rounds' own throughput ratios.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <random>
@@ -32,8 +36,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "lgpt.h"
-#include "tools/generation_flags.h"
 #include "tools/bench_util.h"
+#include "tools/generation_flags.h"
 #include "tools/tool_util.h"
 
 ABSL_FLAG(std::string, checkpoint_dir, "",
@@ -51,6 +55,7 @@ ABSL_FLAG(int64_t, prefill_chunk, 256,
 ABSL_FLAG(int64_t, step_prefill_tokens, 256,
           "SchedulerOptions.step_prefill_tokens: prompt tokens prefilled per step");
 ABSL_FLAG(bool, prefix_caching, true, "reuse cached prompt blocks (with --pool_mb)");
+ABSL_FLAG(int64_t, rounds, 1, "times the concurrency list runs, in turns; then medians");
 ABSL_FLAG(bool, warmup, true,
           "run one unmeasured request (--prompt_tokens, 8 new tokens) before the rounds");
 
@@ -147,6 +152,49 @@ Round RunRound(const Engine& engine, int64_t concurrency, const RequestOptions& 
   return round;
 }
 
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+// Every column's median over the rounds of one concurrency.
+Round MedianRound(const std::vector<Round>& rounds) {
+  const auto median = [&](auto field) {
+    std::vector<double> values;
+    for (const Round& r : rounds) values.push_back(static_cast<double>(r.*field));
+    return Median(values);
+  };
+  const auto count = [&](auto field) { return static_cast<int64_t>(std::lround(median(field))); };
+  Round m;
+  m.tokens_per_s = median(&Round::tokens_per_s);
+  m.ttft_p50 = median(&Round::ttft_p50);
+  m.ttft_p99 = median(&Round::ttft_p99);
+  m.itl_p50 = median(&Round::itl_p50);
+  m.itl_p99 = median(&Round::itl_p99);
+  m.later_ttft_p50 = median(&Round::later_ttft_p50);
+  m.mean_batch = median(&Round::mean_batch);
+  m.peak_running = count(&Round::peak_running);
+  m.peak_blocks = count(&Round::peak_blocks);
+  m.peak_decoding = count(&Round::peak_decoding);
+  m.prefix_hit_tokens = count(&Round::prefix_hit_tokens);
+  m.preemptions = count(&Round::preemptions);
+  m.peak_rss = count(&Round::peak_rss);
+  return m;
+}
+
+void PrintRow(const std::string& label, const Round& r) {
+  std::printf(
+      "%-11s %12.1f %8.3fs %8.3fs %10.3fs %7.1fms %7.1fms %10.1f %12lld %13lld %11lld %10lld "
+      "%7lld %7.0fMB\n",
+      label.c_str(), r.tokens_per_s, r.ttft_p50, r.ttft_p99, r.later_ttft_p50, r.itl_p50 * 1e3,
+      r.itl_p99 * 1e3, r.mean_batch, static_cast<long long>(r.peak_running),
+      static_cast<long long>(r.peak_decoding), static_cast<long long>(r.peak_blocks),
+      static_cast<long long>(r.prefix_hit_tokens), static_cast<long long>(r.preemptions),
+      r.peak_rss / 1e6);
+  std::fflush(stdout);
+}
+
 }  // namespace
 }  // namespace lgpt
 
@@ -161,6 +209,10 @@ int main(int argc, char** argv) {
       ValueOrDie(ParseConcurrency(absl::GetFlag(FLAGS_concurrency)));
   if (absl::GetFlag(FLAGS_prompt_tokens) < 1 || absl::GetFlag(FLAGS_new_tokens) < 1) {
     Die(absl::InvalidArgumentError("--prompt_tokens and --new_tokens must be >= 1"));
+  }
+  const int64_t rounds = absl::GetFlag(FLAGS_rounds);
+  if (rounds < 1) {
+    Die(absl::InvalidArgumentError(absl::StrCat("--rounds must be >= 1, got ", rounds)));
   }
   if (absl::GetFlag(FLAGS_shared_prefix_tokens) < 0) {
     Die(absl::InvalidArgumentError(absl::StrCat("--shared_prefix_tokens must be >= 0, got ",
@@ -198,23 +250,32 @@ int main(int argc, char** argv) {
     warmup.max_new_tokens = std::min<int64_t>(options.max_new_tokens, 8);
     RunRound(*engine, 1, warmup, warmup_rng);
   }
-  std::map<int64_t, double> throughput;
-  for (int64_t concurrency : counts) {
-    const Round r = RunRound(*engine, concurrency, options, rng);
-    throughput[concurrency] = r.tokens_per_s;
-    std::printf(
-        "%-11lld %12.1f %8.3fs %8.3fs %10.3fs %7.1fms %7.1fms %10.1f %12lld %13lld %11lld %10lld "
-        "%7lld %7.0fMB\n",
-        static_cast<long long>(concurrency), r.tokens_per_s, r.ttft_p50, r.ttft_p99,
-        r.later_ttft_p50, r.itl_p50 * 1e3, r.itl_p99 * 1e3, r.mean_batch,
-        static_cast<long long>(r.peak_running), static_cast<long long>(r.peak_decoding),
-        static_cast<long long>(r.peak_blocks),
-        static_cast<long long>(r.prefix_hit_tokens), static_cast<long long>(r.preemptions),
-        r.peak_rss / 1e6);
-    std::fflush(stdout);
+  std::map<int64_t, std::vector<Round>> results;  // by concurrency, in round order
+  for (int64_t round = 0; round < rounds; ++round) {
+    for (int64_t concurrency : counts) {
+      results[concurrency].push_back(RunRound(*engine, concurrency, options, rng));
+      PrintRow(std::to_string(concurrency), results[concurrency].back());
+    }
   }
-  if (throughput.count(1) && throughput.count(16)) {
-    std::printf("throughput_ratio_16_vs_1=%.2f\n", throughput[16] / throughput[1]);
+  if (rounds > 1) {
+    std::printf("median of %lld rounds:\n", static_cast<long long>(rounds));
+    for (int64_t concurrency : counts) {
+      PrintRow(std::to_string(concurrency), MedianRound(results[concurrency]));
+    }
+  }
+  if (results.count(1) && results.count(16)) {
+    // Each round's 16 streams against its own single stream, measured minutes apart at most.
+    std::vector<double> ratios;
+    std::string listed;
+    const size_t pairs = std::min(results[16].size(), results[1].size());
+    for (size_t i = 0; i < pairs; ++i) {
+      ratios.push_back(results[16][i].tokens_per_s / results[1][i].tokens_per_s);
+      char ratio[32];
+      std::snprintf(ratio, sizeof(ratio), "%.2f", ratios.back());
+      absl::StrAppend(&listed, i > 0 ? "," : "", ratio);
+    }
+    if (pairs > 1) std::printf("throughput_ratio_16_vs_1_rounds=%s\n", listed.c_str());
+    std::printf("throughput_ratio_16_vs_1=%.2f\n", Median(ratios));
   }
   return 0;
 }

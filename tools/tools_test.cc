@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -509,12 +510,32 @@ TEST(ToolErrorsTest, BenchServeNamesTheFlagNotTheOptionsField) {
   const std::string base = "--concurrency=1 --prompt_tokens=8 --new_tokens=2 ";
   for (const std::string flag :
        {"--kv_block_size=0", "--step_prefill_tokens=0", "--prefill_chunk=-1", "--max_running=0",
-        "--pool_mb=-1", "--pool_mb=99999999999999", "--shared_prefix_tokens=-1",
-        "--concurrency=0"}) {
+        "--pool_mb=-1", "--pool_mb=99999999999999", "--shared_prefix_tokens=-1", "--concurrency=0",
+        "--rounds=0"}) {
     const ToolRun run = Execute("bench_serve", base + flag);
     ExpectCleanFailure(run, flag.substr(0, flag.find('=')));
     EXPECT_EQ(run.err.find("Options."), std::string::npos) << run.err;
   }
+}
+
+// Rounds in turns: a row per concurrency and round, then the medians and each round's ratio.
+TEST(ToolsTest, BenchServeRoundsPrintMedians) {
+  const ToolRun run =
+      Execute("bench_serve", absl::StrCat("--checkpoint_dir=", kGolden,
+                                          " --concurrency=1,16 --prompt_tokens=4"
+                                          " --new_tokens=2 --rounds=3 --warmup=false"));
+  ASSERT_EQ(run.status, 0) << run.err;
+  const std::vector<std::string> lines = absl::StrSplit(run.out, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 1 + 6 + 1 + 2 + 2) << run.out;  // header, rounds, medians, ratios
+  for (int i = 1; i <= 6; ++i) {
+    EXPECT_EQ(lines[i].substr(0, 2), i % 2 == 1 ? "1 " : "16") << lines[i];
+  }
+  EXPECT_EQ(lines[7], "median of 3 rounds:");
+  EXPECT_EQ(lines[8].substr(0, 2), "1 ");
+  EXPECT_EQ(lines[9].substr(0, 2), "16");
+  EXPECT_EQ(lines[10].rfind("throughput_ratio_16_vs_1_rounds=", 0), 0u) << lines[10];
+  EXPECT_EQ(std::count(lines[10].begin(), lines[10].end(), ','), 2) << lines[10];
+  EXPECT_EQ(lines[11].rfind("throughput_ratio_16_vs_1=", 0), 0u) << lines[11];
 }
 
 TEST(ToolErrorsTest, BrokenCheckpointsAreOneLineAndStatusOne) {

@@ -150,8 +150,10 @@ std::vector<int64_t> Candidates(const float* values, int64_t vocab,
     return values[a] > values[b] || (values[a] == values[b] && a < b);
   };
   if (options.top_k > 0 && options.top_k < vocab) {
-    std::partial_sort(order.begin(), order.begin() + options.top_k, order.end(), more_likely);
+    // O(V) selection, then O(k log k) order (a heap over V costs O(V log k)).
+    std::nth_element(order.begin(), order.begin() + options.top_k - 1, order.end(), more_likely);
     order.resize(static_cast<size_t>(options.top_k));
+    std::sort(order.begin(), order.end(), more_likely);
   } else if (options.top_p < 1) {
     std::sort(order.begin(), order.end(), more_likely);
   }
