@@ -94,7 +94,8 @@ TEST(GemvF32, ARowsResultDoesNotDependOnTheOtherRows) {
 // those it gets alone.
 TEST(GemvF32, PrefillRowsEqualLinearAndRowsAlone) {
   at::manual_seed(11);
-  const int64_t n_out = 67, k = 131, rows = 3 * kGemvMaxRows + 5;
+  // Past 256 rows: slices of kGemvMaxRows rows in tiles of 256 rows (the AVX-512 path).
+  const int64_t n_out = 67, k = 131, rows = 9 * kGemvMaxRows + 5;
   const at::Tensor w = at::randn({n_out, k});
   const at::Tensor b = at::randn({n_out});
   const at::Tensor x = at::randn({rows, k});
@@ -102,7 +103,7 @@ TEST(GemvF32, PrefillRowsEqualLinearAndRowsAlone) {
     SCOPED_TRACE(Name(kernel));
     const at::Tensor all = RunGemv(w, b, x, kernel);
     ExpectClose(all, at::linear(x, w, b), k);
-    for (const int64_t m : {int64_t{0}, kGemvMaxRows, rows - 1}) {
+    for (const int64_t m : {int64_t{0}, kGemvMaxRows, int64_t{255}, int64_t{256}, rows - 1}) {
       EXPECT_TRUE(at::equal(all.narrow(0, m, 1), RunGemv(w, b, x.narrow(0, m, 1).contiguous(),
                                                           kernel)))
           << "row " << m;
