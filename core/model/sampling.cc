@@ -178,8 +178,10 @@ std::optional<at::Tensor> SampleOnHost(const at::Tensor& logits, const SamplingO
     if (!RowUsable(logits.data_ptr<float>() + b * logits.stride(0), vocab)) return std::nullopt;
   }
   at::Tensor tokens = at::empty({rows}, at::kLong);  // [B]
-  at::CPUGeneratorImpl* rng = at::check_generator<at::CPUGeneratorImpl>(generator);
-  std::lock_guard<std::mutex> lock(generator.mutex());
+  // An undefined generator means LibTorch's default one, as for the tensor operations.
+  at::Generator source = generator.defined() ? generator : at::detail::getDefaultCPUGenerator();
+  at::CPUGeneratorImpl* rng = at::check_generator<at::CPUGeneratorImpl>(source);
+  std::lock_guard<std::mutex> lock(source.mutex());
   for (int64_t b = 0; b < rows; ++b) {
     const float* values = logits.data_ptr<float>() + b * logits.stride(0);
     const std::vector<int64_t> order = Candidates(values, vocab, options);

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <limits>
+#include <set>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -126,6 +127,24 @@ TEST(SamplingTest, TopKDrawsFollowTheDistributionOverTheKeptTokens) {
             << " stride " << logits.stride(1);
       }
     }
+}
+
+// As LibTorch's own sampling operations: no generator means the default one (reseeded here, so
+// the same draws follow the same seed).
+TEST(SamplingTest, AnUndefinedGeneratorDrawsFromTheDefaultOne) {
+  const at::Tensor logits = at::zeros({1, 1000});
+  std::vector<int64_t> first, second;
+  for (std::vector<int64_t>* draws : {&first, &second}) {
+    at::manual_seed(9);
+    at::Generator none;
+    for (int i = 0; i < 20; ++i) {
+      absl::StatusOr<at::Tensor> token = SampleNext(logits, {1.0, 0, 1.0}, none);
+      ASSERT_TRUE(token.ok()) << token.status();
+      draws->push_back(token->item<int64_t>());
+    }
+  }
+  EXPECT_EQ(first, second);
+  EXPECT_GT(std::set<int64_t>(first.begin(), first.end()).size(), 10u);
 }
 
 TEST(SamplingTest, DifferentSeedsDrawDifferentSequences) {
