@@ -144,19 +144,31 @@ std::optional<at::Tensor> GreedyOnHost(const at::Tensor& logits, const SamplingO
 // most likely first (ties: lower index first) when the order matters (top_k or top_p).
 std::vector<int64_t> Candidates(const float* values, int64_t vocab,
                                 const SamplingOptions& options) {
-  std::vector<int64_t> order(static_cast<size_t>(vocab));
-  std::iota(order.begin(), order.end(), int64_t{0});
   const auto more_likely = [values](int64_t a, int64_t b) {
     return values[a] > values[b] || (values[a] == values[b] && a < b);
   };
+  std::vector<int64_t> order;
   if (options.top_k > 0 && options.top_k < vocab) {
-    // O(V) selection, then O(k log k) order (a heap over V costs O(V log k)).
-    std::nth_element(order.begin(), order.begin() + options.top_k - 1, order.end(), more_likely);
-    order.resize(static_cast<size_t>(options.top_k));
+    // One pass with a heap of the k best so far (its front the least likely of them): most
+    // tokens lose one comparison against the front. A selection over all indices compared
+    // through the row several times per token and cost ~5% of a small model's decode step.
+    order.reserve(static_cast<size_t>(options.top_k));
+    for (int64_t v = 0; v < vocab; ++v) {
+      if (static_cast<int64_t>(order.size()) < options.top_k) {
+        order.push_back(v);
+        std::push_heap(order.begin(), order.end(), more_likely);
+      } else if (more_likely(v, order.front())) {
+        std::pop_heap(order.begin(), order.end(), more_likely);
+        order.back() = v;
+        std::push_heap(order.begin(), order.end(), more_likely);
+      }
+    }
     std::sort(order.begin(), order.end(), more_likely);
-  } else if (options.top_p < 1) {
-    std::sort(order.begin(), order.end(), more_likely);
+    return order;
   }
+  order.resize(static_cast<size_t>(vocab));
+  std::iota(order.begin(), order.end(), int64_t{0});
+  if (options.top_p < 1) std::sort(order.begin(), order.end(), more_likely);
   return order;
 }
 

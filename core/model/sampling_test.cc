@@ -3,8 +3,10 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 #include <set>
 #include <vector>
 
@@ -127,6 +129,27 @@ TEST(SamplingTest, TopKDrawsFollowTheDistributionOverTheKeptTokens) {
             << " stride " << logits.stride(1);
       }
     }
+}
+
+// Many tied values around the k-th largest: the tokens drawn are exactly the k most likely,
+// ties going to the lower index (a large temperature makes every kept token likely).
+TEST(SamplingTest, TopKKeepsExactlyTheKMostLikelyTokens) {
+  at::manual_seed(3);
+  const int64_t vocab = 4096, k = 50;
+  const at::Tensor logits = at::randint(0, 60, {1, vocab}).to(at::kFloat);
+  std::vector<int64_t> order(vocab);
+  std::iota(order.begin(), order.end(), int64_t{0});
+  const float* values = logits.data_ptr<float>();
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return values[a] > values[b]; });
+  const std::set<int64_t> expected(order.begin(), order.begin() + k);
+  ASSERT_EQ(values[order[k - 1]], values[order[k]]);  // the boundary is a tie
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(4);
+  std::set<int64_t> drawn;
+  for (int i = 0; i < 4000; ++i) {
+    drawn.insert(SampleNext(logits, {1e3, k, 1.0}, gen).value().item<int64_t>());
+  }
+  EXPECT_EQ(drawn, expected);
 }
 
 // As LibTorch's own sampling operations: no generator means the default one (reseeded here, so
