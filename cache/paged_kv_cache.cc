@@ -1,5 +1,7 @@
 #include "cache/paged_kv_cache.h"
 
+#include <ATen/ATen.h>
+
 #include <algorithm>
 #include <optional>
 #include <utility>
@@ -8,6 +10,7 @@
 #include "core/base/status_macros.h"
 #include "core/ops/attention.h"
 #include "core/ops/decode_attention.h"
+#include "core/ops/flash_attention.h"
 
 namespace lgpt {
 
@@ -195,6 +198,25 @@ absl::StatusOr<at::Tensor> PagedKVCache::UpdateAndAttend(int64_t layer, const KV
     return DecodeAttentionBlocks(q, blocks.keys, blocks.values, length, step.positions,
                                  key_positions, params);
   }
+  if (FlashOverBlocksApplies(q, step)) {
+    // AttendBlockwise would take FlashAttention over the same runs; read straight from the
+    // blocks instead of through a source, views and a position narrow per block and layer.
+    EnsureRamp(length);
+    const int64_t* positions = ramp_.data_ptr<int64_t>();
+    const KVRunsOf runs = [&](int64_t, int64_t g, std::vector<KVRun>* out) {
+      const int64_t hs = blocks.keys[0].size(2);
+      for (size_t i = 0; i < blocks.keys.size(); ++i) {
+        const int64_t begin = static_cast<int64_t>(i) * block_size;
+        KVRun run;
+        run.keys = blocks.keys[i].data_ptr<float>() + g * block_size * hs;
+        run.values = blocks.values[i].data_ptr<float>() + g * block_size * hs;
+        run.positions = KeyPositionRun(positions + begin, 1);
+        run.entries = std::min(block_size, length - begin);
+        out->push_back(run);
+      }
+    };
+    return FlashAttention(q, keys.size(1), runs, step.positions, params);
+  }
   std::vector<KVBlockSource> sources;
   for (int64_t begin = 0; begin < length; begin += block_size) {
     const int64_t block = table_[begin / block_size];
@@ -205,6 +227,15 @@ absl::StatusOr<at::Tensor> PagedKVCache::UpdateAndAttend(int64_t layer, const KV
                                    Positions(begin, n)));
   }
   return AttendBlockwise(q, keys.size(1), sources, step.positions, params);
+}
+
+bool PagedKVCache::FlashOverBlocksApplies(const at::Tensor& q, const KVStep& step) const {
+  // AttendBlockwise's conditions for FlashAttention (attention.cc's TryFlash), for float32
+  // blocks on the CPU.
+  return pool_->device().is_cpu() && pool_->dtype() == at::kFloat && q.device().is_cpu() &&
+         q.scalar_type() == at::kFloat && q.size(2) >= kFlashMinSteps && !q.requires_grad() &&
+         !at::GradMode::is_enabled() && step.positions.device().is_cpu() &&
+         step.positions.scalar_type() == at::kLong;
 }
 
 absl::StatusOr<std::optional<DecodeRow>> PagedKVCache::UpdateForDecode(int64_t layer,

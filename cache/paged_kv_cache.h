@@ -98,6 +98,8 @@ class PagedKVCache : public KVCache {
   at::Tensor Positions(int64_t begin, int64_t length) const;
   // Grows ramp_ to at least `length` entries.
   void EnsureRamp(int64_t length) const;
+  // Whether a step of queries `q` attends through FlashAttention over the blocks directly.
+  bool FlashOverBlocksApplies(const at::Tensor& q, const KVStep& step) const;
   // Reserve's work; CheckStep (const in the KVCache contract) calls it too.
   absl::Status TakeBlocks(int64_t steps) const;
   // Indices into table_ that the next `steps` entries write into and that need a block of

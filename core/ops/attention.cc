@@ -91,8 +91,7 @@ at::Tensor WeightedValues(const at::Tensor& weights, const std::vector<KVBlockSo
 // path's bit-for-bit results are what the caches' equivalence tests pin).
 bool TryFlash(const at::Tensor& q, int64_t groups, const std::vector<KVBlockSource>& sources,
               const at::Tensor& query_positions, const AttentionParams& params, at::Tensor* out) {
-  constexpr int64_t kMinSteps = 5;
-  if (!q.device().is_cpu() || q.scalar_type() != at::kFloat || q.size(2) < kMinSteps ||
+  if (!q.device().is_cpu() || q.scalar_type() != at::kFloat || q.size(2) < kFlashMinSteps ||
       q.requires_grad() || !query_positions.device().is_cpu() ||
       query_positions.scalar_type() != at::kLong || at::GradMode::is_enabled()) {
     return false;

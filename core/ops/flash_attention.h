@@ -29,6 +29,11 @@
 
 namespace lgpt {
 
+// Query steps from which prompts take FlashAttention rather than the decode-step or generic
+// kernels (AttendByPositions, AttendBlockwise and the paged cache agree on it: their results are
+// then the same bits).
+inline constexpr int64_t kFlashMinSteps = 5;
+
 // Consecutive cache entries of one (batch row, key group) stored together.
 struct KVRun {
   const float* keys = nullptr;    // [entries, hs]
