@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cstring>
 #include <optional>
 #include <utility>
 
@@ -13,6 +14,31 @@
 #include "core/ops/flash_attention.h"
 
 namespace lgpt {
+namespace {
+
+// Entries [from, from + n) of src [1, G, T, hs] into slots [slot, slot + n) of a pool block
+// [G, bs, hs]. Rows are copied directly on the CPU (a decoding step writes one entry per layer:
+// the views and copy_ of the tensor path cost ten dispatched operations for 2 x 128 bytes).
+void CopyEntries(const at::Tensor& src, int64_t from, int64_t n, const at::Tensor& block,
+                 int64_t slot) {
+  if (src.device().is_cpu() && block.device().is_cpu() &&
+      src.scalar_type() == block.scalar_type() && src.stride(3) == 1 && block.is_contiguous()) {
+    const int64_t groups = block.size(0), block_size = block.size(1), hs = block.size(2);
+    const int64_t item = block.element_size();
+    char* dst = static_cast<char*>(block.data_ptr());
+    const char* from_data = static_cast<const char*>(src.data_ptr());
+    for (int64_t g = 0; g < groups; ++g) {
+      for (int64_t t = 0; t < n; ++t) {
+        std::memcpy(dst + ((g * block_size + slot + t) * hs) * item,
+                    from_data + (g * src.stride(1) + (from + t) * src.stride(2)) * item, hs * item);
+      }
+    }
+    return;
+  }
+  block.narrow(1, slot, n).copy_(src.select(0, 0).narrow(1, from, n));
+}
+
+}  // namespace
 
 PagedKVCache::PagedKVCache(std::shared_ptr<BlockPool> pool, int64_t max_sequence_length)
     : pool_(std::move(pool)),
@@ -137,8 +163,8 @@ absl::StatusOr<int64_t> PagedKVCache::Write(int64_t layer, const KVStep& step,
     const int64_t position = begin + done;
     const int64_t block = table_[position / block_size], slot = position % block_size;
     const int64_t n = std::min(steps - done, block_size - slot);
-    pool_->keys(block, layer).narrow(1, slot, n).copy_(keys.select(0, 0).narrow(1, done, n));
-    pool_->values(block, layer).narrow(1, slot, n).copy_(values.select(0, 0).narrow(1, done, n));
+    CopyEntries(keys, done, n, pool_->keys(block, layer), slot);
+    CopyEntries(values, done, n, pool_->values(block, layer), slot);
     done += n;
   }
   layer_length_[layer] = begin + steps;
