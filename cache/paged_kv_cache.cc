@@ -226,19 +226,17 @@ absl::StatusOr<at::Tensor> PagedKVCache::UpdateAndAttend(int64_t layer, const KV
   }
   if (FlashOverBlocksApplies(q, step)) {
     // AttendBlockwise would take FlashAttention over the same runs; read straight from the
-    // blocks instead of through a source, views and a position narrow per block and layer.
-    EnsureRamp(length);
-    const int64_t* positions = ramp_.data_ptr<int64_t>();
-    const KVRunsOf runs = [&](int64_t, int64_t g, std::vector<KVRun>* out) {
-      const int64_t hs = blocks.keys[0].size(2);
-      for (size_t i = 0; i < blocks.keys.size(); ++i) {
-        const int64_t begin = static_cast<int64_t>(i) * block_size;
-        KVRun run;
-        run.keys = blocks.keys[i].data_ptr<float>() + g * block_size * hs;
-        run.values = blocks.values[i].data_ptr<float>() + g * block_size * hs;
-        run.positions = KeyPositionRun(positions + begin, 1);
-        run.entries = std::min(block_size, length - begin);
-        out->push_back(run);
+    // blocks' segments instead of through a source, views and a position narrow per block.
+    const KVSegmentsOf segments = BlockSegments(blocks.keys, blocks.values, length);
+    const int64_t* positions = key_positions.data_ptr<int64_t>();  // 0, 1, ... length - 1
+    const KVRunsOf runs = [&](int64_t b, int64_t g, std::vector<KVRun>* out) {
+      std::vector<KVSegment> parts;
+      segments(b, g, &parts);
+      int64_t begin = 0;
+      for (const KVSegment& part : parts) {
+        out->push_back(
+            {part.keys, part.values, KeyPositionRun(positions + begin, 1), part.entries});
+        begin += part.entries;
       }
     };
     return FlashAttention(q, keys.size(1), runs, step.positions, params);

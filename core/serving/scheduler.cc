@@ -342,10 +342,8 @@ bool Scheduler::Step(Running& running) {
   pieces.erase(std::remove_if(pieces.begin(), pieces.end(),
                               [&](const PrefillPiece& piece) { return gone(*piece.request); }),
                pieces.end());
-  if (!pieces.empty() && !rows.empty()) {
-    MixedPass(pieces, rows);
-  } else if (!pieces.empty()) {
-    PrefillPass(pieces);
+  if (!pieces.empty()) {
+    ChunksPass(pieces, rows);
   } else if (!rows.empty()) {
     DecodePass(rows);
   }
@@ -503,20 +501,35 @@ std::vector<Scheduler::PrefillPiece> Scheduler::PlanPrefill(Running& running) {
   return batch;
 }
 
-// A piece's chunk: a view of its ids ([1, T] int64), read during the forward pass only.
-PromptChunk Scheduler::ChunkOf(const PrefillPiece& piece) {
-  Request& r = *piece.request;
-  return {r.cache.get(), at::from_blob(r.ids.data() + r.prefilled, {1, piece.tokens}, at::kLong),
-          piece.positions};
-}
-
-void Scheduler::PrefillPass(const std::vector<PrefillPiece>& pass) {
-  // One forward pass for all of them: every weight is read once for the step's prompt tokens
-  // (the matrix kernels run the rows in slices, core/ops/gemv.h) and the per-pass costs of
-  // small models are paid once.
+void Scheduler::ChunksPass(const std::vector<PrefillPiece>& pieces,
+                           const std::vector<Request*>& rows) {
+  // One forward pass for all of them: every weight is read once for the step's tokens (the
+  // matrix kernels run the rows in slices, core/ops/gemv.h) and the per-pass costs of small
+  // models are paid once. Each decode row attends through its own cache as its batch-1 step
+  // does.
   std::vector<PromptChunk> chunks;
-  for (const PrefillPiece& piece : pass) chunks.push_back(ChunkOf(piece));
-  AfterPrefill(pass, ForwardChunks(*model_, chunks));
+  for (const PrefillPiece& piece : pieces) {
+    // A view of the chunk's ids ([1, T] int64), read during the forward pass only.
+    Request& r = *piece.request;
+    chunks.push_back({r.cache.get(),
+                      at::from_blob(r.ids.data() + r.prefilled, {1, piece.tokens}, at::kLong),
+                      piece.positions});
+  }
+  for (Request* r : rows) {
+    chunks.push_back({r->cache.get(), at::tensor({r->next_token}, at::kLong).reshape({1, 1}),
+                      at::tensor({r->stream->TakeOne()}, at::kLong).reshape({1, 1})});
+  }
+  const absl::StatusOr<at::Tensor> logits = ForwardChunks(*model_, chunks);  // [chunks, V]
+  if (rows.empty()) return AfterPrefill(pieces, logits);
+  const auto part = [&](int64_t begin, int64_t count) -> absl::StatusOr<at::Tensor> {
+    if (!logits.ok()) return logits.status();
+    return logits->narrow(0, begin, count);
+  };
+  const int64_t prompts = static_cast<int64_t>(pieces.size());
+  AfterPrefill(pieces, part(0, prompts));
+  AfterDecode(rows, part(prompts, static_cast<int64_t>(rows.size())));
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++stats_.mixed_passes;
 }
 
 void Scheduler::AfterPrefill(const std::vector<PrefillPiece>& pass,
@@ -677,28 +690,6 @@ std::vector<Scheduler::Request*> Scheduler::ReserveDecodeRows(Running& running) 
     if (ReserveMemory(r, 1, running)) candidates.push_back(&r);
   }
   return candidates;
-}
-
-void Scheduler::MixedPass(const std::vector<PrefillPiece>& pieces,
-                          const std::vector<Request*>& rows) {
-  // The decode rows as one-token chunks behind the prompt chunks: each attends through its
-  // own cache as its batch-1 step does, and the weights are read once for the whole step.
-  std::vector<PromptChunk> chunks;
-  for (const PrefillPiece& piece : pieces) chunks.push_back(ChunkOf(piece));
-  for (Request* r : rows) {
-    chunks.push_back({r->cache.get(), at::tensor({r->next_token}, at::kLong).reshape({1, 1}),
-                      at::tensor({r->stream->TakeOne()}, at::kLong).reshape({1, 1})});
-  }
-  const absl::StatusOr<at::Tensor> logits = ForwardChunks(*model_, chunks);  // [chunks, V]
-  const int64_t prompts = static_cast<int64_t>(pieces.size());
-  const auto part = [&](int64_t begin, int64_t count) -> absl::StatusOr<at::Tensor> {
-    if (!logits.ok()) return logits.status();
-    return logits->narrow(0, begin, count);
-  };
-  AfterPrefill(pieces, part(0, prompts));
-  AfterDecode(rows, part(prompts, static_cast<int64_t>(rows.size())));
-  std::lock_guard<std::mutex> lock(mutex_);
-  ++stats_.mixed_passes;
 }
 
 void Scheduler::DecodePass(const std::vector<Request*>& rows) {

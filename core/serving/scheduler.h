@@ -211,9 +211,10 @@ class Scheduler {
   };
   // This step's prompt chunks within the step's token budget, their memory reserved.
   std::vector<PrefillPiece> PlanPrefill(Running& running);
-  static PromptChunk ChunkOf(const PrefillPiece& piece);
-  // One forward pass over the chunks of `pass` (ForwardChunks), then AfterPrefill.
-  void PrefillPass(const std::vector<PrefillPiece>& pass);
+  // One ForwardChunks pass over the step's prompt chunks (at least one) and then its decode
+  // rows, if any, as one-token chunks: running streams wait for one pass a step, not a prefill
+  // pass and a decode pass. Then AfterPrefill and AfterDecode.
+  void ChunksPass(const std::vector<PrefillPiece>& pieces, const std::vector<Request*>& rows);
   // Publishes the pieces' blocks and keeps the logits ([pieces, V]) of the requests whose
   // prompt is done.
   void AfterPrefill(const std::vector<PrefillPiece>& pass,
@@ -224,9 +225,6 @@ class Scheduler {
   void SampleReady(Running& running);
   // The requests with a token to feed this step, in admission order, their next entry reserved.
   std::vector<Request*> ReserveDecodeRows(Running& running);
-  // The decode rows as one-token chunks after the prompt chunks, in one ForwardChunks pass:
-  // running streams wait for one pass a step, not a prefill pass and a decode pass.
-  void MixedPass(const std::vector<PrefillPiece>& pieces, const std::vector<Request*>& rows);
   // One batched decode pass ([rows, 1] through a BatchedKVCache), then AfterDecode.
   void DecodePass(const std::vector<Request*>& rows);
   // Counts the fed tokens, publishes blocks and keeps the logits ([rows, V]) to sample from.
