@@ -276,11 +276,21 @@ TEST(SchedulerTest, SubmissionsThatCanNeverRunAreRefused) {
 // ForwardChunks against one forward pass per chunk: chunks of different lengths at different
 // positions, through dense, budgeted, quantised and paged caches (one holding a prefix found
 // in the pool), two rounds so the caches' contents after the shared pass are checked too.
-class ForwardChunksTest : public ::testing::TestWithParam<std::string> {};
+class ForwardChunksTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  GPT Model() const {
+    return GetParam().rfind("golden/", 0) == 0 ? GoldenModel(GetParam())
+                                               : RandomModel(GetParam(), 6);
+  }
+  // Dense, windowed, score-based and quantised caches.
+  static std::vector<KVCacheSpec> Specs() {
+    return {TestSpec("dense", 0, 16), TestSpec("window", 8, 16), TestSpec("h2o", 8, 16),
+            TestSpec("dense", 0, 8),  TestSpec("tova", 8, 4),    TestSpec("sink", 8, 16)};
+  }
+};
 
 TEST_P(ForwardChunksTest, EachChunkEqualsItsBatchOnePass) {
-  GPT model =
-      GetParam().rfind("golden/", 0) == 0 ? GoldenModel(GetParam()) : RandomModel(GetParam(), 6);
+  GPT model = Model();
   at::NoGradGuard no_grad;
   const int64_t vocab = model->config().PaddedVocabSize();
   const int64_t length = 48;
@@ -300,9 +310,7 @@ TEST_P(ForwardChunksTest, EachChunkEqualsItsBatchOnePass) {
     int64_t done = 0;
   };
   std::vector<Pair> pairs;
-  const std::vector<KVCacheSpec> specs = {TestSpec("dense", 0, 16), TestSpec("window", 8, 16),
-                                          TestSpec("h2o", 8, 16),   TestSpec("dense", 0, 8),
-                                          TestSpec("tova", 8, 4),   TestSpec("sink", 8, 16)};
+  const std::vector<KVCacheSpec> specs = Specs();
   for (const KVCacheSpec& spec : specs) {
     Pair pair;
     pair.batched = BatchOneCache(*model, spec, length);
@@ -380,14 +388,11 @@ TEST_P(ForwardChunksTest, EachChunkEqualsItsBatchOnePass) {
 // entries and each row's logits are its batch-1 decode step's up to rounding (the pass
 // normalises and multiplies 30 rows at once, not one).
 TEST_P(ForwardChunksTest, DecodeRowsInAPromptPassMatchTheirBatchOneStep) {
-  GPT model =
-      GetParam().rfind("golden/", 0) == 0 ? GoldenModel(GetParam()) : RandomModel(GetParam(), 6);
+  GPT model = Model();
   at::NoGradGuard no_grad;
   const int64_t vocab = model->config().PaddedVocabSize();
   const int64_t length = 40;
-  const std::vector<KVCacheSpec> specs = {TestSpec("dense", 0, 16), TestSpec("window", 8, 16),
-                                          TestSpec("h2o", 8, 16),   TestSpec("dense", 0, 8),
-                                          TestSpec("tova", 8, 4),   TestSpec("sink", 8, 16)};
+  const std::vector<KVCacheSpec> specs = Specs();
   at::manual_seed(21);
   std::vector<std::unique_ptr<KVCache>> batched, alone;
   std::vector<std::unique_ptr<CachePositions>> batched_stream, alone_stream;
