@@ -45,10 +45,15 @@ bool RowUsable(const float* values, int64_t vocab) {
   return finite;
 }
 
+// Whether scores [B, V] can be read on the host: float32 on the CPU, rows of unit stride.
+bool HostRows(const at::Tensor& scores) {
+  return scores.device().is_cpu() && scores.scalar_type() == at::kFloat && scores.dim() == 2 &&
+         scores.size(1) >= 1 && scores.stride(1) == 1;
+}
+
 // The first row of scores [B, V] that cannot be sampled, or -1.
 int64_t FirstUnusableRow(const at::Tensor& scores) {
-  if (scores.device().is_cpu() && scores.scalar_type() == at::kFloat && scores.dim() == 2 &&
-      scores.stride(1) == 1) {
+  if (HostRows(scores)) {
     // On the host: one pass, instead of six full-vocabulary tensor operations per call.
     const float* data = scores.data_ptr<float>();
     for (int64_t b = 0; b < scores.size(0); ++b) {
@@ -118,10 +123,7 @@ std::optional<at::Tensor> GreedyOnHost(const at::Tensor& logits, const SamplingO
   if (!(options.temperature <= 0 || options.top_p <= 0) || options.top_k != 0) {
     return std::nullopt;
   }
-  if (!logits.device().is_cpu() || logits.scalar_type() != at::kFloat || logits.dim() != 2 ||
-      logits.size(1) < 1 || logits.stride(1) != 1) {
-    return std::nullopt;
-  }
+  if (!HostRows(logits)) return std::nullopt;
   const int64_t rows = logits.size(0), vocab = logits.size(1);
   at::Tensor tokens = at::empty({rows}, at::kLong);  // [B]
   for (int64_t b = 0; b < rows; ++b) {
@@ -181,10 +183,7 @@ std::vector<int64_t> Candidates(const float* values, int64_t vocab,
 std::optional<at::Tensor> SampleOnHost(const at::Tensor& logits, const SamplingOptions& options,
                                        at::Generator& generator) {
   if (options.temperature <= 0 || options.top_p <= 0) return std::nullopt;
-  if (!logits.device().is_cpu() || logits.scalar_type() != at::kFloat || logits.dim() != 2 ||
-      logits.size(1) < 1 || logits.stride(1) != 1) {
-    return std::nullopt;
-  }
+  if (!HostRows(logits)) return std::nullopt;
   const int64_t rows = logits.size(0), vocab = logits.size(1);
   for (int64_t b = 0; b < rows; ++b) {
     if (!RowUsable(logits.data_ptr<float>() + b * logits.stride(0), vocab)) return std::nullopt;
