@@ -163,6 +163,7 @@ void PrefillShapes(benchmark::internal::Benchmark* b) {
 
 BENCHMARK_CAPTURE(BM_Gemv, prefill_avx512, GemvKernel::kAvx512)->Apply(PrefillShapes);
 BENCHMARK(BM_AtLinear)->Apply(PrefillShapes);
+BENCHMARK(BM_GemvFromMemory)->Apply(PrefillShapes);
 BENCHMARK_CAPTURE(BM_Gemv, avx512, GemvKernel::kAvx512)->Apply(Shapes);
 BENCHMARK_CAPTURE(BM_Gemv, avx2, GemvKernel::kAvx2)->Apply(Shapes);
 BENCHMARK_CAPTURE(BM_Gemv, portable, GemvKernel::kPortable)->Apply(Shapes);

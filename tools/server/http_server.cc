@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -66,6 +67,24 @@ std::string EndpointLabel(const std::string& path) {
   }
   if (absl::StartsWith(path, "/v1/models/")) return "/v1/models/{id}";
   return "other";
+}
+
+// The methods a known path answers ("GET", "POST"), empty for an unknown path.
+std::string AllowedMethods(const std::string& path) {
+  const std::string endpoint = EndpointLabel(path);
+  if (endpoint == "other") return "";
+  return absl::StartsWith(endpoint, "/v1/models") || endpoint == "/health" || endpoint == "/metrics"
+             ? "GET"
+             : "POST";
+}
+
+// A request that says it has a body (POST, PUT, PATCH) without Content-Length or chunked
+// transfer encoding: cpp-httplib would read its body until the client closes the connection.
+bool BodyWithoutLength(const httplib::Request& req) {
+  if (req.method != "POST" && req.method != "PUT" && req.method != "PATCH") return false;
+  return !req.has_header("Content-Length") &&
+         !absl::StrContains(absl::AsciiStrToLower(req.get_header_value("Transfer-Encoding")),
+                            "chunked");
 }
 
 void SendError(httplib::Response& res, const ApiError& error) {
@@ -215,7 +234,13 @@ void HttpServer::Impl::Route() {
         if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
         ApiError error = ApiErrorFromStatus(absl::InvalidArgumentError("malformed HTTP request"));
         error.http_status = res.status;
-        if (res.status == 404) {
+        if (res.status == 404 && !AllowedMethods(req.path).empty()) {
+          const std::string allowed = AllowedMethods(req.path);
+          res.status = error.http_status = 405;
+          res.set_header("Allow", allowed);
+          error.message = absl::StrCat(req.path, " takes ", allowed, ", not ", req.method);
+          error.code = "method_not_allowed";
+        } else if (res.status == 404) {
           error.message = absl::StrCat("no route for ", req.method, " ", req.path);
           error.code = "not_found";
         } else if (res.status == 413) {
@@ -272,6 +297,15 @@ httplib::Server::HandlerResponse HttpServer::Impl::PreRoute(const httplib::Reque
   t_access = AccessRecord();
   t_access.start = Clock::now();
   t_access.started = true;
+  if (BodyWithoutLength(req)) {
+    ApiError error = ApiErrorFromStatus(absl::InvalidArgumentError(
+        absl::StrCat(req.method, " without Content-Length (or chunked Transfer-Encoding)")));
+    error.http_status = 411;
+    error.code = "length_required";
+    SendError(res, error);
+    res.set_header("Connection", "close");
+    return httplib::Server::HandlerResponse::Handled;
+  }
   if (options.api_key.empty() || !absl::StartsWith(req.path, "/v1/")) {
     return httplib::Server::HandlerResponse::Unhandled;
   }

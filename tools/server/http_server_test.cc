@@ -362,6 +362,16 @@ TEST_F(HttpServerTest, ContextModelPathAndBodyErrors) {
       "gpt-4"));
   ExpectError(HttpGet(port, "/v2/nothing"), 404);
   ExpectError(HttpPost(port, "/v1/embeddings", R"({"input": "x"})"), 404);
+  // A known path with another method: 405 and the method it takes.
+  const HttpReply get_completions = HttpGet(port, "/v1/completions");
+  EXPECT_TRUE(absl::StrContains(ExpectError(get_completions, 405), "POST"));
+  EXPECT_EQ(get_completions.allow, "POST");
+  EXPECT_EQ(HttpRequest(port, "DELETE", "/v1/models").allow, "GET");
+  // A POST that announces no body length is answered at once (411), not read until the client
+  // closes the connection.
+  const HttpReply no_length = HttpRawExchange(
+      port, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_TRUE(absl::StrContains(ExpectError(no_length, 411), "Content-Length")) << no_length.error;
   const std::string big(8000, 'a');
   const std::string message = ExpectError(
       HttpPost(port, "/v1/completions", absl::StrCat(R"({"prompt": ")", big, R"("})")), 413);

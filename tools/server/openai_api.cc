@@ -142,15 +142,18 @@ absl::Status ParseMessages(const json& value, ApiRequest& request) {
   for (const json& message : value) {
     if (!message.is_object()) return WrongType("messages[]", "an object", message);
     ChatMessage parsed;
+    bool has_content = false;
     for (const auto& [key, field] : message.items()) {
       if (key == "role") {
         ASSIGN_OR_RETURN(parsed.role, String("messages[].role", field));
       } else if (key == "content") {
         ASSIGN_OR_RETURN(parsed.content, MessageContent(field));
+        has_content = true;
       } else if (!field.is_null()) {
         return Unsupported(absl::StrCat("messages[].", key), "messages have role and content");
       }
     }
+    if (!has_content) return absl::InvalidArgumentError("'messages[].content' is required");
     if (parsed.role == "developer") parsed.role = "system";
     if (parsed.role != "system" && parsed.role != "user" && parsed.role != "assistant") {
       return absl::InvalidArgumentError(
@@ -227,10 +230,17 @@ absl::Status ParseField(const std::string& key, const json& value, ApiRequest& r
   if (key == "model") {
     ASSIGN_OR_RETURN(request.model, String(key, value));
   } else if (key == "max_tokens" || key == "max_completion_tokens") {
+    // Chat takes both names (max_tokens is the older one): given together they must agree.
+    const std::optional<int64_t> other = request.max_tokens;
     ASSIGN_OR_RETURN(request.max_tokens, Integer(key, value));
     if (*request.max_tokens < 1) {
       return absl::InvalidArgumentError(
           absl::StrCat("'", key, "' must be >= 1, got ", *request.max_tokens));
+    }
+    if (other.has_value() && *other != *request.max_tokens) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'max_tokens' and 'max_completion_tokens' disagree (", *other, " and ",
+                       *request.max_tokens, "): give one"));
     }
   } else if (key == "temperature") {
     ASSIGN_OR_RETURN(options.sampling.temperature, Number(key, value));

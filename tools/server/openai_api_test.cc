@@ -77,6 +77,15 @@ TEST(OpenAiApiTest, ChatMessagesAndMaxCompletionTokens) {
   EXPECT_EQ(request.messages[0].role, "system");
   EXPECT_EQ(request.messages[1].content, "Hi there");
   EXPECT_EQ(*request.max_tokens, 9);
+  // Both names: the same value is fine, two values are a conflict.
+  EXPECT_EQ(*ParseOk(kChat, R"({"messages": [{"role": "user", "content": "x"}],
+                               "max_tokens": 4, "max_completion_tokens": 4})")
+                 .max_tokens,
+            4);
+  EXPECT_NE(ParseError(kChat, R"({"messages": [{"role": "user", "content": "x"}],
+                                  "max_tokens": 3, "max_completion_tokens": 2})")
+                .find("disagree"),
+            std::string::npos);
 }
 
 TEST(OpenAiApiTest, MalformedAndMistypedBodies) {
@@ -102,6 +111,9 @@ TEST(OpenAiApiTest, MalformedAndMistypedBodies) {
             std::string::npos);
   EXPECT_NE(ParseError(kChat, R"({"messages": "hi"})").find("'messages'"), std::string::npos);
   EXPECT_NE(ParseError(kChat, R"({"messages": [{"role": "tool", "content": "x"}]})").find("role"),
+            std::string::npos);
+  EXPECT_NE(ParseError(kChat, R"({"messages": [{"role": "user"}]})")
+                .find("'messages[].content' is required"),
             std::string::npos);
   EXPECT_NE(ParseError(kChat, R"({"messages": [{"role": "user", "content": [{"type":
                                   "image_url", "image_url": {}}]}]})")

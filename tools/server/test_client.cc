@@ -1,6 +1,13 @@
 #include "tools/server/test_client.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <sstream>
 
 #include "absl/strings/match.h"
@@ -35,6 +42,7 @@ HttpReply FromResult(const httplib::Result& result) {
   reply.body = result->body;
   reply.content_type = result->get_header_value("Content-Type");
   reply.retry_after = result->get_header_value("Retry-After");
+  reply.allow = result->get_header_value("Allow");
   return reply;
 }
 
@@ -51,10 +59,48 @@ HttpReply HttpPost(int port, const std::string& path, const std::string& body,
   return FromResult(client.Post(path.c_str(), AuthHeaders(api_key), body, "application/json"));
 }
 
-HttpReply HttpPostRaw(int port, const std::string& path, const std::string& body,
-                      const std::string& content_type) {
+HttpReply HttpRequest(int port, const std::string& method, const std::string& path) {
   httplib::Client client = Client(port);
-  return FromResult(client.Post(path.c_str(), body, content_type.c_str()));
+  httplib::Request request;
+  request.method = method;
+  request.path = path;
+  return FromResult(client.send(request));
+}
+
+HttpReply HttpRawExchange(int port, const std::string& request, int timeout_s) {
+  HttpReply reply;
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) {
+    reply.error = std::strerror(errno);
+    return reply;
+  }
+  timeval timeout{timeout_s, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string received;
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) != 0 ||
+      ::send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
+          static_cast<ssize_t>(request.size())) {
+    reply.error = std::strerror(errno);
+  } else {
+    char buffer[4096];
+    ssize_t n;
+    while ((n = ::recv(fd, buffer, sizeof(buffer), 0)) > 0) received.append(buffer, n);
+    if (n < 0) reply.error = std::strerror(errno);  // timed out
+  }
+  ::close(fd);
+  // "HTTP/1.1 411 Length Required\r\n...\r\n\r\nbody"
+  const size_t head_end = received.find("\r\n\r\n");
+  if (!absl::StartsWith(received, "HTTP/1.") || received.size() < 12 ||
+      head_end == std::string::npos) {
+    return reply;
+  }
+  reply.status = std::atoi(received.substr(9, 3).c_str());
+  reply.body = received.substr(head_end + 4);
+  return reply;
 }
 
 StreamReply HttpPostStream(int port, const std::string& path, const std::string& body,

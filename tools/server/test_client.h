@@ -14,15 +14,18 @@ struct HttpReply {
   std::string body;
   std::string content_type;
   std::string retry_after;
+  std::string allow;  // the Allow header (405 replies)
   std::string error;  // the client's error when there was no response
 };
 
 HttpReply HttpGet(int port, const std::string& path, const std::string& api_key = "");
 HttpReply HttpPost(int port, const std::string& path, const std::string& body,
                    const std::string& api_key = "");
-// A body of `bytes` bytes, whatever it holds.
-HttpReply HttpPostRaw(int port, const std::string& path, const std::string& body,
-                      const std::string& content_type);
+HttpReply HttpRequest(int port, const std::string& method, const std::string& path);
+// Writes `request` as it is (no header added) on a new connection and reads the reply until the
+// server closes it or `timeout_s` passes: status and body (status -1 and `error` without a
+// status line), for requests an HTTP client library would not send.
+HttpReply HttpRawExchange(int port, const std::string& request, int timeout_s = 10);
 
 struct StreamReply {
   int status = -1;
