@@ -378,6 +378,20 @@ TEST_F(HttpServerTest, ContextModelPathAndBodyErrors) {
   EXPECT_TRUE(absl::StrContains(message, "4096")) << message;
 }
 
+// curl -d labels JSON as a form: a body over cpp-httplib's 8 KiB form limit is still read.
+TEST_F(HttpServerTest, JsonLabelledAsAFormIsRead) {
+  RunningServer server(engine(), ServerOptions());
+  const int port = server.port();
+  const std::string padded = absl::StrCat(R"({"prompt": "x",)", std::string(9000, ' '),
+                                          R"("max_tokens": 2, "temperature": 0})");
+  const HttpReply form = HttpRawExchange(
+      port, absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                         "Content-Type: application/x-www-form-urlencoded\r\nContent-Length: ",
+                         padded.size(), "\r\n\r\n", padded));
+  EXPECT_EQ(form.status, 200) << form.body << form.error;
+  EXPECT_EQ(Parse(form.body)["usage"]["completion_tokens"], 2) << form.body;
+}
+
 TEST_F(HttpServerTest, ApiKeyIsRequiredOnV1Only) {
   ServerOptions options;
   options.api_key = "sk-test-123";
