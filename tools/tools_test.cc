@@ -538,6 +538,44 @@ TEST(ToolsTest, BenchServeRoundsPrintMedians) {
   EXPECT_EQ(lines[11].rfind("throughput_ratio_16_vs_1=", 0), 0u) << lines[11];
 }
 
+// A fresh checkpoint of a shape: loads and generates, the same seed gives the same weights,
+// another seed other weights; a bad request is one error line.
+TEST(InitCheckpointTest, WritesALoadableSeededCheckpoint) {
+  const std::string shape =
+      "--model_config=tools/default_model/model_config.yaml --tokenizer_dir=tools/default_model";
+  const std::string a = TempDir() + "/init_a", b = TempDir() + "/init_b", c = TempDir() + "/init_c";
+  for (const auto& [dir, seed] : {std::pair<std::string, int>{a, 1}, {b, 1}, {c, 2}}) {
+    const ToolRun run =
+        Execute("init_checkpoint", absl::StrCat(shape, " --out_dir=", dir, " --seed=", seed));
+    ASSERT_EQ(run.status, 0) << run.err;
+    EXPECT_NE(run.out.find("parameters"), std::string::npos) << run.out;
+  }
+  const std::string weights = ReadAll(a + "/lit_model.pth");
+  EXPECT_GT(weights.size(), 1000u);
+  EXPECT_EQ(weights, ReadAll(b + "/lit_model.pth"));
+  EXPECT_NE(weights, ReadAll(c + "/lit_model.pth"));
+  EXPECT_EQ(ReadAll(a + "/tokenizer.model"), ReadAll("tools/default_model/tokenizer.model"));
+  const ToolRun generate = Execute("generate", absl::StrCat("--checkpoint_dir=", a,
+                                                            " --prompt=\"And God said\""
+                                                            " --max_new_tokens=4 --temperature=0"));
+  EXPECT_EQ(generate.status, 0) << generate.err;
+  const ToolRun bench =
+      Execute("bench_serve",
+              absl::StrCat("--checkpoint_dir=", c,
+                           " --concurrency=2 --prompt_tokens=4 --new_tokens=2 --warmup=false"));
+  EXPECT_EQ(bench.status, 0) << bench.err;
+
+  ExpectCleanFailure(Execute("init_checkpoint", absl::StrCat(shape,
+                                                             " --model_name=pythia-14m"
+                                                             " --out_dir=",
+                                                             a)),
+                     "--model_config");
+  ExpectCleanFailure(
+      Execute("init_checkpoint", absl::StrCat(shape, " --out_dir=tools/default_model")), "input");
+  ExpectCleanFailure(Execute("init_checkpoint", "--model_name=no-such-model --out_dir=" + a),
+                     "no-such-model");
+}
+
 TEST(ToolErrorsTest, BrokenCheckpointsAreOneLineAndStatusOne) {
   const std::string dir = TempDir() + "/broken";
   ASSERT_EQ(std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str()), 0);
