@@ -1,10 +1,12 @@
 #include "core/nn/mlp.h"
 
-#include <string>
-
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <torch/nn/modules/container/modulelist.h>
+
+#include <string>
+
+#include "core/ops/activation.h"
 
 namespace lgpt {
 namespace {
@@ -51,8 +53,10 @@ at::Tensor MlpImpl::forward(const at::Tensor& x) {
     default: {
       at::Tensor gate = fc_1_->forward(x);
       if (c10::GradMode::is_enabled()) return proj_->forward(at::silu(gate) * fc_2_->forward(x));
-      // Inference: in place, the same kernels without two intermediate tensors.
-      return proj_->forward(at::silu_(gate).mul_(fc_2_->forward(x)));
+      // Inference: in place, in one fused pass where it applies (core/ops/activation.h).
+      const at::Tensor up = fc_2_->forward(x);
+      if (!SiluMulInPlace(gate, up)) at::silu_(gate).mul_(up);
+      return proj_->forward(gate);
     }
   }
 }

@@ -1,17 +1,22 @@
 #include "core/nn/norm.h"
 
-#include <cmath>
-
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
+
+#include <cmath>
+
+#include "core/ops/gemv.h"
 
 namespace lgpt {
 namespace {
 
-// Decoding normalises a few rows a step; one loop instead of seven LibTorch operations.
-bool SmallRmsNormApplies(const at::Tensor& x, const at::Tensor& weight, int64_t size) {
+// Float32 CPU rows are normalised by a host loop, one row at a time: one pass instead of seven
+// LibTorch operations, and a row's bits do not depend on how many rows share the call (a
+// decoding row of a prefill pass equals its own step). Rows split over the row pool's threads
+// when there are many (prefill chunks).
+bool HostRmsNormApplies(const at::Tensor& x, const at::Tensor& weight, int64_t size) {
   if (!x.device().is_cpu() || x.scalar_type() != at::kFloat || !x.is_contiguous()) return false;
-  if (x.numel() == 0 || x.size(-1) != size || x.numel() / size > 16) return false;
+  if (x.numel() == 0 || x.size(-1) != size) return false;
   if (weight.defined() && (weight.scalar_type() != at::kFloat || !weight.is_contiguous())) {
     return false;
   }
@@ -19,7 +24,7 @@ bool SmallRmsNormApplies(const at::Tensor& x, const at::Tensor& weight, int64_t 
          !(x.requires_grad() || (weight.defined() && weight.requires_grad()));
 }
 
-// One row: yr = xr / rms(xr) · (w + offset). Shared by both decode paths so they agree bitwise.
+// One row: yr = xr / rms(xr) · (w + offset). Shared by both host paths so they agree bitwise.
 inline void RmsNormRow(const float* xr, const float* w, float offset, double eps, int64_t size,
                        float* yr) {
   float partial[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -30,16 +35,21 @@ inline void RmsNormRow(const float* xr, const float* w, float offset, double eps
   for (int64_t i = 0; i < size; ++i) yr[i] = xr[i] * inv * (w ? w[i] + offset : 1.0f);
 }
 
-at::Tensor SmallRmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps,
-                        bool unit_offset) {
+// Rows per thread below which one thread normalises them all (a decoding step's few rows).
+constexpr int64_t kMinRowsPerThread = 16;
+
+at::Tensor HostRmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps,
+                       bool unit_offset) {
   const int64_t size = x.size(-1), rows = x.numel() / size;
   at::Tensor y = at::empty_like(x);
   const float* in = x.data_ptr<float>();
   const float* w = weight.defined() ? weight.data_ptr<float>() : nullptr;
   float* out = y.data_ptr<float>();
-  for (int64_t r = 0; r < rows; ++r) {
-    RmsNormRow(in + r * size, w, unit_offset ? 1.0f : 0.0f, eps, size, out + r * size);
-  }
+  ParallelForRows(rows, 1, kMinRowsPerThread, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      RmsNormRow(in + r * size, w, unit_offset ? 1.0f : 0.0f, eps, size, out + r * size);
+    }
+  });
   return y;
 }
 
@@ -69,8 +79,8 @@ at::Tensor NormImpl::forward(const at::Tensor& x) {
   if (options_.kind == NormClass::kLayerNorm) {
     return at::layer_norm(x, {options_.size}, weight_, bias_, options_.eps);
   }
-  if (SmallRmsNormApplies(x, weight_, options_.size)) {
-    return SmallRmsNorm(x, weight_, options_.eps, options_.unit_offset);
+  if (HostRmsNormApplies(x, weight_, options_.size)) {
+    return HostRmsNorm(x, weight_, options_.eps, options_.unit_offset);
   }
   const at::ScalarType dtype = x.scalar_type();
   const at::Tensor x32 = x.to(at::kFloat);
@@ -86,7 +96,7 @@ at::Tensor NormImpl::forward(const at::Tensor& x) {
 at::Tensor NormImpl::AddForward(const at::Tensor& x, const at::Tensor& delta, at::Tensor* sum) {
   const bool fused = options_.kind == NormClass::kRMSNorm && delta.sizes() == x.sizes() &&
                      delta.scalar_type() == at::kFloat && delta.is_contiguous() &&
-                     delta.device().is_cpu() && SmallRmsNormApplies(x, weight_, options_.size) &&
+                     delta.device().is_cpu() && HostRmsNormApplies(x, weight_, options_.size) &&
                      !(c10::GradMode::is_enabled() && delta.requires_grad());
   if (!fused) {
     *sum = x + delta;
@@ -101,11 +111,13 @@ at::Tensor NormImpl::AddForward(const at::Tensor& x, const at::Tensor& delta, at
   const float* w = weight_.defined() ? weight_.data_ptr<float>() : nullptr;
   float* s = sum->data_ptr<float>();
   float* out = y.data_ptr<float>();
-  for (int64_t i = 0; i < rows * size; ++i) s[i] = a[i] + b[i];
-  for (int64_t r = 0; r < rows; ++r) {
-    RmsNormRow(s + r * size, w, options_.unit_offset ? 1.0f : 0.0f, options_.eps, size,
-               out + r * size);
-  }
+  ParallelForRows(rows, 1, kMinRowsPerThread, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      float* sr = s + r * size;
+      for (int64_t i = 0; i < size; ++i) sr[i] = a[r * size + i] + b[r * size + i];
+      RmsNormRow(sr, w, options_.unit_offset ? 1.0f : 0.0f, options_.eps, size, out + r * size);
+    }
+  });
   return y;
 }
 

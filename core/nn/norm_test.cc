@@ -69,8 +69,9 @@ NormOptions Options(NormClass kind, int64_t size, double eps, bool unit_offset =
   return options;
 }
 
-// Shapes with few rows take the CPU loop; with many rows the LibTorch path.
-const std::vector<std::vector<int64_t>> kShapes = {{1, 1, 24}, {2, 3, 24}, {3, 7, 24}};
+// Float32 rows take the CPU loop (split over threads past 32 rows); with autograd the
+// LibTorch path.
+const std::vector<std::vector<int64_t>> kShapes = {{1, 1, 24}, {2, 3, 24}, {3, 7, 24}, {8, 40, 24}};
 
 TEST(RmsNorm, ParametersAreNamedAsLitGpt) {
   Norm norm(Options(NormClass::kRMSNorm, 24, 1e-6));
@@ -104,6 +105,26 @@ TEST(RmsNorm, MatchesReferenceWithAndWithoutUnitOffset) {
         ExpectClose(norm->forward(x).detach(), expected);
       }
     }
+  }
+}
+
+// A row's bits do not depend on the rows beside it: a decoding row in a prefill pass equals
+// its own step.
+TEST(RmsNorm, ARowHasTheSameBitsInAnyBatch) {
+  at::manual_seed(2);
+  Norm norm(Options(NormClass::kRMSNorm, 1024, 1e-5));
+  RandomiseParams(*norm);
+  at::NoGradGuard no_grad;
+  const at::Tensor x = at::randn({300, 1024}), delta = at::randn({300, 1024});
+  const at::Tensor all = norm->forward(x);
+  at::Tensor sum;
+  const at::Tensor all_added = norm->AddForward(x, delta, &sum);
+  for (int64_t r : {0, 17, 299}) {
+    EXPECT_TRUE(at::equal(all[r], norm->forward(x[r].unsqueeze(0))[0])) << "row " << r;
+    at::Tensor one_sum;
+    EXPECT_TRUE(at::equal(all_added[r],
+                          norm->AddForward(x[r].unsqueeze(0), delta[r].unsqueeze(0), &one_sum)[0]))
+        << "row " << r;
   }
 }
 

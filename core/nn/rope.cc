@@ -1,10 +1,13 @@
 #include "core/nn/rope.h"
 
-#include <cmath>
-#include <cstring>
-
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+
+#include "core/ops/gemv.h"
 
 namespace lgpt {
 namespace {
@@ -20,9 +23,12 @@ at::Tensor BaseTheta(double base, int64_t n_elem, const at::TensorOptions& f32) 
   return at::reciprocal(at::pow(base, exponent));
 }
 
-// Decoding rotates a few positions a step; one loop instead of about ten LibTorch operations.
-bool SmallRopeApplies(const at::Tensor& x, const RopeTables& tables, bool interleave) {
-  if (interleave || x.dim() != 4 || x.size(2) > 4 || !x.device().is_cpu()) return false;
+// Float32 CPU rotations run as host loops over the heads of each token: one pass instead of
+// about ten LibTorch operations (narrows, a negation, a concatenation, products and a sum, each
+// a pass over the tensor). Any number of steps: decoding rotates a few positions a step,
+// prefill chunks hundreds (their tokens split over the row pool's threads).
+bool HostRopeApplies(const at::Tensor& x, const RopeTables& tables, bool interleave) {
+  if (interleave || x.dim() != 4 || !x.device().is_cpu()) return false;
   if (x.scalar_type() != at::kFloat || tables.cos.scalar_type() != at::kFloat) return false;
   if (!tables.cos.device().is_cpu() || tables.cos.dim() != 3 || tables.sin.dim() != 3) {
     return false;
@@ -32,20 +38,37 @@ bool SmallRopeApplies(const at::Tensor& x, const RopeTables& tables, bool interl
 }
 
 // One head's row: o = x·cos + rotate_half(x)·sin over the first n_elem features, the rest
-// copied. x may be strided (xs); the decode paths below share this loop, so they give the same
-// bits as each other.
+// copied (rotate_half(x) = [-x[half:], x[:half]], products and sum in float32 as LibTorch's
+// operations round them). x may be strided (xs); every rotation path shares this loop, so they
+// give the same bits as each other.
 inline void RopeRow(const float* xv, int64_t xs, const float* c, const float* s, int64_t n_elem,
                     int64_t hs, float* o) {
-  const int64_t half = n_elem / 2;
+  const int64_t half = n_elem / 2, first = n_elem - half;
+  if (xs == 1) {  // contiguous heads: branch-free loops the compiler vectorises
+    for (int64_t i = 0; i < first; ++i) o[i] = xv[i] * c[i] + (-xv[i + half]) * s[i];
+    for (int64_t i = first; i < n_elem; ++i) o[i] = xv[i] * c[i] + xv[i - first] * s[i];
+    for (int64_t i = n_elem; i < hs; ++i) o[i] = xv[i];
+    return;
+  }
   for (int64_t i = 0; i < n_elem; ++i) {
-    const float rotated =
-        i < n_elem - half ? -xv[(i + half) * xs] : xv[(i - (n_elem - half)) * xs];
+    const float rotated = i < first ? -xv[(i + half) * xs] : xv[(i - first) * xs];
     o[i] = xv[i * xs] * c[i] + rotated * s[i];
   }
   for (int64_t i = n_elem; i < hs; ++i) o[i] = xv[i * xs];
 }
 
-at::Tensor SmallRope(const at::Tensor& x, const RopeTables& tables) {
+// Tokens per thread below which one thread rotates them all (a fork costs more than ~16 tokens
+// of a 4k-wide model).
+constexpr int64_t kMinTokensPerThread = 16;
+
+// fn(token) for token < tokens, over the row pool's threads when there are enough.
+void ForTokens(int64_t tokens, const std::function<void(int64_t)>& fn) {
+  ParallelForRows(tokens, 1, kMinTokensPerThread, [&](int64_t begin, int64_t end) {
+    for (int64_t token = begin; token < end; ++token) fn(token);
+  });
+}
+
+at::Tensor HostRope(const at::Tensor& x, const RopeTables& tables) {
   const int64_t batch = x.size(0), heads = x.size(1), steps = x.size(2), hs = x.size(3);
   const int64_t n_elem = tables.cos.size(-1);
   const at::Tensor cos_t = tables.cos.contiguous(), sin_t = tables.sin.contiguous();
@@ -54,15 +77,14 @@ at::Tensor SmallRope(const at::Tensor& x, const RopeTables& tables) {
   const float* cos = cos_t.data_ptr<float>();
   const float* sin = sin_t.data_ptr<float>();
   float* out = y.data_ptr<float>();
-  for (int64_t b = 0; b < batch; ++b) {
+  ForTokens(batch * steps, [&](int64_t token) {
+    const int64_t b = token / steps, t = token % steps;
     for (int64_t h = 0; h < heads; ++h) {
-      for (int64_t t = 0; t < steps; ++t) {
-        RopeRow(in + b * x.stride(0) + h * x.stride(1) + t * x.stride(2), x.stride(3),
-                cos + (b * steps + t) * n_elem, sin + (b * steps + t) * n_elem, n_elem, hs,
-                out + ((b * heads + h) * steps + t) * hs);
-      }
+      RopeRow(in + b * x.stride(0) + h * x.stride(1) + t * x.stride(2), x.stride(3),
+              cos + token * n_elem, sin + token * n_elem, n_elem, hs,
+              out + ((b * heads + h) * steps + t) * hs);
     }
-  }
+  });
   return y;
 }
 
@@ -148,7 +170,7 @@ RopeTables Rope::Tables(const at::Tensor& positions, bool local) const {
 at::Tensor ApplyRope(const at::Tensor& x, const RopeTables& tables, bool interleave) {
   const int64_t n_elem = tables.cos.size(-1);
   if (n_elem == 0) return x;
-  if (SmallRopeApplies(x, tables, interleave)) return SmallRope(x, tables);
+  if (HostRopeApplies(x, tables, interleave)) return HostRope(x, tables);
   const int64_t head_size = x.size(-1);
   at::Tensor part = x.narrow(-1, 0, n_elem);
   if (interleave) {
@@ -177,11 +199,10 @@ bool SplitQkvRope(const at::Tensor& qkv, int64_t n_head, int64_t n_query_groups,
   }
   const int64_t batch = qkv.size(0), steps = qkv.size(1);
   const int64_t n_elem = tables.cos.defined() ? tables.cos.size(-1) : 0;
-  // [B, T, q_size + 2 · kv_size] viewed as heads: the view SmallRope would get, so the
+  // [B, T, q_size + 2 · kv_size] viewed as heads: the view HostRope would get, so the
   // conditions (and the values) are ApplyRope's.
-  if (n_elem > 0 &&
-      !SmallRopeApplies(qkv.view({batch, steps, -1, head_size}).transpose(1, 2), tables,
-                        interleave)) {
+  if (n_elem > 0 && !HostRopeApplies(qkv.view({batch, steps, -1, head_size}).transpose(1, 2),
+                                     tables, interleave)) {
     return false;
   }
   if (c10::GradMode::is_enabled() && qkv.requires_grad()) return false;
@@ -197,22 +218,21 @@ bool SplitQkvRope(const at::Tensor& qkv, int64_t n_head, int64_t n_query_groups,
   float* k_out = k->data_ptr<float>();
   float* v_out = v->data_ptr<float>();
   const int64_t row = q_size + 2 * kv_size;
-  for (int64_t b = 0; b < batch; ++b) {
-    for (int64_t t = 0; t < steps; ++t) {
-      const float* x = in + (b * steps + t) * row;
-      const float* c = cos ? cos + (b * steps + t) * n_elem : nullptr;
-      const float* s = sin ? sin + (b * steps + t) * n_elem : nullptr;
-      for (int64_t h = 0; h < n_head; ++h) {
-        RopeRow(x + h * head_size, 1, c, s, n_elem, head_size,
-                q_out + ((b * n_head + h) * steps + t) * head_size);
-      }
-      for (int64_t g = 0; g < n_query_groups; ++g) {
-        const int64_t out = ((b * n_query_groups + g) * steps + t) * head_size;
-        RopeRow(x + q_size + g * head_size, 1, c, s, n_elem, head_size, k_out + out);
-        std::memcpy(v_out + out, x + q_size + kv_size + g * head_size, head_size * sizeof(float));
-      }
+  ForTokens(batch * steps, [&](int64_t token) {
+    const int64_t b = token / steps, t = token % steps;
+    const float* x = in + token * row;
+    const float* c = cos ? cos + token * n_elem : nullptr;
+    const float* s = sin ? sin + token * n_elem : nullptr;
+    for (int64_t h = 0; h < n_head; ++h) {
+      RopeRow(x + h * head_size, 1, c, s, n_elem, head_size,
+              q_out + ((b * n_head + h) * steps + t) * head_size);
     }
-  }
+    for (int64_t g = 0; g < n_query_groups; ++g) {
+      const int64_t out = ((b * n_query_groups + g) * steps + t) * head_size;
+      RopeRow(x + q_size + g * head_size, 1, c, s, n_elem, head_size, k_out + out);
+      std::memcpy(v_out + out, x + q_size + kv_size + g * head_size, head_size * sizeof(float));
+    }
+  });
   return true;
 }
 

@@ -50,7 +50,8 @@ at::Tensor ApplyRope(const at::Tensor& x, const RopeTables& tables, bool interle
 // q [B, n_head, T, hs] and k [B, G, T, hs], both roped, and v [B, G, T, hs], in one pass
 // (instead of nine views and two ApplyRope calls). The values are exactly those of narrowing,
 // reshaping and ApplyRope. Returns false, writing nothing, where it does not apply: autograd,
-// not float32 on the CPU, not contiguous, interleaved RoPE or more than 4 steps.
+// not float32 on the CPU, not contiguous, or interleaved RoPE. Any number of steps: prefill
+// chunks split their tokens over the row pool's threads.
 bool SplitQkvRope(const at::Tensor& qkv, int64_t n_head, int64_t n_query_groups,
                   int64_t head_size, const RopeTables& tables, bool interleave, at::Tensor* q,
                   at::Tensor* k, at::Tensor* v);

@@ -253,8 +253,9 @@ TEST(Rope, ApplyRopeMatchesReference) {
     for (const bool local : {false, true}) {
       if (local && !rope.has_local()) continue;
       for (const bool interleave : {false, true}) {
-        // Up to 4 steps take the CPU loop (half-split only); more take LibTorch's path.
-        for (const int64_t steps : {1, 2, 3, 9, 10}) {
+        // Float32 half-split rotations take the CPU loop (split over threads past 32 tokens);
+        // interleaved ones LibTorch's path.
+        for (const int64_t steps : {1, 2, 3, 9, 10, 40}) {
           SCOPED_TRACE(testing::Message() << c.label << " local " << local << " interleave "
                                           << interleave << " steps " << steps);
           const at::Tensor positions = at::randint(0, 48, {2, steps}, at::kLong);
@@ -276,8 +277,20 @@ TEST(Rope, ApplyRopeMatchesReference) {
   }
 }
 
-// Decoding's one-pass split of the fused projection gives exactly what narrowing, reshaping
-// and ApplyRope give, for full, partial and no rotary features and grouped keys.
+// The rotation as LibTorch operations (ApplyRope's general path): x [B, H, T, hs].
+at::Tensor RopeByOperations(const at::Tensor& x, const RopeTables& tables) {
+  const int64_t n_elem = tables.cos.size(-1), half = n_elem / 2;
+  if (n_elem == 0) return x;
+  const at::Tensor part = x.narrow(-1, 0, n_elem);
+  const at::Tensor rotated =
+      at::cat({-part.narrow(-1, half, n_elem - half), part.narrow(-1, 0, half)}, -1);
+  const at::Tensor roped = part * tables.cos.unsqueeze(1) + rotated * tables.sin.unsqueeze(1);
+  return at::cat({roped, x.narrow(-1, n_elem, x.size(-1) - n_elem)}, -1);
+}
+
+// The one-pass split of the fused projection gives exactly what narrowing, reshaping and the
+// rotation as LibTorch operations give, for full, partial and no rotary features, grouped
+// keys, decode steps and prefill chunks (split over threads).
 TEST(Rope, SplitQkvRopeEqualsViewsAndApplyRope) {
   at::manual_seed(4);
   at::NoGradGuard no_grad;
@@ -287,7 +300,7 @@ TEST(Rope, SplitQkvRopeEqualsViewsAndApplyRope) {
     const Config config = MakeConfig(c);
     const Rope rope(config, kCpu);
     const int64_t hs = c.head_size, heads = 4, groups = 2;
-    for (const int64_t steps : {1, 3, 4}) {
+    for (const int64_t steps : {1, 3, 4, 5, 100}) {
       SCOPED_TRACE(testing::Message() << "rotary " << percentage << " steps " << steps);
       const at::Tensor qkv = at::randn({2, steps, (heads + 2 * groups) * hs});
       const RopeTables tables = rope.Tables(at::randint(0, 48, {2, steps}, at::kLong), false);
@@ -296,8 +309,9 @@ TEST(Rope, SplitQkvRopeEqualsViewsAndApplyRope) {
       auto heads_of = [&](int64_t offset, int64_t n) {
         return qkv.narrow(-1, offset, n * hs).reshape({2, steps, n, hs}).transpose(1, 2);
       };
+      EXPECT_TRUE(at::equal(q, RopeByOperations(heads_of(0, heads), tables)));
+      EXPECT_TRUE(at::equal(k, RopeByOperations(heads_of(heads * hs, groups), tables)));
       EXPECT_TRUE(at::equal(q, ApplyRope(heads_of(0, heads), tables, false)));
-      EXPECT_TRUE(at::equal(k, ApplyRope(heads_of(heads * hs, groups), tables, false)));
       EXPECT_TRUE(at::equal(v, heads_of((heads + groups) * hs, groups)));
       EXPECT_TRUE(q.is_contiguous() && k.is_contiguous() && v.is_contiguous());
     }
@@ -307,8 +321,6 @@ TEST(Rope, SplitQkvRopeEqualsViewsAndApplyRope) {
   const Rope rope(config, kCpu);
   const int64_t width = 4 * 16;
   at::Tensor q, k, v;
-  const RopeTables five = rope.Tables(at::zeros({1, 5}, at::kLong), false);
-  EXPECT_FALSE(SplitQkvRope(at::randn({1, 5, width}), 2, 1, 16, five, false, &q, &k, &v));
   const RopeTables one = rope.Tables(at::zeros({1, 1}, at::kLong), false);
   EXPECT_FALSE(SplitQkvRope(at::randn({1, 1, width}), 2, 1, 16, one, true, &q, &k, &v));
   EXPECT_FALSE(SplitQkvRope(at::randn({1, 1, width}).to(at::kDouble), 2, 1, 16, one, false, &q,
