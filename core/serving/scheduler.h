@@ -108,9 +108,10 @@ struct PromptChunk {
 // ([1, T_0 + T_1 + ...]): each weight is read once for all of them, and chunk s attends through
 // chunks[s].cache (cache/segmented_kv_cache.h). Returns the logits of each chunk's last token,
 // [chunks, padded_vocab_size]: chunk s's row equals the last logits of
-// model.Forward(ids, cache, {positions, last_logits_only}) run alone, up to the rounding of
-// matrix products over another number of rows (every other layer works token by token). The
-// scheduler prefills a step's chunks through it.
+// model.Forward(ids, cache, {positions, last_logits_only}) run alone: bit for bit where the
+// matrix products are row-invariant (float32 on CPUs with the AVX-512 GEMV; every other layer
+// works token by token), else up to their rounding over another number of rows. The
+// scheduler prefills a step's chunks and decodes its rows through it.
 absl::StatusOr<at::Tensor> ForwardChunks(GPTImpl& model, const std::vector<PromptChunk>& chunks);
 
 class Scheduler;
