@@ -46,6 +46,15 @@ SegmentedKVCache::SegmentedKVCache(std::vector<KVCache*> segments, std::vector<i
     offsets_.push_back(total_);
     total_ += length;
   }
+  rows_begin_ = segments_.size();
+  while (rows_begin_ > 0 && lengths_[rows_begin_ - 1] == 1) --rows_begin_;
+  if (segments_.size() - rows_begin_ >= 2) {
+    // Batch-1 caches of one model, as Create checked: BatchedKVCache::Create cannot fail.
+    rows_.emplace(*BatchedKVCache::Create(
+        std::vector<KVCache*>(segments_.begin() + rows_begin_, segments_.end())));
+  } else {
+    rows_begin_ = segments_.size();
+  }
 }
 
 std::vector<int64_t> SegmentedKVCache::LastSteps() const {
@@ -77,6 +86,15 @@ absl::StatusOr<const std::vector<KVStep>*> SegmentedKVCache::SegmentSteps(
   }
   segment_steps_ = std::move(steps);
   split_positions_ = step.positions;
+  if (rows_) {
+    // [1, rows] -> [rows, 1]: a view, made once per model step (BatchedKVCache splits it once).
+    const int64_t rows = static_cast<int64_t>(segments_.size() - rows_begin_);
+    rows_step_.positions = step.positions.narrow(1, offsets_[rows_begin_], rows).view({rows, 1});
+    const auto [lowest, highest] = std::minmax_element(positions + offsets_[rows_begin_],
+                                                       positions + offsets_[rows_begin_] + rows);
+    rows_step_.min_position = *lowest;
+    rows_step_.max_position = *highest;
+  }
   return &segment_steps_;
 }
 
@@ -112,8 +130,8 @@ absl::StatusOr<at::Tensor> SegmentedKVCache::UpdateAndAttend(int64_t layer, cons
         absl::StrCat("SegmentedKVCache of ", total_, " steps got queries ", ShapeString(q)));
   }
   std::vector<at::Tensor> outputs;
-  outputs.reserve(segments_.size());
-  for (size_t s = 0; s < segments_.size(); ++s) {
+  outputs.reserve(rows_begin_ + 1);
+  for (size_t s = 0; s < rows_begin_; ++s) {
     const int64_t begin = offsets_[s], length = lengths_[s];
     // Contiguous slices, as a batch-1 run of the chunk hands them to its cache.
     ASSIGN_OR_RETURN(at::Tensor y, segments_[s]->UpdateAndAttend(
@@ -122,7 +140,17 @@ absl::StatusOr<at::Tensor> SegmentedKVCache::UpdateAndAttend(int64_t layer, cons
                                        values.narrow(2, begin, length).contiguous(), params));
     outputs.push_back(std::move(y));
   }
-  return segments_.size() == 1 ? outputs.front() : at::cat(outputs, 2);
+  if (rows_) {
+    // The rows' steps [1, *, rows, hs] as a batch of one-step rows [rows, *, 1, hs].
+    const int64_t begin = offsets_[rows_begin_], rows = total_ - begin;
+    auto as_rows = [&](const at::Tensor& t) {
+      return t.narrow(2, begin, rows).permute({2, 1, 0, 3}).contiguous();
+    };
+    ASSIGN_OR_RETURN(at::Tensor y, rows_->UpdateAndAttend(layer, rows_step_, as_rows(q),
+                                                          as_rows(keys), as_rows(values), params));
+    outputs.push_back(y.permute({2, 1, 0, 3}));  // back to [1, n_head, rows, hs]
+  }
+  return outputs.size() == 1 && !rows_ ? outputs.front() : at::cat(outputs, 2);
 }
 
 void SegmentedKVCache::Reset() {

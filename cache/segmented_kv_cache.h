@@ -9,6 +9,10 @@
 // which attends over its own entries and positions exactly as in a batch-1 run of that chunk.
 // Since every other layer of the model works token by token, a segment's outputs equal its
 // chunk's batch-1 forward pass (up to the rounding of matrix products of another row count).
+// Trailing segments of one step each (the decode rows of a mixed pass) attend as a batched
+// decode step does (cache/batched_kv_cache.h: one DecodeAttentionRows pass for the rows that
+// take it, the same bits as each row alone), with one copy of their queries, keys and values
+// instead of three per row.
 //
 // Not thread-safe; the segments must outlive it and must not be used elsewhere during a step.
 #ifndef LGPT_CACHE_SEGMENTED_KV_CACHE_H_
@@ -17,11 +21,13 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "cache/batched_kv_cache.h"
 #include "cache/kv_cache.h"
 
 namespace lgpt {
@@ -69,9 +75,15 @@ class SegmentedKVCache : public KVCache {
   std::vector<KVCache*> segments_;
   std::vector<int64_t> lengths_, offsets_;
   int64_t total_ = 0;
-  // The last step split into segments, recognised by its positions tensor.
+  // Segments [rows_begin_, end) are two or more one-step segments, attended through rows_;
+  // rows_begin_ == segments_.size() when there are none.
+  size_t rows_begin_ = 0;
+  std::optional<BatchedKVCache> rows_;
+  // The last step split into segments, recognised by its positions tensor, and the rows'
+  // step ([rows, 1] positions).
   mutable at::Tensor split_positions_;
   mutable std::vector<KVStep> segment_steps_;
+  mutable KVStep rows_step_;
 };
 
 }  // namespace lgpt
