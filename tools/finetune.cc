@@ -370,11 +370,7 @@ int main(int argc, char** argv) {
   DieIfError(
       out->WriteFile("hyperparameters.yaml", HyperparametersYaml(checkpoint_dir, config, method)));
   DieIfError(out->WriteFile("prompt_style.yaml", style.ToYaml()));
-  for (const char* name : {"tokenizer.model", "tokenizer.json", "tokenizer_config.json",
-                           "generation_config.json", "special_tokens_map.json"}) {
-    const fs::path from = fs::path(checkpoint_dir) / name;
-    if (fs::exists(from)) DieIfError(out->CopyFile(from.string(), name));
-  }
+  DieIfError(CopyPresentFiles(checkpoint_dir, kTokenizerFiles, *out).status());
   if (absl::GetFlag(FLAGS_merge) && method == PeftMethod::kLora) {
     DieIfError(WriteTorchStateDict(out->Path("lit_model.pth"),
                                    ValueOrDie(MergedStateDict(*model, method))));

@@ -58,9 +58,10 @@ int main(int argc, char** argv) {
   const Config config = ConfigFromFlags();
   const c10::ScalarType dtype = ValueOrDie(ParsePrecision(absl::GetFlag(FLAGS_precision)));
   const std::string tokenizer_dir = ResolvePath(absl::GetFlag(FLAGS_tokenizer_dir));
-  if (!tokenizer_dir.empty() && !fs::is_directory(tokenizer_dir)) {
-    Die(absl::NotFoundError(
-        absl::StrCat("--tokenizer_dir ", tokenizer_dir, " is not a directory")));
+  if (!tokenizer_dir.empty() && !fs::exists(fs::path(tokenizer_dir) / "tokenizer.model") &&
+      !fs::exists(fs::path(tokenizer_dir) / "tokenizer.json")) {
+    Die(absl::NotFoundError(absl::StrCat("--tokenizer_dir ", tokenizer_dir,
+                                         " holds no tokenizer.model or tokenizer.json")));
   }
   DieIfError(OutputDir::Check(out_dir, {tokenizer_dir}));
 
@@ -80,18 +81,8 @@ int main(int argc, char** argv) {
       ValueOrDie(OutputDir::Begin(out_dir, {tokenizer_dir}, options));
   DieIfError(WriteTorchStateDict(out->Path("lit_model.pth"), tensors));
   DieIfError(out->WriteFile("model_config.yaml", ConfigToYaml(config)));
-  int copied = 0;
-  for (const char* name :
-       {"tokenizer.model", "tokenizer.json", "tokenizer_config.json", "generation_config.json"}) {
-    const fs::path from = fs::path(tokenizer_dir) / name;
-    if (!tokenizer_dir.empty() && fs::exists(from)) {
-      DieIfError(out->CopyFile(from.string(), name));
-      ++copied;
-    }
-  }
-  if (!tokenizer_dir.empty() && copied == 0) {
-    Die(absl::NotFoundError(absl::StrCat("--tokenizer_dir ", tokenizer_dir,
-                                         " holds no tokenizer.model or tokenizer.json")));
+  if (!tokenizer_dir.empty()) {
+    DieIfError(CopyPresentFiles(tokenizer_dir, kTokenizerFiles, *out).status());
   }
   DieIfError(out->Commit());
   std::printf("wrote %s: %s, %lld parameters (%s), seed %llu\n", out_dir.c_str(),

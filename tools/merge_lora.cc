@@ -82,12 +82,8 @@ int main(int argc, char** argv) {
     plain.lora_query = plain.lora_key = plain.lora_value = false;
     plain.lora_projection = plain.lora_mlp = plain.lora_head = false;
     DieIfError(out->WriteFile("model_config.yaml", ConfigToYaml(plain)));
-    for (const char* name :
-         {"tokenizer.model", "tokenizer.json", "tokenizer_config.json", "generation_config.json",
-          "special_tokens_map.json", "prompt_style.yaml"}) {
-      const fs::path from = fs::path(dir) / name;
-      if (fs::exists(from)) DieIfError(out->CopyFile(from.string(), name));
-    }
+    DieIfError(CopyPresentFiles(dir, kTokenizerFiles, *out).status());
+    DieIfError(CopyPresentFiles(dir, {"prompt_style.yaml"}, *out).status());
     DieIfError(out->Commit());
   }
   std::fprintf(stderr, "merged %zu tensors into %s/lit_model.pth\n", merged.size(),

@@ -64,12 +64,8 @@ int main(int argc, char** argv) {
   const std::unique_ptr<OutputDir> out = ValueOrDie(OutputDir::Begin(out_dir, {dir}, options));
   DieIfError(SaveQuantizedCheckpoint(*loaded.model, out->Path(kQuantizedWeightsFile)));
   DieIfError(out->WriteFile("model_config.yaml", ConfigToYaml(loaded.config)));
-  for (const char* name :
-       {"tokenizer.model", "tokenizer.json", "tokenizer_config.json", "generation_config.json",
-        "special_tokens_map.json", "prompt_style.yaml", "train_config.yaml"}) {
-    const fs::path from = fs::path(dir) / name;
-    if (fs::exists(from)) DieIfError(out->CopyFile(from.string(), name));
-  }
+  DieIfError(CopyPresentFiles(dir, kTokenizerFiles, *out).status());
+  DieIfError(CopyPresentFiles(dir, {"prompt_style.yaml", "train_config.yaml"}, *out).status());
   DieIfError(out->Commit());
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

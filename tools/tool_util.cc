@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <limits>
@@ -29,6 +30,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "core/base/status_macros.h"
 
 ABSL_FLAG(int32_t, threads, 0,
           "intra-op threads; 0: all hardware threads (or OMP_NUM_THREADS when set)");
@@ -262,6 +264,19 @@ int64_t AnonRssBytes() { return ProcStatusBytes("RssAnon").value_or(0); }
 void ResetPeakRss() {
   std::ofstream clear_refs("/proc/self/clear_refs");
   clear_refs << "5";
+}
+
+absl::StatusOr<int> CopyPresentFiles(const std::string& from_dir,
+                                     absl::Span<const char* const> names, OutputDir& out) {
+  int copied = 0;
+  for (const char* name : names) {
+    const std::filesystem::path from = std::filesystem::path(from_dir) / name;
+    std::error_code error;
+    if (!std::filesystem::is_regular_file(from, error)) continue;
+    RETURN_IF_ERROR(out.CopyFile(from.string(), name));
+    ++copied;
+  }
+  return copied;
 }
 
 }  // namespace lgpt

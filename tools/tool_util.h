@@ -13,6 +13,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "core/base/output_dir.h"
 
 // --threads: intra-op threads of every tool (LibTorch's and the GEMV pool's); 0: all
 // hardware threads unless OMP_NUM_THREADS says otherwise; more than the hardware threads are
@@ -62,6 +64,16 @@ absl::StatusOr<int64_t> PoolBytesFromFlag(int64_t pool_mb);
 
 // LitGPT's precision names: 32-true, bf16-true, 16-true (and 64-true).
 absl::StatusOr<c10::ScalarType> ParsePrecision(absl::string_view precision);
+
+// The tokenizer files a checkpoint directory may hold; tools writing a checkpoint copy those
+// present with it.
+inline constexpr const char* kTokenizerFiles[] = {"tokenizer.model", "tokenizer.json",
+                                                  "tokenizer_config.json", "generation_config.json",
+                                                  "special_tokens_map.json"};
+
+// Copies the files named in `names` that exist in `from_dir` into `out`; returns how many.
+absl::StatusOr<int> CopyPresentFiles(const std::string& from_dir,
+                                     absl::Span<const char* const> names, OutputDir& out);
 
 // Prints loading stages on stderr when it is a terminal; scripted runs keep stderr for the
 // one error line.

@@ -574,6 +574,9 @@ TEST(InitCheckpointTest, WritesALoadableSeededCheckpoint) {
       Execute("init_checkpoint", absl::StrCat(shape, " --out_dir=tools/default_model")), "input");
   ExpectCleanFailure(Execute("init_checkpoint", "--model_name=no-such-model --out_dir=" + a),
                      "no-such-model");
+  ExpectCleanFailure(Execute("init_checkpoint", "--model_name=pythia-14m --tokenizer_dir=" +
+                                                    TempDir() + " --out_dir=" + a),
+                     "holds no tokenizer");
 }
 
 TEST(ToolErrorsTest, BrokenCheckpointsAreOneLineAndStatusOne) {
