@@ -574,6 +574,21 @@ TEST(InitCheckpointTest, WritesALoadableSeededCheckpoint) {
       Execute("init_checkpoint", absl::StrCat(shape, " --out_dir=tools/default_model")), "input");
   ExpectCleanFailure(Execute("init_checkpoint", "--model_name=no-such-model --out_dir=" + a),
                      "no-such-model");
+  // A shape whose weights cannot fit (2000 layers of 2048 x 8192: ~400 GB) is refused before
+  // it is initialised.
+  std::string yaml = ReadAll("tools/default_model/model_config.yaml");
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"n_embd: 192", "n_embd: 2048"},
+           {"n_head: 6", "n_head: 64"},
+           {"n_layer: 4", "n_layer: 2000"},
+           {"intermediate_size: 512", "intermediate_size: 8192"}}) {
+    ASSERT_NE(yaml.find(from), std::string::npos) << from;
+    yaml.replace(yaml.find(from), from.size(), to);
+  }
+  const std::string huge = TempDir() + "/huge_config.yaml";
+  std::ofstream(huge) << yaml;
+  ExpectCleanFailure(Execute("init_checkpoint", "--model_config=" + huge + " --out_dir=" + a),
+                     "memory are available");
   ExpectCleanFailure(Execute("init_checkpoint", "--model_name=pythia-14m --tokenizer_dir=" +
                                                     TempDir() + " --out_dir=" + a),
                      "holds no tokenizer");
