@@ -60,6 +60,7 @@
 #include "core/model/gpt.h"
 #include "core/text/tokenizer.h"
 #include "tools/load_flags.h"
+#include "tools/model_memory.h"
 #include "tools/peft_flags.h"
 #include "tools/plot.h"
 #include "tools/progress.h"
@@ -167,6 +168,7 @@ absl::StatusOr<LoadedModel> LoadModel(c10::ScalarType dtype, c10::Device device,
   }
   if (!random.empty()) {
     ASSIGN_OR_RETURN(Config config, ConfigFromName(random));
+    RETURN_IF_ERROR(CheckParametersFitMemory(config, 4, "initialising them"));
     at::manual_seed(absl::GetFlag(FLAGS_seed));
     ASSIGN_OR_RETURN(GPT model, GPTImpl::Create(config));
     model->To(device, dtype);

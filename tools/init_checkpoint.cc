@@ -9,9 +9,7 @@
 // the text is not (bench_serve feeds random token ids and needs no tokenizer).
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
-#include <optional>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -22,7 +20,7 @@
 #include "core/io/torch_pickle_writer.h"
 #include "core/model/gpt.h"
 #include "core/model/state_dict.h"
-#include "core/nn/linear_factory.h"
+#include "tools/model_memory.h"
 #include "tools/tool_util.h"
 
 ABSL_FLAG(std::string, model_config, "", "model_config.yaml of the model");
@@ -36,28 +34,6 @@ ABSL_FLAG(std::string, tokenizer_dir, "",
 
 namespace lgpt {
 namespace {
-
-// Parameters of the shape, counted on a model whose projections are left uninitialised (their
-// pages never touched), so a shape that cannot fit is refused before it fills the memory.
-int64_t CountParameters(const Config& config) {
-  SkipProjectionInit skip;
-  const std::shared_ptr<GPTImpl> model = ValueOrDie(GPTImpl::Create(config));
-  int64_t parameters = 0;
-  for (const at::Tensor& parameter : model->parameters()) parameters += parameter.numel();
-  return parameters;
-}
-
-// MemAvailable of /proc/meminfo in bytes; nullopt where it cannot be read.
-std::optional<int64_t> AvailableMemoryBytes() {
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key;
-  int64_t kib = 0;
-  std::string unit;
-  while (meminfo >> key >> kib >> unit) {
-    if (key == "MemAvailable:") return kib * 1024;
-  }
-  return std::nullopt;
-}
 
 Config ConfigFromFlags() {
   const std::string file = absl::GetFlag(FLAGS_model_config);
@@ -91,14 +67,9 @@ int main(int argc, char** argv) {
   DieIfError(OutputDir::Check(out_dir, {tokenizer_dir}));
 
   // The float32 weights, plus their copy in a narrower save dtype.
-  const int64_t parameters = CountParameters(config);
-  const int64_t needed = parameters * (4 + (dtype == at::kFloat ? 0 : c10::elementSize(dtype)));
-  if (const std::optional<int64_t> available = AvailableMemoryBytes();
-      available && needed > *available) {
-    Die(absl::ResourceExhaustedError(
-        absl::StrCat(config.name, " has ", parameters, " parameters: initialising them needs ",
-                     needed >> 20, " MiB and ", *available >> 20, " MiB of memory are available")));
-  }
+  DieIfError(CheckParametersFitMemory(
+      config, 4 + (dtype == at::kFloat ? 0 : c10::elementSize(dtype)), "initialising them"));
+  const int64_t parameters = ValueOrDie(CountParameters(config));
   at::manual_seed(absl::GetFlag(FLAGS_seed));
   const std::shared_ptr<GPTImpl> model = ValueOrDie(GPTImpl::Create(config));
   TensorMap tensors;

@@ -14,7 +14,13 @@
 // means. Rank 0 alone trains the tokenizer (before the ranks meet, then sends it to the
 // others), logs and writes out_dir. With --resume every rank reads out_dir's training state,
 // so on several hosts out_dir must be on a shared file system.
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <sys/stat.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/adamw.h>
+#include <torch/serialize.h>
+#include <torch/types.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,27 +34,21 @@
 #include <sstream>
 #include <string>
 
-#include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
-#include <torch/types.h>
-#include <torch/nn/utils/clip_grad.h>
-#include <torch/optim/adamw.h>
-#include <torch/serialize.h>
-
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/base/output_dir.h"
 #include "core/config/config.h"
 #include "core/config/config_presets.h"
-#include "core/model/checkpoint.h"
-#include "core/model/gpt.h"
-#include "core/base/output_dir.h"
 #include "core/dist/data_parallel.h"
 #include "core/io/safetensors.h"
+#include "core/model/checkpoint.h"
+#include "core/model/gpt.h"
 #include "tools/devices_flags.h"
+#include "tools/load_flags.h"
+#include "tools/model_memory.h"
 #include "tools/progress.h"
 #include "tools/spm_tools.h"
-#include "tools/load_flags.h"
 #include "tools/tool_util.h"
 #include "tools/train_util.h"
 
@@ -235,6 +235,8 @@ int main(int argc, char** argv) {
                  static_cast<long long>(train.size(0)), static_cast<long long>(val.size(0)));
   }
 
+  // Weights, gradients and AdamW's two moments in float32 (activations come on top).
+  DieIfError(CheckParametersFitMemory(config, 16, "training them"));
   at::manual_seed(absl::GetFlag(FLAGS_seed));
   GPT model = ValueOrDie(GPTImpl::Create(config));
   int64_t parameters = 0;
