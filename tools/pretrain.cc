@@ -14,13 +14,7 @@
 // means. Rank 0 alone trains the tokenizer (before the ranks meet, then sends it to the
 // others), logs and writes out_dir. With --resume every rank reads out_dir's training state,
 // so on several hosts out_dir must be on a shared file system.
-#include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <sys/stat.h>
-#include <torch/nn/utils/clip_grad.h>
-#include <torch/optim/adamw.h>
-#include <torch/serialize.h>
-#include <torch/types.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -33,6 +27,15 @@
 #include <optional>
 #include <sstream>
 #include <string>
+
+// clang-format off: torch/types.h must come before clip_grad.h.
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/adamw.h>
+#include <torch/serialize.h>
+#include <torch/types.h>
+// clang-format on
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
