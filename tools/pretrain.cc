@@ -28,13 +28,14 @@
 #include <sstream>
 #include <string>
 
-// clang-format off: torch/types.h must come before clip_grad.h.
+// torch/types.h must come before clip_grad.h, which does not include what it uses.
+// clang-format off
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <torch/types.h>
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adamw.h>
 #include <torch/serialize.h>
-#include <torch/types.h>
 // clang-format on
 
 #include "absl/flags/flag.h"
