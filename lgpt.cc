@@ -2,15 +2,17 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "cache/block_pool.h"
 #include "cache/paged_kv_cache.h"
+#include "core/base/status_macros.h"
+#include "core/base/system_memory.h"
 #include "core/model/checkpoint.h"
 #include "core/model/quantize_model.h"
-#include "core/base/status_macros.h"
 
 namespace lgpt {
 namespace {
@@ -158,6 +160,9 @@ absl::StatusOr<std::shared_ptr<const Engine>> Engine::Load(const std::string& ch
   std::shared_ptr<Engine> engine(
       new Engine(std::move(loaded.model), std::move(tokenizer), checkpoint_dir, options.serving));
   engine->warnings_ = std::move(loaded.warnings);
+  if (options.serving.kv_pool_bytes > 0) {
+    RETURN_IF_ERROR(engine->PoolOptions().status());  // refused now, not at every Submit
+  }
   return std::shared_ptr<const Engine>(std::move(engine));
 }
 
@@ -364,12 +369,16 @@ Scheduler& Engine::scheduler() const {
   return *scheduler_;
 }
 
-absl::StatusOr<std::shared_ptr<BlockPool>> Engine::NewBlockPool() const {
+KVCacheGeometry Engine::PoolGeometry() const {
   KVCacheGeometry geometry;
   geometry.layers = model_->CacheLayout();
   geometry.dtype = model_->dtype();
   geometry.device = model_->device();
-  const int64_t bytes_per_block = BlockPool::BytesPerBlock(geometry, serving_.kv_block_size);
+  return geometry;
+}
+
+absl::StatusOr<BlockPoolOptions> Engine::PoolOptions() const {
+  const int64_t bytes_per_block = BlockPool::BytesPerBlock(PoolGeometry(), serving_.kv_block_size);
   BlockPoolOptions options;
   options.block_size = serving_.kv_block_size;
   options.num_blocks = serving_.kv_pool_bytes / std::max<int64_t>(bytes_per_block, 1);
@@ -379,7 +388,21 @@ absl::StatusOr<std::shared_ptr<BlockPool>> Engine::NewBlockPool() const {
         ") is less than one KV block of ", serving_.kv_block_size, " entries (", bytes_per_block,
         " bytes for this model)"));
   }
-  return BlockPool::Create(geometry, options);
+  // The pool takes memory as requests fill it: one the machine cannot back would end in the
+  // OOM killer instead of admission control (device pools are not checked here).
+  const std::optional<int64_t> available =
+      model_->device().is_cpu() ? AvailableMemoryBytes() : std::nullopt;
+  if (available && serving_.kv_pool_bytes > *available) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "SchedulerOptions.kv_pool_bytes (", serving_.kv_pool_bytes >> 20, " MiB) exceeds the ",
+        *available >> 20, " MiB of memory available with the model loaded"));
+  }
+  return options;
+}
+
+absl::StatusOr<std::shared_ptr<BlockPool>> Engine::NewBlockPool() const {
+  ASSIGN_OR_RETURN(const BlockPoolOptions options, PoolOptions());
+  return BlockPool::Create(PoolGeometry(), options);
 }
 
 absl::StatusOr<std::unique_ptr<KVCache>> Engine::SubmitCacheFor(

@@ -212,6 +212,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // Started by the first Submit, with the KV block pool when SchedulerOptions.kv_pool_bytes
   // asks for one.
   Scheduler& scheduler() const;
+  KVCacheGeometry PoolGeometry() const;
+  // The pool SchedulerOptions.kv_pool_bytes asks for: InvalidArgument below one block,
+  // ResourceExhausted beyond the memory available (CPU).
+  absl::StatusOr<BlockPoolOptions> PoolOptions() const;
   absl::StatusOr<std::shared_ptr<BlockPool>> NewBlockPool() const;
   // Submit's cache: a PagedKVCache over the pool for dense full-precision requests; budgeted
   // and quantised requests keep their own storage, grown a pool block at a time (the

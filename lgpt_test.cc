@@ -247,12 +247,25 @@ TEST(EngineServingTest, PooledRequestsEqualGenerateAndShareTheirPrefix) {
   EXPECT_GT(stats.pool_blocks_cached, 0);
   EXPECT_EQ(stats.prefix_hits, 3);
 
+  // Impossible pools are refused when the engine loads, naming the field.
   EngineOptions tiny;
   tiny.serving.kv_pool_bytes = 100;
-  std::shared_ptr<const Engine> refused = *Engine::Load(kDefaultModel, tiny);
-  const absl::Status status = refused->Submit("And God said", Greedy(4)).status();
+  const absl::Status status = Engine::Load(kDefaultModel, tiny).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("kv_pool_bytes"), std::string::npos) << status;
+  if (std::ifstream("/proc/meminfo").good()) {
+    EngineOptions huge;
+    huge.serving.kv_pool_bytes = int64_t{1} << 52;  // 4 PiB
+    const absl::Status beyond = Engine::Load(kDefaultModel, huge).status();
+    EXPECT_EQ(beyond.code(), absl::StatusCode::kResourceExhausted) << beyond;
+    EXPECT_NE(beyond.message().find("MiB of memory available"), std::string::npos) << beyond;
+  }
+  // An engine wrapped around a model (no Load) refuses at Submit.
+  std::shared_ptr<const Engine> wrapped =
+      Engine::FromModel(GPT(std::static_pointer_cast<GPTImpl>(engine->model().shared_from_this())),
+                        nullptr, tiny.serving);
+  EXPECT_EQ(wrapped->Submit(std::vector<int64_t>{1, 2}, Greedy(4)).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // An engine destroyed with requests in flight cancels them and returns.

@@ -1,5 +1,6 @@
 #include "cache/block_pool.h"
 
+#include <stdexcept>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -48,9 +49,16 @@ absl::StatusOr<std::shared_ptr<BlockPool>> BlockPool::Create(const KVCacheGeomet
   std::shared_ptr<BlockPool> pool(
       new BlockPool(geometry.layers, options.block_size, options.num_blocks, tensor_options));
   pool->bytes_per_block_ = BytesPerBlock(geometry, options.block_size);
-  pool->storage_.resize(options.num_blocks);
-  pool->references_.assign(options.num_blocks, 0);
-  pool->published_.resize(options.num_blocks);
+  try {  // ~60 bytes of bookkeeping a block, allocated now
+    pool->storage_.resize(options.num_blocks);
+    pool->references_.assign(options.num_blocks, 0);
+    pool->published_.resize(options.num_blocks);
+    pool->free_.reserve(options.num_blocks);
+  } catch (const std::exception&) {  // bad_alloc, or length_error past a vector's max_size
+    return absl::ResourceExhaustedError(
+        absl::StrCat("BlockPoolOptions.num_blocks (", options.num_blocks,
+                     ") is too many: their bookkeeping alone does not fit in memory"));
+  }
   for (int64_t block = options.num_blocks - 1; block >= 0; --block) {
     pool->free_.push_back(block);
   }

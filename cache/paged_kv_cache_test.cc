@@ -8,6 +8,7 @@
 
 #include <ATen/ATen.h>
 
+#include <limits>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -61,6 +62,10 @@ TEST(BlockPoolTest, AllocatesCountsAndRefuses) {
   bad.num_blocks = 0;
   EXPECT_EQ(BlockPool::Create(Geometry(), bad).status().code(),
             absl::StatusCode::kInvalidArgument);
+  bad.num_blocks = std::numeric_limits<int64_t>::max() / 2;  // bookkeeping past any memory
+  const absl::Status huge = BlockPool::Create(Geometry(), bad).status();
+  EXPECT_EQ(huge.code(), absl::StatusCode::kResourceExhausted) << huge;
+  EXPECT_NE(huge.message().find("BlockPoolOptions.num_blocks"), absl::string_view::npos) << huge;
 }
 
 TEST(BlockPoolTest, ReservationsShareTheBudgetAndStorageFollowsUse) {

@@ -102,7 +102,7 @@ Round RunRound(const Engine& engine, int64_t concurrency, const RequestOptions& 
                std::mt19937_64& rng) {
   const int64_t vocab = engine.config().vocab_size;
   const int64_t length = absl::GetFlag(FLAGS_prompt_tokens);
-  const int64_t shared = std::min(absl::GetFlag(FLAGS_shared_prefix_tokens), length);
+  const int64_t shared = absl::GetFlag(FLAGS_shared_prefix_tokens);
   std::vector<int64_t> prefix(shared);
   for (int64_t& id : prefix) id = static_cast<int64_t>(rng() % vocab);
   const SchedulerStats before = engine.ServingStats();
@@ -126,7 +126,8 @@ Round RunRound(const Engine& engine, int64_t concurrency, const RequestOptions& 
     const Completion done = ValueOrDie(requests[i]->Wait());
     generated += static_cast<int64_t>(done.tokens.size());
     ttft.push_back(done.stats.time_to_first_token_s);
-    if (2 * i >= requests.size()) later_ttft.push_back(done.stats.time_to_first_token_s);
+    // The later half: requests [C / 2, C) (the one request of C = 1).
+    if (2 * i + 1 >= requests.size()) later_ttft.push_back(done.stats.time_to_first_token_s);
     itl.insert(itl.end(), requests[i]->inter_token_s().begin(),
                requests[i]->inter_token_s().end());
     round.prefix_hit_tokens += requests[i]->prefix_hit_tokens();
@@ -214,9 +215,11 @@ int main(int argc, char** argv) {
   if (rounds < 1) {
     Die(absl::InvalidArgumentError(absl::StrCat("--rounds must be >= 1, got ", rounds)));
   }
-  if (absl::GetFlag(FLAGS_shared_prefix_tokens) < 0) {
-    Die(absl::InvalidArgumentError(absl::StrCat("--shared_prefix_tokens must be >= 0, got ",
-                                                absl::GetFlag(FLAGS_shared_prefix_tokens))));
+  const int64_t shared_prefix = absl::GetFlag(FLAGS_shared_prefix_tokens);
+  if (shared_prefix < 0 || shared_prefix > absl::GetFlag(FLAGS_prompt_tokens)) {
+    Die(absl::InvalidArgumentError(
+        absl::StrCat("--shared_prefix_tokens must be in [0, --prompt_tokens=",
+                     absl::GetFlag(FLAGS_prompt_tokens), "], got ", shared_prefix)));
   }
   RequestOptions options;
   options.max_new_tokens = absl::GetFlag(FLAGS_new_tokens);

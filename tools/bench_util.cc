@@ -16,8 +16,9 @@ double Percentile(std::vector<double> values, double q) {
 }
 
 absl::StatusOr<std::vector<int64_t>> ParseConcurrency(const std::string& text) {
+  if (text.empty()) return absl::InvalidArgumentError("--concurrency is empty");
   std::vector<int64_t> counts;
-  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
     int64_t n = 0;
     if (!absl::SimpleAtoi(part, &n) || n < 1) {
       return absl::InvalidArgumentError(
@@ -25,7 +26,6 @@ absl::StatusOr<std::vector<int64_t>> ParseConcurrency(const std::string& text) {
     }
     counts.push_back(n);
   }
-  if (counts.empty()) return absl::InvalidArgumentError("--concurrency is empty");
   return counts;
 }
 

@@ -3,13 +3,12 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
-#include <fstream>
 #include <memory>
-#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/base/status_macros.h"
+#include "core/base/system_memory.h"
 #include "core/model/gpt.h"
 #include "core/nn/linear_factory.h"
 
@@ -21,16 +20,6 @@ absl::StatusOr<int64_t> CountParameters(const Config& config) {
   int64_t parameters = 0;
   for (const at::Tensor& parameter : model->parameters()) parameters += parameter.numel();
   return parameters;
-}
-
-std::optional<int64_t> AvailableMemoryBytes() {
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key, unit;
-  int64_t kib = 0;
-  while (meminfo >> key >> kib >> unit) {
-    if (key == "MemAvailable:") return kib * 1024;
-  }
-  return std::nullopt;
 }
 
 absl::Status CheckParametersFitMemory(const Config& config, int64_t bytes_per_parameter,

@@ -5,7 +5,6 @@
 #define LGPT_TOOLS_MODEL_MEMORY_H_
 
 #include <cstdint>
-#include <optional>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -16,9 +15,6 @@ namespace lgpt {
 // Parameters of the shape, counted on a model built with its projections left uninitialised
 // (their pages never touched). InvalidArgument for a config the model cannot build.
 absl::StatusOr<int64_t> CountParameters(const Config& config);
-
-// MemAvailable of /proc/meminfo in bytes; nullopt where it cannot be read.
-std::optional<int64_t> AvailableMemoryBytes();
 
 // ResourceExhausted, naming the sizes, when `bytes_per_parameter` bytes for each of the shape's
 // parameters exceed the available memory (`purpose`: "initialising them", "training them");

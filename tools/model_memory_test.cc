@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include "core/base/system_memory.h"
 #include "core/config/config_presets.h"
 #include "core/model/gpt.h"
 
