@@ -177,7 +177,7 @@ absl::StatusOr<LoadedModel> BuildAndLoad(const Config& config, const ModelParts&
   progress(absl::StrCat("building ", config.name, " (", config.n_layer, " layers)"));
   GPT model;
   {
-    SkipProjectionInit skip_init;  // every base weight is loaded next
+    SkipWeightInit skip_init;  // every base weight is loaded next
     ASSIGN_OR_RETURN(model, GPTImpl::Create(config, parts));
   }
   model->To(options.device, options.dtype);

@@ -15,7 +15,7 @@
 namespace lgpt {
 
 absl::StatusOr<int64_t> CountParameters(const Config& config) {
-  SkipProjectionInit skip;
+  SkipWeightInit skip;
   ASSIGN_OR_RETURN(const std::shared_ptr<GPTImpl> model, GPTImpl::Create(config));
   int64_t parameters = 0;
   for (const at::Tensor& parameter : model->parameters()) parameters += parameter.numel();

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include "core/base/system_memory.h"
 #include "core/config/config_presets.h"
@@ -30,6 +31,23 @@ TEST(ModelMemory, CountsTheParametersOfTheInitialisedModel) {
     for (const at::Tensor& p : model->parameters()) expected += p.numel();
     EXPECT_EQ(*counted, expected) << name;
   }
+}
+
+int64_t PeakRssBytes() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return int64_t{usage.ru_maxrss} << 10;
+}
+
+TEST(ModelMemory, CountingWritesNoWeights) {
+  // A 4M-token embedding and head of 2 GiB each: counting must not initialise either.
+  Config config = *ConfigFromName("pythia-14m");
+  config.padded_vocab_size = config.vocab_size = int64_t{1} << 22;
+  const int64_t before = PeakRssBytes();
+  const absl::StatusOr<int64_t> counted = CountParameters(config);
+  ASSERT_TRUE(counted.ok()) << counted.status();
+  EXPECT_GT(*counted, 2 * config.PaddedVocabSize() * config.n_embd);
+  EXPECT_LT(PeakRssBytes() - before, int64_t{256} << 20);
 }
 
 TEST(ModelMemory, RefusesWhatExceedsTheAvailableMemory) {

@@ -113,7 +113,7 @@ absl::StatusOr<LoadedModel> LoadCheckpointUnchecked(const std::string& checkpoin
   GPT model;
   {
     // Every weight is loaded next: random initialisation would only cost time and memory.
-    SkipProjectionInit skip_init;
+    SkipWeightInit skip_init;
     ASSIGN_OR_RETURN(model, GPTImpl::Create(rank_spec.config, rank_spec.parts));
   }
   if (IsFile(quantized)) {

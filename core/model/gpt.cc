@@ -32,9 +32,12 @@ std::pair<int64_t, int64_t> MinMax(const at::Tensor& values) {
 }  // namespace
 
 TransformerImpl::TransformerImpl(const Config& config, const ModelParts& parts) {
-  wte = register_module("wte", torch::nn::Embedding(config.PaddedVocabSize(), config.n_embd));
-  // LitGPT's _init_weights: N(0, 0.02).
-  wte->weight.data().normal_(0, 0.02);
+  // LitGPT's _init_weights: N(0, 0.02); none under SkipWeightInit (a 128k x 16k table is
+  // 8.4 GB of pages written twice, by Embedding's own init and this one, for nothing).
+  torch::nn::EmbeddingOptions embedding(config.PaddedVocabSize(), config.n_embd);
+  if (WeightInitSkipped()) embedding._weight(at::empty({config.PaddedVocabSize(), config.n_embd}));
+  wte = register_module("wte", torch::nn::Embedding(embedding));
+  if (!WeightInitSkipped()) wte->weight.data().normal_(0, 0.02);
   torch::nn::ModuleList blocks;
   for (int64_t layer = 0; layer < config.n_layer; ++layer) {
     h.push_back(Block(config, layer, parts));

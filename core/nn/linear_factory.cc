@@ -29,20 +29,20 @@ const char* LinearSiteName(LinearSite site) {
 }
 
 namespace {
-thread_local bool skip_projection_init = false;
+thread_local bool skip_weight_init = false;
 }  // namespace
 
-SkipProjectionInit::SkipProjectionInit() : previous_(skip_projection_init) {
-  skip_projection_init = true;
-}
-SkipProjectionInit::~SkipProjectionInit() { skip_projection_init = previous_; }
+SkipWeightInit::SkipWeightInit() : previous_(skip_weight_init) { skip_weight_init = true; }
+SkipWeightInit::~SkipWeightInit() { skip_weight_init = previous_; }
+
+bool WeightInitSkipped() { return skip_weight_init; }
 
 DenseProjectionImpl::DenseProjectionImpl(const LinearSpec& spec) {
   // LitGPT's _init_weights: N(0, 0.02) weights, zero bias. Skipped, the weight's pages are
   // never written, so a checkpoint load does not hold a random copy beside the real one.
   weight = register_parameter(
-      "weight", skip_projection_init ? at::empty({spec.out_features, spec.in_features})
-                                     : at::randn({spec.out_features, spec.in_features}) * 0.02);
+      "weight", skip_weight_init ? at::empty({spec.out_features, spec.in_features})
+                                 : at::randn({spec.out_features, spec.in_features}) * 0.02);
   if (spec.bias) bias = register_parameter("bias", at::zeros({spec.out_features}));
 }
 

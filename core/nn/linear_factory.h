@@ -53,18 +53,22 @@ class ProjectionImpl : public torch::nn::Module {
 };
 using ProjectionPtr = std::shared_ptr<ProjectionImpl>;
 
-// While one is alive (on this thread), new DenseProjections leave their weights
-// uninitialised: for building a model whose every weight is loaded right after.
-class SkipProjectionInit {
+// While one is alive (on this thread), new DenseProjections and token embeddings leave their
+// weights uninitialised (pages never written): for building a model whose every weight is
+// loaded right after, or whose parameters are only counted.
+class SkipWeightInit {
  public:
-  SkipProjectionInit();
-  ~SkipProjectionInit();
-  SkipProjectionInit(const SkipProjectionInit&) = delete;
-  SkipProjectionInit& operator=(const SkipProjectionInit&) = delete;
+  SkipWeightInit();
+  ~SkipWeightInit();
+  SkipWeightInit(const SkipWeightInit&) = delete;
+  SkipWeightInit& operator=(const SkipWeightInit&) = delete;
 
  private:
   bool previous_;
 };
+
+// Whether a SkipWeightInit is alive on this thread.
+bool WeightInitSkipped();
 
 // Plain affine projection, LitGPT's nn.Linear.
 class DenseProjectionImpl : public ProjectionImpl {
