@@ -378,16 +378,18 @@ KVCacheGeometry Engine::PoolGeometry() const {
 }
 
 absl::StatusOr<BlockPoolOptions> Engine::PoolOptions() const {
-  const int64_t bytes_per_block = BlockPool::BytesPerBlock(PoolGeometry(), serving_.kv_block_size);
+  // Per entry first: kv_block_size times the bytes of an entry may overflow int64 (a block of
+  // 2^52 entries wrapped to a size the pool accepted, and its first block threw).
+  const int64_t bytes_per_entry = std::max<int64_t>(BlockPool::BytesPerBlock(PoolGeometry(), 1), 1);
+  if (serving_.kv_block_size > serving_.kv_pool_bytes / bytes_per_entry) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SchedulerOptions.kv_pool_bytes (", serving_.kv_pool_bytes,
+                     ") is less than one KV block of ", serving_.kv_block_size, " entries (",
+                     bytes_per_entry, " bytes an entry for this model)"));
+  }
   BlockPoolOptions options;
   options.block_size = serving_.kv_block_size;
-  options.num_blocks = serving_.kv_pool_bytes / std::max<int64_t>(bytes_per_block, 1);
-  if (options.num_blocks < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "SchedulerOptions.kv_pool_bytes (", serving_.kv_pool_bytes,
-        ") is less than one KV block of ", serving_.kv_block_size, " entries (", bytes_per_block,
-        " bytes for this model)"));
-  }
+  options.num_blocks = serving_.kv_pool_bytes / (bytes_per_entry * serving_.kv_block_size);
   // The pool takes memory as requests fill it: one the machine cannot back would end in the
   // OOM killer instead of admission control (device pools are not checked here).
   const std::optional<int64_t> available =
@@ -497,6 +499,12 @@ absl::StatusOr<Completion> Engine::Generate(const std::vector<int64_t>& prompt,
 absl::StatusOr<std::vector<Completion>> Engine::GenerateBatch(
     const std::vector<std::vector<int64_t>>& prompts, const RequestOptions& options) const {
   if (prompts.empty()) return absl::InvalidArgumentError("no prompts");
+  // Before the cache is sized from it: a very negative value made the cache's length the
+  // error ("DenseKVCacheOptions.max_sequence_length must be >= 1").
+  if (options.max_new_tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_new_tokens must be >= 1, got ", options.max_new_tokens));
+  }
   if (options.on_token || options.on_text || !options.stop_sequences.empty()) {
     return absl::InvalidArgumentError(
         "GenerateBatch takes no streaming callbacks or stop sequences");
@@ -585,6 +593,13 @@ absl::StatusOr<Completion> Session::Send(const std::vector<int64_t>& tokens,
         absl::StrCat("max_new_tokens must be >= 1, got ", options.max_new_tokens));
   }
   RETURN_IF_ERROR(CheckIds(tokens, engine_->config().PaddedVocabSize(), "message"));
+  // Checked here, not left to the generation below: a failure there resets the session, and
+  // bad options must not cost the conversation.
+  RETURN_IF_ERROR(ValidateSampling(options.sampling));
+  if (options.prefill_chunk < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prefill_chunk must be >= 0, got ", options.prefill_chunk));
+  }
   // The previous reply's last token was sampled but never fed: it goes first.
   std::vector<int64_t> prompt(history_.begin() + cached_, history_.end());
   prompt.insert(prompt.end(), tokens.begin(), tokens.end());

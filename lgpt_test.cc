@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <string>
 #include <thread>
 #include <vector>
@@ -260,6 +261,16 @@ TEST(EngineServingTest, PooledRequestsEqualGenerateAndShareTheirPrefix) {
     EXPECT_EQ(beyond.code(), absl::StatusCode::kResourceExhausted) << beyond;
     EXPECT_NE(beyond.message().find("MiB of memory available"), std::string::npos) << beyond;
   }
+  // A block so large that its bytes overflow int64 is less than one block, not a pool whose
+  // first block throws (2^52 entries of 2048 bytes wrapped around).
+  for (const int64_t block : {int64_t{1} << 52, std::numeric_limits<int64_t>::max()}) {
+    EngineOptions overflow;
+    overflow.serving.kv_pool_bytes = 16 << 20;
+    overflow.serving.kv_block_size = block;
+    const absl::Status refused = Engine::Load(kDefaultModel, overflow).status();
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+    EXPECT_THAT(refused.message(), HasSubstr("less than one KV block"));
+  }
   // An engine wrapped around a model (no Load) refuses at Submit.
   std::shared_ptr<const Engine> wrapped =
       Engine::FromModel(GPT(std::static_pointer_cast<GPTImpl>(engine->model().shared_from_this())),
@@ -369,6 +380,27 @@ TEST(SessionTest, SaysWhenTheContextIsFull) {
   EXPECT_TRUE(session->Send(*engine.Encode("And"), Greedy(4)).ok());
 }
 
+// Options the generation would refuse are refused before it: a failed generation resets the
+// session, and a NaN temperature cost the whole conversation.
+TEST(SessionTest, BadOptionsLeaveTheConversation) {
+  const Engine& engine = DefaultEngine();
+  std::unique_ptr<Session> session = *engine.NewSession();
+  ASSERT_TRUE(session->Send(*engine.Encode("And God said"), Greedy(4)).ok());
+  const int64_t before = session->context_tokens();
+  RequestOptions nan = Greedy(4);
+  nan.sampling.temperature = std::nan("");
+  RequestOptions top_p = Greedy(4);
+  top_p.sampling.top_p = 2;
+  RequestOptions chunk = Greedy(4);
+  chunk.prefill_chunk = -1;
+  for (const RequestOptions& bad : {nan, top_p, chunk}) {
+    const absl::Status status = session->Send(std::vector<int64_t>{5}, bad).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_THAT(status.message(), ::testing::Not(HasSubstr("reset")));
+    EXPECT_EQ(session->context_tokens(), before);
+  }
+}
+
 TEST(EngineTest, Int8WeightsGenerateTheSameGreedyTextAlmostEverywhere) {
   EngineOptions options;
   options.quantize_int8 = true;
@@ -432,6 +464,13 @@ TEST(EngineTest, BadInputsAreClearErrors) {
   EXPECT_EQ(engine.Generate("And", bad_cache).status().code(), absl::StatusCode::kInvalidArgument);
   RequestOptions zero = Greedy(0);
   EXPECT_EQ(engine.Generate("And", zero).status().code(), absl::StatusCode::kInvalidArgument);
+  // GenerateBatch names max_new_tokens, not the cache length computed from it.
+  for (const int64_t max_new_tokens : {int64_t{0}, std::numeric_limits<int64_t>::min()}) {
+    const absl::Status batch =
+        engine.GenerateBatch({*engine.Encode("And")}, Greedy(max_new_tokens)).status();
+    EXPECT_EQ(batch.code(), absl::StatusCode::kInvalidArgument) << batch;
+    EXPECT_THAT(batch.message(), HasSubstr("max_new_tokens must be >= 1")) << batch;
+  }
 }
 
 // A LoRA fine-tune of the default model as `finetune` writes it (random LoRA weights, no

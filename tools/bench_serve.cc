@@ -238,6 +238,18 @@ int main(int argc, char** argv) {
       engine_options.serving.max_waiting, *std::max_element(counts.begin(), counts.end()));
   engine_options.progress = PrintProgress;
   std::shared_ptr<const Engine> engine = ValueOrDie(Engine::Load(checkpoint_dir, engine_options));
+  // Before any prompt is built: a round makes --concurrency prompts of --prompt_tokens ids
+  // first (--prompt_tokens=9223372036854775807 ran out of memory instead of failing), and the
+  // warm-up request's error named its own max_new_tokens rather than the flags.
+  const int64_t context = engine->config().block_size;
+  if (!UsesCachePositions(options.kv_cache) &&
+      (absl::GetFlag(FLAGS_prompt_tokens) > context ||
+       absl::GetFlag(FLAGS_new_tokens) > context - absl::GetFlag(FLAGS_prompt_tokens))) {
+    Die(absl::OutOfRangeError(absl::StrCat(
+        "--prompt_tokens (", absl::GetFlag(FLAGS_prompt_tokens), ") plus --new_tokens (",
+        absl::GetFlag(FLAGS_new_tokens), ") exceed the model's context of ", context,
+        " tokens (--kv_positions=cache with a window or sink cache goes past it)")));
+  }
   std::mt19937_64 rng(absl::GetFlag(FLAGS_prompt_seed));
   std::printf("%-11s %12s %9s %9s %11s %9s %9s %10s %12s %13s %11s %10s %7s %9s\n",
               "concurrency",

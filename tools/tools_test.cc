@@ -519,6 +519,18 @@ TEST(ToolErrorsTest, BenchServeNamesTheFlagNotTheOptionsField) {
   }
 }
 
+// Checked before any prompt is built: a huge --prompt_tokens ran out of memory making the
+// prompts, and the warm-up's error named its max_new_tokens (8), not the flags.
+TEST(ToolErrorsTest, BenchServeRefusesRequestsBeyondTheContextByTheirFlags) {
+  for (const std::string flags :
+       {"--prompt_tokens=300 --new_tokens=2", "--prompt_tokens=250 --new_tokens=10"}) {
+    const ToolRun run = Execute("bench_serve", "--concurrency=1 " + flags);
+    ExpectCleanFailure(run, "--prompt_tokens");
+    EXPECT_NE(run.err.find("--new_tokens"), std::string::npos) << run.err;
+    EXPECT_EQ(run.out, "") << flags;
+  }
+}
+
 // Rounds in turns: a row per concurrency and round, then the medians and each round's ratio.
 TEST(ToolsTest, BenchServeRoundsPrintMedians) {
   const ToolRun run =

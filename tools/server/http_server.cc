@@ -234,8 +234,11 @@ void HttpServer::Impl::Route() {
         if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
         ApiError error = ApiErrorFromStatus(absl::InvalidArgumentError("malformed HTTP request"));
         error.http_status = res.status;
-        if (res.status == 404 && !AllowedMethods(req.path).empty()) {
-          const std::string allowed = AllowedMethods(req.path);
+        const std::string allowed = AllowedMethods(req.path);
+        // A known path asked with the method it takes but still unrouted (a path no route
+        // pattern matches) is a 404, not "takes GET, not GET".
+        if (res.status == 404 && !allowed.empty() && req.method != allowed &&
+            !(allowed == "GET" && req.method == "HEAD")) {
           res.status = error.http_status = 405;
           res.set_header("Allow", allowed);
           error.message = absl::StrCat(req.path, " takes ", allowed, ", not ", req.method);
@@ -276,7 +279,9 @@ void HttpServer::Impl::Route() {
   server.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(ModelsJson(model_id, created), kJson);
   });
-  server.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
+  // [\s\S]: any byte, where `.` stops at a (percent-decoded) CR or LF in the id.
+  server.Get(R"(/v1/models/([\s\S]+))", [this](const httplib::Request& req,
+                                               httplib::Response& res) {
     if (req.matches[1] != model_id) {
       SendStatus(res, absl::NotFoundError(
                           absl::StrCat("the model '", req.matches[1].str(), "' does not exist")));
@@ -310,6 +315,11 @@ httplib::Server::HandlerResponse HttpServer::Impl::PreRoute(const httplib::Reque
   t_access = AccessRecord();
   t_access.start = Clock::now();
   t_access.started = true;
+  // cpp-httplib applies a Range header to every response, a POST's included: a completion
+  // would come back as 206 with a slice of its JSON. Ranges mean nothing here (RFC 9110 lets
+  // a server ignore them), so they are dropped. The request is cpp-httplib's own non-const
+  // object, handed to this hook as const.
+  const_cast<httplib::Request&>(req).ranges.clear();
   if (BodyWithoutLength(req)) {
     ApiError error = ApiErrorFromStatus(absl::InvalidArgumentError(
         absl::StrCat(req.method, " without Content-Length (or chunked Transfer-Encoding)")));

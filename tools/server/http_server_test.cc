@@ -378,6 +378,39 @@ TEST_F(HttpServerTest, ContextModelPathAndBodyErrors) {
   EXPECT_TRUE(absl::StrContains(message, "4096")) << message;
 }
 
+// A model id with a percent-encoded line break matched no route: the error handler called it
+// 405 "takes GET, not GET".
+TEST_F(HttpServerTest, AnUnroutedPathAskedWithItsMethodIs404) {
+  RunningServer server(engine(), ServerOptions());
+  const int port = server.port();
+  for (const char* id : {"a%0d%0ab", "a%0ab", "%0d"}) {
+    const HttpReply reply = HttpRawExchange(
+        port,
+        absl::StrCat("GET /v1/models/", id, " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+    const std::string message = ExpectError(reply, 404);
+    EXPECT_TRUE(absl::StrContains(message, "does not exist")) << id << ": " << message;
+  }
+}
+
+// cpp-httplib applied Range to every response: a completion came back as 206 with a slice of
+// its JSON.
+TEST_F(HttpServerTest, RangeHeadersAreIgnored) {
+  RunningServer server(engine(), ServerOptions());
+  const int port = server.port();
+  const std::string body = R"({"prompt": "And God said", "max_tokens": 3, "temperature": 0})";
+  const HttpReply reply = HttpRawExchange(
+      port, absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                         "Range: bytes=0-5\r\nContent-Type: application/json\r\n"
+                         "Content-Length: ",
+                         body.size(), "\r\n\r\n", body));
+  EXPECT_EQ(reply.status, 200) << reply.body << reply.error;
+  EXPECT_EQ(Parse(reply.body)["usage"]["completion_tokens"], 3) << reply.body;
+  const HttpReply models = HttpRawExchange(
+      port, "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\nRange: bytes=2-4\r\n\r\n");
+  EXPECT_EQ(models.status, 200) << models.body;
+  EXPECT_EQ(Parse(models.body)["object"], "list") << models.body;
+}
+
 // curl -d labels JSON as a form: a body over cpp-httplib's 8 KiB form limit is still read.
 TEST_F(HttpServerTest, JsonLabelledAsAFormIsRead) {
   RunningServer server(engine(), ServerOptions());

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <map>
 #include <utility>
 
@@ -191,7 +192,10 @@ bool IsNeutral(absl::string_view field, const json& value) {
   if (field == "logit_bias" || field == "tools" || field == "functions") return value.empty();
   if (field == "suffix") return value == "";
   if (field == "tool_choice" || field == "function_call") return value == "none";
-  if (field == "response_format") return value.is_object() && value.value("type", "") == "text";
+  if (field == "response_format") {
+    // Compared, not read as a string: json::value throws on {"type": 5}.
+    return value.is_object() && value.contains("type") && value["type"] == "text";
+  }
   return false;
 }
 
@@ -273,7 +277,12 @@ absl::Status ParseField(const std::string& key, const json& value, ApiRequest& r
     ASSIGN_OR_RETURN(options.kv_cache.budget, Integer(key, value));
   } else if (key == "kv_bits") {
     ASSIGN_OR_RETURN(const int64_t bits, Integer(key, value));
-    options.kv_cache.bits = static_cast<int>(std::max<int64_t>(-1, std::min<int64_t>(bits, 64)));
+    // KVCacheSpec.bits is an int: a value beyond it is refused here, as given, rather than
+    // clamped into one that the library's check would then report instead.
+    if (bits < std::numeric_limits<int>::min() || bits > std::numeric_limits<int>::max()) {
+      return absl::InvalidArgumentError(absl::StrCat("'kv_bits' must be 16, 8 or 4, got ", bits));
+    }
+    options.kv_cache.bits = static_cast<int>(bits);
   } else if (IsNeutralField(key)) {
     if (!IsNeutral(key, value)) return Unsupported(key, NeutralWhat(key));
   } else {
@@ -288,8 +297,9 @@ absl::StatusOr<ApiRequest> ParseApiRequest(ApiEndpoint endpoint, absl::string_vi
   json root;
   try {
     root = json::parse(body.begin(), body.end());
-  } catch (const json::parse_error& error) {
-    // what() reads "[json.exception.parse_error.101] parse error at line 1, column 5: ...".
+  } catch (const json::exception& error) {
+    // A syntax error, or a number beyond a double (1e400 is an out_of_range error, not a
+    // parse_error). what() reads "[json.exception.parse_error.101] parse error at line 1, ...".
     absl::string_view what = error.what();
     if (const size_t end = what.find("] "); end != absl::string_view::npos)
       what.remove_prefix(end + 2);
@@ -325,6 +335,13 @@ absl::StatusOr<ApiRequest> ParseApiRequest(ApiEndpoint endpoint, absl::string_vi
   if (!sampling.ok()) return absl::InvalidArgumentError(InRequestTerms(sampling.message()));
   const absl::Status cache = ValidateKVCacheSpec(request.options.kv_cache);
   if (!cache.ok()) return absl::InvalidArgumentError(InRequestTerms(cache.message()));
+  // The library ignores a budget on the dense cache; a request that asks for one would get a
+  // full cache without knowing it.
+  if (request.options.kv_cache.policy == "dense" && request.options.kv_cache.budget != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'kv_budget' (", request.options.kv_cache.budget,
+        ") needs a budgeted 'kv_cache' (window, sink, h2o, tova, h2o-vlen, qh2o), not dense"));
+  }
   return request;
 }
 

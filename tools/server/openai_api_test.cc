@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 
 namespace lgpt {
@@ -119,6 +120,49 @@ TEST(OpenAiApiTest, MalformedAndMistypedBodies) {
                                   "image_url", "image_url": {}}]}]})")
                 .find("not supported"),
             std::string::npos);
+}
+
+TEST(OpenAiApiTest, NumbersBeyondADoubleAreMalformedJson) {
+  // nlohmann reports them as out_of_range, not parse_error: they escaped as a 500.
+  for (const char* body :
+       {R"({"prompt": "x", "temperature": 1e309})", R"({"prompt": "x", "max_tokens": -1e400})"}) {
+    const std::string message = ParseError(kCompletions, body);
+    EXPECT_NE(message.find("malformed JSON body: number overflow"), std::string::npos) << message;
+  }
+}
+
+TEST(OpenAiApiTest, ResponseFormatOfAnotherTypeIsRefusedNotThrown) {
+  for (const char* format : {R"({"type": 5})", R"({"type": null})", R"({})"}) {
+    const std::string message =
+        ParseError(kChat, absl::StrCat(R"({"messages": [{"role": "user", "content": "x"}], )",
+                                       R"("response_format": )", format, "}"));
+    EXPECT_NE(message.find("'response_format' is not supported"), std::string::npos) << message;
+  }
+}
+
+TEST(OpenAiApiTest, KvBitsBeyondAnIntAreReportedAsGiven) {
+  // They were clamped to 64 or -1 first, and the error named those values.
+  EXPECT_EQ(ParseError(kCompletions, R"({"prompt": "x", "kv_bits": 1099511627776})"),
+            "'kv_bits' must be 16, 8 or 4, got 1099511627776");
+  EXPECT_EQ(ParseError(kCompletions, R"({"prompt": "x", "kv_bits": -1099511627776})"),
+            "'kv_bits' must be 16, 8 or 4, got -1099511627776");
+  EXPECT_EQ(ParseError(kCompletions, R"({"prompt": "x", "kv_bits": 1000000})"),
+            "kv_bits must be 16, 8 or 4, got 1000000");
+}
+
+TEST(OpenAiApiTest, KvBudgetOnTheDenseCacheIsRefusedNotIgnored) {
+  // The library ignores a dense cache's budget: the request would get a full cache silently.
+  for (const char* fields : {R"("kv_budget": 8)", R"("kv_cache": "dense", "kv_budget": -5)"}) {
+    const std::string message =
+        ParseError(kCompletions, absl::StrCat(R"({"prompt": "x", )", fields, "}"));
+    EXPECT_NE(message.find("'kv_budget'"), std::string::npos) << message;
+    EXPECT_NE(message.find("not dense"), std::string::npos) << message;
+  }
+  ParseOk(kCompletions, R"({"prompt": "x", "kv_budget": 0})");
+  ParseOk(kCompletions, R"({"prompt": "x", "kv_budget": null})");
+  EXPECT_EQ(ParseOk(kCompletions, R"({"prompt": "x", "kv_cache": "window", "kv_budget": 8})")
+                .options.kv_cache.budget,
+            8);
 }
 
 TEST(OpenAiApiTest, LibraryChecksNameRequestFields) {
