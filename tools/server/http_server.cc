@@ -26,6 +26,7 @@
 #include "core/text/prompt_style.h"
 #include "httplib.h"
 #include "tools/server/chat_prompt.h"
+#include "tools/server/connection_pool.h"
 #include "tools/server/metrics.h"
 #include "tools/server/openai_api.h"
 
@@ -198,7 +199,10 @@ absl::Status HttpServer::Impl::Init() {
         });
   }
   const int threads = std::max(4, options.http_threads);
-  server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  const int most = std::max(threads, options.max_http_threads);
+  server.new_task_queue = [threads, most] {
+    return new ConnectionPool(threads, most, std::chrono::seconds(30));
+  };
   server.set_payload_max_length(static_cast<size_t>(options.max_body_bytes));
   server.set_keep_alive_max_count(1000);
   server.set_keep_alive_timeout(5);

@@ -33,9 +33,12 @@ struct ServerOptions {
   std::string model_id;            // the served model's name; empty: the checkpoint's name
   std::string prompt_style;        // chat framing; empty: the checkpoint's own
   int64_t max_body_bytes = 1 << 20;
-  // Connections served at once (each open connection holds one): at least the scheduler's
-  // max_running + max_waiting, so that a full queue answers 429 rather than stalling.
+  // Threads kept for connections (each open connection holds one while it lasts): at least
+  // the scheduler's max_running + max_waiting, so that a full queue answers 429 rather than
+  // stalling. More start when every one is busy (clients trickling in requests must not hold
+  // the server), up to max_http_threads, and end after a while without work.
   int http_threads = 64;
+  int max_http_threads = 1024;
   double shutdown_s = 10;           // how long Shutdown lets requests in flight run
   int64_t default_max_tokens = 16;  // /v1/completions without max_tokens (OpenAI's 16)
   bool access_log = true;

@@ -3,7 +3,11 @@
 // queue, a client leaving mid-stream, and shutdown with streams in flight.
 #include "tools/server/http_server.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <future>
@@ -441,6 +445,48 @@ TEST_F(HttpServerTest, ApiKeyIsRequiredOnV1Only) {
   EXPECT_EQ(HttpGet(port, "/v1/models", "sk-test-123").status, 200);
   EXPECT_EQ(HttpGet(port, "/health").status, 200);
   EXPECT_EQ(HttpGet(port, "/metrics").status, 200);
+}
+
+// A connection that sends `partial` (a request not yet complete) and keeps still; -1 when the
+// server did not accept it.
+int OpenSlowClient(int port, const std::string& partial) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd < 0 || ::connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) != 0 ||
+      ::send(fd, partial.data(), partial.size(), MSG_NOSIGNAL) !=
+          static_cast<ssize_t>(partial.size())) {
+    if (fd >= 0) ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+TEST_F(HttpServerTest, SlowClientsDoNotHoldTheServer) {
+  // Four kept threads; forty clients that trickle in headers or a body hold one each for the
+  // read timeout (30 s). The server starts threads for the rest: /health answers at once.
+  ServerOptions options;
+  options.http_threads = 4;
+  RunningServer server(LoadEngine(), options);
+  const int port = server.port();
+  std::vector<int> slow;
+  for (int i = 0; i < 40; ++i) {
+    slow.push_back(OpenSlowClient(
+        port, i % 2 == 0 ? "GET /health HTTP/1.1\r\nHost: x\r\n"
+                         : "POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                           "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"));
+    ASSERT_GE(slow.back(), 0);
+  }
+  const HttpReply health =
+      HttpRawExchange(port, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+                      /*timeout_s=*/5);
+  EXPECT_EQ(health.status, 200) << health.error;
+  const HttpReply completion = HttpPost(
+      port, "/v1/completions", R"({"prompt": "And God said", "max_tokens": 4, "temperature": 0})");
+  EXPECT_EQ(completion.status, 200) << completion.body;
+  for (const int fd : slow) ::close(fd);
 }
 
 TEST_F(HttpServerTest, FullQueueIs429WithRetryAfter) {
