@@ -1,5 +1,8 @@
 #include "tools/server/http_server.h"
 
+#include <dirent.h>
+#include <netdb.h>
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <atomic>
@@ -7,6 +10,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <deque>
@@ -123,6 +127,61 @@ struct StreamQueue {
   }
 };
 
+// The numeric address and port of a socket address, as cpp-httplib writes them into a request.
+std::pair<std::string, int> AddressAndPort(const sockaddr_storage& address, socklen_t length) {
+  char host[NI_MAXHOST], port[NI_MAXSERV];
+  if (getnameinfo(reinterpret_cast<const sockaddr*>(&address), length, host, sizeof(host), port,
+                  sizeof(port), NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
+    return {"", -1};
+  }
+  return {host, std::atoi(port)};
+}
+
+// The socket of the connection that carried `req`, or -1. cpp-httplib 0.11 does not hand it to
+// handlers; it is the one socket of the process with the request's two ends (a connection is
+// unique by them). Costs a getsockname and a getpeername per open descriptor.
+int ConnectionSocket(const httplib::Request& req) {
+  DIR* fds = opendir("/proc/self/fd");
+  if (fds == nullptr) return -1;
+  int found = -1;
+  while (dirent* entry = readdir(fds)) {
+    char* end = nullptr;
+    const long fd = std::strtol(entry->d_name, &end, 10);
+    if (end == entry->d_name || *end != '\0' || fd == dirfd(fds)) continue;
+    sockaddr_storage local{}, peer{};
+    socklen_t local_length = sizeof(local), peer_length = sizeof(peer);
+    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &local_length) !=
+            0 ||
+        getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &peer_length) != 0) {
+      continue;  // not a connected socket
+    }
+    if (AddressAndPort(local, local_length) == std::make_pair(req.local_addr, req.local_port) &&
+        AddressAndPort(peer, peer_length) == std::make_pair(req.remote_addr, req.remote_port)) {
+      found = static_cast<int>(fd);
+      break;
+    }
+  }
+  closedir(fds);
+  return found;
+}
+
+// Waits until `request` is done; cancels it and returns false if the client hangs up first. A
+// whole (non-streamed) reply writes nothing before the end, so no failed write would tell.
+// A client that shuts down its sending side while waiting counts as gone.
+bool WaitWhileConnected(Request& request, int socket) {
+  if (socket < 0) return true;
+  pollfd connection{socket, POLLRDHUP, 0};
+  while (!request.Done()) {
+    connection.revents = 0;
+    if (poll(&connection, 1, 50) > 0 &&
+        (connection.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) {
+      request.Cancel();
+      return false;
+    }
+  }
+  return true;
+}
+
 // A request ready for Engine::Submit.
 struct Prepared {
   ApiRequest api;
@@ -162,12 +221,14 @@ struct HttpServer::Impl {
   // After the last byte: the access-log line and the request metrics.
   void Log(const httplib::Request& req, const httplib::Response& res);
   // POST /v1/completions and /v1/chat/completions: parse, submit, reply or stream.
-  void Generate(ApiEndpoint endpoint, const std::string& body, httplib::Response& res);
+  void Generate(ApiEndpoint endpoint, const httplib::Request& req, const std::string& body,
+                httplib::Response& res);
   // The request's prompt ids, options and response header; errors as API errors.
   absl::StatusOr<Prepared> Prepare(ApiEndpoint endpoint, const std::string& body);
   absl::StatusOr<std::vector<int64_t>> PromptIds(ApiRequest& api);
   absl::Status ApplyMaxTokens(ApiRequest& api, int64_t prompt_tokens) const;
-  void Reply(const Prepared& prepared, const std::shared_ptr<Request>& request,
+  // A whole reply; a client that hangs up first cancels its request.
+  void Reply(const Prepared& prepared, const std::shared_ptr<Request>& request, int socket,
              httplib::Response& res);
   // Writes the events of a streamed request as its pieces arrive; false when the client left
   // (the request is cancelled).
@@ -307,7 +368,7 @@ void HttpServer::Impl::Route() {
         if (res.status < 400) res.status = 400;  // 413 when over --max_body_bytes
         return;                                  // the error handler writes the reply
       }
-      Generate(endpoint, body, res);
+      Generate(endpoint, req, body, res);
     };
   };
   server.Post("/v1/completions", post(ApiEndpoint::kCompletions));
@@ -448,8 +509,8 @@ void HttpServer::Impl::Account(const Request& request, const Completion& complet
   for (double gap : request.inter_token_s()) metrics.ObserveInterToken(gap);
 }
 
-void HttpServer::Impl::Generate(ApiEndpoint endpoint, const std::string& body,
-                                httplib::Response& res) {
+void HttpServer::Impl::Generate(ApiEndpoint endpoint, const httplib::Request& req,
+                                const std::string& body, httplib::Response& res) {
   {
     std::lock_guard<std::mutex> lock(mutex);
     if (stopping) {
@@ -475,7 +536,7 @@ void HttpServer::Impl::Generate(ApiEndpoint endpoint, const std::string& body,
   }
   metrics.AddTokens(t_access.prompt_tokens, 0);
   if (!prepared->api.stream) {
-    Reply(*prepared, *request, res);
+    Reply(*prepared, *request, ConnectionSocket(req), res);
     return;
   }
   const uint64_t key = Track(*request);
@@ -495,10 +556,17 @@ void HttpServer::Impl::Generate(ApiEndpoint endpoint, const std::string& body,
 }
 
 void HttpServer::Impl::Reply(const Prepared& prepared, const std::shared_ptr<Request>& request,
-                             httplib::Response& res) {
+                             int socket, httplib::Response& res) {
   const uint64_t key = Track(request);
+  const bool connected = WaitWhileConnected(*request, socket);
   absl::StatusOr<Completion> completion = request->Wait();
   Untrack(key);
+  if (!connected) {
+    // The client is gone: nobody reads the reply. Its tokens still count.
+    t_access.outcome = "cancelled";
+    if (completion.ok()) Account(*request, *completion);
+    return;
+  }
   if (!completion.ok()) {
     SendStatus(res, completion.status());
     return;

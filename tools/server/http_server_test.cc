@@ -566,6 +566,42 @@ TEST_F(HttpServerTest, ClientLeavingMidStreamCancelsItsRequest) {
   EXPECT_EQ(HttpPost(port, "/v1/completions", R"({"prompt": "x", "max_tokens": 2})").status, 200);
 }
 
+TEST_F(HttpServerTest, ClientLeavingAWholeReplyCancelsItsRequest) {
+  SchedulerOptions serving;
+  serving.kv_pool_bytes = 8 << 20;
+  RunningServer server(LoadEngine(serving));
+  const int port = server.port();
+  const std::string body = absl::StrCat(R"({"prompt": "And God said", )", kLongReply, "}");
+  const int client =
+      OpenSlowClient(port, absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                                        "application/json\r\nContent-Length: ",
+                                        body.size(), "\r\n\r\n", body));
+  ASSERT_GE(client, 0);
+  std::string metrics;
+  for (int i = 0; i < 500 && MetricValue(metrics, "lgpt_requests_running") < 1; ++i) {
+    metrics = HttpGet(port, "/metrics").body;
+  }
+  ::close(client);  // while its 240 tokens are being generated
+  for (int i = 0; i < 500; ++i) {
+    metrics = HttpGet(port, "/metrics").body;
+    if (MetricValue(metrics, "lgpt_requests_running") == 0 &&
+        absl::StrContains(metrics, "status=\"cancelled\"")) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(MetricValue(metrics, "lgpt_scheduler_requests_cancelled_total"), 1) << metrics;
+  EXPECT_EQ(MetricValue(metrics, "lgpt_scheduler_requests_completed_total"), 0) << metrics;
+  EXPECT_EQ(MetricValue(metrics, "lgpt_kv_blocks_used"), 0) << metrics;
+  EXPECT_EQ(
+      MetricValue(metrics,
+                  "lgpt_http_requests_total{endpoint=\"/v1/completions\",status=\"cancelled\"}"),
+      1)
+      << metrics;
+  // A client that stays gets its whole reply.
+  EXPECT_EQ(HttpPost(port, "/v1/completions", R"({"prompt": "x", "max_tokens": 2})").status, 200);
+}
+
 TEST_F(HttpServerTest, ShutdownLetsStreamsFinishThenRefuses) {
   RunningServer server(engine());
   const int port = server.port();
