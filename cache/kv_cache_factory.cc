@@ -83,6 +83,12 @@ absl::StatusOr<std::unique_ptr<KVCache>> MakeKVCache(const KVCacheSpec& spec,
     ASSIGN_OR_RETURN(std::unique_ptr<DenseKVCache> cache, DenseKVCache::Create(options));
     return std::unique_ptr<KVCache>(std::move(cache));
   }
+  // PolicyKVCache checks this too, in its own options' names; a caller wrote these.
+  if (UsesCachePositions(spec) && spec.budget >= shape.max_sequence_length) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KVCacheSpec.positions=cache needs KVCacheSpec.budget below the context (",
+                     shape.max_sequence_length, " tokens), got ", spec.budget));
+  }
   PolicyKVCacheOptions options;
   static_cast<KVCacheGeometry&>(options) = shape;
   options.policy = PolicyOptions(spec, kind);

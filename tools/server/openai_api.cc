@@ -333,6 +333,13 @@ absl::StatusOr<ApiRequest> ParseApiRequest(ApiEndpoint endpoint, absl::string_vi
   }
   const absl::Status sampling = ValidateSampling(request.options.sampling);
   if (!sampling.ok()) return absl::InvalidArgumentError(InRequestTerms(sampling.message()));
+  // The sink tokens are not a field here: a budget below them is the request's error.
+  const KVCacheSpec& spec = request.options.kv_cache;
+  if (spec.policy == "sink" && spec.budget >= 1 && spec.budget < spec.sink_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("'kv_budget' (", spec.budget,
+                                                   ") must be at least the sink cache's ",
+                                                   spec.sink_tokens, " sink tokens"));
+  }
   const absl::Status cache = ValidateKVCacheSpec(request.options.kv_cache);
   if (!cache.ok()) return absl::InvalidArgumentError(InRequestTerms(cache.message()));
   // The library ignores a budget on the dense cache; a request that asks for one would get a

@@ -165,6 +165,16 @@ TEST(OpenAiApiTest, KvBudgetOnTheDenseCacheIsRefusedNotIgnored) {
             8);
 }
 
+TEST(OpenAiApiTest, SinkBudgetBelowTheSinkTokensNamesTheBudget) {
+  const std::string message =
+      ParseError(kCompletions, R"({"prompt": "x", "kv_cache": "sink", "kv_budget": 1})");
+  EXPECT_NE(message.find("'kv_budget' (1) must be at least the sink cache's 4 sink tokens"),
+            std::string::npos)
+      << message;
+  EXPECT_EQ(message.find("KVCacheSpec"), std::string::npos) << message;
+  ParseOk(kCompletions, R"({"prompt": "x", "kv_cache": "sink", "kv_budget": 4})");
+}
+
 TEST(OpenAiApiTest, LibraryChecksNameRequestFields) {
   EXPECT_NE(ParseError(kCompletions, R"({"prompt": "x", "temperature": -0.5})").find("temperature"),
             std::string::npos);
