@@ -65,6 +65,12 @@ absl::StatusOr<EngineOptions> EngineOptionsFromServeFlags() {
   ASSIGN_OR_RETURN(options.serving.kv_pool_bytes, PoolBytesFromFlag(absl::GetFlag(FLAGS_pool_mb)));
   options.serving.max_running = absl::GetFlag(FLAGS_max_running);
   options.serving.max_waiting = absl::GetFlag(FLAGS_max_waiting);
+  // Every request waits for the scheduler's next step: with no room to wait, all are 429s.
+  if (options.serving.max_waiting < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_waiting must be >= 1 (each request waits for the next step), got ",
+                     options.serving.max_waiting));
+  }
   RETURN_IF_ERROR(options.serving.Validate());  // Die names the flags (InFlagTerms)
   return options;
 }

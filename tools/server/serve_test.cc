@@ -340,8 +340,9 @@ TEST(ServeTest, SigtermDeadlineCancelsStreamsThenExitsZero) {
 }
 
 TEST(ServeTest, BadFlagsAreOneLine) {
-  for (const std::string flag : {"--port=70000", "--max_running=0", "--max_waiting=-1",
-                                 "--quantize=int3", "--pool_mb=-1", "--pool_mb=99999999999999"}) {
+  for (const std::string flag :
+       {"--port=70000", "--max_running=0", "--max_waiting=-1", "--max_waiting=0", "--quantize=int3",
+        "--pool_mb=-1", "--pool_mb=99999999999999"}) {
     const std::string err = TempPath("bad_flag.err");
     const int status =
         std::system(absl::StrCat("tools/serve ", flag, " 2>", err, " >/dev/null").c_str());
