@@ -59,6 +59,12 @@ int main(int argc, char** argv) {
   options.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
   options.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
   options.stop_sequences = absl::GetFlag(FLAGS_stop);
+  for (size_t i = 0; i < options.stop_sequences.size(); ++i) {
+    if (options.stop_sequences[i].empty()) {  // "--stop=," or "--stop=a,,b": a typo, not a stop
+      Die(absl::InvalidArgumentError(absl::StrCat("--stop has an empty sequence (item ", i + 1,
+                                                  " of ", options.stop_sequences.size(), ")")));
+    }
+  }
   options.stop_at_eos = absl::GetFlag(FLAGS_stop_at_eos);
   if (!absl::GetFlag(FLAGS_stop_ids).empty()) {
     options.stop_tokens = ValueOrDie(ParseIds(absl::GetFlag(FLAGS_stop_ids), "stop_ids"));

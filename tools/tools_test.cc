@@ -283,6 +283,8 @@ TEST(GenerateTest, PromptStyleFramesTextPrompts) {
   EXPECT_EQ(std::count(raw.out.begin(), raw.out.end(), '\n'), 1) << raw.out;
   EXPECT_NE(LastLine(framed.out), LastLine(raw.out));
   ExpectCleanFailure(Execute("generate", "--prompt=x --prompt_style=nope"), "nope");
+  ExpectCleanFailure(Execute("generate", "--prompt=x --stop=,"),
+                     "--stop has an empty sequence (item 1 of 2)");
 }
 
 TEST(ChatTest, KeepsTheCacheAcrossTurnsAndSaysWhenTheContextIsFull) {
