@@ -317,15 +317,23 @@ absl::StatusOr<Completion> Engine::Run(KVCache& cache, int64_t start_position,
                                        const RequestOptions& options,
                                        absl::Span<const int64_t> stream_context) const {
   RETURN_IF_ERROR(CheckIds(prompt, config().PaddedVocabSize(), "prompt"));
-  RequestText text(tokenizer_, options, StopTokens(options));
-  ASSIGN_OR_RETURN(const bool go_on, text.Prime(stream_context));
-  if (!go_on) return text.Finish({}, GenerateStats(), 0, /*cancelled=*/true);
-  GenerateStats stats;
-  const GenerateOptions generate =
-      text.Generation(start_position, [&text](int64_t token) { return text.OnToken(token); });
-  ASSIGN_OR_RETURN(std::vector<int64_t> tokens,
-                   lgpt::Generate(*model_, cache, prompt, generate, &stats));
-  return text.Finish(std::move(tokens), stats, cache.IndexBytes());
+  // A streaming callback that throws ends this request with an error, as through Submit (the
+  // scheduler's "on_token threw"), instead of unwinding through the caller.
+  try {
+    RequestText text(tokenizer_, options, StopTokens(options));
+    ASSIGN_OR_RETURN(const bool go_on, text.Prime(stream_context));
+    if (!go_on) return text.Finish({}, GenerateStats(), 0, /*cancelled=*/true);
+    GenerateStats stats;
+    const GenerateOptions generate =
+        text.Generation(start_position, [&text](int64_t token) { return text.OnToken(token); });
+    ASSIGN_OR_RETURN(std::vector<int64_t> tokens,
+                     lgpt::Generate(*model_, cache, prompt, generate, &stats));
+    return text.Finish(std::move(tokens), stats, cache.IndexBytes());
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("a streaming callback threw: ", e.what()));
+  } catch (...) {
+    return absl::InternalError("a streaming callback threw");
+  }
 }
 
 // ---------------------------------------------------------------------------------------

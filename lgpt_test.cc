@@ -125,6 +125,27 @@ TEST(EngineTest, CallbackCancels) {
   EXPECT_EQ(result.tokens.size(), 3u);
 }
 
+TEST(EngineTest, ThrowingCallbacksAreErrorsOfTheirRequest) {
+  const Engine& engine = DefaultEngine();
+  RequestOptions on_token = Greedy(20);
+  on_token.on_token = [](int64_t) -> bool { throw std::runtime_error("token sink broke"); };
+  RequestOptions on_text = Greedy(20);
+  on_text.on_text = [](absl::string_view) -> bool { throw 7; };
+  for (const RequestOptions& options : {on_token, on_text}) {
+    const absl::StatusOr<Completion> result = engine.Generate("And God said", options);
+    EXPECT_EQ(result.status().code(), absl::StatusCode::kInternal) << result.status();
+    EXPECT_NE(result.status().message().find("callback threw"), absl::string_view::npos);
+  }
+  EXPECT_NE(engine.Generate("And God said", on_token).status().message().find("token sink broke"),
+            absl::string_view::npos);
+  // The engine goes on, and a session keeps working after a throwing turn.
+  EXPECT_TRUE(engine.Generate("And God said", Greedy(4)).ok());
+  absl::StatusOr<std::unique_ptr<Session>> session = engine.NewSession();
+  ASSERT_TRUE(session.ok()) << session.status();
+  EXPECT_FALSE((*session)->Send("And God said", on_text).ok());
+  EXPECT_TRUE((*session)->Send("And God said", Greedy(4)).ok());
+}
+
 TEST(EngineTest, StopSequenceCutsTheTextAndIsNeverStreamed) {
   const Engine& engine = DefaultEngine();
   const Completion full = *engine.Generate("And God said", Greedy(40));
