@@ -19,10 +19,13 @@ absl::StatusOr<std::vector<int64_t>> ParseConcurrency(const std::string& text) {
   if (text.empty()) return absl::InvalidArgumentError("--concurrency is empty");
   std::vector<int64_t> counts;
   for (absl::string_view part : absl::StrSplit(text, ',')) {
+    // Every request of a round is built and submitted at once: a million is far beyond any
+    // server's batch, and 10^11 ran out of memory building prompts.
+    constexpr int64_t kMostRequests = int64_t{1} << 20;
     int64_t n = 0;
-    if (!absl::SimpleAtoi(part, &n) || n < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--concurrency takes numbers >= 1, got '", part, "'"));
+    if (!absl::SimpleAtoi(part, &n) || n < 1 || n > kMostRequests) {
+      return absl::InvalidArgumentError(absl::StrCat("--concurrency takes numbers in [1, ",
+                                                     kMostRequests, "], got '", part, "'"));
     }
     counts.push_back(n);
   }
