@@ -172,6 +172,16 @@ TEST(PerplexityTest, AgreementComparesTheQuantisedModelWithTheFloatOne) {
   EXPECT_EQ(plain.out.find("top1_agreement"), std::string::npos) << plain.out;
 }
 
+// A text of fewer than two tokens, or a directory, has nothing to score: one line and status
+// 1 (it printed tokens=0 and a NaN perplexity with status 0).
+TEST(PerplexityTest, NothingToScoreIsAnError) {
+  const std::string empty = TempDir() + "/empty.txt";
+  std::ofstream(empty) << "";
+  ExpectCleanFailure(Execute("perplexity", "--text_file=" + empty),
+                     "empty.txt has too few tokens to score (1; at least 2 are needed)");
+  ExpectCleanFailure(Execute("perplexity", "--text_file=" + TempDir()), "cannot read --text_file");
+}
+
 TEST(GenerateTest, SeededSamplingIsReproducible) {
   const std::string args = absl::StrCat("--checkpoint_dir=", kGolden,
                                         " --prompt_ids=1,2,3 --max_new_tokens=10 "
