@@ -1,6 +1,7 @@
 // Runs the tool binaries as a user would: outputs match LitGPT's golden data, and every
 // kind of bad input ends with one error line on stderr and exit status 1.
 #include <ATen/ATen.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -88,6 +89,22 @@ TEST(ScoreTest, WritesLitGptLogits) {
   ASSERT_EQ(got.sizes(), want.sizes());
   EXPECT_EQ(got.scalar_type(), at::kFloat);
   EXPECT_LT((got - want).abs().max().item<double>(), 1e-4);
+}
+
+// The logits never go into the checkpoint they come from: --logits_out=DIR/lit_model.pth
+// replaced the model's weights with an .npy file (status 0).
+TEST(ScoreTest, RefusesAnOutputInsideTheCheckpoint) {
+  const std::string dir = TempDir() + "/score_input";
+  ::mkdir(dir.c_str(), 0755);
+  for (const char* name : {"model_config.yaml", "lit_model.pth"}) {
+    std::ofstream(dir + "/" + name, std::ios::binary) << ReadAll(absl::StrCat(kGolden, "/", name));
+  }
+  const std::string weights = ReadAll(dir + "/lit_model.pth");
+  ExpectCleanFailure(
+      Execute("score", absl::StrCat("--checkpoint_dir=", dir, " --token_ids=1,2 --logits_out=", dir,
+                                    "/lit_model.pth")),
+      "lies inside the input");
+  EXPECT_EQ(ReadAll(dir + "/lit_model.pth"), weights);
 }
 
 TEST(ScoreTest, TensorParallelLogitsMatchOneProcess) {
