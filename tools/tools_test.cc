@@ -477,6 +477,23 @@ TEST(EvalCacheTest, NoFlagsScoresTheDefaultModelOnItsHeldOutText) {
   EXPECT_EQ(lines[2].substr(lines[2].rfind(',') + 1), "298") << lines[2];
 }
 
+// The results never go into the checkpoint they measure (results.csv, .md and the plot were
+// written beside its weights), known before any scoring.
+TEST(EvalCacheTest, RefusesAnOutputDirectoryInsideTheCheckpoint) {
+  const std::string dir = TempDir() + "/eval_cache_input";
+  ::mkdir(dir.c_str(), 0755);
+  for (const char* name : {"model_config.yaml", "lit_model.pth"}) {
+    std::ofstream(dir + "/" + name, std::ios::binary) << ReadAll(absl::StrCat(kGolden, "/", name));
+  }
+  const std::string args = absl::StrCat("--checkpoint_dir=", dir,
+                                        " --random_tokens=40 --policies=dense --bits=16 "
+                                        "--budgets=8 --out_dir=");
+  ExpectCleanFailure(Execute("eval_cache", args + dir), "a tool never writes into its input");
+  ExpectCleanFailure(Execute("eval_cache", args + dir + "/results"),
+                     "a tool never writes into its input");
+  EXPECT_FALSE(std::ifstream(dir + "/results.csv").good());
+}
+
 TEST(EvalCacheTest, AKilledRunLeavesItsFinishedRowsAndNoResultsCsv) {
   const std::string out_dir = TempDir() + "/eval_cache_killed";
   const std::string partial = out_dir + "/results.csv.partial";
