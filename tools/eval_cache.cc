@@ -348,6 +348,20 @@ int Run(const std::vector<LoraAdapterSpec>& loras) {
   if (policies.empty()) Die(absl::InvalidArgumentError("--policies is empty"));
   const int64_t chunk = absl::GetFlag(FLAGS_chunk);
   if (chunk < 1) Die(absl::InvalidArgumentError(absl::StrCat("--chunk must be >= 1, got ", chunk)));
+  // Negative values were taken silently as their defaults (all tokens, the block size).
+  for (const auto& [flag, value] :
+       {std::pair<const char*, int64_t>{"segment", absl::GetFlag(FLAGS_segment)},
+        {"max_tokens", absl::GetFlag(FLAGS_max_tokens)},
+        {"random_tokens", absl::GetFlag(FLAGS_random_tokens)}}) {
+    if (value < 0) {
+      Die(absl::InvalidArgumentError(absl::StrCat("--", flag, " must be >= 0, got ", value)));
+    }
+  }
+  if (absl::GetFlag(FLAGS_attention_report_from) < -1) {
+    Die(absl::InvalidArgumentError(
+        absl::StrCat("--attention_report_from must be >= 0 (or -1: half a segment), got ",
+                     absl::GetFlag(FLAGS_attention_report_from))));
+  }
 
   // Every combination is checked before the (long) runs start.
   std::vector<KVCacheSpec> specs;

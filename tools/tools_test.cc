@@ -478,8 +478,8 @@ TEST(EvalCacheTest, NoFlagsScoresTheDefaultModelOnItsHeldOutText) {
 }
 
 // The results never go into the checkpoint they measure (results.csv, .md and the plot were
-// written beside its weights), known before any scoring.
-TEST(EvalCacheTest, RefusesAnOutputDirectoryInsideTheCheckpoint) {
+// written beside its weights), and negative sizes are errors, known before any scoring.
+TEST(EvalCacheTest, RefusesAnOutputInsideTheCheckpointAndNegativeSizes) {
   const std::string dir = TempDir() + "/eval_cache_input";
   ::mkdir(dir.c_str(), 0755);
   for (const char* name : {"model_config.yaml", "lit_model.pth"}) {
@@ -492,6 +492,14 @@ TEST(EvalCacheTest, RefusesAnOutputDirectoryInsideTheCheckpoint) {
   ExpectCleanFailure(Execute("eval_cache", args + dir + "/results"),
                      "a tool never writes into its input");
   EXPECT_FALSE(std::ifstream(dir + "/results.csv").good());
+  // Negative sizes were taken silently as their defaults.
+  const std::string out = " --out_dir=" + TempDir() + "/eval_cache_negative";
+  for (const char* flag : {"segment", "max_tokens", "random_tokens"}) {
+    ExpectCleanFailure(Execute("eval_cache", absl::StrCat(args, out, " --", flag, "=-1")),
+                       absl::StrCat("--", flag, " must be >= 0, got -1"));
+  }
+  ExpectCleanFailure(Execute("eval_cache", args + out + " --attention_report_from=-5"),
+                     "--attention_report_from must be >= 0 (or -1: half a segment), got -5");
 }
 
 TEST(EvalCacheTest, AKilledRunLeavesItsFinishedRowsAndNoResultsCsv) {
