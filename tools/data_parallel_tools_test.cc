@@ -180,6 +180,36 @@ TEST(PretrainDevicesTest, TwoRanksWriteOneCheckpointEqualToOneProcess) {
   EXPECT_LT(MaxDiff(*a, *b), 1e-4);
 }
 
+// Bad settings are one line before any work (the output directory is not even made); an
+// infinite rate, a missing corpus and a bad --save_precision were found only by spm_encode,
+// when saving, or never (weights that are not numbers saved with exit status 0).
+TEST(PretrainToolTest, BadSettingsFailWithOneLineBeforeAnyWork) {
+  const std::string dir = TempDir("pretrain_bad");
+  const std::string common =
+      absl::StrCat("--model_config=", kModelConfig,
+                   " --tokenizer_dir=tools/default_model --seq_len=16 --micro_batch=2 "
+                   "--max_steps=2 --warmup_steps=1 --eval_batches=1 --out_dir=",
+                   dir, "/out");
+  const std::string corpus = absl::StrCat(" --text_file=", kCorpus);
+  ExpectCleanFailure(Execute("pretrain", common + corpus + " --lr=inf"),
+                     "--lr must be a finite number >= 0, got inf");
+  ExpectCleanFailure(Execute("pretrain", common + corpus + " --min_lr=nan"),
+                     "--min_lr must be a finite number >= 0, got nan");
+  ExpectCleanFailure(Execute("pretrain", common + corpus + " --grad_clip=-1"),
+                     "--grad_clip must be a finite number >= 0, got -1");
+  ExpectCleanFailure(Execute("pretrain", common + corpus + " --save_precision=64"),
+                     "--save_precision: unknown value '64'");
+  ExpectCleanFailure(Execute("pretrain", common + " --text_file=" + dir + "/missing.txt"),
+                     "--text_file: " + dir + "/missing.txt is not a file");
+  EXPECT_FALSE(fs::exists(dir + "/out"));
+
+  // A finite rate that makes the weights overflow stops before saving them.
+  const ToolRun blown = Execute("pretrain", common + corpus + " --lr=1e30");
+  EXPECT_EQ(blown.status, 1) << blown.err;
+  EXPECT_THAT(blown.err, HasSubstr("not finite")) << blown.err;
+  EXPECT_FALSE(fs::exists(dir + "/out/model.safetensors"));
+}
+
 TEST(DevicesFlagTest, BadValuesAreOneLineAndStatusOne) {
   const std::string dir = TempDir("devices_bad");
   const std::string data = " --data=" + FinetuneData() + " --out_dir=" + dir + "/out";

@@ -53,6 +53,7 @@
 #include "cache/attention_probe.h"
 #include "cache/kv_cache_factory.h"
 #include "core/base/device.h"
+#include "core/base/output_dir.h"
 #include "core/base/status_macros.h"
 #include "core/config/config_presets.h"
 #include "core/model/cache_positions.h"
@@ -330,6 +331,15 @@ int Run(const std::vector<LoraAdapterSpec>& loras) {
   const c10::Device device = ValueOrDie(ParseDevice(absl::GetFlag(FLAGS_device)));
   const std::string out_dir = ResolvePath(absl::GetFlag(FLAGS_out_dir));
   if (out_dir.empty()) Die(absl::InvalidArgumentError("--out_dir is required"));
+  // The results never go into the checkpoint they measure (they were written beside its
+  // weights).
+  if (absl::GetFlag(FLAGS_random_model).empty()) {
+    std::string checkpoint_dir = ResolvePath(absl::GetFlag(FLAGS_checkpoint_dir));
+    if (checkpoint_dir.empty()) checkpoint_dir = DefaultModelDir();
+    std::vector<std::string> inputs = {checkpoint_dir};
+    for (const LoraAdapterSpec& lora : loras) inputs.push_back(lora.dir);
+    DieIfError(OutputDir::Check(out_dir, inputs));
+  }
   const std::vector<int64_t> budgets =
       ValueOrDie(ParseList(absl::GetFlag(FLAGS_budgets), "budgets"));
   const std::vector<int64_t> bits_list = ValueOrDie(ParseList(absl::GetFlag(FLAGS_bits), "bits"));
@@ -338,6 +348,20 @@ int Run(const std::vector<LoraAdapterSpec>& loras) {
   if (policies.empty()) Die(absl::InvalidArgumentError("--policies is empty"));
   const int64_t chunk = absl::GetFlag(FLAGS_chunk);
   if (chunk < 1) Die(absl::InvalidArgumentError(absl::StrCat("--chunk must be >= 1, got ", chunk)));
+  // Negative values were taken silently as their defaults (all tokens, the block size).
+  for (const auto& [flag, value] :
+       {std::pair<const char*, int64_t>{"segment", absl::GetFlag(FLAGS_segment)},
+        {"max_tokens", absl::GetFlag(FLAGS_max_tokens)},
+        {"random_tokens", absl::GetFlag(FLAGS_random_tokens)}}) {
+    if (value < 0) {
+      Die(absl::InvalidArgumentError(absl::StrCat("--", flag, " must be >= 0, got ", value)));
+    }
+  }
+  if (absl::GetFlag(FLAGS_attention_report_from) < -1) {
+    Die(absl::InvalidArgumentError(
+        absl::StrCat("--attention_report_from must be >= 0 (or -1: half a segment), got ",
+                     absl::GetFlag(FLAGS_attention_report_from))));
+  }
 
   // Every combination is checked before the (long) runs start.
   std::vector<KVCacheSpec> specs;
@@ -540,11 +564,8 @@ int Run(const std::vector<LoraAdapterSpec>& loras) {
   plot.log_x = true;
   plot.x_bytes = true;
   plot.note = "labels: budget";
-  {
-    std::ofstream out(out_dir + "/results.md");
-    out << md;
-    if (!out) Die(absl::DataLossError(absl::StrCat("cannot write ", out_dir, "/results.md")));
-  }
+  // Atomically: a run killed while writing left a truncated results.md.
+  DieIfError(WriteFileAtomically(out_dir + "/results.md", md));
   DieIfError(WritePng(out_dir + "/ppl_vs_kv_bytes.png", ScatterPlot(plotted, plot)));
   if (std::fclose(csv_file) != 0 || std::rename(partial_path.c_str(), csv_path.c_str()) != 0) {
     Die(absl::DataLossError(absl::StrCat("cannot write ", csv_path)));

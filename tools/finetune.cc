@@ -46,6 +46,7 @@
 #include "tools/sft_data.h"
 #include "tools/sft_trainer.h"
 #include "tools/tool_util.h"
+#include "tools/train_util.h"
 
 ABSL_FLAG(std::string, method, "lora", "lora, adapter, adapter_v2 or full");
 ABSL_FLAG(std::string, checkpoint_dir, "", "base LitGPT checkpoint; empty: the default model");
@@ -194,6 +195,10 @@ int main(int argc, char** argv) {
     Die(absl::InvalidArgumentError(absl::StrCat(
         "--eval_iters must be >= 0 (0: no validation), got ", absl::GetFlag(FLAGS_eval_iters))));
   }
+  // Before any work; TrainSft checks them again, in its options' terms.
+  DieIfError(CheckOptimizerSettings(absl::GetFlag(FLAGS_lr), absl::GetFlag(FLAGS_min_lr),
+                                    absl::GetFlag(FLAGS_weight_decay),
+                                    absl::GetFlag(FLAGS_grad_clip), "--"));
   if (absl::GetFlag(FLAGS_merge) && method != PeftMethod::kLora && method != PeftMethod::kFull) {
     Die(absl::InvalidArgumentError(absl::StrCat("--merge: ", PeftMethodName(method),
                                                 " cannot be merged into a base checkpoint")));

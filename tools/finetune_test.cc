@@ -239,6 +239,71 @@ TEST(FinetuneTest, NonFiniteLossIsAnError) {
       << stats.status();
 }
 
+// Optimizer settings that are not finite numbers >= 0 are refused by name; an infinite rate
+// trained on and an infinite or NaN clip silently turned clipping off.
+TEST(FinetuneTest, BadOptimizerSettingsAreRefusedByName) {
+  const Config config = TinyConfig();
+  GPT model = *CreateFinetuneModel(config, PeftMethod::kLora);
+  MarkTrainable(*model, PeftMethod::kLora);
+  const std::vector<SftExample> examples =
+      *TokenizeSft(TinyRecords(), *PromptStyleFromName("phi-2"), CharEncoder(), {64, true});
+  const auto refused = [&](void (*set)(SftTrainOptions&), const std::string& message) {
+    SftTrainOptions options;
+    options.micro_batch_size = 2;
+    options.global_batch_size = 2;
+    options.max_steps = 1;
+    set(options);
+    const absl::StatusOr<SftTrainStats> stats = TrainSft(*model, examples, examples, options);
+    ASSERT_FALSE(stats.ok()) << message;
+    EXPECT_EQ(stats.status().code(), absl::StatusCode::kInvalidArgument) << stats.status();
+    EXPECT_EQ(stats.status().message(), message);
+  };
+  refused([](SftTrainOptions& o) { o.lr = std::numeric_limits<double>::infinity(); },
+          "lr must be a finite number >= 0, got inf");
+  refused([](SftTrainOptions& o) { o.min_lr = std::nan(""); },
+          "min_lr must be a finite number >= 0, got nan");
+  refused([](SftTrainOptions& o) { o.weight_decay = -0.1; },
+          "weight_decay must be a finite number >= 0, got -0.1");
+  refused([](SftTrainOptions& o) { o.grad_clip = std::nan(""); },
+          "grad_clip must be a finite number >= 0, got nan");
+}
+
+// The last step's update is followed by no loss that would show it, so weights it leaves
+// non-finite are an error, not a result (TrainSft returned OK and finetune saved them). Here
+// weight decay overflows a large lora_A entry (B = 0, so the loss never sees it) to -inf.
+TEST(FinetuneTest, NonFiniteWeightsAfterTheLastStepAreAnError) {
+  const Config config = TinyConfig();
+  GPT base = *GPTImpl::Create(config);
+  RandomizeWeights(*base, 7);
+  GPT model = *CreateFinetuneModel(config, PeftMethod::kLora);
+  ASSERT_TRUE(LoadBaseWeights(*model, Clone(StateDict(*base)), "base").ok());
+  MarkTrainable(*model, PeftMethod::kLora);
+  {
+    at::NoGradGuard no_grad;
+    for (const auto& item : model->named_parameters()) {
+      if (item.key().find("lora_A") != std::string::npos) item.value().view({-1})[0] = 1e21;
+    }
+  }
+  const std::vector<SftExample> examples =
+      *TokenizeSft(TinyRecords(), *PromptStyleFromName("phi-2"), CharEncoder(), {64, true});
+  SftTrainOptions options;
+  options.micro_batch_size = 2;
+  options.global_batch_size = 2;
+  options.max_steps = 1;
+  options.warmup_steps = 0;
+  options.lr = 1e20;
+  options.weight_decay = 0.02;
+  options.grad_clip = 0;
+  options.eval_max_batches = 0;  // no validation loss after the step either
+  const absl::StatusOr<SftTrainStats> stats = TrainSft(*model, examples, examples, options);
+  ASSERT_FALSE(stats.ok());
+  EXPECT_EQ(stats.status().code(), absl::StatusCode::kFailedPrecondition) << stats.status();
+  EXPECT_NE(stats.status().message().find("lora_A holds values that are not finite after 1 "
+                                          "optimizer steps"),
+            std::string::npos)
+      << stats.status();
+}
+
 TEST(SftDataTest, PromptTokensCarryNoLoss) {
   const PromptStyle style = *PromptStyleFromName("alpaca");
   std::vector<SftExample> examples =
@@ -364,6 +429,11 @@ TEST(FinetuneToolTest, BadInputsFailWithOneLine) {
   ExpectCleanFailure(
       Execute("finetune", "--data=" + dir + "/good.json --out_dir=" + dir + "/out --eval_iters=-1"),
       "eval");
+  // An infinite rate trained and saved weights that are not numbers, with exit status 0.
+  ExpectCleanFailure(Execute("finetune", "--data=" + dir + "/good.json" + out + " --lr=inf"),
+                     "--lr must be a finite number >= 0, got inf");
+  ExpectCleanFailure(Execute("finetune", "--data=" + dir + "/good.json" + out + " --grad_clip=-1"),
+                     "--grad_clip must be a finite number >= 0, got -1");
 }
 
 TEST(FinetuneToolTest, LoraOnTheDefaultModelThenMergeThenGenerate) {

@@ -16,11 +16,12 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "core/base/file_util.h"
 #include "core/model/checkpoint.h"
 #include "core/model/quantize_model.h"
 #include "core/text/tokenizer.h"
-#include "tools/peft_flags.h"
 #include "tools/load_flags.h"
+#include "tools/peft_flags.h"
 #include "tools/tool_util.h"
 
 ABSL_FLAG(std::string, checkpoint_dir, "",
@@ -51,8 +52,10 @@ int main(int argc, char** argv) {
   if (!blocks.ok()) {
     Die(absl::InvalidArgumentError(absl::StrCat("--quantize: unknown value '", quantize, "'")));
   }
-  std::ifstream file(ResolvePath(absl::GetFlag(FLAGS_text_file)));
-  if (!file) Die(absl::NotFoundError("cannot read --text_file"));
+  const std::string text_path = ResolvePath(absl::GetFlag(FLAGS_text_file));
+  // A directory opens as a stream that reads nothing, and scored as an empty text.
+  std::ifstream file(text_path);
+  if (!file || !IsFile(text_path)) Die(absl::NotFoundError("cannot read --text_file"));
   std::stringstream buffer;
   buffer << file.rdbuf();
   const std::string text = buffer.str();
@@ -81,6 +84,13 @@ int main(int argc, char** argv) {
     }
   } else {
     ids = ValueOrDie(tokenizer->Encode(text));
+  }
+  // The first token has no prediction: fewer than two printed tokens=0 and a NaN perplexity
+  // with exit status 0.
+  if (ids.size() < 2) {
+    Die(absl::InvalidArgumentError(absl::StrCat("--text_file ", text_path,
+                                                " has too few tokens to score (", ids.size(),
+                                                "; at least 2 are needed)")));
   }
   at::NoGradGuard no_grad;
   const int64_t window = loaded.config.block_size;

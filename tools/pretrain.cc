@@ -41,6 +41,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/base/file_util.h"
 #include "core/base/output_dir.h"
 #include "core/config/config.h"
 #include "core/config/config_presets.h"
@@ -135,9 +136,8 @@ void SaveCheckpoint(GPTImpl& model, const Config& config, const std::string& out
   for (const auto& [name, tensor] : StateDict(model)) {
     tensors[name] = tensor.detach().to(at::kCPU, dtype).contiguous();
   }
-  DieIfError(WriteSafetensors(out_dir + "/model.safetensors.tmp", tensors));
-  std::rename((out_dir + "/model.safetensors.tmp").c_str(),
-              (out_dir + "/model.safetensors").c_str());
+  // WriteSafetensors stages, fsyncs and renames the file itself.
+  DieIfError(WriteSafetensors(out_dir + "/model.safetensors", tensors));
   WriteFile(out_dir + "/model_config.yaml", ConfigToYaml(config));
 }
 
@@ -165,6 +165,17 @@ int main(int argc, char** argv) {
   const double val_fraction = absl::GetFlag(FLAGS_val_fraction);
   if (!(val_fraction > 0 && val_fraction < 0.5)) {
     Die(absl::InvalidArgumentError("--val_fraction must be in (0, 0.5)"));
+  }
+  DieIfError(CheckOptimizerSettings(absl::GetFlag(FLAGS_lr), absl::GetFlag(FLAGS_min_lr),
+                                    absl::GetFlag(FLAGS_weight_decay),
+                                    absl::GetFlag(FLAGS_grad_clip), "--"));
+  // Before the tokenizer and the model are made: a bad value would otherwise end the run
+  // only when it saves.
+  const c10::ScalarType save_dtype =
+      ValueOrDie(ParsePrecision(absl::GetFlag(FLAGS_save_precision), "save_precision"));
+  // spm_encode would report a missing corpus only as a failed shell command.
+  if (!IsFile(text_file)) {
+    Die(absl::NotFoundError(absl::StrCat("--text_file: ", text_file, " is not a file")));
   }
   Config config;
   if (!absl::GetFlag(FLAGS_model_config).empty()) {
@@ -303,8 +314,6 @@ int main(int argc, char** argv) {
 
   at::Generator gen =
       at::make_generator<at::CPUGeneratorImpl>(absl::GetFlag(FLAGS_seed) + start_step);
-  const c10::ScalarType save_dtype =
-      ValueOrDie(ParsePrecision(absl::GetFlag(FLAGS_save_precision)));
   auto evaluate = [&]() {
     at::NoGradGuard no_grad;
     model->eval();
@@ -317,16 +326,27 @@ int main(int argc, char** argv) {
     model->train();
     // Every rank's rows hold as many tokens: the global mean is the mean of the ranks' means.
     const double mean = total / absl::GetFlag(FLAGS_eval_batches);
-    return world > 1 ? ValueOrDie(GlobalMean(*group, mean)) : mean;
+    const double loss = world > 1 ? ValueOrDie(GlobalMean(*group, mean)) : mean;
+    if (!std::isfinite(loss)) {
+      Die(absl::FailedPreconditionError(
+          absl::StrCat("the validation loss is not finite (", loss,
+                       "): the model's weights or activations are not numbers")));
+    }
+    return loss;
   };
   auto save = [&](int64_t step) {
     if (!lead) return;
+    DieIfError(CheckParametersFinite(named, step));
     model->eval();
     SaveCheckpoint(*model, config, out_dir, save_dtype);
     torch::serialize::OutputArchive archive;
     optimizer.save(archive);
     archive.write("step", at::tensor(step, at::kLong));
-    archive.save_to(state_path);
+    // Through WriteFileAtomically: saved in place, a run killed mid-save left a truncated
+    // training_state.pt that --resume then failed on.
+    std::ostringstream state;
+    archive.save_to(state);
+    WriteFile(state_path, state.str());
     model->train();
   };
 
@@ -353,6 +373,12 @@ int main(int argc, char** argv) {
       // averaged gradients are those of the global batch.
       step_loss = ValueOrDie(SumAcrossRanks(*group, step_loss)) / world;
       DieIfError(reducer.AllReduceGradients());
+    }
+    // Checked on the global loss, so every rank stops with the same error.
+    if (!std::isfinite(step_loss)) {
+      Die(absl::FailedPreconditionError(
+          absl::StrCat("the training loss is not finite (", step_loss, ") at step ", step + 1,
+                       ": the model's weights or activations are not numbers (lower --lr?)")));
     }
     if (absl::GetFlag(FLAGS_grad_clip) > 0) {
       torch::nn::utils::clip_grad_norm_(model->parameters(), absl::GetFlag(FLAGS_grad_clip));

@@ -10,10 +10,11 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "core/base/device.h"
-#include "core/model/checkpoint.h"
+#include "core/base/output_dir.h"
 #include "core/io/npy.h"
-#include "tools/peft_flags.h"
+#include "core/model/checkpoint.h"
 #include "tools/load_flags.h"
+#include "tools/peft_flags.h"
 #include "tools/tool_util.h"
 #include "tools/tp_flags.h"
 
@@ -34,6 +35,10 @@ int main(int argc, char** argv) {
   const std::vector<int64_t> ids =
       ValueOrDie(ParseIds(absl::GetFlag(FLAGS_token_ids), "token_ids"));
   const std::vector<LoraAdapterSpec> loras = ValueOrDie(LoraFlags(argc, argv));
+  // --logits_out=DIR/model.safetensors replaced the checkpoint's weights with the logits.
+  std::vector<std::string> inputs = {checkpoint_dir};
+  for (const LoraAdapterSpec& lora : loras) inputs.push_back(lora.dir);
+  DieIfError(CheckOutputFile(out, inputs));
   if (std::optional<int> code = ValueOrDie(LaunchTensorParallel(argc, argv))) return *code;
 
   LoadOptions options;

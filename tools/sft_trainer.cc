@@ -138,6 +138,8 @@ static absl::StatusOr<SftTrainStats> TrainSftUnchecked(GPTImpl& model,
     return absl::InvalidArgumentError(
         "max_steps must be >= 0, and epochs, eval_interval, log_interval >= 1, warmup_steps >= 0");
   }
+  RETURN_IF_ERROR(CheckOptimizerSettings(options.lr, options.min_lr, options.weight_decay,
+                                         options.grad_clip, ""));
   if (options.eval_max_batches < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "eval_max_batches must be >= 0 (0: no validation), got ", options.eval_max_batches));
@@ -294,6 +296,11 @@ static absl::StatusOr<SftTrainStats> TrainSftUnchecked(GPTImpl& model,
     }
   }
   model.eval();
+  std::vector<std::pair<std::string, at::Tensor>> trained;
+  for (const auto& [name, p] : named) {
+    if (p.requires_grad()) trained.emplace_back(name, p);
+  }
+  RETURN_IF_ERROR(CheckParametersFinite(trained, stats.steps));
   stats.mean_step_s = total_s / std::max<int64_t>(1, stats.steps);
   stats.tokens_per_s = total_s > 0 ? stats.tokens / total_s : 0;
   return stats;

@@ -217,12 +217,13 @@ absl::StatusOr<int64_t> PoolBytesFromFlag(int64_t pool_mb) {
   return pool_mb << 20;
 }
 
-absl::StatusOr<c10::ScalarType> ParsePrecision(absl::string_view precision) {
+absl::StatusOr<c10::ScalarType> ParsePrecision(absl::string_view precision,
+                                               absl::string_view flag) {
   if (precision == "32-true") return c10::kFloat;
   if (precision == "bf16-true") return c10::kBFloat16;
   if (precision == "16-true") return c10::kHalf;
   if (precision == "64-true") return c10::kDouble;
-  return absl::InvalidArgumentError(absl::StrCat("--precision: unknown value '", precision,
+  return absl::InvalidArgumentError(absl::StrCat("--", flag, ": unknown value '", precision,
                                                  "' (expected 32-true, bf16-true or 16-true)"));
 }
 

@@ -62,8 +62,9 @@ absl::StatusOr<std::vector<int64_t>> ParseIds(absl::string_view text, absl::stri
 // --pool_mb in bytes (0: no pool); InvalidArgument when negative or past int64 in bytes.
 absl::StatusOr<int64_t> PoolBytesFromFlag(int64_t pool_mb);
 
-// LitGPT's precision names: 32-true, bf16-true, 16-true (and 64-true).
-absl::StatusOr<c10::ScalarType> ParsePrecision(absl::string_view precision);
+// LitGPT's precision names: 32-true, bf16-true, 16-true (and 64-true); errors name `flag`.
+absl::StatusOr<c10::ScalarType> ParsePrecision(absl::string_view precision,
+                                               absl::string_view flag = "precision");
 
 // The tokenizer files a checkpoint directory may hold; tools writing a checkpoint copy those
 // present with it.

@@ -1,6 +1,7 @@
 // Runs the tool binaries as a user would: outputs match LitGPT's golden data, and every
 // kind of bad input ends with one error line on stderr and exit status 1.
 #include <ATen/ATen.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -90,6 +91,22 @@ TEST(ScoreTest, WritesLitGptLogits) {
   EXPECT_LT((got - want).abs().max().item<double>(), 1e-4);
 }
 
+// The logits never go into the checkpoint they come from: --logits_out=DIR/lit_model.pth
+// replaced the model's weights with an .npy file (status 0).
+TEST(ScoreTest, RefusesAnOutputInsideTheCheckpoint) {
+  const std::string dir = TempDir() + "/score_input";
+  ::mkdir(dir.c_str(), 0755);
+  for (const char* name : {"model_config.yaml", "lit_model.pth"}) {
+    std::ofstream(dir + "/" + name, std::ios::binary) << ReadAll(absl::StrCat(kGolden, "/", name));
+  }
+  const std::string weights = ReadAll(dir + "/lit_model.pth");
+  ExpectCleanFailure(
+      Execute("score", absl::StrCat("--checkpoint_dir=", dir, " --token_ids=1,2 --logits_out=", dir,
+                                    "/lit_model.pth")),
+      "lies inside the input");
+  EXPECT_EQ(ReadAll(dir + "/lit_model.pth"), weights);
+}
+
 TEST(ScoreTest, TensorParallelLogitsMatchOneProcess) {
   const std::string args =
       absl::StrCat("--checkpoint_dir=", kGolden,
@@ -170,6 +187,16 @@ TEST(PerplexityTest, AgreementComparesTheQuantisedModelWithTheFloatOne) {
   const ToolRun plain = Execute("perplexity", "--agreement --text_file=" + text);
   ASSERT_EQ(plain.status, 0) << plain.err;
   EXPECT_EQ(plain.out.find("top1_agreement"), std::string::npos) << plain.out;
+}
+
+// A text of fewer than two tokens, or a directory, has nothing to score: one line and status
+// 1 (it printed tokens=0 and a NaN perplexity with status 0).
+TEST(PerplexityTest, NothingToScoreIsAnError) {
+  const std::string empty = TempDir() + "/empty.txt";
+  std::ofstream(empty) << "";
+  ExpectCleanFailure(Execute("perplexity", "--text_file=" + empty),
+                     "empty.txt has too few tokens to score (1; at least 2 are needed)");
+  ExpectCleanFailure(Execute("perplexity", "--text_file=" + TempDir()), "cannot read --text_file");
 }
 
 TEST(GenerateTest, SeededSamplingIsReproducible) {
@@ -448,6 +475,31 @@ TEST(EvalCacheTest, NoFlagsScoresTheDefaultModelOnItsHeldOutText) {
   EXPECT_EQ(lines[2].rfind("window,32,32,", 0), 0u) << lines[2];
   // 300 tokens in segments of 256 and 44: 255 + 43 scored.
   EXPECT_EQ(lines[2].substr(lines[2].rfind(',') + 1), "298") << lines[2];
+}
+
+// The results never go into the checkpoint they measure (results.csv, .md and the plot were
+// written beside its weights), and negative sizes are errors, known before any scoring.
+TEST(EvalCacheTest, RefusesAnOutputInsideTheCheckpointAndNegativeSizes) {
+  const std::string dir = TempDir() + "/eval_cache_input";
+  ::mkdir(dir.c_str(), 0755);
+  for (const char* name : {"model_config.yaml", "lit_model.pth"}) {
+    std::ofstream(dir + "/" + name, std::ios::binary) << ReadAll(absl::StrCat(kGolden, "/", name));
+  }
+  const std::string args = absl::StrCat("--checkpoint_dir=", dir,
+                                        " --random_tokens=40 --policies=dense --bits=16 "
+                                        "--budgets=8 --out_dir=");
+  ExpectCleanFailure(Execute("eval_cache", args + dir), "a tool never writes into its input");
+  ExpectCleanFailure(Execute("eval_cache", args + dir + "/results"),
+                     "a tool never writes into its input");
+  EXPECT_FALSE(std::ifstream(dir + "/results.csv").good());
+  // Negative sizes were taken silently as their defaults.
+  const std::string out = " --out_dir=" + TempDir() + "/eval_cache_negative";
+  for (const char* flag : {"segment", "max_tokens", "random_tokens"}) {
+    ExpectCleanFailure(Execute("eval_cache", absl::StrCat(args, out, " --", flag, "=-1")),
+                       absl::StrCat("--", flag, " must be >= 0, got -1"));
+  }
+  ExpectCleanFailure(Execute("eval_cache", args + out + " --attention_report_from=-5"),
+                     "--attention_report_from must be >= 0 (or -1: half a segment), got -5");
 }
 
 TEST(EvalCacheTest, AKilledRunLeavesItsFinishedRowsAndNoResultsCsv) {

@@ -1,7 +1,11 @@
 #include "tools/train_util.h"
 
+#include <ATen/ATen.h>
+
 #include <algorithm>
 #include <cmath>
+
+#include "absl/strings/str_cat.h"
 
 namespace lgpt {
 
@@ -34,6 +38,33 @@ void SetLearningRate(torch::optim::AdamW& optimizer, double lr) {
   for (auto& group : optimizer.param_groups()) {
     static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
   }
+}
+
+absl::Status CheckOptimizerSettings(double lr, double min_lr, double weight_decay, double grad_clip,
+                                    absl::string_view prefix) {
+  for (const auto& [name, value] : {std::pair<const char*, double>{"lr", lr},
+                                    {"min_lr", min_lr},
+                                    {"weight_decay", weight_decay},
+                                    {"grad_clip", grad_clip}}) {
+    if (!std::isfinite(value) || value < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(prefix, name, " must be a finite number >= 0, got ", value));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckParametersFinite(const std::vector<std::pair<std::string, at::Tensor>>& named,
+                                   int64_t steps) {
+  at::NoGradGuard no_grad;
+  for (const auto& [name, p] : named) {
+    if (!at::isfinite(p).all().item<bool>()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("parameter ", name, " holds values that are not finite after ", steps,
+                       " optimizer steps (lower the learning rate?); nothing was saved"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace lgpt

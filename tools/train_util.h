@@ -8,7 +8,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 
 namespace lgpt {
 
@@ -22,6 +27,18 @@ std::unique_ptr<torch::optim::AdamW> MakeAdamW(const std::vector<at::Tensor>& pa
 
 // Sets every parameter group's learning rate.
 void SetLearningRate(torch::optim::AdamW& optimizer, double lr);
+
+// InvalidArgument naming the first setting that is not a finite number >= 0 (`prefix` + its
+// name: "" for options fields, "--" for flags). An infinite rate or a NaN clip trains on
+// (torch::optim checks only the initial rate) and leaves weights that are not numbers.
+absl::Status CheckOptimizerSettings(double lr, double min_lr, double weight_decay, double grad_clip,
+                                    absl::string_view prefix);
+
+// FailedPrecondition naming the first of `named` holding NaN or infinity after `steps`
+// optimizer steps: the last step's update is followed by no loss that would show it, so
+// this is checked before anything is saved.
+absl::Status CheckParametersFinite(const std::vector<std::pair<std::string, at::Tensor>>& named,
+                                   int64_t steps);
 
 }  // namespace lgpt
 

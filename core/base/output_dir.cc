@@ -146,6 +146,17 @@ absl::Status SyncTree(const fs::path& root) {
   return SyncPath(root.string());
 }
 
+// The writers rename a complete file over `path`: over a device, pipe or socket (as root,
+// --logits_out=/dev/stdout or /dev/full) that replaced the node with a regular file.
+absl::Status CheckReplaceable(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode)) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      path,
+      " is not a regular file: outputs are written whole and renamed into place, so the "
+      "path must be a regular file or not exist"));
+}
+
 }  // namespace
 
 absl::Status SyncPath(const std::string& path) {
@@ -164,6 +175,11 @@ absl::Status FinishPartialFile(std::FILE* file, const std::string& partial, cons
   int error = written ? 0 : last_error();
   if (error == 0 && (std::fflush(file) != 0 || ::fsync(::fileno(file)) != 0)) error = last_error();
   if (std::fclose(file) != 0 && error == 0) error = last_error();
+  absl::Status replaceable = CheckReplaceable(path);
+  if (!replaceable.ok()) {
+    std::remove(partial.c_str());
+    return replaceable;
+  }
   if (error == 0 && std::rename(partial.c_str(), path.c_str()) != 0) error = last_error();
   if (error == 0) return absl::OkStatus();
   std::remove(partial.c_str());
@@ -171,6 +187,7 @@ absl::Status FinishPartialFile(std::FILE* file, const std::string& partial, cons
 }
 
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents) {
+  RETURN_IF_ERROR(CheckReplaceable(path));
   const std::string partial = path + ".partial";
   absl::Status status = WriteAll(partial, contents, /*sync=*/true);
   if (status.ok() && std::rename(partial.c_str(), path.c_str()) != 0) {
@@ -181,6 +198,20 @@ absl::Status WriteFileAtomically(const std::string& path, absl::string_view cont
     return status;
   }
   return SyncPath(fs::absolute(path).parent_path().string());
+}
+
+absl::Status CheckOutputFile(const std::string& path, const std::vector<std::string>& inputs) {
+  if (path.empty()) return absl::InvalidArgumentError("the output file is empty");
+  const fs::path target = Normalised(path);
+  for (const std::string& input : inputs) {
+    if (input.empty()) continue;
+    if (IsWithin(target, Normalised(input))) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the output file ", path, " lies inside the input ", input,
+                       ": a tool never writes into its input; choose another output file"));
+    }
+  }
+  return CheckReplaceable(path);
 }
 
 absl::Status OutputDir::Check(const std::string& dir, const std::vector<std::string>& inputs) {

@@ -69,8 +69,14 @@ class OutputDir {
   bool committed_ = false;
 };
 
+// Checks before any work that the output file `path` lies inside none of the input
+// directories `inputs` (score's logits replaced the model's own model.safetensors) and is
+// no device, pipe or directory. FailedPrecondition otherwise.
+absl::Status CheckOutputFile(const std::string& path, const std::vector<std::string>& inputs);
+
 // Writes `contents` to `path` through `path.partial`, fsynced and renamed into place, so
-// `path` is never seen truncated.
+// `path` is never seen truncated. An existing `path` that is not a regular file (a device,
+// say) is FailedPrecondition, as it is for FinishPartialFile: the rename would replace it.
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents);
 
 // The end of a write through `partial` (a file opened with fopen, to become `path`): when

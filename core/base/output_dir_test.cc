@@ -1,10 +1,12 @@
 #include "core/base/output_dir.h"
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -192,6 +194,35 @@ TEST(WriteFileAtomicallyTest, ReplacesWholeAndLeavesNoPartial) {
   EXPECT_EQ(Read(path), "two two");
   EXPECT_FALSE(fs::exists(path + ".partial"));
   EXPECT_FALSE(WriteFileAtomically((dir / "missing" / "x").string(), "x").ok());
+}
+
+// A rename over a device or pipe replaced the node with a regular file (--logits_out=
+// /dev/stdout as root); both writers refuse it and leave no partial file.
+TEST(WriteFileAtomicallyTest, RefusesToReplaceWhatIsNotARegularFile) {
+  const fs::path dir = TempDir();
+  const std::string fifo = (dir / "pipe").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const absl::Status written = WriteFileAtomically(fifo, "x");
+  EXPECT_EQ(written.code(), absl::StatusCode::kFailedPrecondition) << written;
+  EXPECT_NE(written.message().find("is not a regular file"), std::string::npos) << written;
+  std::FILE* file = std::fopen((fifo + ".partial").c_str(), "wb");
+  ASSERT_NE(file, nullptr);
+  const absl::Status finished = FinishPartialFile(file, fifo + ".partial", fifo, true);
+  EXPECT_EQ(finished.code(), absl::StatusCode::kFailedPrecondition) << finished;
+  EXPECT_TRUE(fs::is_fifo(fifo));
+  EXPECT_FALSE(fs::exists(fifo + ".partial"));
+}
+
+TEST(CheckOutputFileTest, RefusesFilesInsideTheInputs) {
+  const fs::path root = TempDir();
+  Populate(root / "in", {{"model.safetensors", "x"}});
+  for (const fs::path& bad : {root / "in" / "model.safetensors", root / "in" / "new.npy",
+                              root / "in" / "." / "sub" / "x.npy"}) {
+    const absl::Status status = CheckOutputFile(bad.string(), {(root / "in").string()});
+    EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << bad;
+  }
+  EXPECT_TRUE(CheckOutputFile((root / "logits.npy").string(), {(root / "in").string()}).ok());
+  EXPECT_FALSE(CheckOutputFile("", {}).ok());
 }
 
 }  // namespace

@@ -360,6 +360,10 @@ absl::Status CheckLitTensors(const Config& config, const TensorMap& tensors,
       return Invalid(source, absl::StrCat("tensor ", name, " has shape ", ShapeText(t.sizes()),
                                           ", ", config.name, " expects ", ShapeText(shape)));
     }
+    if (!t.is_floating_point()) {
+      return Invalid(source, absl::StrCat("tensor ", name, " is ", c10::toString(t.scalar_type()),
+                                          ", not a floating-point weight"));
+    }
   }
   return absl::OkStatus();
 }
@@ -410,6 +414,13 @@ absl::StatusOr<TensorMap> HfToLit(const Config& config, const TensorMap& hf,
     std::vector<int64_t> ids;
     const std::string tmpl = ToTemplate(name, &ids);
     if (IgnoredHfName(tmpl)) continue;
+    // The q/k/v concatenation silently promoted an integer projection to float, and any other
+    // integer weight went into a lit_model.pth that the loader then refuses.
+    if (!tensor.is_floating_point()) {
+      return Invalid(source,
+                     absl::StrCat("tensor ", original, " is ", c10::toString(tensor.scalar_type()),
+                                  ", not a floating-point weight"));
+    }
     const std::string kind = tmpl.substr(tmpl.rfind('.') + 1);  // weight or bias
     if (!fused_qkv.empty() && (tmpl == fused_qkv + "weight" || tmpl == fused_qkv + "bias")) {
       if (tensor.dim() < 1 || tensor.size(0) != sizes.q + 2 * sizes.kv) {

@@ -37,7 +37,7 @@ namespace lgpt {
 std::map<std::string, std::vector<int64_t>> ExpectedLitShapes(const Config& config);
 
 // Checks `tensors` against ExpectedLitShapes: InvalidArgument naming `source` and the first
-// missing, unexpected or misshapen tensors.
+// missing, unexpected, misshapen or not floating-point tensors.
 absl::Status CheckLitTensors(const Config& config, const TensorMap& tensors,
                              const std::string& source);
 

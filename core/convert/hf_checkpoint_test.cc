@@ -56,6 +56,42 @@ TEST(HfToLitTest, InterleavedQkvMatchesPerGroupLoop) {
   for (const auto& [name, t] : lit) EXPECT_TRUE(at::equal(back->at(name), t)) << name;
 }
 
+// Integer weights are refused by name both ways: HfToLit concatenated an integer q_proj
+// with float k/v into a float qkv, and wrote an integer lm_head into a lit_model.pth that the
+// loader refuses; LitToHf wrote them out as they were.
+TEST(HfToLitTest, IntegerWeightsAreErrorsNamingThem) {
+  absl::StatusOr<Config> preset = PresetFromName("Llama-2-7b-hf");
+  ASSERT_TRUE(preset.ok());
+  Config c = *preset;
+  c.n_layer = 1;
+  c.n_embd = 16;
+  c.n_head = 2;
+  c.n_query_groups = 2;
+  c.head_size = 8;
+  c.intermediate_size = 32;
+  c.padded_vocab_size = 10;
+  c.vocab_size = 10;
+  ASSERT_TRUE(c.Finalize().ok());
+  TensorMap lit;
+  at::manual_seed(3);
+  for (const auto& [name, shape] : ExpectedLitShapes(c)) lit[name] = at::randn(shape);
+  absl::StatusOr<TensorMap> hf = LitToHf(c, lit, "test");
+  ASSERT_TRUE(hf.ok()) << hf.status();
+  for (const char* name : {"model.layers.0.self_attn.q_proj.weight", "lm_head.weight"}) {
+    TensorMap bad = *hf;
+    bad[name] = bad.at(name).to(at::kInt);
+    const absl::StatusOr<TensorMap> converted = HfToLit(c, bad, "test");
+    ASSERT_FALSE(converted.ok()) << name;
+    EXPECT_EQ(converted.status().message(),
+              absl::StrCat("test: tensor ", name, " is Int, not a floating-point weight"));
+  }
+  lit["transformer.ln_f.weight"] = lit.at("transformer.ln_f.weight").to(at::kLong);
+  const absl::StatusOr<TensorMap> back = LitToHf(c, lit, "test");
+  ASSERT_FALSE(back.ok());
+  EXPECT_EQ(back.status().message(),
+            "test: tensor transformer.ln_f.weight is Long, not a floating-point weight");
+}
+
 TEST(ExpectedLitShapesTest, Llama2) {
   absl::StatusOr<Config> c = ConfigFromName("Llama-2-7b-hf");
   ASSERT_TRUE(c.ok());

@@ -34,6 +34,28 @@ absl::Status Invalid(const std::string& source, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(source, ": ", what));
 }
 
+// config.json is a few levels deep. nlohmann::json copies values recursively, so a file nested
+// 100,000 deep parsed fine and then overflowed the stack when copied (convert_hf crashed).
+constexpr int kMaxConfigJsonDepth = 64;
+
+// config.json parsed, refusing nesting beyond kMaxConfigJsonDepth (whose values the parser
+// then discards, so nothing deep is ever built).
+absl::StatusOr<json> ParseConfigJson(const std::string& text, const std::string& path) {
+  bool too_deep = false;
+  json j = json::parse(
+      text,
+      [&too_deep](int depth, json::parse_event_t, json&) {
+        if (depth > kMaxConfigJsonDepth) too_deep = true;
+        return !too_deep;
+      },
+      /*allow_exceptions=*/false);
+  if (too_deep) {
+    return Invalid(path, absl::StrCat("JSON nested more than ", kMaxConfigJsonDepth, " deep"));
+  }
+  if (j.is_discarded() || !j.is_object()) return Invalid(path, "not a JSON object");
+  return j;
+}
+
 absl::Status Unsupported(const std::string& source, const std::string& what) {
   return absl::UnimplementedError(absl::StrCat(source, ": ", what));
 }
@@ -1009,8 +1031,7 @@ absl::StatusOr<HfConfig> ReadHfConfig(const std::string& hf_dir, const std::stri
         absl::StrCat(hf_dir, ": no config.json (is this a Hugging Face checkpoint directory?)"));
   }
   ASSIGN_OR_RETURN(const std::string text, ReadFileToString(path));
-  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return Invalid(path, "not a JSON object");
+  ASSIGN_OR_RETURN(json j, ParseConfigJson(text, path));
   // Multimodal configs keep the text model in text_config.
   const bool multimodal = j.contains("text_config") && j["text_config"].is_object();
   if (multimodal) {

@@ -463,6 +463,26 @@ TEST(ReadHfConfigTest, PresetOfAnotherArchitectureIsAnError) {
 }
 
 // Random byte edits of a config.json: every result is a config or a clean error naming the file.
+// Deep nesting is refused by name; 100,000 levels overflowed the stack when the parsed value
+// was copied. Ordinary nesting (rope_scaling, text_config) still reads.
+TEST(ReadHfConfigTest, DeeplyNestedConfigJsonIsAnError) {
+  for (const int depth : {65, 100000}) {
+    const std::string text = absl::StrCat(R"({"architectures": ["LlamaForCausalLM"], "x": )",
+                                          std::string(depth, '['), std::string(depth, ']'), "}");
+    const absl::StatusOr<HfConfig> read = ReadHfConfig(DirWithConfig("deep", text), "");
+    ASSERT_FALSE(read.ok()) << depth;
+    EXPECT_EQ(read.status().code(), absl::StatusCode::kInvalidArgument) << read.status();
+    EXPECT_NE(read.status().message().find("config.json: JSON nested more than 64 deep"),
+              std::string::npos)
+        << read.status();
+  }
+  const absl::StatusOr<HfConfig> shallow = ReadHfConfig(
+      DirWithConfig("shallow", absl::StrCat(R"({"architectures": ["LlamaForCausalLM"], "x": )",
+                                            std::string(60, '['), std::string(60, ']'), "}")),
+      "");
+  EXPECT_EQ(shallow.status().message().find("nested"), std::string::npos) << shallow.status();
+}
+
 TEST(ReadHfConfigTest, MutatedConfigJsonNeverCrashes) {
   absl::StatusOr<Config> preset = ConfigFromName("Mixtral-8x7B-v0.1");
   ASSERT_TRUE(preset.ok());
