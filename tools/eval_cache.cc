@@ -357,6 +357,11 @@ int Run(const std::vector<LoraAdapterSpec>& loras) {
       Die(absl::InvalidArgumentError(absl::StrCat("--", flag, " must be >= 0, got ", value)));
     }
   }
+  // The attention report measures the first --kv_sink tokens (AttentionProbeOptions named them).
+  if (absl::GetFlag(FLAGS_attention_report) && absl::GetFlag(FLAGS_kv_sink) < 1) {
+    Die(absl::InvalidArgumentError(absl::StrCat(
+        "--kv_sink must be >= 1 with --attention_report, got ", absl::GetFlag(FLAGS_kv_sink))));
+  }
   if (absl::GetFlag(FLAGS_attention_report_from) < -1) {
     Die(absl::InvalidArgumentError(
         absl::StrCat("--attention_report_from must be >= 0 (or -1: half a segment), got ",

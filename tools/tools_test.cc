@@ -500,6 +500,9 @@ TEST(EvalCacheTest, RefusesAnOutputInsideTheCheckpointAndNegativeSizes) {
   }
   ExpectCleanFailure(Execute("eval_cache", args + out + " --attention_report_from=-5"),
                      "--attention_report_from must be >= 0 (or -1: half a segment), got -5");
+  // The attention report's option was named, not the flag.
+  ExpectCleanFailure(Execute("eval_cache", args + out + " --kv_sink=-1"),
+                     "--kv_sink must be >= 1 with --attention_report, got -1");
 }
 
 TEST(EvalCacheTest, AKilledRunLeavesItsFinishedRowsAndNoResultsCsv) {
