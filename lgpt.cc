@@ -207,6 +207,18 @@ std::vector<int64_t> Engine::StopTokens(const RequestOptions& options) const {
 
 // The text side of one request, shared by Run (batch-1, synchronous) and Submit (through the
 // scheduler): streaming decode, stop sequences and stop token sequences, the finish reason.
+// A request's generation settings from `start_position`; RequestText adds its stop tokens
+// and streaming callback.
+GenerateOptions GenerationSettings(const RequestOptions& options, int64_t start_position) {
+  GenerateOptions generate;
+  generate.max_new_tokens = options.max_new_tokens;
+  generate.sampling = options.sampling;
+  generate.seed = options.seed;
+  generate.prefill_chunk = options.prefill_chunk;
+  generate.start_position = start_position;
+  return generate;
+}
+
 class RequestText {
  public:
   RequestText(std::shared_ptr<const Tokenizer> tokenizer, const RequestOptions& options,
@@ -282,12 +294,7 @@ class RequestText {
   // Generate's options for this request; `on_token` must call OnToken on this object.
   GenerateOptions Generation(int64_t start_position,
                              std::function<bool(int64_t)> on_token) const {
-    GenerateOptions generate;
-    generate.max_new_tokens = options_.max_new_tokens;
-    generate.sampling = options_.sampling;
-    generate.seed = options_.seed;
-    generate.prefill_chunk = options_.prefill_chunk;
-    generate.start_position = start_position;
+    GenerateOptions generate = GenerationSettings(options_, start_position);
     generate.stop_tokens = stops_;
     generate.on_token = std::move(on_token);
     return generate;
@@ -601,13 +608,6 @@ absl::StatusOr<Completion> Session::Send(const std::vector<int64_t>& tokens,
         absl::StrCat("max_new_tokens must be >= 1, got ", options.max_new_tokens));
   }
   RETURN_IF_ERROR(CheckIds(tokens, engine_->config().PaddedVocabSize(), "message"));
-  // Checked here, not left to the generation below: a failure there resets the session, and
-  // bad options must not cost the conversation.
-  RETURN_IF_ERROR(ValidateSampling(options.sampling));
-  if (options.prefill_chunk < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("prefill_chunk must be >= 0, got ", options.prefill_chunk));
-  }
   // The previous reply's last token was sampled but never fed: it goes first.
   std::vector<int64_t> prompt(history_.begin() + cached_, history_.end());
   prompt.insert(prompt.end(), tokens.begin(), tokens.end());
@@ -623,6 +623,11 @@ absl::StatusOr<Completion> Session::Send(const std::vector<int64_t>& tokens,
   }
   RequestOptions capped = options;
   capped.max_new_tokens = std::min(options.max_new_tokens, room);
+  // The generation's own checks (sampling, prefill_chunk, ...) before the cache is touched, as
+  // Submit runs them: a failure inside Run resets the session, bad options must not cost it.
+  RETURN_IF_ERROR(CheckGenerateRequest(engine_->model(), *cache_,
+                                       static_cast<int64_t>(prompt.size()),
+                                       GenerationSettings(capped, cached_ - shifted_)));
   absl::StatusOr<Completion> result =
       engine_->Run(*cache_, cached_ - shifted_, prompt, capped, absl::MakeConstSpan(prompt));
   if (!result.ok()) {
