@@ -3,10 +3,7 @@
 // queue, a client leaving mid-stream, and shutdown with streams in flight.
 #include "tools/server/http_server.h"
 
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -447,23 +444,6 @@ TEST_F(HttpServerTest, ApiKeyIsRequiredOnV1Only) {
   EXPECT_EQ(HttpGet(port, "/metrics").status, 200);
 }
 
-// A connection that sends `partial` (a request not yet complete) and keeps still; -1 when the
-// server did not accept it.
-int OpenSlowClient(int port, const std::string& partial) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<uint16_t>(port));
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (fd < 0 || ::connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) != 0 ||
-      ::send(fd, partial.data(), partial.size(), MSG_NOSIGNAL) !=
-          static_cast<ssize_t>(partial.size())) {
-    if (fd >= 0) ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 TEST_F(HttpServerTest, SlowClientsDoNotHoldTheServer) {
   // Four kept threads; forty clients that trickle in headers or a body hold one each for the
   // read timeout (30 s). The server starts threads for the rest: /health answers at once.
@@ -473,7 +453,7 @@ TEST_F(HttpServerTest, SlowClientsDoNotHoldTheServer) {
   const int port = server.port();
   std::vector<int> slow;
   for (int i = 0; i < 40; ++i) {
-    slow.push_back(OpenSlowClient(
+    slow.push_back(SendOnNewConnection(
         port, i % 2 == 0 ? "GET /health HTTP/1.1\r\nHost: x\r\n"
                          : "POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
                            "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"));
@@ -577,10 +557,10 @@ TEST_F(HttpServerTest, ClientLeavingAWholeReplyCancelsItsRequest) {
   RunningServer server(LoadEngine(serving));
   const int port = server.port();
   const std::string body = absl::StrCat(R"({"prompt": "And God said", )", kLongReply, "}");
-  const int client =
-      OpenSlowClient(port, absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                                        "application/json\r\nContent-Length: ",
-                                        body.size(), "\r\n\r\n", body));
+  const int client = SendOnNewConnection(
+      port, absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                         "application/json\r\nContent-Length: ",
+                         body.size(), "\r\n\r\n", body));
   ASSERT_GE(client, 0);
   std::string metrics;
   for (int i = 0; i < 500 && MetricValue(metrics, "lgpt_requests_running") < 1; ++i) {

@@ -67,30 +67,37 @@ HttpReply HttpRequest(int port, const std::string& method, const std::string& pa
   return FromResult(client.send(request));
 }
 
+int SendOnNewConnection(int port, const std::string& bytes) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) != 0 ||
+      ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(bytes.size())) {
+    const int error = errno;
+    ::close(fd);
+    errno = error;
+    return -1;
+  }
+  return fd;
+}
+
 HttpReply HttpRawExchange(int port, const std::string& request, int timeout_s) {
   HttpReply reply;
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  const int fd = SendOnNewConnection(port, request);
   if (fd < 0) {
     reply.error = std::strerror(errno);
     return reply;
   }
   timeval timeout{timeout_s, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<uint16_t>(port));
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   std::string received;
-  if (::connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) != 0 ||
-      ::send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
-          static_cast<ssize_t>(request.size())) {
-    reply.error = std::strerror(errno);
-  } else {
-    char buffer[4096];
-    ssize_t n;
-    while ((n = ::recv(fd, buffer, sizeof(buffer), 0)) > 0) received.append(buffer, n);
-    if (n < 0) reply.error = std::strerror(errno);  // timed out
-  }
+  char buffer[4096];
+  ssize_t n;
+  while ((n = ::recv(fd, buffer, sizeof(buffer), 0)) > 0) received.append(buffer, n);
+  if (n < 0) reply.error = std::strerror(errno);  // timed out
   ::close(fd);
   // "HTTP/1.1 411 Length Required\r\n...\r\n\r\nbody"
   const size_t head_end = received.find("\r\n\r\n");

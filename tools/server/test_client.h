@@ -26,6 +26,9 @@ HttpReply HttpRequest(int port, const std::string& method, const std::string& pa
 // server closes it or `timeout_s` passes: status and body (status -1 and `error` without a
 // status line), for requests an HTTP client library would not send.
 HttpReply HttpRawExchange(int port, const std::string& request, int timeout_s = 10);
+// A new connection that has sent `bytes` and is left open (a client still writing its request,
+// or one about to leave): its descriptor, to close, or -1 with errno set.
+int SendOnNewConnection(int port, const std::string& bytes);
 
 struct StreamReply {
   int status = -1;
