@@ -814,6 +814,13 @@ TEST(LoadCheckpointTest, BlockSizeBeyondTheTrainedContextWarns) {
       loaded->warnings[0].find(absl::StrCat(trained.block_size, " tokens the model was trained")),
       std::string::npos)
       << loaded->warnings[0];
+  // A train_config.yaml that does not parse is not silently ignored.
+  WriteFile(dir + "/train_config.yaml", "block_size: [unclosed\n");
+  loaded = LoadCheckpoint(dir);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_EQ(loaded->warnings.size(), 1u);
+  EXPECT_NE(loaded->warnings[0].find("ignoring train_config.yaml"), std::string::npos)
+      << loaded->warnings[0];
 }
 
 }  // namespace

@@ -201,6 +201,14 @@ TEST(PretrainToolTest, BadSettingsFailWithOneLineBeforeAnyWork) {
                      "--save_precision: unknown value '64'");
   ExpectCleanFailure(Execute("pretrain", common + " --text_file=" + dir + "/missing.txt"),
                      "--text_file: " + dir + "/missing.txt is not a file");
+  // A tokenizer to train: below byte fallback's 259 pieces spm_train failed with its reason
+  // hidden; past the embedding it trained first.
+  const std::string train_tokenizer =
+      absl::StrCat("--model_config=", kModelConfig, " --seq_len=16 --out_dir=", dir, "/out");
+  ExpectCleanFailure(Execute("pretrain", train_tokenizer + corpus + " --vocab_size=40"),
+                     "--vocab_size=40 is outside [259, ");
+  ExpectCleanFailure(Execute("pretrain", train_tokenizer + corpus + " --vocab_size=100000"),
+                     "--vocab_size=100000 is outside [259, ");
   EXPECT_FALSE(fs::exists(dir + "/out"));
 
   // A finite rate that makes the weights overflow stops before saving them.

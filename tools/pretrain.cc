@@ -189,6 +189,17 @@ int main(int argc, char** argv) {
     Die(absl::InvalidArgumentError(
         absl::StrCat("--seq_len ", seq_len, " exceeds block_size ", config.block_size)));
   }
+  // A trained tokenizer needs 256 byte pieces plus unk, bos and eos (byte fallback) and must
+  // fit the model's embedding; spm_train alone says so only after reading the corpus.
+  const int64_t vocab_size = absl::GetFlag(FLAGS_vocab_size);
+  if (absl::GetFlag(FLAGS_tokenizer_dir).empty() &&
+      (vocab_size < 259 || vocab_size > config.PaddedVocabSize())) {
+    Die(absl::InvalidArgumentError(absl::StrCat(
+        "--vocab_size=", vocab_size, " is outside [259, ", config.PaddedVocabSize(),
+        "]: a trained tokenizer has 256 byte pieces plus unk, bos and eos, and the model's "
+        "padded_vocab_size is ",
+        config.PaddedVocabSize())));
+  }
   // --devices > 1: the ranks start here and each runs this main from the top.
   if (std::optional<int> code = ValueOrDie(LaunchDevices(argc, argv))) return *code;
   const bool lead = RankFromEnv() == 0;  // trains the tokenizer, logs and writes
@@ -244,7 +255,12 @@ int main(int argc, char** argv) {
   const int64_t val_tokens = static_cast<int64_t>(all.size(0) * val_fraction);
   const at::Tensor train = all.narrow(0, 0, all.size(0) - val_tokens);
   const at::Tensor val = all.narrow(0, all.size(0) - val_tokens, val_tokens);
-  if (val.size(0) <= seq_len + 1) Die(absl::InvalidArgumentError("corpus too small"));
+  if (val.size(0) <= seq_len + 1) {
+    Die(absl::InvalidArgumentError(
+        absl::StrCat(text_file, " is too small: its ", all.size(0), " tokens leave ", val.size(0),
+                     " for validation (--val_fraction=", val_fraction,
+                     "), which needs more than --seq_len + 1 = ", seq_len + 1)));
+  }
   if (lead) {
     std::fprintf(stderr, "%lld training tokens, %lld validation tokens\n",
                  static_cast<long long>(train.size(0)), static_cast<long long>(val.size(0)));

@@ -26,18 +26,41 @@ absl::Status Run(const std::string& command, const std::string& what) {
   return absl::OkStatus();
 }
 
+// The last non-empty line of a tool's error output that is not the "terminated" trailer, up
+// to 600 bytes (spm_train's reason, e.g. a vocabulary too small for the corpus's characters).
+std::string ReasonFromLog(const std::string& log_file) {
+  std::ifstream in(log_file);
+  std::string line, reason;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line.find("Program terminated") == std::string::npos) reason = line;
+  }
+  if (reason.size() > 600) reason = reason.substr(reason.size() - 600);
+  return reason;
+}
+
 }  // namespace
 
 absl::Status TrainSentencePiece(const std::string& text_file, const std::string& model_prefix,
                                 int64_t vocab_size) {
-  return Run(absl::StrCat("spm_train --input=", Quote(text_file),
-                          " --model_prefix=", Quote(model_prefix), " --vocab_size=", vocab_size,
-                          " --model_type=bpe --byte_fallback=true --character_coverage=1.0"
-                          " --normalization_rule_name=identity --num_threads=2"
-                          " --unk_id=0 --bos_id=1 --eos_id=2 --pad_id=-1"
-                          " --input_sentence_size=2000000 --shuffle_input_sentence=true"
-                          " --minloglevel=2 >/dev/null 2>&1"),
-             "spm_train");
+  const std::string log_file = model_prefix + ".log.tmp";
+  absl::Status status =
+      Run(absl::StrCat("spm_train --input=", Quote(text_file),
+                       " --model_prefix=", Quote(model_prefix), " --vocab_size=", vocab_size,
+                       " --model_type=bpe --byte_fallback=true --character_coverage=1.0"
+                       " --normalization_rule_name=identity --num_threads=2"
+                       " --unk_id=0 --bos_id=1 --eos_id=2 --pad_id=-1"
+                       " --input_sentence_size=2000000 --shuffle_input_sentence=true"
+                       " --minloglevel=2 >/dev/null 2>",
+                       Quote(log_file)),
+          "spm_train");
+  if (!status.ok()) {
+    const std::string reason = ReasonFromLog(log_file);
+    if (!reason.empty()) {
+      status = absl::InternalError(absl::StrCat(status.message(), "; spm_train said: ", reason));
+    }
+  }
+  std::remove(log_file.c_str());
+  return status;
 }
 
 absl::StatusOr<std::vector<int64_t>> EncodeLinesWithBosEos(const std::string& model_file,

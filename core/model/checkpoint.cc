@@ -146,11 +146,22 @@ absl::StatusOr<LoadedModel> LoadCheckpointUnchecked(const std::string& checkpoin
 
 std::vector<std::string> ContextWarnings(const std::string& checkpoint_dir,
                                          const Config& config) {
+  std::vector<std::string> warnings;
+  // TrainedContext falls back to the preset when train_config.yaml does not parse: say so.
+  const std::string train_config = checkpoint_dir + "/train_config.yaml";
+  if (IsFile(train_config)) {
+    const absl::Status parsed = LoadConfigFile(train_config).status();
+    if (!parsed.ok()) {
+      warnings.push_back(absl::StrCat("ignoring train_config.yaml, which does not parse (",
+                                      parsed.message(), ")"));
+    }
+  }
   const std::optional<int64_t> trained = TrainedContext(checkpoint_dir, config);
-  if (!trained || config.block_size <= *trained) return {};
-  return {absl::StrCat("block_size ", config.block_size, " in model_config.yaml exceeds the ",
-                       *trained, " tokens the model was trained on; positions past ", *trained,
-                       " are extrapolation")};
+  if (!trained || config.block_size <= *trained) return warnings;
+  warnings.push_back(absl::StrCat(
+      "block_size ", config.block_size, " in model_config.yaml exceeds the ", *trained,
+      " tokens the model was trained on; positions past ", *trained, " are extrapolation"));
+  return warnings;
 }
 
 }  // namespace lgpt

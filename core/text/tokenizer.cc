@@ -127,12 +127,22 @@ absl::StatusOr<std::optional<int64_t>> TokenIdEntry(const json& config, const ch
                                                     const std::string& path) {
   auto it = config.find(key);
   if (it == config.end() || it->is_null()) return std::optional<int64_t>();
-  if (it->is_number_integer()) return std::optional<int64_t>(it->get<int64_t>());
-  if (it->is_array() && !it->empty() && (*it)[0].is_number_integer()) {
-    return std::optional<int64_t>((*it)[0].get<int64_t>());
+  const json* id = it->is_array() && !it->empty() ? &(*it)[0] : &*it;
+  if (!id->is_number_integer()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": '", key, "' is neither an integer nor a list of integers"));
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat(path, ": '", key, "' is neither an integer nor a list of integers"));
+  // Unsigned JSON integers beyond int64 would wrap to negative ids.
+  if (id->is_number_unsigned() && id->get<uint64_t>() > uint64_t{INT64_MAX}) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": '", key, "' ", id->dump(), " is not a token id"));
+  }
+  const int64_t value = id->get<int64_t>();
+  if (value < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": '", key, "' ", value, " is not a token id (ids are >= 0)"));
+  }
+  return std::optional<int64_t>(value);
 }
 
 // ---------------------------------------------------------------------------------------------

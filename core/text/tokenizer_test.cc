@@ -525,6 +525,15 @@ TEST(ConfigTest, BosEosFromConfigFiles) {
   status = Tokenizer::Load(dir).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("generation_config.json"), absl::string_view::npos) << status;
+
+  // Negative ids (and unsigned ones that would wrap) are not token ids.
+  for (const char* entry : {R"("eos_token_id": -2)", R"("bos_token_id": [-1, 3])",
+                            R"("eos_token_id": 18446744073709551615)"}) {
+    WriteFile(dir + "/generation_config.json", absl::StrCat("{", entry, "}"));
+    status = Tokenizer::Load(dir).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << entry;
+    EXPECT_NE(status.message().find("is not a token id"), absl::string_view::npos) << status;
+  }
 }
 
 TEST(ConfigTest, MissingAndBrokenFiles) {
