@@ -43,6 +43,25 @@ void WeightedValuesPortable(const float* const* w, const Segments& v, int64_t ro
   }
 }
 
+// Asks the cache hierarchy for [p, p + bytes) ahead of use. A request's entries lie in blocks
+// of a few KiB each (a pool block's [block_size, hs] of one group), too short for the hardware
+// prefetcher to ramp up on before the next block, elsewhere in memory, begins.
+void Prefetch(const float* p, int64_t floats, bool to_l1) {
+#ifdef LGPT_SIMD_AVX2
+  const char* begin = reinterpret_cast<const char*>(p);
+  const char* end = reinterpret_cast<const char*>(p + floats);
+  for (const char* line = begin; line < end; line += 64) {
+    if (to_l1) {
+      _mm_prefetch(line, _MM_HINT_T0);
+    } else {
+      _mm_prefetch(line, _MM_HINT_T1);
+    }
+  }
+#else
+  (void)p, (void)floats, (void)to_l1;
+#endif
+}
+
 #ifdef LGPT_SIMD_AVX2
 
 // R weight rows against V vectors (8·V columns from `col`) of every value row: R·V
@@ -195,8 +214,13 @@ at::Tensor DecodeAttentionOver(const at::Tensor& q, int64_t groups, int64_t max_
       // The group's queries are contiguous in q: heads g·q_per_kv .. (g+1)·q_per_kv - 1.
       const float* qg = q_data + ((b * n_head + g * q_per_kv) * steps) * hs;
       int64_t column = 0;
-      for (const KVSegment& segment : kv) {
+      for (size_t i = 0; i < kv.size(); ++i) {
+        const KVSegment& segment = kv[i];
         const bool whole = kv.size() == 1;
+        // While these scores are summed: the next segment's keys, and these values for the
+        // weighted sum after the softmax (into L2: a long row's values outgrow L1).
+        if (i + 1 < kv.size()) Prefetch(kv[i + 1].keys, kv[i + 1].entries * hs, true);
+        Prefetch(segment.values, segment.entries * hs, false);
         part.resize(rows * segment.entries);
         float* dst = whole ? scores.data() : part.data();
         for (int64_t r = 0; r < rows; r += kGemvMaxRows) {
