@@ -439,7 +439,7 @@ bool GemvApplies(const at::Tensor& x, const at::Tensor& weight, const at::Tensor
     return false;
   }
   // With AVX-512 the kernel also beats BLAS's GEMM (Debian's OpenBLAS picks its AVX2 kernels on
-  // Zen 5) on prefill chunks.
+  // Zen 4) on prefill chunks.
   const int64_t max_rows =
       BestGemvKernel() == GemvKernel::kAvx512 ? kGemvMaxRowsAvx512 : kGemvMaxRows;
   if (x.numel() == 0 || x.numel() / x.size(-1) > max_rows) return false;
