@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/strip.h"
 #include "cache/kv_cache_factory.h"
 #include "core/base/status_macros.h"
 #include "core/model/sampling.h"
@@ -361,8 +362,24 @@ std::string InRequestTerms(absl::string_view message) {
                                        {"max_new_tokens", "max_tokens"}});
 }
 
+namespace {
+
+// The field a request error names: its message's leading quoted word, or the one after
+// "unknown or unsupported field"; empty when it names none.
+std::string FieldNamedBy(absl::string_view message) {
+  constexpr absl::string_view kUnknown = "unknown or unsupported field ";
+  if (absl::StartsWith(message, kUnknown)) message.remove_prefix(kUnknown.size());
+  if (!absl::ConsumePrefix(&message, "'")) return "";
+  const size_t end = message.find('\'');
+  if (end == absl::string_view::npos || end == 0) return "";
+  return std::string(message.substr(0, end));
+}
+
+}  // namespace
+
 std::string ApiError::Json() const {
-  json error = {{"message", message}, {"type", type}, {"param", nullptr}};
+  json error = {{"message", message}, {"type", type}};
+  error["param"] = param.empty() ? json(nullptr) : json(param);
   error["code"] = code.empty() ? json(nullptr) : json(code);
   return Dump(json{{"error", error}});
 }
@@ -375,6 +392,7 @@ ApiError ApiErrorFromStatus(const absl::Status& status) {
     case absl::StatusCode::kFailedPrecondition:
       error.http_status = 400;
       error.type = "invalid_request_error";
+      error.param = FieldNamedBy(error.message);
       break;
     case absl::StatusCode::kOutOfRange:
       error.http_status = 400;

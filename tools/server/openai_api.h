@@ -60,10 +60,13 @@ struct ApiError {
   std::string message;
   std::string type;  // invalid_request_error, authentication_error, ...
   std::string code;  // empty: null
+  std::string param;  // the request field at fault; empty: null
   std::string Json() const;
 };
 // InvalidArgument, OutOfRange, FailedPrecondition -> 400; Unauthenticated -> 401;
-// NotFound -> 404; ResourceExhausted -> 429; Unavailable -> 503; others 500.
+// NotFound -> 404; ResourceExhausted -> 429; Unavailable -> 503; others 500. A 400 whose
+// message names a field the way request errors do ("'temperature' must be ...", "unknown or
+// unsupported field 'x'") carries it as `param`, as OpenAI's errors do.
 ApiError ApiErrorFromStatus(const absl::Status& status);
 
 // "stop" for stop tokens and stop sequences, "length" for max_tokens and a full context,

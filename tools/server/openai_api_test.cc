@@ -229,6 +229,13 @@ TEST(OpenAiApiTest, ErrorsHaveOpenAisShapeAndStatus) {
   EXPECT_EQ(body["error"]["message"], "'x' is bad");
   EXPECT_EQ(body["error"]["type"], "invalid_request_error");
   EXPECT_TRUE(body["error"]["code"].is_null());
+  EXPECT_EQ(body["error"]["param"], "x");
+  EXPECT_EQ(
+      ApiErrorFromStatus(absl::InvalidArgumentError("unknown or unsupported field 'bogus'")).param,
+      "bogus");
+  EXPECT_TRUE(json::parse(ApiErrorFromStatus(absl::InvalidArgumentError("malformed JSON body: x"))
+                              .Json())["error"]["param"]
+                  .is_null());
   const ApiError context = ApiErrorFromStatus(
       absl::OutOfRangeError("prompt plus max_new_tokens (9) exceeds the context"));
   EXPECT_EQ(context.http_status, 400);

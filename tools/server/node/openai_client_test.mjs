@@ -74,10 +74,11 @@ check('unknown model is NotFoundError', async () => {
       /gpt-4/.test(error.message));
 });
 
-check('unsupported n is BadRequestError', async () => {
+check('unsupported n is BadRequestError naming the param', async () => {
   await assert.rejects(
     client.chat.completions.create({ model, messages: [{ role: 'user', content: 'x' }], n: 2 }),
-    (error) => error instanceof OpenAI.BadRequestError && /not supported/.test(error.message));
+    (error) => error instanceof OpenAI.BadRequestError && /not supported/.test(error.message) &&
+      error.param === 'n');
 });
 
 check('wrong API key is AuthenticationError', async () => {
