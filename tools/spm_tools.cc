@@ -1,5 +1,7 @@
 #include "tools/spm_tools.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -42,10 +44,13 @@ std::string ReasonFromLog(const std::string& log_file) {
 
 absl::Status TrainSentencePiece(const std::string& text_file, const std::string& model_prefix,
                                 int64_t vocab_size) {
-  const std::string log_file = model_prefix + ".log.tmp";
+  // spm_train writes under a private prefix, renamed into place once whole: a run stopped
+  // while it writes leaves no truncated tokenizer.model for --resume to pick up.
+  const std::string scratch = absl::StrCat(model_prefix, ".tmp-", ::getpid());
+  const std::string log_file = scratch + ".log";
   absl::Status status =
-      Run(absl::StrCat("spm_train --input=", Quote(text_file),
-                       " --model_prefix=", Quote(model_prefix), " --vocab_size=", vocab_size,
+      Run(absl::StrCat("spm_train --input=", Quote(text_file), " --model_prefix=", Quote(scratch),
+                       " --vocab_size=", vocab_size,
                        " --model_type=bpe --byte_fallback=true --character_coverage=1.0"
                        " --normalization_rule_name=identity --num_threads=2"
                        " --unk_id=0 --bos_id=1 --eos_id=2 --pad_id=-1"
@@ -60,6 +65,13 @@ absl::Status TrainSentencePiece(const std::string& text_file, const std::string&
     }
   }
   std::remove(log_file.c_str());
+  for (const char* suffix : {".vocab", ".model"}) {  // the model last: it marks a whole run
+    const std::string from = scratch + suffix, to = model_prefix + suffix;
+    if (status.ok() && std::rename(from.c_str(), to.c_str()) != 0) {
+      status = absl::InternalError(absl::StrCat("cannot rename ", from, " to ", to));
+    }
+    std::remove(from.c_str());
+  }
   return status;
 }
 
