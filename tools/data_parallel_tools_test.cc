@@ -210,6 +210,16 @@ TEST(PretrainToolTest, BadSettingsFailWithOneLineBeforeAnyWork) {
   ExpectCleanFailure(Execute("pretrain", train_tokenizer + corpus + " --vocab_size=100000"),
                      "--vocab_size=100000 is outside [259, ");
   EXPECT_FALSE(fs::exists(dir + "/out"));
+  // Resuming keeps the tokenizer it has, whatever --vocab_size says.
+  fs::create_directories(dir + "/resumed");
+  fs::copy_file("tools/default_model/tokenizer.model", dir + "/resumed/tokenizer.model");
+  const ToolRun resumed =
+      Execute("pretrain", absl::StrCat("--model_config=", kModelConfig, corpus,
+                                       " --resume --vocab_size=40 --seq_len=16 --micro_batch=2"
+                                       " --max_steps=1 --warmup_steps=1 --eval_batches=1"
+                                       " --out_dir=",
+                                       dir, "/resumed"));
+  EXPECT_EQ(resumed.status, 0) << resumed.err;
 
   // A finite rate that makes the weights overflow stops before saving them.
   const ToolRun blown = Execute("pretrain", common + corpus + " --lr=1e30");

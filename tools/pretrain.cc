@@ -192,8 +192,10 @@ int main(int argc, char** argv) {
   // A trained tokenizer needs 256 byte pieces plus unk, bos and eos (byte fallback) and must
   // fit the model's embedding; spm_train alone says so only after reading the corpus.
   const int64_t vocab_size = absl::GetFlag(FLAGS_vocab_size);
-  if (absl::GetFlag(FLAGS_tokenizer_dir).empty() &&
-      (vocab_size < 259 || vocab_size > config.PaddedVocabSize())) {
+  const bool trains_tokenizer =
+      absl::GetFlag(FLAGS_tokenizer_dir).empty() &&
+      !(absl::GetFlag(FLAGS_resume) && Exists(out_dir + "/tokenizer.model"));
+  if (trains_tokenizer && (vocab_size < 259 || vocab_size > config.PaddedVocabSize())) {
     Die(absl::InvalidArgumentError(absl::StrCat(
         "--vocab_size=", vocab_size, " is outside [259, ", config.PaddedVocabSize(),
         "]: a trained tokenizer has 256 byte pieces plus unk, bos and eos, and the model's "

@@ -43,9 +43,9 @@ void WeightedValuesPortable(const float* const* w, const Segments& v, int64_t ro
   }
 }
 
-// Asks the cache hierarchy for [p, p + bytes) ahead of use. A request's entries lie in blocks
-// of a few KiB each (a pool block's [block_size, hs] of one group), too short for the hardware
-// prefetcher to ramp up on before the next block, elsewhere in memory, begins.
+// Asks the cache hierarchy for the floats [p, p + floats) ahead of use. A request's entries lie in
+// blocks of a few KiB each (a pool block's [block_size, hs] of one group), too short for the
+// hardware prefetcher to ramp up on before the next block, elsewhere in memory, begins.
 void Prefetch(const float* p, int64_t floats, bool to_l1) {
 #ifdef LGPT_SIMD_AVX2
   const char* begin = reinterpret_cast<const char*>(p);
