@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -39,7 +40,8 @@ ABSL_FLAG(int64_t, max_running, 16, "requests decoding at once (rows of a decode
 ABSL_FLAG(int64_t, max_waiting, 64, "queued requests; beyond, 429 with Retry-After");
 ABSL_FLAG(int64_t, max_body_bytes, 1 << 20, "largest request body; beyond, 413");
 ABSL_FLAG(int32_t, http_threads, 0,
-          "connections served at once; 0: --max_running + --max_waiting + 8");
+          "connections served at once, at most 1024; 0: --max_running + --max_waiting + 8 "
+          "(at most 1024)");
 ABSL_FLAG(double, shutdown_s, 10, "on SIGTERM/SIGINT, seconds requests in flight may still run");
 ABSL_FLAG(bool, access_log, true, "one line per request on stderr");
 ABSL_FLAG(std::string, precision, "32-true", "32-true, bf16-true or 16-true");
@@ -92,9 +94,15 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags(const EngineOptions& engine
         absl::StrCat("--max_body_bytes must be >= 1, got ", options.max_body_bytes));
   }
   options.http_threads = absl::GetFlag(FLAGS_http_threads);
-  if (options.http_threads <= 0) {
-    options.http_threads =
-        static_cast<int>(engine.serving.max_running + engine.serving.max_waiting + 8);
+  if (options.http_threads < 0 || options.http_threads > options.max_http_threads) {
+    return absl::InvalidArgumentError(absl::StrCat("--http_threads must be in [0, ",
+                                                   options.max_http_threads, "], got ",
+                                                   options.http_threads));
+  }
+  if (options.http_threads == 0) {
+    // Beyond max_http_threads, connections past it wait for a thread instead of a 429.
+    options.http_threads = static_cast<int>(std::min<int64_t>(
+        engine.serving.max_running + engine.serving.max_waiting + 8, options.max_http_threads));
   }
   options.shutdown_s = absl::GetFlag(FLAGS_shutdown_s);
   if (!(options.shutdown_s >= 0)) {

@@ -246,6 +246,15 @@ struct HttpServer::Impl {
 };
 
 absl::Status HttpServer::Impl::Init() {
+  // Threads start eagerly up to http_threads: an impossible count would end Run with the
+  // thread library's error long after Create said yes.
+  if (options.max_http_threads < 1 || options.max_http_threads > kMostHttpThreads ||
+      options.http_threads < 0 || options.http_threads > options.max_http_threads) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ServerOptions.http_threads (", options.http_threads,
+                     ") must lie in [0, ServerOptions.max_http_threads], and max_http_threads (",
+                     options.max_http_threads, ") in [1, ", kMostHttpThreads, "]"));
+  }
   model_id = options.model_id.empty() ? engine->config().name : options.model_id;
   created = static_cast<int64_t>(std::time(nullptr));
   if (const Tokenizer* tokenizer = engine->tokenizer()) {

@@ -26,6 +26,9 @@
 
 namespace lgpt {
 
+// The most connection threads a server may be given (each reserves a stack).
+inline constexpr int kMostHttpThreads = 1 << 14;
+
 struct ServerOptions {
   std::string host = "127.0.0.1";  // loopback only by default
   int port = 8000;                 // 0: any free port (port() tells which)
@@ -37,8 +40,8 @@ struct ServerOptions {
   // the scheduler's max_running + max_waiting, so that a full queue answers 429 rather than
   // stalling. More start when every one is busy (clients trickling in requests must not hold
   // the server), up to max_http_threads, and end after a while without work.
-  int http_threads = 64;
-  int max_http_threads = 1024;
+  int http_threads = 64;            // in [0, max_http_threads]
+  int max_http_threads = 1024;      // in [1, kMostHttpThreads]
   double shutdown_s = 10;           // how long Shutdown lets requests in flight run
   int64_t default_max_tokens = 16;  // /v1/completions without max_tokens (OpenAI's 16)
   bool access_log = true;

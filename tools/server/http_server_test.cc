@@ -444,6 +444,21 @@ TEST_F(HttpServerTest, ApiKeyIsRequiredOnV1Only) {
   EXPECT_EQ(HttpGet(port, "/metrics").status, 200);
 }
 
+// Thread counts the machine cannot start are refused when the server is made (before, Run
+// ended with the thread library's "Resource temporarily unavailable").
+TEST_F(HttpServerTest, ImpossibleThreadCountsAreRefusedAtCreate) {
+  for (const auto& [threads, most] : std::vector<std::pair<int, int>>{
+           {100000000, 1024}, {-1, 1024}, {8, 0}, {8, kMostHttpThreads + 1}}) {
+    ServerOptions options;
+    options.port = 0;
+    options.http_threads = threads;
+    options.max_http_threads = most;
+    const absl::Status status = HttpServer::Create(engine(), options).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << threads << " " << most;
+    EXPECT_TRUE(absl::StrContains(status.message(), "ServerOptions.http_threads")) << status;
+  }
+}
+
 TEST_F(HttpServerTest, SlowClientsDoNotHoldTheServer) {
   // Four kept threads; forty clients that trickle in headers or a body hold one each for the
   // read timeout (30 s). The server starts threads for the rest: /health answers at once.
