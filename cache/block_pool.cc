@@ -1,5 +1,9 @@
 #include "cache/block_pool.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdint>
 #include <stdexcept>
 #include <utility>
 
@@ -59,6 +63,19 @@ absl::StatusOr<std::shared_ptr<BlockPool>> BlockPool::Create(const KVCacheGeomet
         absl::StrCat("BlockPoolOptions.num_blocks (", options.num_blocks,
                      ") is too many: their bookkeeping alone does not fit in memory"));
   }
+  try {
+    for (const KVLayerSpec& layer : geometry.layers) {
+      for (int kv = 0; kv < 2; ++kv) {
+        pool->arena_.push_back(at::empty(
+            {options.num_blocks, layer.n_query_groups, options.block_size, layer.head_size},
+            tensor_options));
+      }
+    }
+  } catch (const std::exception& e) {  // c10::Error: the allocator could not reserve it
+    return absl::ResourceExhaustedError(
+        absl::StrCat("BlockPoolOptions.num_blocks (", options.num_blocks, ") blocks of ",
+                     pool->bytes_per_block_, " bytes cannot be allocated: ", e.what()));
+  }
   for (int64_t block = options.num_blocks - 1; block >= 0; --block) {
     pool->free_.push_back(block);
   }
@@ -73,19 +90,29 @@ int64_t BlockPool::TakeBlock() {
   const int64_t block = free_.back();
   free_.pop_back();
   std::vector<at::Tensor>& storage = storage_[block];
-  for (const KVLayerSpec& layer : layers_) {
-    for (int kv = 0; kv < 2; ++kv) {
-      storage.push_back(
-          at::empty({layer.n_query_groups, block_size_, layer.head_size}, tensor_options_));
-    }
-  }
+  for (const at::Tensor& layer : arena_) storage.push_back(layer.select(0, block));
   return block;
+}
+
+void BlockPool::FreeStorage(int64_t block) {
+  storage_[block].clear();
+  if (!device().is_cpu()) return;
+  // The whole pages inside the block's slice of each layer go back to the system; they read
+  // as zeros when touched again (a block's entries are unset until written anyway).
+  const int64_t page = ::sysconf(_SC_PAGESIZE);
+  for (const at::Tensor& layer : arena_) {
+    const int64_t bytes = layer.nbytes() / num_blocks_;
+    const uintptr_t begin = reinterpret_cast<uintptr_t>(layer.data_ptr()) + block * bytes;
+    const uintptr_t first = (begin + page - 1) / page * page;
+    const uintptr_t last = (begin + bytes) / page * page;
+    if (first < last) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+  }
 }
 
 void BlockPool::EvictOldestCached() {
   const int64_t block = cached_.front();
   Unpublish(block);
-  storage_[block].clear();
+  FreeStorage(block);
   free_.push_back(block);
 }
 
@@ -148,7 +175,7 @@ void BlockPool::Release(int64_t block) {
   if (published.key != 0) {
     published.lru = cached_.insert(cached_.end(), block);
   } else {
-    storage_[block].clear();
+    FreeStorage(block);
     free_.push_back(block);
   }
 }

@@ -1,11 +1,13 @@
 // The KV memory a serving engine shares between requests (PagedAttention's block pool): blocks
 // of block_size consecutive entries of one request, each holding per layer its keys and values
-// [n_query_groups, block_size, head_size]. The pool is a budget of num_blocks blocks: a block's
-// storage is allocated when the block is taken and freed when it is free again, so memory
-// follows what is in use (at most num_blocks · BytesPerBlock()), and the budget is shared with
-// caches that keep their own storage (budgeted and quantised caches): a serving engine
-// Reserves their bytes as their storage grows and Unreserves them when it is freed. Blocks
-// are reference counted (shared prefixes).
+// [n_query_groups, block_size, head_size]. The pool's storage is allocated once, when it is
+// made: per layer keys and values [num_blocks, n_query_groups, block_size, head_size], a block
+// a slice of them. On the CPU that is address space only: a page takes memory when a block
+// first writes it, and a block that is free again gives its pages back, so memory follows what
+// is in use (at most num_blocks · BytesPerBlock()); a device pool holds its memory throughout.
+// The budget is shared with caches that keep their own storage (budgeted and quantised
+// caches): a serving engine Reserves their bytes as their storage grows and Unreserves them
+// when it is freed. Blocks are reference counted (shared prefixes).
 //
 // Prefix cache (vLLM's automatic prefix caching): a full block whose entries depend only on
 // the tokens up to and including it (dense full-precision entries written from position 0)
@@ -94,7 +96,7 @@ class BlockPool {
   int64_t free_blocks() const;
   // Published blocks no request references (counted in free_blocks).
   int64_t cached_blocks() const;
-  // Blocks with storage now (referenced and cached).
+  // Blocks holding entries now (referenced and cached).
   int64_t stored_blocks() const;
   // Blocks the reservations cover: their bytes rounded up to whole blocks.
   int64_t reserved_blocks() const;
@@ -132,7 +134,12 @@ class BlockPool {
   const int64_t num_blocks_;
   const at::TensorOptions tensor_options_;
   int64_t bytes_per_block_ = 0;
-  // Per block, per layer: keys and values (undefined while the block is free).
+  // Gives a block's pages back (CPU) and drops its views (mutex_ held).
+  void FreeStorage(int64_t block);
+
+  // Per layer: keys and values [num_blocks, n_query_groups, block_size, head_size].
+  std::vector<at::Tensor> arena_;
+  // Per taken block, per layer: keys and values, views of arena_ (empty while the block is free).
   std::vector<std::vector<at::Tensor>> storage_;
   struct PrefixId {
     uint64_t parent;

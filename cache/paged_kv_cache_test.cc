@@ -7,10 +7,14 @@
 #include "cache/paged_kv_cache.h"
 
 #include <ATen/ATen.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include <cstdint>
 #include <limits>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "cache/dense_kv_cache.h"
@@ -68,9 +72,51 @@ TEST(BlockPoolTest, AllocatesCountsAndRefuses) {
   EXPECT_NE(huge.message().find("BlockPoolOptions.num_blocks"), absl::string_view::npos) << huge;
 }
 
+// Pages of [p, p + bytes) that lie wholly inside it, and how many of them are resident.
+std::pair<int64_t, int64_t> ResidentPages(const void* p, int64_t bytes) {
+  const int64_t page = ::sysconf(_SC_PAGESIZE);
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t first = (begin + page - 1) / page * page, last = (begin + bytes) / page * page;
+  if (first >= last) return {0, 0};
+  std::vector<unsigned char> resident((last - first) / page);
+  EXPECT_EQ(::mincore(reinterpret_cast<void*>(first), last - first, resident.data()), 0);
+  int64_t count = 0;
+  for (unsigned char r : resident) count += r & 1;
+  return {static_cast<int64_t>(resident.size()), count};
+}
+
+// One allocation for the pool (a block's keys and values are slices of it), pages taken as
+// blocks are written and given back when they are free again.
+TEST(BlockPoolTest, StorageIsAllocatedOnceAndFreeBlocksGiveTheirPagesBack) {
+  KVCacheGeometry geometry;
+  geometry.layers = {{4, 64, 0}};  // 64 KiB of keys a block: whole pages inside each
+  BlockPoolOptions options;
+  options.block_size = 64;
+  options.num_blocks = 4;
+  std::shared_ptr<BlockPool> pool = *BlockPool::Create(geometry, options);
+  const int64_t a = *pool->Allocate(), b = *pool->Allocate();
+  const at::Tensor& keys_a = pool->keys(a, 0);
+  const at::Tensor& keys_b = pool->keys(b, 0);
+  EXPECT_TRUE(keys_a.is_alias_of(keys_b));
+  EXPECT_TRUE(keys_a.is_contiguous());
+  const int64_t bytes = keys_a.nbytes();
+  EXPECT_EQ(
+      static_cast<const char*>(keys_b.data_ptr()) - static_cast<const char*>(keys_a.data_ptr()),
+      (b - a) * bytes);
+  const void* where = keys_a.data_ptr();
+  pool->keys(a, 0).fill_(1.0f);
+  const auto [pages, written] = ResidentPages(where, bytes);
+  ASSERT_GT(pages, 0);
+  EXPECT_EQ(written, pages);
+  pool->Release(a);
+  EXPECT_EQ(ResidentPages(where, bytes).second, 0);
+  EXPECT_EQ(*pool->Allocate(), a);
+  EXPECT_EQ(pool->keys(a, 0).data_ptr(), where);  // the same slice again
+}
+
 TEST(BlockPoolTest, ReservationsShareTheBudgetAndStorageFollowsUse) {
   std::shared_ptr<BlockPool> pool = Pool(4);
-  EXPECT_EQ(pool->stored_blocks(), 0);  // nothing allocated up front
+  EXPECT_EQ(pool->stored_blocks(), 0);  // no block holds entries yet
   const int64_t a = *pool->Allocate();
   EXPECT_EQ(pool->stored_blocks(), 1);
   EXPECT_EQ(pool->keys(a, 1).sizes(), (std::vector<int64_t>{2, 4, 8}));
