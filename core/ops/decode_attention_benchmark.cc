@@ -114,6 +114,9 @@ void Shapes(benchmark::internal::Benchmark* b) {
       b->Args({16, 32, block, from_memory});
       b->Args({16, 192, block, from_memory});
     }
+    // One segment per request and group (a dense cache's layout).
+    b->Args({1, 2048, 2048, from_memory});
+    b->Args({16, 192, 192, from_memory});
   }
   b->Unit(benchmark::kMicrosecond)->UseRealTime();
 }
