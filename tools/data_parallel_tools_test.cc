@@ -210,6 +210,16 @@ TEST(PretrainToolTest, BadSettingsFailWithOneLineBeforeAnyWork) {
   ExpectCleanFailure(Execute("pretrain", train_tokenizer + corpus + " --vocab_size=100000"),
                      "--vocab_size=100000 is outside [259, ");
   EXPECT_FALSE(fs::exists(dir + "/out"));
+  // A corpus too small for the validation split: the output directory this run made goes.
+  const std::string tiny = dir + "/tiny.txt";
+  {
+    std::ofstream out(tiny);
+    out << "In the beginning\n";
+  }
+  const ToolRun small = Execute("pretrain", common + " --text_file=" + tiny);
+  EXPECT_EQ(small.status, 1) << small.err;
+  EXPECT_THAT(small.err, HasSubstr("is too small: its 5 tokens")) << small.err;
+  EXPECT_FALSE(fs::exists(dir + "/out"));
   // Resuming keeps the tokenizer it has, whatever --vocab_size says.
   fs::create_directories(dir + "/resumed");
   fs::copy_file("tools/default_model/tokenizer.model", dir + "/resumed/tokenizer.model");

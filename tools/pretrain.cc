@@ -205,7 +205,13 @@ int main(int argc, char** argv) {
   // --devices > 1: the ranks start here and each runs this main from the top.
   if (std::optional<int> code = ValueOrDie(LaunchDevices(argc, argv))) return *code;
   const bool lead = RankFromEnv() == 0;  // trains the tokenizer, logs and writes
-  if (lead) ::mkdir(out_dir.c_str(), 0755);
+  // A directory this run made goes again when the corpus turns out unusable (the checks that
+  // need its tokens come after the tokenizer is in it).
+  const bool made_out_dir = lead && ::mkdir(out_dir.c_str(), 0755) == 0;
+  auto refuse = [&](const absl::Status& status) {
+    if (made_out_dir) std::filesystem::remove_all(out_dir);
+    Die(status);
+  };
 
   // Tokenizer: trained on the corpus, or copied from an existing checkpoint (rank 0 alone).
   const std::string tokenizer_dir = ResolvePath(absl::GetFlag(FLAGS_tokenizer_dir));
@@ -244,13 +250,13 @@ int main(int argc, char** argv) {
   if (!lead) std::remove(tokenizer_model.c_str());
   const int64_t vocab = ids.empty() ? 0 : *std::max_element(ids.begin(), ids.end()) + 1;
   if (vocab > config.PaddedVocabSize()) {
-    Die(absl::InvalidArgumentError(absl::StrCat("tokenizer has ", vocab,
-                                                " tokens, the model's padded vocabulary ",
-                                                config.PaddedVocabSize())));
+    refuse(absl::InvalidArgumentError(absl::StrCat("tokenizer has ", vocab,
+                                                   " tokens, the model's padded vocabulary ",
+                                                   config.PaddedVocabSize())));
   }
   const int64_t bos_first = absl::GetFlag(FLAGS_bos_first);
   if (bos_first < -1 || bos_first >= config.PaddedVocabSize()) {
-    Die(absl::InvalidArgumentError(absl::StrCat(
+    refuse(absl::InvalidArgumentError(absl::StrCat(
         "--bos_first=", bos_first, " is not -1 or a token id below ", config.PaddedVocabSize())));
   }
   const at::Tensor all = at::tensor(ids, at::kLong);
@@ -258,7 +264,7 @@ int main(int argc, char** argv) {
   const at::Tensor train = all.narrow(0, 0, all.size(0) - val_tokens);
   const at::Tensor val = all.narrow(0, all.size(0) - val_tokens, val_tokens);
   if (val.size(0) <= seq_len + 1) {
-    Die(absl::InvalidArgumentError(
+    refuse(absl::InvalidArgumentError(
         absl::StrCat(text_file, " is too small: its ", all.size(0), " tokens leave ", val.size(0),
                      " for validation (--val_fraction=", val_fraction,
                      "), which needs more than --seq_len + 1 = ", seq_len + 1)));
