@@ -205,8 +205,6 @@ std::vector<int64_t> Engine::StopTokens(const RequestOptions& options) const {
   return stops;
 }
 
-// The text side of one request, shared by Run (batch-1, synchronous) and Submit (through the
-// scheduler): streaming decode, stop sequences and stop token sequences, the finish reason.
 // A request's generation settings from `start_position`; RequestText adds its stop tokens
 // and streaming callback.
 GenerateOptions GenerationSettings(const RequestOptions& options, int64_t start_position) {
@@ -219,6 +217,8 @@ GenerateOptions GenerationSettings(const RequestOptions& options, int64_t start_
   return generate;
 }
 
+// The text side of one request, shared by Run (batch-1, synchronous) and Submit (through the
+// scheduler): streaming decode, stop sequences and stop token sequences, the finish reason.
 class RequestText {
  public:
   RequestText(std::shared_ptr<const Tokenizer> tokenizer, const RequestOptions& options,
