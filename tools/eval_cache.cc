@@ -336,9 +336,7 @@ int Run(const std::vector<LoraAdapterSpec>& loras) {
   if (absl::GetFlag(FLAGS_random_model).empty()) {
     std::string checkpoint_dir = ResolvePath(absl::GetFlag(FLAGS_checkpoint_dir));
     if (checkpoint_dir.empty()) checkpoint_dir = DefaultModelDir();
-    std::vector<std::string> inputs = {checkpoint_dir};
-    for (const LoraAdapterSpec& lora : loras) inputs.push_back(lora.dir);
-    DieIfError(OutputDir::Check(out_dir, inputs));
+    DieIfError(OutputDir::Check(out_dir, ModelInputDirs(checkpoint_dir, loras)));
   }
   const std::vector<int64_t> budgets =
       ValueOrDie(ParseList(absl::GetFlag(FLAGS_budgets), "budgets"));

@@ -77,4 +77,11 @@ absl::StatusOr<std::vector<LoraAdapterSpec>> LoraFlags(int argc, char** argv) {
   return specs;
 }
 
+std::vector<std::string> ModelInputDirs(const std::string& checkpoint_dir,
+                                        const std::vector<LoraAdapterSpec>& loras) {
+  std::vector<std::string> dirs = {checkpoint_dir};
+  for (const LoraAdapterSpec& lora : loras) dirs.push_back(lora.dir);
+  return dirs;
+}
+
 }  // namespace lgpt

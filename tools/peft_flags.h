@@ -26,6 +26,11 @@ absl::StatusOr<LoraAdapterSpec> ParseLoraFlag(absl::string_view text);
 // value serves when argv names none (a --flagfile).
 absl::StatusOr<std::vector<LoraAdapterSpec>> LoraFlags(int argc, char** argv);
 
+// The directories a tool reads its model from: the checkpoint and each LoRA fine-tune (what
+// its outputs must stay out of).
+std::vector<std::string> ModelInputDirs(const std::string& checkpoint_dir,
+                                        const std::vector<LoraAdapterSpec>& loras);
+
 }  // namespace lgpt
 
 #endif  // LGPT_TOOLS_PEFT_FLAGS_H_

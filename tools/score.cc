@@ -36,9 +36,7 @@ int main(int argc, char** argv) {
       ValueOrDie(ParseIds(absl::GetFlag(FLAGS_token_ids), "token_ids"));
   const std::vector<LoraAdapterSpec> loras = ValueOrDie(LoraFlags(argc, argv));
   // --logits_out=DIR/model.safetensors replaced the checkpoint's weights with the logits.
-  std::vector<std::string> inputs = {checkpoint_dir};
-  for (const LoraAdapterSpec& lora : loras) inputs.push_back(lora.dir);
-  DieIfError(CheckOutputFile(out, inputs));
+  DieIfError(CheckOutputFile(out, ModelInputDirs(checkpoint_dir, loras)));
   if (std::optional<int> code = ValueOrDie(LaunchTensorParallel(argc, argv))) return *code;
 
   LoadOptions options;
