@@ -45,6 +45,16 @@ std::string TempDir() {
   return dir ? dir : "/tmp";
 }
 
+// A writable copy of the golden checkpoint (config and weights) at TempDir()/`name`.
+std::string CopyOfGoldenCheckpoint(const std::string& name) {
+  const std::string dir = TempDir() + "/" + name;
+  ::mkdir(dir.c_str(), 0755);
+  for (const char* file : {"model_config.yaml", "lit_model.pth"}) {
+    std::ofstream(dir + "/" + file, std::ios::binary) << ReadAll(absl::StrCat(kGolden, "/", file));
+  }
+  return dir;
+}
+
 ToolRun Execute(const std::string& tool, const std::string& args) {
   const std::string out = TempDir() + "/stdout.txt", err = TempDir() + "/stderr.txt";
   const std::string command = absl::StrCat("tools/", tool, " ", args, " >", out, " 2>", err);
@@ -94,11 +104,7 @@ TEST(ScoreTest, WritesLitGptLogits) {
 // The logits never go into the checkpoint they come from: --logits_out=DIR/lit_model.pth
 // replaced the model's weights with an .npy file (status 0).
 TEST(ScoreTest, RefusesAnOutputInsideTheCheckpoint) {
-  const std::string dir = TempDir() + "/score_input";
-  ::mkdir(dir.c_str(), 0755);
-  for (const char* name : {"model_config.yaml", "lit_model.pth"}) {
-    std::ofstream(dir + "/" + name, std::ios::binary) << ReadAll(absl::StrCat(kGolden, "/", name));
-  }
+  const std::string dir = CopyOfGoldenCheckpoint("score_input");
   const std::string weights = ReadAll(dir + "/lit_model.pth");
   ExpectCleanFailure(
       Execute("score", absl::StrCat("--checkpoint_dir=", dir, " --token_ids=1,2 --logits_out=", dir,
@@ -480,11 +486,7 @@ TEST(EvalCacheTest, NoFlagsScoresTheDefaultModelOnItsHeldOutText) {
 // The results never go into the checkpoint they measure (results.csv, .md and the plot were
 // written beside its weights), and negative sizes are errors, known before any scoring.
 TEST(EvalCacheTest, RefusesAnOutputInsideTheCheckpointAndNegativeSizes) {
-  const std::string dir = TempDir() + "/eval_cache_input";
-  ::mkdir(dir.c_str(), 0755);
-  for (const char* name : {"model_config.yaml", "lit_model.pth"}) {
-    std::ofstream(dir + "/" + name, std::ios::binary) << ReadAll(absl::StrCat(kGolden, "/", name));
-  }
+  const std::string dir = CopyOfGoldenCheckpoint("eval_cache_input");
   const std::string args = absl::StrCat("--checkpoint_dir=", dir,
                                         " --random_tokens=40 --policies=dense --bits=16 "
                                         "--budgets=8 --out_dir=");
