@@ -71,15 +71,27 @@ absl::StatusOr<LoadedModel> LoadCheckpoint(const std::string& checkpoint_dir,
   }
 }
 
-std::optional<int64_t> TrainedContext(const std::string& checkpoint_dir, const Config& config) {
+namespace {
+
+// TrainedContext, and in `parse_error` (when given) why a train_config.yaml that exists did
+// not parse.
+std::optional<int64_t> TrainedContextOf(const std::string& checkpoint_dir, const Config& config,
+                                        absl::Status* parse_error) {
   const std::string train_config = checkpoint_dir + "/train_config.yaml";
   if (IsFile(train_config)) {
     absl::StatusOr<Config> trained = LoadConfigFile(train_config);
     if (trained.ok()) return trained->block_size;
+    if (parse_error != nullptr) *parse_error = trained.status();
   }
   absl::StatusOr<Config> preset = PresetFromName(config.name);
   if (preset.ok()) return preset->block_size;
   return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<int64_t> TrainedContext(const std::string& checkpoint_dir, const Config& config) {
+  return TrainedContextOf(checkpoint_dir, config, nullptr);
 }
 
 absl::StatusOr<LoadedModel> LoadCheckpointUnchecked(const std::string& checkpoint_dir,
@@ -147,16 +159,13 @@ absl::StatusOr<LoadedModel> LoadCheckpointUnchecked(const std::string& checkpoin
 std::vector<std::string> ContextWarnings(const std::string& checkpoint_dir,
                                          const Config& config) {
   std::vector<std::string> warnings;
-  // TrainedContext falls back to the preset when train_config.yaml does not parse: say so.
-  const std::string train_config = checkpoint_dir + "/train_config.yaml";
-  if (IsFile(train_config)) {
-    const absl::Status parsed = LoadConfigFile(train_config).status();
-    if (!parsed.ok()) {
-      warnings.push_back(absl::StrCat("ignoring train_config.yaml, which does not parse (",
-                                      parsed.message(), ")"));
-    }
+  absl::Status parsed;
+  const std::optional<int64_t> trained = TrainedContextOf(checkpoint_dir, config, &parsed);
+  // The preset stood in for a train_config.yaml that does not parse: say so.
+  if (!parsed.ok()) {
+    warnings.push_back(
+        absl::StrCat("ignoring train_config.yaml, which does not parse (", parsed.message(), ")"));
   }
-  const std::optional<int64_t> trained = TrainedContext(checkpoint_dir, config);
   if (!trained || config.block_size <= *trained) return warnings;
   warnings.push_back(absl::StrCat(
       "block_size ", config.block_size, " in model_config.yaml exceeds the ", *trained,
