@@ -192,10 +192,12 @@ int main(int argc, char** argv) {
   // A trained tokenizer needs 256 byte pieces plus unk, bos and eos (byte fallback) and must
   // fit the model's embedding; spm_train alone says so only after reading the corpus.
   const int64_t vocab_size = absl::GetFlag(FLAGS_vocab_size);
-  const bool trains_tokenizer =
-      absl::GetFlag(FLAGS_tokenizer_dir).empty() &&
+  // A resumed run keeps the tokenizer it has; otherwise one is trained or copied.
+  const bool needs_tokenizer =
       !(absl::GetFlag(FLAGS_resume) && Exists(out_dir + "/tokenizer.model"));
-  if (trains_tokenizer && (vocab_size < 259 || vocab_size > config.PaddedVocabSize())) {
+  const std::string tokenizer_dir = ResolvePath(absl::GetFlag(FLAGS_tokenizer_dir));
+  if (needs_tokenizer && tokenizer_dir.empty() &&
+      (vocab_size < 259 || vocab_size > config.PaddedVocabSize())) {
     Die(absl::InvalidArgumentError(absl::StrCat(
         "--vocab_size=", vocab_size, " is outside [259, ", config.PaddedVocabSize(),
         "]: a trained tokenizer has 256 byte pieces plus unk, bos and eos, and the model's "
@@ -214,13 +216,11 @@ int main(int argc, char** argv) {
   };
 
   // Tokenizer: trained on the corpus, or copied from an existing checkpoint (rank 0 alone).
-  const std::string tokenizer_dir = ResolvePath(absl::GetFlag(FLAGS_tokenizer_dir));
-  if (lead && (!absl::GetFlag(FLAGS_resume) || !Exists(out_dir + "/tokenizer.model"))) {
+  if (lead && needs_tokenizer) {
     if (tokenizer_dir.empty()) {
       std::fprintf(stderr, "training a %lld-piece SentencePiece tokenizer on %s\n",
-                   static_cast<long long>(absl::GetFlag(FLAGS_vocab_size)), text_file.c_str());
-      DieIfError(
-          TrainSentencePiece(text_file, out_dir + "/tokenizer", absl::GetFlag(FLAGS_vocab_size)));
+                   static_cast<long long>(vocab_size), text_file.c_str());
+      DieIfError(TrainSentencePiece(text_file, out_dir + "/tokenizer", vocab_size));
       std::remove((out_dir + "/tokenizer.vocab").c_str());
       WriteFile(out_dir + "/tokenizer_config.json",
                 "{\"add_bos_token\": true, \"bos_token\": \"<s>\", \"eos_token\": \"</s>\"}\n");
