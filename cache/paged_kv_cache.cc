@@ -1,6 +1,7 @@
 #include "cache/paged_kv_cache.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <algorithm>
 #include <cstring>
@@ -45,12 +46,12 @@ PagedKVCache::PagedKVCache(std::shared_ptr<BlockPool> pool, int64_t max_sequence
       max_sequence_length_(max_sequence_length),
       layer_length_(pool_->layers().size(), 0) {}
 
-absl::StatusOr<std::unique_ptr<PagedKVCache>> PagedKVCache::Create(
-    std::shared_ptr<BlockPool> pool, int64_t max_sequence_length) {
+absl::StatusOr<std::unique_ptr<PagedKVCache>> PagedKVCache::Create(std::shared_ptr<BlockPool> pool,
+                                                                   int64_t max_sequence_length) {
   if (pool == nullptr) return absl::InvalidArgumentError("PagedKVCache needs a BlockPool");
   if (max_sequence_length < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "PagedKVCache max_sequence_length must be >= 1, got ", max_sequence_length));
+    return absl::InvalidArgumentError(
+        absl::StrCat("PagedKVCache max_sequence_length must be >= 1, got ", max_sequence_length));
   }
   return std::unique_ptr<PagedKVCache>(new PagedKVCache(std::move(pool), max_sequence_length));
 }

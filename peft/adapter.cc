@@ -1,11 +1,12 @@
 #include "peft/adapter.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "core/ops/attention.h"
 #include "core/base/status_macros.h"
+#include "core/ops/attention.h"
 
 namespace lgpt {
 
@@ -36,8 +37,8 @@ AdapterPrefix::AdapterPrefix(const Config& config, const AdapterOptions& options
       options_(options) {}
 
 void AdapterPrefix::Attach(torch::nn::Module& attention) {
-  adapter_wte = attention.register_module(
-      "adapter_wte", torch::nn::Embedding(options_.prompt_length, n_embd_));
+  adapter_wte = attention.register_module("adapter_wte",
+                                          torch::nn::Embedding(options_.prompt_length, n_embd_));
   gating_factor = attention.register_parameter("gating_factor", at::zeros({1, 1, n_head_, 1}));
 }
 

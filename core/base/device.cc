@@ -1,17 +1,33 @@
 #include "core/base/device.h"
 
-#include <cstdlib>
-
 #include <ATen/Context.h>
 #include <glog/logging.h>
+
+#include <cstdlib>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 
+#ifdef LGPT_LIBTORCH_HAS_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#endif
+
 namespace lgpt {
 
 bool CudaAvailable() { return at::hasCUDA(); }
+
+void SynchronizeDevice(const c10::Device& device) {
+#ifdef LGPT_LIBTORCH_HAS_CUDA
+  if (device.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(device);
+    c10::cuda::device_synchronize();
+  }
+#else
+  (void)device;
+#endif
+}
 
 absl::StatusOr<c10::Device> ParseDevice(absl::string_view name) {
   if (name == "cpu") return c10::Device(c10::kCPU);

@@ -20,6 +20,9 @@ c10::Device DefaultDevice();
 // Whether LibTorch sees a usable CUDA device.
 bool CudaAvailable();
 
+// Waits until every kernel queued on `device` has finished (a no-op on the CPU), for timings.
+void SynchronizeDevice(const c10::Device& device);
+
 }  // namespace lgpt
 
 #endif  // LGPT_CORE_BASE_DEVICE_H_

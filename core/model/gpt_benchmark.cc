@@ -7,10 +7,17 @@
 // more steps (chrome://tracing), to count and time the operations a decode step issues.
 // --quantize=int8|int4: block-quantised projections (core/model/quantize_model.h).
 //
+// LGPT_DEVICE=cuda: the model and its cache on the GPU (each timed step synchronised).
+//
 // Models: "tiny" (tests' size) and "llama-110m" (llama2.c's 110M: n_layer 12, n_embd 768,
 // n_head 12, intermediate 2048, vocab 32000). LGPT_BENCH_PRESET=<preset name> adds any
 // LitGPT preset at full size. Decode runs at several filled lengths with the cache sized
 // for the whole block, to show that its cost follows the filled length.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <benchmark/benchmark.h>
+#include <torch/csrc/autograd/profiler_legacy.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -19,11 +26,7 @@
 #include <string>
 #include <thread>
 
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
-#include <benchmark/benchmark.h>
-#include <torch/csrc/autograd/profiler_legacy.h>
-
+#include "core/base/device.h"
 #include "core/config/config.h"
 #include "core/config/config_presets.h"
 #include "core/model/gpt.h"
@@ -70,6 +73,7 @@ GPT& Model(const std::string& name) {
     GPT model = *GPTImpl::Create(ModelConfig(name), QuantizedModelParts(Quantization()));
     if (Quantization() != WeightQuantization::kNone && !QuantizeModel(*model).ok()) std::abort();
     model->eval();
+    model->to(DefaultDevice());
     it = models->emplace(name, model).first;
   }
   return it->second;
@@ -79,15 +83,18 @@ void Prefill(benchmark::State& state, const std::string& name) {
   at::NoGradGuard no_grad;
   GPT& model = Model(name);
   const int64_t length = state.range(0);
-  const at::Tensor tokens = at::randint(0, model->config().vocab_size, {1, length}, at::kLong);
+  const c10::Device device = DefaultDevice();
+  const at::Tensor tokens =
+      at::randint(0, model->config().vocab_size, {1, length}, at::kLong).to(device);
   for (auto _ : state) {
     auto cache = model->NewDenseCache(1, length, length);
     ForwardOptions options;
     options.last_logits_only = true;
     benchmark::DoNotOptimize(*model->Forward(tokens, cache->get(), options));
+    SynchronizeDevice(device);
   }
-  state.counters["tokens_per_s"] =
-      benchmark::Counter(static_cast<double>(length), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["tokens_per_s"] = benchmark::Counter(
+      static_cast<double>(length), benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void Decode(benchmark::State& state, const std::string& name) {
@@ -96,17 +103,20 @@ void Decode(benchmark::State& state, const std::string& name) {
   const int64_t filled = state.range(0);
   const int64_t max_length = model->config().block_size;
   auto cache = *model->NewDenseCache(1, max_length, max_length);
-  const at::Tensor prompt = at::randint(0, model->config().vocab_size, {1, filled}, at::kLong);
+  const c10::Device device = DefaultDevice();
+  const at::Tensor prompt =
+      at::randint(0, model->config().vocab_size, {1, filled}, at::kLong).to(device);
   ForwardOptions prefill;
   prefill.last_logits_only = true;
   (void)*model->Forward(prompt, cache.get(), prefill);
-  const at::Tensor token = at::zeros({1, 1}, at::kLong);
+  const at::Tensor token = at::zeros({1, 1}, at::TensorOptions(at::kLong).device(device));
   ForwardOptions step;
-  step.positions = at::full({1, 1}, filled, at::kLong);
+  step.positions = at::full({1, 1}, filled, at::TensorOptions(at::kLong).device(device));
   step.last_logits_only = true;
   for (auto _ : state) {
     // Re-writes position `filled` each time: the cache stays at the same fill.
     benchmark::DoNotOptimize(*model->Forward(token, cache.get(), step));
+    SynchronizeDevice(device);
   }
   if (const char* trace = std::getenv("LGPT_BENCH_TRACE")) {
     // LibTorch's operator-level profile of a few decode steps (chrome://tracing format).
@@ -152,6 +162,7 @@ int main(int argc, char** argv) {
   at::set_num_threads(std::max(threads, 1));
   benchmark::AddCustomContext("threads", std::to_string(at::get_num_threads()));
   benchmark::AddCustomContext("weights", lgpt::WeightQuantizationName(lgpt::Quantization()));
+  benchmark::AddCustomContext("device", lgpt::DefaultDevice().str());
   benchmark::Initialize(&argc, argv);
   lgpt::RegisterAll();
   benchmark::RunSpecifiedBenchmarks();

@@ -1,6 +1,7 @@
 #include "core/ops/attention.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <algorithm>
 #include <limits>

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# The official openai npm package (tools/server/node, installed by ./lgpt setup) against
-# //tools:serve on loopback: see node/openai_client_test.mjs. Fails, never skips, when Node or
-# the package is missing.
+# The official openai Python package (pinned by python/requirements.txt, installed by ./lgpt
+# setup into python/site-packages) against //tools:serve on loopback: see
+# python/openai_client_test.py. Fails, never skips, when Python or the package is missing.
 set -uo pipefail
-dir=tools/server/node
+dir=tools/server/python
 fail() { echo "FAIL: $*" >&2; exit 1; }
-command -v node >/dev/null || fail "node is not installed: run ./lgpt setup"
-[ -f "$dir/node_modules/openai/package.json" ] ||
-  fail "the openai npm package is missing ($dir/node_modules): run ./lgpt setup"
+python=/usr/bin/python3
+[ -x "$python" ] || fail "$python is not installed: run ./lgpt setup"
+[ -f "$dir/site-packages/openai/__init__.py" ] ||
+  fail "the openai Python package is missing ($dir/site-packages): run ./lgpt setup"
 
 log="${TEST_TMPDIR:-/tmp}/serve.log"
 key=sk-lgpt-openai-client-test
@@ -22,8 +23,8 @@ for _ in $(seq 1 600); do
 done
 [ -n "$port" ] || { kill -9 "$pid"; cat "$log" >&2; fail "serve did not listen within 60 s"; }
 
-timeout 120 node --preserve-symlinks --preserve-symlinks-main "$dir/openai_client_test.mjs" \
-  "$port" "$key"
+PYTHONPATH="$dir/site-packages" PYTHONDONTWRITEBYTECODE=1 timeout 120 "$python" \
+  "$dir/openai_client_test.py" "$port" "$key"
 status=$?
 kill -TERM "$pid"
 wait "$pid"

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The GPU check, run from the unpacked pack's root (see pack.sh): every test binary with
+# LGPT_DEVICE=cuda against this machine's own torch libraries, then the benchmarks; one
+# summary at the end (tests passed / failed / skipped, kernel timings, tokens/s). Exits 1 when
+# a test failed or the machine has no torch. Budget: well under 8 minutes on an H200.
+#
+#   bash tools/gpu/run_checks.sh RESULTS_DIR
+set -uo pipefail
+results="$1"
+mkdir -p "$results"
+python="${PYTHON:-python3}"
+torch_dir="$("$python" -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>/dev/null)" || {
+  echo "run_checks: no torch for $python (set PYTHON to the interpreter that has torch 2.11)" >&2
+  exit 1
+}
+torch_version="$("$python" -c 'import torch; print(torch.__version__)')"
+library_path="$PWD/lib:$torch_dir/lib"
+for d in "$torch_dir"/../nvidia/*/lib; do [ -d "$d" ] && library_path="$library_path:$d"; done
+export LD_LIBRARY_PATH="$library_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export LGPT_DEVICE=cuda LGPT_BUILD_FLAVOR=cuda OMP_NUM_THREADS="${OMP_NUM_THREADS:-8}"
+gpu="$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"
+echo "== lgpt GPU check: commit $(cat commit.txt 2>/dev/null), torch $torch_version, GPU: ${gpu:-none}"
+
+passed=0 failed=0 skipped=0 broken=()
+for test in bin/*_test; do
+  name="$(basename "$test")"
+  xml="$results/$name.xml"
+  start=$SECONDS
+  timeout 240 "$test" --gtest_output="xml:$xml" >"$results/$name.log" 2>&1
+  status=$?
+  if [ -f "$xml" ]; then
+    read -r p f s < <("$python" - "$xml" <<'PY'
+import sys
+import xml.etree.ElementTree as ElementTree
+cases = ElementTree.parse(sys.argv[1]).getroot().iter("testcase")
+counts = [0, 0, 0]
+for case in cases:
+    if case.find("failure") is not None:
+        counts[1] += 1
+    elif case.get("result") == "skipped" or case.find("skipped") is not None:
+        counts[2] += 1
+    else:
+        counts[0] += 1
+print(*counts)
+PY
+    )
+  else
+    p=0 f=1 s=0
+  fi
+  [ "$status" -ne 0 ] && [ "$f" -eq 0 ] && f=1  # crashed or timed out after its XML
+  passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
+  [ "$f" -gt 0 ] && broken+=("$name")
+  printf '%-28s exit %3d  passed %4d  failed %3d  skipped %3d  %4d s\n' "$name" "$status" "$p" "$f" "$s" $((SECONDS - start))
+done
+
+echo "== kernels"
+timeout 120 bin/kv_slot_write_benchmark --benchmark_min_time=0.2 >"$results/kv_slot_write_benchmark.txt" 2>&1
+grep -E '^BM_' "$results/kv_slot_write_benchmark.txt"
+echo "== model (float32, random weights)"
+timeout 180 bin/gpt_benchmark --benchmark_filter='(Prefill/llama-110m/512|Decode/llama-110m/(128|512))' \
+  --benchmark_min_time=0.5 >"$results/gpt_benchmark.txt" 2>&1
+grep -E '^(Prefill|Decode)' "$results/gpt_benchmark.txt" || tail -5 "$results/gpt_benchmark.txt"
+
+echo "== summary: tests passed $passed, failed $failed, skipped $skipped${broken:+ (failed: ${broken[*]})}"
+[ "$failed" -eq 0 ]
