@@ -376,6 +376,8 @@ void HttpServer::Impl::Route() {
                                        " bytes (--max_body_bytes)");
           error.code = "request_too_large";
         } else if (res.status == 400 && BoundedServer::HeadTooLarge()) {
+          BoundedServer::CloseAfterResponse();  // the rest of the head stays unread
+          res.set_header("Connection", "close");
           res.status = error.http_status = 431;
           error.message = absl::StrCat("the request line and headers exceed ",
                                        kMaxRequestHeadBytes, " bytes");
