@@ -571,16 +571,23 @@ absl::StatusOr<std::vector<int64_t>> HttpServer::Impl::PromptIds(ApiRequest& api
 }
 
 absl::Status HttpServer::Impl::ApplyMaxTokens(ApiRequest& api, int64_t prompt_tokens) const {
-  if (api.max_tokens) {
-    api.options.max_new_tokens = *api.max_tokens;
-    return absl::OkStatus();
-  }
   const int64_t context = engine->config().block_size;
   const int64_t left = context - prompt_tokens;
   if (left < 1) {
     return absl::OutOfRangeError(absl::StrCat("the prompt (", prompt_tokens,
                                               " tokens) fills the model's context of ", context,
-                                              " tokens"));
+                                              " tokens: send a shorter prompt"));
+  }
+  if (api.max_tokens) {
+    // Compared by subtraction: the prompt plus max_tokens may overflow.
+    if (*api.max_tokens > left) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "the prompt (", prompt_tokens, " tokens) plus max_tokens (", *api.max_tokens,
+          ") exceeds the model's context of ", context, " tokens: lower max_tokens to at most ",
+          left, " or send a shorter prompt"));
+    }
+    api.options.max_new_tokens = *api.max_tokens;
+    return absl::OkStatus();
   }
   api.options.max_new_tokens =
       api.endpoint == ApiEndpoint::kChat ? left : std::min(options.default_max_tokens, left);
