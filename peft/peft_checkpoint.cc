@@ -174,6 +174,12 @@ absl::StatusOr<LoadedModel> BuildAndLoad(const Config& config, const ModelParts&
   auto progress = [&](const std::string& message) {
     if (options.progress) options.progress(message);
   };
+  // The base weights are read (mapped) and checked against the config before anything is built.
+  std::string source;
+  progress("reading the base weights");
+  ASSIGN_OR_RETURN(TensorMap base,
+                   ReadCheckpointTensors(base_dir, &source, options.verify_checksums));
+  RETURN_IF_ERROR(CheckConfigAgainstCheckpoint(config, base, source, options.dtype));
   progress(absl::StrCat("building ", config.name, " (", config.n_layer, " layers)"));
   GPT model;
   {
@@ -181,10 +187,6 @@ absl::StatusOr<LoadedModel> BuildAndLoad(const Config& config, const ModelParts&
     ASSIGN_OR_RETURN(model, GPTImpl::Create(config, parts));
   }
   model->To(options.device, options.dtype);
-  std::string source;
-  progress("reading the base weights");
-  ASSIGN_OR_RETURN(TensorMap base,
-                   ReadCheckpointTensors(base_dir, &source, options.verify_checksums));
   progress(absl::StrCat("loading ", base.size(), " tensors from ", source));
   RETURN_IF_ERROR(LoadBaseWeights(*model, base, source, options.check_finite,
                                   /*adopt_storage=*/true));

@@ -8,8 +8,11 @@
 #include <cmath>
 #include <set>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/base/system_memory.h"
 #include "core/config/config_presets.h"
 #include "core/base/file_util.h"
 #include "core/io/safetensors.h"
@@ -73,6 +76,98 @@ absl::StatusOr<LoadedModel> LoadCheckpoint(const std::string& checkpoint_dir,
 
 namespace {
 
+// One more than the largest N of the tensor names `prefix`N.* (0 when none).
+int64_t CountIndexed(const TensorMap& tensors, absl::string_view prefix) {
+  int64_t count = 0;
+  for (const auto& [name, tensor] : tensors) {
+    const size_t at = absl::string_view(name).find(prefix);
+    if (at == absl::string_view::npos) continue;
+    const absl::string_view rest = absl::string_view(name).substr(at + prefix.size());
+    int64_t index = 0;
+    if (absl::SimpleAtoi(rest.substr(0, rest.find('.')), &index)) {
+      count = std::max(count, index + 1);
+    }
+  }
+  return count;
+}
+
+std::string ShapeText(at::IntArrayRef shape) { return absl::StrCat("[", absl::StrJoin(shape, ", "), "]"); }
+
+// A weight's shape as the config implies it; checked when the checkpoint holds the tensor.
+struct ExpectedShape {
+  std::string name;
+  std::vector<int64_t> shape;
+  const char* fields;  // the config fields that make the shape
+};
+
+std::vector<ExpectedShape> ExpectedShapes(const Config& config) {
+  const int64_t embd = config.n_embd;
+  const int64_t heads = config.n_head * config.HeadSize();
+  const int64_t qkv = (config.n_head + 2 * config.QueryGroups()) * config.HeadSize();
+  const int64_t vocab = config.PaddedVocabSize();
+  std::vector<ExpectedShape> shapes = {
+      {"transformer.wte.weight", {vocab, embd}, "padded_vocab_size, n_embd"},
+      {"lm_head.weight", {vocab, embd}, "padded_vocab_size, n_embd"},
+  };
+  if (!config.has_latent_attention) {
+    shapes.push_back({"transformer.h.0.attn.qkv.weight", {qkv, embd},
+                      "(n_head + 2 * n_query_groups) * head_size, n_embd"});
+    shapes.push_back({"transformer.h.0.attn.proj.weight", {embd, heads}, "n_embd, n_head * head_size"});
+  }
+  if (config.n_expert == 0 && config.intermediate_size) {
+    const int64_t inner = config.IntermediateSize();
+    for (const char* fc : {"fc", "fc_1", "fc_2"}) {
+      shapes.push_back({absl::StrCat("transformer.h.0.mlp.", fc, ".weight"), {inner, embd},
+                        "intermediate_size, n_embd"});
+    }
+    shapes.push_back({"transformer.h.0.mlp.proj.weight", {embd, inner}, "n_embd, intermediate_size"});
+  }
+  return shapes;
+}
+
+absl::Status CheckBlockSize(const Config& config) {
+  if (config.block_size < 1 || config.block_size > kMostBlockSize) {
+    return absl::InvalidArgumentError(absl::StrCat("model_config.yaml has block_size: ",
+                                                   config.block_size, ", outside [1, ",
+                                                   kMostBlockSize, "]"));
+  }
+  return absl::OkStatus();
+}
+
+// The layers and experts the tensor names hold against n_layer and n_expert.
+absl::Status CheckCounts(const Config& config, const TensorMap& tensors,
+                         const std::string& source) {
+  const int64_t layers = CountIndexed(tensors, "transformer.h.");
+  if (layers != config.n_layer) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model_config.yaml has n_layer: ", config.n_layer, " but ", source, " holds ", layers,
+        " layers (transformer.h.0 .. transformer.h.", layers - 1, ")"));
+  }
+  const int64_t experts = CountIndexed(tensors, ".mlp.experts.");
+  if (experts != config.n_expert) {
+    return absl::InvalidArgumentError(absl::StrCat("model_config.yaml has n_expert: ",
+                                                   config.n_expert, " but ", source, " holds ",
+                                                   experts, " experts per layer"));
+  }
+  return absl::OkStatus();
+}
+
+// The weights converted to `dtype` against the memory available: a weight already of `dtype`
+// on the CPU is adopted from the mapped file and needs no copy.
+absl::Status CheckFitsMemory(const TensorMap& tensors, const std::string& source,
+                             c10::ScalarType dtype) {
+  const std::optional<int64_t> available = AvailableMemoryBytes();
+  if (!available) return absl::OkStatus();
+  int64_t needed = 0;
+  for (const auto& [name, tensor] : tensors) {
+    if (tensor.scalar_type() != dtype) needed += tensor.numel() * c10::elementSize(dtype);
+  }
+  if (needed <= *available) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "the weights of ", source, " need ", needed >> 20, " MiB as ", c10::toString(dtype), " and ",
+      *available >> 20, " MiB of memory are available"));
+}
+
 // TrainedContext, and in `parse_error` (when given) why a train_config.yaml that exists did
 // not parse.
 std::optional<int64_t> TrainedContextOf(const std::string& checkpoint_dir, const Config& config,
@@ -89,6 +184,22 @@ std::optional<int64_t> TrainedContextOf(const std::string& checkpoint_dir, const
 }
 
 }  // namespace
+
+absl::Status CheckConfigAgainstCheckpoint(const Config& config, const TensorMap& tensors,
+                                          const std::string& source, c10::ScalarType dtype) {
+  RETURN_IF_ERROR(CheckBlockSize(config));
+  RETURN_IF_ERROR(CheckCounts(config, tensors, source));
+  for (const ExpectedShape& expected : ExpectedShapes(config)) {
+    const auto found = tensors.find(expected.name);
+    if (found == tensors.end() || found->second.sizes() == at::IntArrayRef(expected.shape)) {
+      continue;
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model_config.yaml makes ", expected.name, " ", ShapeText(expected.shape), " (",
+        expected.fields, ") but ", source, " holds ", ShapeText(found->second.sizes())));
+  }
+  return CheckFitsMemory(tensors, source, dtype);
+}
 
 std::optional<int64_t> TrainedContext(const std::string& checkpoint_dir, const Config& config) {
   return TrainedContextOf(checkpoint_dir, config, nullptr);
@@ -113,15 +224,26 @@ absl::StatusOr<LoadedModel> LoadCheckpointUnchecked(const std::string& checkpoin
     ASSIGN_OR_RETURN(const BlockFormat format, QuantizedCheckpointFormat(quantized));
     parts.linear_factory = QuantizedCheckpointParts(format).linear_factory;
   }
-  progress(absl::StrCat("building ", config.name, " (", config.n_layer, " layers)"));
-  ASSIGN_OR_RETURN(const RankModelSpec rank_spec,
-                   TensorParallelSpec(config, parts, options.tensor_parallel));
   const bool sharded = options.tensor_parallel && options.tensor_parallel->world_size() > 1;
   if (sharded && IsFile(quantized)) {
     return absl::UnimplementedError(absl::StrCat(
         checkpoint_dir, ": tensor parallelism over a quantised checkpoint (", kQuantizedWeightsFile,
         ") is not implemented; load the float checkpoint"));
   }
+  // The weights are read (mapped) and checked against the config before any module is built.
+  std::string source;
+  TensorMap tensors;
+  if (!IsFile(quantized)) {
+    progress("reading weights");
+    ASSIGN_OR_RETURN(tensors,
+                     ReadCheckpointTensors(checkpoint_dir, &source, options.verify_checksums));
+    RETURN_IF_ERROR(CheckConfigAgainstCheckpoint(config, tensors, source, options.dtype));
+  } else {
+    RETURN_IF_ERROR(CheckBlockSize(config));
+  }
+  progress(absl::StrCat("building ", config.name, " (", config.n_layer, " layers)"));
+  ASSIGN_OR_RETURN(const RankModelSpec rank_spec,
+                   TensorParallelSpec(config, parts, options.tensor_parallel));
   GPT model;
   {
     // Every weight is loaded next: random initialisation would only cost time and memory.
@@ -135,10 +257,6 @@ absl::StatusOr<LoadedModel> LoadCheckpointUnchecked(const std::string& checkpoin
     model->eval();
     return LoadedModel{model->config(), model, ContextWarnings(checkpoint_dir, config)};
   }
-  std::string source;
-  progress("reading weights");
-  ASSIGN_OR_RETURN(TensorMap tensors,
-                   ReadCheckpointTensors(checkpoint_dir, &source, options.verify_checksums));
   if (sharded) {
     // Views of the mapped file: only this rank's slices are read from here on.
     ASSIGN_OR_RETURN(tensors, ShardTensors(tensors, config, options.tensor_parallel->rank(),

@@ -74,6 +74,20 @@ absl::Status CheckLoadOptions(const LoadOptions& options);
 std::vector<std::string> ContextWarnings(const std::string& checkpoint_dir,
                                          const Config& config);
 
+// What LoadCheckpoint refuses before it builds any module, in well under a second: a config
+// that the checkpoint's tensors (read from `source`) contradict, an InvalidArgument naming the
+// config's number and the checkpoint's (the layers and experts that tensor names hold, the
+// shapes of the embedding, head, attention and MLP weights: n_layer, n_expert, n_embd, n_head,
+// n_query_groups, head_size, intermediate_size, padded_vocab_size); a block_size beyond
+// kMostBlockSize; and weights that cannot fit the memory available once converted to `dtype`
+// (ResourceExhausted with both sizes). A config of 2^20 layers over a 4-layer checkpoint was
+// built layer by layer for minutes before its weights were looked at.
+absl::Status CheckConfigAgainstCheckpoint(const Config& config, const TensorMap& tensors,
+                                          const std::string& source, c10::ScalarType dtype);
+
+// The longest context a config may state (2^24 tokens; caches are sized from it).
+inline constexpr int64_t kMostBlockSize = int64_t{1} << 24;
+
 absl::StatusOr<LoadedModel> LoadCheckpoint(const std::string& checkpoint_dir,
                                            const LoadOptions& options = {});
 

@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -29,6 +30,7 @@
 #include "core/base/status_macros.h"
 #include "core/text/prompt_style.h"
 #include "httplib.h"
+#include "tools/server/bounded_connection.h"
 #include "tools/server/chat_prompt.h"
 #include "tools/server/connection_pool.h"
 #include "tools/server/metrics.h"
@@ -90,6 +92,36 @@ bool BodyWithoutLength(const httplib::Request& req) {
   return !req.has_header("Content-Length") &&
          !absl::StrContains(absl::AsciiStrToLower(req.get_header_value("Transfer-Encoding")),
                             "chunked");
+}
+
+// The request is one of the routes that read a body (POST /v1/completions, /v1/chat/completions).
+bool ReadsBody(const httplib::Request& req) {
+  const std::string endpoint = EndpointLabel(req.path);
+  return req.method == "POST" &&
+         (endpoint == "/v1/completions" || endpoint == "/v1/chat/completions");
+}
+
+// The request announces a body: a Content-Length above 0, or chunked transfer encoding.
+bool AnnouncesBody(const httplib::Request& req) {
+  return (req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0") ||
+         absl::StrContains(absl::AsciiStrToLower(req.get_header_value("Transfer-Encoding")),
+                           "chunked");
+}
+
+// Content-Length as a number of bytes; nullopt unless it is 1 to 18 decimal digits (no sign,
+// no space: cpp-httplib reads "-1" as 2^64 - 1 and then waits for that many bytes).
+std::optional<int64_t> ContentLength(const std::string& value) {
+  if (value.empty() || value.size() > 18 ||
+      !std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return std::nullopt;
+  }
+  return std::strtoll(value.c_str(), nullptr, 10);
+}
+
+// Content-Encoding values a body may have: none, or one that cpp-httplib inflates.
+bool KnownContentEncoding(const std::string& encoding) {
+  return encoding.empty() || encoding == "identity" || encoding == "gzip" ||
+         encoding == "deflate" || encoding == "br";
 }
 
 void SendError(httplib::Response& res, const ApiError& error) {
@@ -198,7 +230,7 @@ struct HttpServer::Impl {
   int64_t created = 0;
   std::optional<PromptStyle> style;
   std::vector<std::vector<int64_t>> chat_stops;
-  httplib::Server server;
+  BoundedServer server;
   int port = 0;
   int listen_socket = -1;
   ServerMetrics metrics;
@@ -218,6 +250,10 @@ struct HttpServer::Impl {
   void Route();
   // Before routing: starts the request's access record; the API key on /v1/.
   httplib::Server::HandlerResponse PreRoute(const httplib::Request& req, httplib::Response& res);
+  // Answers at once (true) a request whose body is not to be read: no length, a path that takes
+  // none, a malformed or too large Content-Length, an unknown Content-Encoding. Otherwise sets
+  // the body's budget on the wire.
+  bool RefuseBody(const httplib::Request& req, httplib::Response& res) const;
   // After the last byte: the access-log line and the request metrics.
   void Log(const httplib::Request& req, const httplib::Response& res);
   // POST /v1/completions and /v1/chat/completions: parse, submit, reply or stream.
@@ -255,6 +291,11 @@ absl::Status HttpServer::Impl::Init() {
                      ") must lie in [0, ServerOptions.max_http_threads], and max_http_threads (",
                      options.max_http_threads, ") in [1, ", kMostHttpThreads, "]"));
   }
+  if (options.max_body_bytes < 1 || options.max_body_bytes > kMostBodyBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("ServerOptions.max_body_bytes (",
+                                                   options.max_body_bytes, ") must lie in [1, ",
+                                                   kMostBodyBytes, "]"));
+  }
   model_id = options.model_id.empty() ? engine->config().name : options.model_id;
   created = static_cast<int64_t>(std::time(nullptr));
   if (const Tokenizer* tokenizer = engine->tokenizer()) {
@@ -274,6 +315,16 @@ absl::Status HttpServer::Impl::Init() {
     return new ConnectionPool(threads, most, std::chrono::seconds(30));
   };
   server.set_payload_max_length(static_cast<size_t>(options.max_body_bytes));
+  // curl asks before sending a body over 1 MiB: one over the limit is refused before it is sent.
+  server.set_expect_100_continue_handler(
+      [this](const httplib::Request& req, httplib::Response& res) {
+        const std::optional<int64_t> length =
+            ContentLength(req.get_header_value("Content-Length"));
+        if (!length || *length <= options.max_body_bytes) return 100;
+        BoundedServer::CloseAfterResponse();
+        res.set_header("Connection", "close");
+        return res.status = 413;
+      });
   server.set_keep_alive_max_count(1000);
   server.set_keep_alive_timeout(5);
   // cpp-httplib listens with a backlog of 5: a burst of new connections overflows it, and a
@@ -324,6 +375,13 @@ void HttpServer::Impl::Route() {
           error.message = absl::StrCat("the request body exceeds ", options.max_body_bytes,
                                        " bytes (--max_body_bytes)");
           error.code = "request_too_large";
+        } else if (res.status == 400 && BoundedServer::HeadTooLarge()) {
+          BoundedServer::CloseAfterResponse();  // the rest of the head stays unread
+          res.set_header("Connection", "close");
+          res.status = error.http_status = 431;
+          error.message = absl::StrCat("the request line and headers exceed ",
+                                       kMaxRequestHeadBytes, " bytes");
+          error.code = "request_header_fields_too_large";
         } else if (res.status >= 500) {
           error.type = "server_error";
           error.message = "internal error";
@@ -369,13 +427,19 @@ void HttpServer::Impl::Route() {
   const auto post = [this](ApiEndpoint endpoint) {
     return [this, endpoint](const httplib::Request& req, httplib::Response& res,
                             const httplib::ContentReader& reader) {
+      // Counted as it arrives, after inflation (cpp-httplib inflates 16 KiB at a time and
+      // stops when this returns false).
       std::string body;
-      if (!reader([&body](const char* data, size_t size) {
-            body.append(data, size);
-            return true;
+      bool too_large = false;
+      if (!reader([&](const char* data, size_t size) {
+            too_large = static_cast<int64_t>(body.size() + size) > options.max_body_bytes;
+            if (!too_large) body.append(data, size);
+            return !too_large;
           })) {
-        if (res.status < 400) res.status = 400;  // 413 when over --max_body_bytes
-        return;                                  // the error handler writes the reply
+        res.status = too_large || BoundedServer::BodyOverBudget() ? 413 : 400;
+        res.set_header("Connection", "close");
+        BoundedServer::CloseAfterResponse();  // the rest of the body stays unread
+        return;                               // the error handler writes the reply
       }
       Generate(endpoint, req, body, res);
     };
@@ -394,13 +458,9 @@ httplib::Server::HandlerResponse HttpServer::Impl::PreRoute(const httplib::Reque
   // a server ignore them), so they are dropped. The request is cpp-httplib's own non-const
   // object, handed to this hook as const.
   const_cast<httplib::Request&>(req).ranges.clear();
-  if (BodyWithoutLength(req)) {
-    ApiError error = ApiErrorFromStatus(absl::InvalidArgumentError(
-        absl::StrCat(req.method, " without Content-Length (or chunked Transfer-Encoding)")));
-    error.http_status = 411;
-    error.code = "length_required";
-    SendError(res, error);
+  if (RefuseBody(req, res)) {
     res.set_header("Connection", "close");
+    BoundedServer::CloseAfterResponse();  // the body stays unread
     return httplib::Server::HandlerResponse::Handled;
   }
   if (options.api_key.empty() || !absl::StartsWith(req.path, "/v1/")) {
@@ -417,6 +477,55 @@ httplib::Server::HandlerResponse HttpServer::Impl::PreRoute(const httplib::Reque
                bearer ? "incorrect API key" : "missing API key: send 'Authorization: Bearer KEY'"));
   res.set_header("WWW-Authenticate", "Bearer");
   return httplib::Server::HandlerResponse::Handled;
+}
+
+bool HttpServer::Impl::RefuseBody(const httplib::Request& req, httplib::Response& res) const {
+  if (BodyWithoutLength(req)) {
+    ApiError error = ApiErrorFromStatus(absl::InvalidArgumentError(
+        absl::StrCat(req.method, " without Content-Length (or chunked Transfer-Encoding)")));
+    error.http_status = 411;
+    error.code = "length_required";
+    SendError(res, error);
+    return true;
+  }
+  if (!AnnouncesBody(req)) return false;
+  if (!ReadsBody(req)) {
+    res.status = 404;  // the error handler makes it 405 where the path takes another method
+    return true;
+  }
+  const bool chunked =
+      absl::StrContains(absl::AsciiStrToLower(req.get_header_value("Transfer-Encoding")),
+                        "chunked");
+  std::optional<int64_t> length;
+  if (!chunked) {
+    length = ContentLength(req.get_header_value("Content-Length"));
+    if (!length) {
+      SendStatus(res, absl::InvalidArgumentError(absl::StrCat(
+                          "Content-Length must be a number of bytes, got '",
+                          req.get_header_value("Content-Length").substr(0, 40), "'")));
+      return true;
+    }
+    if (*length > options.max_body_bytes) {
+      res.status = 413;  // the error handler names the limit
+      return true;
+    }
+  }
+  const std::string encoding = absl::AsciiStrToLower(req.get_header_value("Content-Encoding"));
+  if (!KnownContentEncoding(encoding)) {
+    ApiError error = ApiErrorFromStatus(absl::InvalidArgumentError(absl::StrCat(
+        "Content-Encoding '", encoding.substr(0, 40), "' is not one of gzip, deflate, br")));
+    error.http_status = 415;
+    error.code = "unsupported_media_type";
+    SendError(res, error);
+    return true;
+  }
+  // The body is JSON whatever Content-Type says: cpp-httplib would parse multipart/form-data.
+  const_cast<httplib::Request&>(req).headers.erase("Content-Type");
+  // Chunked framing and trailers may take as much again as the body, and a head's worth more;
+  // the inflated body is counted by the handler.
+  BoundedServer::SetBodyBudget(length ? *length
+                                      : 2 * options.max_body_bytes + kMaxRequestHeadBytes);
+  return false;
 }
 
 void HttpServer::Impl::Log(const httplib::Request& req, const httplib::Response& res) {
@@ -462,16 +571,23 @@ absl::StatusOr<std::vector<int64_t>> HttpServer::Impl::PromptIds(ApiRequest& api
 }
 
 absl::Status HttpServer::Impl::ApplyMaxTokens(ApiRequest& api, int64_t prompt_tokens) const {
-  if (api.max_tokens) {
-    api.options.max_new_tokens = *api.max_tokens;
-    return absl::OkStatus();
-  }
   const int64_t context = engine->config().block_size;
   const int64_t left = context - prompt_tokens;
   if (left < 1) {
     return absl::OutOfRangeError(absl::StrCat("the prompt (", prompt_tokens,
                                               " tokens) fills the model's context of ", context,
-                                              " tokens"));
+                                              " tokens: send a shorter prompt"));
+  }
+  if (api.max_tokens) {
+    // Compared by subtraction: the prompt plus max_tokens may overflow.
+    if (*api.max_tokens > left) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "the prompt (", prompt_tokens, " tokens) plus max_tokens (", *api.max_tokens,
+          ") exceeds the model's context of ", context, " tokens: lower max_tokens to at most ",
+          left, " or send a shorter prompt"));
+    }
+    api.options.max_new_tokens = *api.max_tokens;
+    return absl::OkStatus();
   }
   api.options.max_new_tokens =
       api.endpoint == ApiEndpoint::kChat ? left : std::min(options.default_max_tokens, left);

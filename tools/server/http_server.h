@@ -6,7 +6,9 @@
 // Errors are OpenAI's {"error": {"message", "type", "code"}} (tools/server/openai_api.h): 400
 // for malformed or unsupported requests and prompts beyond the context, 401 without the API
 // key (when one is set; /v1/ only), 404 for an unknown model or path, 413 for a body over the
-// limit, 429 with Retry-After when the scheduler's queue is full. A streaming client that
+// limit however it is framed or encoded (tools/server/bounded_connection.h: refused at the first
+// byte past it), 431 for a request head over 64 KiB, 429 with Retry-After when the scheduler's
+// queue is full. A streaming client that
 // disconnects cancels its request. Shutdown() stops accepting, lets requests in flight finish
 // within ServerOptions.shutdown_s, then cancels them. One access-log line per request on
 // stderr.
@@ -29,12 +31,18 @@ namespace lgpt {
 // The most connection threads a server may be given (each reserves a stack).
 inline constexpr int kMostHttpThreads = 1 << 14;
 
+// The largest request body a server may be set to take (1 GiB).
+inline constexpr int64_t kMostBodyBytes = int64_t{1} << 30;
+
 struct ServerOptions {
   std::string host = "127.0.0.1";  // loopback only by default
   int port = 8000;                 // 0: any free port (port() tells which)
   std::string api_key;             // empty: no authentication
   std::string model_id;            // the served model's name; empty: the checkpoint's name
   std::string prompt_style;        // chat framing; empty: the checkpoint's own
+  // Request bodies, counted as read after inflation (Content-Encoding gzip, deflate, br);
+  // chunked framing and trailers may take up to max_body_bytes + 64 KiB more on the wire. In
+  // [1, kMostBodyBytes].
   int64_t max_body_bytes = 1 << 20;
   // Threads kept for connections (each open connection holds one while it lasts): at least
   // the scheduler's max_running + max_waiting, so that a full queue answers 429 rather than

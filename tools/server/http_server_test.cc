@@ -241,7 +241,9 @@ TEST_F(HttpServerTest, StreamsEqualTheWholeReply) {
     EXPECT_EQ(stream.events.back(), "[DONE]");
     const json first = Parse(stream.events[0]);
     EXPECT_EQ(first["object"], chat ? "chat.completion.chunk" : "text_completion");
-    if (chat) EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+    if (chat) {
+      EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+    }
     EXPECT_EQ(StreamedText(stream.events),
               chat ? body["choices"][0]["message"]["content"] : body["choices"][0]["text"]);
     EXPECT_EQ(StreamedFinishReason(stream.events), body["choices"][0]["finish_reason"]);
@@ -351,10 +353,14 @@ TEST_F(HttpServerTest, ContextModelPathAndBodyErrors) {
                            absl::StrCat(R"({"prompt": )", json(long_prompt).dump(), "}")),
                   400);
   EXPECT_TRUE(absl::StrContains(too_long, "context")) << too_long;
+  EXPECT_TRUE(absl::StrContains(too_long, "shorter prompt")) << too_long;
   const std::string reply_too_long = ExpectError(
       HttpPost(port, "/v1/completions", R"({"prompt": "And God said", "max_tokens": 100000})"),
       400);
   EXPECT_TRUE(absl::StrContains(reply_too_long, "max_tokens")) << reply_too_long;
+  // What the client can change, not a cache setting no request field reaches.
+  EXPECT_TRUE(absl::StrContains(reply_too_long, "lower max_tokens to at most")) << reply_too_long;
+  EXPECT_FALSE(absl::StrContains(reply_too_long, "cache positions")) << reply_too_long;
   EXPECT_TRUE(absl::StrContains(
       HttpPost(port, "/v1/completions", R"({"prompt": "x", "max_tokens": 100000})").body,
       "context_length_exceeded"));

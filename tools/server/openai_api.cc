@@ -1,13 +1,17 @@
 #include "tools/server/openai_api.h"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
 #include <map>
 #include <utility>
+#include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
 #include "cache/kv_cache_factory.h"
@@ -121,45 +125,48 @@ absl::Status ParsePrompt(const json& value, ApiRequest& request) {
   return absl::OkStatus();
 }
 
-// A message's content: a string, or a list of text parts.
-absl::StatusOr<std::string> MessageContent(const json& value) {
+// A message's content: a string, or a list of text parts joined with "\n" (as vLLM and
+// llama.cpp join them). `field` is its path, messages[i].content.
+absl::StatusOr<std::string> MessageContent(const std::string& field, const json& value) {
   if (value.is_string()) return value.get<std::string>();
-  if (!value.is_array()) {
-    return WrongType("messages[].content", "a string or a list of text parts", value);
-  }
-  std::string text;
-  for (const json& part : value) {
+  if (!value.is_array()) return WrongType(field, "a string or a list of text parts", value);
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < value.size(); ++i) {
+    const json& part = value[i];
     if (!part.is_object() || !part.contains("type") || part["type"] != "text" ||
         !part.contains("text") || !part["text"].is_string()) {
-      return Unsupported("messages[].content", "only text parts: {\"type\": \"text\", \"text\"}");
+      return Unsupported(absl::StrCat(field, "[", i, "]"),
+                         "only text parts: {\"type\": \"text\", \"text\"}");
     }
-    text += part["text"].get<std::string>();
+    parts.push_back(part["text"].get<std::string>());
   }
-  return text;
+  return absl::StrJoin(parts, "\n");
 }
 
 absl::Status ParseMessages(const json& value, ApiRequest& request) {
   if (!value.is_array()) return WrongType("messages", "an array", value);
   if (value.empty()) return absl::InvalidArgumentError("'messages' is empty");
-  for (const json& message : value) {
-    if (!message.is_object()) return WrongType("messages[]", "an object", message);
+  for (size_t i = 0; i < value.size(); ++i) {
+    const json& message = value[i];
+    const std::string path = absl::StrCat("messages[", i, "]");
+    if (!message.is_object()) return WrongType(path, "an object", message);
     ChatMessage parsed;
     bool has_content = false;
     for (const auto& [key, field] : message.items()) {
       if (key == "role") {
-        ASSIGN_OR_RETURN(parsed.role, String("messages[].role", field));
+        ASSIGN_OR_RETURN(parsed.role, String(path + ".role", field));
       } else if (key == "content") {
-        ASSIGN_OR_RETURN(parsed.content, MessageContent(field));
+        ASSIGN_OR_RETURN(parsed.content, MessageContent(path + ".content", field));
         has_content = true;
       } else if (!field.is_null()) {
-        return Unsupported(absl::StrCat("messages[].", key), "messages have role and content");
+        return Unsupported(absl::StrCat(path, ".", key), "messages have role and content");
       }
     }
-    if (!has_content) return absl::InvalidArgumentError("'messages[].content' is required");
+    if (!has_content) return absl::InvalidArgumentError("'" + path + ".content' is required");
     if (parsed.role == "developer") parsed.role = "system";
     if (parsed.role != "system" && parsed.role != "user" && parsed.role != "assistant") {
       return absl::InvalidArgumentError(
-          absl::StrCat("'messages[].role' must be system, developer, user or assistant, got '",
+          absl::StrCat("'", path, ".role' must be system, developer, user or assistant, got '",
                        parsed.role, "'"));
     }
     request.messages.push_back(std::move(parsed));
@@ -306,7 +313,10 @@ absl::StatusOr<ApiRequest> ParseApiRequest(ApiEndpoint endpoint, absl::string_vi
       what.remove_prefix(end + 2);
     return absl::InvalidArgumentError(absl::StrCat("malformed JSON body: ", what));
   }
-  if (!root.is_object()) return WrongType("the request body", "a JSON object", root);
+  if (!root.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the request body must be a JSON object, got ", TypeName(root)));
+  }
   ApiRequest request;
   request.endpoint = endpoint;
   request.options.sampling = {1.0, 0, 1.0};  // OpenAI's defaults
@@ -372,7 +382,13 @@ std::string FieldNamedBy(absl::string_view message) {
   if (!absl::ConsumePrefix(&message, "'")) return "";
   const size_t end = message.find('\'');
   if (end == absl::string_view::npos || end == 0) return "";
-  return std::string(message.substr(0, end));
+  // A field path (messages[2].content), never prose such as "the request body".
+  const absl::string_view field = message.substr(0, end);
+  const bool path = std::all_of(field.begin(), field.end(), [](char c) {
+    return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' ||
+           c == '[' || c == ']';
+  });
+  return path ? std::string(field) : "";
 }
 
 }  // namespace

@@ -76,7 +76,8 @@ TEST(OpenAiApiTest, ChatMessagesAndMaxCompletionTokens) {
       "max_completion_tokens": 9})");
   ASSERT_EQ(request.messages.size(), 2u);
   EXPECT_EQ(request.messages[0].role, "system");
-  EXPECT_EQ(request.messages[1].content, "Hi there");
+  // Parts are joined with a newline, as vLLM and llama.cpp join them.
+  EXPECT_EQ(request.messages[1].content, "Hi \nthere");
   EXPECT_EQ(*request.max_tokens, 9);
   // Both names: the same value is fine, two values are a conflict.
   EXPECT_EQ(*ParseOk(kChat, R"({"messages": [{"role": "user", "content": "x"}],
@@ -114,7 +115,7 @@ TEST(OpenAiApiTest, MalformedAndMistypedBodies) {
   EXPECT_NE(ParseError(kChat, R"({"messages": [{"role": "tool", "content": "x"}]})").find("role"),
             std::string::npos);
   EXPECT_NE(ParseError(kChat, R"({"messages": [{"role": "user"}]})")
-                .find("'messages[].content' is required"),
+                .find("'messages[0].content' is required"),
             std::string::npos);
   EXPECT_NE(ParseError(kChat, R"({"messages": [{"role": "user", "content": [{"type":
                                   "image_url", "image_url": {}}]}]})")
@@ -236,6 +237,22 @@ TEST(OpenAiApiTest, ErrorsHaveOpenAisShapeAndStatus) {
   EXPECT_TRUE(json::parse(ApiErrorFromStatus(absl::InvalidArgumentError("malformed JSON body: x"))
                               .Json())["error"]["param"]
                   .is_null());
+  // param is a field path or null, never prose.
+  auto param_of = [](const std::string& body) {
+    ApiError error;
+    absl::StatusOr<ApiRequest> parsed = ParseApiRequest(kChat, body);
+    if (!parsed.ok()) error = ApiErrorFromStatus(parsed.status());
+    return json::parse(error.Json())["error"]["param"];
+  };
+  EXPECT_EQ(param_of(R"({"messages": [{"role": "user", "content": "a"}, {"role": "assistant",
+                         "content": "b"}, {"role": "user", "content": 5}]})"),
+            "messages[2].content");
+  EXPECT_EQ(param_of(R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})"),
+            "messages[0].content[0]");
+  EXPECT_EQ(param_of(R"({"messages": [7]})"), "messages[0]");
+  EXPECT_EQ(param_of(R"({"messages": [{"role": "user", "content": "x", "name": "n"}]})"),
+            "messages[0].name");
+  EXPECT_TRUE(param_of("[1, 2]").is_null());
   const ApiError context = ApiErrorFromStatus(
       absl::OutOfRangeError("prompt plus max_new_tokens (9) exceeds the context"));
   EXPECT_EQ(context.http_status, 400);

@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
@@ -84,13 +86,11 @@ int SendOnNewConnection(int port, const std::string& bytes) {
   return fd;
 }
 
-HttpReply HttpRawExchange(int port, const std::string& request, int timeout_s) {
+namespace {
+
+// Reads a raw reply on `fd` until the server closes it or `timeout_s` passes, and closes `fd`.
+HttpReply ReadRawReply(int fd, int timeout_s) {
   HttpReply reply;
-  const int fd = SendOnNewConnection(port, request);
-  if (fd < 0) {
-    reply.error = std::strerror(errno);
-    return reply;
-  }
   timeval timeout{timeout_s, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
   std::string received;
@@ -108,6 +108,58 @@ HttpReply HttpRawExchange(int port, const std::string& request, int timeout_s) {
   reply.status = std::atoi(received.substr(9, 3).c_str());
   reply.body = received.substr(head_end + 4);
   return reply;
+}
+
+}  // namespace
+
+HttpReply HttpRawExchange(int port, const std::string& request, int timeout_s) {
+  const int fd = SendOnNewConnection(port, request);
+  if (fd < 0) {
+    HttpReply reply;
+    reply.error = std::strerror(errno);
+    return reply;
+  }
+  return ReadRawReply(fd, timeout_s);
+}
+
+UploadReply HttpRawUpload(int port, const std::string& head,
+                          const std::function<bool(std::string& piece)>& next_piece,
+                          std::chrono::milliseconds gap, int timeout_s) {
+  UploadReply upload;
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + std::chrono::seconds(timeout_s);
+  const int fd = SendOnNewConnection(port, head);
+  if (fd < 0) {
+    upload.reply.error = std::strerror(errno);
+    return upload;
+  }
+  std::string piece;
+  size_t offset = 0;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (offset == piece.size()) {
+      if (upload.body_bytes_sent > 0 && gap.count() > 0) std::this_thread::sleep_for(gap);
+      piece.clear();
+      offset = 0;
+      if (!next_piece(piece)) {
+        upload.sent_everything = true;
+        break;
+      }
+    }
+    pollfd connection{fd, POLLIN | POLLOUT, 0};
+    if (::poll(&connection, 1, 100) <= 0) continue;
+    if ((connection.revents & (POLLIN | POLLHUP | POLLERR)) != 0) break;  // answered, or gone
+    const ssize_t sent = ::send(fd, piece.data() + offset, piece.size() - offset,
+                                MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (sent < 0 && errno != EAGAIN && errno != EINTR) break;
+    if (sent > 0) {
+      offset += static_cast<size_t>(sent);
+      upload.body_bytes_sent += sent;
+    }
+  }
+  upload.reply = ReadRawReply(fd, timeout_s);
+  upload.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return upload;
 }
 
 StreamReply HttpPostStream(int port, const std::string& path, const std::string& body,

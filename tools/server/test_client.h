@@ -3,6 +3,8 @@
 #ifndef LGPT_TOOLS_SERVER_TEST_CLIENT_H_
 #define LGPT_TOOLS_SERVER_TEST_CLIENT_H_
 
+#include <chrono>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -26,6 +28,19 @@ HttpReply HttpRequest(int port, const std::string& method, const std::string& pa
 // server closes it or `timeout_s` passes: status and body (status -1 and `error` without a
 // status line), for requests an HTTP client library would not send.
 HttpReply HttpRawExchange(int port, const std::string& request, int timeout_s = 10);
+// Sends `head` on a new connection, then the pieces `next_piece` gives (false: no more), `gap`
+// apart, until the server answers or stops reading; then reads the reply as HttpRawExchange.
+// Pieces are made as they are sent, so a large body never sits in the client's memory.
+struct UploadReply {
+  HttpReply reply;
+  int64_t body_bytes_sent = 0;
+  bool sent_everything = false;
+  double seconds = 0;  // from the first byte sent to the end of the reply
+};
+UploadReply HttpRawUpload(int port, const std::string& head,
+                          const std::function<bool(std::string& piece)>& next_piece,
+                          std::chrono::milliseconds gap = std::chrono::milliseconds(0),
+                          int timeout_s = 20);
 // A new connection that has sent `bytes` and is left open (a client still writing its request,
 // or one about to leave): its descriptor, to close, or -1 with errno set.
 int SendOnNewConnection(int port, const std::string& bytes);
