@@ -9,6 +9,7 @@
 // batch 1, float32. The context is filled with 4096 tokens; budgeted caches keep 1024 of them.
 // Tokens/s counters are per layer: divide by the layer count for a whole model's share.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <benchmark/benchmark.h>
 
 #include <cmath>

@@ -1,6 +1,7 @@
 #include "peft/adapter_v2.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"

@@ -5,6 +5,7 @@
 #include "peft/peft_checkpoint.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <cmath>
 #include <filesystem>

@@ -12,6 +12,7 @@
 #include "core/model/cache_positions.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <cstdint>
 #include <map>

@@ -3,6 +3,7 @@
 // full fine-tuning and LoRA, on families with GQA, sliding windows, soft-capping and parallel
 // residuals.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -3,6 +3,7 @@
 // float32, gives the loss gradient of every parameter that float64 autograd through the
 // generic attention path gives.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/function.h>
 

@@ -4,6 +4,7 @@
 // itself (plain forward passes over 128-token windows, the trained context) stays bounded and
 // does not drift up from the start of the stream to its end.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <algorithm>
 #include <cctype>

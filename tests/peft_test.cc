@@ -7,6 +7,7 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include "absl/strings/str_replace.h"
 #include "core/config/config_presets.h"

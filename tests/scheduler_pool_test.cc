@@ -6,6 +6,7 @@
 // its last block); a request larger than the pool is refused; the pool is entirely free when
 // every request has ended.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <algorithm>
 #include <atomic>

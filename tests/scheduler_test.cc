@@ -7,6 +7,7 @@
 #include "core/serving/scheduler.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <atomic>
 #include <memory>

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include "absl/strings/match.h"
 #include "core/base/status_macros.h"

@@ -10,6 +10,7 @@
 //     baseline = peak RSS before loading). --adopt measures a zero-copy load instead: the
 //     model's parameters become the memory-mapped tensors.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <sys/stat.h>
 
 #include <cstdio>

@@ -29,6 +29,7 @@
 // means the model's own dtype and is reported as 32 for a float32 model.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
 #include <sys/stat.h>
 
 #include <algorithm>

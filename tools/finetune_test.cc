@@ -2,6 +2,7 @@
 // the saved file reloads on top of the base to the same logits, merged LoRA equals
 // unmerged, prompt tokens carry no loss; and the tools fail cleanly on bad input.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <sys/wait.h>
 
 #include <algorithm>

@@ -4,6 +4,7 @@
 // The tokens are scored in consecutive windows of the model's block size (each window on
 // its own, as in training); prints tokens, mean negative log-likelihood and perplexity.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <cmath>
 #include <cstdio>

@@ -32,6 +32,7 @@
 // clang-format off
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/grad_mode.h>
 #include <torch/types.h>
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adamw.h>

@@ -2,6 +2,7 @@
 //   bazel run //tools:score -- --checkpoint_dir=DIR --token_ids=1,2,3 --logits_out=FILE.npy
 // (--tp=N: tensor parallel over N ranks; rank 0 writes the file)
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <cstdio>
 #include <optional>

@@ -1,6 +1,7 @@
 #include "tools/sft_trainer.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <torch/nn/utils/clip_grad.h>
 
 #include <algorithm>

@@ -1,6 +1,7 @@
 #include "tools/train_util.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <algorithm>
 #include <cmath>

@@ -1,6 +1,7 @@
 #include "core/dist/data_parallel.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <cmath>
 #include <cstring>

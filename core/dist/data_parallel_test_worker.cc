@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include "absl/strings/str_cat.h"
 #include "core/dist/data_parallel.h"

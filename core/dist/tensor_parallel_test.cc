@@ -1,6 +1,7 @@
 #include "core/dist/tensor_parallel.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 

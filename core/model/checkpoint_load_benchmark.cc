@@ -25,6 +25,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
 
 #include "core/model/checkpoint.h"
 

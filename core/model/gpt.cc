@@ -1,6 +1,7 @@
 #include "core/model/gpt.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <torch/nn/modules/container/modulelist.h>
 
 #include <algorithm>

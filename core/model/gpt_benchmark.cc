@@ -15,6 +15,7 @@
 // for the whole block, to show that its cost follows the filled length.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
 #include <benchmark/benchmark.h>
 #include <torch/csrc/autograd/profiler_legacy.h>
 

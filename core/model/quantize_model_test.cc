@@ -1,6 +1,7 @@
 #include "core/model/quantize_model.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
 #include <cstdio>

@@ -1,6 +1,7 @@
 #include "core/model/quantized_checkpoint.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>

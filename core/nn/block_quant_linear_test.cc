@@ -4,6 +4,7 @@
 #include <string>
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
 #include "core/ops/gemv.h"

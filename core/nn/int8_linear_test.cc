@@ -1,6 +1,7 @@
 #include "core/nn/int8_linear.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
 #include <tuple>

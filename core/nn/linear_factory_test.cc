@@ -1,6 +1,7 @@
 #include "core/nn/linear_factory.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/core/GradMode.h>
 #include <gtest/gtest.h>
 

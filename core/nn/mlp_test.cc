@@ -4,6 +4,7 @@
 #include "core/nn/mlp.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/core/GradMode.h>
 #include <gtest/gtest.h>
 

@@ -3,6 +3,7 @@
 #include "core/nn/norm.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/core/GradMode.h>
 #include <gtest/gtest.h>
 

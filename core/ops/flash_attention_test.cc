@@ -1,6 +1,7 @@
 #include "core/ops/flash_attention.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
 #include <vector>

@@ -4,6 +4,7 @@
 #include <memory>
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/core/GradMode.h>
 
 #include "absl/strings/str_cat.h"
