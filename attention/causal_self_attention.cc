@@ -16,8 +16,8 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const CausalSelfAttentionOption
       norm_qk_olmo2_(options.config.norm_qk_type == NormQkType::kOlmo2),
       rope_interleave_(options.config.rope_interleave) {
   const Config& config = options.config;
-  const LinearFactory& factory =
-      options.linear_factory ? *options.linear_factory : *DefaultLinearFactory();
+  const std::shared_ptr<const LinearFactory> factory =
+      LinearFactoryOrDefault(options.linear_factory);
   params_.scale = config.AttentionScale();
   params_.softcap = config.attention_logit_softcapping;
   if (config.IsSlidingWindowLayer(layer_)) params_.sliding_window = *config.sliding_window_size;
@@ -30,7 +30,7 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const CausalSelfAttentionOption
   qkv.kv_size = n_query_groups_ * head_size_;
   qkv.out_features = qkv.q_size + 2 * qkv.kv_size;
   qkv.bias = config.bias || config.attn_bias;
-  qkv_ = register_module("qkv", factory.Make(qkv));
+  qkv_ = register_module("qkv", factory->Make(qkv));
 
   LinearSpec proj;
   proj.site = LinearSite::kAttnProj;
@@ -38,7 +38,7 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const CausalSelfAttentionOption
   proj.in_features = n_head_ * head_size_;
   proj.out_features = config.n_embd;
   proj.bias = config.bias;
-  proj_ = register_module("proj", factory.Make(proj));
+  proj_ = register_module("proj", factory->Make(proj));
 
   if (config.norm_qk) {
     const int64_t q_size = norm_qk_olmo2_ ? n_head_ * head_size_ : head_size_;

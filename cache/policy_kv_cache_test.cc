@@ -331,7 +331,9 @@ TEST(PolicyKVCacheTest, ScorePolicyOptionsThroughTheCache) {
                   std::min(newest + 1, cache->plan(layer).budget));
         // The grace period: the two newest positions always stay.
         ASSERT_EQ(kept.back(), newest);
-        if (newest > 0) ASSERT_EQ(kept[kept.size() - 2], newest - 1);
+        if (newest > 0) {
+          ASSERT_EQ(kept[kept.size() - 2], newest - 1);
+        }
       }
     }
   }

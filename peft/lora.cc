@@ -178,7 +178,7 @@ absl::StatusOr<ModelParts> LoraParts(const Config& config,
   }
   ModelParts parts;
   parts.linear_factory =
-      std::make_shared<LoraLinearFactory>(options, base ? std::move(base) : DefaultLinearFactory());
+      std::make_shared<LoraLinearFactory>(options, LinearFactoryOrDefault(std::move(base)));
   return parts;
 }
 

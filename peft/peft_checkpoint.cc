@@ -219,7 +219,7 @@ absl::StatusOr<LoadedModel> LoadLoraStack(const std::string& base_dir,
   }
   ASSIGN_OR_RETURN(const Config base_config, LoadConfigFile(base_dir + "/model_config.yaml"));
   std::shared_ptr<const LinearFactory> factory =
-      options.parts.linear_factory ? options.parts.linear_factory : DefaultLinearFactory();
+      LinearFactoryOrDefault(options.parts.linear_factory);
   std::vector<TrainedFile> trained;
   const int count = static_cast<int>(adapters.size());
   for (int i = 0; i < count; ++i) {
@@ -376,7 +376,7 @@ absl::Status CheckSameBaseModel(const Config& config, const Config& base, absl::
 
 absl::StatusOr<ModelParts> PeftModelParts(const Config& config, PeftMethod method,
                                           std::shared_ptr<const LinearFactory> base) {
-  if (!base) base = DefaultLinearFactory();
+  base = LinearFactoryOrDefault(std::move(base));
   ModelParts parts;
   switch (method) {
     case PeftMethod::kLora: {

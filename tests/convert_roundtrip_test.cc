@@ -323,7 +323,9 @@ TEST(ConvertTest, HandWrittenRopeScalingOfEveryType) {
     // frequencies / 4, equal to rounding.
     EXPECT_TRUE(at::allclose(logits, m.logits, 0, 1e-5))
         << (logits - m.logits).abs().max().item<double>();
-    if (std::string(c.name) == "dynamic") EXPECT_EQ(result->notes.size(), 1u);
+    if (std::string(c.name) == "dynamic") {
+      EXPECT_EQ(result->notes.size(), 1u);
+    }
   }
 }
 

@@ -115,7 +115,9 @@ TEST_P(PreemptionTest, NeverChangesAToken) {
   EXPECT_EQ(outcome.stats.completed, static_cast<int64_t>(jobs.size()));
   EXPECT_EQ(outcome.stats.pool_blocks_used, 0);
   EXPECT_EQ(pool->free_blocks(), pool->num_blocks());
-  if (!GetParam()) EXPECT_EQ(pool->cached_blocks(), 0);
+  if (!GetParam()) {
+    EXPECT_EQ(pool->cached_blocks(), 0);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(PrefixCaching, PreemptionTest, ::testing::Bool());

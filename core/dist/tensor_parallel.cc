@@ -174,7 +174,7 @@ at::Tensor RowParallelProjectionImpl::forward(const at::Tensor& x) {
 
 TensorParallelLinearFactory::TensorParallelLinearFactory(std::shared_ptr<const LinearFactory> base,
                                                          std::shared_ptr<ProcessGroup> group)
-    : base_(base ? std::move(base) : DefaultLinearFactory()), group_(std::move(group)) {}
+    : base_(LinearFactoryOrDefault(std::move(base))), group_(std::move(group)) {}
 
 ProjectionPtr TensorParallelLinearFactory::Make(const LinearSpec& spec) const {
   if (group_->world_size() == 1) return base_->Make(spec);

@@ -28,9 +28,8 @@ BlockImpl::BlockImpl(const Config& config, int64_t layer, const ModelParts& part
   if (config.norm_2 && !config.shared_attention_norm) {
     norm_2_ = register_module("norm_2", Norm(norm));
   }
-  const LinearFactory& factory =
-      parts.linear_factory ? *parts.linear_factory : *DefaultLinearFactory();
-  mlp_ = register_module("mlp", MakeFeedForward(config, layer, factory));
+  const std::shared_ptr<const LinearFactory> factory = LinearFactoryOrDefault(parts.linear_factory);
+  mlp_ = register_module("mlp", MakeFeedForward(config, layer, *factory));
   if (config.post_mlp_norm) post_mlp_norm_ = register_module("post_mlp_norm", Norm(norm));
 }
 

@@ -70,9 +70,8 @@ GPTImpl::GPTImpl(const Config& config, const ModelParts& parts)
   head.in_features = config.n_embd;
   head.out_features = config.PaddedVocabSize();
   head.bias = config.lm_head_bias;
-  const LinearFactory& factory =
-      parts.linear_factory ? *parts.linear_factory : *DefaultLinearFactory();
-  lm_head = register_module("lm_head", factory.Make(head));
+  const std::shared_ptr<const LinearFactory> factory = LinearFactoryOrDefault(parts.linear_factory);
+  lm_head = register_module("lm_head", factory->Make(head));
   rope_ = std::make_unique<Rope>(config_, c10::Device(c10::kCPU));
 }
 

@@ -211,7 +211,9 @@ TEST(BlockQuantModel, MoeExperts) {
         EXPECT_TRUE(p->quantized()) << item.key();
         ++experts;
       }
-      if (item.key().find("mlp.gate") != std::string::npos) EXPECT_EQ(p, nullptr);
+      if (item.key().find("mlp.gate") != std::string::npos) {
+        EXPECT_EQ(p, nullptr);
+      }
     }
     EXPECT_EQ(experts, 2 * 4 * 3);  // layers x experts x (fc_1, fc_2, proj)
     const at::Tensor tokens = Tokens(12);

@@ -61,4 +61,9 @@ std::shared_ptr<const LinearFactory> DefaultLinearFactory() {
   return *factory;
 }
 
+std::shared_ptr<const LinearFactory> LinearFactoryOrDefault(
+    std::shared_ptr<const LinearFactory> factory) {
+  return factory != nullptr ? std::move(factory) : DefaultLinearFactory();
+}
+
 }  // namespace lgpt

@@ -91,6 +91,11 @@ class LinearFactory {
 // The factory of the base model.
 std::shared_ptr<const LinearFactory> DefaultLinearFactory();
 
+// `factory`, or DefaultLinearFactory() when it is null (ModelParts and the wrapping factories
+// take null for plain projections): the one place a missing factory is resolved.
+std::shared_ptr<const LinearFactory> LinearFactoryOrDefault(
+    std::shared_ptr<const LinearFactory> factory);
+
 }  // namespace lgpt
 
 #endif  // LGPT_CORE_NN_LINEAR_FACTORY_H_

@@ -59,7 +59,9 @@ TEST(CudaBuild, SignsAgree) {
   const bool loaded = LibraryLoaded("libtorch_cuda.so");
   EXPECT_EQ(loaded, AtenHasCudaKernels());
   EXPECT_EQ(loaded, KVSlotWriteHasCudaKernel());
-  if (!ExpectCuda()) EXPECT_FALSE(CudaAvailable() && !loaded);
+  if (!ExpectCuda()) {
+    EXPECT_FALSE(CudaAvailable() && !loaded);
+  }
 }
 
 TEST(CudaDevice, MatmulEqualsCpu) {

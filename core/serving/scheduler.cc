@@ -17,6 +17,7 @@
 #include "core/base/status_macros.h"
 #include "core/model/cache_positions.h"
 #include "core/model/sampling.h"
+#include "core/serving/request_state.h"
 
 namespace lgpt {
 namespace {
@@ -85,40 +86,95 @@ void RequestHandle::Finish(absl::StatusOr<RequestResult> result) {
 
 // ---------------------------------------------------------------------------------------
 
-// A request's state between steps. Phases: prefilling (prefilled < prompt), replaying
-// (re-feeding generated tokens after a preemption: fed < tokens), sampling (logits ready),
-// decoding (a token to feed), finished.
+// A request: its phase (core/serving/request_state.h) and the data its phases use.
 struct Scheduler::Request {
+  // How its KV memory counts against the scheduler's pool (fixed at Submit).
+  enum class PoolUse {
+    kNone,    // no pool, or a cache that allocates on its own
+    kBlocks,  // `paged` draws its blocks from the pool
+    kBytes,   // bounded storage of its own (KVCache::MaxBytes), charged to the pool as it grows
+  };
+
   std::shared_ptr<RequestHandle> handle;
   uint64_t arrival = 0;
+  RequestState state = RequestState::kWaiting;
   // The prompt, then the generated tokens; the cache holds the entries of
   // ids[0, prefilled + fed).
   std::vector<int64_t> ids;
   int64_t prompt_length = 0;
   GenerateOptions options;
   std::unique_ptr<KVCache> cache;
-  PagedKVCache* paged = nullptr;  // the cache, when it draws blocks from the scheduler's pool
-  // Else, with a pool and a cache with bounded storage of its own (KVCache::MaxBytes): that
-  // storage is charged to the pool as it grows; `charge` bytes are reserved for it now.
-  bool charged = false;
-  int64_t charge = 0;
-  std::unique_ptr<CachePositions> stream;
+  PoolUse pool_use = PoolUse::kNone;
+  PagedKVCache* paged = nullptr;           // the cache, with PoolUse::kBlocks
+  int64_t charge = 0;                      // bytes reserved in the pool now, with PoolUse::kBytes
+  std::unique_ptr<CachePositions> stream;  // made at the first prefill turn
   at::Generator generator;
   int64_t prefilled = 0;
-  int64_t fed = 0;          // generated tokens whose entries the cache holds
-  at::Tensor logits;        // [1, V] of the last position, to sample from
-  int64_t next_token = -1;  // to feed in this step's decode pass
-  bool finished = false;
-  bool preempted = false;   // this step; requeued after it
-  bool admitted_once = false;
-  bool started = false;     // prefix attached and stream made (at its first prefill turn)
+  int64_t fed = 0;    // generated tokens whose entries the cache holds
+  at::Tensor logits;  // [1, V] of the last position, in kSampling
   absl::Status error;
   RequestResult result;
-  Clock::time_point submitted, admitted, prefill_done, last_token;
+  Clock::time_point submitted, prefill_done, last_token;
+  std::optional<Clock::time_point> admitted;  // its first admission
 
   int64_t generated() const { return static_cast<int64_t>(ids.size()) - prompt_length; }
-  // A token to feed next: the next generated one while replaying.
-  void ContinueReplay() { next_token = fed < generated() ? ids[prompt_length + fed] : -1; }
+  // Whether its cache and stream are set up (its first prefill turn came since admission).
+  bool started() const {
+    return state == RequestState::kPrefilling || state == RequestState::kDecoding ||
+           state == RequestState::kSampling;
+  }
+  // In kDecoding: the token to feed, the one just sampled or the next generated one replayed.
+  int64_t next_token() const { return ids[prompt_length + fed]; }
+
+  void MoveTo(RequestState next) {
+    TORCH_CHECK(IsRequestTransition(state, next), "scheduler: request ", arrival,
+                " cannot go from ", RequestStateName(state), " to ", RequestStateName(next));
+    state = next;
+  }
+  void Fail(absl::Status status) {
+    error = std::move(status);
+    MoveTo(RequestState::kFinished);
+  }
+  void Cancel() {
+    result.cancelled = true;
+    MoveTo(RequestState::kFinished);
+  }
+  // A sampled token: appends it, times it and calls on_token; then feeds it (kDecoding) or
+  // ends (a stop token, max_new_tokens, on_token's false or its exception).
+  void Deliver(int64_t next) {
+    const Clock::time_point now = Clock::now();
+    ids.push_back(next);
+    if (generated() == 1) {
+      result.stats.time_to_first_token_s = Seconds(submitted, now);
+    } else {
+      result.inter_token_s.push_back(Seconds(last_token, now));
+    }
+    last_token = now;
+    const bool keep_going = CallOnToken(next);
+    const std::vector<int64_t>& stops = options.stop_tokens;
+    const bool stop = std::find(stops.begin(), stops.end(), next) != stops.end();
+    const bool done = !error.ok() || !keep_going || stop || generated() == options.max_new_tokens;
+    MoveTo(done ? RequestState::kFinished : RequestState::kDecoding);
+  }
+  // on_token's answer (true without one); its exception becomes the request's error.
+  bool CallOnToken(int64_t next) {
+    if (!options.on_token) return true;
+    try {
+      return options.on_token(next);
+    } catch (const std::exception& e) {
+      error = absl::InternalError(absl::StrCat("on_token threw: ", e.what()));
+    } catch (...) {
+      error = absl::InternalError("on_token threw");
+    }
+    return true;
+  }
+  // With its prompt in the cache: kDecoding while generated tokens are left to replay, else
+  // kSampling from row `row` of `pass_logits` ([rows, V] or [rows, 1, V]).
+  void Advance(const at::Tensor& pass_logits, int64_t row) {
+    if (fed < generated()) return MoveTo(RequestState::kDecoding);
+    logits = pass_logits.select(0, row).reshape({1, -1});
+    MoveTo(RequestState::kSampling);
+  }
 };
 
 Scheduler::Scheduler(GPT model, SchedulerOptions options, std::shared_ptr<BlockPool> pool)
@@ -170,9 +226,10 @@ absl::StatusOr<std::shared_ptr<RequestHandle>> Scheduler::Submit(std::vector<int
             pool_->num_blocks()));
       }
       request->paged = paged;
+      request->pool_use = Request::PoolUse::kBlocks;
     } else if (std::optional<int64_t> bytes = cache->MaxBytes()) {
       // A cache with its own bounded storage: its bytes come out of the pool's budget.
-      request->charged = true;
+      request->pool_use = Request::PoolUse::kBytes;
       if (*bytes > pool_->num_blocks() * pool_->BytesPerBlock()) {
         return absl::ResourceExhaustedError(absl::StrCat(
             "the request's KV cache (", cache->DebugName(), ") needs up to ", *bytes,
@@ -238,8 +295,7 @@ void Scheduler::Loop() {
   }
   // Shutting down: every request still here ends as cancelled.
   for (auto& request : running) {
-    request->result.cancelled = true;
-    request->finished = true;
+    if (request->state != RequestState::kFinished) request->Cancel();
   }
   Retire(running);
 }
@@ -248,8 +304,7 @@ void Scheduler::AdmitWaiting(Running& running) {
   // Cancelled requests leave the queue at once (they hold no blocks).
   for (auto& request : waiting_) {
     if (request->handle->cancel_requested_) {
-      request->result.cancelled = true;
-      request->finished = true;
+      request->Cancel();
       running.push_back(std::move(request));
     }
   }
@@ -267,20 +322,23 @@ int64_t Scheduler::FirstChunk(const Request& request) const {
 }
 
 bool Scheduler::Fits(const Request& request, const Running& running) const {
-  if ((request.paged == nullptr && !request.charged) || running.empty()) return true;
+  if (request.pool_use == Request::PoolUse::kNone) return true;
+  // Blocks promised to running requests: a request yet to start its prefill its first chunk,
+  // any other its next step. Finished ones (cancelled in the queue) hold and need none.
+  int64_t promised = 0;
+  bool alone = true;
+  for (const auto& other : running) {
+    if (other->state == RequestState::kFinished) continue;
+    alone = false;
+    promised += BlocksForStep(*other, other->started() ? 1 : FirstChunk(*other));
+  }
+  if (alone) return true;
   // A new request needs its first chunk; a preempted one all it held (resuming it sooner
   // would only preempt it again).
-  const int64_t entries =
-      request.result.preemptions > 0
-          ? static_cast<int64_t>(request.ids.size()) + 1
-          : FirstChunk(request);
-  int64_t needed = BlocksForStep(request, entries);
-  // Blocks promised to running requests: a request yet to start its prefill its first chunk,
-  // any other its next step.
-  for (const auto& other : running) {
-    needed += BlocksForStep(*other, other->started ? 1 : FirstChunk(*other));
-  }
-  return needed <= pool_->free_blocks();
+  const int64_t entries = request.result.preemptions > 0
+                              ? static_cast<int64_t>(request.ids.size()) + 1
+                              : FirstChunk(request);
+  return BlocksForStep(request, entries) + promised <= pool_->free_blocks();
 }
 
 int64_t Scheduler::ChargeFor(const Request& request, int64_t steps) const {
@@ -290,21 +348,18 @@ int64_t Scheduler::ChargeFor(const Request& request, int64_t steps) const {
 
 int64_t Scheduler::BlocksForStep(const Request& request, int64_t steps) const {
   if (request.paged != nullptr) {
-    return request.started ? request.paged->BlocksNeeded(steps) : pool_->BlocksFor(steps);
+    return request.started() ? request.paged->BlocksNeeded(steps) : pool_->BlocksFor(steps);
   }
-  if (!request.charged) return 0;
+  if (request.pool_use != Request::PoolUse::kBytes) return 0;
   return pool_->BlocksForBytes(std::max<int64_t>(0, ChargeFor(request, steps) - request.charge));
 }
 
 void Scheduler::Admit(Request& r) {
-  if (!r.admitted_once) {
-    r.admitted_once = true;
-    r.admitted = Clock::now();
-  }
+  r.MoveTo(RequestState::kAdmitted);
+  if (!r.admitted) r.admitted = Clock::now();
 }
 
 void Scheduler::Start(Request& r) {
-  r.started = true;
   // The cache must hold the prompt, then the generated tokens when the request was
   // preempted: the cached prefix of all of them counts.
   int64_t hit = 0;
@@ -321,14 +376,15 @@ void Scheduler::Start(Request& r) {
   r.prefilled = prompt_hit;
   r.fed = hit - prompt_hit;
   r.stream = std::make_unique<CachePositions>(*model_, *r.cache, r.options.start_position + hit);
-  if (r.prefilled == r.prompt_length) r.ContinueReplay();
+  // A cached prefix covers at most all but the last token (PagedKVCache::AttachPrefix): one
+  // that covers the prompt leaves a generated token to replay.
+  r.MoveTo(r.prefilled == r.prompt_length ? RequestState::kDecoding : RequestState::kPrefilling);
 }
 
 bool Scheduler::Step(Running& running) {
   for (auto& request : running) {
-    if (request->handle->cancel_requested_) {
-      request->result.cancelled = true;
-      request->finished = true;
+    if (request->state != RequestState::kFinished && request->handle->cancel_requested_) {
+      request->Cancel();
     }
   }
   Retire(running);
@@ -337,7 +393,9 @@ bool Scheduler::Step(Running& running) {
   std::vector<Request*> rows = ReserveDecodeRows(running);
   std::vector<PrefillPiece> pieces = PlanPrefill(running);
   // A later reservation may have preempted a request of either list.
-  const auto gone = [](const Request& r) { return r.preempted || r.finished; };
+  const auto gone = [](const Request& r) {
+    return r.state == RequestState::kPreempted || r.state == RequestState::kFinished;
+  };
   rows.erase(std::remove_if(rows.begin(), rows.end(), [&](Request* r) { return gone(*r); }),
              rows.end());
   pieces.erase(std::remove_if(pieces.begin(), pieces.end(),
@@ -369,7 +427,7 @@ absl::Status Scheduler::TakeMemory(Request& request, int64_t steps) {
 void Scheduler::SettleCharges(Running& running) {
   for (auto& owned : running) {
     Request& r = *owned;
-    if (!r.charged) continue;
+    if (r.pool_use != Request::PoolUse::kBytes) continue;
     // The prediction is an upper bound: give back what the step did not use.
     const int64_t used = r.cache->AllocatedBytes() + r.cache->IndexBytes();
     if (used < r.charge) {
@@ -380,7 +438,7 @@ void Scheduler::SettleCharges(Running& running) {
 }
 
 bool Scheduler::ReserveMemory(Request& request, int64_t steps, Running& running) {
-  if (request.paged == nullptr && !request.charged) return true;
+  if (request.pool_use == Request::PoolUse::kNone) return true;
   while (true) {
     const absl::Status reserved = TakeMemory(request, steps);
     if (reserved.ok()) return true;
@@ -389,12 +447,14 @@ bool Scheduler::ReserveMemory(Request& request, int64_t steps, Running& running)
     for (auto it = running.rbegin(); it != running.rend() && victim == nullptr; ++it) {
       Request& other = **it;
       const bool holds = other.paged != nullptr ? other.paged->blocks_held() > 0 : other.charge > 0;
-      if (holds && !other.finished && !other.preempted) victim = &other;
+      if (holds && other.state != RequestState::kFinished &&
+          other.state != RequestState::kPreempted) {
+        victim = &other;
+      }
     }
     if (victim == nullptr) {
       // Nothing left to free: the request cannot go on (Submit's check makes this rare).
-      request.error = reserved;
-      request.finished = true;
+      request.Fail(reserved);
       return false;
     }
     Preempt(*victim);
@@ -403,8 +463,7 @@ bool Scheduler::ReserveMemory(Request& request, int64_t steps, Running& running)
 }
 
 void Scheduler::Preempt(Request& r) {
-  r.preempted = true;
-  r.started = false;
+  r.MoveTo(RequestState::kPreempted);
   r.stream.reset();
   r.cache->Release();
   if (r.charge > 0) {
@@ -414,7 +473,6 @@ void Scheduler::Preempt(Request& r) {
   r.prefilled = 0;
   r.fed = 0;
   r.logits = at::Tensor();
-  r.next_token = -1;
   ++r.result.preemptions;
   std::lock_guard<std::mutex> lock(mutex_);
   ++stats_.preemptions;
@@ -423,8 +481,8 @@ void Scheduler::Preempt(Request& r) {
 void Scheduler::Requeue(Running& running) {
   std::vector<std::unique_ptr<Request>> preempted;
   for (auto& owned : running) {
-    if (owned != nullptr && owned->preempted && !owned->finished) {
-      owned->preempted = false;
+    if (owned != nullptr && owned->state == RequestState::kPreempted) {
+      owned->MoveTo(RequestState::kWaiting);
       preempted.push_back(std::move(owned));
     }
   }
@@ -477,22 +535,21 @@ std::vector<Scheduler::PrefillPiece> Scheduler::PlanPrefill(Running& running) {
   for (size_t i = 0; i < running.size() && (batch.empty() || budget > 0); ++i) {
     Request& r = *running[i];
     const int64_t length = r.prompt_length;
-    if (r.finished || r.preempted || (r.started && r.prefilled >= length)) continue;
-    if (!r.started) {
+    if (r.state != RequestState::kAdmitted && r.state != RequestState::kPrefilling) continue;
+    if (r.state == RequestState::kAdmitted) {
       // A request whose prompt continues blocks that a chunk of this step computes waits for
       // them (published after the pass) rather than computing them again.
       if (SharesUnpublishedBlock(r, batch)) break;
       // Started here, not at admission: the cached prefix counts against the budget only
       // for what it leaves to prefill.
       Start(r);
-      if (r.prefilled >= length) continue;
+      if (r.state != RequestState::kPrefilling) continue;
     }
     const int64_t chunk = std::min(EffectiveChunk(r.options), length - r.prefilled);
     if (!batch.empty() && chunk > budget) break;
     absl::StatusOr<int64_t> reserved = r.stream->Reserve(chunk);
     if (!reserved.ok()) {
-      r.error = reserved.status();
-      r.finished = true;
+      r.Fail(reserved.status());
       continue;
     }
     if (!ReserveMemory(r, *reserved, running)) continue;
@@ -517,7 +574,7 @@ void Scheduler::ChunksPass(const std::vector<PrefillPiece>& pieces,
                       piece.positions});
   }
   for (Request* r : rows) {
-    chunks.push_back({r->cache.get(), at::tensor({r->next_token}, at::kLong).reshape({1, 1}),
+    chunks.push_back({r->cache.get(), at::tensor({r->next_token()}, at::kLong).reshape({1, 1}),
                       at::tensor({r->stream->TakeOne()}, at::kLong).reshape({1, 1})});
   }
   const absl::StatusOr<at::Tensor> logits = ForwardChunks(*model_, chunks);  // [chunks, V]
@@ -539,22 +596,24 @@ void Scheduler::AfterPrefill(const std::vector<PrefillPiece>& pass,
   for (size_t p = 0; p < pass.size(); ++p) {
     Request& r = *pass[p].request;
     if (!logits.ok()) {
-      r.error = logits.status();
-      r.finished = true;
+      r.Fail(logits.status());
       continue;
     }
     r.prefilled += pass[p].tokens;
     tokens += pass[p].tokens;
     Publish(r);
     if (r.prefilled < r.prompt_length) continue;
-    if (r.generated() > 0) {
-      r.ContinueReplay();  // recomputing after a preemption: the logits are known already
-      continue;
+    // Recomputing after a preemption, the generated tokens are replayed next (their logits
+    // are known already); else the first token is sampled from these logits.
+    if (r.generated() == 0) {
+      r.prefill_done = Clock::now();
+      r.result.stats.prefill_s = Seconds(*r.admitted, r.prefill_done);
+      if (r.options.max_new_tokens == 0) {
+        r.MoveTo(RequestState::kFinished);
+        continue;
+      }
     }
-    r.prefill_done = Clock::now();
-    r.result.stats.prefill_s = Seconds(r.admitted, r.prefill_done);
-    r.logits = logits->narrow(0, static_cast<int64_t>(p), 1);
-    if (r.options.max_new_tokens == 0) r.finished = true;
+    r.Advance(*logits, static_cast<int64_t>(p));
   }
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.prefill_tokens += tokens;
@@ -633,45 +692,17 @@ absl::StatusOr<at::Tensor> ForwardChunks(GPTImpl& model, const std::vector<Promp
 void Scheduler::SampleReady(Running& running) {
   for (auto& owned : running) {
     Request& r = *owned;
-    if (r.finished || !r.logits.defined()) continue;
+    if (r.state != RequestState::kSampling) continue;
     absl::StatusOr<at::Tensor> sampled = SampleNext(r.logits, r.options.sampling, r.generator);
+    r.logits = at::Tensor();
     if (!sampled.ok()) {
-      r.error = sampled.status();
-      r.finished = true;
-      r.logits = at::Tensor();
+      r.Fail(sampled.status());
       continue;
     }
     // A CPU token is read in place (cpu() and item() are two dispatched operations).
-    const int64_t next = sampled->device().is_cpu() && sampled->scalar_type() == at::kLong
-                             ? sampled->data_ptr<int64_t>()[0]
-                             : sampled->cpu().item<int64_t>();
-    r.logits = at::Tensor();
-    const Clock::time_point now = Clock::now();
-    r.ids.push_back(next);
-    if (r.generated() == 1) {
-      r.result.stats.time_to_first_token_s = Seconds(r.submitted, now);
-    } else {
-      r.result.inter_token_s.push_back(Seconds(r.last_token, now));
-    }
-    r.last_token = now;
-    bool keep_going = true;
-    if (r.options.on_token) {
-      try {
-        keep_going = r.options.on_token(next);
-      } catch (const std::exception& e) {
-        r.error = absl::InternalError(absl::StrCat("on_token threw: ", e.what()));
-      } catch (...) {
-        r.error = absl::InternalError("on_token threw");
-      }
-    }
-    const std::vector<int64_t>& stops = r.options.stop_tokens;
-    const bool stop = std::find(stops.begin(), stops.end(), next) != stops.end();
-    if (!r.error.ok() || !keep_going || stop ||
-        r.generated() == r.options.max_new_tokens) {
-      r.finished = true;
-    } else {
-      r.next_token = next;
-    }
+    r.Deliver(sampled->device().is_cpu() && sampled->scalar_type() == at::kLong
+                  ? sampled->data_ptr<int64_t>()[0]
+                  : sampled->cpu().item<int64_t>());
   }
 }
 
@@ -680,12 +711,11 @@ std::vector<Scheduler::Request*> Scheduler::ReserveDecodeRows(Running& running) 
   std::vector<Request*> candidates;
   for (auto& owned : running) {
     Request& r = *owned;
-    if (r.finished || r.preempted || r.next_token < 0) continue;
+    if (r.state != RequestState::kDecoding) continue;
     // Shifting caches make room before the step; a failure ends this request only.
     absl::Status reserved = r.stream->Reserve(1).status();
     if (!reserved.ok()) {
-      r.error = reserved;
-      r.finished = true;
+      r.Fail(reserved);
       continue;
     }
     if (ReserveMemory(r, 1, running)) candidates.push_back(&r);
@@ -700,7 +730,7 @@ void Scheduler::DecodePass(const std::vector<Request*>& rows) {
   for (Request* r : rows) {
     caches.push_back(r->cache.get());
     positions.push_back(r->stream->TakeOne());
-    tokens.push_back(r->next_token);
+    tokens.push_back(r->next_token());
   }
   absl::StatusOr<BatchedKVCache> batch = BatchedKVCache::Create(caches);
   ForwardOptions forward;
@@ -716,16 +746,12 @@ void Scheduler::AfterDecode(const std::vector<Request*>& rows,
   for (size_t b = 0; b < rows.size(); ++b) {
     Request& r = *rows[b];
     if (!logits.ok()) {
-      r.error = logits.status();
-      r.finished = true;
+      r.Fail(logits.status());
       continue;
     }
     ++r.fed;
     Publish(r);
-    r.ContinueReplay();
-    if (r.next_token < 0) {
-      r.logits = logits->select(0, static_cast<int64_t>(b)).reshape({1, -1});
-    }
+    r.Advance(*logits, static_cast<int64_t>(b));
   }
   std::lock_guard<std::mutex> lock(mutex_);
   ++stats_.decode_passes;
@@ -734,8 +760,9 @@ void Scheduler::AfterDecode(const std::vector<Request*>& rows,
 }
 
 void Scheduler::Retire(Running& running) {
-  auto done = std::stable_partition(running.begin(), running.end(),
-                                    [](const std::unique_ptr<Request>& r) { return !r->finished; });
+  auto done = std::stable_partition(
+      running.begin(), running.end(),
+      [](const std::unique_ptr<Request>& r) { return r->state != RequestState::kFinished; });
   if (done == running.end()) return;
   const Clock::time_point now = Clock::now();
   SchedulerStats delta;
@@ -749,7 +776,7 @@ void Scheduler::Retire(Running& running) {
     result.kv_cache_index_bytes = r.cache->IndexBytes();
     result.stats.position_shift = r.stream ? r.stream->shifted() : 0;
     if (!result.tokens.empty()) result.stats.decode_s = Seconds(r.prefill_done, now);
-    result.queue_s = Seconds(r.submitted, r.admitted_once ? r.admitted : now);
+    result.queue_s = Seconds(r.submitted, r.admitted.value_or(now));
     delta.generated_tokens += result.stats.new_tokens;
     if (!r.error.ok()) {
       ++delta.failed;

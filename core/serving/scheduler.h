@@ -13,6 +13,8 @@
 //      kernel call for all rows where the caches allow);
 //   4. samples the next token of every request whose logits are ready (its own sampling
 //      options and its own generator, seeded as Generate seeds it), calls its on_token.
+// A request moves through one explicit state (waiting, admitted, prefilling, decoding, sampling,
+// preempted, finished): core/serving/request_state.h lists the transitions.
 // A request's tokens equal lgpt::Generate with the same prompt, options (prefill_chunk as
 // EffectiveChunk says), seed and kind of cache (greedy tokens identical; logits differ only by
 // the rounding of batched matrix products).
@@ -189,7 +191,7 @@ class Scheduler {
   int64_t EffectiveChunk(const GenerateOptions& options) const;
 
  private:
-  struct Request;
+  struct Request;  // its state (request_state.h) and data, in scheduler.cc
   using Running = std::vector<std::unique_ptr<Request>>;
   void Loop();
   // Moves waiting requests to `running` in arrival order while they fit (mutex_ held).
