@@ -54,10 +54,7 @@ def _nvcc_compile_impl(ctx):
             use_default_shell_env = True,
         )
 
-        # The same object for non-PIC links (binaries): PIC code links into them as well.
-        plain = ctx.actions.declare_file(stem + ".o")
-        ctx.actions.symlink(output = plain, target_file = pic)
-        outputs += [pic, plain]
+        outputs.append(pic)
     return [DefaultInfo(files = depset(outputs))]
 
 _nvcc_compile = rule(

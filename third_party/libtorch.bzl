@@ -62,7 +62,9 @@ def _libtorch_repository_impl(ctx):
     nvcc = None
     if has_cuda:
         # libtorch_cuda registers its kernels from static initialisers: keep it linked.
-        libs = ["-Wl,--no-as-needed", "-ltorch_cuda", "-lc10_cuda", "-Wl,--as-needed"] + libs
+        # (push/pop: the libraries after them keep the linker's default.)
+        libs = ["-Wl,--push-state,--no-as-needed", "-ltorch_cuda", "-lc10_cuda",
+                "-Wl,--pop-state"] + libs
         cuda_home = _cuda_home(ctx)
         nvcc = cuda_home + "/bin/nvcc"
         if not ctx.path(nvcc).exists:
