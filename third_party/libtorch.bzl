@@ -85,6 +85,13 @@ def _libtorch_repository_impl(ctx):
         # glog's (lgpt logs with glog): its headers take glog's path instead. c10's own
         # messages still go through c10.
         defines.append("C10_USE_GLOG")
+    if include_root != "/usr/include":
+        # PyPI's LibTorch (built against an older libstdc++ with the newer parts linked in)
+        # exports std::filesystem and std::chrono functions of its own (libtorch.so's
+        # remove_all crashes when called from here). The system's libstdc++ comes first in
+        # the binaries' NEEDED list, so its definitions are the ones every call binds to.
+        libs = ["-Wl,--push-state,--no-as-needed", "-lstdc++", "-Wl,--pop-state"] + libs
+
     # c10/cuda's headers call the CUDA runtime inline: users of a CUDA LibTorch see the
     # toolkit's headers and link libcudart.
     linkopts = ["-L" + libdir, "-Wl,-rpath," + libdir] + libs + cuda_linkopts + ["-pthread"]
