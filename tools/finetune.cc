@@ -309,14 +309,16 @@ int main(int argc, char** argv) {
   }
 
   // Model: the method's architecture, base weights, only the method's parameters trainable.
+  // The config is checked against the base's tensors before any module is built (a config
+  // that claims 2^20 layers is refused at once, naming both numbers).
   at::manual_seed(absl::GetFlag(FLAGS_seed));
+  std::string base_source;
+  TensorMap base =
+      ValueOrDie(ReadCheckpointTensors(checkpoint_dir, &base_source, VerifyChecksumsFlag()));
+  DieIfError(CheckConfigAgainstCheckpoint(config, base, base_source, at::kFloat));
   GPT model = ValueOrDie(CreateFinetuneModel(config, method, int8_base));
-  {
-    std::string base_source;
-    const TensorMap base =
-        ValueOrDie(ReadCheckpointTensors(checkpoint_dir, &base_source, VerifyChecksumsFlag()));
-    DieIfError(LoadBaseWeights(*model, base, base_source));
-  }  // the base tensors are copied into the model: free them
+  DieIfError(LoadBaseWeights(*model, base, base_source));
+  base.clear();  // the base tensors are copied into the model: free them
   if (int8_base) DieIfError(QuantizeModelInt8(*model));  // frees the float base weights
   MarkTrainable(*model, method);
   const int64_t weight_bytes = ModelWeightBytes(*model);

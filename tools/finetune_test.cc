@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -435,6 +436,20 @@ TEST(FinetuneToolTest, BadInputsFailWithOneLine) {
                      "--lr must be a finite number >= 0, got inf");
   ExpectCleanFailure(Execute("finetune", "--data=" + dir + "/good.json" + out + " --grad_clip=-1"),
                      "--grad_clip must be a finite number >= 0, got -1");
+  // A config that claims 2^20 layers over the 4-layer default model is refused from the
+  // checkpoint's tensors before any module is built (it was built layer by layer for minutes).
+  const std::string huge = dir + "/huge";
+  ASSERT_EQ(std::system(("rm -rf " + huge + " && cp -r tools/default_model " + huge).c_str()), 0);
+  std::string yaml = ReadAll(huge + "/model_config.yaml");
+  ASSERT_NE(yaml.find("n_layer: 4\n"), std::string::npos);
+  yaml.replace(yaml.find("n_layer: 4\n"), 10, "n_layer: 1048576\n");
+  WriteText(huge + "/model_config.yaml", yaml);
+  const auto start = std::chrono::steady_clock::now();
+  const ToolRun run =
+      Execute("finetune", "--checkpoint_dir=" + huge + " --data=" + dir + "/good.json" + out);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+  ExpectCleanFailure(run, "n_layer: 1048576");
+  EXPECT_NE(run.err.find("holds 4 layers"), std::string::npos) << run.err;
 }
 
 TEST(FinetuneToolTest, LoraOnTheDefaultModelThenMergeThenGenerate) {
