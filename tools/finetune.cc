@@ -234,8 +234,14 @@ int main(int argc, char** argv) {
   const std::shared_ptr<ProcessGroup> group = ValueOrDie(JoinDevices());
   const bool lead = group->rank() == 0;  // logs and writes
 
-  // The base model's config with the method's fields.
+  // The base model's config with the method's fields, checked against the base's tensors
+  // before any other work (a config that claims 2^20 layers is refused at once, naming both
+  // numbers; it was built layer by layer for minutes).
   Config config = ValueOrDie(LoadConfigFile(checkpoint_dir + "/model_config.yaml"));
+  std::string base_source;
+  TensorMap base =
+      ValueOrDie(ReadCheckpointTensors(checkpoint_dir, &base_source, VerifyChecksumsFlag()));
+  DieIfError(CheckConfigAgainstCheckpoint(config, base, base_source, at::kFloat));
   if (method == PeftMethod::kLora) {
     config.lora_r = absl::GetFlag(FLAGS_lora_r);
     config.lora_alpha = absl::GetFlag(FLAGS_lora_alpha);
@@ -309,13 +315,7 @@ int main(int argc, char** argv) {
   }
 
   // Model: the method's architecture, base weights, only the method's parameters trainable.
-  // The config is checked against the base's tensors before any module is built (a config
-  // that claims 2^20 layers is refused at once, naming both numbers).
   at::manual_seed(absl::GetFlag(FLAGS_seed));
-  std::string base_source;
-  TensorMap base =
-      ValueOrDie(ReadCheckpointTensors(checkpoint_dir, &base_source, VerifyChecksumsFlag()));
-  DieIfError(CheckConfigAgainstCheckpoint(config, base, base_source, at::kFloat));
   GPT model = ValueOrDie(CreateFinetuneModel(config, method, int8_base));
   DieIfError(LoadBaseWeights(*model, base, base_source));
   base.clear();  // the base tensors are copied into the model: free them

@@ -439,7 +439,7 @@ TEST(FinetuneToolTest, BadInputsFailWithOneLine) {
   // A config that claims 2^20 layers over the 4-layer default model is refused from the
   // checkpoint's tensors before any module is built (it was built layer by layer for minutes).
   const std::string huge = dir + "/huge";
-  ASSERT_EQ(std::system(("rm -rf " + huge + " && cp -r tools/default_model " + huge).c_str()), 0);
+  ASSERT_EQ(std::system(("rm -rf " + huge + " && cp -rL tools/default_model " + huge).c_str()), 0);
   std::string yaml = ReadAll(huge + "/model_config.yaml");
   ASSERT_NE(yaml.find("n_layer: 4\n"), std::string::npos);
   yaml.replace(yaml.find("n_layer: 4\n"), 10, "n_layer: 1048576\n");
