@@ -173,6 +173,13 @@ TEST(QuantizeTest, SavedQuantisedCheckpointGeneratesAsQuantisingAtLoad) {
                                                       "--quantize=int3 --out_dir=", TempDir(),
                                                       "/int3")),
                      "int3");
+  // A config that claims 2^20 layers over the saved quantised weights is refused from their
+  // tensor names before any module is built.
+  std::string yaml = ReadAll(out + "/model_config.yaml");
+  ASSERT_NE(yaml.find("n_layer: 4\n"), std::string::npos);
+  yaml.replace(yaml.find("n_layer: 4\n"), 10, "n_layer: 1048576");
+  std::ofstream(out + "/model_config.yaml") << yaml;
+  ExpectCleanFailure(Execute("generate", "--checkpoint_dir=" + out + args), "holds 4 layers");
 }
 
 TEST(PerplexityTest, AgreementComparesTheQuantisedModelWithTheFloatOne) {

@@ -239,7 +239,10 @@ absl::StatusOr<LoadedModel> LoadCheckpointUnchecked(const std::string& checkpoin
                      ReadCheckpointTensors(checkpoint_dir, &source, options.verify_checksums));
     RETURN_IF_ERROR(CheckConfigAgainstCheckpoint(config, tensors, source, options.dtype));
   } else {
+    // The quantised file's tensor names give its layers and experts (its shapes are blocks).
     RETURN_IF_ERROR(CheckBlockSize(config));
+    ASSIGN_OR_RETURN(const TensorMap quantised_tensors, ReadSafetensors(quantized));
+    RETURN_IF_ERROR(CheckCounts(config, quantised_tensors, quantized));
   }
   progress(absl::StrCat("building ", config.name, " (", config.n_layer, " layers)"));
   ASSIGN_OR_RETURN(const RankModelSpec rank_spec,
