@@ -26,6 +26,7 @@
 #include "core/config/config_presets.h"
 #include "core/base/file_util.h"
 #include "core/base/output_dir.h"
+#include "core/base/shape_text.h"
 #include "core/io/safetensors.h"
 #include "core/base/status_macros.h"
 #include "core/io/torch_pickle.h"
@@ -66,10 +67,6 @@ std::string Format(absl::string_view tmpl, const std::vector<int64_t>& ids) {
     }
   }
   return out;
-}
-
-std::string ShapeText(at::IntArrayRef shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
 std::string Names(const std::vector<std::string>& names) {

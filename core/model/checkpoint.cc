@@ -11,16 +11,16 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
+#include "core/base/file_util.h"
+#include "core/base/shape_text.h"
+#include "core/base/status_macros.h"
 #include "core/base/system_memory.h"
 #include "core/config/config_presets.h"
-#include "core/base/file_util.h"
-#include "core/io/safetensors.h"
-#include "core/base/status_macros.h"
 #include "core/dist/tensor_parallel.h"
-#include "core/model/tensor_parallel_model.h"
+#include "core/io/safetensors.h"
 #include "core/io/torch_pickle.h"
 #include "core/model/quantized_checkpoint.h"
+#include "core/model/tensor_parallel_model.h"
 
 namespace lgpt {
 
@@ -91,8 +91,6 @@ int64_t CountIndexed(const TensorMap& tensors, absl::string_view prefix) {
   return count;
 }
 
-std::string ShapeText(at::IntArrayRef shape) { return absl::StrCat("[", absl::StrJoin(shape, ", "), "]"); }
-
 // A weight's shape as the config implies it; checked when the checkpoint holds the tensor.
 struct ExpectedShape {
   std::string name;
@@ -110,26 +108,30 @@ std::vector<ExpectedShape> ExpectedShapes(const Config& config) {
       {"lm_head.weight", {vocab, embd}, "padded_vocab_size, n_embd"},
   };
   if (!config.has_latent_attention) {
-    shapes.push_back({"transformer.h.0.attn.qkv.weight", {qkv, embd},
+    shapes.push_back({"transformer.h.0.attn.qkv.weight",
+                      {qkv, embd},
                       "(n_head + 2 * n_query_groups) * head_size, n_embd"});
-    shapes.push_back({"transformer.h.0.attn.proj.weight", {embd, heads}, "n_embd, n_head * head_size"});
+    shapes.push_back(
+        {"transformer.h.0.attn.proj.weight", {embd, heads}, "n_embd, n_head * head_size"});
   }
   if (config.n_expert == 0 && config.intermediate_size) {
     const int64_t inner = config.IntermediateSize();
     for (const char* fc : {"fc", "fc_1", "fc_2"}) {
-      shapes.push_back({absl::StrCat("transformer.h.0.mlp.", fc, ".weight"), {inner, embd},
+      shapes.push_back({absl::StrCat("transformer.h.0.mlp.", fc, ".weight"),
+                        {inner, embd},
                         "intermediate_size, n_embd"});
     }
-    shapes.push_back({"transformer.h.0.mlp.proj.weight", {embd, inner}, "n_embd, intermediate_size"});
+    shapes.push_back(
+        {"transformer.h.0.mlp.proj.weight", {embd, inner}, "n_embd, intermediate_size"});
   }
   return shapes;
 }
 
 absl::Status CheckBlockSize(const Config& config) {
   if (config.block_size < 1 || config.block_size > kMostBlockSize) {
-    return absl::InvalidArgumentError(absl::StrCat("model_config.yaml has block_size: ",
-                                                   config.block_size, ", outside [1, ",
-                                                   kMostBlockSize, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model_config.yaml has block_size: ", config.block_size, ", outside [1, ",
+                     kMostBlockSize, "]"));
   }
   return absl::OkStatus();
 }
@@ -139,15 +141,15 @@ absl::Status CheckCounts(const Config& config, const TensorMap& tensors,
                          const std::string& source) {
   const int64_t layers = CountIndexed(tensors, "transformer.h.");
   if (layers != config.n_layer) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model_config.yaml has n_layer: ", config.n_layer, " but ", source, " holds ", layers,
-        " layers (transformer.h.0 .. transformer.h.", layers - 1, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model_config.yaml has n_layer: ", config.n_layer, " but ", source, " holds ",
+                     layers, " layers (transformer.h.0 .. transformer.h.", layers - 1, ")"));
   }
   const int64_t experts = CountIndexed(tensors, ".mlp.experts.");
   if (experts != config.n_expert) {
-    return absl::InvalidArgumentError(absl::StrCat("model_config.yaml has n_expert: ",
-                                                   config.n_expert, " but ", source, " holds ",
-                                                   experts, " experts per layer"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model_config.yaml has n_expert: ", config.n_expert, " but ", source,
+                     " holds ", experts, " experts per layer"));
   }
   return absl::OkStatus();
 }
@@ -226,9 +228,9 @@ absl::StatusOr<LoadedModel> LoadCheckpointUnchecked(const std::string& checkpoin
   }
   const bool sharded = options.tensor_parallel && options.tensor_parallel->world_size() > 1;
   if (sharded && IsFile(quantized)) {
-    return absl::UnimplementedError(absl::StrCat(
-        checkpoint_dir, ": tensor parallelism over a quantised checkpoint (", kQuantizedWeightsFile,
-        ") is not implemented; load the float checkpoint"));
+    return absl::UnimplementedError(
+        absl::StrCat(checkpoint_dir, ": tensor parallelism over a quantised checkpoint (",
+                     kQuantizedWeightsFile, ") is not implemented; load the float checkpoint"));
   }
   // The weights are read (mapped) and checked against the config before any module is built.
   std::string source;
@@ -277,8 +279,7 @@ absl::StatusOr<LoadedModel> LoadCheckpointUnchecked(const std::string& checkpoin
   return LoadedModel{model->config(), model, ContextWarnings(checkpoint_dir, config)};
 }
 
-std::vector<std::string> ContextWarnings(const std::string& checkpoint_dir,
-                                         const Config& config) {
+std::vector<std::string> ContextWarnings(const std::string& checkpoint_dir, const Config& config) {
   std::vector<std::string> warnings;
   absl::Status parsed;
   const std::optional<int64_t> trained = TrainedContextOf(checkpoint_dir, config, &parsed);

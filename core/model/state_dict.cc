@@ -9,13 +9,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/base/shape_text.h"
 
 namespace lgpt {
 namespace {
-
-std::string Shape(const at::Tensor& t) {
-  return absl::StrCat("[", absl::StrJoin(t.sizes(), ", "), "]");
-}
 
 std::string Names(const std::vector<std::string>& names) {
   constexpr size_t kShown = 5;
@@ -78,8 +75,8 @@ absl::Status LoadStateDict(torch::nn::Module& module, const TensorMap& tensors,
     const at::Tensor& target = targets.at(name);
     if (!tensor.sizes().equals(target.sizes())) {
       return absl::InvalidArgumentError(absl::StrCat(source, ": tensor ", name, " has shape ",
-                                                     Shape(tensor), ", the model expects ",
-                                                     Shape(target)));
+                                                     ShapeText(tensor.sizes()), ", the model expects ",
+                                                     ShapeText(target.sizes())));
     }
     if (!tensor.is_floating_point() && target.is_floating_point()) {
       return absl::InvalidArgumentError(

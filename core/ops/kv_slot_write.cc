@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "core/base/shape_text.h"
 #include "core/base/status_macros.h"
 #include "core/ops/kv_slot_layout.h"
 
@@ -17,17 +18,11 @@
 namespace lgpt {
 namespace {
 
-std::string ShapeOf(const at::Tensor& t) {
-  std::string shape = "[";
-  for (int64_t i = 0; i < t.dim(); ++i) absl::StrAppend(&shape, i ? ", " : "", t.size(i));
-  return shape + "]";
-}
-
 absl::Status CheckPool(const char* name, const at::Tensor& pool, const at::Tensor& keys) {
   if (pool.dim() != 4 || pool.size(1) != keys.size(0) || pool.size(3) != keys.size(2)) {
     return absl::InvalidArgumentError(absl::StrCat("WriteKVSlots: ", name, " must be [num_blocks, ",
                                                    keys.size(0), ", block_size, ", keys.size(2),
-                                                   "], got ", ShapeOf(pool)));
+                                                   "], got ", ShapeText(pool.sizes())));
   }
   if (!pool.is_contiguous()) {
     return absl::InvalidArgumentError(absl::StrCat("WriteKVSlots: ", name, " must be contiguous"));
@@ -48,7 +43,7 @@ absl::Status CheckArguments(const at::Tensor& keys, const at::Tensor& values,
     return absl::InvalidArgumentError(
         absl::StrCat("WriteKVSlots: keys and values must both be [n_query_groups, T, "
                      "head_size], got keys ",
-                     ShapeOf(keys), " and values ", ShapeOf(values)));
+                     ShapeText(keys.sizes()), " and values ", ShapeText(values.sizes())));
   }
   const auto dtype = keys.scalar_type();
   if (dtype != at::kFloat && dtype != at::kBFloat16 && dtype != at::kHalf) {
@@ -67,14 +62,15 @@ absl::Status CheckArguments(const at::Tensor& keys, const at::Tensor& values,
       slots.device() != keys.device() || !slots.is_contiguous()) {
     return absl::InvalidArgumentError(
         absl::StrCat("WriteKVSlots: slots must be a contiguous int64 [", keys.size(1), "] on ",
-                     keys.device().str(), ", got ", ShapeOf(slots), " ",
+                     keys.device().str(), ", got ", ShapeText(slots.sizes()), " ",
                      c10::toString(slots.scalar_type()), " on ", slots.device().str()));
   }
   RETURN_IF_ERROR(CheckPool("key_pool", key_pool, keys));
   RETURN_IF_ERROR(CheckPool("value_pool", value_pool, keys));
   if (!value_pool.sizes().equals(key_pool.sizes())) {
-    return absl::InvalidArgumentError(absl::StrCat("WriteKVSlots: value_pool ", ShapeOf(value_pool),
-                                                   " differs from key_pool ", ShapeOf(key_pool)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("WriteKVSlots: value_pool ", ShapeText(value_pool.sizes()),
+                     " differs from key_pool ", ShapeText(key_pool.sizes())));
   }
   return absl::OkStatus();
 }
