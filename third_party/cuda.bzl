@@ -53,7 +53,6 @@ def _nvcc_compile_impl(ctx):
             progress_message = "Compiling CUDA %s" % src.short_path,
             use_default_shell_env = True,
         )
-
         outputs.append(pic)
     return [DefaultInfo(files = depset(outputs))]
 

@@ -85,13 +85,17 @@ std::string AllowedMethods(const std::string& path) {
              : "POST";
 }
 
+// The body comes in chunked transfer encoding.
+bool IsChunked(const httplib::Request& req) {
+  return absl::StrContains(absl::AsciiStrToLower(req.get_header_value("Transfer-Encoding")),
+                           "chunked");
+}
+
 // A request that says it has a body (POST, PUT, PATCH) without Content-Length or chunked
 // transfer encoding: cpp-httplib would read its body until the client closes the connection.
 bool BodyWithoutLength(const httplib::Request& req) {
   if (req.method != "POST" && req.method != "PUT" && req.method != "PATCH") return false;
-  return !req.has_header("Content-Length") &&
-         !absl::StrContains(absl::AsciiStrToLower(req.get_header_value("Transfer-Encoding")),
-                            "chunked");
+  return !req.has_header("Content-Length") && !IsChunked(req);
 }
 
 // The request is one of the routes that read a body (POST /v1/completions, /v1/chat/completions).
@@ -104,8 +108,7 @@ bool ReadsBody(const httplib::Request& req) {
 // The request announces a body: a Content-Length above 0, or chunked transfer encoding.
 bool AnnouncesBody(const httplib::Request& req) {
   return (req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0") ||
-         absl::StrContains(absl::AsciiStrToLower(req.get_header_value("Transfer-Encoding")),
-                           "chunked");
+         IsChunked(req);
 }
 
 // Content-Length as a number of bytes; nullopt unless it is 1 to 18 decimal digits (no sign,
@@ -493,11 +496,8 @@ bool HttpServer::Impl::RefuseBody(const httplib::Request& req, httplib::Response
     res.status = 404;  // the error handler makes it 405 where the path takes another method
     return true;
   }
-  const bool chunked =
-      absl::StrContains(absl::AsciiStrToLower(req.get_header_value("Transfer-Encoding")),
-                        "chunked");
   std::optional<int64_t> length;
-  if (!chunked) {
+  if (!IsChunked(req)) {
     length = ContentLength(req.get_header_value("Content-Length"));
     if (!length) {
       SendStatus(res, absl::InvalidArgumentError(absl::StrCat(
