@@ -22,6 +22,7 @@
 #include "cache/kv_cache_factory.h"
 #include "cache/paged_kv_cache.h"
 #include "core/config/config_presets.h"
+#include "core/model/batch_forward.h"
 #include "core/model/cache_positions.h"
 #include "core/model/checkpoint.h"
 #include "core/model/generate.h"
@@ -391,7 +392,7 @@ TEST_P(ForwardChunksTest, EachChunkEqualsItsBatchOnePass) {
   }
   // Round 2 feeds one token per cache: decode rows, as the scheduler's mixed passes run them.
   for (int round = 0; round < 3; ++round) {
-    std::vector<PromptChunk> chunks;
+    std::vector<SequenceChunk> chunks;
     std::vector<at::Tensor> expected;
     for (size_t i = 0; i < pairs.size(); ++i) {
       Pair& pair = pairs[i];
@@ -436,7 +437,7 @@ TEST_P(ForwardChunksTest, DecodeRowsInAPromptPassMatchTheirBatchOneStep) {
   at::manual_seed(21);
   std::vector<std::unique_ptr<KVCache>> batched, alone;
   std::vector<std::unique_ptr<CachePositions>> batched_stream, alone_stream;
-  std::vector<PromptChunk> chunks;
+  std::vector<SequenceChunk> chunks;
   // The prompt chunk: another request's first 24 tokens.
   std::unique_ptr<KVCache> prompt_cache = BatchOneCache(*model, specs[0], length);
   CachePositions prompt_stream(*model, *prompt_cache);

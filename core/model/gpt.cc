@@ -30,6 +30,24 @@ std::pair<int64_t, int64_t> MinMax(const at::Tensor& values) {
   return {values.min().item<int64_t>(), values.max().item<int64_t>()};
 }
 
+// ForwardOptions.logit_steps: ascending steps of [0, steps), not beside last_logits_only.
+absl::Status CheckLogitSteps(const ForwardOptions& options, int64_t steps) {
+  const std::vector<int64_t>& wanted = options.logit_steps;
+  if (wanted.empty()) return absl::OkStatus();
+  if (options.last_logits_only) {
+    return absl::InvalidArgumentError(
+        "ForwardOptions.logit_steps and last_logits_only are exclusive");
+  }
+  for (size_t i = 0; i < wanted.size(); ++i) {
+    if (wanted[i] < 0 || wanted[i] >= steps || (i > 0 && wanted[i] <= wanted[i - 1])) {
+      return absl::InvalidArgumentError(absl::StrCat("ForwardOptions.logit_steps[", i, "] (",
+                                                     wanted[i], ") must be ascending in [0, ",
+                                                     steps, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 TransformerImpl::TransformerImpl(const Config& config, const ModelParts& parts) {
@@ -181,6 +199,7 @@ absl::StatusOr<at::Tensor> GPTImpl::ForwardUnchecked(const at::Tensor& idx, KVCa
                                                 config_.PaddedVocabSize(), ")"));
     }
   }
+  RETURN_IF_ERROR(CheckLogitSteps(options, steps));
   KVStep step;
   if (options.positions.defined()) {
     if (options.positions.dim() != 2 || options.positions.size(0) != batch ||
@@ -215,7 +234,11 @@ absl::StatusOr<at::Tensor> GPTImpl::ForwardUnchecked(const at::Tensor& idx, KVCa
     const RopeTables& rope = config_.UsesLocalRope(layer) ? local : global;
     ASSIGN_OR_RETURN(x, transformer->h[layer]->Forward(x, rope, step, cache));
   }
-  if (options.last_logits_only) x = x.narrow(1, steps - 1, 1);
+  if (options.last_logits_only) {
+    x = x.narrow(1, steps - 1, 1);
+  } else if (!options.logit_steps.empty()) {
+    x = x.index_select(1, at::tensor(options.logit_steps, at::kLong).to(x.device()));
+  }
   return Head(x);
 }
 

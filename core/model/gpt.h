@@ -35,6 +35,10 @@ struct ForwardOptions {
   at::Tensor positions;
   // Compute logits for the last position of each row only (decoding needs nothing else).
   bool last_logits_only = false;
+  // The steps (indices along T, ascending) whose logits are wanted, for every row: logits
+  // [B, logit_steps.size(), padded_vocab_size]. Empty: every step (or the last, above). A
+  // step over several sequences end to end (cache/kv_batch.h) names each one's last token.
+  std::vector<int64_t> logit_steps;
 };
 
 // transformer.{wte, h, ln_f}
@@ -53,8 +57,8 @@ class GPTImpl : public torch::nn::Module {
   static absl::StatusOr<std::shared_ptr<GPTImpl>> Create(const Config& config,
                                                          const ModelParts& parts = {});
 
-  // idx [B, T] int64 -> logits [B, T or 1, padded_vocab_size]. With a cache, the step's
-  // keys and values are added to it and attention sees every cached entry; without one, the
+  // idx [B, T] int64 -> logits [B, T or 1 or logit_steps, padded_vocab_size]. With a cache, the
+  // step's keys and values are added to it and attention sees every cached entry; without one, the
   // step attends to itself only (a full forward pass).
   absl::StatusOr<at::Tensor> Forward(const at::Tensor& idx, KVCache* cache = nullptr,
                                      const ForwardOptions& options = {});

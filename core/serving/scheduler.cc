@@ -11,10 +11,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
-#include "cache/batched_kv_cache.h"
 #include "cache/paged_kv_cache.h"
-#include "cache/segmented_kv_cache.h"
 #include "core/base/status_macros.h"
+#include "core/model/batch_forward.h"
 #include "core/model/cache_positions.h"
 #include "core/model/sampling.h"
 #include "core/serving/request_state.h"
@@ -214,16 +213,14 @@ absl::StatusOr<std::shared_ptr<RequestHandle>> Scheduler::Submit(std::vector<int
   if (pool_ != nullptr) {
     auto* paged = dynamic_cast<PagedKVCache*>(cache.get());
     if (paged != nullptr && paged->pool() == pool_.get()) {
-      const int64_t entries =
-          std::min(options.start_position + static_cast<int64_t>(prompt.size()) +
-                       options.max_new_tokens,
-                   paged->max_sequence_length());
+      const int64_t entries = std::min(
+          options.start_position + static_cast<int64_t>(prompt.size()) + options.max_new_tokens,
+          paged->max_sequence_length());
       const int64_t blocks = pool_->BlocksFor(entries);
       if (blocks > pool_->num_blocks()) {
         return absl::ResourceExhaustedError(absl::StrCat(
             "the request needs ", blocks, " KV blocks of ", pool_->block_size(),
-            " entries (prompt plus max_new_tokens) and the whole pool has ",
-            pool_->num_blocks()));
+            " entries (prompt plus max_new_tokens) and the whole pool has ", pool_->num_blocks()));
       }
       request->paged = paged;
       request->pool_use = Request::PoolUse::kBlocks;
@@ -249,8 +246,8 @@ absl::StatusOr<std::shared_ptr<RequestHandle>> Scheduler::Submit(std::vector<int
     std::lock_guard<std::mutex> lock(mutex_);
     if (stopping_) return absl::CancelledError("the scheduler is shutting down");
     if (static_cast<int64_t>(waiting_.size()) >= options_.max_waiting) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          waiting_.size(), " requests are waiting (SchedulerOptions.max_waiting)"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat(waiting_.size(), " requests are waiting (SchedulerOptions.max_waiting)"));
     }
     request->arrival = arrivals_++;
     waiting_.push_back(std::move(request));
@@ -401,11 +398,7 @@ bool Scheduler::Step(Running& running) {
   pieces.erase(std::remove_if(pieces.begin(), pieces.end(),
                               [&](const PrefillPiece& piece) { return gone(*piece.request); }),
                pieces.end());
-  if (!pieces.empty()) {
-    ChunksPass(pieces, rows);
-  } else if (!rows.empty()) {
-    DecodePass(rows);
-  }
+  if (!pieces.empty() || !rows.empty()) Pass(pieces, rows);
   SettleCharges(running);
   SampleReady(running);
   Retire(running);
@@ -559,13 +552,13 @@ std::vector<Scheduler::PrefillPiece> Scheduler::PlanPrefill(Running& running) {
   return batch;
 }
 
-void Scheduler::ChunksPass(const std::vector<PrefillPiece>& pieces,
-                           const std::vector<Request*>& rows) {
+void Scheduler::Pass(const std::vector<PrefillPiece>& pieces, const std::vector<Request*>& rows) {
   // One forward pass for all of them: every weight is read once for the step's tokens (the
   // matrix kernels run the rows in slices, core/ops/gemv.h) and the per-pass costs of small
   // models are paid once. Each decode row attends through its own cache as its batch-1 step
   // does.
-  std::vector<PromptChunk> chunks;
+  std::vector<SequenceChunk> chunks;
+  chunks.reserve(pieces.size() + rows.size());
   for (const PrefillPiece& piece : pieces) {
     // A view of the chunk's ids ([1, T] int64), read during the forward pass only.
     Request& r = *piece.request;
@@ -573,19 +566,25 @@ void Scheduler::ChunksPass(const std::vector<PrefillPiece>& pieces,
                       at::from_blob(r.ids.data() + r.prefilled, {1, piece.tokens}, at::kLong),
                       piece.positions});
   }
+  // The rows' tokens and positions live here during the pass; the chunks view them.
+  std::vector<int64_t> row_ids, row_positions;
+  row_ids.reserve(rows.size());
+  row_positions.reserve(rows.size());
   for (Request* r : rows) {
-    chunks.push_back({r->cache.get(), at::tensor({r->next_token()}, at::kLong).reshape({1, 1}),
-                      at::tensor({r->stream->TakeOne()}, at::kLong).reshape({1, 1})});
+    row_ids.push_back(r->next_token());
+    row_positions.push_back(r->stream->TakeOne());
+    chunks.push_back({r->cache.get(), at::from_blob(&row_ids.back(), {1, 1}, at::kLong),
+                      at::from_blob(&row_positions.back(), {1, 1}, at::kLong)});
   }
   const absl::StatusOr<at::Tensor> logits = ForwardChunks(*model_, chunks);  // [chunks, V]
-  if (rows.empty()) return AfterPrefill(pieces, logits);
   const auto part = [&](int64_t begin, int64_t count) -> absl::StatusOr<at::Tensor> {
     if (!logits.ok()) return logits.status();
     return logits->narrow(0, begin, count);
   };
   const int64_t prompts = static_cast<int64_t>(pieces.size());
-  AfterPrefill(pieces, part(0, prompts));
-  AfterDecode(rows, part(prompts, static_cast<int64_t>(rows.size())));
+  if (!pieces.empty()) AfterPrefill(pieces, part(0, prompts));
+  if (!rows.empty()) AfterDecode(rows, part(prompts, static_cast<int64_t>(rows.size())));
+  if (pieces.empty() || rows.empty()) return;
   std::lock_guard<std::mutex> lock(mutex_);
   ++stats_.mixed_passes;
 }
@@ -621,74 +620,6 @@ void Scheduler::AfterPrefill(const std::vector<PrefillPiece>& pass,
   stats_.prefill_chunks += static_cast<int64_t>(pass.size());
 }
 
-absl::StatusOr<at::Tensor> ForwardChunks(GPTImpl& model, const std::vector<PromptChunk>& chunks) {
-  if (chunks.empty()) return absl::InvalidArgumentError("ForwardChunks needs at least one chunk");
-  if (chunks.size() == 1) {
-    // One chunk: the batch-1 forward pass itself.
-    ForwardOptions forward;
-    forward.positions = chunks.front().positions;
-    forward.last_logits_only = true;
-    ASSIGN_OR_RETURN(at::Tensor logits,
-                     model.Forward(chunks.front().ids, chunks.front().cache, forward));
-    return logits.reshape({1, -1});
-  }
-  // Several chunks: their tokens end to end in one [1, sum T] step whose attention each chunk's
-  // own cache serves (SegmentedKVCache); every other layer works token by token, so each chunk
-  // gets what its batch-1 pass gives, and each weight is read once for all of them.
-  std::vector<KVCache*> caches;
-  std::vector<int64_t> lengths;
-  std::vector<at::Tensor> ids, positions;
-  for (const PromptChunk& chunk : chunks) {
-    if (chunk.ids.dim() != 2 || chunk.ids.size(0) != 1 || chunk.ids.scalar_type() != at::kLong ||
-        !chunk.positions.defined() || !chunk.positions.sizes().equals(chunk.ids.sizes()) ||
-        chunk.positions.scalar_type() != at::kLong) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("ForwardChunks needs int64 ids and positions of shape [1, T], got ",
-                       ShapeString(chunk.ids), " and ", ShapeString(chunk.positions)));
-    }
-    caches.push_back(chunk.cache);
-    lengths.push_back(chunk.ids.size(1));
-    ids.push_back(chunk.ids.to(at::kCPU));
-    positions.push_back(chunk.positions.to(at::kCPU));
-  }
-  ASSIGN_OR_RETURN(SegmentedKVCache cache,
-                   SegmentedKVCache::Create(std::move(caches), std::move(lengths)));
-  try {
-    const at::Tensor all_ids = at::cat(ids, 1);  // [1, sum T]
-    const auto [lowest_id, highest_id] = std::minmax_element(
-        all_ids.data_ptr<int64_t>(), all_ids.data_ptr<int64_t>() + all_ids.numel());
-    if (*lowest_id < 0 || *highest_id >= model.config().PaddedVocabSize()) {
-      return absl::OutOfRangeError(
-          absl::StrCat("token id ", *lowest_id < 0 ? *lowest_id : *highest_id,
-                       " is outside the vocabulary [0, ", model.config().PaddedVocabSize(), ")"));
-    }
-    const at::Tensor host = at::cat(positions, 1).contiguous();
-    KVStep step;
-    const auto [lowest, highest] =
-        std::minmax_element(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
-    step.min_position = *lowest;
-    step.max_position = *highest;
-    if (step.min_position < 0 || step.max_position >= model.config().block_size) {
-      return absl::OutOfRangeError(
-          absl::StrCat("position ", step.min_position < 0 ? step.min_position : step.max_position,
-                       " is outside the model's context [0, ", model.config().block_size, ")"));
-    }
-    step.positions = host.to(model.device());
-    RETURN_IF_ERROR(cache.CheckStep(step, 1));
-    // GPT::Forward's pieces, so that only each chunk's last step reaches the head.
-    at::Tensor x = model.EmbedTokens(all_ids.to(model.device()));
-    for (int64_t layer = 0; layer < model.config().n_layer; ++layer) {
-      ASSIGN_OR_RETURN(x, model.ForwardBlock(layer, x, step, &cache));
-    }
-    const at::Tensor last = at::tensor(cache.LastSteps(), at::kLong).to(x.device());
-    return model.Head(x.index_select(1, last)).squeeze(0);  // [chunks, V]
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("forward pass failed: ", e.what_without_backtrace()));
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("forward pass failed: ", e.what()));
-  }
-}
-
 void Scheduler::SampleReady(Running& running) {
   for (auto& owned : running) {
     Request& r = *owned;
@@ -721,24 +652,6 @@ std::vector<Scheduler::Request*> Scheduler::ReserveDecodeRows(Running& running) 
     if (ReserveMemory(r, 1, running)) candidates.push_back(&r);
   }
   return candidates;
-}
-
-void Scheduler::DecodePass(const std::vector<Request*>& rows) {
-  std::vector<KVCache*> caches;
-  std::vector<int64_t> positions;
-  std::vector<int64_t> tokens;
-  for (Request* r : rows) {
-    caches.push_back(r->cache.get());
-    positions.push_back(r->stream->TakeOne());
-    tokens.push_back(r->next_token());
-  }
-  absl::StatusOr<BatchedKVCache> batch = BatchedKVCache::Create(caches);
-  ForwardOptions forward;
-  forward.positions = at::tensor(positions, at::kLong).unsqueeze(1);  // [B, 1]
-  forward.last_logits_only = true;
-  AfterDecode(rows, batch.ok() ? model_->Forward(at::tensor(tokens, at::kLong).unsqueeze(1),
-                                                 &*batch, forward)
-                               : absl::StatusOr<at::Tensor>(batch.status()));
 }
 
 void Scheduler::AfterDecode(const std::vector<Request*>& rows,

@@ -5,12 +5,9 @@
 //   2. takes the B requests with a token to feed (decode rows) and prompt chunks of requests
 //      still reading their prompt, about step_prefill_tokens a step, so a long prompt stalls
 //      running streams for one chunk only;
-//   3. runs one forward pass: with prompt chunks, the chunks and then the decode rows as
-//      one-token chunks, end to end (SegmentedKVCache: each chunk attends through its own
-//      cache, as its batch-1 step does; Sarathi's stall-free batching), so every weight is
-//      read once a step; with decode rows only, one [B, 1] pass through a BatchedKVCache over
-//      their own caches (attention per request over its own entries and positions, one
-//      kernel call for all rows where the caches allow);
+//   3. runs one forward pass over the prompt chunks and then the decode rows as one-token
+//      chunks (core/model/batch_forward.h: each chunk attends through its own cache, as its
+//      batch-1 step does; Sarathi's stall-free batching), so every weight is read once a step;
 //   4. samples the next token of every request whose logits are ready (its own sampling
 //      options and its own generator, seeded as Generate seeds it), calls its on_token.
 // A request moves through one explicit state (waiting, admitted, prefilling, decoding, sampling,
@@ -83,38 +80,21 @@ struct SchedulerOptions {
   // request wastes at most one partial block. Decoding reads the blocks in place
   // (DecodeAttentionBlocks); the per-block cost is small (bench_serve in README.md).
   int64_t kv_block_size = 16;
-  bool prefix_caching = true;   // reuse cached prompt blocks (dense full-precision requests)
+  bool prefix_caching = true;  // reuse cached prompt blocks (dense full-precision requests)
 
   absl::Status Validate() const;
 };
 
 struct RequestResult {
-  std::vector<int64_t> tokens;  // as lgpt::Generate returns them
-  bool cancelled = false;       // Cancel(), a false on_token, or the scheduler's end
-  GenerateStats stats;          // time_to_first_token_s counts from Submit
-  int64_t kv_cache_index_bytes = 0;  // the cache's IndexBytes() when the request ended
-  double queue_s = 0;           // Submit to admission
-  int64_t prefix_hit_tokens = 0;  // prompt tokens found in the prefix cache (not prefilled)
-  int64_t preemptions = 0;        // times the request was preempted and recomputed
+  std::vector<int64_t> tokens;        // as lgpt::Generate returns them
+  bool cancelled = false;             // Cancel(), a false on_token, or the scheduler's end
+  GenerateStats stats;                // time_to_first_token_s counts from Submit
+  int64_t kv_cache_index_bytes = 0;   // the cache's IndexBytes() when the request ended
+  double queue_s = 0;                 // Submit to admission
+  int64_t prefix_hit_tokens = 0;      // prompt tokens found in the prefix cache (not prefilled)
+  int64_t preemptions = 0;            // times the request was preempted and recomputed
   std::vector<double> inter_token_s;  // gaps between consecutive tokens
 };
-
-// A prompt chunk for ForwardChunks: ids and positions [1, T] (int64) of a batch-1 cache.
-struct PromptChunk {
-  KVCache* cache;
-  at::Tensor ids;
-  at::Tensor positions;
-};
-
-// One forward pass over the prompt chunks of several batch-1 caches, their tokens end to end
-// ([1, T_0 + T_1 + ...]): each weight is read once for all of them, and chunk s attends through
-// chunks[s].cache (cache/segmented_kv_cache.h). Returns the logits of each chunk's last token,
-// [chunks, padded_vocab_size]: chunk s's row equals the last logits of
-// model.Forward(ids, cache, {positions, last_logits_only}) run alone: bit for bit where the
-// matrix products are row-invariant (float32 on CPUs with the AVX-512 GEMV; every other layer
-// works token by token), else up to their rounding over another number of rows. The
-// scheduler prefills a step's chunks and decodes its rows through it.
-absl::StatusOr<at::Tensor> ForwardChunks(GPTImpl& model, const std::vector<PromptChunk>& chunks);
 
 class Scheduler;
 
@@ -143,10 +123,10 @@ class RequestHandle {
 struct SchedulerStats {
   int64_t waiting = 0, running = 0;
   int64_t submitted = 0, completed = 0, cancelled = 0, failed = 0;
-  int64_t steps = 0;              // scheduler steps that did work
-  int64_t decode_rows = 0;        // rows of all decode forward passes (mean batch = rows/passes)
+  int64_t steps = 0;        // scheduler steps that did work
+  int64_t decode_rows = 0;  // rows of all decode forward passes (mean batch = rows/passes)
   int64_t decode_passes = 0;
-  int64_t peak_decode_rows = 0;   // the most requests decoding in one step so far
+  int64_t peak_decode_rows = 0;  // the most requests decoding in one step so far
   int64_t prefill_tokens = 0;
   int64_t prefill_passes = 0;  // forward passes that prefilled prompt chunks
   int64_t prefill_chunks = 0;  // chunks they ran (several requests' chunks share a pass)
@@ -214,10 +194,10 @@ class Scheduler {
   };
   // This step's prompt chunks within the step's token budget, their memory reserved.
   std::vector<PrefillPiece> PlanPrefill(Running& running);
-  // One ForwardChunks pass over the step's prompt chunks (at least one) and then its decode
-  // rows, if any, as one-token chunks: running streams wait for one pass a step, not a prefill
+  // One ForwardChunks pass over the step's prompt chunks and then its decode rows as one-token
+  // chunks (at least one of either): running streams wait for one pass a step, not a prefill
   // pass and a decode pass. Then AfterPrefill and AfterDecode.
-  void ChunksPass(const std::vector<PrefillPiece>& pieces, const std::vector<Request*>& rows);
+  void Pass(const std::vector<PrefillPiece>& pieces, const std::vector<Request*>& rows);
   // Publishes the pieces' blocks and keeps the logits ([pieces, V]) of the requests whose
   // prompt is done.
   void AfterPrefill(const std::vector<PrefillPiece>& pass,
@@ -228,8 +208,6 @@ class Scheduler {
   void SampleReady(Running& running);
   // The requests with a token to feed this step, in admission order, their next entry reserved.
   std::vector<Request*> ReserveDecodeRows(Running& running);
-  // One batched decode pass ([rows, 1] through a BatchedKVCache), then AfterDecode.
-  void DecodePass(const std::vector<Request*>& rows);
   // Counts the fed tokens, publishes blocks and keeps the logits ([rows, V]) to sample from.
   void AfterDecode(const std::vector<Request*>& rows, const absl::StatusOr<at::Tensor>& logits);
   // Takes the pool memory `request`'s next step of `steps` entries needs (TakeMemory),

@@ -1,0 +1,70 @@
+#include "core/model/batch_forward.h"
+
+#include <ATen/ATen.h>
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "cache/kv_batch.h"
+#include "cache/routing_kv_cache.h"
+#include "core/base/status_macros.h"
+
+namespace lgpt {
+namespace {
+
+absl::Status CheckChunk(const SequenceChunk& chunk, size_t index) {
+  const at::Tensor& ids = chunk.ids;
+  const at::Tensor& positions = chunk.positions;
+  if (chunk.cache == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk ", index, " has no KV cache"));
+  }
+  if (!ids.defined() || ids.dim() != 2 || ids.size(0) != 1 || ids.size(1) < 1 ||
+      ids.scalar_type() != at::kLong || !positions.defined() ||
+      !positions.sizes().equals(ids.sizes()) || positions.scalar_type() != at::kLong) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk ", index, " needs int64 ids and positions of shape [1, T], got ",
+                     ids.defined() ? ShapeString(ids) : "none", " and ",
+                     positions.defined() ? ShapeString(positions) : "none"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<at::Tensor> ForwardChunks(GPTImpl& model, const std::vector<SequenceChunk>& chunks) {
+  if (chunks.empty()) return absl::InvalidArgumentError("ForwardChunks needs at least one chunk");
+  KVBatch batch;
+  batch.axis = KVBatch::Axis::kBatch;
+  std::vector<at::Tensor> ids, positions;
+  for (size_t s = 0; s < chunks.size(); ++s) {
+    RETURN_IF_ERROR(CheckChunk(chunks[s], s));
+    batch.caches.push_back(chunks[s].cache);
+    batch.lengths.push_back(chunks[s].ids.size(1));
+    if (batch.lengths.back() > 1) batch.axis = KVBatch::Axis::kTime;
+    ids.push_back(chunks[s].ids);
+    positions.push_back(chunks[s].positions);
+  }
+  const int64_t count = batch.sequences();
+  ForwardOptions forward;
+  if (count == 1) {
+    // One chunk: the batch-1 forward pass itself.
+    forward.positions = positions.front();
+    forward.last_logits_only = true;
+    ASSIGN_OR_RETURN(at::Tensor logits, model.Forward(ids.front(), chunks.front().cache, forward));
+    return logits.reshape({1, -1});
+  }
+  const bool along_time = batch.axis == KVBatch::Axis::kTime;
+  const int64_t dim = along_time ? 1 : 0;  // [1, tokens] or [chunks, 1]
+  if (along_time) {
+    int64_t end = 0;
+    for (int64_t length : batch.lengths) forward.logit_steps.push_back((end += length) - 1);
+  } else {
+    forward.last_logits_only = true;
+  }
+  forward.positions = at::cat(positions, dim);
+  ASSIGN_OR_RETURN(RoutingKVCache cache, RoutingKVCache::Create(std::move(batch)));
+  ASSIGN_OR_RETURN(at::Tensor logits, model.Forward(at::cat(ids, dim), &cache, forward));
+  return logits.reshape({count, -1});  // [1, chunks, V] or [chunks, 1, V]
+}
+
+}  // namespace lgpt
