@@ -7,10 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
-#include "cache/block_pool.h"
-#include "cache/paged_kv_cache.h"
 #include "core/base/status_macros.h"
-#include "core/base/system_memory.h"
 #include "core/model/checkpoint.h"
 #include "core/model/quantize_model.h"
 
@@ -133,9 +130,9 @@ absl::StatusOr<std::shared_ptr<const Engine>> Engine::Load(const std::string& ch
   absl::StatusOr<LoadedModel> loaded_or =
       LoadModelWithPeft(checkpoint_dir, options.loras, load, "EngineOptions.loras");
   if (absl::IsDataLoss(loaded_or.status())) {  // Name the option the caller set.
-    return absl::DataLossError(absl::StrReplaceAll(
-        loaded_or.status().message(),
-        {{"LoadOptions.verify_checksums", "EngineOptions.verify_checksums"}}));
+    return absl::DataLossError(
+        absl::StrReplaceAll(loaded_or.status().message(),
+                            {{"LoadOptions.verify_checksums", "EngineOptions.verify_checksums"}}));
   }
   ASSIGN_OR_RETURN(LoadedModel loaded, std::move(loaded_or));
   if (quantize != WeightQuantization::kNone) {
@@ -161,7 +158,8 @@ absl::StatusOr<std::shared_ptr<const Engine>> Engine::Load(const std::string& ch
       new Engine(std::move(loaded.model), std::move(tokenizer), checkpoint_dir, options.serving));
   engine->warnings_ = std::move(loaded.warnings);
   if (options.serving.kv_pool_bytes > 0) {
-    RETURN_IF_ERROR(engine->PoolOptions().status());  // refused now, not at every Submit
+    // Refused now, not at every Submit.
+    RETURN_IF_ERROR(KVMemory::PoolFor(engine->CacheGeometry(), engine->MemoryOptions()).status());
   }
   return std::shared_ptr<const Engine>(std::move(engine));
 }
@@ -182,15 +180,11 @@ absl::StatusOr<std::vector<int64_t>> Engine::Encode(absl::string_view text) cons
 }
 
 absl::StatusOr<std::unique_ptr<KVCache>> Engine::NewCache(const KVCacheSpec& spec, int64_t batch,
-                                                          int64_t length,
-                                                          int64_t growth_step) const {
+                                                          int64_t length) const {
   KVCacheShape shape;
-  shape.growth_step = growth_step;
+  static_cast<KVCacheGeometry&>(shape) = CacheGeometry();
   shape.batch_size = batch;
   shape.max_sequence_length = length;
-  shape.layers = model_->CacheLayout();
-  shape.dtype = model_->dtype();
-  shape.device = model_->device();
   return MakeKVCache(spec, shape);
 }
 
@@ -282,8 +276,8 @@ class RequestText {
     } else if (stopped_by_sequence_) {
       result_.finish_reason = FinishReason::kStopSequence;
     } else if (stopped_by_tokens_ ||
-               (!result_.tokens.empty() && std::find(stops_.begin(), stops_.end(),
-                                                     result_.tokens.back()) != stops_.end())) {
+               (!result_.tokens.empty() &&
+                std::find(stops_.begin(), stops_.end(), result_.tokens.back()) != stops_.end())) {
       result_.finish_reason = FinishReason::kStopToken;
     } else {
       result_.finish_reason = FinishReason::kMaxTokens;
@@ -292,8 +286,7 @@ class RequestText {
   }
 
   // Generate's options for this request; `on_token` must call OnToken on this object.
-  GenerateOptions Generation(int64_t start_position,
-                             std::function<bool(int64_t)> on_token) const {
+  GenerateOptions Generation(int64_t start_position, std::function<bool(int64_t)> on_token) const {
     GenerateOptions generate = GenerationSettings(options_, start_position);
     generate.stop_tokens = stops_;
     generate.on_token = std::move(on_token);
@@ -370,21 +363,18 @@ absl::StatusOr<Completion> Request::Wait() {
 
 Scheduler& Engine::scheduler() const {
   std::call_once(scheduler_once_, [this] {
-    std::shared_ptr<BlockPool> pool;
-    if (serving_.kv_pool_bytes > 0) {
-      absl::StatusOr<std::shared_ptr<BlockPool>> made = NewBlockPool();
-      if (made.ok()) {
-        pool = *std::move(made);
-      } else {
-        pool_error_ = made.status();
-      }
+    absl::StatusOr<std::unique_ptr<KVMemory>> memory =
+        KVMemory::Create(CacheGeometry(), MemoryOptions());
+    if (!memory.ok()) {
+      pool_error_ = memory.status();
+      memory = std::make_unique<KVMemory>(nullptr, serving_.prefix_caching);
     }
-    scheduler_ = std::make_unique<Scheduler>(model_, serving_, std::move(pool));
+    scheduler_ = std::make_unique<Scheduler>(model_, serving_, *std::move(memory));
   });
   return *scheduler_;
 }
 
-KVCacheGeometry Engine::PoolGeometry() const {
+KVCacheGeometry Engine::CacheGeometry() const {
   KVCacheGeometry geometry;
   geometry.layers = model_->CacheLayout();
   geometry.dtype = model_->dtype();
@@ -392,55 +382,22 @@ KVCacheGeometry Engine::PoolGeometry() const {
   return geometry;
 }
 
-absl::StatusOr<BlockPoolOptions> Engine::PoolOptions() const {
-  // Per entry first: kv_block_size times the bytes of an entry may overflow int64 (a block of
-  // 2^52 entries wrapped to a size the pool accepted, and its first block threw).
-  const int64_t bytes_per_entry = std::max<int64_t>(BlockPool::BytesPerBlock(PoolGeometry(), 1), 1);
-  if (serving_.kv_block_size > serving_.kv_pool_bytes / bytes_per_entry) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("SchedulerOptions.kv_pool_bytes (", serving_.kv_pool_bytes,
-                     ") is less than one KV block of ", serving_.kv_block_size, " entries (",
-                     bytes_per_entry, " bytes an entry for this model)"));
-  }
-  BlockPoolOptions options;
+KVMemoryOptions Engine::MemoryOptions() const {
+  KVMemoryOptions options;
+  options.pool_bytes = serving_.kv_pool_bytes;
   options.block_size = serving_.kv_block_size;
-  options.num_blocks = serving_.kv_pool_bytes / (bytes_per_entry * serving_.kv_block_size);
-  // The pool takes memory as requests fill it: one the machine cannot back would end in the
-  // OOM killer instead of admission control (device pools are not checked here).
-  const std::optional<int64_t> available =
-      model_->device().is_cpu() ? AvailableMemoryBytes() : std::nullopt;
-  if (available && serving_.kv_pool_bytes > *available) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "SchedulerOptions.kv_pool_bytes (", serving_.kv_pool_bytes >> 20, " MiB) exceeds the ",
-        *available >> 20, " MiB of memory available with the model loaded"));
-  }
+  options.prefix_caching = serving_.prefix_caching;
   return options;
-}
-
-absl::StatusOr<std::shared_ptr<BlockPool>> Engine::NewBlockPool() const {
-  ASSIGN_OR_RETURN(const BlockPoolOptions options, PoolOptions());
-  return BlockPool::Create(PoolGeometry(), options);
-}
-
-absl::StatusOr<std::unique_ptr<KVCache>> Engine::SubmitCacheFor(
-    const std::vector<int64_t>& prompt, const RequestOptions& options) const {
-  const std::shared_ptr<BlockPool>& pool = scheduler().pool();
-  if (!pool_error_.ok()) return pool_error_;
-  const KVCacheSpec& spec = options.kv_cache;
-  if (pool == nullptr) return CacheFor(prompt, options);
-  if (spec.policy != "dense" || spec.bits != 16) {
-    // Own storage, grown a pool block at a time and charged to the pool as it grows.
-    return NewCache(spec, 1, CacheLength(prompt, options), pool->block_size());
-  }
-  ASSIGN_OR_RETURN(std::unique_ptr<PagedKVCache> paged,
-                   PagedKVCache::Create(pool, CacheLength(prompt, options)));
-  return std::unique_ptr<KVCache>(std::move(paged));
 }
 
 absl::StatusOr<std::shared_ptr<Request>> Engine::Submit(const std::vector<int64_t>& prompt,
                                                         const RequestOptions& options) const {
   RETURN_IF_ERROR(CheckRequest(prompt, options));
-  ASSIGN_OR_RETURN(std::unique_ptr<KVCache> cache, SubmitCacheFor(prompt, options));
+  const KVMemory& memory = scheduler().memory();
+  if (!pool_error_.ok()) return pool_error_;
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<KVCache> cache,
+      memory.NewCache(options.kv_cache, CacheGeometry(), CacheLength(prompt, options)));
   auto text = std::make_shared<RequestText>(tokenizer_, options, StopTokens(options));
   std::shared_ptr<Request> request(new Request());
   request->text_ = text;

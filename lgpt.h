@@ -29,11 +29,12 @@
 #include "cache/kv_cache.h"
 #include "cache/kv_cache_factory.h"
 #include "core/config/config.h"
+#include "core/dist/process_group.h"
 #include "core/model/generate.h"
 #include "core/model/gpt.h"
 #include "core/model/quantize_model.h"
-#include "core/dist/process_group.h"
 #include "core/model/sampling.h"
+#include "core/serving/kv_memory.h"
 #include "core/serving/scheduler.h"
 #include "core/text/tokenizer.h"
 #include "peft/peft_checkpoint.h"
@@ -209,22 +210,14 @@ class Engine : public std::enable_shared_from_this<Engine> {
                                                     const RequestOptions& options) const;
   // Positions a request's cache spans.
   int64_t CacheLength(const std::vector<int64_t>& prompt, const RequestOptions& options) const;
-  // Started by the first Submit, with the KV block pool when SchedulerOptions.kv_pool_bytes
-  // asks for one.
+  // Started by the first Submit, with the KV memory (core/serving/kv_memory.h) and its block
+  // pool when SchedulerOptions.kv_pool_bytes asks for one.
   Scheduler& scheduler() const;
-  KVCacheGeometry PoolGeometry() const;
-  // The pool SchedulerOptions.kv_pool_bytes asks for: InvalidArgument below one block,
-  // ResourceExhausted beyond the memory available (CPU).
-  absl::StatusOr<BlockPoolOptions> PoolOptions() const;
-  absl::StatusOr<std::shared_ptr<BlockPool>> NewBlockPool() const;
-  // Submit's cache: a PagedKVCache over the pool for dense full-precision requests; budgeted
-  // and quantised requests keep their own storage, grown a pool block at a time (the
-  // scheduler charges it to the pool as it grows).
-  absl::StatusOr<std::unique_ptr<KVCache>> SubmitCacheFor(const std::vector<int64_t>& prompt,
-                                                          const RequestOptions& options) const;
-  // growth_step: KVCacheShape.growth_step.
+  // The cache geometry of this model's requests (batch size and length left to each).
+  KVCacheGeometry CacheGeometry() const;
+  KVMemoryOptions MemoryOptions() const;
   absl::StatusOr<std::unique_ptr<KVCache>> NewCache(const KVCacheSpec& spec, int64_t batch,
-                                                    int64_t length, int64_t growth_step = 0) const;
+                                                    int64_t length) const;
   std::vector<int64_t> StopTokens(const RequestOptions& options) const;
   // Generates after `prompt` at `start_position` in `cache` with stop sequences, streaming
   // and cancellation.

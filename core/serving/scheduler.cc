@@ -11,7 +11,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
-#include "cache/paged_kv_cache.h"
 #include "core/base/status_macros.h"
 #include "core/model/batch_forward.h"
 #include "core/model/cache_positions.h"
@@ -87,13 +86,6 @@ void RequestHandle::Finish(absl::StatusOr<RequestResult> result) {
 
 // A request: its phase (core/serving/request_state.h) and the data its phases use.
 struct Scheduler::Request {
-  // How its KV memory counts against the scheduler's pool (fixed at Submit).
-  enum class PoolUse {
-    kNone,    // no pool, or a cache that allocates on its own
-    kBlocks,  // `paged` draws its blocks from the pool
-    kBytes,   // bounded storage of its own (KVCache::MaxBytes), charged to the pool as it grows
-  };
-
   std::shared_ptr<RequestHandle> handle;
   uint64_t arrival = 0;
   RequestState state = RequestState::kWaiting;
@@ -102,10 +94,7 @@ struct Scheduler::Request {
   std::vector<int64_t> ids;
   int64_t prompt_length = 0;
   GenerateOptions options;
-  std::unique_ptr<KVCache> cache;
-  PoolUse pool_use = PoolUse::kNone;
-  PagedKVCache* paged = nullptr;           // the cache, with PoolUse::kBlocks
-  int64_t charge = 0;                      // bytes reserved in the pool now, with PoolUse::kBytes
+  KVLease memory;                          // its cache and what it holds of the pool (KVMemory)
   std::unique_ptr<CachePositions> stream;  // made at the first prefill turn
   at::Generator generator;
   int64_t prefilled = 0;
@@ -116,6 +105,7 @@ struct Scheduler::Request {
   Clock::time_point submitted, prefill_done, last_token;
   std::optional<Clock::time_point> admitted;  // its first admission
 
+  KVCache& cache() const { return *memory.cache(); }
   int64_t generated() const { return static_cast<int64_t>(ids.size()) - prompt_length; }
   // Whether its cache and stream are set up (its first prefill turn came since admission).
   bool started() const {
@@ -177,7 +167,11 @@ struct Scheduler::Request {
 };
 
 Scheduler::Scheduler(GPT model, SchedulerOptions options, std::shared_ptr<BlockPool> pool)
-    : model_(std::move(model)), options_(options), pool_(std::move(pool)) {
+    : Scheduler(std::move(model), options,
+                std::make_unique<KVMemory>(std::move(pool), options.prefix_caching)) {}
+
+Scheduler::Scheduler(GPT model, SchedulerOptions options, std::unique_ptr<KVMemory> memory)
+    : model_(std::move(model)), options_(options), memory_(std::move(memory)) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -210,35 +204,14 @@ absl::StatusOr<std::shared_ptr<RequestHandle>> Scheduler::Submit(std::vector<int
     }
   }
   auto request = std::make_unique<Request>();
-  if (pool_ != nullptr) {
-    auto* paged = dynamic_cast<PagedKVCache*>(cache.get());
-    if (paged != nullptr && paged->pool() == pool_.get()) {
-      const int64_t entries = std::min(
-          options.start_position + static_cast<int64_t>(prompt.size()) + options.max_new_tokens,
-          paged->max_sequence_length());
-      const int64_t blocks = pool_->BlocksFor(entries);
-      if (blocks > pool_->num_blocks()) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "the request needs ", blocks, " KV blocks of ", pool_->block_size(),
-            " entries (prompt plus max_new_tokens) and the whole pool has ", pool_->num_blocks()));
-      }
-      request->paged = paged;
-      request->pool_use = Request::PoolUse::kBlocks;
-    } else if (std::optional<int64_t> bytes = cache->MaxBytes()) {
-      // A cache with its own bounded storage: its bytes come out of the pool's budget.
-      request->pool_use = Request::PoolUse::kBytes;
-      if (*bytes > pool_->num_blocks() * pool_->BytesPerBlock()) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "the request's KV cache (", cache->DebugName(), ") needs up to ", *bytes,
-            " bytes and the whole pool has ", pool_->num_blocks() * pool_->BytesPerBlock()));
-      }
-    }
-  }
+  const int64_t entries =
+      options.start_position + static_cast<int64_t>(prompt.size()) + options.max_new_tokens;
+  ASSIGN_OR_RETURN(request->memory,
+                   memory_->Lease(std::move(cache), entries, options.start_position == 0));
   request->handle = std::make_shared<RequestHandle>();
   request->prompt_length = static_cast<int64_t>(prompt.size());
   request->ids = std::move(prompt);
   request->options = std::move(options);
-  request->cache = std::move(cache);
   request->generator = at::make_generator<at::CPUGeneratorImpl>(request->options.seed);
   request->submitted = Clock::now();
   std::shared_ptr<RequestHandle> handle = request->handle;
@@ -263,12 +236,11 @@ SchedulerStats Scheduler::Stats() const {
     std::lock_guard<std::mutex> lock(mutex_);
     stats = stats_;
   }
-  if (pool_ != nullptr) {
-    stats.pool_blocks = pool_->num_blocks();
-    stats.pool_blocks_cached = pool_->cached_blocks();
-    stats.pool_blocks_used = pool_->num_blocks() - pool_->free_blocks();
-    stats.pool_block_bytes = pool_->BytesPerBlock();
-  }
+  const KVMemoryStats memory = memory_->Stats();
+  stats.pool_blocks = memory.blocks;
+  stats.pool_blocks_cached = memory.blocks_cached;
+  stats.pool_blocks_used = memory.blocks_used;
+  stats.pool_block_bytes = memory.block_bytes;
   return stats;
 }
 
@@ -319,7 +291,7 @@ int64_t Scheduler::FirstChunk(const Request& request) const {
 }
 
 bool Scheduler::Fits(const Request& request, const Running& running) const {
-  if (request.pool_use == Request::PoolUse::kNone) return true;
+  if (request.memory.use() == KVLease::Use::kNone) return true;
   // Blocks promised to running requests: a request yet to start its prefill its first chunk,
   // any other its next step. Finished ones (cancelled in the queue) hold and need none.
   int64_t promised = 0;
@@ -335,20 +307,11 @@ bool Scheduler::Fits(const Request& request, const Running& running) const {
   const int64_t entries = request.result.preemptions > 0
                               ? static_cast<int64_t>(request.ids.size()) + 1
                               : FirstChunk(request);
-  return BlocksForStep(request, entries) + promised <= pool_->free_blocks();
-}
-
-int64_t Scheduler::ChargeFor(const Request& request, int64_t steps) const {
-  const KVCache& cache = *request.cache;
-  return cache.BytesAfterStep(steps).value_or(cache.MaxBytes().value_or(0));
+  return BlocksForStep(request, entries) + promised <= memory_->free_blocks();
 }
 
 int64_t Scheduler::BlocksForStep(const Request& request, int64_t steps) const {
-  if (request.paged != nullptr) {
-    return request.started() ? request.paged->BlocksNeeded(steps) : pool_->BlocksFor(steps);
-  }
-  if (request.pool_use != Request::PoolUse::kBytes) return 0;
-  return pool_->BlocksForBytes(std::max<int64_t>(0, ChargeFor(request, steps) - request.charge));
+  return memory_->BlocksForStep(request.memory, steps, request.started());
 }
 
 void Scheduler::Admit(Request& r) {
@@ -359,10 +322,7 @@ void Scheduler::Admit(Request& r) {
 void Scheduler::Start(Request& r) {
   // The cache must hold the prompt, then the generated tokens when the request was
   // preempted: the cached prefix of all of them counts.
-  int64_t hit = 0;
-  if (r.paged != nullptr && options_.prefix_caching && r.options.start_position == 0) {
-    hit = r.paged->AttachPrefix(r.ids);
-  }
+  const int64_t hit = memory_->AttachPrefix(r.memory, r.ids);
   const int64_t prompt_hit = std::min(hit, r.prompt_length);
   if (r.result.preemptions == 0 && prompt_hit > 0) {
     r.result.prefix_hit_tokens = prompt_hit;
@@ -372,7 +332,7 @@ void Scheduler::Start(Request& r) {
   }
   r.prefilled = prompt_hit;
   r.fed = hit - prompt_hit;
-  r.stream = std::make_unique<CachePositions>(*model_, *r.cache, r.options.start_position + hit);
+  r.stream = std::make_unique<CachePositions>(*model_, r.cache(), r.options.start_position + hit);
   // A cached prefix covers at most all but the last token (PagedKVCache::AttachPrefix): one
   // that covers the prompt leaves a generated token to replay.
   r.MoveTo(r.prefilled == r.prompt_length ? RequestState::kDecoding : RequestState::kPrefilling);
@@ -408,39 +368,20 @@ bool Scheduler::Step(Running& running) {
   return true;
 }
 
-absl::Status Scheduler::TakeMemory(Request& request, int64_t steps) {
-  if (request.paged != nullptr) return request.paged->Reserve(steps);
-  const int64_t needed = ChargeFor(request, steps);
-  if (needed <= request.charge) return absl::OkStatus();
-  RETURN_IF_ERROR(pool_->Reserve(needed - request.charge));
-  request.charge = needed;
-  return absl::OkStatus();
-}
-
 void Scheduler::SettleCharges(Running& running) {
-  for (auto& owned : running) {
-    Request& r = *owned;
-    if (r.pool_use != Request::PoolUse::kBytes) continue;
-    // The prediction is an upper bound: give back what the step did not use.
-    const int64_t used = r.cache->AllocatedBytes() + r.cache->IndexBytes();
-    if (used < r.charge) {
-      pool_->Unreserve(r.charge - used);
-      r.charge = used;
-    }
-  }
+  for (auto& owned : running) memory_->Settle(owned->memory);
 }
 
 bool Scheduler::ReserveMemory(Request& request, int64_t steps, Running& running) {
-  if (request.pool_use == Request::PoolUse::kNone) return true;
+  if (request.memory.use() == KVLease::Use::kNone) return true;
   while (true) {
-    const absl::Status reserved = TakeMemory(request, steps);
+    const absl::Status reserved = memory_->Reserve(request.memory, steps);
     if (reserved.ok()) return true;
     // The most recently admitted request still holding pool memory goes (possibly this one).
     Request* victim = nullptr;
     for (auto it = running.rbegin(); it != running.rend() && victim == nullptr; ++it) {
       Request& other = **it;
-      const bool holds = other.paged != nullptr ? other.paged->blocks_held() > 0 : other.charge > 0;
-      if (holds && other.state != RequestState::kFinished &&
+      if (memory_->Holds(other.memory) && other.state != RequestState::kFinished &&
           other.state != RequestState::kPreempted) {
         victim = &other;
       }
@@ -458,11 +399,7 @@ bool Scheduler::ReserveMemory(Request& request, int64_t steps, Running& running)
 void Scheduler::Preempt(Request& r) {
   r.MoveTo(RequestState::kPreempted);
   r.stream.reset();
-  r.cache->Release();
-  if (r.charge > 0) {
-    pool_->Unreserve(r.charge);
-    r.charge = 0;
-  }
+  memory_->Release(r.memory);
   r.prefilled = 0;
   r.fed = 0;
   r.logits = at::Tensor();
@@ -492,21 +429,16 @@ void Scheduler::Requeue(Running& running) {
 }
 
 void Scheduler::Publish(Request& r) {
-  if (r.paged != nullptr && options_.prefix_caching && r.options.start_position == 0) {
-    r.paged->PublishPrefix(absl::MakeConstSpan(r.ids).first(r.prefilled + r.fed));
-  }
+  memory_->Publish(r.memory, absl::MakeConstSpan(r.ids).first(r.prefilled + r.fed));
 }
 
 bool Scheduler::SharesUnpublishedBlock(const Request& request,
                                        const std::vector<PrefillPiece>& batch) const {
-  if (request.paged == nullptr || !options_.prefix_caching || request.options.start_position != 0 ||
-      request.ids.size() < 2) {
-    return false;
-  }
-  const int64_t block_size = pool_->block_size();
+  if (!request.memory.shares_prefixes() || request.ids.size() < 2) return false;
+  const int64_t block_size = memory_->block_size();
   for (const PrefillPiece& piece : batch) {
     const Request& other = *piece.request;
-    if (other.paged == nullptr || other.options.start_position != 0) continue;
+    if (!other.memory.shares_prefixes()) continue;
     // The whole blocks the two share (AttachPrefix leaves the request's last token out), and
     // how far `other` had published them before this step.
     const size_t limit = std::min(request.ids.size() - 1, other.ids.size());
@@ -562,7 +494,7 @@ void Scheduler::Pass(const std::vector<PrefillPiece>& pieces, const std::vector<
   for (const PrefillPiece& piece : pieces) {
     // A view of the chunk's ids ([1, T] int64), read during the forward pass only.
     Request& r = *piece.request;
-    chunks.push_back({r.cache.get(),
+    chunks.push_back({&r.cache(),
                       at::from_blob(r.ids.data() + r.prefilled, {1, piece.tokens}, at::kLong),
                       piece.positions});
   }
@@ -573,7 +505,7 @@ void Scheduler::Pass(const std::vector<PrefillPiece>& pieces, const std::vector<
   for (Request* r : rows) {
     row_ids.push_back(r->next_token());
     row_positions.push_back(r->stream->TakeOne());
-    chunks.push_back({r->cache.get(), at::from_blob(&row_ids.back(), {1, 1}, at::kLong),
+    chunks.push_back({&r->cache(), at::from_blob(&row_ids.back(), {1, 1}, at::kLong),
                       at::from_blob(&row_positions.back(), {1, 1}, at::kLong)});
   }
   const absl::StatusOr<at::Tensor> logits = ForwardChunks(*model_, chunks);  // [chunks, V]
@@ -685,8 +617,8 @@ void Scheduler::Retire(Running& running) {
     result.tokens.assign(r.ids.begin() + r.prompt_length, r.ids.end());
     result.stats.prompt_tokens = r.prompt_length;
     result.stats.new_tokens = static_cast<int64_t>(result.tokens.size());
-    result.stats.kv_cache_bytes = r.cache->AllocatedBytes();
-    result.kv_cache_index_bytes = r.cache->IndexBytes();
+    result.stats.kv_cache_bytes = r.cache().AllocatedBytes();
+    result.kv_cache_index_bytes = r.cache().IndexBytes();
     result.stats.position_shift = r.stream ? r.stream->shifted() : 0;
     if (!result.tokens.empty()) result.stats.decode_s = Seconds(r.prefill_done, now);
     result.queue_s = Seconds(r.submitted, r.admitted.value_or(now));
@@ -710,8 +642,7 @@ void Scheduler::Retire(Running& running) {
     Request& r = **it;
     // The cache goes before the waiter wakes: a finished request holds no KV memory.
     r.stream.reset();
-    r.cache.reset();
-    if (r.charge > 0) pool_->Unreserve(r.charge);
+    memory_->Close(r.memory);
     if (!r.error.ok()) {
       r.handle->Finish(r.error);
     } else {

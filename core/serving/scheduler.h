@@ -65,6 +65,7 @@
 #include "cache/kv_cache.h"
 #include "core/model/generate.h"
 #include "core/model/gpt.h"
+#include "core/serving/kv_memory.h"
 
 namespace lgpt {
 
@@ -144,8 +145,10 @@ struct SchedulerStats {
 
 class Scheduler {
  public:
-  // The model is shared (read-only) with any other user; the thread starts here. `pool`, when
-  // given, is the one Submit's PagedKVCaches draw from (admission, preemption, prefix reuse).
+  // The model is shared (read-only) with any other user; the thread starts here. `memory`
+  // holds the pool Submit's caches draw from (admission, preemption, prefix reuse).
+  Scheduler(GPT model, SchedulerOptions options, std::unique_ptr<KVMemory> memory);
+  // Over `pool` (null: none), with SchedulerOptions.prefix_caching.
   explicit Scheduler(GPT model, SchedulerOptions options = {},
                      std::shared_ptr<BlockPool> pool = nullptr);
   // Cancels every request still in flight (they end with `cancelled`) and joins the thread.
@@ -165,7 +168,8 @@ class Scheduler {
 
   SchedulerStats Stats() const;
   const SchedulerOptions& options() const { return options_; }
-  const std::shared_ptr<BlockPool>& pool() const { return pool_; }
+  const std::shared_ptr<BlockPool>& pool() const { return memory_->pool(); }
+  const KVMemory& memory() const { return *memory_; }
   // The prefill chunk of a request: its own, or SchedulerOptions.prefill_chunk when it asks for
   // the whole prompt at once. Its tokens equal Generate's with this chunk.
   int64_t EffectiveChunk(const GenerateOptions& options) const;
@@ -210,17 +214,11 @@ class Scheduler {
   std::vector<Request*> ReserveDecodeRows(Running& running);
   // Counts the fed tokens, publishes blocks and keeps the logits ([rows, V]) to sample from.
   void AfterDecode(const std::vector<Request*>& rows, const absl::StatusOr<at::Tensor>& logits);
-  // Takes the pool memory `request`'s next step of `steps` entries needs (TakeMemory),
+  // Takes the pool memory `request`'s next step of `steps` entries needs (KVMemory::Reserve),
   // preempting the most recently admitted requests while the pool lacks it; false when
   // `request` itself was preempted.
   bool ReserveMemory(Request& request, int64_t steps, Running& running);
-  // Takes the pool memory of `request`'s next step: its blocks (paged) or the growth of its
-  // own storage (charged); ResourceExhausted, taking nothing, when the pool lacks it.
-  absl::Status TakeMemory(Request& request, int64_t steps);
-  // The bytes a charged request's storage will have after a step of `steps` entries.
-  int64_t ChargeFor(const Request& request, int64_t steps) const;
-  // Pool blocks `request`'s next step of `steps` entries takes beyond what it holds (an
-  // estimate for admission: reservations are summed in bytes).
+  // Pool blocks `request`'s next step of `steps` entries takes beyond what it holds.
   int64_t BlocksForStep(const Request& request, int64_t steps) const;
   // After a forward pass: charged requests give back what their step's bound over-counted.
   void SettleCharges(Running& running);
@@ -233,7 +231,7 @@ class Scheduler {
 
   GPT model_;
   const SchedulerOptions options_;
-  const std::shared_ptr<BlockPool> pool_;
+  const std::unique_ptr<KVMemory> memory_;
 
   mutable std::mutex mutex_;
   std::condition_variable work_cv_;

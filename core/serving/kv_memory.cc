@@ -1,0 +1,184 @@
+#include "core/serving/kv_memory.h"
+
+#include <algorithm>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/base/status_macros.h"
+#include "core/base/system_memory.h"
+
+namespace lgpt {
+
+absl::StatusOr<BlockPoolOptions> KVMemory::PoolFor(const KVCacheGeometry& geometry,
+                                                   const KVMemoryOptions& options) {
+  // Per entry first: block_size times the bytes of an entry may overflow int64 (a block of
+  // 2^52 entries wrapped to a size the pool accepted, and its first block threw).
+  const int64_t bytes_per_entry = std::max<int64_t>(BlockPool::BytesPerBlock(geometry, 1), 1);
+  if (options.block_size > options.pool_bytes / bytes_per_entry) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "SchedulerOptions.kv_pool_bytes (", options.pool_bytes, ") is less than one KV block of ",
+        options.block_size, " entries (", bytes_per_entry, " bytes an entry for this model)"));
+  }
+  BlockPoolOptions pool;
+  pool.block_size = options.block_size;
+  pool.num_blocks = options.pool_bytes / (bytes_per_entry * options.block_size);
+  // The pool takes memory as requests fill it: one the machine cannot back would end in the
+  // OOM killer instead of admission control (device pools are not checked here).
+  const std::optional<int64_t> available =
+      geometry.device.is_cpu() ? AvailableMemoryBytes() : std::nullopt;
+  if (available && options.pool_bytes > *available) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "SchedulerOptions.kv_pool_bytes (", options.pool_bytes >> 20, " MiB) exceeds the ",
+        *available >> 20, " MiB of memory available with the model loaded"));
+  }
+  return pool;
+}
+
+absl::StatusOr<std::unique_ptr<KVMemory>> KVMemory::Create(const KVCacheGeometry& geometry,
+                                                           const KVMemoryOptions& options) {
+  std::shared_ptr<BlockPool> pool;
+  if (options.pool_bytes > 0) {
+    ASSIGN_OR_RETURN(const BlockPoolOptions pool_options, PoolFor(geometry, options));
+    ASSIGN_OR_RETURN(pool, BlockPool::Create(geometry, pool_options));
+  }
+  return std::make_unique<KVMemory>(std::move(pool), options.prefix_caching);
+}
+
+KVMemory::KVMemory(std::shared_ptr<BlockPool> pool, bool prefix_caching)
+    : pool_(std::move(pool)), prefix_caching_(prefix_caching) {}
+
+absl::StatusOr<std::unique_ptr<KVCache>> KVMemory::NewCache(const KVCacheSpec& spec,
+                                                            const KVCacheGeometry& geometry,
+                                                            int64_t length) const {
+  KVCacheShape shape;
+  static_cast<KVCacheGeometry&>(shape) = geometry;
+  shape.batch_size = 1;
+  shape.max_sequence_length = length;
+  if (pool_ == nullptr) return MakeKVCache(spec, shape);
+  if (spec.policy != "dense" || spec.bits != 16) {
+    // Own storage, grown a pool block at a time and charged to the pool as it grows.
+    shape.growth_step = pool_->block_size();
+    return MakeKVCache(spec, shape);
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<PagedKVCache> paged, PagedKVCache::Create(pool_, length));
+  return std::unique_ptr<KVCache>(std::move(paged));
+}
+
+absl::StatusOr<KVLease> KVMemory::Lease(std::unique_ptr<KVCache> cache, int64_t entries,
+                                        bool from_start) const {
+  KVLease lease;
+  if (pool_ != nullptr) {
+    auto* paged = dynamic_cast<PagedKVCache*>(cache.get());
+    if (paged != nullptr && paged->pool() == pool_.get()) {
+      const int64_t blocks = pool_->BlocksFor(std::min(entries, paged->max_sequence_length()));
+      if (blocks > pool_->num_blocks()) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "the request needs ", blocks, " KV blocks of ", pool_->block_size(),
+            " entries (prompt plus max_new_tokens) and the whole pool has ", pool_->num_blocks()));
+      }
+      lease.use_ = KVLease::Use::kBlocks;
+      lease.paged_ = paged;
+      lease.shares_prefixes_ = prefix_caching_ && from_start;
+    } else if (std::optional<int64_t> bytes = cache->MaxBytes()) {
+      // A cache with its own bounded storage: its bytes come out of the pool's budget.
+      const int64_t budget = pool_->num_blocks() * pool_->BytesPerBlock();
+      if (*bytes > budget) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("the request's KV cache (", cache->DebugName(), ") needs up to ", *bytes,
+                         " bytes and the whole pool has ", budget));
+      }
+      lease.use_ = KVLease::Use::kBytes;
+    }
+  }
+  lease.cache_ = std::move(cache);
+  return lease;
+}
+
+int64_t KVMemory::ChargeFor(const KVLease& lease, int64_t steps) {
+  const KVCache& cache = *lease.cache_;
+  return cache.BytesAfterStep(steps).value_or(cache.MaxBytes().value_or(0));
+}
+
+int64_t KVMemory::BlocksForStep(const KVLease& lease, int64_t steps, bool started) const {
+  switch (lease.use_) {
+    case KVLease::Use::kNone:
+      return 0;
+    case KVLease::Use::kBlocks:
+      return started ? lease.paged_->BlocksNeeded(steps) : pool_->BlocksFor(steps);
+    case KVLease::Use::kBytes:
+      return pool_->BlocksForBytes(std::max<int64_t>(0, ChargeFor(lease, steps) - lease.charge_));
+  }
+  return 0;
+}
+
+bool KVMemory::Holds(const KVLease& lease) const {
+  return lease.paged_ != nullptr ? lease.paged_->blocks_held() > 0 : lease.charge_ > 0;
+}
+
+absl::Status KVMemory::Reserve(KVLease& lease, int64_t steps) {
+  switch (lease.use_) {
+    case KVLease::Use::kNone:
+      return absl::OkStatus();
+    case KVLease::Use::kBlocks:
+      return lease.paged_->Reserve(steps);
+    case KVLease::Use::kBytes:
+      break;
+  }
+  const int64_t needed = ChargeFor(lease, steps);
+  if (needed <= lease.charge_) return absl::OkStatus();
+  RETURN_IF_ERROR(pool_->Reserve(needed - lease.charge_));
+  lease.charge_ = needed;
+  return absl::OkStatus();
+}
+
+void KVMemory::Settle(KVLease& lease) {
+  if (lease.use_ != KVLease::Use::kBytes) return;
+  // The prediction is an upper bound: give back what the step did not use.
+  const int64_t used = lease.cache_->AllocatedBytes() + lease.cache_->IndexBytes();
+  if (used < lease.charge_) {
+    pool_->Unreserve(lease.charge_ - used);
+    lease.charge_ = used;
+  }
+}
+
+void KVMemory::Release(KVLease& lease) {
+  lease.cache_->Release();
+  if (lease.charge_ > 0) {
+    pool_->Unreserve(lease.charge_);
+    lease.charge_ = 0;
+  }
+}
+
+void KVMemory::Close(KVLease& lease) {
+  lease.paged_ = nullptr;
+  lease.cache_.reset();
+  if (lease.charge_ > 0) {
+    pool_->Unreserve(lease.charge_);
+    lease.charge_ = 0;
+  }
+}
+
+int64_t KVMemory::AttachPrefix(KVLease& lease, absl::Span<const int64_t> tokens) {
+  return lease.shares_prefixes_ ? lease.paged_->AttachPrefix(tokens) : 0;
+}
+
+void KVMemory::Publish(KVLease& lease, absl::Span<const int64_t> tokens) {
+  if (lease.shares_prefixes_) lease.paged_->PublishPrefix(tokens);
+}
+
+int64_t KVMemory::free_blocks() const { return pool_ != nullptr ? pool_->free_blocks() : 0; }
+
+int64_t KVMemory::block_size() const { return pool_ != nullptr ? pool_->block_size() : 0; }
+
+KVMemoryStats KVMemory::Stats() const {
+  KVMemoryStats stats;
+  if (pool_ == nullptr) return stats;
+  stats.blocks = pool_->num_blocks();
+  stats.blocks_cached = pool_->cached_blocks();
+  stats.blocks_used = pool_->num_blocks() - pool_->free_blocks();
+  stats.block_bytes = pool_->BytesPerBlock();
+  return stats;
+}
+
+}  // namespace lgpt

@@ -1,0 +1,132 @@
+// The serving engine's KV memory (the role of vLLM's KV cache manager): one budget, the
+// shared block pool (cache/block_pool.h), for every running request's cache, whatever its
+// kind. The scheduler (core/serving/scheduler.h) decides who runs, who waits and who is
+// preempted; KVMemory says what each decision costs and carries it out:
+//   - sizing: the pool SchedulerOptions.kv_pool_bytes buys for a model's cache geometry;
+//   - the cache kind a request gets (NewCache): paged blocks of the pool for dense
+//     full-precision requests (prefixes shared), own storage grown a block at a time and
+//     charged to the pool as it grows for the others (budgeted, quantised), a plain cache of
+//     its own without a pool;
+//   - a request's memory through one lease: Reserve before a step (blocks or bytes), Settle
+//     after it (an over-estimate given back), Release (preempted: its memory back, the cache
+//     kept for recomputing), Close (finished);
+//   - prefix reuse: AttachPrefix at a request's first prefill, Publish as blocks fill.
+// Used by the scheduler's thread; Stats is safe from any thread.
+#ifndef LGPT_CORE_SERVING_KV_MEMORY_H_
+#define LGPT_CORE_SERVING_KV_MEMORY_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "cache/block_pool.h"
+#include "cache/kv_cache.h"
+#include "cache/kv_cache_factory.h"
+#include "cache/paged_kv_cache.h"
+
+namespace lgpt {
+
+struct KVMemoryOptions {
+  int64_t pool_bytes = 0;      // 0: no pool (each request allocates its own cache as it grows)
+  int64_t block_size = 16;     // entries per pool block
+  bool prefix_caching = true;  // paged requests from position 0 share cached prompt blocks
+};
+
+struct KVMemoryStats {
+  // Blocks in all, held by requests (or reserved for their own storage), and unreferenced
+  // blocks the prefix cache keeps; zeros without a pool.
+  int64_t blocks = 0, blocks_used = 0, blocks_cached = 0;
+  int64_t block_bytes = 0;
+};
+
+// A request's cache and what it holds of the pool. Movable; made by KVMemory::Lease.
+class KVLease {
+ public:
+  // How its memory counts against the pool.
+  enum class Use {
+    kNone,    // no pool, or a cache that allocates on its own
+    kBlocks,  // a paged cache drawing its blocks from the pool
+    kBytes,   // bounded storage of its own (KVCache::MaxBytes), charged as it grows
+  };
+
+  KVCache* cache() const { return cache_.get(); }
+  Use use() const { return use_; }
+  // Whether it shares prefix blocks: paged, prefix caching on, fed from position 0.
+  bool shares_prefixes() const { return shares_prefixes_; }
+  int64_t charged_bytes() const { return charge_; }
+
+ private:
+  friend class KVMemory;
+  std::unique_ptr<KVCache> cache_;
+  Use use_ = Use::kNone;
+  PagedKVCache* paged_ = nullptr;  // cache_, with Use::kBlocks
+  bool shares_prefixes_ = false;
+  int64_t charge_ = 0;  // bytes reserved in the pool now, with Use::kBytes
+};
+
+class KVMemory {
+ public:
+  // The pool options `pool_bytes` buys for caches of `geometry` (its layers, dtype, device):
+  // InvalidArgument below one block of `block_size` entries, ResourceExhausted beyond the
+  // memory available on the CPU.
+  static absl::StatusOr<BlockPoolOptions> PoolFor(const KVCacheGeometry& geometry,
+                                                  const KVMemoryOptions& options);
+  // Memory for caches of `geometry`: a pool of options.pool_bytes (PoolFor), or none.
+  static absl::StatusOr<std::unique_ptr<KVMemory>> Create(const KVCacheGeometry& geometry,
+                                                          const KVMemoryOptions& options);
+  // Over an existing pool (null: none).
+  KVMemory(std::shared_ptr<BlockPool> pool, bool prefix_caching);
+
+  // A batch-1 cache of `spec` for `length` entries, of the kind this memory serves it with.
+  // The factory's errors.
+  absl::StatusOr<std::unique_ptr<KVCache>> NewCache(const KVCacheSpec& spec,
+                                                    const KVCacheGeometry& geometry,
+                                                    int64_t length) const;
+  // Takes a request's batch-1 cache, to hold at most `entries` entries; `from_start` when the
+  // request starts at position 0. ResourceExhausted when its blocks, or its cache's MaxBytes,
+  // exceed the whole pool.
+  absl::StatusOr<KVLease> Lease(std::unique_ptr<KVCache> cache, int64_t entries,
+                                bool from_start) const;
+
+  // Pool blocks the lease's next step of `steps` entries takes beyond what it holds; for a
+  // paged cache not yet `started`, those of its first `steps` entries. An estimate for
+  // admission (byte reservations are summed in bytes).
+  int64_t BlocksForStep(const KVLease& lease, int64_t steps, bool started) const;
+  // Whether the lease holds pool memory now (a preemption would free some).
+  bool Holds(const KVLease& lease) const;
+  // Takes the pool memory the lease's next step of `steps` entries needs: its blocks (paged)
+  // or the growth of its own storage (charged); ResourceExhausted, taking nothing, when the
+  // pool lacks it.
+  absl::Status Reserve(KVLease& lease, int64_t steps);
+  // After a forward pass: a charged lease gives back what its step's bound over-counted.
+  void Settle(KVLease& lease);
+  // Frees the lease's memory and forgets its cache's entries (a preempted request recomputes).
+  void Release(KVLease& lease);
+  // Frees the lease's memory and its cache (a finished request).
+  void Close(KVLease& lease);
+
+  // At a request's first prefill: cached blocks that start `tokens` join its cache; the
+  // number of entries they hold (0 without prefix sharing).
+  int64_t AttachPrefix(KVLease& lease, absl::Span<const int64_t> tokens);
+  // The cache holds the entries of `tokens`: its full blocks become reusable by others.
+  void Publish(KVLease& lease, absl::Span<const int64_t> tokens);
+
+  // Blocks Reserve can still take (cached prefix blocks count as free); 0 without a pool.
+  int64_t free_blocks() const;
+  int64_t block_size() const;
+  KVMemoryStats Stats() const;
+  const std::shared_ptr<BlockPool>& pool() const { return pool_; }
+
+ private:
+  // The bytes a charged lease's storage will have after a step of `steps` entries.
+  static int64_t ChargeFor(const KVLease& lease, int64_t steps);
+
+  const std::shared_ptr<BlockPool> pool_;
+  const bool prefix_caching_;
+};
+
+}  // namespace lgpt
+
+#endif  // LGPT_CORE_SERVING_KV_MEMORY_H_
