@@ -1,4 +1,4 @@
-// The block pool and a request's paged cache over it: allocation and reference counts, a
+// A request's paged cache over the block pool (cache/block_pool_test.cc tests the pool): a
 // paged cache attends as the dense cache does (steps crossing block boundaries, windows,
 // grouped queries), blocks come back on Reset and destruction, a full pool refuses a step
 // without taking anything, and steps that do not continue the stream are refused. The prefix
@@ -7,11 +7,8 @@
 #include "cache/paged_kv_cache.h"
 
 #include <ATen/ATen.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include <cstdint>
-#include <limits>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -48,104 +45,6 @@ KVStep Step(int64_t begin, int64_t length) {
   return step;
 }
 
-TEST(BlockPoolTest, AllocatesCountsAndRefuses) {
-  std::shared_ptr<BlockPool> pool = Pool(3);
-  EXPECT_EQ(pool->BytesPerBlock(), 2 * 2 * (2 * 4 * 8 * 4));  // layers x (k, v) x floats
-  const int64_t a = *pool->Allocate(), b = *pool->Allocate(), c = *pool->Allocate();
-  EXPECT_NE(a, b);
-  EXPECT_NE(b, c);
-  EXPECT_EQ(pool->free_blocks(), 0);
-  EXPECT_EQ(pool->Allocate().status().code(), absl::StatusCode::kResourceExhausted);
-  pool->Retain(b);
-  pool->Release(b);
-  EXPECT_EQ(pool->free_blocks(), 0);  // still referenced once
-  pool->Release(b);
-  EXPECT_EQ(pool->free_blocks(), 1);
-  EXPECT_EQ(*pool->Allocate(), b);
-  BlockPoolOptions bad;
-  bad.num_blocks = 0;
-  EXPECT_EQ(BlockPool::Create(Geometry(), bad).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  bad.num_blocks = std::numeric_limits<int64_t>::max() / 2;  // bookkeeping past any memory
-  const absl::Status huge = BlockPool::Create(Geometry(), bad).status();
-  EXPECT_EQ(huge.code(), absl::StatusCode::kResourceExhausted) << huge;
-  EXPECT_NE(huge.message().find("BlockPoolOptions.num_blocks"), absl::string_view::npos) << huge;
-}
-
-// Pages of [p, p + bytes) that lie wholly inside it, and how many of them are resident.
-std::pair<int64_t, int64_t> ResidentPages(const void* p, int64_t bytes) {
-  const int64_t page = ::sysconf(_SC_PAGESIZE);
-  const uintptr_t begin = reinterpret_cast<uintptr_t>(p);
-  const uintptr_t first = (begin + page - 1) / page * page, last = (begin + bytes) / page * page;
-  if (first >= last) return {0, 0};
-  std::vector<unsigned char> resident((last - first) / page);
-  EXPECT_EQ(::mincore(reinterpret_cast<void*>(first), last - first, resident.data()), 0);
-  int64_t count = 0;
-  for (unsigned char r : resident) count += r & 1;
-  return {static_cast<int64_t>(resident.size()), count};
-}
-
-// One allocation for the pool (a block's keys and values are slices of it), pages taken as
-// blocks are written and given back when they are free again.
-TEST(BlockPoolTest, StorageIsAllocatedOnceAndFreeBlocksGiveTheirPagesBack) {
-  KVCacheGeometry geometry;
-  geometry.layers = {{4, 64, 0}};  // 64 KiB of keys a block: whole pages inside each
-  BlockPoolOptions options;
-  options.block_size = 64;
-  options.num_blocks = 4;
-  std::shared_ptr<BlockPool> pool = *BlockPool::Create(geometry, options);
-  const int64_t a = *pool->Allocate(), b = *pool->Allocate();
-  const at::Tensor& keys_a = pool->keys(a, 0);
-  const at::Tensor& keys_b = pool->keys(b, 0);
-  EXPECT_TRUE(keys_a.is_alias_of(keys_b));
-  EXPECT_TRUE(keys_a.is_contiguous());
-  const int64_t bytes = keys_a.nbytes();
-  EXPECT_EQ(
-      static_cast<const char*>(keys_b.data_ptr()) - static_cast<const char*>(keys_a.data_ptr()),
-      (b - a) * bytes);
-  const void* where = keys_a.data_ptr();
-  pool->keys(a, 0).fill_(1.0f);
-  const auto [pages, written] = ResidentPages(where, bytes);
-  ASSERT_GT(pages, 0);
-  EXPECT_EQ(written, pages);
-  pool->Release(a);
-  EXPECT_EQ(ResidentPages(where, bytes).second, 0);
-  EXPECT_EQ(*pool->Allocate(), a);
-  EXPECT_EQ(pool->keys(a, 0).data_ptr(), where);  // the same slice again
-}
-
-TEST(BlockPoolTest, ReservationsShareTheBudgetAndStorageFollowsUse) {
-  std::shared_ptr<BlockPool> pool = Pool(4);
-  EXPECT_EQ(pool->stored_blocks(), 0);  // no block holds entries yet
-  const int64_t a = *pool->Allocate();
-  EXPECT_EQ(pool->stored_blocks(), 1);
-  EXPECT_EQ(pool->keys(a, 1).sizes(), (std::vector<int64_t>{2, 4, 8}));
-  const int64_t block = pool->BytesPerBlock();
-  ASSERT_TRUE(pool->Reserve(block + 1).ok());  // two blocks, rounded up
-  EXPECT_EQ(pool->free_blocks(), 1);
-  ASSERT_TRUE(pool->Reserve(block - 1).ok());  // still two: reservations add up in bytes
-  EXPECT_EQ(pool->reserved_blocks(), 2);
-  EXPECT_EQ(pool->Reserve(2 * block).code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_EQ(pool->reserved_blocks(), 2);
-  const int64_t b = *pool->Allocate();
-  EXPECT_EQ(pool->Allocate().status().code(), absl::StatusCode::kResourceExhausted);
-  pool->Release(a);
-  EXPECT_EQ(pool->stored_blocks(), 1);  // a's storage is gone
-  pool->Unreserve(block + 1);
-  EXPECT_EQ(pool->reserved_blocks(), 1);
-  pool->Unreserve(block - 1);
-  EXPECT_EQ(pool->free_blocks(), 3);
-  pool->Publish(b, BlockPool::kRootKey, {1, 2, 3, 4});
-  pool->Release(b);
-  EXPECT_EQ(pool->cached_blocks(), 1);
-  EXPECT_EQ(pool->stored_blocks(), 1);
-  ASSERT_TRUE(pool->Reserve(4 * block).ok());  // evicts the cached block
-  EXPECT_EQ(pool->stored_blocks(), 0);
-  EXPECT_EQ(pool->cached_blocks(), 0);
-  pool->Unreserve(4 * block);
-  EXPECT_EQ(pool->free_blocks(), 4);
-}
-
 TEST(PagedKVCacheTest, AttendsAsTheDenseCache) {
   std::shared_ptr<BlockPool> pool = Pool(16);
   std::unique_ptr<PagedKVCache> paged = *PagedKVCache::Create(pool, 64);
@@ -167,8 +66,7 @@ TEST(PagedKVCacheTest, AttendsAsTheDenseCache) {
       const at::Tensor a = *paged->UpdateAndAttend(layer, step, q, k, v, params);
       const at::Tensor b = *dense->UpdateAndAttend(layer, step, q, k, v, params);
       EXPECT_TRUE(at::allclose(a, b, 1e-5, 1e-6))
-          << "layer " << layer << " at " << position << ": "
-          << (a - b).abs().max().item<double>();
+          << "layer " << layer << " at " << position << ": " << (a - b).abs().max().item<double>();
     }
     position += length;
   }

@@ -1,0 +1,183 @@
+// KVMemory: the pool a byte budget buys, the cache kind each request gets, and a lease's
+// memory through Reserve / Settle / Release / Close and prefix sharing.
+#include "core/serving/kv_memory.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <numeric>
+#include <vector>
+
+#include "cache/paged_kv_cache.h"
+
+namespace lgpt {
+namespace {
+
+constexpr int64_t kGroups = 2, kHeadSize = 8, kBlock = 4;
+
+KVCacheGeometry Geometry() {
+  KVCacheGeometry geometry;
+  geometry.layers = {{kGroups, kHeadSize, 0}, {kGroups, kHeadSize, 0}};
+  return geometry;
+}
+
+// Bytes of one block: keys and values of both layers in float32.
+constexpr int64_t kBlockBytes = 2 * 2 * kGroups * kBlock * kHeadSize * 4;
+
+std::unique_ptr<KVMemory> Memory(int64_t blocks, bool prefix_caching = true) {
+  KVMemoryOptions options;
+  options.pool_bytes = blocks * kBlockBytes;
+  options.block_size = kBlock;
+  options.prefix_caching = prefix_caching;
+  absl::StatusOr<std::unique_ptr<KVMemory>> memory = KVMemory::Create(Geometry(), options);
+  EXPECT_TRUE(memory.ok()) << memory.status();
+  return memory.ok() ? *std::move(memory) : nullptr;
+}
+
+KVCacheSpec Sink() {
+  KVCacheSpec spec;
+  spec.policy = "sink";
+  spec.budget = 8;
+  return spec;
+}
+
+// Writes `count` entries at positions [from, from + count) into every layer of `cache`.
+void Fill(KVCache& cache, int64_t from, int64_t count) {
+  KVStep step;
+  step.positions = at::arange(from, from + count, at::kLong).unsqueeze(0);
+  step.min_position = from;
+  step.max_position = from + count - 1;
+  ASSERT_TRUE(cache.CheckStep(step, 1).ok());
+  const at::Tensor kv = at::randn({1, kGroups, count, kHeadSize});
+  AttentionParams params;
+  params.scale = 0.5;
+  for (int64_t layer = 0; layer < 2; ++layer) {
+    ASSERT_TRUE(cache.UpdateAndAttend(layer, step, kv, kv, kv, params).ok());
+  }
+}
+
+TEST(KVMemoryTest, PoolSizedFromBytes) {
+  KVMemoryOptions options;
+  options.block_size = kBlock;
+  options.pool_bytes = 10 * kBlockBytes + kBlockBytes / 2;
+  absl::StatusOr<BlockPoolOptions> pool = KVMemory::PoolFor(Geometry(), options);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  EXPECT_EQ(pool->num_blocks, 10);
+  EXPECT_EQ(pool->block_size, kBlock);
+  options.pool_bytes = kBlockBytes - 1;  // less than one block
+  EXPECT_EQ(KVMemory::PoolFor(Geometry(), options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  options.block_size = int64_t{1} << 60;  // overflows bytes per block: still refused
+  options.pool_bytes = int64_t{1} << 40;
+  EXPECT_EQ(KVMemory::PoolFor(Geometry(), options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(KVMemoryTest, WithoutAPoolRequestsKeepTheirOwnCaches) {
+  absl::StatusOr<std::unique_ptr<KVMemory>> memory = KVMemory::Create(Geometry(), {});
+  ASSERT_TRUE(memory.ok()) << memory.status();
+  EXPECT_EQ((*memory)->pool(), nullptr);
+  std::unique_ptr<KVCache> cache = *(*memory)->NewCache(KVCacheSpec(), Geometry(), 32);
+  EXPECT_EQ(dynamic_cast<PagedKVCache*>(cache.get()), nullptr);
+  absl::StatusOr<KVLease> lease = (*memory)->Lease(std::move(cache), 32, true);
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  EXPECT_EQ(lease->use(), KVLease::Use::kNone);
+  EXPECT_FALSE(lease->shares_prefixes());
+  EXPECT_TRUE((*memory)->Reserve(*lease, 1000).ok());
+  EXPECT_EQ((*memory)->BlocksForStep(*lease, 1000, true), 0);
+  EXPECT_EQ((*memory)->Stats().blocks, 0);
+}
+
+TEST(KVMemoryTest, DenseRequestsArePagedOthersCharged) {
+  std::unique_ptr<KVMemory> memory = Memory(16);
+  std::unique_ptr<KVCache> dense = *memory->NewCache(KVCacheSpec(), Geometry(), 32);
+  ASSERT_NE(dynamic_cast<PagedKVCache*>(dense.get()), nullptr);
+  KVLease paged = *memory->Lease(std::move(dense), 32, true);
+  EXPECT_EQ(paged.use(), KVLease::Use::kBlocks);
+  EXPECT_TRUE(paged.shares_prefixes());
+  // A request from another position shares no prefixes.
+  EXPECT_FALSE(memory->Lease(*memory->NewCache(KVCacheSpec(), Geometry(), 32), 32, false)
+                   ->shares_prefixes());
+  KVLease charged = *memory->Lease(*memory->NewCache(Sink(), Geometry(), 32), 32, true);
+  EXPECT_EQ(charged.use(), KVLease::Use::kBytes);
+  EXPECT_FALSE(charged.shares_prefixes());
+}
+
+TEST(KVMemoryTest, RefusesRequestsLargerThanThePool) {
+  std::unique_ptr<KVMemory> memory = Memory(4);
+  // 17 entries need 5 blocks of 4.
+  EXPECT_EQ(
+      memory->Lease(*memory->NewCache(KVCacheSpec(), Geometry(), 64), 17, true).status().code(),
+      absl::StatusCode::kResourceExhausted);
+  // The cache's own length bounds it: 16 entries fit.
+  EXPECT_TRUE(memory->Lease(*memory->NewCache(KVCacheSpec(), Geometry(), 16), 100, true).ok());
+}
+
+TEST(KVMemoryTest, PagedLeaseTakesAndGivesBackBlocks) {
+  std::unique_ptr<KVMemory> memory = Memory(8);
+  KVLease lease = *memory->Lease(*memory->NewCache(KVCacheSpec(), Geometry(), 32), 32, true);
+  EXPECT_EQ(memory->BlocksForStep(lease, 5, /*started=*/false), 2);
+  ASSERT_TRUE(memory->Reserve(lease, 5).ok());
+  EXPECT_TRUE(memory->Holds(lease));
+  EXPECT_EQ(memory->free_blocks(), 6);
+  Fill(*lease.cache(), 0, 5);
+  EXPECT_EQ(memory->BlocksForStep(lease, 3, /*started=*/true), 0);  // room in block 2
+  EXPECT_EQ(memory->BlocksForStep(lease, 4, /*started=*/true), 1);
+  memory->Release(lease);  // preempted: blocks back, the cache kept
+  EXPECT_FALSE(memory->Holds(lease));
+  EXPECT_EQ(memory->free_blocks(), 8);
+  ASSERT_NE(lease.cache(), nullptr);
+  // More than the pool holds: refused, taking nothing.
+  EXPECT_EQ(memory->Reserve(lease, 33).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(memory->free_blocks(), 8);
+  ASSERT_TRUE(memory->Reserve(lease, 4).ok());
+  memory->Close(lease);
+  EXPECT_EQ(lease.cache(), nullptr);
+  EXPECT_EQ(memory->free_blocks(), 8);
+}
+
+TEST(KVMemoryTest, ChargedLeaseReservesItsGrowthAndSettles) {
+  std::unique_ptr<KVMemory> memory = Memory(16);
+  KVLease lease = *memory->Lease(*memory->NewCache(Sink(), Geometry(), 32), 32, true);
+  const int64_t step_bound = *lease.cache()->BytesAfterStep(3);
+  EXPECT_EQ(memory->BlocksForStep(lease, 3, true), memory->pool()->BlocksForBytes(step_bound));
+  ASSERT_TRUE(memory->Reserve(lease, 3).ok());
+  EXPECT_EQ(lease.charged_bytes(), step_bound);
+  EXPECT_EQ(memory->pool()->reserved_blocks(), memory->pool()->BlocksForBytes(step_bound));
+  EXPECT_TRUE(memory->Holds(lease));
+  Fill(*lease.cache(), 0, 3);
+  memory->Settle(lease);  // at most what the cache holds now
+  const int64_t used = lease.cache()->AllocatedBytes() + lease.cache()->IndexBytes();
+  EXPECT_EQ(lease.charged_bytes(), std::min(step_bound, used));
+  EXPECT_EQ(memory->pool()->reserved_blocks(),
+            memory->pool()->BlocksForBytes(lease.charged_bytes()));
+  memory->Release(lease);
+  EXPECT_EQ(lease.charged_bytes(), 0);
+  EXPECT_EQ(lease.cache()->AllocatedBytes(), 0);
+  EXPECT_EQ(memory->pool()->reserved_blocks(), 0);
+  ASSERT_TRUE(memory->Reserve(lease, 3).ok());
+  memory->Close(lease);
+  EXPECT_EQ(memory->pool()->reserved_blocks(), 0);
+}
+
+TEST(KVMemoryTest, PublishedPrefixesAttachToLaterLeases) {
+  for (bool prefix_caching : {true, false}) {
+    SCOPED_TRACE(prefix_caching ? "prefix caching" : "no prefix caching");
+    std::unique_ptr<KVMemory> memory = Memory(16, prefix_caching);
+    std::vector<int64_t> tokens(10);
+    std::iota(tokens.begin(), tokens.end(), 3);
+    KVLease first = *memory->Lease(*memory->NewCache(KVCacheSpec(), Geometry(), 32), 32, true);
+    ASSERT_TRUE(memory->Reserve(first, 10).ok());
+    Fill(*first.cache(), 0, 10);
+    memory->Publish(first, tokens);  // two full blocks
+    KVLease second = *memory->Lease(*memory->NewCache(KVCacheSpec(), Geometry(), 32), 32, true);
+    EXPECT_EQ(memory->AttachPrefix(second, tokens), prefix_caching ? 8 : 0);
+    KVLease elsewhere = *memory->Lease(*memory->NewCache(KVCacheSpec(), Geometry(), 32), 32,
+                                       /*from_start=*/false);
+    EXPECT_EQ(memory->AttachPrefix(elsewhere, tokens), 0);
+  }
+}
+
+}  // namespace
+}  // namespace lgpt
