@@ -2,7 +2,9 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <utility>
+#include <vector>
 
 #include "core/config/config_presets.h"
 #include "core/model/checkpoint.h"
@@ -51,8 +53,8 @@ GPT GoldenModel(const std::string& name) {
 
 std::vector<Job> Jobs(GPTImpl& model, int count, uint64_t seed) {
   const std::vector<KVCacheSpec> specs = {
-      TestSpec("dense", 0, 16), TestSpec("window", 8, 16), TestSpec("sink", 8, 16), TestSpec("h2o", 8, 16),
-      TestSpec("dense", 0, 8),  TestSpec("tova", 8, 4),
+      TestSpec("dense", 0, 16), TestSpec("window", 8, 16), TestSpec("sink", 8, 16),
+      TestSpec("h2o", 8, 16),   TestSpec("dense", 0, 8),   TestSpec("tova", 8, 4),
   };
   at::manual_seed(seed);
   const int64_t vocab = model.config().PaddedVocabSize();
@@ -82,6 +84,23 @@ std::vector<int64_t> Alone(GPTImpl& model, const Job& job) {
   absl::StatusOr<std::vector<int64_t>> tokens = Generate(model, *cache, job.prompt, job.options);
   EXPECT_TRUE(tokens.ok()) << tokens.status();
   return tokens.ok() ? *tokens : std::vector<int64_t>();
+}
+
+bool UsesAtenTanh(const Config& config) {
+  return config.final_logit_softcapping.has_value() || config.gelu_approximate == "tanh" ||
+         config.mlp_class == MlpClass::kGemmaMLP || config.mlp_class == MlpClass::kGptNeoxMLP;
+}
+
+bool AtenTanhIsPositionInvariant() {
+  const at::Tensor x = at::linspace(-4.0, 4.0, 48);
+  const at::Tensor shifted = at::cat({at::zeros({7}), x, at::zeros({3})});
+  for (const auto& op : std::vector<std::function<at::Tensor(const at::Tensor&)>>{
+           [](const at::Tensor& t) { return at::tanh(t); },
+           [](const at::Tensor& t) { return at::gelu(t, "tanh"); },
+           [](const at::Tensor& t) { return at::gelu(t); }}) {
+    if (!at::equal(op(shifted).narrow(0, 7, 48), op(x))) return false;
+  }
+  return true;
 }
 
 }  // namespace lgpt

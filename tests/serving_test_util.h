@@ -42,6 +42,15 @@ std::vector<Job> Jobs(GPTImpl& model, int count, uint64_t seed);
 // The job's tokens from lgpt::Generate with its own batch-1 cache.
 std::vector<int64_t> Alone(GPTImpl& model, const Job& job);
 
+// Whether the model computes tanh (soft-capping, tanh GELU) through ATen's elementwise kernels.
+bool UsesAtenTanh(const Config& config);
+
+// Whether ATen's tanh and GELU give an element the same bits wherever it lies in a tensor.
+// Debian's LibTorch 1.13 does; PyPI's (2.x, AVX-512) computes whole vectors with SLEEF and a
+// tensor's last partial vectors with the scalar function, so a row's values depend on the rows
+// beside it there.
+bool AtenTanhIsPositionInvariant();
+
 }  // namespace lgpt
 
 #endif  // LGPT_TESTS_SERVING_TEST_UTIL_H_

@@ -271,10 +271,11 @@ TEST(PoolAdmissionTest, BudgetedCachesChargeTheirBytesToThePool) {
   const int64_t per_block = pool->BytesPerBlock();
   {
     Scheduler too_small(model, {}, pool);
-    EXPECT_EQ(too_small.Submit(jobs[0].prompt, jobs[0].options, BatchOneCache(*model, jobs[0].spec, 64))
-                  .status()
-                  .code(),
-              absl::StatusCode::kResourceExhausted);
+    EXPECT_EQ(
+        too_small.Submit(jobs[0].prompt, jobs[0].options, BatchOneCache(*model, jobs[0].spec, 64))
+            .status()
+            .code(),
+        absl::StatusCode::kResourceExhausted);
   }
   pool = Pool(*model, (3 * bytes + per_block - 1) / per_block, 1);  // room for three at once
   SchedulerOptions options;
@@ -285,7 +286,8 @@ TEST(PoolAdmissionTest, BudgetedCachesChargeTheirBytesToThePool) {
   for (const Job& job : jobs) {
     GenerateOptions o = job.options;
     o.on_token = [&most_reserved, &pool](int64_t) {
-      most_reserved = std::max(most_reserved.load(), pool->reserved_blocks() * pool->BytesPerBlock());
+      most_reserved =
+          std::max(most_reserved.load(), pool->reserved_blocks() * pool->BytesPerBlock());
       return true;
     };
     // One length for all, so every request reserves the same bytes.

@@ -37,9 +37,8 @@ class CountedCache : public KVCache {
                                 const at::Tensor& values) override {
     return inner_->Update(layer, step, keys, values);
   }
-  absl::StatusOr<at::Tensor> UpdateAndAttend(int64_t layer, const KVStep& step,
-                                             const at::Tensor& q, const at::Tensor& keys,
-                                             const at::Tensor& values,
+  absl::StatusOr<at::Tensor> UpdateAndAttend(int64_t layer, const KVStep& step, const at::Tensor& q,
+                                             const at::Tensor& keys, const at::Tensor& values,
                                              const AttentionParams& params) override {
     return inner_->UpdateAndAttend(layer, step, q, keys, values, params);
   }
@@ -147,8 +146,7 @@ TEST(SchedulerTest, SoakOverASmallPoolLeavesThePoolFree) {
       std::vector<int64_t> prompt(length);
       for (int64_t& id : prompt) id = rng() % 96;
       if (i % 3 == 0) {  // a shared start
-        std::copy(common.begin(), common.begin() + std::min<int64_t>(length, 24),
-                  prompt.begin());
+        std::copy(common.begin(), common.begin() + std::min<int64_t>(length, 24), prompt.begin());
       }
       GenerateOptions o;
       o.max_new_tokens = 1 + rng() % 34;
