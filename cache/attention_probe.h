@@ -9,12 +9,12 @@
 #ifndef LGPT_CACHE_ATTENTION_PROBE_H_
 #define LGPT_CACHE_ATTENTION_PROBE_H_
 
+#include <ATen/core/Tensor.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <ATen/core/Tensor.h>
 
 #include "absl/status/statusor.h"
 #include "cache/kv_cache.h"
@@ -22,8 +22,8 @@
 namespace lgpt {
 
 struct AttentionProbeOptions {
-  int64_t first_tokens = 4;          // positions 0 .. first_tokens - 1 count as the start
-  int64_t min_query_position = 64;   // only queries this far in are measured
+  int64_t first_tokens = 4;         // positions 0 .. first_tokens - 1 count as the start
+  int64_t min_query_position = 64;  // only queries this far in are measured
 };
 
 // Mean attention weight on the first tokens, per layer and head, over the measured queries.
@@ -33,11 +33,11 @@ struct AttentionStartMass {
   std::vector<int64_t> queries;               // [layer]: (row, query) pairs measured
 };
 
-class AttentionProbe : public KVCache {
+class AttentionProbe : public KVCache, public KVAttentionScorer {
  public:
   // Fails when `inner` is null or the options are out of range.
-  static absl::StatusOr<std::unique_ptr<AttentionProbe>> Create(std::unique_ptr<KVCache> inner,
-                                                                const AttentionProbeOptions& options);
+  static absl::StatusOr<std::unique_ptr<AttentionProbe>> Create(
+      std::unique_ptr<KVCache> inner, const AttentionProbeOptions& options);
 
   absl::StatusOr<KVView> Update(int64_t layer, const KVStep& step, const at::Tensor& keys,
                                 const at::Tensor& values) override;
@@ -51,6 +51,8 @@ class AttentionProbe : public KVCache {
   int64_t max_sequence_length() const override { return inner_->max_sequence_length(); }
   int64_t batch_size() const override { return inner_->batch_size(); }
   int64_t num_layers() const override { return inner_->num_layers(); }
+  // Every step's weights, measured, then handed to the wrapped cache's scorer when it wants them.
+  KVAttentionScorer* attention_scorer() override { return this; }
   bool WantsAttentionWeights(int64_t layer) const override { return true; }
   void ObserveAttentionWeights(int64_t layer, const at::Tensor& weights) override;
   std::string DebugName() const override { return "probe(" + inner_->DebugName() + ")"; }

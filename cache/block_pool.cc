@@ -120,9 +120,9 @@ absl::StatusOr<int64_t> BlockPool::Allocate() {
   std::lock_guard<std::mutex> lock(mutex_);
   const int64_t block = TakeBlock();
   if (block < 0) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the KV block pool is full (", num_blocks_, " blocks of ", block_size_, " entries, ",
-        reserved_, " of them reserved)"));
+    return absl::ResourceExhaustedError(absl::StrCat("the KV block pool is full (", num_blocks_,
+                                                     " blocks of ", block_size_, " entries, ",
+                                                     reserved_, " of them reserved)"));
   }
   references_[block] = 1;
   ++referenced_;
@@ -217,12 +217,10 @@ uint64_t BlockPool::Publish(int64_t block, uint64_t parent, absl::Span<const int
   return published_[block].key;
 }
 
-std::optional<BlockPool::Hit> BlockPool::Lookup(uint64_t parent,
-                                                absl::Span<const int64_t> tokens) {
+std::optional<BlockPool::Hit> BlockPool::Lookup(uint64_t parent, absl::Span<const int64_t> tokens) {
   if (static_cast<int64_t>(tokens.size()) != block_size_) return std::nullopt;
   std::lock_guard<std::mutex> lock(mutex_);
-  auto entry =
-      prefixes_.find(PrefixId{parent, std::vector<int64_t>(tokens.begin(), tokens.end())});
+  auto entry = prefixes_.find(PrefixId{parent, std::vector<int64_t>(tokens.begin(), tokens.end())});
   if (entry == prefixes_.end()) return std::nullopt;
   const int64_t block = entry->second;
   if (references_[block]++ == 0) {

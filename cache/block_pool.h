@@ -164,7 +164,7 @@ class BlockPool {
   std::vector<int32_t> references_;  // per block
   int64_t referenced_ = 0;           // blocks with references
   int64_t reserved_bytes_ = 0;
-  int64_t reserved_ = 0;             // reserved_bytes_ in blocks, rounded up
+  int64_t reserved_ = 0;              // reserved_bytes_ in blocks, rounded up
   std::vector<Published> published_;  // per block
   std::unordered_map<PrefixId, int64_t, PrefixIdHash> prefixes_;  // -> block
   std::list<int64_t> cached_;  // unreferenced published blocks, least recently released first

@@ -1,13 +1,13 @@
 #include "cache/dense_kv_cache.h"
 
+#include <ATen/ATen.h>
+
 #include <algorithm>
 #include <cstring>
 
-#include <ATen/ATen.h>
-
 #include "absl/strings/str_cat.h"
-#include "glog/logging.h"
 #include "core/base/status_macros.h"
+#include "glog/logging.h"
 
 namespace lgpt {
 namespace {
@@ -31,9 +31,9 @@ void ScatterSlots(at::Tensor& buffer, const at::Tensor& slots, const at::Tensor&
         const int64_t c = slot[b][t];
         CHECK(c >= 0 && c < capacity) << "slot " << c << " outside the cache's " << capacity;
         for (int64_t g = 0; g < groups; ++g) {
-          std::memcpy(dst + (b * buffer.stride(0) + g * buffer.stride(1) + c * buffer.stride(2)) * item,
-                      from + (b * src.stride(0) + g * src.stride(1) + t * src.stride(2)) * item,
-                      row_bytes);
+          std::memcpy(
+              dst + (b * buffer.stride(0) + g * buffer.stride(1) + c * buffer.stride(2)) * item,
+              from + (b * src.stride(0) + g * src.stride(1) + t * src.stride(2)) * item, row_bytes);
         }
       }
     }
@@ -89,11 +89,10 @@ void DenseKVCache::Grow(Layer& layer, int64_t needed) {
       layer.capacity == 0 && options_.initial_capacity > 0
           ? std::min(needed, options_.max_sequence_length)
           : GrownCapacity(needed, layer.capacity, options_.max_sequence_length);
-  const at::TensorOptions opts =
-      at::TensorOptions().dtype(options_.dtype).device(options_.device);
+  const at::TensorOptions opts = at::TensorOptions().dtype(options_.dtype).device(options_.device);
   const KVLayerSpec& spec = layer.spec;
-  at::Tensor keys = at::zeros({options_.batch_size, spec.n_query_groups, capacity, spec.head_size},
-                              opts);
+  at::Tensor keys =
+      at::zeros({options_.batch_size, spec.n_query_groups, capacity, spec.head_size}, opts);
   at::Tensor values = at::zeros_like(keys);
   if (layer.capacity > 0) {
     keys.narrow(2, 0, layer.capacity).copy_(layer.keys);

@@ -30,10 +30,9 @@ struct DenseKVCacheOptions : KVCacheGeometry {
   int64_t initial_capacity = 0;
 };
 
-class DenseKVCache : public KVCache {
+class DenseKVCache : public KVCache, public KVDecodeRows {
  public:
-  static absl::StatusOr<std::unique_ptr<DenseKVCache>> Create(
-      const DenseKVCacheOptions& options);
+  static absl::StatusOr<std::unique_ptr<DenseKVCache>> Create(const DenseKVCacheOptions& options);
 
   absl::StatusOr<KVView> Update(int64_t layer, const KVStep& step, const at::Tensor& keys,
                                 const at::Tensor& values) override;
@@ -42,6 +41,7 @@ class DenseKVCache : public KVCache {
   absl::StatusOr<std::optional<DecodeRow>> UpdateForDecode(int64_t layer, const KVStep& step,
                                                            const at::Tensor& keys,
                                                            const at::Tensor& values) override;
+  KVDecodeRows* decode_rows() override { return this; }
   void Reset() override;
   // Key and value storage: 2 · batch · n_query_groups · capacity · head_size · element size,
   // summed over layers (capacity window-sized on windowed layers).

@@ -21,7 +21,10 @@ DenseKVCacheOptions Options(int64_t batch, int64_t max_length, std::vector<int64
 
 KVStep Step(int64_t batch, int64_t start, int64_t length) {
   KVStep step;
-  step.positions = at::arange(start, start + length, at::kLong).unsqueeze(0).expand({batch, length}).contiguous();
+  step.positions = at::arange(start, start + length, at::kLong)
+                       .unsqueeze(0)
+                       .expand({batch, length})
+                       .contiguous();
   step.min_position = start;
   step.max_position = start + length - 1;
   return step;

@@ -100,11 +100,12 @@ absl::StatusOr<at::Tensor> KVCache::UpdateAndAttend(int64_t layer, const KVStep&
                                                     const AttentionParams& params) {
   if (keys.defined() && keys.dim() == 4) RETURN_IF_ERROR(CheckQueries(layer, q, keys));
   ASSIGN_OR_RETURN(const KVView view, Update(layer, step, keys, values));
-  const bool want_weights = WantsAttentionWeights(layer);
+  KVAttentionScorer* scorer = attention_scorer();
+  const bool want_weights = scorer != nullptr && scorer->WantsAttentionWeights(layer);
   at::Tensor weights;
   at::Tensor y = AttendByPositions(q, view.keys, view.values, step.positions, view.positions,
                                    params, want_weights ? &weights : nullptr);
-  if (want_weights) ObserveAttentionWeights(layer, weights);
+  if (want_weights) scorer->ObserveAttentionWeights(layer, weights);
   return y;
 }
 

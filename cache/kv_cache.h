@@ -4,8 +4,9 @@
 // takes it as an argument, so one set of weights serves many sessions. For each layer, the
 // attention calls UpdateAndAttend(), which stores the step's keys and values and attends to
 // what the step's queries may see; Update() stores them and returns those entries as views
-// with the token position each holds. The mask follows from those positions (causality, sliding windows and evicted entries all follow
-// from them), so a cache may keep any subset of entries in any slot order.
+// with the token position each holds. The mask follows from those positions (causality, sliding
+// windows and evicted entries all follow from them), so a cache may keep any subset of entries in
+// any slot order.
 #ifndef LGPT_CACHE_KV_CACHE_H_
 #define LGPT_CACHE_KV_CACHE_H_
 
@@ -30,7 +31,7 @@ namespace lgpt {
 
 // What the attention layer of one model step tells the cache.
 struct KVStep {
-  at::Tensor positions;  // [B, T] int64: token position of each new entry
+  at::Tensor positions;      // [B, T] int64: token position of each new entry
   int64_t min_position = 0;  // min over `positions`, computed once per model step on the host
   int64_t max_position = 0;  // max over `positions`
 };
@@ -102,6 +103,60 @@ std::string ShapeString(const at::Tensor& t);
 // never above `limit`, so growth costs O(1) amortised per entry.
 int64_t GrownCapacity(int64_t needed, int64_t current, int64_t limit);
 
+// What a serving engine's KV budget asks of a cache whose storage is its own and bounded by its
+// options (budgeted and quantised caches): it charges that storage to the budget as it grows
+// rather than all of it up front, and refuses a request that could outgrow the budget.
+class KVStorageBound {
+ public:
+  virtual ~KVStorageBound() = default;
+  // The most AllocatedBytes() + IndexBytes() the cache can ever reach.
+  virtual int64_t MaxBytes() const = 0;
+  // AllocatedBytes() + IndexBytes() after the cache's next step of `tokens` entries (an upper
+  // bound; at most MaxBytes()).
+  virtual int64_t BytesAfterStep(int64_t tokens) const = 0;
+};
+
+// Batched decoding (cache/routing_kv_cache.h): a cache whose rows can attend together with
+// other caches' in one DecodeAttentionRows pass (a batched step then attends to each row
+// exactly as the row's UpdateAndAttend would, to the bit).
+class KVDecodeRows {
+ public:
+  virtual ~KVDecodeRows() = default;
+  // Stores the step's keys/values for `layer` as Update does and returns where the layer's
+  // entries now lie. nullopt when this layer or step cannot (storage that is not float32 rows
+  // on the CPU, windows): then nothing is stored and the caller uses UpdateAndAttend. Batch
+  // size 1; keys/values as for Update, copied before it returns (the caller may pass views
+  // that do not own their memory).
+  virtual absl::StatusOr<std::optional<DecodeRow>> UpdateForDecode(int64_t layer,
+                                                                   const KVStep& step,
+                                                                   const at::Tensor& keys,
+                                                                   const at::Tensor& values) = 0;
+};
+
+// Policies that score entries by the attention they receive.
+class KVAttentionScorer {
+ public:
+  virtual ~KVAttentionScorer() = default;
+  // Whether the step of `layer` should hand over its attention weights.
+  virtual bool WantsAttentionWeights(int64_t layer) const = 0;
+  // weights [B, n_head, T, S] over the entries of the last KVView of `layer`.
+  virtual void ObserveAttentionWeights(int64_t layer, const at::Tensor& weights) = 0;
+};
+
+// Cache positions: positions are places in the cache, not in the stream, so a stream of any
+// length stays below max_sequence_length(). The caller calls MakeRoom before every step and
+// feeds the positions it leaves (core/model/cache_positions.h does this).
+class KVPositionShifter {
+ public:
+  virtual ~KVPositionShifter() = default;
+  // Before a step of `steps` tokens starting at cache position `next`: when next + steps would
+  // pass max_sequence_length(), moves every kept entry except the sinks down by the returned
+  // shift (keys re-rotated by `shift_keys`), so the stream continues at next - shift; 0 when
+  // nothing moved.
+  virtual absl::StatusOr<int64_t> MakeRoom(int64_t next, int64_t steps,
+                                           const KeyShifter& shift_keys) = 0;
+};
+
 class KVCache {
  public:
   virtual ~KVCache() = default;
@@ -109,8 +164,8 @@ class KVCache {
   // Stores the keys/values of one step for `layer` and returns the entries to attend to.
   // keys/values [B, n_query_groups, T, head_size]. Errors (bad shapes, positions beyond the
   // capacity) leave the cache unchanged.
-  virtual absl::StatusOr<KVView> Update(int64_t layer, const KVStep& step,
-                                        const at::Tensor& keys, const at::Tensor& values) = 0;
+  virtual absl::StatusOr<KVView> Update(int64_t layer, const KVStep& step, const at::Tensor& keys,
+                                        const at::Tensor& values) = 0;
 
   // Checks, before any layer runs, that a step with these positions fits (so a failing step
   // never leaves some layers updated and others not).
@@ -128,15 +183,6 @@ class KVCache {
   virtual int64_t AllocatedBytes() const = 0;
   // Bytes of bookkeeping beside the entries: slot positions, policy scores, position ramps.
   virtual int64_t IndexBytes() const = 0;
-  // The most AllocatedBytes() + IndexBytes() the cache can ever reach, when that is bounded by
-  // its options rather than by what it is fed (budgeted and quantised caches); nullopt
-  // otherwise. A serving engine refuses a request whose cache could outgrow its KV budget.
-  virtual std::optional<int64_t> MaxBytes() const { return std::nullopt; }
-  // For caches with MaxBytes: the AllocatedBytes() + IndexBytes() the cache will have after
-  // its next step of `tokens` entries (an upper bound; at most MaxBytes), so that a serving
-  // engine charges their storage to its KV budget as it grows rather than all of it up front.
-  // nullopt for the others.
-  virtual std::optional<int64_t> BytesAfterStep(int64_t tokens) const { return std::nullopt; }
 
   // Largest position a step may write plus one (the context length this cache serves).
   virtual int64_t max_sequence_length() const = 0;
@@ -149,7 +195,7 @@ class KVCache {
   // q [B, n_head, T, head_size] (after RoPE); keys/values as for Update. Returns
   // [B, n_head, T, head_size] in q's dtype. Errors leave the cache unchanged.
   // The default: Update, then AttendByPositions over the returned view, handing the weights to
-  // ObserveAttentionWeights when WantsAttentionWeights(layer). Caches whose storage is not
+  // attention_scorer() when it wants them for `layer`. Caches whose storage is not
   // plain tensors (quantised entries) override it to read their storage block by block
   // (AttendBlockwise), so no full-precision copy of the layer is ever made.
   virtual absl::StatusOr<at::Tensor> UpdateAndAttend(int64_t layer, const KVStep& step,
@@ -157,38 +203,22 @@ class KVCache {
                                                      const at::Tensor& values,
                                                      const AttentionParams& params);
 
-  // Batched decoding (BatchedKVCache): stores the step's keys/values for `layer` as Update
-  // does and returns where the layer's entries now lie, for one attention pass over many
-  // caches (DecodeAttentionRows: a batched step then attends to each row exactly as the row's
-  // UpdateAndAttend would, to the bit). nullopt when this cache cannot (storage that is not
-  // float32 rows on the CPU, policies, windows): then nothing is stored and the caller uses
-  // UpdateAndAttend. Batch size 1; keys/values as for Update, copied before it returns (the
-  // caller may pass views that do not own their memory).
-  virtual absl::StatusOr<std::optional<DecodeRow>> UpdateForDecode(int64_t layer,
-                                                                   const KVStep& step,
-                                                                   const at::Tensor& keys,
-                                                                   const at::Tensor& values) {
-    return std::nullopt;
+  // The roles some caches take beyond this contract, each the interface of the one caller
+  // that needs it; null when the cache does not take the role.
+  // A serving engine's KV budget (core/serving/kv_memory.h): storage bounded by the options.
+  virtual const KVStorageBound* storage_bound() const { return nullptr; }
+  // Batched decoding (cache/routing_kv_cache.h): rows attended together.
+  virtual KVDecodeRows* decode_rows() { return nullptr; }
+  // Policies that score entries by the attention they receive (the default UpdateAndAttend
+  // hands it the weights).
+  virtual KVAttentionScorer* attention_scorer() { return nullptr; }
+  // Cache positions (core/model/cache_positions.h): non-null when positions are places in the
+  // cache (KVCacheSpec.positions = "cache"; window and sink caches).
+  virtual const KVPositionShifter* position_shifter() const { return nullptr; }
+  KVPositionShifter* mutable_position_shifter() {
+    return const_cast<KVPositionShifter*>(position_shifter());
   }
-
-  // Policies that score entries by attention ask for the step's attention weights.
-  virtual bool WantsAttentionWeights(int64_t layer) const { return false; }
-  // weights [B, n_head, T, S] over the entries of the last KVView of `layer`.
-  virtual void ObserveAttentionWeights(int64_t layer, const at::Tensor& weights) {}
-
-  // Cache positions (KVCacheSpec.positions = "cache"; window and sink caches): positions are
-  // places in the cache, not in the stream, so a stream of any length stays below
-  // max_sequence_length(). The caller calls MakeRoom before every step and feeds the positions
-  // it leaves (core/model/cache_positions.h does this).
-  virtual bool ShiftsPositions() const { return false; }
-  // Before a step of `steps` tokens starting at cache position `next`: when next + steps would
-  // pass max_sequence_length(), moves every kept entry except the sinks down by the returned
-  // shift (keys re-rotated by `shift_keys`), so the stream continues at next - shift; 0 when
-  // nothing moved. Caches that do not shift return 0.
-  virtual absl::StatusOr<int64_t> MakeRoom(int64_t next, int64_t steps,
-                                           const KeyShifter& shift_keys) {
-    return 0;
-  }
+  bool ShiftsPositions() const { return position_shifter() != nullptr; }
 
   virtual std::string DebugName() const = 0;
 };

@@ -16,8 +16,8 @@
 #include <memory>
 #include <string>
 
-#include "core/ops/attention.h"
 #include "cache/kv_cache_factory.h"
+#include "core/ops/attention.h"
 
 namespace lgpt {
 namespace {
@@ -66,11 +66,12 @@ void DecodeStep(benchmark::State& state) {
     } else {
       const KVView view = *cache->Update(0, step, k, k);
       at::Tensor weights;
-      const bool scored = cache->WantsAttentionWeights(0);
+      KVAttentionScorer* scorer = cache->attention_scorer();
+      const bool scored = scorer != nullptr && scorer->WantsAttentionWeights(0);
       benchmark::DoNotOptimize(
           AttendBlockwise(q, kGroups, {TensorSource(view.keys, view.values, view.positions)},
-                             step.positions, params, scored ? &weights : nullptr));
-      if (scored) cache->ObserveAttentionWeights(0, weights);
+                          step.positions, params, scored ? &weights : nullptr));
+      if (scored) scorer->ObserveAttentionWeights(0, weights);
     }
   }
   state.SetLabel(DescribeKVCacheSpec(spec) + (in_place ? " in-place" : " view"));

@@ -31,7 +31,7 @@
 
 namespace lgpt {
 
-class PagedKVCache : public KVCache {
+class PagedKVCache : public KVCache, public KVDecodeRows {
  public:
   // A cache of up to `max_sequence_length` positions over `pool`.
   static absl::StatusOr<std::unique_ptr<PagedKVCache>> Create(std::shared_ptr<BlockPool> pool,
@@ -46,14 +46,14 @@ class PagedKVCache : public KVCache {
   // use it).
   absl::StatusOr<KVView> Update(int64_t layer, const KVStep& step, const at::Tensor& keys,
                                 const at::Tensor& values) override;
-  absl::StatusOr<at::Tensor> UpdateAndAttend(int64_t layer, const KVStep& step,
-                                             const at::Tensor& q, const at::Tensor& keys,
-                                             const at::Tensor& values,
+  absl::StatusOr<at::Tensor> UpdateAndAttend(int64_t layer, const KVStep& step, const at::Tensor& q,
+                                             const at::Tensor& keys, const at::Tensor& values,
                                              const AttentionParams& params) override;
   // The blocks as they lie (float32 pools on the CPU).
   absl::StatusOr<std::optional<DecodeRow>> UpdateForDecode(int64_t layer, const KVStep& step,
                                                            const at::Tensor& keys,
                                                            const at::Tensor& values) override;
+  KVDecodeRows* decode_rows() override { return this; }
 
   // Gives every block back to the pool.
   void Reset() override;

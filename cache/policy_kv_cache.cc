@@ -916,7 +916,7 @@ int64_t PolicyKVCache::SlotBytes(const Layer& layer, const EntryCodec& codec, in
   return options_.batch_size * slots * (groups * codec.BytesPerEntry() + index);
 }
 
-std::optional<int64_t> PolicyKVCache::MaxBytes() const {
+int64_t PolicyKVCache::MaxBytes() const {
   int64_t bytes = 0;
   for (const Layer& layer : layers_) {
     bytes += SlotBytes(layer, *layer.codec, MaxMainCapacity(layer));
@@ -925,15 +925,14 @@ std::optional<int64_t> PolicyKVCache::MaxBytes() const {
   return bytes;
 }
 
-std::optional<int64_t> PolicyKVCache::BytesAfterStep(int64_t tokens) const {
+int64_t PolicyKVCache::BytesAfterStep(int64_t tokens) const {
   int64_t bytes = 0;
   for (const Layer& layer : layers_) {
     const Store& main = layer.main;
     // A chunk rebuilds main from the slots of main, the ring and its tokens, plus a spare
     // slot (KeepInMain), when it settles: in its own step (scoring policies) or at the next.
     const Pending& pending = layer.pending;
-    const int64_t pending_chunk =
-        pending.kind == Pending::kChunk ? pending.positions.size(2) : 0;
+    const int64_t pending_chunk = pending.kind == Pending::kChunk ? pending.positions.size(2) : 0;
     int64_t needed = 0, used = main.used, high = main.high;
     if (pending_chunk > 0) {
       needed = high + layer.residual + pending_chunk + 1;

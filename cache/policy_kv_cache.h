@@ -108,7 +108,10 @@ struct PolicyKVCacheOptions : KVCacheGeometry {
 absl::Status ValidateEntryStorage(int bits, int64_t residual, int64_t group_size,
                                   int64_t block_size, absl::string_view owner);
 
-class PolicyKVCache : public KVCache {
+class PolicyKVCache : public KVCache,
+                      public KVStorageBound,
+                      public KVAttentionScorer,
+                      public KVPositionShifter {
  public:
   static absl::StatusOr<std::unique_ptr<PolicyKVCache>> Create(const PolicyKVCacheOptions& options);
 
@@ -124,21 +127,26 @@ class PolicyKVCache : public KVCache {
   int64_t IndexBytes() const override;
   // Every layer at its largest: main_budget + 1 slots (main_budget without eviction) and the
   // ring, entries and index.
-  std::optional<int64_t> MaxBytes() const override;
+  int64_t MaxBytes() const override;
   // Main's capacity after the step as Reserve would grow it (a decode step adds at most one
   // entry to main, a chunk at most its tokens), the ring's once allocated.
-  std::optional<int64_t> BytesAfterStep(int64_t tokens) const override;
+  int64_t BytesAfterStep(int64_t tokens) const override;
+  const KVStorageBound* storage_bound() const override { return this; }
   int64_t max_sequence_length() const override { return options_.max_sequence_length; }
   int64_t batch_size() const override { return options_.batch_size; }
   int64_t num_layers() const override { return static_cast<int64_t>(layers_.size()); }
   bool WantsAttentionWeights(int64_t layer) const override;
   void ObserveAttentionWeights(int64_t layer, const at::Tensor& weights) override;
+  KVAttentionScorer* attention_scorer() override { return this; }
   // Decoding steps in host loops where DecodeOnHostApplies; otherwise quantised storage attends
   // block by block (AttendBlockwise) and full-precision storage takes KVCache's default.
   absl::StatusOr<at::Tensor> UpdateAndAttend(int64_t layer, const KVStep& step, const at::Tensor& q,
                                              const at::Tensor& keys, const at::Tensor& values,
                                              const AttentionParams& params) override;
-  bool ShiftsPositions() const override { return options_.cache_positions; }
+  // Itself with cache positions (options.cache_positions).
+  const KVPositionShifter* position_shifter() const override {
+    return options_.cache_positions ? this : nullptr;
+  }
   absl::StatusOr<int64_t> MakeRoom(int64_t next, int64_t steps,
                                    const KeyShifter& shift_keys) override;
   std::string DebugName() const override;

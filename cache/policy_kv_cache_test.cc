@@ -419,7 +419,7 @@ TEST(PolicyKVCacheTest, QuantisedEntriesWithTheirIndexAgainstA16BitEntry) {
         auto cache = MakeCache(options);
         // MaxBytes: (budget + 1) slots of one row, entries and index.
         const int64_t slots = kind == PolicyKind::kDense ? 4096 : 1025;
-        const double per_entry = static_cast<double>(*cache->MaxBytes()) / (slots * g.groups);
+        const double per_entry = static_cast<double>(cache->MaxBytes()) / (slots * g.groups);
         const double ratio = per_entry / (2 * g.head_size * 2);
         const bool scores = kind == PolicyKind::kH2O || kind == PolicyKind::kTova;
         std::printf("%s int%d, %lld groups of %lld: %.2f bytes an entry, %.4f of 16 bits\n",
@@ -505,10 +505,10 @@ TEST(PolicyKVCacheTest, BytesStayFlatOnceTheBudgetIsReached) {
               << PolicyName(kind) << " " << bits << " at position " << p;
         }
         // MaxBytes bounds what the cache holds at every step.
-        ASSERT_LE(cache->AllocatedBytes() + cache->IndexBytes(), *cache->MaxBytes());
+        ASSERT_LE(cache->AllocatedBytes() + cache->IndexBytes(), cache->MaxBytes());
       }
       // ... and is reached once the budget is (no reservation wasted beyond a spare slot).
-      EXPECT_EQ(cache->AllocatedBytes() + cache->IndexBytes(), *cache->MaxBytes())
+      EXPECT_EQ(cache->AllocatedBytes() + cache->IndexBytes(), cache->MaxBytes())
           << PolicyName(kind) << " " << bits;
       EXPECT_LE(cache->slots(0), 33);
       EXPECT_LE(cache->slots(1), 9);  // the windowed layer keeps its window (8) plus one
@@ -536,7 +536,7 @@ TEST(PolicyKVCacheTest, BytesAfterStepBoundsWhatEveryStepLeaves) {
           const int64_t length = p < 30 ? 7 : (p % 17 == 0 ? 5 : 1);  // chunks between decodes
           const std::optional<int64_t> predicted = cache->BytesAfterStep(length);
           ASSERT_TRUE(predicted.has_value());
-          ASSERT_LE(*predicted, *cache->MaxBytes());
+          ASSERT_LE(*predicted, cache->MaxBytes());
           auto [k, v] = Entries(1, p, length);
           for (int64_t layer = 0; layer < 2; ++layer) {
             ASSERT_TRUE(cache

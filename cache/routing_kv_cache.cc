@@ -216,9 +216,12 @@ absl::StatusOr<at::Tensor> RoutingKVCache::AttendRows(int64_t layer, const at::T
   for (int64_t row = 0; row < count; ++row) {
     // UpdateForDecode copies the row at once: a view made without LibTorch's dispatcher (a
     // narrow is three dispatched operations, for every request and layer of a step).
-    ASSIGN_OR_RETURN(std::optional<DecodeRow> source,
-                     row_cache(row)->UpdateForDecode(layer, row_step(row), RowView(keys, row),
-                                                     RowView(values, row)));
+    KVDecodeRows* decode = row_cache(row)->decode_rows();
+    std::optional<DecodeRow> source;
+    if (decode != nullptr) {
+      ASSIGN_OR_RETURN(source, decode->UpdateForDecode(layer, row_step(row), RowView(keys, row),
+                                                       RowView(values, row)));
+    }
     if (source.has_value()) {
       fast.push_back(std::move(*source));
       fast_rows.push_back(row);

@@ -240,25 +240,26 @@ TEST(RoutingKVCacheTest, OnlyFloat32CpuRowsTakeTheOnePassPath) {
   const at::Tensor k = at::randn({1, kGroups, 1, kHeadSize});
   const KVStep step = Step(at::zeros({1, 1}, at::kLong));
   ASSERT_TRUE(dense->CheckStep(step, 1).ok());
-  absl::StatusOr<std::optional<DecodeRow>> row = dense->UpdateForDecode(0, step, k, k);
+  absl::StatusOr<std::optional<DecodeRow>> row =
+      dense->decode_rows()->UpdateForDecode(0, step, k, k);
   ASSERT_TRUE(row.ok()) << row.status();
   ASSERT_TRUE(row->has_value());
   EXPECT_EQ((*row)->entries, 1);
   // A windowed layer, a policy cache and a bfloat16 cache decline without storing anything.
   std::unique_ptr<KVCache> windowed = *MakeKVCache(spec, Shape(5));
   ASSERT_TRUE(windowed->CheckStep(step, 1).ok());
-  EXPECT_FALSE(windowed->UpdateForDecode(1, step, k, k)->has_value());
+  EXPECT_FALSE(windowed->decode_rows()->UpdateForDecode(1, step, k, k)->has_value());
   spec.policy = "sink";
   spec.budget = 6;
   std::unique_ptr<KVCache> sink = *MakeKVCache(spec, Shape(0));
   ASSERT_TRUE(sink->CheckStep(step, 1).ok());
-  EXPECT_FALSE(sink->UpdateForDecode(0, step, k, k)->has_value());
+  EXPECT_EQ(sink->decode_rows(), nullptr);
   EXPECT_EQ(sink->AllocatedBytes(), 0);
   KVCacheShape half = Shape(0);
   half.dtype = at::kBFloat16;
   std::unique_ptr<KVCache> bf16 = *MakeKVCache(KVCacheSpec(), half);
   ASSERT_TRUE(bf16->CheckStep(step, 1).ok());
-  EXPECT_FALSE(bf16->UpdateForDecode(0, step, k, k)->has_value());
+  EXPECT_FALSE(bf16->decode_rows()->UpdateForDecode(0, step, k, k)->has_value());
 }
 
 }  // namespace

@@ -251,12 +251,7 @@ class ViewsOnly : public KVCache {
   int64_t max_sequence_length() const override { return inner_.max_sequence_length(); }
   int64_t batch_size() const override { return inner_.batch_size(); }
   int64_t num_layers() const override { return inner_.num_layers(); }
-  bool WantsAttentionWeights(int64_t layer) const override {
-    return inner_.WantsAttentionWeights(layer);
-  }
-  void ObserveAttentionWeights(int64_t layer, const at::Tensor& weights) override {
-    inner_.ObserveAttentionWeights(layer, weights);
-  }
+  KVAttentionScorer* attention_scorer() override { return inner_.attention_scorer(); }
   std::string DebugName() const override { return inner_.DebugName(); }
 
  private:

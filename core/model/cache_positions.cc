@@ -22,11 +22,11 @@ absl::StatusOr<int64_t> CachePositions::Reserve(int64_t steps) {
   }
   if (!shifts_) return steps;
   const GPTImpl& model = model_;
-  ASSIGN_OR_RETURN(
-      const int64_t shift,
-      cache_.MakeRoom(next_, steps, [&model](int64_t layer, const at::Tensor& keys, int64_t by) {
-        return model.ShiftKeys(layer, keys, by);
-      }));
+  ASSIGN_OR_RETURN(const int64_t shift,
+                   cache_.mutable_position_shifter()->MakeRoom(
+                       next_, steps, [&model](int64_t layer, const at::Tensor& keys, int64_t by) {
+                         return model.ShiftKeys(layer, keys, by);
+                       }));
   next_ -= shift;
   shifted_ += shift;
   const int64_t fits = std::min(steps, context_ - next_);

@@ -80,13 +80,13 @@ absl::StatusOr<KVLease> KVMemory::Lease(std::unique_ptr<KVCache> cache, int64_t 
       lease.use_ = KVLease::Use::kBlocks;
       lease.paged_ = paged;
       lease.shares_prefixes_ = prefix_caching_ && from_start;
-    } else if (std::optional<int64_t> bytes = cache->MaxBytes()) {
+    } else if (const KVStorageBound* bound = cache->storage_bound()) {
       // A cache with its own bounded storage: its bytes come out of the pool's budget.
       const int64_t budget = pool_->num_blocks() * pool_->BytesPerBlock();
-      if (*bytes > budget) {
+      if (bound->MaxBytes() > budget) {
         return absl::ResourceExhaustedError(
-            absl::StrCat("the request's KV cache (", cache->DebugName(), ") needs up to ", *bytes,
-                         " bytes and the whole pool has ", budget));
+            absl::StrCat("the request's KV cache (", cache->DebugName(), ") needs up to ",
+                         bound->MaxBytes(), " bytes and the whole pool has ", budget));
       }
       lease.use_ = KVLease::Use::kBytes;
     }
@@ -96,8 +96,7 @@ absl::StatusOr<KVLease> KVMemory::Lease(std::unique_ptr<KVCache> cache, int64_t 
 }
 
 int64_t KVMemory::ChargeFor(const KVLease& lease, int64_t steps) {
-  const KVCache& cache = *lease.cache_;
-  return cache.BytesAfterStep(steps).value_or(cache.MaxBytes().value_or(0));
+  return lease.cache_->storage_bound()->BytesAfterStep(steps);
 }
 
 int64_t KVMemory::BlocksForStep(const KVLease& lease, int64_t steps, bool started) const {

@@ -48,7 +48,7 @@ class KVLease {
   enum class Use {
     kNone,    // no pool, or a cache that allocates on its own
     kBlocks,  // a paged cache drawing its blocks from the pool
-    kBytes,   // bounded storage of its own (KVCache::MaxBytes), charged as it grows
+    kBytes,   // bounded storage of its own (KVCache::storage_bound), charged as it grows
   };
 
   KVCache* cache() const { return cache_.get(); }

@@ -140,7 +140,7 @@ TEST(KVMemoryTest, PagedLeaseTakesAndGivesBackBlocks) {
 TEST(KVMemoryTest, ChargedLeaseReservesItsGrowthAndSettles) {
   std::unique_ptr<KVMemory> memory = Memory(16);
   KVLease lease = *memory->Lease(*memory->NewCache(Sink(), Geometry(), 32), 32, true);
-  const int64_t step_bound = *lease.cache()->BytesAfterStep(3);
+  const int64_t step_bound = lease.cache()->storage_bound()->BytesAfterStep(3);
   EXPECT_EQ(memory->BlocksForStep(lease, 3, true), memory->pool()->BlocksForBytes(step_bound));
   ASSERT_TRUE(memory->Reserve(lease, 3).ok());
   EXPECT_EQ(lease.charged_bytes(), step_bound);

@@ -18,8 +18,8 @@
 //
 // With a BlockPool (cache/block_pool.h), requests whose caches are PagedKVCaches over it
 // draw their KV memory from the pool, and requests whose caches keep their own bounded
-// storage (budgeted and quantised caches: KVCache::MaxBytes) are charged for it as it grows:
-// before each step the scheduler reserves what the step will leave (KVCache::BytesAfterStep)
+// storage (budgeted and quantised caches: KVCache::storage_bound) are charged for it as it grows:
+// before each step the scheduler reserves what the step will leave (KVStorageBound::BytesAfterStep)
 // beyond what the request is charged, and gives back what it did not use after it, so one
 // budget holds both and memory follows use for every kind of cache:
 //   - admission follows free blocks: the oldest waiting request is admitted when its first

@@ -265,7 +265,7 @@ TEST(PoolAdmissionTest, BudgetedCachesChargeTheirBytesToThePool) {
   std::vector<Job> jobs = Jobs(*model, 8, 13);
   for (Job& job : jobs) job.spec = TestSpec("sink", 8, 4);
   const std::unique_ptr<KVCache> probe = BatchOneCache(*model, jobs[0].spec, 64);
-  const int64_t bytes = *probe->MaxBytes();
+  const int64_t bytes = probe->storage_bound()->MaxBytes();
   // Blocks of 1 entry: the pool's budget in bytes is close to what three caches need.
   std::shared_ptr<BlockPool> pool = Pool(*model, 1, 1);
   const int64_t per_block = pool->BytesPerBlock();
@@ -322,7 +322,7 @@ TEST(PoolAdmissionTest, QuantisedCachesAreChargedAsTheyGrow) {
     return true;
   };
   std::unique_ptr<KVCache> cache = CacheOf(*model, job, pool);
-  const int64_t max_blocks = pool->BlocksForBytes(*cache->MaxBytes());
+  const int64_t max_blocks = pool->BlocksForBytes(cache->storage_bound()->MaxBytes());
   absl::StatusOr<std::shared_ptr<RequestHandle>> handle =
       scheduler.Submit(job.prompt, options, std::move(cache));
   ASSERT_TRUE(handle.ok()) << handle.status();

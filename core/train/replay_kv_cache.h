@@ -43,19 +43,11 @@ class RecordingKVCache : public KVCache {
   }
   int64_t AllocatedBytes() const override { return inner_->AllocatedBytes(); }
   int64_t IndexBytes() const override { return inner_->IndexBytes(); }
-  std::optional<int64_t> MaxBytes() const override { return inner_->MaxBytes(); }
-  std::optional<int64_t> BytesAfterStep(int64_t tokens) const override {
-    return inner_->BytesAfterStep(tokens);
-  }
+  const KVStorageBound* storage_bound() const override { return inner_->storage_bound(); }
   int64_t max_sequence_length() const override { return inner_->max_sequence_length(); }
   int64_t batch_size() const override { return inner_->batch_size(); }
   int64_t num_layers() const override { return inner_->num_layers(); }
-  bool WantsAttentionWeights(int64_t layer) const override {
-    return inner_->WantsAttentionWeights(layer);
-  }
-  void ObserveAttentionWeights(int64_t layer, const at::Tensor& weights) override {
-    inner_->ObserveAttentionWeights(layer, weights);
-  }
+  KVAttentionScorer* attention_scorer() override { return inner_->attention_scorer(); }
   std::string DebugName() const override { return "recording(" + inner_->DebugName() + ")"; }
 
   // log()[layer][step]: the key positions [B, 1 or G, S] int64 step `step` of `layer` attended
