@@ -27,11 +27,11 @@
 namespace lgpt {
 namespace {
 
-std::shared_ptr<BlockPool> Pool(GPTImpl& model, int64_t blocks, int64_t block_size) {
+std::shared_ptr<BlockPool> Pool(GPTImpl& model, int64_t blocks, int64_t entries_per_block) {
   KVCacheGeometry geometry;
   geometry.layers = model.CacheLayout();
   BlockPoolOptions options;
-  options.block_size = block_size;
+  options.entries_per_block = entries_per_block;
   options.num_blocks = blocks;
   absl::StatusOr<std::shared_ptr<BlockPool>> pool = BlockPool::Create(geometry, options);
   EXPECT_TRUE(pool.ok()) << pool.status();
@@ -51,7 +51,7 @@ std::unique_ptr<KVCache> CacheOf(GPTImpl& model, const Job& job,
     EXPECT_TRUE(paged.ok()) << paged.status();
     return *std::move(paged);
   }
-  return BatchOneCache(model, job.spec, Length(job), pool->block_size());
+  return BatchOneCache(model, job.spec, Length(job), pool->entries_per_block());
 }
 
 struct Outcome {
@@ -116,7 +116,7 @@ TEST_P(PreemptionTest, NeverChangesAToken) {
   EXPECT_EQ(outcome.stats.pool_blocks_used, 0);
   EXPECT_EQ(pool->free_blocks(), pool->num_blocks());
   if (!GetParam()) {
-    EXPECT_EQ(pool->cached_blocks(), 0);
+    EXPECT_EQ(pool->idle_blocks(), 0);
   }
 }
 
@@ -147,7 +147,7 @@ TEST(PrefixReuseTest, SharedPrefixIsComputedOnce) {
   // The first request fills the cache; the later ones (one at a time, then all at once) hit.
   Outcome first = Serve(model, {jobs[0]}, options, pool);
   EXPECT_EQ(first.results[0].prefix_hit_tokens, 0);
-  EXPECT_GT(pool->cached_blocks(), 0);
+  EXPECT_GT(pool->idle_blocks(), 0);
   std::vector<Job> later(jobs.begin() + 1, jobs.end());
   Outcome rest = Serve(model, later, options, pool);
   for (size_t i = 0; i < later.size(); ++i) {
@@ -285,9 +285,9 @@ TEST(PoolAdmissionTest, BudgetedCachesChargeTheirBytesToThePool) {
   std::vector<std::shared_ptr<RequestHandle>> handles;
   for (const Job& job : jobs) {
     GenerateOptions o = job.options;
-    o.on_token = [&most_reserved, &pool](int64_t) {
-      most_reserved =
-          std::max(most_reserved.load(), pool->reserved_blocks() * pool->BytesPerBlock());
+    o.on_token = [&most_reserved, &pool, &scheduler](int64_t) {
+      most_reserved = std::max(most_reserved.load(),
+                               scheduler.memory().charged_blocks() * pool->BytesPerBlock());
       return true;
     };
     // One length for all, so every request reserves the same bytes.
@@ -301,7 +301,7 @@ TEST(PoolAdmissionTest, BudgetedCachesChargeTheirBytesToThePool) {
   // Three at once, never four (reservations in bytes, rounded up to a block together).
   EXPECT_GT(most_reserved.load(), 2 * bytes);
   EXPECT_LE(most_reserved.load(), 3 * bytes + per_block);
-  EXPECT_EQ(pool->reserved_blocks(), 0);
+  EXPECT_EQ(scheduler.memory().charged_blocks(), 0);
   EXPECT_EQ(scheduler.Stats().pool_blocks_used, 0);
 }
 
@@ -317,8 +317,8 @@ TEST(PoolAdmissionTest, QuantisedCachesAreChargedAsTheyGrow) {
   Scheduler scheduler(model, {}, pool);
   std::vector<int64_t> reserved;  // blocks charged when each token arrives
   GenerateOptions options = job.options;
-  options.on_token = [&reserved, &pool](int64_t) {
-    reserved.push_back(pool->reserved_blocks());
+  options.on_token = [&reserved, &scheduler](int64_t) {
+    reserved.push_back(scheduler.memory().charged_blocks());
     return true;
   };
   std::unique_ptr<KVCache> cache = CacheOf(*model, job, pool);
@@ -334,7 +334,7 @@ TEST(PoolAdmissionTest, QuantisedCachesAreChargedAsTheyGrow) {
   EXPECT_LT(reserved.front(), reserved.back());
   EXPECT_LT(reserved.front(), max_blocks / 2);
   EXPECT_LE(reserved.back(), max_blocks);
-  EXPECT_EQ(pool->reserved_blocks(), 0);
+  EXPECT_EQ(scheduler.memory().charged_blocks(), 0);
 }
 
 }  // namespace
