@@ -12,30 +12,14 @@
 #include <utility>
 #include <vector>
 
+#include "cache/test_pools.h"
 #include "gtest/gtest.h"
 
 namespace lgpt {
 namespace {
 
-KVCacheGeometry Geometry() {
-  KVCacheGeometry g;
-  g.batch_size = 1;
-  g.max_sequence_length = 64;
-  g.layers = {{2, 8, 0}, {2, 8, 5}};  // a global layer and a windowed one
-  return g;
-}
-
-std::shared_ptr<BlockPool> Pool(int64_t blocks, int64_t entries_per_block = 4) {
-  BlockPoolOptions options;
-  options.entries_per_block = entries_per_block;
-  options.num_blocks = blocks;
-  absl::StatusOr<std::shared_ptr<BlockPool>> pool = BlockPool::Create(Geometry(), options);
-  EXPECT_TRUE(pool.ok()) << pool.status();
-  return *pool;
-}
-
 TEST(BlockPoolTest, AllocatesCountsAndRefuses) {
-  std::shared_ptr<BlockPool> pool = Pool(3);
+  std::shared_ptr<BlockPool> pool = TestPool(3);
   EXPECT_EQ(pool->BytesPerBlock(), 2 * 2 * (2 * 4 * 8 * 4));  // layers x (k, v) x floats
   const int64_t a = *pool->Allocate(), b = *pool->Allocate(), c = *pool->Allocate();
   EXPECT_NE(a, b);
@@ -50,9 +34,10 @@ TEST(BlockPoolTest, AllocatesCountsAndRefuses) {
   EXPECT_EQ(*pool->Allocate(), b);
   BlockPoolOptions bad;
   bad.num_blocks = 0;
-  EXPECT_EQ(BlockPool::Create(Geometry(), bad).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(BlockPool::Create(TestPoolGeometry(), bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
   bad.num_blocks = std::numeric_limits<int64_t>::max() / 2;  // bookkeeping past any memory
-  const absl::Status huge = BlockPool::Create(Geometry(), bad).status();
+  const absl::Status huge = BlockPool::Create(TestPoolGeometry(), bad).status();
   EXPECT_EQ(huge.code(), absl::StatusCode::kResourceExhausted) << huge;
   EXPECT_NE(huge.message().find("BlockPoolOptions.num_blocks"), absl::string_view::npos) << huge;
 }
@@ -100,7 +85,7 @@ TEST(BlockPoolTest, StorageIsAllocatedOnceAndFreeBlocksGiveTheirPagesBack) {
 }
 
 TEST(BlockPoolTest, KeptBlocksStayStoredWhileIdleAndAreRecycledLast) {
-  std::shared_ptr<BlockPool> pool = Pool(3);
+  std::shared_ptr<BlockPool> pool = TestPool(3);
   EXPECT_EQ(pool->stored_blocks(), 0);  // no block holds entries yet
   const int64_t a = *pool->Allocate(), b = *pool->Allocate();
   EXPECT_EQ(pool->stored_blocks(), 2);

@@ -15,27 +15,11 @@
 #include <vector>
 
 #include "cache/dense_kv_cache.h"
+#include "cache/test_pools.h"
 #include "gtest/gtest.h"
 
 namespace lgpt {
 namespace {
-
-KVCacheGeometry Geometry() {
-  KVCacheGeometry g;
-  g.batch_size = 1;
-  g.max_sequence_length = 64;
-  g.layers = {{2, 8, 0}, {2, 8, 5}};  // a global layer and a windowed one
-  return g;
-}
-
-std::shared_ptr<BlockPool> Pool(int64_t blocks, int64_t entries_per_block = 4) {
-  BlockPoolOptions options;
-  options.entries_per_block = entries_per_block;
-  options.num_blocks = blocks;
-  absl::StatusOr<std::shared_ptr<BlockPool>> pool = BlockPool::Create(Geometry(), options);
-  EXPECT_TRUE(pool.ok()) << pool.status();
-  return *pool;
-}
 
 KVStep Step(int64_t begin, int64_t length) {
   KVStep step;
@@ -46,10 +30,10 @@ KVStep Step(int64_t begin, int64_t length) {
 }
 
 TEST(PagedKVCacheTest, AttendsAsTheDenseCache) {
-  std::shared_ptr<BlockPool> pool = Pool(16);
+  std::shared_ptr<BlockPool> pool = TestPool(16);
   std::unique_ptr<PagedKVCache> paged = *PagedKVCache::Create(pool, 64);
   DenseKVCacheOptions dense_options;
-  static_cast<KVCacheGeometry&>(dense_options) = Geometry();
+  static_cast<KVCacheGeometry&>(dense_options) = TestPoolGeometry();
   std::unique_ptr<DenseKVCache> dense = *DenseKVCache::Create(dense_options);
   at::manual_seed(3);
   int64_t position = 0;
@@ -62,7 +46,7 @@ TEST(PagedKVCacheTest, AttendsAsTheDenseCache) {
       const at::Tensor q = at::randn({1, 6, length, 8});  // 3 query heads per group
       AttentionParams params;
       params.scale = 0.35;
-      params.sliding_window = Geometry().layers[layer].sliding_window;
+      params.sliding_window = TestPoolGeometry().layers[layer].sliding_window;
       const at::Tensor a = *paged->UpdateAndAttend(layer, step, q, k, v, params);
       const at::Tensor b = *dense->UpdateAndAttend(layer, step, q, k, v, params);
       EXPECT_TRUE(at::allclose(a, b, 1e-5, 1e-6))
@@ -93,7 +77,7 @@ TEST(PagedKVCacheTest, AttendsAsTheDenseCache) {
 }
 
 TEST(PagedKVCacheTest, FullPoolAndOutOfOrderStepsAreRefused) {
-  std::shared_ptr<BlockPool> pool = Pool(3);
+  std::shared_ptr<BlockPool> pool = TestPool(3);
   std::unique_ptr<PagedKVCache> first = *PagedKVCache::Create(pool, 64);
   std::unique_ptr<PagedKVCache> second = *PagedKVCache::Create(pool, 64);
   ASSERT_TRUE(first->CheckStep(Step(0, 9), 1).ok());  // 3 blocks
@@ -122,7 +106,7 @@ at::Tensor Fill(PagedKVCache& cache, int64_t length) {
 }
 
 TEST(PrefixCacheTest, ChainsAreFoundBlockByBlockAndEvictedLeastRecentlyUsedFirst) {
-  std::shared_ptr<BlockPool> pool = Pool(6);
+  std::shared_ptr<BlockPool> pool = TestPool(6);
   PrefixCache prefixes(pool);
   const std::vector<int64_t> a = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};  // 2 full blocks + 2
   {
@@ -159,7 +143,7 @@ TEST(PrefixCacheTest, ChainsAreFoundBlockByBlockAndEvictedLeastRecentlyUsedFirst
 }
 
 TEST(PrefixCacheTest, WritesIntoSharedBlocksCopyThemFirst) {
-  std::shared_ptr<BlockPool> pool = Pool(8);
+  std::shared_ptr<BlockPool> pool = TestPool(8);
   PrefixCache prefixes(pool);
   const std::vector<int64_t> ids = {1, 2, 3, 4, 5, 6, 7, 8};  // exactly two blocks
   std::unique_ptr<PagedKVCache> writer = *PagedKVCache::Create(pool, 64);

@@ -8,24 +8,14 @@
 #include <optional>
 #include <vector>
 
+#include "cache/test_pools.h"
 #include "gtest/gtest.h"
 
 namespace lgpt {
 namespace {
 
-std::shared_ptr<BlockPool> Pool(int64_t blocks) {
-  KVCacheGeometry geometry;
-  geometry.layers = {{2, 8, 0}};
-  BlockPoolOptions options;
-  options.entries_per_block = 4;
-  options.num_blocks = blocks;
-  absl::StatusOr<std::shared_ptr<BlockPool>> pool = BlockPool::Create(geometry, options);
-  EXPECT_TRUE(pool.ok()) << pool.status();
-  return *pool;
-}
-
 TEST(PrefixCacheTest, KeysAreNeverReusedAfterEviction) {
-  std::shared_ptr<BlockPool> pool = Pool(2);
+  std::shared_ptr<BlockPool> pool = TestPool(2);
   PrefixCache prefixes(pool);
   const std::vector<int64_t> first = {1, 2, 3, 4}, second = {5, 6, 7, 8};
   const int64_t a = *pool->Allocate(), b = *pool->Allocate();
@@ -50,7 +40,7 @@ TEST(PrefixCacheTest, KeysAreNeverReusedAfterEviction) {
 }
 
 TEST(PrefixCacheTest, RecycledBlocksAreNotFoundAndTheSameIdsPublishOnce) {
-  std::shared_ptr<BlockPool> pool = Pool(2);
+  std::shared_ptr<BlockPool> pool = TestPool(2);
   PrefixCache prefixes(pool);
   const std::vector<int64_t> ids = {1, 2, 3, 4};
   const int64_t a = *pool->Allocate(), b = *pool->Allocate();

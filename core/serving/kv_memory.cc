@@ -48,9 +48,13 @@ absl::StatusOr<std::unique_ptr<KVMemory>> KVMemory::Create(const KVCacheGeometry
 }
 
 KVMemory::KVMemory(std::shared_ptr<BlockPool> pool, bool prefix_caching)
-    : pool_(std::move(pool)),
-      prefixes_(pool_ != nullptr && prefix_caching ? std::make_unique<PrefixCache>(pool_)
-                                                   : nullptr) {}
+    : KVMemory(pool,
+               pool != nullptr && prefix_caching ? std::make_shared<PrefixCache>(pool) : nullptr) {}
+
+KVMemory::KVMemory(std::shared_ptr<BlockPool> pool, std::shared_ptr<PrefixCache> prefixes)
+    : pool_(std::move(pool)), prefixes_(std::move(prefixes)) {
+  CHECK(prefixes_ == nullptr || prefixes_->pool() == pool_) << "a prefix cache of another pool";
+}
 
 KVMemory::~KVMemory() {
   for (int64_t block : charge_blocks_) pool_->Release(block);

@@ -82,8 +82,11 @@ class KVMemory {
   // Memory for caches of `geometry`: a pool of options.pool_bytes (PoolFor), or none.
   static absl::StatusOr<std::unique_ptr<KVMemory>> Create(const KVCacheGeometry& geometry,
                                                           const KVMemoryOptions& options);
-  // Over an existing pool (null: none).
+  // Over an existing pool (null: none), with a prefix cache of its own when prefix_caching.
   KVMemory(std::shared_ptr<BlockPool> pool, bool prefix_caching);
+  // Over an existing pool and the prefix cache over it (null: no prefix sharing), which may
+  // outlive this memory: a later KVMemory over the same two finds what this one published.
+  KVMemory(std::shared_ptr<BlockPool> pool, std::shared_ptr<PrefixCache> prefixes);
   ~KVMemory();
   KVMemory(const KVMemory&) = delete;
   KVMemory& operator=(const KVMemory&) = delete;
@@ -140,7 +143,7 @@ class KVMemory {
   void Uncharge(int64_t bytes);
 
   const std::shared_ptr<BlockPool> pool_;
-  const std::unique_ptr<PrefixCache> prefixes_;  // null: no prefix sharing
+  const std::shared_ptr<PrefixCache> prefixes_;  // null: no prefix sharing
   int64_t charged_bytes_ = 0;
   std::vector<int64_t> charge_blocks_;      // BlocksForBytes(charged_bytes_) of them
   std::atomic<int64_t> charged_blocks_{0};  // charge_blocks_.size(), for any thread

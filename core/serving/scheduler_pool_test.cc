@@ -59,9 +59,15 @@ struct Outcome {
   SchedulerStats stats;
 };
 
+// `prefixes`: the prefix cache over `pool` that outlives this scheduler (null: one of its own,
+// as options.prefix_caching says).
 Outcome Serve(GPT model, const std::vector<Job>& jobs, SchedulerOptions options,
-              const std::shared_ptr<BlockPool>& pool) {
-  Scheduler scheduler(model, options, pool);
+              const std::shared_ptr<BlockPool>& pool,
+              const std::shared_ptr<PrefixCache>& prefixes = nullptr) {
+  Scheduler scheduler(model, options,
+                      prefixes != nullptr
+                          ? std::make_unique<KVMemory>(pool, prefixes)
+                          : std::make_unique<KVMemory>(pool, options.prefix_caching));
   std::vector<std::shared_ptr<RequestHandle>> handles;
   for (const Job& job : jobs) {
     absl::StatusOr<std::shared_ptr<RequestHandle>> handle =
@@ -142,14 +148,15 @@ TEST(PrefixReuseTest, SharedPrefixIsComputedOnce) {
     jobs.push_back(job);
   }
   std::shared_ptr<BlockPool> pool = Pool(*model, 64, 4);
+  const auto prefixes = std::make_shared<PrefixCache>(pool);
   SchedulerOptions options;
   options.prefill_chunk = 8;
   // The first request fills the cache; the later ones (one at a time, then all at once) hit.
-  Outcome first = Serve(model, {jobs[0]}, options, pool);
+  Outcome first = Serve(model, {jobs[0]}, options, pool, prefixes);
   EXPECT_EQ(first.results[0].prefix_hit_tokens, 0);
   EXPECT_GT(pool->idle_blocks(), 0);
   std::vector<Job> later(jobs.begin() + 1, jobs.end());
-  Outcome rest = Serve(model, later, options, pool);
+  Outcome rest = Serve(model, later, options, pool, prefixes);
   for (size_t i = 0; i < later.size(); ++i) {
     SCOPED_TRACE(absl::StrCat("request ", i + 1));
     EXPECT_EQ(rest.results[i].tokens, Alone(*model, later[i]));
@@ -221,6 +228,7 @@ TEST(PrefixReuseTest, LogitsOfAPrefixHitMatchAFreshPrefill) {
   const at::Tensor ids = at::randint(0, vocab, {21}, at::kLong);
   const std::vector<int64_t> prompt(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + 21);
   std::shared_ptr<BlockPool> pool = Pool(*model, 32, 4);
+  PrefixCache prefixes(pool);
   at::NoGradGuard no_grad;
   auto last_logits = [&](PagedKVCache& cache, int64_t from) {
     ForwardOptions forward;
@@ -233,9 +241,9 @@ TEST(PrefixReuseTest, LogitsOfAPrefixHitMatchAFreshPrefill) {
   };
   std::unique_ptr<PagedKVCache> fresh = *PagedKVCache::Create(pool, 32);
   const at::Tensor expected = last_logits(*fresh, 0);
-  fresh->PublishPrefix(prompt);
+  fresh->PublishPrefix(prefixes, prompt);
   std::unique_ptr<PagedKVCache> reused = *PagedKVCache::Create(pool, 32);
-  ASSERT_EQ(reused->AttachPrefix(prompt), 20);
+  ASSERT_EQ(reused->AttachPrefix(prefixes, prompt), 20);
   EXPECT_TRUE(at::allclose(last_logits(*reused, 20), expected, 1e-4, 1e-4));
 }
 
