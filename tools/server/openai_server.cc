@@ -12,6 +12,7 @@
 #include <mutex>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "core/base/status_macros.h"
 #include "core/text/prompt_style.h"
@@ -24,7 +25,8 @@ namespace {
 constexpr size_t kMostSocketPathBytes = sizeof(sockaddr_un::sun_path) - 1;
 
 absl::Status BadSocketPath(const std::string& path, absl::string_view why) {
-  return absl::InvalidArgumentError(absl::StrCat("ServeOnSocket path '", path, "' ", why));
+  return absl::InvalidArgumentError(
+      absl::StrCat("ServeOnSocket path '", absl::CHexEscape(path), "' ", why));
 }
 
 // Whether a server accepts connections on the Unix socket at `path` (false: connection
