@@ -197,6 +197,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   const std::string& checkpoint_dir() const { return checkpoint_dir_; }
   // Notes from loading (LoadedModel::warnings), e.g. a block_size past the trained context.
   const std::vector<std::string>& warnings() const { return warnings_; }
+  // What sizes the scheduler Submit feeds (EngineOptions.serving).
+  const SchedulerOptions& serving_options() const { return serving_; }
   GPTImpl& model() const { return *model_; }
 
  private:

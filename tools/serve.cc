@@ -1,14 +1,15 @@
 // An OpenAI-compatible HTTP server over the engine's continuous batching
-// (tools/server/http_server.h), the embedded default model when --checkpoint_dir is not given:
-//   bazel run //tools:serve -- [--checkpoint_dir=DIR] [--host=127.0.0.1 --port=8000]
-//       [--api_key=KEY] [--pool_mb=M] [--max_running=N --max_waiting=N] [--quantize=int8]
-// Prints "serve: listening on http://HOST:PORT" on stderr once it accepts connections
-// (--port=0 takes a free port), then one access-log line per request. SIGTERM or SIGINT: stops
-// accepting, lets requests in flight finish within --shutdown_s, cancels the rest, exits 0.
+// (tools/server/openai_server.h), the embedded default model when --checkpoint_dir is not given:
+//   bazel run //tools:serve -- [--checkpoint_dir=DIR] [--host=127.0.0.1 --port=8000 |
+//       --unix_socket=PATH] [--api_key=KEY] [--pool_mb=M] [--max_running=N --max_waiting=N]
+//       [--quantize=int8]
+// Prints "serve: listening on http://HOST:PORT" (or "unix:PATH") on stderr once it accepts
+// connections (--port=0 takes a free port), then one access-log line per request. SIGTERM or
+// SIGINT: stops accepting, lets requests in flight finish within --shutdown_s, cancels the rest,
+// exits 0.
 #include <pthread.h>
 #include <signal.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -16,19 +17,23 @@
 #include <thread>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_replace.h"
+#include "absl/strings/strip.h"
 #include "core/base/device.h"
 #include "core/base/status_macros.h"
 #include "lgpt.h"
 #include "tools/load_flags.h"
-#include "tools/server/http_server.h"
+#include "tools/server/openai_server.h"
 #include "tools/tool_util.h"
 
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "LitGPT checkpoint or fine-tune directory; empty: the embedded default model");
 ABSL_FLAG(std::string, host, "127.0.0.1", "address to listen on (0.0.0.0: every interface)");
 ABSL_FLAG(int32_t, port, 8000, "port to listen on; 0: any free port");
+ABSL_FLAG(std::string, unix_socket, "",
+          "serve on this Unix-domain socket instead of --host:--port (a stale socket file left "
+          "by a server that has gone is replaced)");
 ABSL_FLAG(std::string, api_key, "",
           "require 'Authorization: Bearer KEY' on /v1/ (empty: no authentication)");
 ABSL_FLAG(std::string, served_model_name, "",
@@ -77,49 +82,56 @@ absl::StatusOr<EngineOptions> EngineOptionsFromServeFlags() {
   return options;
 }
 
-absl::StatusOr<ServerOptions> ServerOptionsFromFlags(const EngineOptions& engine) {
-  ServerOptions options;
-  options.host = absl::GetFlag(FLAGS_host);
-  options.port = absl::GetFlag(FLAGS_port);
-  if (options.port < 0 || options.port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--port must be in [0, 65535], got ", options.port));
-  }
+absl::StatusOr<OpenAIServerOptions> ServerOptionsFromFlags() {
+  OpenAIServerOptions options;
   options.api_key = absl::GetFlag(FLAGS_api_key);
   options.model_id = absl::GetFlag(FLAGS_served_model_name);
   options.prompt_style = absl::GetFlag(FLAGS_prompt_style);
   options.max_body_bytes = absl::GetFlag(FLAGS_max_body_bytes);
-  if (options.max_body_bytes < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--max_body_bytes must be >= 1, got ", options.max_body_bytes));
-  }
   options.http_threads = absl::GetFlag(FLAGS_http_threads);
-  if (options.http_threads < 0 || options.http_threads > options.max_http_threads) {
-    return absl::InvalidArgumentError(absl::StrCat("--http_threads must be in [0, ",
-                                                   options.max_http_threads, "], got ",
-                                                   options.http_threads));
-  }
-  if (options.http_threads == 0) {
-    // Beyond max_http_threads, connections past it wait for a thread instead of a 429.
-    options.http_threads = static_cast<int>(std::min<int64_t>(
-        engine.serving.max_running + engine.serving.max_waiting + 8, options.max_http_threads));
-  }
   options.shutdown_s = absl::GetFlag(FLAGS_shutdown_s);
-  if (!(options.shutdown_s >= 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--shutdown_s must be >= 0, got ", options.shutdown_s));
-  }
   options.access_log = absl::GetFlag(FLAGS_access_log);
+  RETURN_IF_ERROR(options.Validate());  // Die names the flags (InFlagTerms)
   return options;
 }
 
+// Whether the command line sets flag `name` (--name=V, --name V, -name=V, ...) before "--".
+bool FlagGiven(int argc, char** argv, absl::string_view name) {
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (!absl::ConsumePrefix(&arg, "--")) absl::ConsumePrefix(&arg, "-");
+    if (arg == name || absl::StartsWith(arg, absl::StrCat(name, "="))) return true;
+  }
+  return false;
+}
+
+// Where to serve: --unix_socket, or --host and --port (which it excludes).
+absl::Status CheckListenFlags(int argc, char** argv) {
+  if (!absl::GetFlag(FLAGS_unix_socket).empty()) {
+    for (const char* flag : {"port", "host"}) {
+      if (FlagGiven(argc, argv, flag)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--unix_socket and --", flag,
+                         " exclude each other: serve on a Unix socket or on ", "--host:--port"));
+      }
+    }
+    return absl::OkStatus();
+  }
+  const int port = absl::GetFlag(FLAGS_port);
+  if (port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("--port must be in [0, 65535], got ", port));
+  }
+  return absl::OkStatus();
+}
+
 // SIGTERM and SIGINT are blocked in every thread (set before any starts) and taken here.
-void WaitForSignalThenShutdown(const sigset_t& signals, HttpServer* server) {
+void WaitForSignalThenStop(const sigset_t& signals, OpenAIServer* server) {
   int signal = 0;
   if (sigwait(&signals, &signal) != 0) return;
   std::fprintf(stderr, "serve: %s: no new connections; finishing requests in flight\n",
                strsignal(signal));
-  server->Shutdown();
+  server->Stop();
   if (sigwait(&signals, &signal) != 0) return;
   std::fprintf(stderr, "serve: %s again: exiting now\n", strsignal(signal));
   std::_Exit(1);
@@ -136,23 +148,31 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   InitTool(argc, argv,
-           "serve [--checkpoint_dir=DIR] [--host=127.0.0.1 --port=8000] [--api_key=KEY] "
-           "[--pool_mb=M] [--max_running=N --max_waiting=N] [--quantize=int8]");
+           "serve [--checkpoint_dir=DIR] [--host=127.0.0.1 --port=8000 | --unix_socket=PATH] "
+           "[--api_key=KEY] [--pool_mb=M] [--max_running=N --max_waiting=N] [--quantize=int8]");
+  DieIfError(CheckListenFlags(argc, argv));
   std::string checkpoint_dir = ResolvePath(absl::GetFlag(FLAGS_checkpoint_dir));
   if (checkpoint_dir.empty()) checkpoint_dir = DefaultModelDir();
+  const std::string unix_socket = ResolvePath(absl::GetFlag(FLAGS_unix_socket));
   const EngineOptions engine_options = ValueOrDie(EngineOptionsFromServeFlags());
-  const ServerOptions server_options = ValueOrDie(ServerOptionsFromFlags(engine_options));
+  OpenAIServerOptions server_options = ValueOrDie(ServerOptionsFromFlags());
   std::shared_ptr<const Engine> engine = ValueOrDie(Engine::Load(checkpoint_dir, engine_options));
   for (const std::string& warning : engine->warnings()) {
     std::fprintf(stderr, "serve: note: %s\n", warning.c_str());
   }
-  std::unique_ptr<HttpServer> server = ValueOrDie(HttpServer::Create(engine, server_options));
-  std::thread(WaitForSignalThenShutdown, signals, server.get()).detach();
-  std::fprintf(stderr, "serve: listening on http://%s:%d (model %s, %s)\n",
-               server_options.host.c_str(), server->port(), server->model_id().c_str(),
-               server_options.api_key.empty() ? "no API key" : "API key required");
-  std::fflush(stderr);
-  server->Run();
+  const OpenAIServer* listening = nullptr;  // set before serving begins
+  const bool api_key = !server_options.api_key.empty();
+  server_options.on_serving = [&listening, api_key](const std::string& address) {
+    std::fprintf(stderr, "serve: listening on %s (model %s, %s)\n", address.c_str(),
+                 listening->model_id().c_str(), api_key ? "API key required" : "no API key");
+    std::fflush(stderr);
+  };
+  std::unique_ptr<OpenAIServer> server = ValueOrDie(OpenAIServer::Create(engine, server_options));
+  listening = server.get();
+  std::thread(WaitForSignalThenStop, signals, server.get()).detach();
+  DieIfError(unix_socket.empty()
+                 ? server->ServeOnPort(absl::GetFlag(FLAGS_host), absl::GetFlag(FLAGS_port))
+                 : server->ServeOnSocket(unix_socket));
   std::fprintf(stderr, "serve: stopped\n");
   return 0;
 }

@@ -145,6 +145,13 @@ std::string InFlagTerms(absl::string_view message) {
       {"SchedulerOptions.kv_pool_bytes", "--pool_mb"},
       {"SchedulerOptions.max_running", "--max_running"},
       {"SchedulerOptions.max_waiting", "--max_waiting"},
+      {"OpenAIServerOptions.max_body_bytes", "--max_body_bytes"},
+      {"OpenAIServerOptions.http_threads", "--http_threads"},
+      {"OpenAIServerOptions.prompt_style", "--prompt_style"},
+      {"OpenAIServerOptions.shutdown_s", "--shutdown_s"},
+      {"ServeOnSocket path", "--unix_socket"},
+      {"ServeOnPort host", "--host"},
+      {"ServeOnPort port", "--port"},
   };
   std::string text(message);
   for (const auto& [field, flag] : kFlags) text = absl::StrReplaceAll(text, {{field, flag}});

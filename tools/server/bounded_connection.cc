@@ -39,6 +39,11 @@ void NumericAddress(int socket, bool peer, std::string& ip, int& port) {
   socklen_t length = sizeof(address);
   sockaddr* raw = reinterpret_cast<sockaddr*>(&address);
   if ((peer ? getpeername(socket, raw, &length) : getsockname(socket, raw, &length)) != 0) return;
+  if (address.ss_family == AF_UNIX) {  // a Unix-domain socket: no address a log could name
+    ip = "unix";
+    port = 0;
+    return;
+  }
   char host[NI_MAXHOST], service[NI_MAXSERV];
   if (getnameinfo(raw, length, host, sizeof(host), service, sizeof(service),
                   NI_NUMERICHOST | NI_NUMERICSERV) == 0) {
@@ -200,6 +205,8 @@ bool BoundedServer::BodyOverBudget() {
 void BoundedServer::CloseAfterResponse() {
   if (t_stream != nullptr) t_stream->set_close_after();
 }
+
+int BoundedServer::ConnectionSocket() { return t_stream != nullptr ? t_stream->socket() : -1; }
 
 bool BoundedServer::process_and_close_socket(int socket) {
   BoundedStream stream(socket, Milliseconds(read_timeout_sec_, read_timeout_usec_),

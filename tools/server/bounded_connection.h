@@ -32,6 +32,8 @@ class BoundedServer : public httplib::Server {
   static bool BodyOverBudget();
   // The connection closes once the response is written.
   static void CloseAfterResponse();
+  // The socket of the connection the request being served came on; -1 off such a thread.
+  static int ConnectionSocket();
 
  private:
   bool process_and_close_socket(int socket) override;

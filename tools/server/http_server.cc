@@ -1,9 +1,9 @@
 #include "tools/server/http_server.h"
 
-#include <dirent.h>
-#include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -162,44 +162,6 @@ struct StreamQueue {
   }
 };
 
-// The numeric address and port of a socket address, as cpp-httplib writes them into a request.
-std::pair<std::string, int> AddressAndPort(const sockaddr_storage& address, socklen_t length) {
-  char host[NI_MAXHOST], port[NI_MAXSERV];
-  if (getnameinfo(reinterpret_cast<const sockaddr*>(&address), length, host, sizeof(host), port,
-                  sizeof(port), NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
-    return {"", -1};
-  }
-  return {host, std::atoi(port)};
-}
-
-// The socket of the connection that carried `req`, or -1. cpp-httplib 0.11 does not hand it to
-// handlers; it is the one socket of the process with the request's two ends (a connection is
-// unique by them). Costs a getsockname and a getpeername per open descriptor.
-int ConnectionSocket(const httplib::Request& req) {
-  DIR* fds = opendir("/proc/self/fd");
-  if (fds == nullptr) return -1;
-  int found = -1;
-  while (dirent* entry = readdir(fds)) {
-    char* end = nullptr;
-    const long fd = std::strtol(entry->d_name, &end, 10);
-    if (end == entry->d_name || *end != '\0' || fd == dirfd(fds)) continue;
-    sockaddr_storage local{}, peer{};
-    socklen_t local_length = sizeof(local), peer_length = sizeof(peer);
-    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &local_length) !=
-            0 ||
-        getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &peer_length) != 0) {
-      continue;  // not a connected socket
-    }
-    if (AddressAndPort(local, local_length) == std::make_pair(req.local_addr, req.local_port) &&
-        AddressAndPort(peer, peer_length) == std::make_pair(req.remote_addr, req.remote_port)) {
-      found = static_cast<int>(fd);
-      break;
-    }
-  }
-  closedir(fds);
-  return found;
-}
-
 // Waits until `request` is done; cancels it and returns false if the client hangs up first. A
 // whole (non-streamed) reply writes nothing before the end, so no failed write would tell.
 // A client that shuts down its sending side while waiting counts as gone.
@@ -236,6 +198,8 @@ struct HttpServer::Impl {
   BoundedServer server;
   int port = 0;
   int listen_socket = -1;
+  // The Unix socket file bound (device and inode): the destructor removes it if still there.
+  std::optional<std::pair<dev_t, ino_t>> socket_file;
   ServerMetrics metrics;
 
   std::mutex mutex;  // guards what follows
@@ -333,18 +297,37 @@ absl::Status HttpServer::Impl::Init() {
   // cpp-httplib listens with a backlog of 5: a burst of new connections overflows it, and a
   // connection whose first packets were dropped there may reach its worker after the
   // keep-alive timeout and be closed unanswered. The socket is listened on again, deeper.
+  // SO_REUSEADDR alone (a port left in TIME_WAIT binds at once): cpp-httplib's default adds
+  // SO_REUSEPORT, with which a second server of the same user binds a port in use and takes
+  // half its connections instead of being refused.
   server.set_socket_options([this](int socket) {
-    httplib::default_socket_options(socket);
+    const int yes = 1;
+    ::setsockopt(socket, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
     listen_socket = socket;
   });
   server.set_read_timeout(30, 0);
   server.set_write_timeout(10, 0);
   Route();
-  port = options.port == 0 ? server.bind_to_any_port(options.host)
-                           : (server.bind_to_port(options.host, options.port) ? options.port : -1);
-  if (port <= 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.host, ":", options.port,
-                                               " (in use, or not an address here)"));
+  if (!options.unix_socket.empty()) {
+    // cpp-httplib takes the path as the host; the port means nothing to a Unix socket.
+    server.set_address_family(AF_UNIX);
+    if (!server.bind_to_port(options.unix_socket, 80)) {
+      return absl::UnavailableError(absl::StrCat("cannot listen on the Unix socket ",
+                                                 options.unix_socket, ": ", std::strerror(errno)));
+    }
+    struct stat bound {};
+    if (::stat(options.unix_socket.c_str(), &bound) == 0) {
+      socket_file = std::make_pair(bound.st_dev, bound.st_ino);
+    }
+  } else {
+    port = options.port == 0
+               ? server.bind_to_any_port(options.host)
+               : (server.bind_to_port(options.host, options.port) ? options.port : -1);
+    if (port <= 0) {
+      return absl::UnavailableError(absl::StrCat("cannot listen on ", options.host, ":",
+                                                 options.port,
+                                                 " (in use, or not an address here)"));
+    }
   }
   if (listen_socket >= 0 && ::listen(listen_socket, SOMAXCONN) != 0) {
     return absl::InternalError(absl::StrCat("listen: ", std::strerror(errno)));
@@ -661,7 +644,7 @@ void HttpServer::Impl::Generate(ApiEndpoint endpoint, const httplib::Request& re
   }
   metrics.AddTokens(t_access.prompt_tokens, 0);
   if (!prepared->api.stream) {
-    Reply(*prepared, *request, ConnectionSocket(req), res);
+    Reply(*prepared, *request, BoundedServer::ConnectionSocket(), res);
     return;
   }
   const uint64_t key = Track(*request);
@@ -812,6 +795,14 @@ HttpServer::~HttpServer() {
   Shutdown();
   impl_->idle.notify_all();
   if (impl_->shutdown_thread.joinable()) impl_->shutdown_thread.join();
+  if (impl_->socket_file) {
+    // Only the file this server bound: another may have taken the path since.
+    struct stat now {};
+    if (::stat(impl_->options.unix_socket.c_str(), &now) == 0 && S_ISSOCK(now.st_mode) &&
+        std::make_pair(now.st_dev, now.st_ino) == *impl_->socket_file) {
+      ::unlink(impl_->options.unix_socket.c_str());
+    }
+  }
 }
 
 int HttpServer::port() const { return impl_->port; }

@@ -37,9 +37,12 @@ inline constexpr int64_t kMostBodyBytes = int64_t{1} << 30;
 struct ServerOptions {
   std::string host = "127.0.0.1";  // loopback only by default
   int port = 8000;                 // 0: any free port (port() tells which)
-  std::string api_key;             // empty: no authentication
-  std::string model_id;            // the served model's name; empty: the checkpoint's name
-  std::string prompt_style;        // chat framing; empty: the checkpoint's own
+  // Non-empty: listen on this Unix-domain socket instead of host:port. The path must be free
+  // (OpenAIServer::ServeOnSocket checks it); the destructor removes the socket file.
+  std::string unix_socket;
+  std::string api_key;       // empty: no authentication
+  std::string model_id;      // the served model's name; empty: the checkpoint's name
+  std::string prompt_style;  // chat framing; empty: the checkpoint's own
   // Request bodies, counted as read after inflation (Content-Encoding gzip, deflate, br);
   // chunked framing and trailers may take up to max_body_bytes + 64 KiB more on the wire. In
   // [1, kMostBodyBytes].
@@ -57,7 +60,7 @@ struct ServerOptions {
 
 class HttpServer {
  public:
-  // Binds host:port; the engine needs a tokenizer for text prompts and chat.
+  // Binds host:port (or unix_socket); the engine needs a tokenizer for text prompts and chat.
   static absl::StatusOr<std::unique_ptr<HttpServer>> Create(std::shared_ptr<const Engine> engine,
                                                             const ServerOptions& options);
   // Shuts down (as Shutdown) and waits for Run to return.
@@ -65,7 +68,7 @@ class HttpServer {
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;
 
-  int port() const;
+  int port() const;  // 0 on a Unix socket
   const std::string& model_id() const;
   // Serves until Shutdown; returns once every request in flight has ended.
   void Run();

@@ -24,6 +24,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "httplib.h"
 #include "nlohmann/json.hpp"
 #include "tools/server/test_client.h"
 
@@ -47,12 +48,16 @@ std::string TempPath(const std::string& name) {
   return absl::StrCat(dir ? dir : "/tmp", "/", name);
 }
 
-// The serve binary, its stderr in a file, on a port it chose.
+// The serve binary, its stderr in a file, on a port it chose (or on the Unix socket
+// `unix_socket`).
 class ServeProcess {
  public:
-  explicit ServeProcess(const std::vector<std::string>& flags) {
+  explicit ServeProcess(const std::vector<std::string>& flags,
+                        const std::string& unix_socket = "") {
     log_ = TempPath(absl::StrCat("serve_", ++count_, ".log"));
-    std::vector<std::string> args = {"tools/serve", "--port=0", "--threads=2"};
+    std::vector<std::string> args = {
+        "tools/serve", unix_socket.empty() ? "--port=0" : "--unix_socket=" + unix_socket,
+        "--threads=2"};
     args.insert(args.end(), flags.begin(), flags.end());
     std::vector<char*> argv;
     for (std::string& arg : args) argv.push_back(arg.data());
@@ -63,6 +68,15 @@ class ServeProcess {
     posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
     EXPECT_EQ(posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ), 0);
     posix_spawn_file_actions_destroy(&actions);
+    if (!unix_socket.empty()) {
+      const std::string marker = absl::StrCat("listening on unix:", unix_socket, " ");
+      for (int i = 0; i < 1200 && !listening_; ++i) {
+        listening_ = absl::StrContains(ReadFile(log_), marker);
+        if (!listening_) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      EXPECT_TRUE(listening_) << ReadFile(log_);
+      return;
+    }
     const std::string marker = "listening on http://127.0.0.1:";
     for (int i = 0; i < 1200 && port_ == 0; ++i) {
       const std::string log = ReadFile(log_);
@@ -128,6 +142,7 @@ class ServeProcess {
   std::string log_;
   pid_t pid_ = -1;
   int port_ = 0;
+  bool listening_ = false;  // on the Unix socket
   bool exited_ = false;
 };
 
@@ -337,6 +352,56 @@ TEST(ServeTest, SigtermDeadlineCancelsStreamsThenExitsZero) {
   }
   EXPECT_GE(cancelled, 1) << serve.log();
   EXPECT_TRUE(absl::StrContains(serve.log(), "cancelling")) << serve.log();
+}
+
+// A socket path that fits a socket address: in TEST_TMPDIR unless Bazel's lies too deep.
+std::string SocketPath(const std::string& name) {
+  const std::string path = TempPath(name);
+  return path.size() < 100 ? path : absl::StrCat("/tmp/", getpid(), "_", name);
+}
+
+TEST(ServeTest, ServesOnAUnixSocket) {
+  const std::string path = SocketPath("serve.sock");
+  ServeProcess serve({}, path);
+  httplib::Client client(path);
+  client.set_address_family(AF_UNIX);
+  client.set_read_timeout(60, 0);
+  const std::string generated =
+      RunCommand("tools/generate --prompt='And God said' --temperature=0 --max_new_tokens=20");
+  const httplib::Result reply = client.Post(
+      "/v1/completions", R"({"prompt": "And God said", "max_tokens": 20, "temperature": 0})",
+      "application/json");
+  ASSERT_TRUE(reply) << httplib::to_string(reply.error()) << serve.log();
+  HttpReply http;
+  http.status = reply->status;
+  http.body = reply->body;
+  EXPECT_EQ(absl::StrCat("And God said", CompletionText(http), "\n"), generated);
+  EXPECT_TRUE(Eventually(5, [&] {
+    return absl::StrContains(serve.log(), "unix POST /v1/completions 200");
+  })) << serve.log();
+  ASSERT_EQ(kill(serve.pid(), SIGTERM), 0);
+  EXPECT_EQ(serve.WaitExit(30), 0) << serve.log();
+  struct stat info {};
+  EXPECT_NE(::lstat(path.c_str(), &info), 0) << "the socket file outlives serve";
+}
+
+TEST(ServeTest, UnixSocketExcludesPortAndHostAndChecksItsPath) {
+  const std::string file = TempPath("not_a_socket");
+  std::ofstream(file) << "keep me";
+  for (const std::string& flags :
+       {absl::StrCat("--unix_socket=", SocketPath("x.sock"), " --port=8000"),
+        absl::StrCat("--unix_socket=", SocketPath("x.sock"), " --host=127.0.0.1"),
+        absl::StrCat("--unix_socket=", file), std::string("--unix_socket=/no/such/dir/x.sock"),
+        absl::StrCat("--unix_socket=/tmp/", std::string(120, 's'))}) {
+    const std::string err = TempPath("bad_socket.err");
+    const int status =
+        std::system(absl::StrCat("tools/serve ", flags, " 2>", err, " >/dev/null").c_str());
+    EXPECT_EQ(WEXITSTATUS(status), 1) << flags;
+    const std::string message = ReadFile(err);
+    EXPECT_TRUE(absl::StrContains(message, "serve: error: --unix_socket")) << message;
+    EXPECT_FALSE(absl::StrContains(message, "ServeOnSocket")) << message;
+  }
+  EXPECT_EQ(ReadFile(file), "keep me");
 }
 
 TEST(ServeTest, BadFlagsAreOneLine) {
