@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 
 namespace lgpt {
 namespace {
@@ -53,6 +54,19 @@ std::pair<size_t, std::optional<absl::string_view>> ValueAfter(absl::string_view
     --length;
   if (length == 0) return {0, std::nullopt};
   return {separator + length, rest.substr(separator, length)};
+}
+
+// The value a field's written form names after its path ("EngineOptions.dtype float32",
+// "KVCacheSpec.positions=cache"); nullopt when it names none.
+std::optional<absl::string_view> WrittenValue(const FieldRef& field) {
+  absl::string_view written = field.written;
+  if (!absl::ConsumePrefix(&written, field.path)) return std::nullopt;
+  if (!absl::ConsumePrefix(&written, " = ") && !absl::ConsumePrefix(&written, "=") &&
+      !absl::ConsumePrefix(&written, " ")) {
+    return std::nullopt;
+  }
+  if (written.empty()) return std::nullopt;
+  return written;
 }
 
 // Whether `text` stands alone at [at, at + text.size()) of `message`.
@@ -140,7 +154,9 @@ std::string RenderFields(absl::string_view message, absl::Span<const FieldRef> f
       continue;
     }
     const size_t name_end = i + found->text().size();
-    const auto [value_size, value] = ValueAfter(message, name_end);
+    const std::optional<absl::string_view> written_value = WrittenValue(*found);
+    const auto [value_size, value] =
+        written_value ? std::make_pair(size_t{0}, written_value) : ValueAfter(message, name_end);
     FieldMention mention;
     mention.path = found->path;
     mention.value = value;

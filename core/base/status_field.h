@@ -35,7 +35,8 @@ inline constexpr absl::string_view kFieldPayloadUrl = "lgpt.dev/field";
 
 // A field an error names: its path in the library ("KVCacheSpec.budget",
 // "SchedulerOptions.kv_pool_bytes", "RequestOptions.max_new_tokens") and, where the message
-// writes it otherwise, how (the request options' messages say "max_new_tokens").
+// writes it otherwise, how: the request options' messages say "max_new_tokens"; a mention
+// written as the path, a space and a value ("EngineOptions.dtype float32") names that value.
 struct FieldRef {
   // Implicit: a path alone is the common case ("KVCacheSpec.budget").
   FieldRef(const char* path) : path(path) {}         // NOLINT(runtime/explicit)
@@ -78,9 +79,11 @@ absl::Status WithMessage(const absl::Status& status, absl::string_view message);
 
 // One mention of a field in a message.
 struct FieldMention {
-  absl::string_view path;                  // the field's library path
-  std::optional<absl::string_view> value;  // "cache" in "KVCacheSpec.positions=cache"
-  absl::string_view text;                  // the mention as written, value included
+  absl::string_view path;  // the field's library path
+  // "cache" in "KVCacheSpec.positions=cache", "false" in "X.verify = false", "float32" in a
+  // field written "EngineOptions.dtype float32"; nullopt: none.
+  std::optional<absl::string_view> value;
+  absl::string_view text;  // the mention as written, value included
 };
 
 // A boundary's words for a mention: the whole mention's replacement (value included), or

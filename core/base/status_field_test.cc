@@ -125,6 +125,19 @@ TEST(StatusFieldTest, TheTermSeesTheValue) {
                       "EngineOptions.verify_checksums|false|EngineOptions.verify_checksums = false",
                       "KVCacheSpec.budget|4|KVCacheSpec.budget=4",
                       "KVCacheSpec.positions|absolute|KVCacheSpec.positions=absolute"}));
+  // A field written with its value.
+  seen.clear();
+  const std::vector<FieldRef> written = {
+      FieldRef("EngineOptions.quantize", "EngineOptions.quantize int4"),
+      FieldRef("EngineOptions.dtype", "EngineOptions.dtype float32")};
+  EXPECT_EQ(RenderFields("EngineOptions.quantize int4 needs EngineOptions.dtype float32; "
+                         "EngineOptions.quantize int8, EngineOptions.dtype",
+                         written, record),
+            "EngineOptions.quantize int4 needs EngineOptions.dtype float32; "
+            "EngineOptions.quantize int8, EngineOptions.dtype");
+  EXPECT_EQ(seen,
+            (std::vector<std::string>{"EngineOptions.quantize|int4|EngineOptions.quantize int4",
+                                      "EngineOptions.dtype|float32|EngineOptions.dtype float32"}));
   // "=" with nothing after it assigns nothing.
   EXPECT_EQ(RenderFields("KVCacheSpec.budget= 3", fields, Flag), "--kv_budget= 3");
 }
