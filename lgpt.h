@@ -33,6 +33,7 @@
 #include "absl/strings/string_view.h"
 #include "cache/kv_cache.h"
 #include "cache/kv_cache_factory.h"
+#include "core/base/status_field.h"
 #include "core/config/config.h"
 #include "core/dist/process_group.h"
 #include "core/model/generate.h"
