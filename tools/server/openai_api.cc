@@ -426,8 +426,8 @@ std::string FieldNamedBy(absl::string_view message) {
   // A field path (messages[2].content), never prose such as "the request body".
   const absl::string_view field = message.substr(0, end);
   const bool path = std::all_of(field.begin(), field.end(), [](char c) {
-    return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '[' ||
-           c == ']';
+    return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' ||
+           c == '[' || c == ']';
   });
   return path ? std::string(field) : "";
 }
