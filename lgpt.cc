@@ -402,7 +402,7 @@ KVCacheGeometry Engine::CacheGeometry() const {
 KVMemoryOptions Engine::MemoryOptions() const {
   KVMemoryOptions options;
   options.pool_bytes = serving_.kv_pool_bytes;
-  options.block_size = serving_.kv_block_size;
+  options.entries_per_block = serving_.kv_block_size;
   options.prefix_caching = serving_.prefix_caching;
   return options;
 }

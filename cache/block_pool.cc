@@ -14,9 +14,9 @@
 namespace lgpt {
 
 absl::Status BlockPoolOptions::Validate() const {
-  if (block_size < 1) {
+  if (entries_per_block < 1) {
     return absl::InvalidArgumentError(
-        absl::StrCat("BlockPoolOptions.block_size must be >= 1, got ", block_size));
+        absl::StrCat("BlockPoolOptions.entries_per_block must be >= 1, got ", entries_per_block));
   }
   if (num_blocks < 1) {
     return absl::InvalidArgumentError(
@@ -25,17 +25,17 @@ absl::Status BlockPoolOptions::Validate() const {
   return absl::OkStatus();
 }
 
-BlockPool::BlockPool(std::vector<KVLayerSpec> layers, int64_t block_size, int64_t num_blocks,
+BlockPool::BlockPool(std::vector<KVLayerSpec> layers, int64_t entries_per_block, int64_t num_blocks,
                      at::TensorOptions tensor_options)
     : layers_(std::move(layers)),
-      block_size_(block_size),
+      entries_per_block_(entries_per_block),
       num_blocks_(num_blocks),
       tensor_options_(tensor_options) {}
 
-int64_t BlockPool::BytesPerBlock(const KVCacheGeometry& geometry, int64_t block_size) {
+int64_t BlockPool::BytesPerBlock(const KVCacheGeometry& geometry, int64_t entries_per_block) {
   int64_t bytes = 0;
   for (const KVLayerSpec& layer : geometry.layers) {
-    bytes += 2 * layer.n_query_groups * block_size * layer.head_size *
+    bytes += 2 * layer.n_query_groups * entries_per_block * layer.head_size *
              static_cast<int64_t>(c10::elementSize(geometry.dtype));
   }
   return bytes;
@@ -50,13 +50,12 @@ absl::StatusOr<std::shared_ptr<BlockPool>> BlockPool::Create(const KVCacheGeomet
   RETURN_IF_ERROR(CheckCacheGeometry("BlockPool", checked));
   const at::TensorOptions tensor_options =
       at::TensorOptions().dtype(geometry.dtype).device(geometry.device);
-  std::shared_ptr<BlockPool> pool(
-      new BlockPool(geometry.layers, options.block_size, options.num_blocks, tensor_options));
-  pool->bytes_per_block_ = BytesPerBlock(geometry, options.block_size);
+  std::shared_ptr<BlockPool> pool(new BlockPool(geometry.layers, options.entries_per_block,
+                                                options.num_blocks, tensor_options));
+  pool->bytes_per_block_ = BytesPerBlock(geometry, options.entries_per_block);
   try {  // ~60 bytes of bookkeeping a block, allocated now
     pool->storage_.resize(options.num_blocks);
-    pool->references_.assign(options.num_blocks, 0);
-    pool->published_.resize(options.num_blocks);
+    pool->blocks_.resize(options.num_blocks);
     pool->free_.reserve(options.num_blocks);
   } catch (const std::exception&) {  // bad_alloc, or length_error past a vector's max_size
     return absl::ResourceExhaustedError(
@@ -67,7 +66,7 @@ absl::StatusOr<std::shared_ptr<BlockPool>> BlockPool::Create(const KVCacheGeomet
     for (const KVLayerSpec& layer : geometry.layers) {
       for (int kv = 0; kv < 2; ++kv) {
         pool->arena_.push_back(at::empty(
-            {options.num_blocks, layer.n_query_groups, options.block_size, layer.head_size},
+            {options.num_blocks, layer.n_query_groups, options.entries_per_block, layer.head_size},
             tensor_options));
       }
     }
@@ -83,9 +82,12 @@ absl::StatusOr<std::shared_ptr<BlockPool>> BlockPool::Create(const KVCacheGeomet
 }
 
 int64_t BlockPool::TakeBlock() {
-  if (referenced_ + reserved_ + static_cast<int64_t>(cached_.size()) >= num_blocks_) {
-    if (cached_.empty()) return -1;
-    EvictOldestCached();
+  if (free_.empty()) {
+    if (idle_.empty()) return -1;
+    const int64_t recycled = idle_.front();
+    idle_.pop_front();
+    FreeStorage(recycled);
+    free_.push_back(recycled);
   }
   const int64_t block = free_.back();
   free_.pop_back();
@@ -96,6 +98,9 @@ int64_t BlockPool::TakeBlock() {
 
 void BlockPool::FreeStorage(int64_t block) {
   storage_[block].clear();
+  BlockState& state = blocks_[block];
+  state.kept = false;
+  ++state.generation;
   if (!device().is_cpu()) return;
   // The whole pages inside the block's slice of each layer go back to the system; they read
   // as zeros when touched again (a block's entries are unset until written anyway).
@@ -109,71 +114,37 @@ void BlockPool::FreeStorage(int64_t block) {
   }
 }
 
-void BlockPool::EvictOldestCached() {
-  const int64_t block = cached_.front();
-  Unpublish(block);
-  FreeStorage(block);
-  free_.push_back(block);
-}
-
 absl::StatusOr<int64_t> BlockPool::Allocate() {
   std::lock_guard<std::mutex> lock(mutex_);
   const int64_t block = TakeBlock();
   if (block < 0) {
     return absl::ResourceExhaustedError(absl::StrCat("the KV block pool is full (", num_blocks_,
-                                                     " blocks of ", block_size_, " entries, ",
-                                                     reserved_, " of them reserved)"));
+                                                     " blocks of ", entries_per_block_,
+                                                     " entries, all in use)"));
   }
-  references_[block] = 1;
+  blocks_[block].references = 1;
   ++referenced_;
   return block;
 }
 
-absl::Status BlockPool::Reserve(int64_t bytes) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  const int64_t reserved = BlocksForBytes(reserved_bytes_ + bytes);
-  if (bytes < 0 || referenced_ + reserved > num_blocks_) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the KV block pool cannot set aside ", bytes, " bytes: ", num_blocks_, " blocks of ",
-        bytes_per_block_, " bytes, ", referenced_, " in use, ", reserved_, " reserved"));
-  }
-  while (referenced_ + reserved + static_cast<int64_t>(cached_.size()) > num_blocks_) {
-    EvictOldestCached();
-  }
-  reserved_bytes_ += bytes;
-  reserved_ = reserved;
-  return absl::OkStatus();
-}
-
-void BlockPool::Unreserve(int64_t bytes) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  CHECK(bytes >= 0 && bytes <= reserved_bytes_) << bytes << " of " << reserved_bytes_;
-  reserved_bytes_ -= bytes;
-  reserved_ = BlocksForBytes(reserved_bytes_);
-}
-
-void BlockPool::Unpublish(int64_t block) {
-  Published& published = published_[block];
-  if (published.key == 0) return;
-  if (references_[block] == 0) cached_.erase(published.lru);
-  prefixes_.erase(published.entry);
-  published = Published();
+void BlockPool::CheckReferenced(int64_t block) const {
+  CHECK(block >= 0 && block < num_blocks_ && blocks_[block].references > 0) << "block " << block;
 }
 
 void BlockPool::Retain(int64_t block) {
   std::lock_guard<std::mutex> lock(mutex_);
-  CHECK(block >= 0 && block < num_blocks_ && references_[block] > 0) << "block " << block;
-  ++references_[block];
+  CheckReferenced(block);
+  ++blocks_[block].references;
 }
 
 void BlockPool::Release(int64_t block) {
   std::lock_guard<std::mutex> lock(mutex_);
-  CHECK(block >= 0 && block < num_blocks_ && references_[block] > 0) << "block " << block;
-  if (--references_[block] > 0) return;
+  CheckReferenced(block);
+  BlockState& state = blocks_[block];
+  if (--state.references > 0) return;
   --referenced_;
-  Published& published = published_[block];
-  if (published.key != 0) {
-    published.lru = cached_.insert(cached_.end(), block);
+  if (state.kept) {
+    state.idle = idle_.insert(idle_.end(), block);
   } else {
     FreeStorage(block);
     free_.push_back(block);
@@ -182,7 +153,7 @@ void BlockPool::Release(int64_t block) {
 
 bool BlockPool::IsShared(int64_t block) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return references_[block] > 1 || published_[block].key != 0;
+  return blocks_[block].references > 1 || blocks_[block].kept;
 }
 
 void BlockPool::CopyBlock(int64_t from, int64_t to) {
@@ -190,64 +161,42 @@ void BlockPool::CopyBlock(int64_t from, int64_t to) {
   for (size_t i = 0; i < storage_[from].size(); ++i) storage_[to][i].copy_(storage_[from][i]);
 }
 
-size_t BlockPool::PrefixIdHash::operator()(const PrefixId& id) const {
-  // FNV-1a over the parent key and the ids; equality still compares the ids.
-  uint64_t hash = 1469598103934665603ull;
-  auto mix = [&hash](uint64_t value) {
-    for (int byte = 0; byte < 8; ++byte) {
-      hash ^= (value >> (8 * byte)) & 0xff;
-      hash *= 1099511628211ull;
-    }
-  };
-  mix(id.parent);
-  for (int64_t token : id.tokens) mix(static_cast<uint64_t>(token));
-  return static_cast<size_t>(hash);
+uint64_t BlockPool::Keep(int64_t block) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  CheckReferenced(block);
+  blocks_[block].kept = true;
+  return blocks_[block].generation;
 }
 
-uint64_t BlockPool::Publish(int64_t block, uint64_t parent, absl::Span<const int64_t> tokens) {
-  CHECK_EQ(static_cast<int64_t>(tokens.size()), block_size_);
+bool BlockPool::RetainKept(int64_t block, uint64_t generation) {
   std::lock_guard<std::mutex> lock(mutex_);
-  CHECK(block >= 0 && block < num_blocks_ && references_[block] > 0) << "block " << block;
-  if (published_[block].key != 0) return published_[block].key;
-  PrefixId id{parent, std::vector<int64_t>(tokens.begin(), tokens.end())};
-  auto [entry, inserted] = prefixes_.emplace(std::move(id), block);
-  if (!inserted) return published_[entry->second].key;
-  published_[block].key = next_key_++;
-  published_[block].entry = entry;
-  return published_[block].key;
-}
-
-std::optional<BlockPool::Hit> BlockPool::Lookup(uint64_t parent, absl::Span<const int64_t> tokens) {
-  if (static_cast<int64_t>(tokens.size()) != block_size_) return std::nullopt;
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto entry = prefixes_.find(PrefixId{parent, std::vector<int64_t>(tokens.begin(), tokens.end())});
-  if (entry == prefixes_.end()) return std::nullopt;
-  const int64_t block = entry->second;
-  if (references_[block]++ == 0) {
-    cached_.erase(published_[block].lru);
+  BlockState& state = blocks_[block];
+  if (!state.kept || state.generation != generation) return false;
+  if (state.references++ == 0) {
+    idle_.erase(state.idle);
     ++referenced_;
   }
-  return Hit{block, published_[block].key};
+  return true;
+}
+
+bool BlockPool::IsKept(int64_t block, uint64_t generation) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return blocks_[block].kept && blocks_[block].generation == generation;
 }
 
 int64_t BlockPool::free_blocks() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return num_blocks_ - referenced_ - reserved_;
+  return num_blocks_ - referenced_;
+}
+
+int64_t BlockPool::idle_blocks() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return static_cast<int64_t>(idle_.size());
 }
 
 int64_t BlockPool::stored_blocks() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return referenced_ + static_cast<int64_t>(cached_.size());
-}
-
-int64_t BlockPool::reserved_blocks() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return reserved_;
-}
-
-int64_t BlockPool::cached_blocks() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return static_cast<int64_t>(cached_.size());
+  return referenced_ + static_cast<int64_t>(idle_.size());
 }
 
 }  // namespace lgpt

@@ -1,6 +1,5 @@
 // The block pool: allocation and reference counts, one allocation whose pages follow the
-// blocks in use, byte reservations sharing the budget with blocks, cached prefix blocks
-// evicted for them.
+// blocks in use, kept blocks idle but stored until recycled (last) with a new generation.
 #include "cache/block_pool.h"
 
 #include <ATen/ATen.h>
@@ -13,30 +12,14 @@
 #include <utility>
 #include <vector>
 
+#include "cache/test_pools.h"
 #include "gtest/gtest.h"
 
 namespace lgpt {
 namespace {
 
-KVCacheGeometry Geometry() {
-  KVCacheGeometry g;
-  g.batch_size = 1;
-  g.max_sequence_length = 64;
-  g.layers = {{2, 8, 0}, {2, 8, 5}};  // a global layer and a windowed one
-  return g;
-}
-
-std::shared_ptr<BlockPool> Pool(int64_t blocks, int64_t block_size = 4) {
-  BlockPoolOptions options;
-  options.block_size = block_size;
-  options.num_blocks = blocks;
-  absl::StatusOr<std::shared_ptr<BlockPool>> pool = BlockPool::Create(Geometry(), options);
-  EXPECT_TRUE(pool.ok()) << pool.status();
-  return *pool;
-}
-
 TEST(BlockPoolTest, AllocatesCountsAndRefuses) {
-  std::shared_ptr<BlockPool> pool = Pool(3);
+  std::shared_ptr<BlockPool> pool = TestPool(3);
   EXPECT_EQ(pool->BytesPerBlock(), 2 * 2 * (2 * 4 * 8 * 4));  // layers x (k, v) x floats
   const int64_t a = *pool->Allocate(), b = *pool->Allocate(), c = *pool->Allocate();
   EXPECT_NE(a, b);
@@ -51,9 +34,10 @@ TEST(BlockPoolTest, AllocatesCountsAndRefuses) {
   EXPECT_EQ(*pool->Allocate(), b);
   BlockPoolOptions bad;
   bad.num_blocks = 0;
-  EXPECT_EQ(BlockPool::Create(Geometry(), bad).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(BlockPool::Create(TestPoolGeometry(), bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
   bad.num_blocks = std::numeric_limits<int64_t>::max() / 2;  // bookkeeping past any memory
-  const absl::Status huge = BlockPool::Create(Geometry(), bad).status();
+  const absl::Status huge = BlockPool::Create(TestPoolGeometry(), bad).status();
   EXPECT_EQ(huge.code(), absl::StatusCode::kResourceExhausted) << huge;
   EXPECT_NE(huge.message().find("BlockPoolOptions.num_blocks"), absl::string_view::npos) << huge;
 }
@@ -77,7 +61,7 @@ TEST(BlockPoolTest, StorageIsAllocatedOnceAndFreeBlocksGiveTheirPagesBack) {
   KVCacheGeometry geometry;
   geometry.layers = {{4, 64, 0}};  // 64 KiB of keys a block: whole pages inside each
   BlockPoolOptions options;
-  options.block_size = 64;
+  options.entries_per_block = 64;
   options.num_blocks = 4;
   std::shared_ptr<BlockPool> pool = *BlockPool::Create(geometry, options);
   const int64_t a = *pool->Allocate(), b = *pool->Allocate();
@@ -100,36 +84,36 @@ TEST(BlockPoolTest, StorageIsAllocatedOnceAndFreeBlocksGiveTheirPagesBack) {
   EXPECT_EQ(pool->keys(a, 0).data_ptr(), where);  // the same slice again
 }
 
-TEST(BlockPoolTest, ReservationsShareTheBudgetAndStorageFollowsUse) {
-  std::shared_ptr<BlockPool> pool = Pool(4);
+TEST(BlockPoolTest, KeptBlocksStayStoredWhileIdleAndAreRecycledLast) {
+  std::shared_ptr<BlockPool> pool = TestPool(3);
   EXPECT_EQ(pool->stored_blocks(), 0);  // no block holds entries yet
-  const int64_t a = *pool->Allocate();
-  EXPECT_EQ(pool->stored_blocks(), 1);
+  const int64_t a = *pool->Allocate(), b = *pool->Allocate();
+  EXPECT_EQ(pool->stored_blocks(), 2);
   EXPECT_EQ(pool->keys(a, 1).sizes(), (std::vector<int64_t>{2, 4, 8}));
-  const int64_t block = pool->BytesPerBlock();
-  ASSERT_TRUE(pool->Reserve(block + 1).ok());  // two blocks, rounded up
-  EXPECT_EQ(pool->free_blocks(), 1);
-  ASSERT_TRUE(pool->Reserve(block - 1).ok());  // still two: reservations add up in bytes
-  EXPECT_EQ(pool->reserved_blocks(), 2);
-  EXPECT_EQ(pool->Reserve(2 * block).code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_EQ(pool->reserved_blocks(), 2);
-  const int64_t b = *pool->Allocate();
-  EXPECT_EQ(pool->Allocate().status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_FALSE(pool->IsShared(a));
+  const uint64_t generation = pool->Keep(a);
+  EXPECT_TRUE(pool->IsShared(a));  // a write would change what the keeper holds
   pool->Release(a);
-  EXPECT_EQ(pool->stored_blocks(), 1);  // a's storage is gone
-  pool->Unreserve(block + 1);
-  EXPECT_EQ(pool->reserved_blocks(), 1);
-  pool->Unreserve(block - 1);
-  EXPECT_EQ(pool->free_blocks(), 3);
-  pool->Publish(b, BlockPool::kRootKey, {1, 2, 3, 4});
   pool->Release(b);
-  EXPECT_EQ(pool->cached_blocks(), 1);
-  EXPECT_EQ(pool->stored_blocks(), 1);
-  ASSERT_TRUE(pool->Reserve(4 * block).ok());  // evicts the cached block
+  EXPECT_EQ(pool->stored_blocks(), 1);  // b's storage is gone, a is idle
+  EXPECT_EQ(pool->idle_blocks(), 1);
+  EXPECT_EQ(pool->free_blocks(), 3);  // idle blocks count as free
+  ASSERT_TRUE(pool->RetainKept(a, generation));
+  EXPECT_EQ(pool->idle_blocks(), 0);
+  EXPECT_EQ(pool->free_blocks(), 2);
+  pool->Release(a);
+  // Free blocks go first; the idle kept block only when nothing else is left.
+  const int64_t c = *pool->Allocate(), d = *pool->Allocate();
+  EXPECT_NE(c, a);
+  EXPECT_NE(d, a);
+  EXPECT_TRUE(pool->IsKept(a, generation));
+  EXPECT_EQ(*pool->Allocate(), a);  // recycled: a new generation, no longer kept
+  EXPECT_FALSE(pool->IsKept(a, generation));
+  EXPECT_FALSE(pool->RetainKept(a, generation));
+  EXPECT_EQ(pool->Allocate().status().code(), absl::StatusCode::kResourceExhausted);
+  for (int64_t block : {a, c, d}) pool->Release(block);
   EXPECT_EQ(pool->stored_blocks(), 0);
-  EXPECT_EQ(pool->cached_blocks(), 0);
-  pool->Unreserve(4 * block);
-  EXPECT_EQ(pool->free_blocks(), 4);
+  EXPECT_EQ(pool->free_blocks(), 3);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "core/ops/attention.h"
 #include "core/ops/decode_attention.h"
 #include "core/ops/flash_attention.h"
+#include "glog/logging.h"
 
 namespace lgpt {
 namespace {
@@ -24,13 +25,13 @@ void CopyEntries(const at::Tensor& src, int64_t from, int64_t n, const at::Tenso
                  int64_t slot) {
   if (src.device().is_cpu() && block.device().is_cpu() &&
       src.scalar_type() == block.scalar_type() && src.stride(3) == 1 && block.is_contiguous()) {
-    const int64_t groups = block.size(0), block_size = block.size(1), hs = block.size(2);
+    const int64_t groups = block.size(0), block_entries = block.size(1), hs = block.size(2);
     const int64_t item = block.element_size();
     char* dst = static_cast<char*>(block.data_ptr());
     const char* from_data = static_cast<const char*>(src.data_ptr());
     for (int64_t g = 0; g < groups; ++g) {
       for (int64_t t = 0; t < n; ++t) {
-        std::memcpy(dst + ((g * block_size + slot + t) * hs) * item,
+        std::memcpy(dst + ((g * block_entries + slot + t) * hs) * item,
                     from_data + (g * src.stride(1) + (from + t) * src.stride(2)) * item, hs * item);
       }
     }
@@ -69,8 +70,8 @@ void PagedKVCache::Reset() {
 std::vector<int64_t> PagedKVCache::TableSlotsToFill(int64_t steps) const {
   std::vector<int64_t> slots;
   if (steps <= 0) return slots;
-  const int64_t block_size = pool_->block_size();
-  for (int64_t i = length_ / block_size; i <= (length_ + steps - 1) / block_size; ++i) {
+  const int64_t block_entries = pool_->entries_per_block();
+  for (int64_t i = length_ / block_entries; i <= (length_ + steps - 1) / block_entries; ++i) {
     if (i >= static_cast<int64_t>(table_.size()) || pool_->IsShared(table_[i])) {
       slots.push_back(i);
     }
@@ -90,12 +91,12 @@ absl::Status PagedKVCache::CheckStep(const KVStep& step, int64_t batch_size) con
         "PagedKVCache appends in position order: the step must cover positions ", length_, "..",
         length_ + steps - 1, ", got ", step.min_position, "..", step.max_position));
   }
-  return TakeBlocks(steps);
+  return TakeStepBlocks(steps);
 }
 
-absl::Status PagedKVCache::Reserve(int64_t steps) { return TakeBlocks(steps); }
+absl::Status PagedKVCache::TakeBlocks(int64_t steps) { return TakeStepBlocks(steps); }
 
-absl::Status PagedKVCache::TakeBlocks(int64_t steps) const {
+absl::Status PagedKVCache::TakeStepBlocks(int64_t steps) const {
   const std::vector<int64_t> slots = TableSlotsToFill(steps);
   // Take every block first, so a full pool leaves the cache as it was.
   std::vector<int64_t> taken;
@@ -121,31 +122,35 @@ absl::Status PagedKVCache::TakeBlocks(int64_t steps) const {
   return absl::OkStatus();
 }
 
-int64_t PagedKVCache::AttachPrefix(absl::Span<const int64_t> tokens) {
+int64_t PagedKVCache::AttachPrefix(PrefixCache& prefixes, absl::Span<const int64_t> tokens) {
   if (length_ != 0 || !table_.empty() || tokens.size() < 2) return 0;
-  const int64_t block_size = pool_->block_size();
+  const int64_t block_entries = pool_->entries_per_block();
   const int64_t usable = std::min<int64_t>(tokens.size(), max_sequence_length_);
-  uint64_t parent = BlockPool::kRootKey;
-  for (int64_t begin = 0; begin + block_size <= usable; begin += block_size) {
-    std::optional<BlockPool::Hit> hit = pool_->Lookup(parent, tokens.subspan(begin, block_size));
+  CHECK(prefixes.pool() == pool_) << "a prefix cache of another pool";
+  uint64_t parent = PrefixCache::kRootKey;
+  for (int64_t begin = 0; begin + block_entries <= usable; begin += block_entries) {
+    std::optional<PrefixCache::Hit> hit =
+        prefixes.Lookup(parent, tokens.subspan(begin, block_entries));
     if (!hit) break;
     table_.push_back(hit->block);
     keys_.push_back(hit->key);
     parent = hit->key;
   }
-  const int64_t held = std::min<int64_t>(static_cast<int64_t>(table_.size()) * block_size,
+  const int64_t held = std::min<int64_t>(static_cast<int64_t>(table_.size()) * block_entries,
                                          static_cast<int64_t>(tokens.size()) - 1);
   std::fill(layer_length_.begin(), layer_length_.end(), held);
   length_ = held;
   return held;
 }
 
-void PagedKVCache::PublishPrefix(absl::Span<const int64_t> tokens) {
-  const int64_t block_size = pool_->block_size();
-  const int64_t full = std::min<int64_t>(tokens.size(), length_) / block_size;
+void PagedKVCache::PublishPrefix(PrefixCache& prefixes, absl::Span<const int64_t> tokens) {
+  CHECK(prefixes.pool() == pool_) << "a prefix cache of another pool";
+  const int64_t block_entries = pool_->entries_per_block();
+  const int64_t full = std::min<int64_t>(tokens.size(), length_) / block_entries;
   for (int64_t i = static_cast<int64_t>(keys_.size()); i < full; ++i) {
-    const uint64_t parent = i == 0 ? BlockPool::kRootKey : keys_[i - 1];
-    keys_.push_back(pool_->Publish(table_[i], parent, tokens.subspan(i * block_size, block_size)));
+    const uint64_t parent = i == 0 ? PrefixCache::kRootKey : keys_[i - 1];
+    keys_.push_back(
+        prefixes.Publish(table_[i], parent, tokens.subspan(i * block_entries, block_entries)));
   }
 }
 
@@ -154,7 +159,7 @@ absl::StatusOr<int64_t> PagedKVCache::Write(int64_t layer, const KVStep& step,
   RETURN_IF_ERROR(
       CheckLayerStep(layer, pool_->layers(), step, keys, values, 1, max_sequence_length_));
   const int64_t steps = keys.size(2), begin = layer_length_[layer];
-  const int64_t block_size = pool_->block_size();
+  const int64_t block_entries = pool_->entries_per_block();
   if (begin != length_ || pool_->BlocksFor(begin + steps) > static_cast<int64_t>(table_.size())) {
     return absl::FailedPreconditionError(
         absl::StrCat("PagedKVCache layer ", layer, " written without its step's CheckStep"));
@@ -162,8 +167,8 @@ absl::StatusOr<int64_t> PagedKVCache::Write(int64_t layer, const KVStep& step,
   // [1, G, T, hs] -> slots of consecutive blocks, each [G, bs, hs].
   for (int64_t done = 0; done < steps;) {
     const int64_t position = begin + done;
-    const int64_t block = table_[position / block_size], slot = position % block_size;
-    const int64_t n = std::min(steps - done, block_size - slot);
+    const int64_t block = table_[position / block_entries], slot = position % block_entries;
+    const int64_t n = std::min(steps - done, block_entries - slot);
     CopyEntries(keys, done, n, pool_->keys(block, layer), slot);
     CopyEntries(values, done, n, pool_->values(block, layer), slot);
     done += n;
@@ -216,7 +221,7 @@ absl::StatusOr<at::Tensor> PagedKVCache::UpdateAndAttend(int64_t layer, const KV
                                                          const AttentionParams& params) {
   RETURN_IF_ERROR(CheckQueries(layer, q, keys));
   ASSIGN_OR_RETURN(const int64_t length, Write(layer, step, keys, values));
-  const int64_t block_size = pool_->block_size();
+  const int64_t block_entries = pool_->entries_per_block();
   // Decoding steps read the blocks in place (no gather of the request's cache).
   const BlockList blocks = Blocks(layer, length);
   const at::Tensor key_positions = Positions(0, length);  // [1, 1, length]
@@ -243,9 +248,9 @@ absl::StatusOr<at::Tensor> PagedKVCache::UpdateAndAttend(int64_t layer, const KV
     return FlashAttention(q, keys.size(1), runs, step.positions, params);
   }
   std::vector<KVBlockSource> sources;
-  for (int64_t begin = 0; begin < length; begin += block_size) {
-    const int64_t block = table_[begin / block_size];
-    const int64_t n = std::min(block_size, length - begin);
+  for (int64_t begin = 0; begin < length; begin += block_entries) {
+    const int64_t block = table_[begin / block_entries];
+    const int64_t n = std::min(block_entries, length - begin);
     // Views of the pool block: [1, G, n, hs].
     sources.push_back(TensorSource(pool_->keys(block, layer).unsqueeze(0).narrow(2, 0, n),
                                    pool_->values(block, layer).unsqueeze(0).narrow(2, 0, n),
@@ -289,7 +294,7 @@ int64_t PagedKVCache::IndexBytes() const {
 }
 
 std::string PagedKVCache::DebugName() const {
-  return absl::StrCat("paged(", table_.size(), " blocks of ", pool_->block_size(), ")");
+  return absl::StrCat("paged(", table_.size(), " blocks of ", pool_->entries_per_block(), ")");
 }
 
 }  // namespace lgpt

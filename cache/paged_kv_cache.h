@@ -1,6 +1,7 @@
 // One request's dense KV cache over a shared BlockPool: a block table maps its positions to
-// pool blocks (position p lives in block table[p / block_size] at slot p % block_size), taken
-// from the pool as the request grows and given back when the cache is reset or destroyed.
+// pool blocks (position p lives in block table[p / entries_per_block] at slot
+// p % entries_per_block), taken from the pool as the request grows and given back when the
+// cache is reset or destroyed.
 // Attention reads the entries block by block where they lie (AttendBlockwise over one source
 // per block), so no contiguous copy of the request's cache is made per step.
 //
@@ -8,11 +9,11 @@
 // ended), as generation and the serving scheduler feed them. Full precision (the pool's dtype).
 //
 // Prefix reuse: the entries of a block depend only on the tokens up to and including it, so
-// PublishPrefix offers the cache's full blocks to the pool's prefix cache and AttachPrefix
-// starts an empty cache with the longest cached chain of a prompt's blocks. A block that
-// others share is copied before a step writes into it (copy-on-write: the last block of a
-// prompt that is a whole number of blocks, whose last token is computed again for its
-// logits).
+// PublishPrefix offers the cache's full blocks to a prefix cache (cache/prefix_cache.h) over
+// its pool and AttachPrefix starts an empty cache with the longest cached chain of a prompt's
+// blocks. A block that others share is copied before a step writes into it (copy-on-write: the
+// last block of a prompt that is a whole number of blocks, whose last token is computed again
+// for its logits).
 #ifndef LGPT_CACHE_PAGED_KV_CACHE_H_
 #define LGPT_CACHE_PAGED_KV_CACHE_H_
 
@@ -28,6 +29,7 @@
 #include "absl/types/span.h"
 #include "cache/block_pool.h"
 #include "cache/kv_cache.h"
+#include "cache/prefix_cache.h"
 
 namespace lgpt {
 
@@ -71,7 +73,7 @@ class PagedKVCache : public KVCache, public KVDecodeRows {
   int64_t length() const { return length_; }
   // Takes the blocks the next step of `steps` entries writes into (CheckStep does it too):
   // ResourceExhausted when the pool has too few, taking nothing then.
-  absl::Status Reserve(int64_t steps);
+  absl::Status TakeBlocks(int64_t steps);
   // Blocks the next step of `steps` entries takes from the pool (new ones and copies of
   // shared ones).
   int64_t BlocksNeeded(int64_t steps) const;
@@ -80,17 +82,18 @@ class PagedKVCache : public KVCache, public KVDecodeRows {
   // first) and holds their entries; returns how many positions it now holds, at most
   // tokens.size() - 1 so that the last token is computed again for its logits (its block is
   // copied before that write when shared). 0 when nothing is cached or the cache is not empty.
-  int64_t AttachPrefix(absl::Span<const int64_t> tokens);
+  // `prefixes` is over this cache's pool.
+  int64_t AttachPrefix(PrefixCache& prefixes, absl::Span<const int64_t> tokens);
   // Publishes the full blocks of `tokens` (the ids at positions 0, 1, ... whose entries the
   // cache holds: at most length() of them) not published yet.
-  void PublishPrefix(absl::Span<const int64_t> tokens);
+  void PublishPrefix(PrefixCache& prefixes, absl::Span<const int64_t> tokens);
 
  private:
   PagedKVCache(std::shared_ptr<BlockPool> pool, int64_t max_sequence_length);
   // Writes the step's entries of `layer` into its blocks; returns the layer's new length.
   absl::StatusOr<int64_t> Write(int64_t layer, const KVStep& step, const at::Tensor& keys,
                                 const at::Tensor& values);
-  // The pool blocks [G, bs, hs] holding `layer`'s first `length` entries, in order.
+  // The pool blocks [G, entries_per_block, hs] holding `layer`'s first `length` entries, in order.
   struct BlockList {
     std::vector<at::Tensor> keys, values;
   };
@@ -100,8 +103,8 @@ class PagedKVCache : public KVCache, public KVDecodeRows {
   void EnsureRamp(int64_t length) const;
   // Whether a step of queries `q` attends through FlashAttention over the blocks directly.
   bool FlashOverBlocksApplies(const at::Tensor& q, const KVStep& step) const;
-  // Reserve's work; CheckStep (const in the KVCache contract) calls it too.
-  absl::Status TakeBlocks(int64_t steps) const;
+  // TakeBlocks' work; CheckStep (const in the KVCache contract) calls it too.
+  absl::Status TakeStepBlocks(int64_t steps) const;
   // Indices into table_ that the next `steps` entries write into and that need a block of
   // their own: past the table's end (ascending from it), or shared (copied on write).
   std::vector<int64_t> TableSlotsToFill(int64_t steps) const;

@@ -1,9 +1,9 @@
 // A request's paged cache over the block pool (cache/block_pool_test.cc tests the pool): a
 // paged cache attends as the dense cache does (steps crossing block boundaries, windows,
 // grouped queries), blocks come back on Reset and destruction, a full pool refuses a step
-// without taking anything, and steps that do not continue the stream are refused. The prefix
-// cache: chains found block by block, LRU eviction of unreferenced cached blocks, keys never
-// reused, copy-on-write of shared blocks.
+// without taking anything, and steps that do not continue the stream are refused. With a prefix
+// cache (cache/prefix_cache_test.cc tests its keys): chains found block by block, LRU eviction
+// of unreferenced cached blocks, copy-on-write of shared blocks.
 #include "cache/paged_kv_cache.h"
 
 #include <ATen/ATen.h>
@@ -15,27 +15,11 @@
 #include <vector>
 
 #include "cache/dense_kv_cache.h"
+#include "cache/test_pools.h"
 #include "gtest/gtest.h"
 
 namespace lgpt {
 namespace {
-
-KVCacheGeometry Geometry() {
-  KVCacheGeometry g;
-  g.batch_size = 1;
-  g.max_sequence_length = 64;
-  g.layers = {{2, 8, 0}, {2, 8, 5}};  // a global layer and a windowed one
-  return g;
-}
-
-std::shared_ptr<BlockPool> Pool(int64_t blocks, int64_t block_size = 4) {
-  BlockPoolOptions options;
-  options.block_size = block_size;
-  options.num_blocks = blocks;
-  absl::StatusOr<std::shared_ptr<BlockPool>> pool = BlockPool::Create(Geometry(), options);
-  EXPECT_TRUE(pool.ok()) << pool.status();
-  return *pool;
-}
 
 KVStep Step(int64_t begin, int64_t length) {
   KVStep step;
@@ -46,10 +30,10 @@ KVStep Step(int64_t begin, int64_t length) {
 }
 
 TEST(PagedKVCacheTest, AttendsAsTheDenseCache) {
-  std::shared_ptr<BlockPool> pool = Pool(16);
+  std::shared_ptr<BlockPool> pool = TestPool(16);
   std::unique_ptr<PagedKVCache> paged = *PagedKVCache::Create(pool, 64);
   DenseKVCacheOptions dense_options;
-  static_cast<KVCacheGeometry&>(dense_options) = Geometry();
+  static_cast<KVCacheGeometry&>(dense_options) = TestPoolGeometry();
   std::unique_ptr<DenseKVCache> dense = *DenseKVCache::Create(dense_options);
   at::manual_seed(3);
   int64_t position = 0;
@@ -62,7 +46,7 @@ TEST(PagedKVCacheTest, AttendsAsTheDenseCache) {
       const at::Tensor q = at::randn({1, 6, length, 8});  // 3 query heads per group
       AttentionParams params;
       params.scale = 0.35;
-      params.sliding_window = Geometry().layers[layer].sliding_window;
+      params.sliding_window = TestPoolGeometry().layers[layer].sliding_window;
       const at::Tensor a = *paged->UpdateAndAttend(layer, step, q, k, v, params);
       const at::Tensor b = *dense->UpdateAndAttend(layer, step, q, k, v, params);
       EXPECT_TRUE(at::allclose(a, b, 1e-5, 1e-6))
@@ -93,7 +77,7 @@ TEST(PagedKVCacheTest, AttendsAsTheDenseCache) {
 }
 
 TEST(PagedKVCacheTest, FullPoolAndOutOfOrderStepsAreRefused) {
-  std::shared_ptr<BlockPool> pool = Pool(3);
+  std::shared_ptr<BlockPool> pool = TestPool(3);
   std::unique_ptr<PagedKVCache> first = *PagedKVCache::Create(pool, 64);
   std::unique_ptr<PagedKVCache> second = *PagedKVCache::Create(pool, 64);
   ASSERT_TRUE(first->CheckStep(Step(0, 9), 1).ok());  // 3 blocks
@@ -122,74 +106,52 @@ at::Tensor Fill(PagedKVCache& cache, int64_t length) {
 }
 
 TEST(PrefixCacheTest, ChainsAreFoundBlockByBlockAndEvictedLeastRecentlyUsedFirst) {
-  std::shared_ptr<BlockPool> pool = Pool(6);
+  std::shared_ptr<BlockPool> pool = TestPool(6);
+  PrefixCache prefixes(pool);
   const std::vector<int64_t> a = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};  // 2 full blocks + 2
   {
     std::unique_ptr<PagedKVCache> writer = *PagedKVCache::Create(pool, 64);
     Fill(*writer, 10);
-    writer->PublishPrefix(a);
+    writer->PublishPrefix(prefixes, a);
     EXPECT_EQ(pool->free_blocks(), 3);
   }
-  EXPECT_EQ(pool->cached_blocks(), 2);  // the partial third block went back free
+  EXPECT_EQ(pool->idle_blocks(), 2);  // the partial third block went back free
   EXPECT_EQ(pool->free_blocks(), 6);
 
   std::unique_ptr<PagedKVCache> reader = *PagedKVCache::Create(pool, 64);
   std::vector<int64_t> b = a;
   b[5] = 99;  // differs in the second block: only the first is shared
-  EXPECT_EQ(reader->AttachPrefix(b), 4);
+  EXPECT_EQ(reader->AttachPrefix(prefixes, b), 4);
   EXPECT_EQ(reader->blocks_held(), 1);
-  EXPECT_EQ(pool->cached_blocks(), 1);
+  EXPECT_EQ(pool->idle_blocks(), 1);
   reader.reset();
 
   // Allocations take free blocks first, then the least recently released cached block.
   std::vector<int64_t> taken;
   for (int i = 0; i < 4; ++i) taken.push_back(*pool->Allocate());
-  EXPECT_EQ(pool->cached_blocks(), 2);
+  EXPECT_EQ(pool->idle_blocks(), 2);
   taken.push_back(*pool->Allocate());
-  EXPECT_EQ(pool->cached_blocks(), 1);  // the second block (released earlier) went first
+  EXPECT_EQ(pool->idle_blocks(), 1);  // the second block (released earlier) went first
   std::unique_ptr<PagedKVCache> again = *PagedKVCache::Create(pool, 64);
-  EXPECT_EQ(again->AttachPrefix(a), 4);  // the first block is still there, the chain ends
+  EXPECT_EQ(again->AttachPrefix(prefixes, a), 4);  // the first block is still there, the chain ends
   again.reset();
   taken.push_back(*pool->Allocate());
-  EXPECT_EQ(pool->cached_blocks(), 0);
+  EXPECT_EQ(pool->idle_blocks(), 0);
   std::unique_ptr<PagedKVCache> none = *PagedKVCache::Create(pool, 64);
-  EXPECT_EQ(none->AttachPrefix(a), 0);
+  EXPECT_EQ(none->AttachPrefix(prefixes, a), 0);
   for (int64_t block : taken) pool->Release(block);
 }
 
-TEST(PrefixCacheTest, KeysAreNeverReusedAfterEviction) {
-  std::shared_ptr<BlockPool> pool = Pool(2);
-  const std::vector<int64_t> first = {1, 2, 3, 4}, second = {5, 6, 7, 8};
-  const int64_t a = *pool->Allocate(), b = *pool->Allocate();
-  const uint64_t key_a = pool->Publish(a, BlockPool::kRootKey, first);
-  const uint64_t key_b = pool->Publish(b, key_a, second);
-  EXPECT_NE(key_a, key_b);
-  pool->Release(a);
-  pool->Release(b);
-  // Block a is evicted and published again for the same ids: a new key, so the old chain
-  // (key_a -> b) cannot be reached from it.
-  const int64_t a2 = *pool->Allocate();
-  EXPECT_EQ(a2, a);
-  const uint64_t key_a2 = pool->Publish(a2, BlockPool::kRootKey, first);
-  EXPECT_NE(key_a2, key_a);
-  EXPECT_FALSE(pool->Lookup(key_a2, second).has_value());
-  std::optional<BlockPool::Hit> stale = pool->Lookup(key_a, second);  // still cached
-  ASSERT_TRUE(stale.has_value());
-  EXPECT_EQ(stale->block, b);
-  pool->Release(b);
-  pool->Release(a2);
-  EXPECT_EQ(pool->free_blocks(), 2);
-}
-
 TEST(PrefixCacheTest, WritesIntoSharedBlocksCopyThemFirst) {
-  std::shared_ptr<BlockPool> pool = Pool(8);
+  std::shared_ptr<BlockPool> pool = TestPool(8);
+  PrefixCache prefixes(pool);
   const std::vector<int64_t> ids = {1, 2, 3, 4, 5, 6, 7, 8};  // exactly two blocks
   std::unique_ptr<PagedKVCache> writer = *PagedKVCache::Create(pool, 64);
   const at::Tensor before = Fill(*writer, 8);
-  writer->PublishPrefix(ids);
+  writer->PublishPrefix(prefixes, ids);
   std::unique_ptr<PagedKVCache> reader = *PagedKVCache::Create(pool, 64);
-  ASSERT_EQ(reader->AttachPrefix(ids), 7);  // the last token is computed again
-  EXPECT_EQ(reader->BlocksNeeded(1), 1);    // a copy of the shared second block
+  ASSERT_EQ(reader->AttachPrefix(prefixes, ids), 7);  // the last token is computed again
+  EXPECT_EQ(reader->BlocksNeeded(1), 1);              // a copy of the shared second block
   const int64_t free_before = pool->free_blocks();
   const at::Tensor mine = Fill(*reader, 1);
   EXPECT_EQ(pool->free_blocks(), free_before - 1);

@@ -162,12 +162,13 @@ int64_t PolicyKVCache::GrownMainCapacity(const Layer& layer, int64_t needed,
 
 void PolicyKVCache::GrowMain(Layer& layer, int64_t needed) {
   if (needed > layer.main.capacity) {
-    Reserve(layer.main, *layer.codec, layer, GrownMainCapacity(layer, needed, layer.main.capacity));
+    GrowStore(layer.main, *layer.codec, layer,
+              GrownMainCapacity(layer, needed, layer.main.capacity));
   }
 }
 
-void PolicyKVCache::Reserve(Store& store, const EntryCodec& codec, const Layer& layer,
-                            int64_t capacity) {
+void PolicyKVCache::GrowStore(Store& store, const EntryCodec& codec, const Layer& layer,
+                              int64_t capacity) {
   if (capacity <= store.capacity) return;
   const int64_t batch = options_.batch_size, groups = layer.spec.n_query_groups;
   std::vector<at::Tensor> parts = codec.Allocate(batch, groups, capacity);
@@ -336,7 +337,7 @@ void PolicyKVCache::PlaceDecode(Layer& layer, int64_t rows, const at::Tensor& ke
     return;
   }
   Store& ring = layer.ring;
-  if (ring.capacity == 0) Reserve(ring, *layer.ring_codec, layer, layer.residual);
+  if (ring.capacity == 0) GrowStore(ring, *layer.ring_codec, layer, layer.residual);
   at::Tensor ring_positions = Rows(ring.positions, rows);  // [rows, P, residual]
   at::Tensor ring_keys = Rows(ring.parts[0], rows), ring_values = Rows(ring.parts[1], rows);
   const at::Tensor slot = ring_positions.argmin(-1, /*keepdim=*/true);  // empty, else oldest
@@ -545,7 +546,7 @@ at::Tensor PolicyKVCache::DecodeOnHost(Layer& layer, const KVStep& step, const a
   Store& main = layer.main;
   Store& ring = layer.ring;
   const bool has_ring = layer.residual > 0;
-  if (has_ring && ring.capacity == 0) Reserve(ring, *layer.ring_codec, layer, layer.residual);
+  if (has_ring && ring.capacity == 0) GrowStore(ring, *layer.ring_codec, layer, layer.residual);
   // The new entry enters main directly, or the ring's oldest moves there to make room.
   const bool ring_full = has_ring && ring.used >= layer.residual;
   const bool enters_main = !has_ring || ring_full;
@@ -763,7 +764,7 @@ PolicyKVCache::Recent PolicyKVCache::TakeIntoRing(Layer& layer, const at::Tensor
   at::Tensor& recent_values = recent.values;
   at::Tensor& migrant_positions = recent.migrant_positions;
   if (layer.residual > 0) {
-    if (ring.capacity == 0) Reserve(ring, *layer.ring_codec, layer, layer.residual);
+    if (ring.capacity == 0) GrowStore(ring, *layer.ring_codec, layer, layer.residual);
     recent_positions = at::cat({Rows(ring.positions, rows), pending.positions}, 2);  // [rows, P, n]
     if (ring.scores.defined()) recent_scores = at::cat({Rows(ring.scores, rows), chunk_scores}, 2);
     recent_keys = at::cat({Rows(ring.parts[0], rows), pending.keys}, 2);

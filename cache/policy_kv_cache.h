@@ -150,7 +150,7 @@ class PolicyKVCache : public KVCache,
   // Every layer at its largest: main_budget + 1 slots (main_budget without eviction) and the
   // ring, entries and index.
   int64_t MaxBytes() const override;
-  // Main's capacity after the step as Reserve would grow it (a decode step adds at most one
+  // Main's capacity after the step as GrowStore would grow it (a decode step adds at most one
   // entry to main, a chunk at most its tokens), the ring's once allocated.
   int64_t BytesAfterStep(int64_t tokens) const override;
   const KVStorageBound* storage_bound() const override { return this; }
@@ -304,7 +304,7 @@ class PolicyKVCache : public KVCache,
   void KeepInMain(Layer& layer, const Recent& recent);
   // Moves the layer's entries at or above its sink positions down by `shift`.
   void Shift(int64_t index, Layer& layer, int64_t shift, const KeyShifter& shift_keys);
-  void Reserve(Store& store, const EntryCodec& codec, const Layer& layer, int64_t capacity);
+  void GrowStore(Store& store, const EntryCodec& codec, const Layer& layer, int64_t capacity);
   // Grows main to hold `needed` slots (nothing when it does already).
   void GrowMain(Layer& layer, int64_t needed);
   // Main's capacity for `needed` slots when it has `current` (options.growth_step).

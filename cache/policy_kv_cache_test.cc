@@ -97,7 +97,10 @@ at::Tensor Drive(KVCache& cache, int64_t total, int64_t prompt, int64_t chunk, b
       const at::Tensor y =
           AttendBlockwise(q, kGroups, {TensorSource(view->keys, view->values, view->positions)},
                           step.positions, params, &weights);
-      if (cache.WantsAttentionWeights(layer)) cache.ObserveAttentionWeights(layer, weights);
+      KVAttentionScorer* scorer = cache.attention_scorer();
+      if (scorer != nullptr && scorer->WantsAttentionWeights(layer)) {
+        scorer->ObserveAttentionWeights(layer, weights);
+      }
       outputs.push_back(y);
     }
     position += length;

@@ -60,7 +60,7 @@ std::unique_ptr<KVCache> MakeRow(int kind, const std::shared_ptr<BlockPool>& poo
 void ExpectRowsAttendAlone(const std::vector<int>& kinds, const std::vector<int64_t>& prompts) {
   at::manual_seed(3);
   BlockPoolOptions pool_options;
-  pool_options.block_size = 4;
+  pool_options.entries_per_block = 4;
   pool_options.num_blocks = 64;
   KVCacheGeometry geometry = Shape(0);
   std::shared_ptr<BlockPool> pool = *BlockPool::Create(geometry, pool_options);
@@ -136,7 +136,7 @@ void ExpectSequencesAttendAlone(const std::vector<int>& kinds, const std::vector
                                 const std::vector<int64_t>& lengths) {
   at::manual_seed(5);
   BlockPoolOptions pool_options;
-  pool_options.block_size = 4;
+  pool_options.entries_per_block = 4;
   pool_options.num_blocks = 64;
   std::shared_ptr<BlockPool> pool = *BlockPool::Create(Shape(0), pool_options);
   const size_t count = kinds.size();

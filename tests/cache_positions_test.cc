@@ -97,7 +97,7 @@ TEST_P(OneLayerReferenceTest, DecodeStepsEqualAnUncachedPassOverTheKeptTokensAtC
       double worst = 0;
       for (int64_t fed = 0; fed < kTotal;) {
         const int64_t wanted = fed == 0 ? kPrompt : 1;
-        absl::StatusOr<int64_t> length = stream.Reserve(wanted);
+        absl::StatusOr<int64_t> length = stream.MakeRoom(wanted);
         ASSERT_TRUE(length.ok()) << length.status();
         ASSERT_EQ(*length, wanted);
         if (stream.shifted() != last_shift) ++shifts, last_shift = stream.shifted();
@@ -176,7 +176,7 @@ TEST(CachePositionsTest, WholeModelWindowEqualsStreamPositions) {
       double worst = 0, scale = 0;
       int64_t steps = 0;
       for (int64_t fed = 0; fed < kTotal; ++steps) {
-        absl::StatusOr<int64_t> length = stream.Reserve(fed == 0 ? kPrompt : 1);
+        absl::StatusOr<int64_t> length = stream.MakeRoom(fed == 0 ? kPrompt : 1);
         ASSERT_TRUE(length.ok()) << length.status();
         ForwardOptions options;
         options.positions = stream.Take(*length);

@@ -270,7 +270,7 @@ absl::StatusOr<Row> Evaluate(GPTImpl& model, KVCache& cache, const KVCacheSpec& 
     cache.Reset();
     CachePositions stream(model, cache);
     for (int64_t position = 0; position + 1 < length; position += steps) {
-      ASSIGN_OR_RETURN(steps, stream.Reserve(std::min(chunk, length - 1 - position)));
+      ASSIGN_OR_RETURN(steps, stream.MakeRoom(std::min(chunk, length - 1 - position)));
       ForwardOptions options;
       options.positions = stream.Take(steps);
       const auto start = std::chrono::steady_clock::now();

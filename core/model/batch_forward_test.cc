@@ -64,9 +64,10 @@ TEST_P(ForwardChunksTest, EachChunkEqualsItsBatchOnePass) {
   KVCacheGeometry geometry;
   geometry.layers = model->CacheLayout();
   BlockPoolOptions pool_options;
-  pool_options.block_size = 4;
+  pool_options.entries_per_block = 4;
   pool_options.num_blocks = 64;
   std::shared_ptr<BlockPool> pool = *BlockPool::Create(geometry, pool_options);
+  PrefixCache prefixes(pool);
   at::manual_seed(12);
   const at::Tensor prefix = at::randint(0, vocab, {12}, at::kLong);
 
@@ -92,14 +93,14 @@ TEST_P(ForwardChunksTest, EachChunkEqualsItsBatchOnePass) {
     forward.positions = stream.Take(12);
     ASSERT_TRUE(model->Forward(prefix.unsqueeze(0), publisher.get(), forward).ok());
     const std::vector<int64_t> ids(prefix.data_ptr<int64_t>(), prefix.data_ptr<int64_t>() + 12);
-    publisher->PublishPrefix(ids);
+    publisher->PublishPrefix(prefixes, ids);
     Pair pair;
     std::vector<int64_t> prompt = ids;
     for (int64_t j = 0; j < 20; ++j) prompt.push_back((5 * j + 1) % vocab);
     std::unique_ptr<PagedKVCache> batched = *PagedKVCache::Create(pool, length);
     std::unique_ptr<PagedKVCache> alone = *PagedKVCache::Create(pool, length);
-    ASSERT_EQ(batched->AttachPrefix(prompt), 12);
-    ASSERT_EQ(alone->AttachPrefix(prompt), 12);
+    ASSERT_EQ(batched->AttachPrefix(prefixes, prompt), 12);
+    ASSERT_EQ(alone->AttachPrefix(prefixes, prompt), 12);
     pair.batched = std::move(batched);
     pair.alone = std::move(alone);
     pair.ids = prompt;
@@ -126,8 +127,8 @@ TEST_P(ForwardChunksTest, EachChunkEqualsItsBatchOnePass) {
                                                              pair.ids.begin() + pair.done + steps),
                                         at::kLong)
                                  .unsqueeze(0);
-      ASSERT_EQ(*pair.alone_stream->Reserve(steps), steps);
-      ASSERT_EQ(*pair.batched_stream->Reserve(steps), steps);
+      ASSERT_EQ(*pair.alone_stream->MakeRoom(steps), steps);
+      ASSERT_EQ(*pair.batched_stream->MakeRoom(steps), steps);
       ForwardOptions forward;
       forward.positions = pair.alone_stream->Take(steps);
       forward.last_logits_only = true;
@@ -166,7 +167,7 @@ TEST_P(ForwardChunksTest, DecodeRowsInAPromptPassMatchTheirBatchOneStep) {
   // The prompt chunk: another request's first 24 tokens.
   std::unique_ptr<KVCache> prompt_cache = BatchOneCache(*model, specs[0], length);
   CachePositions prompt_stream(*model, *prompt_cache);
-  ASSERT_TRUE(prompt_stream.Reserve(24).ok());
+  ASSERT_TRUE(prompt_stream.MakeRoom(24).ok());
   chunks.push_back(
       {prompt_cache.get(), at::randint(0, vocab, {1, 24}, at::kLong), prompt_stream.Take(24)});
   std::vector<at::Tensor> expected;
@@ -178,7 +179,7 @@ TEST_P(ForwardChunksTest, DecodeRowsInAPromptPassMatchTheirBatchOneStep) {
       side->push_back(BatchOneCache(*model, specs[i], length));
       auto& streams = side == &batched ? batched_stream : alone_stream;
       streams.push_back(std::make_unique<CachePositions>(*model, *side->back()));
-      ASSERT_TRUE(streams.back()->Reserve(filled + 1).ok());
+      ASSERT_TRUE(streams.back()->MakeRoom(filled + 1).ok());
       ForwardOptions forward;
       forward.positions = streams.back()->Take(filled);
       ASSERT_TRUE(model->Forward(prompt, side->back().get(), forward).ok());

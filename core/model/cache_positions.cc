@@ -16,7 +16,7 @@ CachePositions::CachePositions(GPTImpl& model, KVCache& cache, int64_t next)
       context_(std::min(model.config().block_size, cache.max_sequence_length())),
       next_(next) {}
 
-absl::StatusOr<int64_t> CachePositions::Reserve(int64_t steps) {
+absl::StatusOr<int64_t> CachePositions::MakeRoom(int64_t steps) {
   if (steps < 1) {
     return absl::InvalidArgumentError(absl::StrCat("a step needs >= 1 token, got ", steps));
   }

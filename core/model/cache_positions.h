@@ -1,11 +1,11 @@
 // The positions a token stream takes in a KV cache. With a cache that keeps stream positions
 // they are 0, 1, 2, ... and the stream ends at the model's context. With a cache that shifts
 // (KVCache::ShiftsPositions(): window and sink caches with KVCacheSpec.positions = "cache"),
-// Reserve asks the cache for room before each step, so the positions stay below the context
+// MakeRoom asks the cache for room before each step, so the positions stay below the context
 // however long the stream (cache/policy_kv_cache.h describes the shift and its cost).
 //
 //   CachePositions stream(model, cache, /*next=*/0);
-//   ASSIGN_OR_RETURN(int64_t length, stream.Reserve(chunk));  // <= chunk tokens fit
+//   ASSIGN_OR_RETURN(int64_t length, stream.MakeRoom(chunk));  // <= chunk tokens fit
 //   forward.positions = stream.Take(length, batch);            // [batch, length]
 #ifndef LGPT_CORE_MODEL_CACHE_POSITIONS_H_
 #define LGPT_CORE_MODEL_CACHE_POSITIONS_H_
@@ -28,7 +28,7 @@ class CachePositions {
   // How many of the next `steps` tokens one model step may take: `steps`, or fewer (at least
   // 1) when a shifting cache would otherwise cross the context; shifts the cache first when
   // the step needs room. Non-shifting caches return `steps` (the model checks the bounds).
-  absl::StatusOr<int64_t> Reserve(int64_t steps);
+  absl::StatusOr<int64_t> MakeRoom(int64_t steps);
   // Positions [rows, steps] int64 (next .. next + steps - 1 on every row); advances past them.
   at::Tensor Take(int64_t steps, int64_t rows = 1);
   // Take(1) of one row as a number (a batched decode step builds one [B, 1] tensor for all).

@@ -83,7 +83,7 @@ absl::StatusOr<std::vector<int64_t>> Generate(GPTImpl& model, KVCache& cache,
   CachePositions stream(model, cache, first);
   at::Tensor logits;
   for (int64_t begin = 0; begin < prompt_length;) {
-    ASSIGN_OR_RETURN(const int64_t length, stream.Reserve(std::min(chunk, prompt_length - begin)));
+    ASSIGN_OR_RETURN(const int64_t length, stream.MakeRoom(std::min(chunk, prompt_length - begin)));
     ForwardOptions forward;
     forward.positions = stream.Take(length);
     forward.last_logits_only = true;
@@ -109,7 +109,7 @@ absl::StatusOr<std::vector<int64_t>> Generate(GPTImpl& model, KVCache& cache,
                       options.stop_tokens.end();
     if (!keep_going || stop || i + 1 == options.max_new_tokens) break;
     token.fill_(next);
-    RETURN_IF_ERROR(stream.Reserve(1).status());
+    RETURN_IF_ERROR(stream.MakeRoom(1).status());
     ForwardOptions forward;
     forward.positions = stream.Take(1);
     forward.last_logits_only = true;
@@ -176,7 +176,7 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> GenerateBatch(
   CachePositions stream(model, cache);
   at::Tensor logits;  // [B, 1, V]
   for (int64_t begin = 0; begin < shortest;) {
-    ASSIGN_OR_RETURN(const int64_t length, stream.Reserve(std::min(chunk, shortest - begin)));
+    ASSIGN_OR_RETURN(const int64_t length, stream.MakeRoom(std::min(chunk, shortest - begin)));
     ForwardOptions forward;
     forward.positions = stream.Take(length, batch);
     forward.last_logits_only = true;
@@ -220,7 +220,7 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> GenerateBatch(
       }
     }
     if (active == 0) break;
-    RETURN_IF_ERROR(stream.Reserve(1).status());
+    RETURN_IF_ERROR(stream.MakeRoom(1).status());
     ForwardOptions forward;
     forward.positions = stream.Take(1, batch);
     forward.last_logits_only = true;

@@ -44,7 +44,7 @@ void WeightedValuesPortable(const float* const* w, const Segments& v, int64_t ro
 }
 
 // Asks the cache hierarchy for the floats [p, p + floats) ahead of use. A request's entries lie in
-// blocks of a few KiB each (a pool block's [block_size, hs] of one group), too short for the
+// blocks of a few KiB each (a pool block's [entries_per_block, hs] of one group), too short for the
 // hardware prefetcher to ramp up on before the next block, elsewhere in memory, begins.
 void Prefetch(const float* p, int64_t floats, bool to_l1) {
 #ifdef LGPT_SIMD_AVX2
@@ -324,13 +324,13 @@ KVSegmentsOf BlockSegments(std::vector<at::Tensor> block_keys, std::vector<at::T
                            int64_t entries) {
   return [keys = std::move(block_keys), values = std::move(block_values), entries](
              int64_t, int64_t g, Segments* out) {
-    const int64_t block_size = keys[0].size(1), hs = keys[0].size(2);
+    const int64_t entries_per_block = keys[0].size(1), hs = keys[0].size(2);
     for (size_t i = 0; i < keys.size(); ++i) {
-      const int64_t begin = static_cast<int64_t>(i) * block_size;
+      const int64_t begin = static_cast<int64_t>(i) * entries_per_block;
       if (begin >= entries) break;
-      out->push_back({keys[i].data_ptr<float>() + g * block_size * hs,
-                      values[i].data_ptr<float>() + g * block_size * hs,
-                      std::min(block_size, entries - begin)});
+      out->push_back({keys[i].data_ptr<float>() + g * entries_per_block * hs,
+                      values[i].data_ptr<float>() + g * entries_per_block * hs,
+                      std::min(entries_per_block, entries - begin)});
     }
   };
 }

@@ -61,7 +61,7 @@ at::Tensor DecodeAttentionSegments(const at::Tensor& q, int64_t groups, int64_t 
                                    const at::Tensor& key_positions, const AttentionParams& params,
                                    bool use_avx2 = CpuHasAvx2Fma(), float* weights_out = nullptr);
 
-// The segments of blocks [G, block_size, hs] (contiguous, keys and values alike) holding
+// The segments of blocks [G, entries_per_block, hs] (contiguous, keys and values alike) holding
 // `entries` entries in order: per key group, a run of each block's rows. The blocks are kept
 // alive by the returned function.
 KVSegmentsOf BlockSegments(std::vector<at::Tensor> block_keys, std::vector<at::Tensor> block_values,
@@ -69,7 +69,7 @@ KVSegmentsOf BlockSegments(std::vector<at::Tensor> block_keys, std::vector<at::T
 
 // The same over a cache stored in blocks (the paged KV pool) without gathering them: one
 // batch row whose first `entries` entries are those of blocks 0, 1, ... in order, each block
-// [G, block_size, hs] (keys and values alike); key_positions [1, 1 or G, entries]. The
+// [G, entries_per_block, hs] (keys and values alike); key_positions [1, 1 or G, entries]. The
 // arithmetic is DecodeAttention's on the concatenated blocks, to the bit. Applies to CPU
 // float32 contiguous blocks of one shape and up to 4 query steps.
 bool DecodeAttentionBlocksApplies(const at::Tensor& q, const std::vector<at::Tensor>& block_keys,

@@ -96,15 +96,15 @@ INSTANTIATE_TEST_SUITE_P(
 // for block sizes that divide the entries and ones that leave a partial last block.
 TEST(DecodeAttentionBlocks, EqualsDecodeAttentionOnTheConcatenatedBlocks) {
   for (const int64_t hs : {int64_t{20}, int64_t{64}}) {
-    for (const int64_t block_size : {1, 16, 7}) {
+    for (const int64_t entries_per_block : {1, 16, 7}) {
       for (const int64_t steps : {1, 3}) {
         const int64_t groups = 2, n_head = 6, entries = 45;
-        at::manual_seed(block_size * 10 + steps + hs);
-        const int64_t blocks = (entries + block_size - 1) / block_size;
+        at::manual_seed(entries_per_block * 10 + steps + hs);
+        const int64_t blocks = (entries + entries_per_block - 1) / entries_per_block;
         std::vector<at::Tensor> block_keys, block_values;  // [G, bs, hs]
         for (int64_t i = 0; i < blocks; ++i) {
-          block_keys.push_back(at::randn({groups, block_size, hs}));
-          block_values.push_back(at::randn({groups, block_size, hs}));
+          block_keys.push_back(at::randn({groups, entries_per_block, hs}));
+          block_values.push_back(at::randn({groups, entries_per_block, hs}));
         }
         const at::Tensor keys = at::cat(block_keys, 1).narrow(1, 0, entries).unsqueeze(0);
         const at::Tensor values = at::cat(block_values, 1).narrow(1, 0, entries).unsqueeze(0);
@@ -114,7 +114,7 @@ TEST(DecodeAttentionBlocks, EqualsDecodeAttentionOnTheConcatenatedBlocks) {
             at::arange(entries - steps, entries, at::kLong).view({1, -1});
         AttentionParams params;
         params.scale = 0.25;
-        params.sliding_window = block_size == 7 ? 20 : 0;
+        params.sliding_window = entries_per_block == 7 ? 20 : 0;
         ASSERT_TRUE(DecodeAttentionBlocksApplies(q, block_keys, block_values, entries,
                                                  query_positions, key_positions));
         for (const bool use_avx2 : {false, CpuHasAvx2Fma()}) {
@@ -125,7 +125,7 @@ TEST(DecodeAttentionBlocks, EqualsDecodeAttentionOnTheConcatenatedBlocks) {
               DecodeAttentionBlocks(q, block_keys, block_values, entries, query_positions,
                                     key_positions, params, use_avx2);
           EXPECT_TRUE(at::equal(actual, expected))
-              << "hs " << hs << " block " << block_size << " steps " << steps << " avx2 "
+              << "hs " << hs << " block " << entries_per_block << " steps " << steps << " avx2 "
               << use_avx2 << ": " << (actual - expected).abs().max().item<float>();
         }
       }
@@ -150,7 +150,7 @@ TEST(DecodeAttentionRows, EachRowEqualsItsOwnDecodeAttention) {
   for (const int64_t hs : {int64_t{20}, int64_t{64}}) {
     for (const int64_t steps : {1, 2}) {
       for (const int64_t window : {0, 9}) {
-        const int64_t groups = 2, n_head = 6, block_size = 4;
+        const int64_t groups = 2, n_head = 6, entries_per_block = 4;
         const std::vector<int64_t> lengths = {13, 1, 30, 7, 4};
         const int64_t batch = static_cast<int64_t>(lengths.size());
         at::manual_seed(hs + steps * 7 + window);
@@ -173,19 +173,19 @@ TEST(DecodeAttentionRows, EachRowEqualsItsOwnDecodeAttention) {
             };
             row_keys.push_back(k.narrow(2, 0, length));
             row_values.push_back(v.narrow(2, 0, length));
-          } else {  // blocks [G, block_size, hs]
+          } else {  // blocks [G, entries_per_block, hs]
             std::vector<at::Tensor> kb, vb;
-            for (int64_t begin = 0; begin < length; begin += block_size) {
-              kb.push_back(at::randn({groups, block_size, hs}));
-              vb.push_back(at::randn({groups, block_size, hs}));
+            for (int64_t begin = 0; begin < length; begin += entries_per_block) {
+              kb.push_back(at::randn({groups, entries_per_block, hs}));
+              vb.push_back(at::randn({groups, entries_per_block, hs}));
             }
-            row.segments = [kb, vb, length, block_size, hs](int64_t, int64_t g,
+            row.segments = [kb, vb, length, entries_per_block, hs](int64_t, int64_t g,
                                                             std::vector<KVSegment>* out) {
               for (size_t i = 0; i < kb.size(); ++i) {
-                const int64_t begin = static_cast<int64_t>(i) * block_size;
-                out->push_back({kb[i].data_ptr<float>() + g * block_size * hs,
-                                vb[i].data_ptr<float>() + g * block_size * hs,
-                                std::min(block_size, length - begin)});
+                const int64_t begin = static_cast<int64_t>(i) * entries_per_block;
+                out->push_back({kb[i].data_ptr<float>() + g * entries_per_block * hs,
+                                vb[i].data_ptr<float>() + g * entries_per_block * hs,
+                                std::min(entries_per_block, length - begin)});
               }
             };
             row_keys.push_back(at::cat(kb, 1).narrow(1, 0, length).unsqueeze(0));

@@ -1,3 +1,9 @@
+// GCC 12's AVX-512 intrinsic headers start vectors from _mm512_undefined_*(), which its own
+// -Wuninitialized flags inside every caller (GCC bug 105593); the warnings are about the
+// header, not this code (the same in block_quant.cc).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
 #include "core/ops/gemv.h"
 
 #include <ATen/ATen.h>

@@ -1,8 +1,8 @@
 // Where a KV entry lives in a paged pool, shared by the CPU twin and the CUDA kernel
-// (__host__ __device__): a layer's pool storage is [num_blocks, n_query_groups, block_size,
-// head_size] and a request's position p lives at the flat slot table[p / block_size] *
-// block_size + p % block_size (vLLM's slot mapping), so one slot id names block and offset.
-// No LibTorch, no CUDA headers: plain integer math that CPU tests exercise directly.
+// (__host__ __device__): a layer's pool storage is [num_blocks, n_query_groups, entries_per_block,
+// head_size] and a request's position p lives at the flat slot table[p / entries_per_block] *
+// entries_per_block + p % entries_per_block (vLLM's slot mapping), so one slot id names block and
+// offset. No LibTorch, no CUDA headers: plain integer math that CPU tests exercise directly.
 #ifndef LGPT_CORE_OPS_KV_SLOT_LAYOUT_H_
 #define LGPT_CORE_OPS_KV_SLOT_LAYOUT_H_
 
@@ -17,11 +17,11 @@
 namespace lgpt {
 namespace kv_slot {
 
-// Pool geometry of one layer: [num_blocks, groups, block_size, head_size], contiguous.
+// Pool geometry of one layer: [num_blocks, groups, entries_per_block, head_size], contiguous.
 struct PoolShape {
   int64_t num_blocks;
   int64_t groups;
-  int64_t block_size;
+  int64_t entries_per_block;
   int64_t head_size;
 };
 
@@ -36,17 +36,17 @@ struct SourceShape {
 };
 
 // The flat slot of position `position` through a block table (table[i]: the pool block of
-// positions [i * block_size, (i + 1) * block_size)).
-LGPT_HOST_DEVICE inline int64_t SlotOfPosition(const int64_t* table, int64_t block_size,
+// positions [i * entries_per_block, (i + 1) * entries_per_block)).
+LGPT_HOST_DEVICE inline int64_t SlotOfPosition(const int64_t* table, int64_t entries_per_block,
                                                int64_t position) {
-  return table[position / block_size] * block_size + position % block_size;
+  return table[position / entries_per_block] * entries_per_block + position % entries_per_block;
 }
 
 // Element offset in the pool of (slot, group, dim).
 LGPT_HOST_DEVICE inline int64_t PoolOffset(const PoolShape& pool, int64_t slot, int64_t group,
                                            int64_t dim) {
-  const int64_t block = slot / pool.block_size, in_block = slot % pool.block_size;
-  return ((block * pool.groups + group) * pool.block_size + in_block) * pool.head_size + dim;
+  const int64_t block = slot / pool.entries_per_block, in_block = slot % pool.entries_per_block;
+  return ((block * pool.groups + group) * pool.entries_per_block + in_block) * pool.head_size + dim;
 }
 
 // Element offset in the source of (group, token, dim).
@@ -57,7 +57,7 @@ LGPT_HOST_DEVICE inline int64_t SourceOffset(const SourceShape& source, int64_t 
 
 // Whether a slot lies inside the pool (negative slots are padding: skipped).
 LGPT_HOST_DEVICE inline bool SlotInPool(const PoolShape& pool, int64_t slot) {
-  return slot >= 0 && slot < pool.num_blocks * pool.block_size;
+  return slot >= 0 && slot < pool.num_blocks * pool.entries_per_block;
 }
 
 }  // namespace kv_slot

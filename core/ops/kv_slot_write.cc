@@ -21,7 +21,7 @@ namespace {
 absl::Status CheckPool(const char* name, const at::Tensor& pool, const at::Tensor& keys) {
   if (pool.dim() != 4 || pool.size(1) != keys.size(0) || pool.size(3) != keys.size(2)) {
     return absl::InvalidArgumentError(absl::StrCat("WriteKVSlots: ", name, " must be [num_blocks, ",
-                                                   keys.size(0), ", block_size, ", keys.size(2),
+                                                   keys.size(0), ", entries_per_block, ", keys.size(2),
                                                    "], got ", ShapeText(pool.sizes())));
   }
   if (!pool.is_contiguous()) {

@@ -13,8 +13,8 @@
 namespace lgpt {
 
 // keys, values: [n_query_groups, T, head_size] (head_size contiguous, any other strides);
-// slots: [T] int64 on the pools' device, a slot outside [0, num_blocks * block_size) (-1 for
-// padding) is skipped; key_pool, value_pool: [num_blocks, n_query_groups, block_size,
+// slots: [T] int64 on the pools' device, a slot outside [0, num_blocks * entries_per_block) (-1 for
+// padding) is skipped; key_pool, value_pool: [num_blocks, n_query_groups, entries_per_block,
 // head_size], contiguous. float32, bfloat16 or float16, all of one dtype and device.
 // InvalidArgument naming the argument at fault otherwise.
 absl::Status WriteKVSlots(const at::Tensor& keys, const at::Tensor& values, const at::Tensor& slots,

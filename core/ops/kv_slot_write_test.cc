@@ -14,15 +14,15 @@ namespace {
 
 // Reference: entry t of every group copied with tensor ops into pool[block, :, offset, :].
 void ReferenceWrite(const at::Tensor& src, const std::vector<int64_t>& slots, at::Tensor& pool) {
-  const int64_t block_size = pool.size(2), capacity = pool.size(0) * block_size;
+  const int64_t entries_per_block = pool.size(2), capacity = pool.size(0) * entries_per_block;
   for (int64_t t = 0; t < static_cast<int64_t>(slots.size()); ++t) {
     if (slots[t] < 0 || slots[t] >= capacity) continue;
-    pool.select(0, slots[t] / block_size).select(1, slots[t] % block_size).copy_(src.select(1, t));
+    pool.select(0, slots[t] / entries_per_block).select(1, slots[t] % entries_per_block).copy_(src.select(1, t));
   }
 }
 
 struct Case {
-  int64_t groups, tokens, head_size, num_blocks, block_size;
+  int64_t groups, tokens, head_size, num_blocks, entries_per_block;
 };
 
 class KVSlotWriteTest : public ::testing::TestWithParam<at::ScalarType> {};
@@ -37,14 +37,14 @@ TEST_P(KVSlotWriteTest, CpuMatchesReference) {
     const auto options = at::TensorOptions().dtype(dtype);
     const at::Tensor keys = at::randn({c.tokens, c.groups, c.head_size}, options).transpose(0, 1);
     const at::Tensor values = at::randn({c.tokens, c.groups, c.head_size}, options).transpose(0, 1);
-    const at::Tensor permutation = at::randperm(c.num_blocks * c.block_size);
+    const at::Tensor permutation = at::randperm(c.num_blocks * c.entries_per_block);
     std::vector<int64_t> slots(c.tokens);
     for (int64_t t = 0; t < c.tokens; ++t) {
       slots[t] = t < permutation.size(0) ? permutation[t].item<int64_t>() : -1;
     }
     if (c.tokens > 2) slots[1] = -1;  // padding is skipped
     const at::Tensor slot_tensor = at::tensor(slots, at::kLong);
-    at::Tensor key_pool = at::zeros({c.num_blocks, c.groups, c.block_size, c.head_size}, options);
+    at::Tensor key_pool = at::zeros({c.num_blocks, c.groups, c.entries_per_block, c.head_size}, options);
     at::Tensor value_pool = at::zeros_like(key_pool);
     at::Tensor expected_keys = key_pool.clone(), expected_values = value_pool.clone();
     ReferenceWrite(keys, slots, expected_keys);
@@ -66,9 +66,9 @@ TEST_P(KVSlotWriteTest, CudaMatchesCpu) {
   const Case c{8, 300, 128, 64, 16};
   const at::Tensor keys = at::randn({c.tokens, c.groups, c.head_size}, options).transpose(0, 1);
   const at::Tensor values = at::randn({c.tokens, c.groups, c.head_size}, options).transpose(0, 1);
-  at::Tensor slots = at::randperm(c.num_blocks * c.block_size).narrow(0, 0, c.tokens).clone();
+  at::Tensor slots = at::randperm(c.num_blocks * c.entries_per_block).narrow(0, 0, c.tokens).clone();
   slots[3] = -1;
-  at::Tensor key_pool = at::randn({c.num_blocks, c.groups, c.block_size, c.head_size}, options);
+  at::Tensor key_pool = at::randn({c.num_blocks, c.groups, c.entries_per_block, c.head_size}, options);
   at::Tensor value_pool = at::randn_like(key_pool);
   const c10::Device cuda(c10::kCUDA, 0);
   at::Tensor cuda_keys_pool = key_pool.to(cuda), cuda_values_pool = value_pool.to(cuda);

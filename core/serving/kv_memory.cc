@@ -8,24 +8,25 @@
 #include "core/base/status_field.h"
 #include "core/base/status_macros.h"
 #include "core/base/system_memory.h"
+#include "glog/logging.h"
 
 namespace lgpt {
 
 absl::StatusOr<BlockPoolOptions> KVMemory::PoolFor(const KVCacheGeometry& geometry,
                                                    const KVMemoryOptions& options) {
-  // Per entry first: block_size times the bytes of an entry may overflow int64 (a block of
+  // Per entry first: entries_per_block times the bytes of an entry may overflow int64 (a block of
   // 2^52 entries wrapped to a size the pool accepted, and its first block threw).
   const int64_t bytes_per_entry = std::max<int64_t>(BlockPool::BytesPerBlock(geometry, 1), 1);
-  if (options.block_size > options.pool_bytes / bytes_per_entry) {
+  if (options.entries_per_block > options.pool_bytes / bytes_per_entry) {
     return InvalidFieldError(
         "SchedulerOptions.kv_pool_bytes",
         absl::StrCat("SchedulerOptions.kv_pool_bytes (", options.pool_bytes,
-                     ") is less than one KV block of ", options.block_size, " entries (",
+                     ") is less than one KV block of ", options.entries_per_block, " entries (",
                      bytes_per_entry, " bytes an entry for this model)"));
   }
   BlockPoolOptions pool;
-  pool.block_size = options.block_size;
-  pool.num_blocks = options.pool_bytes / (bytes_per_entry * options.block_size);
+  pool.entries_per_block = options.entries_per_block;
+  pool.num_blocks = options.pool_bytes / (bytes_per_entry * options.entries_per_block);
   // The pool takes memory as requests fill it: one the machine cannot back would end in the
   // OOM killer instead of admission control (device pools are not checked here).
   const std::optional<int64_t> available =
@@ -50,7 +51,17 @@ absl::StatusOr<std::unique_ptr<KVMemory>> KVMemory::Create(const KVCacheGeometry
 }
 
 KVMemory::KVMemory(std::shared_ptr<BlockPool> pool, bool prefix_caching)
-    : pool_(std::move(pool)), prefix_caching_(prefix_caching) {}
+    : KVMemory(pool,
+               pool != nullptr && prefix_caching ? std::make_shared<PrefixCache>(pool) : nullptr) {}
+
+KVMemory::KVMemory(std::shared_ptr<BlockPool> pool, std::shared_ptr<PrefixCache> prefixes)
+    : pool_(std::move(pool)), prefixes_(std::move(prefixes)) {
+  CHECK(prefixes_ == nullptr || prefixes_->pool() == pool_) << "a prefix cache of another pool";
+}
+
+KVMemory::~KVMemory() {
+  for (int64_t block : charge_blocks_) pool_->Release(block);
+}
 
 absl::StatusOr<std::unique_ptr<KVCache>> KVMemory::NewCache(const KVCacheSpec& spec,
                                                             const KVCacheGeometry& geometry,
@@ -62,7 +73,7 @@ absl::StatusOr<std::unique_ptr<KVCache>> KVMemory::NewCache(const KVCacheSpec& s
   if (pool_ == nullptr) return MakeKVCache(spec, shape);
   if (spec.policy != "dense" || spec.bits != 16) {
     // Own storage, grown a pool block at a time and charged to the pool as it grows.
-    shape.growth_step = pool_->block_size();
+    shape.growth_step = pool_->entries_per_block();
     return MakeKVCache(spec, shape);
   }
   ASSIGN_OR_RETURN(std::unique_ptr<PagedKVCache> paged, PagedKVCache::Create(pool_, length));
@@ -80,13 +91,13 @@ absl::StatusOr<KVLease> KVMemory::Lease(std::unique_ptr<KVCache> cache, int64_t 
         return FieldError(
             absl::StatusCode::kResourceExhausted,
             FieldRef("GenerateOptions.max_new_tokens", "max_new_tokens"),
-            absl::StrCat("the request needs ", blocks, " KV blocks of ", pool_->block_size(),
+            absl::StrCat("the request needs ", blocks, " KV blocks of ", pool_->entries_per_block(),
                          " entries (prompt plus max_new_tokens) and the whole pool has ",
                          pool_->num_blocks()));
       }
       lease.use_ = KVLease::Use::kBlocks;
       lease.paged_ = paged;
-      lease.shares_prefixes_ = prefix_caching_ && from_start;
+      lease.shares_prefixes_ = prefixes_ != nullptr && from_start;
     } else if (const KVStorageBound* bound = cache->storage_bound()) {
       // A cache with its own bounded storage: its bytes come out of the pool's budget.
       const int64_t budget = pool_->num_blocks() * pool_->BytesPerBlock();
@@ -127,13 +138,13 @@ absl::Status KVMemory::Reserve(KVLease& lease, int64_t steps) {
     case KVLease::Use::kNone:
       return absl::OkStatus();
     case KVLease::Use::kBlocks:
-      return lease.paged_->Reserve(steps);
+      return lease.paged_->TakeBlocks(steps);
     case KVLease::Use::kBytes:
       break;
   }
   const int64_t needed = ChargeFor(lease, steps);
   if (needed <= lease.charge_) return absl::OkStatus();
-  RETURN_IF_ERROR(pool_->Reserve(needed - lease.charge_));
+  RETURN_IF_ERROR(Charge(needed - lease.charge_));
   lease.charge_ = needed;
   return absl::OkStatus();
 }
@@ -143,7 +154,7 @@ void KVMemory::Settle(KVLease& lease) {
   // The prediction is an upper bound: give back what the step did not use.
   const int64_t used = lease.cache_->AllocatedBytes() + lease.cache_->IndexBytes();
   if (used < lease.charge_) {
-    pool_->Unreserve(lease.charge_ - used);
+    Uncharge(lease.charge_ - used);
     lease.charge_ = used;
   }
 }
@@ -151,7 +162,7 @@ void KVMemory::Settle(KVLease& lease) {
 void KVMemory::Release(KVLease& lease) {
   lease.cache_->Release();
   if (lease.charge_ > 0) {
-    pool_->Unreserve(lease.charge_);
+    Uncharge(lease.charge_);
     lease.charge_ = 0;
   }
 }
@@ -160,28 +171,67 @@ void KVMemory::Close(KVLease& lease) {
   lease.paged_ = nullptr;
   lease.cache_.reset();
   if (lease.charge_ > 0) {
-    pool_->Unreserve(lease.charge_);
+    Uncharge(lease.charge_);
     lease.charge_ = 0;
   }
 }
 
 int64_t KVMemory::AttachPrefix(KVLease& lease, absl::Span<const int64_t> tokens) {
-  return lease.shares_prefixes_ ? lease.paged_->AttachPrefix(tokens) : 0;
+  return lease.shares_prefixes_ ? lease.paged_->AttachPrefix(*prefixes_, tokens) : 0;
 }
 
 void KVMemory::Publish(KVLease& lease, absl::Span<const int64_t> tokens) {
-  if (lease.shares_prefixes_) lease.paged_->PublishPrefix(tokens);
+  if (lease.shares_prefixes_) lease.paged_->PublishPrefix(*prefixes_, tokens);
 }
 
 int64_t KVMemory::free_blocks() const { return pool_ != nullptr ? pool_->free_blocks() : 0; }
 
-int64_t KVMemory::block_size() const { return pool_ != nullptr ? pool_->block_size() : 0; }
+int64_t KVMemory::entries_per_block() const {
+  return pool_ != nullptr ? pool_->entries_per_block() : 0;
+}
+
+absl::Status KVMemory::Charge(int64_t bytes) {
+  const int64_t held = static_cast<int64_t>(charge_blocks_.size());
+  const int64_t wanted = pool_->BlocksForBytes(charged_bytes_ + bytes);
+  const int64_t free = pool_->free_blocks();
+  if (bytes < 0 || wanted - held > free) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the KV block pool cannot set aside ", bytes, " bytes: ", pool_->num_blocks(),
+                     " blocks of ", pool_->BytesPerBlock(), " bytes, ",
+                     pool_->num_blocks() - free - held, " in use, ", held, " reserved"));
+  }
+  while (static_cast<int64_t>(charge_blocks_.size()) < wanted) {
+    absl::StatusOr<int64_t> block = pool_->Allocate();
+    if (!block.ok()) {  // taken meanwhile by a cache outside this memory
+      while (static_cast<int64_t>(charge_blocks_.size()) > held) {
+        pool_->Release(charge_blocks_.back());
+        charge_blocks_.pop_back();
+      }
+      return block.status();
+    }
+    charge_blocks_.push_back(*block);
+  }
+  charged_bytes_ += bytes;
+  charged_blocks_.store(wanted);
+  return absl::OkStatus();
+}
+
+void KVMemory::Uncharge(int64_t bytes) {
+  CHECK(bytes >= 0 && bytes <= charged_bytes_) << bytes << " of " << charged_bytes_;
+  charged_bytes_ -= bytes;
+  const int64_t wanted = pool_->BlocksForBytes(charged_bytes_);
+  while (static_cast<int64_t>(charge_blocks_.size()) > wanted) {
+    pool_->Release(charge_blocks_.back());
+    charge_blocks_.pop_back();
+  }
+  charged_blocks_.store(wanted);
+}
 
 KVMemoryStats KVMemory::Stats() const {
   KVMemoryStats stats;
   if (pool_ == nullptr) return stats;
   stats.blocks = pool_->num_blocks();
-  stats.blocks_cached = pool_->cached_blocks();
+  stats.blocks_cached = pool_->idle_blocks();
   stats.blocks_used = pool_->num_blocks() - pool_->free_blocks();
   stats.block_bytes = pool_->BytesPerBlock();
   return stats;

@@ -10,13 +10,18 @@
 //   - a request's memory through one lease: Reserve before a step (blocks or bytes), Settle
 //     after it (an over-estimate given back), Release (preempted: its memory back, the cache
 //     kept for recomputing), Close (finished);
-//   - prefix reuse: AttachPrefix at a request's first prefill, Publish as blocks fill.
+//   - prefix reuse: AttachPrefix at a request's first prefill, Publish as blocks fill (its
+//     prefix cache, cache/prefix_cache.h, over the pool);
+//   - the bytes charged for caches with storage of their own: summed, and held as whole pool
+//     blocks (no rounding up per cache), so the pool itself knows only blocks.
 // Used by the scheduler's thread; Stats is safe from any thread.
 #ifndef LGPT_CORE_SERVING_KV_MEMORY_H_
 #define LGPT_CORE_SERVING_KV_MEMORY_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -25,12 +30,13 @@
 #include "cache/kv_cache.h"
 #include "cache/kv_cache_factory.h"
 #include "cache/paged_kv_cache.h"
+#include "cache/prefix_cache.h"
 
 namespace lgpt {
 
 struct KVMemoryOptions {
-  int64_t pool_bytes = 0;      // 0: no pool (each request allocates its own cache as it grows)
-  int64_t block_size = 16;     // entries per pool block
+  int64_t pool_bytes = 0;  // 0: no pool (each request allocates its own cache as it grows)
+  int64_t entries_per_block = 16;
   bool prefix_caching = true;  // paged requests from position 0 share cached prompt blocks
 };
 
@@ -69,15 +75,21 @@ class KVLease {
 class KVMemory {
  public:
   // The pool options `pool_bytes` buys for caches of `geometry` (its layers, dtype, device):
-  // InvalidArgument below one block of `block_size` entries, ResourceExhausted beyond the
+  // InvalidArgument below one block of `entries_per_block` entries, ResourceExhausted beyond the
   // memory available on the CPU.
   static absl::StatusOr<BlockPoolOptions> PoolFor(const KVCacheGeometry& geometry,
                                                   const KVMemoryOptions& options);
   // Memory for caches of `geometry`: a pool of options.pool_bytes (PoolFor), or none.
   static absl::StatusOr<std::unique_ptr<KVMemory>> Create(const KVCacheGeometry& geometry,
                                                           const KVMemoryOptions& options);
-  // Over an existing pool (null: none).
+  // Over an existing pool (null: none), with a prefix cache of its own when prefix_caching.
   KVMemory(std::shared_ptr<BlockPool> pool, bool prefix_caching);
+  // Over an existing pool and the prefix cache over it (null: no prefix sharing), which may
+  // outlive this memory: a later KVMemory over the same two finds what this one published.
+  KVMemory(std::shared_ptr<BlockPool> pool, std::shared_ptr<PrefixCache> prefixes);
+  ~KVMemory();
+  KVMemory(const KVMemory&) = delete;
+  KVMemory& operator=(const KVMemory&) = delete;
 
   // A batch-1 cache of `spec` for `length` entries, of the kind this memory serves it with.
   // The factory's errors.
@@ -115,16 +127,26 @@ class KVMemory {
 
   // Blocks Reserve can still take (cached prefix blocks count as free); 0 without a pool.
   int64_t free_blocks() const;
-  int64_t block_size() const;
+  // Blocks held for the charged bytes of caches with storage of their own.
+  int64_t charged_blocks() const { return charged_blocks_.load(); }
+  int64_t entries_per_block() const;
   KVMemoryStats Stats() const;
   const std::shared_ptr<BlockPool>& pool() const { return pool_; }
 
  private:
   // The bytes a charged lease's storage will have after a step of `steps` entries.
   static int64_t ChargeFor(const KVLease& lease, int64_t steps);
+  // Adds `bytes` to the charged bytes, taking the whole blocks they now need (recycling cached
+  // prefix blocks as needed); ResourceExhausted, taking nothing, when they are not free.
+  absl::Status Charge(int64_t bytes);
+  // Takes `bytes` off the charged bytes, giving back the blocks they no longer need.
+  void Uncharge(int64_t bytes);
 
   const std::shared_ptr<BlockPool> pool_;
-  const bool prefix_caching_;
+  const std::shared_ptr<PrefixCache> prefixes_;  // null: no prefix sharing
+  int64_t charged_bytes_ = 0;
+  std::vector<int64_t> charge_blocks_;      // BlocksForBytes(charged_bytes_) of them
+  std::atomic<int64_t> charged_blocks_{0};  // charge_blocks_.size(), for any thread
 };
 
 }  // namespace lgpt

@@ -28,7 +28,7 @@ constexpr int64_t kBlockBytes = 2 * 2 * kGroups * kBlock * kHeadSize * 4;
 std::unique_ptr<KVMemory> Memory(int64_t blocks, bool prefix_caching = true) {
   KVMemoryOptions options;
   options.pool_bytes = blocks * kBlockBytes;
-  options.block_size = kBlock;
+  options.entries_per_block = kBlock;
   options.prefix_caching = prefix_caching;
   absl::StatusOr<std::unique_ptr<KVMemory>> memory = KVMemory::Create(Geometry(), options);
   EXPECT_TRUE(memory.ok()) << memory.status();
@@ -59,16 +59,16 @@ void Fill(KVCache& cache, int64_t from, int64_t count) {
 
 TEST(KVMemoryTest, PoolSizedFromBytes) {
   KVMemoryOptions options;
-  options.block_size = kBlock;
+  options.entries_per_block = kBlock;
   options.pool_bytes = 10 * kBlockBytes + kBlockBytes / 2;
   absl::StatusOr<BlockPoolOptions> pool = KVMemory::PoolFor(Geometry(), options);
   ASSERT_TRUE(pool.ok()) << pool.status();
   EXPECT_EQ(pool->num_blocks, 10);
-  EXPECT_EQ(pool->block_size, kBlock);
+  EXPECT_EQ(pool->entries_per_block, kBlock);
   options.pool_bytes = kBlockBytes - 1;  // less than one block
   EXPECT_EQ(KVMemory::PoolFor(Geometry(), options).status().code(),
             absl::StatusCode::kInvalidArgument);
-  options.block_size = int64_t{1} << 60;  // overflows bytes per block: still refused
+  options.entries_per_block = int64_t{1} << 60;  // overflows bytes per block: still refused
   options.pool_bytes = int64_t{1} << 40;
   EXPECT_EQ(KVMemory::PoolFor(Geometry(), options).status().code(),
             absl::StatusCode::kInvalidArgument);
@@ -144,21 +144,21 @@ TEST(KVMemoryTest, ChargedLeaseReservesItsGrowthAndSettles) {
   EXPECT_EQ(memory->BlocksForStep(lease, 3, true), memory->pool()->BlocksForBytes(step_bound));
   ASSERT_TRUE(memory->Reserve(lease, 3).ok());
   EXPECT_EQ(lease.charged_bytes(), step_bound);
-  EXPECT_EQ(memory->pool()->reserved_blocks(), memory->pool()->BlocksForBytes(step_bound));
+  EXPECT_EQ(memory->charged_blocks(), memory->pool()->BlocksForBytes(step_bound));
   EXPECT_TRUE(memory->Holds(lease));
   Fill(*lease.cache(), 0, 3);
   memory->Settle(lease);  // at most what the cache holds now
   const int64_t used = lease.cache()->AllocatedBytes() + lease.cache()->IndexBytes();
   EXPECT_EQ(lease.charged_bytes(), std::min(step_bound, used));
-  EXPECT_EQ(memory->pool()->reserved_blocks(),
+  EXPECT_EQ(memory->charged_blocks(),
             memory->pool()->BlocksForBytes(lease.charged_bytes()));
   memory->Release(lease);
   EXPECT_EQ(lease.charged_bytes(), 0);
   EXPECT_EQ(lease.cache()->AllocatedBytes(), 0);
-  EXPECT_EQ(memory->pool()->reserved_blocks(), 0);
+  EXPECT_EQ(memory->charged_blocks(), 0);
   ASSERT_TRUE(memory->Reserve(lease, 3).ok());
   memory->Close(lease);
-  EXPECT_EQ(memory->pool()->reserved_blocks(), 0);
+  EXPECT_EQ(memory->charged_blocks(), 0);
 }
 
 TEST(KVMemoryTest, PublishedPrefixesAttachToLaterLeases) {

@@ -424,7 +424,7 @@ void Scheduler::Publish(Request& r) {
 bool Scheduler::SharesUnpublishedBlock(const Request& request,
                                        const std::vector<PrefillPiece>& batch) const {
   if (!request.memory.shares_prefixes() || request.ids.size() < 2) return false;
-  const int64_t block_size = memory_->block_size();
+  const int64_t entries_per_block = memory_->entries_per_block();
   for (const PrefillPiece& piece : batch) {
     const Request& other = *piece.request;
     if (!other.memory.shares_prefixes()) continue;
@@ -434,8 +434,8 @@ bool Scheduler::SharesUnpublishedBlock(const Request& request,
     const int64_t common = static_cast<int64_t>(
         std::mismatch(request.ids.begin(), request.ids.begin() + limit, other.ids.begin()).first -
         request.ids.begin());
-    const int64_t published = (other.prefilled + other.fed) / block_size * block_size;
-    if (common / block_size * block_size > published) return true;
+    const int64_t published = (other.prefilled + other.fed) / entries_per_block * entries_per_block;
+    if (common / entries_per_block * entries_per_block > published) return true;
   }
   return false;
 }
@@ -461,14 +461,14 @@ std::vector<Scheduler::PrefillPiece> Scheduler::PlanPrefill(Running& running) {
     }
     const int64_t chunk = std::min(EffectiveChunk(r.options), length - r.prefilled);
     if (!batch.empty() && chunk > budget) break;
-    absl::StatusOr<int64_t> reserved = r.stream->Reserve(chunk);
-    if (!reserved.ok()) {
-      r.Fail(reserved.status());
+    absl::StatusOr<int64_t> fits = r.stream->MakeRoom(chunk);
+    if (!fits.ok()) {
+      r.Fail(fits.status());
       continue;
     }
-    if (!ReserveMemory(r, *reserved, running)) continue;
-    batch.push_back({&r, *reserved, r.stream->Take(*reserved)});
-    budget -= *reserved;
+    if (!ReserveMemory(r, *fits, running)) continue;
+    batch.push_back({&r, *fits, r.stream->Take(*fits)});
+    budget -= *fits;
   }
   return batch;
 }
@@ -565,9 +565,9 @@ std::vector<Scheduler::Request*> Scheduler::ReserveDecodeRows(Running& running) 
     Request& r = *owned;
     if (r.state != RequestState::kDecoding) continue;
     // Shifting caches make room before the step; a failure ends this request only.
-    absl::Status reserved = r.stream->Reserve(1).status();
-    if (!reserved.ok()) {
-      r.Fail(reserved);
+    absl::Status room = r.stream->MakeRoom(1).status();
+    if (!room.ok()) {
+      r.Fail(room);
       continue;
     }
     if (ReserveMemory(r, 1, running)) candidates.push_back(&r);

@@ -1,4 +1,6 @@
-// Continuous batching: one thread steps every running request of one model as a batch.
+// Continuous batching: one thread steps every running request of one model as a batch. The
+// scheduler decides; KVMemory (core/serving/kv_memory.h) allocates; the model runs the step
+// (core/model/batch_forward.h). core/serving/README.md draws the three and a request's path.
 //
 // Each step (Orca's iteration-level scheduling):
 //   1. admits waiting requests in arrival order while fewer than max_running run;

@@ -27,11 +27,11 @@
 namespace lgpt {
 namespace {
 
-std::shared_ptr<BlockPool> Pool(GPTImpl& model, int64_t blocks, int64_t block_size) {
+std::shared_ptr<BlockPool> Pool(GPTImpl& model, int64_t blocks, int64_t entries_per_block) {
   KVCacheGeometry geometry;
   geometry.layers = model.CacheLayout();
   BlockPoolOptions options;
-  options.block_size = block_size;
+  options.entries_per_block = entries_per_block;
   options.num_blocks = blocks;
   absl::StatusOr<std::shared_ptr<BlockPool>> pool = BlockPool::Create(geometry, options);
   EXPECT_TRUE(pool.ok()) << pool.status();
@@ -51,7 +51,7 @@ std::unique_ptr<KVCache> CacheOf(GPTImpl& model, const Job& job,
     EXPECT_TRUE(paged.ok()) << paged.status();
     return *std::move(paged);
   }
-  return BatchOneCache(model, job.spec, Length(job), pool->block_size());
+  return BatchOneCache(model, job.spec, Length(job), pool->entries_per_block());
 }
 
 struct Outcome {
@@ -59,9 +59,15 @@ struct Outcome {
   SchedulerStats stats;
 };
 
+// `prefixes`: the prefix cache over `pool` that outlives this scheduler (null: one of its own,
+// as options.prefix_caching says).
 Outcome Serve(GPT model, const std::vector<Job>& jobs, SchedulerOptions options,
-              const std::shared_ptr<BlockPool>& pool) {
-  Scheduler scheduler(model, options, pool);
+              const std::shared_ptr<BlockPool>& pool,
+              const std::shared_ptr<PrefixCache>& prefixes = nullptr) {
+  Scheduler scheduler(model, options,
+                      prefixes != nullptr
+                          ? std::make_unique<KVMemory>(pool, prefixes)
+                          : std::make_unique<KVMemory>(pool, options.prefix_caching));
   std::vector<std::shared_ptr<RequestHandle>> handles;
   for (const Job& job : jobs) {
     absl::StatusOr<std::shared_ptr<RequestHandle>> handle =
@@ -116,7 +122,7 @@ TEST_P(PreemptionTest, NeverChangesAToken) {
   EXPECT_EQ(outcome.stats.pool_blocks_used, 0);
   EXPECT_EQ(pool->free_blocks(), pool->num_blocks());
   if (!GetParam()) {
-    EXPECT_EQ(pool->cached_blocks(), 0);
+    EXPECT_EQ(pool->idle_blocks(), 0);
   }
 }
 
@@ -142,14 +148,15 @@ TEST(PrefixReuseTest, SharedPrefixIsComputedOnce) {
     jobs.push_back(job);
   }
   std::shared_ptr<BlockPool> pool = Pool(*model, 64, 4);
+  const auto prefixes = std::make_shared<PrefixCache>(pool);
   SchedulerOptions options;
   options.prefill_chunk = 8;
   // The first request fills the cache; the later ones (one at a time, then all at once) hit.
-  Outcome first = Serve(model, {jobs[0]}, options, pool);
+  Outcome first = Serve(model, {jobs[0]}, options, pool, prefixes);
   EXPECT_EQ(first.results[0].prefix_hit_tokens, 0);
-  EXPECT_GT(pool->cached_blocks(), 0);
+  EXPECT_GT(pool->idle_blocks(), 0);
   std::vector<Job> later(jobs.begin() + 1, jobs.end());
-  Outcome rest = Serve(model, later, options, pool);
+  Outcome rest = Serve(model, later, options, pool, prefixes);
   for (size_t i = 0; i < later.size(); ++i) {
     SCOPED_TRACE(absl::StrCat("request ", i + 1));
     EXPECT_EQ(rest.results[i].tokens, Alone(*model, later[i]));
@@ -221,6 +228,7 @@ TEST(PrefixReuseTest, LogitsOfAPrefixHitMatchAFreshPrefill) {
   const at::Tensor ids = at::randint(0, vocab, {21}, at::kLong);
   const std::vector<int64_t> prompt(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + 21);
   std::shared_ptr<BlockPool> pool = Pool(*model, 32, 4);
+  PrefixCache prefixes(pool);
   at::NoGradGuard no_grad;
   auto last_logits = [&](PagedKVCache& cache, int64_t from) {
     ForwardOptions forward;
@@ -233,9 +241,9 @@ TEST(PrefixReuseTest, LogitsOfAPrefixHitMatchAFreshPrefill) {
   };
   std::unique_ptr<PagedKVCache> fresh = *PagedKVCache::Create(pool, 32);
   const at::Tensor expected = last_logits(*fresh, 0);
-  fresh->PublishPrefix(prompt);
+  fresh->PublishPrefix(prefixes, prompt);
   std::unique_ptr<PagedKVCache> reused = *PagedKVCache::Create(pool, 32);
-  ASSERT_EQ(reused->AttachPrefix(prompt), 20);
+  ASSERT_EQ(reused->AttachPrefix(prefixes, prompt), 20);
   EXPECT_TRUE(at::allclose(last_logits(*reused, 20), expected, 1e-4, 1e-4));
 }
 
@@ -285,9 +293,9 @@ TEST(PoolAdmissionTest, BudgetedCachesChargeTheirBytesToThePool) {
   std::vector<std::shared_ptr<RequestHandle>> handles;
   for (const Job& job : jobs) {
     GenerateOptions o = job.options;
-    o.on_token = [&most_reserved, &pool](int64_t) {
-      most_reserved =
-          std::max(most_reserved.load(), pool->reserved_blocks() * pool->BytesPerBlock());
+    o.on_token = [&most_reserved, &pool, &scheduler](int64_t) {
+      most_reserved = std::max(most_reserved.load(),
+                               scheduler.memory().charged_blocks() * pool->BytesPerBlock());
       return true;
     };
     // One length for all, so every request reserves the same bytes.
@@ -301,7 +309,7 @@ TEST(PoolAdmissionTest, BudgetedCachesChargeTheirBytesToThePool) {
   // Three at once, never four (reservations in bytes, rounded up to a block together).
   EXPECT_GT(most_reserved.load(), 2 * bytes);
   EXPECT_LE(most_reserved.load(), 3 * bytes + per_block);
-  EXPECT_EQ(pool->reserved_blocks(), 0);
+  EXPECT_EQ(scheduler.memory().charged_blocks(), 0);
   EXPECT_EQ(scheduler.Stats().pool_blocks_used, 0);
 }
 
@@ -317,8 +325,8 @@ TEST(PoolAdmissionTest, QuantisedCachesAreChargedAsTheyGrow) {
   Scheduler scheduler(model, {}, pool);
   std::vector<int64_t> reserved;  // blocks charged when each token arrives
   GenerateOptions options = job.options;
-  options.on_token = [&reserved, &pool](int64_t) {
-    reserved.push_back(pool->reserved_blocks());
+  options.on_token = [&reserved, &scheduler](int64_t) {
+    reserved.push_back(scheduler.memory().charged_blocks());
     return true;
   };
   std::unique_ptr<KVCache> cache = CacheOf(*model, job, pool);
@@ -334,7 +342,7 @@ TEST(PoolAdmissionTest, QuantisedCachesAreChargedAsTheyGrow) {
   EXPECT_LT(reserved.front(), reserved.back());
   EXPECT_LT(reserved.front(), max_blocks / 2);
   EXPECT_LE(reserved.back(), max_blocks);
-  EXPECT_EQ(pool->reserved_blocks(), 0);
+  EXPECT_EQ(scheduler.memory().charged_blocks(), 0);
 }
 
 }  // namespace

@@ -128,7 +128,7 @@ TEST(SchedulerTest, SoakOverASmallPoolLeavesThePoolFree) {
   KVCacheGeometry geometry;
   geometry.layers = model->CacheLayout();
   BlockPoolOptions pool_options;
-  pool_options.block_size = 4;
+  pool_options.entries_per_block = 4;
   pool_options.num_blocks = 44;  // 176 entries: about five paged requests at once
   std::shared_ptr<BlockPool> pool = *BlockPool::Create(geometry, pool_options);
   std::mt19937 rng(77);

@@ -137,7 +137,7 @@ TEST(SchedulerTest, PagedCachesOverOneSharedPool) {
   KVCacheGeometry geometry;
   geometry.layers = model->CacheLayout();
   BlockPoolOptions pool_options;
-  pool_options.block_size = 4;
+  pool_options.entries_per_block = 4;
   pool_options.num_blocks = 96;
   std::shared_ptr<BlockPool> pool = *BlockPool::Create(geometry, pool_options);
   SchedulerOptions options;
