@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_replace.h"
+#include "core/base/status_field.h"
 #include "core/base/status_macros.h"
 #include "core/model/checkpoint.h"
 #include "core/model/quantize_model.h"
@@ -57,6 +57,14 @@ class StopSequenceFilter {
   std::string pending_;
 };
 
+// The messages say "max_new_tokens" of RequestOptions.max_new_tokens.
+FieldRef MaxNewTokens() { return FieldRef("RequestOptions.max_new_tokens", "max_new_tokens"); }
+
+absl::Status MaxNewTokensBelowOne(int64_t max_new_tokens) {
+  return InvalidFieldError(MaxNewTokens(),
+                           absl::StrCat("max_new_tokens must be >= 1, got ", max_new_tokens));
+}
+
 absl::Status CheckIds(const std::vector<int64_t>& ids, int64_t vocab, absl::string_view what) {
   for (size_t i = 0; i < ids.size(); ++i) {
     if (ids[i] < 0 || ids[i] >= vocab) {
@@ -105,34 +113,43 @@ absl::StatusOr<std::shared_ptr<const Engine>> Engine::Load(const std::string& ch
   WeightQuantization quantize = options.quantize;
   if (options.quantize_int8) {
     if (quantize == WeightQuantization::kInt4) {
-      return absl::InvalidArgumentError(
-          "EngineOptions.quantize_int8 and EngineOptions.quantize int4 contradict each other");
+      return InvalidFieldError(
+          "EngineOptions.quantize_int8",
+          "EngineOptions.quantize_int8 and EngineOptions.quantize int4 contradict each other",
+          {FieldRef("EngineOptions.quantize", "EngineOptions.quantize int4")});
     }
     quantize = WeightQuantization::kInt8;
   }
   if (quantize != WeightQuantization::kNone) {
     if (!options.device.is_cpu() || options.dtype != c10::kFloat) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "EngineOptions.quantize ", WeightQuantizationName(quantize),
-          " needs EngineOptions.dtype float32 and EngineOptions.device cpu (quantised weights "
-          "run on the CPU with float32 activations)"));
+      // The mentions name the values too ("EngineOptions.dtype float32"): a tool shows its flag
+      // with the value it takes.
+      const std::string quantize_text =
+          absl::StrCat("EngineOptions.quantize ", WeightQuantizationName(quantize));
+      return InvalidFieldError(
+          FieldRef("EngineOptions.quantize", quantize_text),
+          absl::StrCat(quantize_text,
+                       " needs EngineOptions.dtype float32 and EngineOptions.device cpu (quantised "
+                       "weights run on the CPU with float32 activations)"),
+          {FieldRef("EngineOptions.dtype", "EngineOptions.dtype float32"),
+           FieldRef("EngineOptions.device", "EngineOptions.device cpu")});
     }
     load.parts = QuantizedModelParts(quantize);
   }
   if (options.tensor_parallel && options.tensor_parallel->world_size() > 1) {
     if (quantize != WeightQuantization::kNone || !options.loras.empty()) {
-      return absl::UnimplementedError(
-          "EngineOptions.tensor_parallel does not combine with EngineOptions.quantize or "
-          "EngineOptions.loras yet");
+      return FieldError(absl::StatusCode::kUnimplemented, "EngineOptions.tensor_parallel",
+                        "EngineOptions.tensor_parallel does not combine with "
+                        "EngineOptions.quantize or EngineOptions.loras yet",
+                        {"EngineOptions.quantize", "EngineOptions.loras"});
     }
     load.tensor_parallel = options.tensor_parallel;
   }
   absl::StatusOr<LoadedModel> loaded_or =
       LoadModelWithPeft(checkpoint_dir, options.loras, load, "EngineOptions.loras");
-  if (absl::IsDataLoss(loaded_or.status())) {  // Name the option the caller set.
-    return absl::DataLossError(
-        absl::StrReplaceAll(loaded_or.status().message(),
-                            {{"LoadOptions.verify_checksums", "EngineOptions.verify_checksums"}}));
+  if (!loaded_or.ok()) {  // Name the option the caller set.
+    return RenameField(loaded_or.status(), "LoadOptions.verify_checksums",
+                       "EngineOptions.verify_checksums");
   }
   ASSIGN_OR_RETURN(LoadedModel loaded, std::move(loaded_or));
   if (quantize != WeightQuantization::kNone) {
@@ -422,21 +439,20 @@ SchedulerStats Engine::ServingStats() const { return scheduler().Stats(); }
 absl::Status Engine::CheckRequest(const std::vector<int64_t>& prompt,
                                   const RequestOptions& options) const {
   if (prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
-  if (options.max_new_tokens < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_new_tokens must be >= 1, got ", options.max_new_tokens));
-  }
+  if (options.max_new_tokens < 1) return MaxNewTokensBelowOne(options.max_new_tokens);
   RETURN_IF_ERROR(CheckIds(prompt, config().PaddedVocabSize(), "prompt"));
   RETURN_IF_ERROR(ValidateKVCacheSpec(options.kv_cache));
   // Compared by subtraction: prompt + max_new_tokens may overflow int64.
   const int64_t prompt_length = static_cast<int64_t>(prompt.size());
   if (options.max_new_tokens > config().block_size - prompt_length &&
       !UsesCachePositions(options.kv_cache)) {
-    return absl::OutOfRangeError(
+    return FieldError(
+        absl::StatusCode::kOutOfRange, MaxNewTokens(),
         absl::StrCat("prompt (", prompt.size(), " tokens) plus max_new_tokens (",
                      options.max_new_tokens, ") exceeds the context of ", config().block_size,
                      " tokens (with KVCacheSpec.positions=absolute; a window or sink cache with "
-                     "KVCacheSpec.positions=cache goes past it)"));
+                     "KVCacheSpec.positions=cache goes past it)"),
+        {"KVCacheSpec.positions"});
   }
   return absl::OkStatus();
 }
@@ -473,10 +489,7 @@ absl::StatusOr<std::vector<Completion>> Engine::GenerateBatch(
   if (prompts.empty()) return absl::InvalidArgumentError("no prompts");
   // Before the cache is sized from it: a very negative value made the cache's length the
   // error ("DenseKVCacheOptions.max_sequence_length must be >= 1").
-  if (options.max_new_tokens < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_new_tokens must be >= 1, got ", options.max_new_tokens));
-  }
+  if (options.max_new_tokens < 1) return MaxNewTokensBelowOne(options.max_new_tokens);
   if (options.on_token || options.on_text || !options.stop_sequences.empty()) {
     return absl::InvalidArgumentError(
         "GenerateBatch takes no streaming callbacks or stop sequences");
@@ -560,10 +573,7 @@ absl::StatusOr<Completion> Session::Send(absl::string_view text, const RequestOp
 absl::StatusOr<Completion> Session::Send(const std::vector<int64_t>& tokens,
                                          const RequestOptions& options) {
   if (tokens.empty()) return absl::InvalidArgumentError("nothing to send: no tokens");
-  if (options.max_new_tokens < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_new_tokens must be >= 1, got ", options.max_new_tokens));
-  }
+  if (options.max_new_tokens < 1) return MaxNewTokensBelowOne(options.max_new_tokens);
   RETURN_IF_ERROR(CheckIds(tokens, engine_->config().PaddedVocabSize(), "message"));
   // The previous reply's last token was sampled but never fed: it goes first.
   std::vector<int64_t> prompt(history_.begin() + cached_, history_.end());
@@ -590,8 +600,8 @@ absl::StatusOr<Completion> Session::Send(const std::vector<int64_t>& tokens,
   if (!result.ok()) {
     // A failed step may have stored part of its entries: start over rather than risk them.
     Reset();
-    return absl::Status(result.status().code(),
-                        absl::StrCat(result.status().message(), " (the session was reset)"));
+    return WithMessage(result.status(),
+                       absl::StrCat(result.status().message(), " (the session was reset)"));
   }
   cached_ += static_cast<int64_t>(prompt.size()) + static_cast<int64_t>(result->tokens.size()) - 1;
   shifted_ += result->stats.position_shift;

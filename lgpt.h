@@ -10,6 +10,11 @@
 // An Engine is immutable after loading and safe to share: every request and every Session
 // owns its KV cache, the weights are shared. A Session keeps its cache across calls, so a
 // multi-turn chat prefills only each new turn.
+//
+// Errors about an option name it in the library's terms ("KVCacheSpec.budget must be >= 1 for
+// policy h2o, got 0", "SchedulerOptions.max_running must be >= 1") and carry it:
+// lgpt::ErrorField(status) is "KVCacheSpec.budget" (core/base/status_field.h), which a tool or
+// server maps to its own flag or request field.
 #ifndef LGPT_LGPT_H_
 #define LGPT_LGPT_H_
 
@@ -28,6 +33,7 @@
 #include "absl/strings/string_view.h"
 #include "cache/kv_cache.h"
 #include "cache/kv_cache_factory.h"
+#include "core/base/status_field.h"
 #include "core/config/config.h"
 #include "core/dist/process_group.h"
 #include "core/model/generate.h"

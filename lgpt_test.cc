@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/base/status_field.h"
 #include "core/io/torch_pickle_writer.h"
 #include "core/model/checkpoint.h"
 #include "gmock/gmock.h"
@@ -563,6 +564,71 @@ TEST(EngineTest, LoadsLoraFinetunesAtRunTime) {
   const absl::Status missing = Engine::Load(kDefaultModel, options).status();
   EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(missing.message(), HasSubstr("EngineOptions.loras[0] /nonexistent/lora"));
+}
+
+// The facade's errors carry the option at fault (core/base/status_field.h), which tools show as
+// their flag and the server as its request field; messages stay in the library's names.
+TEST(EngineTest, OptionErrorsCarryTheirField) {
+  auto fields_of = [](const absl::Status& status) {
+    std::vector<std::string> paths;
+    for (const FieldRef& field : ErrorFields(status)) paths.push_back(field.path);
+    return paths;
+  };
+  // Refused before the checkpoint is read.
+  EngineOptions options;
+  options.serving.max_running = 0;
+  EXPECT_EQ(ErrorField(Engine::Load("/nonexistent", options).status()),
+            "SchedulerOptions.max_running");
+  options = EngineOptions();
+  options.serving.kv_block_size = 0;
+  EXPECT_EQ(ErrorField(Engine::Load("/nonexistent", options).status()),
+            "SchedulerOptions.kv_block_size");
+  options = EngineOptions();
+  options.quantize = WeightQuantization::kInt4;
+  options.quantize_int8 = true;
+  const absl::Status both = Engine::Load("/nonexistent", options).status();
+  EXPECT_EQ(fields_of(both),
+            (std::vector<std::string>{"EngineOptions.quantize_int8", "EngineOptions.quantize"}));
+  options.quantize_int8 = false;
+  options.dtype = c10::kBFloat16;
+  const absl::Status bf16 = Engine::Load("/nonexistent", options).status();
+  EXPECT_EQ(fields_of(bf16),
+            (std::vector<std::string>{"EngineOptions.quantize", "EngineOptions.dtype",
+                                      "EngineOptions.device"}));
+  options = EngineOptions();
+  options.loras = {{""}};
+  EXPECT_EQ(ErrorField(Engine::Load(kDefaultModel, options).status()), "EngineOptions.loras");
+  options.loras = {{"/nonexistent/lora"}};
+  const absl::Status missing = Engine::Load(kDefaultModel, options).status();
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound) << missing;
+  EXPECT_EQ(ErrorField(missing), "EngineOptions.loras") << missing;
+  // The pool's sizing, when the engine loads.
+  options = EngineOptions();
+  options.serving.kv_pool_bytes = 100;
+  EXPECT_EQ(ErrorField(Engine::Load(kDefaultModel, options).status()),
+            "SchedulerOptions.kv_pool_bytes");
+
+  // Requests.
+  const Engine& engine = DefaultEngine();
+  const absl::Status zero = engine.Generate("And", Greedy(0)).status();
+  EXPECT_EQ(ErrorField(zero), "RequestOptions.max_new_tokens");
+  EXPECT_EQ(ErrorFields(zero)[0].text(), "max_new_tokens");
+  EXPECT_EQ(ErrorField(engine.GenerateBatch({*engine.Encode("And")}, Greedy(0)).status()),
+            "RequestOptions.max_new_tokens");
+  std::vector<int64_t> too_long(engine.config().block_size, 5);
+  const absl::Status context = engine.Generate(too_long, Greedy(4)).status();
+  EXPECT_EQ(context.code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(fields_of(context),
+            (std::vector<std::string>{"RequestOptions.max_new_tokens", "KVCacheSpec.positions"}));
+  RequestOptions dense_budget = Greedy(4);
+  dense_budget.kv_cache.budget = 8;  // the dense cache keeps everything: refused, not ignored
+  const absl::Status dense = engine.Generate("And", dense_budget).status();
+  EXPECT_EQ(dense.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ErrorField(dense), "KVCacheSpec.budget");
+  EXPECT_EQ(ErrorField(engine.Submit("And", dense_budget).status()), "KVCacheSpec.budget");
+  RequestOptions cold = Greedy(4);
+  cold.sampling.temperature = -1;
+  EXPECT_EQ(ErrorField(engine.Generate("And", cold).status()), "SamplingOptions.temperature");
 }
 
 // A lit_model.pth with flipped bytes is refused naming the tensor and EngineOptions' field

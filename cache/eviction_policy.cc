@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/base/status_field.h"
 
 namespace lgpt {
 namespace {
@@ -219,34 +220,48 @@ at::Tensor StepScores(const LayerPlan& plan, const at::Tensor& weights, int64_t 
 }
 
 absl::Status ValidateEvictionPolicy(const EvictionPolicyOptions& policy, absl::string_view owner) {
+  const std::string budget = absl::StrCat(owner, ".budget");
   if (policy.kind != PolicyKind::kDense && policy.budget < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(owner, ".budget must be >= 1 for policy ",
-                                                   PolicyName(policy.kind), ", got ",
-                                                   policy.budget));
+    return InvalidFieldError(
+        budget, absl::StrCat(budget, " must be >= 1 for policy ", PolicyName(policy.kind), ", got ",
+                             policy.budget));
   }
-  if (policy.kind == PolicyKind::kSink &&
-      (policy.sink_tokens < 0 || policy.sink_tokens > policy.budget)) {
-    return absl::InvalidArgumentError(absl::StrCat(owner, ".sink_tokens=", policy.sink_tokens,
-                                                   " must be in [0, ", owner,
-                                                   ".budget=", policy.budget, "]"));
+  if (policy.kind == PolicyKind::kSink) {
+    const std::string sink_tokens = absl::StrCat(owner, ".sink_tokens");
+    if (policy.sink_tokens < 0) {
+      return InvalidFieldError(
+          sink_tokens, absl::StrCat(sink_tokens, " must be >= 0, got ", policy.sink_tokens));
+    }
+    // The budget is what falls short: a sink cache keeps every sink token within it.
+    if (policy.sink_tokens > policy.budget) {
+      return InvalidFieldError(
+          budget,
+          absl::StrCat(budget, "=", policy.budget, " must be at least the sink cache's ",
+                       sink_tokens, "=", policy.sink_tokens, " (it keeps them all)"),
+          {sink_tokens});
+    }
   }
   if (!(policy.recent_fraction >= 0 && policy.recent_fraction <= 1)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(owner, ".recent_fraction must be in [0, 1], got ", policy.recent_fraction));
+    const std::string field = absl::StrCat(owner, ".recent_fraction");
+    return InvalidFieldError(
+        field, absl::StrCat(field, " must be in [0, 1], got ", policy.recent_fraction));
   }
   if (policy.grace_period < -1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(owner, ".grace_period must be >= 0 (or -1: the policy's default), got ",
-                     policy.grace_period));
+    const std::string field = absl::StrCat(owner, ".grace_period");
+    return InvalidFieldError(
+        field, absl::StrCat(field, " must be >= 0 (or -1: the policy's default), got ",
+                            policy.grace_period));
   }
   if (!(policy.quant_weight >= 0 && policy.quant_weight <= 1)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(owner, ".quant_weight must be in [0, 1], got ", policy.quant_weight));
+    const std::string field = absl::StrCat(owner, ".quant_weight");
+    return InvalidFieldError(field,
+                             absl::StrCat(field, " must be in [0, 1], got ", policy.quant_weight));
   }
   for (size_t i = 0; i < policy.layer_budgets.size(); ++i) {
     if (policy.layer_budgets[i] < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          owner, ".layer_budgets[", i, "] must be >= 1, got ", policy.layer_budgets[i]));
+      const std::string field = absl::StrCat(owner, ".layer_budgets");
+      return InvalidFieldError(
+          field, absl::StrCat(field, "[", i, "] must be >= 1, got ", policy.layer_budgets[i]));
     }
   }
   return absl::OkStatus();

@@ -67,9 +67,10 @@ struct EvictionPolicyOptions {
   std::vector<int64_t> layer_budgets;  // one per layer; empty: `budget` on every layer
 };
 
-// Checks budget (>= 1 unless dense), sink_tokens (in [0, budget] for sink), recent_fraction
-// and quant_weight (in [0, 1]), grace_period (>= -1) and layer_budgets (each >= 1); errors
-// name the fields under `owner` ("KVCacheSpec.budget").
+// Checks budget (>= 1 unless dense), sink_tokens (in [0, budget] for sink: a budget below
+// them is the budget's error), recent_fraction and quant_weight (in [0, 1]), grace_period
+// (>= -1) and layer_budgets (each >= 1); errors name the fields under `owner`
+// ("KVCacheSpec.budget") and carry them (core/base/status_field.h).
 absl::Status ValidateEvictionPolicy(const EvictionPolicyOptions& policy, absl::string_view owner);
 
 // Budgets per layer under a rule: "uniform" (budget everywhere) or "pyramid" (PyramidKV's

@@ -4,6 +4,7 @@
 #include "cache/dense_kv_cache.h"
 #include "cache/eviction_policy.h"
 #include "cache/policy_kv_cache.h"
+#include "core/base/status_field.h"
 #include "core/base/status_macros.h"
 
 namespace lgpt {
@@ -25,10 +26,26 @@ EvictionPolicyOptions PolicyOptions(const KVCacheSpec& spec, PolicyKind kind) {
 absl::StatusOr<PolicyKind> SpecPolicy(const KVCacheSpec& spec) {
   absl::StatusOr<PolicyKind> kind = ParsePolicyKind(spec.policy);
   if (!kind.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KVCacheSpec.policy: ", kind.status().message()));
+    return InvalidFieldError("KVCacheSpec.policy",
+                             absl::StrCat("KVCacheSpec.policy: ", kind.status().message()));
   }
   return kind;
+}
+
+// KVCacheSpec's names for the rules across a policy cache's options.
+const PolicyCacheFields& SpecFields() {
+  static const PolicyCacheFields* fields = [] {
+    auto* f = new PolicyCacheFields();
+    f->policy = "KVCacheSpec.policy";
+    f->bits = "KVCacheSpec.bits";
+    f->budget = "KVCacheSpec.budget";
+    f->positions = "KVCacheSpec.positions";
+    f->positions_on = "KVCacheSpec.positions=cache";
+    f->layer_budgets = "KVCacheSpec.budget_rule";
+    f->one_budget = "KVCacheSpec.budget_rule uniform";
+    return f;
+  }();
+  return *fields;
 }
 
 }  // namespace
@@ -39,25 +56,24 @@ absl::Status ValidateKVCacheSpec(const KVCacheSpec& spec) {
   RETURN_IF_ERROR(ValidateEntryStorage(spec.bits, spec.residual, spec.group_size, spec.block_size,
                                        "KVCacheSpec"));
   if (spec.positions != "absolute" && spec.positions != "cache") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "KVCacheSpec.positions must be absolute or cache, got '", spec.positions, "'"));
-  }
-  if (kind == PolicyKind::kQH2O && spec.bits == 16) {
-    return absl::InvalidArgumentError(
-        "KVCacheSpec.policy qh2o needs KVCacheSpec.bits 8 or 4 (it scores quantisation error)");
+    return InvalidFieldError("KVCacheSpec.positions",
+                             absl::StrCat("KVCacheSpec.positions must be absolute or cache, got '",
+                                          spec.positions, "'"));
   }
   if (absl::Status rule = LayerBudgets(spec.budget_rule, spec.budget, 1).status(); !rule.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("KVCacheSpec.", rule.message()));
+    return InvalidFieldError("KVCacheSpec.budget_rule",
+                             absl::StrCat("KVCacheSpec.", rule.message()));
   }
-  if (UsesCachePositions(spec) && spec.budget_rule != "uniform") {
-    return absl::InvalidArgumentError(
-        "KVCacheSpec.positions=cache needs KVCacheSpec.budget_rule uniform");
-  }
-  if (UsesCachePositions(spec) && !KeepsContiguousPositions(kind)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "KVCacheSpec.positions=cache needs KVCacheSpec.policy window or sink (whose kept entries "
-        "are contiguous in position), got ",
-        spec.policy));
+  RETURN_IF_ERROR(CheckPolicyCacheRules(kind, spec.bits, UsesCachePositions(spec), spec.budget,
+                                        spec.budget_rule != "uniform", std::nullopt, SpecFields()));
+  // The dense cache keeps every entry: a budget there would be silently ignored.
+  if (kind == PolicyKind::kDense && spec.budget != 0) {
+    return InvalidFieldError(
+        "KVCacheSpec.budget",
+        absl::StrCat("KVCacheSpec.budget=", spec.budget,
+                     " needs a budgeted KVCacheSpec.policy (window, sink, h2o, tova, h2o-vlen, "
+                     "qh2o), not dense"),
+        {"KVCacheSpec.policy"});
   }
   return absl::OkStatus();
 }
@@ -83,12 +99,10 @@ absl::StatusOr<std::unique_ptr<KVCache>> MakeKVCache(const KVCacheSpec& spec,
     ASSIGN_OR_RETURN(std::unique_ptr<DenseKVCache> cache, DenseKVCache::Create(options));
     return std::unique_ptr<KVCache>(std::move(cache));
   }
-  // PolicyKVCache checks this too, in its own options' names; a caller wrote these.
-  if (UsesCachePositions(spec) && spec.budget >= shape.max_sequence_length) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KVCacheSpec.positions=cache needs KVCacheSpec.budget below the context (",
-                     shape.max_sequence_length, " tokens), got ", spec.budget));
-  }
+  // The rule PolicyKVCache::Create checks too, here in the names the caller wrote.
+  RETURN_IF_ERROR(CheckPolicyCacheRules(kind, spec.bits, UsesCachePositions(spec), spec.budget,
+                                        spec.budget_rule != "uniform", shape.max_sequence_length,
+                                        SpecFields()));
   PolicyKVCacheOptions options;
   static_cast<KVCacheGeometry&>(options) = shape;
   options.policy = PolicyOptions(spec, kind);

@@ -26,7 +26,7 @@ namespace lgpt {
 
 struct KVCacheSpec {
   std::string policy = "dense";
-  int64_t budget = 0;  // entries per layer and (row, group); >= 1 unless dense (ignored there)
+  int64_t budget = 0;  // entries per layer and (row, group); >= 1, or 0 for dense
   int bits = 16;
   int64_t sink_tokens = 4;        // sink
   double recent_fraction = 0.5;   // h2o family: the recent window's share of the budget
@@ -46,11 +46,15 @@ struct KVCacheSpec {
 // Whether `spec` asks for cache positions (a stream not bounded by the context).
 inline bool UsesCachePositions(const KVCacheSpec& spec) { return spec.positions == "cache"; }
 
-// Errors name the field and the value ("KVCacheSpec.budget must be >= 1 for policy h2o, got
-// 0"): unknown policy, budget < 1, bits not 16/8/4, more sink tokens than the budget, negative
+// Every rule of a KVCacheSpec, checked here alone (MakeKVCache, the facade and the tools and
+// server call it). Errors name the field and the value ("KVCacheSpec.budget must be >= 1 for
+// policy h2o, got 0") and carry the field (core/base/status_field.h), which tools show as their
+// flag and the server as its request field: unknown policy, budget < 1, a budget on the dense
+// cache (which would ignore it), a sink budget below its sink tokens, bits not 16/8/4, negative
 // residual, group or block size < 1, positions other than absolute/cache, cache positions with
 // a policy other than window and sink, qh2o at 16 bits, a budget rule other than
-// uniform/pyramid. Tools show them in flag terms (tools/tool_util.h).
+// uniform/pyramid. MakeKVCache adds the one rule that needs the shape: cache positions need a
+// budget below the context.
 absl::Status ValidateKVCacheSpec(const KVCacheSpec& spec);
 
 // "h2o budget=256 bits=8", or "dense bits=16". With the model's dtype, full-precision storage

@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "core/base/status_field.h"
 #include "core/base/status_macros.h"
 #include "core/ops/decode_attention.h"
 
@@ -30,19 +31,56 @@ constexpr int64_t kHostDecodedEntries = 4096;
 absl::Status ValidateEntryStorage(int bits, int64_t residual, int64_t group_size,
                                   int64_t block_size, absl::string_view owner) {
   if (bits != 16 && bits != 8 && bits != 4) {
-    return absl::InvalidArgumentError(absl::StrCat(owner, ".bits must be 16, 8 or 4, got ", bits));
+    const std::string field = absl::StrCat(owner, ".bits");
+    return InvalidFieldError(field, absl::StrCat(field, " must be 16, 8 or 4, got ", bits));
   }
   if (residual < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(owner, ".residual must be >= 0, got ", residual));
+    const std::string field = absl::StrCat(owner, ".residual");
+    return InvalidFieldError(field, absl::StrCat(field, " must be >= 0, got ", residual));
   }
   if (group_size < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(owner, ".group_size must be >= 1, got ", group_size));
+    const std::string field = absl::StrCat(owner, ".group_size");
+    return InvalidFieldError(field, absl::StrCat(field, " must be >= 1, got ", group_size));
   }
   if (block_size < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(owner, ".block_size must be >= 1, got ", block_size));
+    const std::string field = absl::StrCat(owner, ".block_size");
+    return InvalidFieldError(field, absl::StrCat(field, " must be >= 1, got ", block_size));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckPolicyCacheRules(PolicyKind kind, int bits, bool cache_positions, int64_t budget,
+                                   bool per_layer_budgets, std::optional<int64_t> context,
+                                   const PolicyCacheFields& fields) {
+  if (kind == PolicyKind::kQH2O && bits == 16) {
+    return InvalidFieldError(
+        fields.bits,
+        absl::StrCat(fields.policy, " qh2o needs ", fields.bits,
+                     " 8 or 4 (bits must be 8 or 4 for policy qh2o: it scores quantisation "
+                     "error)"),
+        {fields.policy});
+  }
+  if (!cache_positions) return absl::OkStatus();
+  if (per_layer_budgets) {
+    return InvalidFieldError(fields.positions,
+                             absl::StrCat(fields.positions_on, " needs ", fields.one_budget,
+                                          " (one budget for every layer)"),
+                             {fields.layer_budgets});
+  }
+  if (!KeepsContiguousPositions(kind)) {
+    return InvalidFieldError(
+        fields.positions,
+        absl::StrCat(fields.positions_on, " needs ", fields.policy,
+                     " window or sink (whose kept entries are contiguous in position), got ",
+                     PolicyName(kind)),
+        {fields.policy});
+  }
+  if (context && budget >= *context) {
+    return InvalidFieldError(
+        fields.budget,
+        absl::StrCat(fields.positions_on, " needs ", fields.budget, " below the context (",
+                     *context, " tokens), got ", budget),
+        {fields.positions});
   }
   return absl::OkStatus();
 }
@@ -54,35 +92,28 @@ absl::StatusOr<std::unique_ptr<PolicyKVCache>> PolicyKVCache::Create(
   RETURN_IF_ERROR(ValidateEntryStorage(options.bits, options.residual, options.group_size,
                                        options.block_size, "PolicyKVCacheOptions"));
   const EvictionPolicyOptions& policy = options.policy;
-  if (options.cache_positions && !KeepsContiguousPositions(policy.kind)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("PolicyKVCacheOptions.cache_positions needs policy window or sink, got ",
-                     PolicyName(policy.kind)));
-  }
-  if (options.cache_positions && policy.budget >= options.max_sequence_length) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("PolicyKVCacheOptions.cache_positions needs a budget below the context (",
-                     options.max_sequence_length, " tokens), got ", policy.budget));
-  }
+  PolicyCacheFields fields;
+  fields.policy = "PolicyKVCacheOptions.policy.kind";
+  fields.bits = "PolicyKVCacheOptions.bits";
+  fields.budget = "PolicyKVCacheOptions.policy.budget";
+  fields.positions = "PolicyKVCacheOptions.cache_positions";
+  fields.positions_on = fields.positions;
+  fields.layer_budgets = "PolicyKVCacheOptions.policy.layer_budgets";
+  fields.one_budget = "PolicyKVCacheOptions.policy.layer_budgets empty";
+  RETURN_IF_ERROR(CheckPolicyCacheRules(policy.kind, options.bits, options.cache_positions,
+                                        policy.budget, !policy.layer_budgets.empty(),
+                                        options.max_sequence_length, fields));
   if (options.max_sequence_length > std::numeric_limits<int32_t>::max()) {
     return absl::InvalidArgumentError(
         absl::StrCat("PolicyKVCacheOptions.max_sequence_length must be at most ",
                      std::numeric_limits<int32_t>::max(), " (positions are stored as int32), got ",
                      options.max_sequence_length));
   }
-  if (policy.kind == PolicyKind::kQH2O && options.bits == 16) {
-    return absl::InvalidArgumentError(
-        "PolicyKVCacheOptions.bits must be 8 or 4 for policy qh2o (it scores quantisation error)");
-  }
   if (!policy.layer_budgets.empty() && policy.layer_budgets.size() != options.layers.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("PolicyKVCacheOptions.policy.layer_budgets has ",
-                                                   policy.layer_budgets.size(), " entries for ",
-                                                   options.layers.size(), " layers"));
-  }
-  if (!policy.layer_budgets.empty() && options.cache_positions) {
-    return absl::InvalidArgumentError(
-        "PolicyKVCacheOptions.cache_positions needs one budget for every layer, got "
-        "policy.layer_budgets");
+    return InvalidFieldError(
+        "PolicyKVCacheOptions.policy.layer_budgets",
+        absl::StrCat("PolicyKVCacheOptions.policy.layer_budgets has ", policy.layer_budgets.size(),
+                     " entries for ", options.layers.size(), " layers"));
   }
   std::unique_ptr<PolicyKVCache> cache(new PolicyKVCache(options));
   for (size_t i = 0; i < options.layers.size(); ++i) {

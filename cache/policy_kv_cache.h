@@ -76,6 +76,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -104,9 +105,30 @@ struct PolicyKVCacheOptions : KVCacheGeometry {
 };
 
 // Checks the storage fields: bits (16, 8 or 4), residual (>= 0), group_size (>= 1) and
-// block_size (>= 1); errors name the fields under `owner` ("KVCacheSpec.bits").
+// block_size (>= 1); errors name the fields under `owner` ("KVCacheSpec.bits") and carry them
+// (core/base/status_field.h).
 absl::Status ValidateEntryStorage(int bits, int64_t residual, int64_t group_size,
                                   int64_t block_size, absl::string_view owner);
+
+// How CheckPolicyCacheRules names what it checks: the caller's own fields (KVCacheSpec's for
+// cache/kv_cache_factory.h, PolicyKVCacheOptions' for PolicyKVCache::Create).
+struct PolicyCacheFields {
+  std::string policy;         // the policy kind ("KVCacheSpec.policy")
+  std::string bits;           // "KVCacheSpec.bits"
+  std::string budget;         // "KVCacheSpec.budget"
+  std::string positions;      // what turns cache positions on ("KVCacheSpec.positions")
+  std::string positions_on;   // how a message says they are on ("KVCacheSpec.positions=cache")
+  std::string layer_budgets;  // what gives layers budgets of their own ("KVCacheSpec.budget_rule")
+  std::string one_budget;     // how a message asks for none ("KVCacheSpec.budget_rule uniform")
+};
+
+// The rules a policy cache's options obey across their parts (each part's own:
+// ValidateEvictionPolicy, ValidateEntryStorage): qh2o needs 8 or 4 bits; cache positions need
+// a window or sink policy, one budget for every layer (`per_layer_budgets` false) and, where
+// `context` is known, a budget below it. Errors name and carry `fields`.
+absl::Status CheckPolicyCacheRules(PolicyKind kind, int bits, bool cache_positions, int64_t budget,
+                                   bool per_layer_budgets, std::optional<int64_t> context,
+                                   const PolicyCacheFields& fields);
 
 class PolicyKVCache : public KVCache,
                       public KVStorageBound,

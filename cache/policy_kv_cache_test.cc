@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "cache/dense_kv_cache.h"
 #include "cache/kv_cache_factory.h"
+#include "core/base/status_field.h"
 #include "core/ops/attention.h"
 #include "gtest/gtest.h"
 
@@ -664,6 +665,116 @@ TEST(KVCacheFactoryTest, BadSpecsNameTheFieldAndTheValue) {
   }
 }
 
+// Every rule's error carries the field at fault (core/base/status_field.h), and the other fields
+// its message names, so tools and the server name them in their own terms.
+TEST(KVCacheFactoryTest, EveryRuleCarriesItsField) {
+  struct Bad {
+    KVCacheSpec spec;
+    std::string field;
+    std::vector<std::string> others;
+  };
+  auto spec = [](const std::string& policy, int64_t budget, int bits) {
+    KVCacheSpec s;
+    s.policy = policy;
+    s.budget = budget;
+    s.bits = bits;
+    return s;
+  };
+  std::vector<Bad> bad;
+  bad.push_back({spec("lru", 8, 16), "KVCacheSpec.policy", {}});
+  bad.push_back({spec("window", 0, 16), "KVCacheSpec.budget", {}});
+  bad.push_back({spec("sink", 16, 3), "KVCacheSpec.bits", {}});
+  KVCacheSpec s = spec("sink", 4, 16);
+  s.sink_tokens = 8;  // the budget falls short of the sink tokens
+  bad.push_back({s, "KVCacheSpec.budget", {"KVCacheSpec.sink_tokens"}});
+  s.sink_tokens = -1;
+  bad.push_back({s, "KVCacheSpec.sink_tokens", {}});
+  s = spec("h2o", 8, 16);
+  s.recent_fraction = 2;
+  bad.push_back({s, "KVCacheSpec.recent_fraction", {}});
+  s = spec("h2o", 8, 16);
+  s.grace_period = -2;
+  bad.push_back({s, "KVCacheSpec.grace_period", {}});
+  s = spec("qh2o", 8, 8);
+  s.quant_weight = 2;
+  bad.push_back({s, "KVCacheSpec.quant_weight", {}});
+  s = spec("window", 8, 8);
+  s.residual = -1;
+  bad.push_back({s, "KVCacheSpec.residual", {}});
+  s = spec("window", 8, 8);
+  s.group_size = 0;
+  bad.push_back({s, "KVCacheSpec.group_size", {}});
+  s = spec("window", 8, 8);
+  s.block_size = 0;
+  bad.push_back({s, "KVCacheSpec.block_size", {}});
+  s = spec("sink", 8, 16);
+  s.positions = "sideways";
+  bad.push_back({s, "KVCacheSpec.positions", {}});
+  bad.push_back({spec("qh2o", 8, 16), "KVCacheSpec.bits", {"KVCacheSpec.policy"}});
+  s = spec("h2o", 8, 16);
+  s.budget_rule = "cone";
+  bad.push_back({s, "KVCacheSpec.budget_rule", {}});
+  s = spec("sink", 8, 16);
+  s.positions = "cache";
+  s.budget_rule = "pyramid";
+  bad.push_back({s, "KVCacheSpec.positions", {"KVCacheSpec.budget_rule"}});
+  s = spec("h2o", 8, 16);
+  s.positions = "cache";
+  bad.push_back({s, "KVCacheSpec.positions", {"KVCacheSpec.policy"}});
+  bad.push_back({spec("dense", 8, 16), "KVCacheSpec.budget", {"KVCacheSpec.policy"}});
+  bad.push_back({spec("dense", -5, 8), "KVCacheSpec.budget", {"KVCacheSpec.policy"}});
+  for (const Bad& b : bad) {
+    const absl::Status status = ValidateKVCacheSpec(b.spec);
+    SCOPED_TRACE(status.ToString());
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(ErrorField(status), b.field);
+    std::vector<std::string> others;
+    for (const FieldRef& field : ErrorFields(status)) others.push_back(field.path);
+    others.erase(others.begin());
+    EXPECT_EQ(others, b.others);
+    // The message names the field as the library writes it.
+    EXPECT_TRUE(absl::StrContains(status.message(), b.field));
+  }
+  // The dense cache's budget is 0; a sink budget may equal its sink tokens.
+  EXPECT_TRUE(ValidateKVCacheSpec(spec("dense", 0, 8)).ok());
+  s = spec("sink", 4, 16);
+  s.sink_tokens = 4;
+  EXPECT_TRUE(ValidateKVCacheSpec(s).ok());
+  const absl::Status dense = ValidateKVCacheSpec(spec("dense", 8, 16));
+  EXPECT_TRUE(absl::StrContains(dense.message(),
+                                "KVCacheSpec.budget=8 needs a budgeted "
+                                "KVCacheSpec.policy"))
+      << dense;
+
+  // The rule that needs the shape: cache positions need a budget below the context.
+  KVCacheShape shape;
+  shape.max_sequence_length = 16;
+  shape.layers = {{kGroups, kHeadSize, 0}};
+  s = spec("sink", 16, 16);
+  s.positions = "cache";
+  const absl::Status full = MakeKVCache(s, shape).status();
+  EXPECT_EQ(ErrorField(full), "KVCacheSpec.budget") << full;
+
+  // PolicyKVCache::Create checks the same rules in its own options' names.
+  const absl::Status qh2o = PolicyKVCache::Create(Options(PolicyKind::kQH2O, 8, 16)).status();
+  EXPECT_EQ(ErrorField(qh2o), "PolicyKVCacheOptions.bits") << qh2o;
+  PolicyKVCacheOptions options = Options(PolicyKind::kH2O, 8, 16);
+  options.cache_positions = true;
+  const absl::Status positions = PolicyKVCache::Create(options).status();
+  EXPECT_EQ(ErrorField(positions), "PolicyKVCacheOptions.cache_positions") << positions;
+  options = Options(PolicyKind::kSink, 600, 16);
+  options.cache_positions = true;
+  const absl::Status context = PolicyKVCache::Create(options).status();
+  EXPECT_EQ(ErrorField(context), "PolicyKVCacheOptions.policy.budget") << context;
+  options = Options(PolicyKind::kH2O, 8, 16, {0, 0});
+  options.policy.layer_budgets = {8, 8, 8};
+  const absl::Status layers = PolicyKVCache::Create(options).status();
+  EXPECT_EQ(ErrorField(layers), "PolicyKVCacheOptions.policy.layer_budgets") << layers;
+  options = Options(PolicyKind::kH2O, 0, 16);
+  const absl::Status budget = PolicyKVCache::Create(options).status();
+  EXPECT_EQ(ErrorField(budget), "PolicyKVCacheOptions.policy.budget") << budget;
+}
+
 TEST(KVCacheFactoryTest, DenseAt16BitsIsTheExactDenseCache) {
   KVCacheShape shape;
   shape.max_sequence_length = 64;
@@ -672,7 +783,8 @@ TEST(KVCacheFactoryTest, DenseAt16BitsIsTheExactDenseCache) {
   ASSERT_TRUE(dense.ok());
   EXPECT_NE(dynamic_cast<DenseKVCache*>(dense->get()), nullptr);
   for (const char* policy : {"dense", "window", "sink", "h2o", "tova"}) {
-    auto cache = MakeKVCache({policy, 16, std::string(policy) == "dense" ? 8 : 16}, shape);
+    const bool dense = std::string(policy) == "dense";  // no budget there: it keeps everything
+    auto cache = MakeKVCache({policy, dense ? 0 : 16, dense ? 8 : 16}, shape);
     ASSERT_TRUE(cache.ok()) << cache.status();
     EXPECT_NE(dynamic_cast<PolicyKVCache*>(cache->get()), nullptr) << policy;
   }

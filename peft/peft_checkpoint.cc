@@ -20,6 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "core/base/file_util.h"
+#include "core/base/status_field.h"
 #include "core/base/status_macros.h"
 #include "core/io/torch_pickle.h"
 #include "peft/adapter.h"
@@ -207,11 +208,25 @@ absl::StatusOr<Config> FinetuneConfig(const std::string& dir, const Config& base
   return config;
 }
 
+// How errors name an adapter: "EngineOptions.loras[1] /dir" (the caller's `field` alone, carried
+// by the error: core/base/status_field.h), or a directory (no field).
+struct AdapterLabel {
+  std::string text;
+  std::string field;  // empty: none
+};
+
+// `status` about the adapter `label` names: its message after the label, its field carried.
+absl::Status AboutAdapter(const AdapterLabel& label, absl::StatusCode code,
+                          absl::string_view message) {
+  const absl::Status status(code, absl::StrCat(label.text, ": ", message));
+  return label.field.empty() ? status : WithFields(status, label.field);
+}
+
 // `base_dir` with LoRA adapters stacked over it: adapter i decorates adapters 0..i-1, so the
 // last is outermost. `labels` name the adapters in errors.
 absl::StatusOr<LoadedModel> LoadLoraStack(const std::string& base_dir,
                                           const std::vector<LoraAdapterSpec>& adapters,
-                                          const std::vector<std::string>& labels,
+                                          const std::vector<AdapterLabel>& labels,
                                           const LoadOptions& options) {
   RETURN_IF_ERROR(CheckLoadOptions(options));
   if (!IsDirectory(base_dir)) {
@@ -226,20 +241,17 @@ absl::StatusOr<LoadedModel> LoadLoraStack(const std::string& base_dir,
     const std::string& dir = adapters[i].dir;
     const std::string path = dir + "/" + TrainedFileName(PeftMethod::kLora);
     if (!IsDirectory(dir)) {
-      return absl::NotFoundError(absl::StrCat(labels[i], ": no such directory"));
+      return AboutAdapter(labels[i], absl::StatusCode::kNotFound, "no such directory");
     }
     if (!IsFile(path)) {
-      return absl::NotFoundError(absl::StrCat(
-          labels[i], ": no lit_model.pth.lora (a LoRA fine-tune directory holds it beside "
-                     "model_config.yaml)"));
+      return AboutAdapter(labels[i], absl::StatusCode::kNotFound,
+                          "no lit_model.pth.lora (a LoRA fine-tune directory holds it beside "
+                          "model_config.yaml)");
     }
     absl::StatusOr<Config> config = FinetuneConfig(dir, base_config);
     absl::StatusOr<LoraOptions> lora =
         config.ok() ? TrainedLoraOptions(*config) : absl::StatusOr<LoraOptions>(config.status());
-    if (!lora.ok()) {
-      return absl::Status(lora.status().code(),
-                          absl::StrCat(labels[i], ": ", lora.status().message()));
-    }
+    if (!lora.ok()) return AboutAdapter(labels[i], lora.status().code(), lora.status().message());
     lora->scale = adapters[i].scale;
     factory = std::make_shared<LoraLinearFactory>(*lora, std::move(factory));
     trained.push_back({path, PeftMethod::kLora, count - 1 - i});
@@ -441,12 +453,13 @@ absl::Status ValidateLoraAdapterSpecs(const std::vector<LoraAdapterSpec>& loras,
                                       absl::string_view field) {
   for (size_t i = 0; i < loras.size(); ++i) {
     if (loras[i].dir.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(field, "[", i, "].dir is empty"));
+      return InvalidFieldError(field, absl::StrCat(field, "[", i, "].dir is empty"));
     }
     const double scale = loras[i].scale;
     if (!std::isfinite(scale) || scale < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, "[", i, "].scale must be finite and >= 0, got ", scale, " (", loras[i].dir, ")"));
+      return InvalidFieldError(
+          field, absl::StrCat(field, "[", i, "].scale must be finite and >= 0, got ", scale, " (",
+                              loras[i].dir, ")"));
     }
   }
   return absl::OkStatus();
@@ -462,7 +475,9 @@ absl::StatusOr<LoadedModel> LoadPeftCheckpoint(const std::string& dir, PeftMetho
     ASSIGN_OR_RETURN(base_dir, BaseDirFromHyperparameters(dir));
   }
   return Guarded(dir, [&]() -> absl::StatusOr<LoadedModel> {
-    if (method == PeftMethod::kLora) return LoadLoraStack(base_dir, {{dir, 1.0}}, {dir}, options);
+    if (method == PeftMethod::kLora) {
+      return LoadLoraStack(base_dir, {{dir, 1.0}}, {AdapterLabel{dir, ""}}, options);
+    }
     return LoadAdapterFinetune(dir, method, base_dir, options);
   });
 }
@@ -476,24 +491,26 @@ absl::StatusOr<LoadedModel> LoadModelWithPeft(const std::string& checkpoint_dir,
   if (!method && loras.empty()) return LoadCheckpoint(checkpoint_dir, options);
   if (method && *method != PeftMethod::kLora) {
     if (!loras.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          loras_field, " apply over a plain checkpoint or a LoRA fine-tune; ", checkpoint_dir,
-          " is an ", PeftMethodName(*method), " fine-tune"));
+      return InvalidFieldError(
+          loras_field,
+          absl::StrCat(loras_field, " apply over a plain checkpoint or a LoRA fine-tune; ",
+                       checkpoint_dir, " is an ", PeftMethodName(*method), " fine-tune"));
     }
     return LoadPeftCheckpoint(checkpoint_dir, *method, options);
   }
   // A LoRA fine-tune directory is the first adapter over its base; the others stack on it.
   std::string base_dir = checkpoint_dir;
   std::vector<LoraAdapterSpec> stack;
-  std::vector<std::string> labels;
+  std::vector<AdapterLabel> labels;
   if (method) {
     ASSIGN_OR_RETURN(base_dir, BaseDirFromHyperparameters(checkpoint_dir));
     stack.push_back({checkpoint_dir, 1.0});
-    labels.push_back(checkpoint_dir);
+    labels.push_back({checkpoint_dir, ""});
   }
   for (size_t i = 0; i < loras.size(); ++i) {
     stack.push_back(loras[i]);
-    labels.push_back(absl::StrCat(loras_field, "[", i, "] ", loras[i].dir));
+    labels.push_back(
+        {absl::StrCat(loras_field, "[", i, "] ", loras[i].dir), std::string(loras_field)});
   }
   return Guarded(checkpoint_dir,
                  [&]() { return LoadLoraStack(base_dir, stack, labels, options); });

@@ -76,8 +76,8 @@ struct LoraAdapterSpec {
   double scale = 1.0;  // weight of its update, finite and >= 0 (0: no effect)
 };
 
-// InvalidArgument naming `field`[i].dir or `field`[i].scale for an empty dir or a scale
-// that is negative, NaN or infinite.
+// InvalidArgument naming `field`[i].dir or `field`[i].scale, and carrying `field`, for an
+// empty dir or a scale that is negative, NaN or infinite.
 absl::Status ValidateLoraAdapterSpecs(const std::vector<LoraAdapterSpec>& loras,
                                       absl::string_view field);
 
@@ -96,7 +96,8 @@ absl::StatusOr<LoadedModel> LoadPeftCheckpoint(const std::string& dir, PeftMetho
 // `checkpoint_dir` is the first adapter (scale 1) over its base, and `loras` stack on it;
 // `loras` over an adapter fine-tune are refused. Each adapter's model_config.yaml must match
 // the base's but for the lora_* fields, and its file the shapes those fields give. Errors name
-// the adapter as `loras_field`[i] with its directory. Without PEFT this is LoadCheckpoint.
+// the adapter as `loras_field`[i] with its directory and carry `loras_field` as their field
+// (core/base/status_field.h). Without PEFT this is LoadCheckpoint.
 absl::StatusOr<LoadedModel> LoadModelWithPeft(const std::string& checkpoint_dir,
                                               const std::vector<LoraAdapterSpec>& loras = {},
                                               const LoadOptions& options = {},

@@ -55,6 +55,7 @@
 #include "cache/kv_cache_factory.h"
 #include "core/base/device.h"
 #include "core/base/output_dir.h"
+#include "core/base/status_field.h"
 #include "core/base/status_macros.h"
 #include "core/config/config_presets.h"
 #include "core/model/cache_positions.h"
@@ -384,9 +385,9 @@ int Run(const std::vector<LoraAdapterSpec>& loras) {
     if (policy == "qh2o" && bits == 16) return;  // scores quantisation error: 8/4 bits only
     if (policy != "dense") spec.positions = absl::GetFlag(FLAGS_kv_positions);
     if (absl::Status status = ValidateKVCacheSpec(spec); !status.ok()) {
-      Die(absl::InvalidArgumentError(absl::StrCat("--policies/--budgets/--bits combination ",
-                                                  policy, " budget ", budget, " bits ", bits, ": ",
-                                                  status.message())));
+      Die(WithMessage(status,
+                      absl::StrCat("--policies/--budgets/--bits combination ", policy, " budget ",
+                                   budget, " bits ", bits, ": ", status.message())));
     }
     for (const KVCacheSpec& s : specs) {
       if (s.policy == spec.policy && s.budget == spec.budget && s.bits == spec.bits) return;

@@ -27,9 +27,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "core/base/status_field.h"
 #include "core/base/status_macros.h"
 
 ABSL_FLAG(int32_t, threads, 0,
@@ -112,56 +112,67 @@ void InitTool(int argc, char** argv, absl::string_view usage) {
   FLAGS_logtostderr = true;
 }
 
-std::string InFlagTerms(absl::string_view message) {
-  // Longest field names first, so a prefix never replaces part of a longer name.
+std::optional<std::string> FlagOfField(absl::string_view path) {
   static const std::pair<const char*, const char*> kFlags[] = {
-      {"ConvertOptions.verify_checksums = false", "--verify_checksums=false"},
-      {"EngineOptions.verify_checksums = false", "--verify_checksums=false"},
-      {"LoadOptions.verify_checksums = false", "--verify_checksums=false"},
-      {"ConvertOptions.verify_checksums", "--verify_checksums"},
-      {"EngineOptions.verify_checksums", "--verify_checksums"},
-      {"LoadOptions.verify_checksums", "--verify_checksums"},
-      {"KVCacheSpec.normalize_scores", "--kv_normalize_scores"},
-      {"KVCacheSpec.grace_period", "--kv_grace"},
-      {"KVCacheSpec.budget_rule", "--kv_budget_rule"},
-      {"KVCacheSpec.sink_tokens", "--kv_sink"},
-      {"KVCacheSpec.group_size", "--kv_group"},
-      {"KVCacheSpec.positions", "--kv_positions"},
-      {"KVCacheSpec.residual", "--kv_residual"},
       {"KVCacheSpec.policy", "--kv_cache"},
       {"KVCacheSpec.budget", "--kv_budget"},
       {"KVCacheSpec.bits", "--kv_bits"},
-      {"EngineOptions.quantize_int8", "--quantize=int8"},
-      {"EngineOptions.quantize int8", "--quantize=int8"},
-      {"EngineOptions.quantize int4", "--quantize=int4"},
+      {"KVCacheSpec.sink_tokens", "--kv_sink"},
+      {"KVCacheSpec.residual", "--kv_residual"},
+      {"KVCacheSpec.group_size", "--kv_group"},
+      {"KVCacheSpec.grace_period", "--kv_grace"},
+      {"KVCacheSpec.normalize_scores", "--kv_normalize_scores"},
+      {"KVCacheSpec.budget_rule", "--kv_budget_rule"},
+      {"KVCacheSpec.positions", "--kv_positions"},
+      {"EngineOptions.verify_checksums", "--verify_checksums"},
+      {"LoadOptions.verify_checksums", "--verify_checksums"},
+      {"ConvertOptions.verify_checksums", "--verify_checksums"},
+      {"EngineOptions.quantize", "--quantize"},
       {"EngineOptions.loras", "--lora"},
-      {"EngineOptions.dtype float32", "--precision=32-true"},
-      {"EngineOptions.device cpu", "--device=cpu"},
-      {"ConvertOptions.model_name", "--model_name"},
-      {"SchedulerOptions.step_prefill_tokens", "--step_prefill_tokens"},
-      {"SchedulerOptions.prefix_caching", "--prefix_caching"},
-      {"SchedulerOptions.kv_block_size", "--kv_block_size"},
-      {"SchedulerOptions.prefill_chunk", "--prefill_chunk"},
+      {"EngineOptions.dtype", "--precision"},
+      {"EngineOptions.device", "--device"},
       {"SchedulerOptions.kv_pool_bytes", "--pool_mb"},
       {"SchedulerOptions.max_running", "--max_running"},
       {"SchedulerOptions.max_waiting", "--max_waiting"},
+      {"SchedulerOptions.prefill_chunk", "--prefill_chunk"},
+      {"SchedulerOptions.step_prefill_tokens", "--step_prefill_tokens"},
+      {"SchedulerOptions.kv_block_size", "--kv_block_size"},
+      {"SchedulerOptions.prefix_caching", "--prefix_caching"},
       {"OpenAIServerOptions.max_body_bytes", "--max_body_bytes"},
       {"OpenAIServerOptions.http_threads", "--http_threads"},
       {"OpenAIServerOptions.prompt_style", "--prompt_style"},
       {"OpenAIServerOptions.shutdown_s", "--shutdown_s"},
-      {"ServeOnSocket path", "--unix_socket"},
-      {"ServeOnPort host", "--host"},
-      {"ServeOnPort port", "--port"},
+      {"ServeOnSocket.path", "--unix_socket"},
+      {"ServeOnPort.host", "--host"},
+      {"ServeOnPort.port", "--port"},
   };
-  std::string text(message);
-  for (const auto& [field, flag] : kFlags) text = absl::StrReplaceAll(text, {{field, flag}});
-  return text;
+  for (const auto& [field, flag] : kFlags) {
+    if (path == field) return std::string(flag);
+  }
+  return std::nullopt;
 }
+
+namespace {
+
+// A mention in flag terms: the flag, with the value as --flag=value.
+std::optional<std::string> FlagTerm(const FieldMention& mention) {
+  // The older spelling of --quantize=int8, and a value the flag spells its own way.
+  if (mention.path == "EngineOptions.quantize_int8") return "--quantize=int8";
+  if (mention.path == "EngineOptions.dtype" && mention.value == "float32") {
+    return "--precision=32-true";
+  }
+  std::optional<std::string> flag = FlagOfField(mention.path);
+  if (!flag || !mention.value) return flag;
+  return absl::StrCat(*flag, "=", *mention.value);
+}
+
+}  // namespace
+
+std::string InFlagTerms(const absl::Status& status) { return MessageInTerms(status, FlagTerm); }
 
 void Die(const absl::Status& status) {
   std::cout.flush();
-  std::fprintf(stderr, "%s: error: %s\n", ProgramName().c_str(),
-               InFlagTerms(status.message()).c_str());
+  std::fprintf(stderr, "%s: error: %s\n", ProgramName().c_str(), InFlagTerms(status).c_str());
   std::exit(1);
 }
 

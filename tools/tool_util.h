@@ -6,6 +6,7 @@
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,9 +29,15 @@ namespace lgpt {
 // are an error.
 void InitTool(int argc, char** argv, absl::string_view usage);
 
-// The library names fields in its errors ("KVCacheSpec.budget must be >= 1"); tools speak of
-// the flags that set them ("--kv_budget must be >= 1"). Fields no flag sets stay as they are.
-std::string InFlagTerms(absl::string_view message);
+// The flag that sets a library field ("KVCacheSpec.budget" -> "--kv_budget",
+// "SchedulerOptions.kv_pool_bytes" -> "--pool_mb"); nullopt where no flag sets it.
+std::optional<std::string> FlagOfField(absl::string_view path);
+
+// The library names fields in its errors ("KVCacheSpec.budget must be >= 1") and carries them
+// (core/base/status_field.h); tools speak of the flags that set them ("--kv_budget must be
+// >= 1", values as --flag=value). Only the carried fields are renamed; fields no flag sets stay
+// as they are.
+std::string InFlagTerms(const absl::Status& status);
 
 // Prints "<tool>: error: <message>" (in flag terms) on stderr and exits with status 1.
 [[noreturn]] void Die(const absl::Status& status);

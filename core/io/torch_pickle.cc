@@ -20,6 +20,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "core/base/row_pool.h"
+#include "core/base/status_field.h"
 #include "core/base/status_macros.h"
 #include "core/io/crc32.h"
 #include "core/io/safetensors.h"
@@ -1283,8 +1284,8 @@ absl::StatusOr<TensorMap> ReadTorchStateDict(const std::string& path, bool verif
 
 absl::Status WithVerifyChecksumsOption(const absl::Status& status, absl::string_view option) {
   if (status.code() != absl::StatusCode::kDataLoss) return status;
-  return absl::DataLossError(
-      absl::StrCat(status.message(), "; set ", option, " = false to load it anyway"));
+  return FieldError(absl::StatusCode::kDataLoss, option,
+                    absl::StrCat(status.message(), "; set ", option, " = false to load it anyway"));
 }
 
 }  // namespace lgpt

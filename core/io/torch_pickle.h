@@ -70,7 +70,8 @@ absl::StatusOr<TensorMap> ReadTorchStateDict(const std::string& path,
 
 // For APIs over ReadTorchStateDict that expose verify_checksums under their own name
 // (`option`, e.g. "LoadOptions.verify_checksums"): a failed check (DataLoss) gains "; set
-// <option> = false to load it anyway". Other statuses are returned unchanged.
+// <option> = false to load it anyway" and carries `option` as its field
+// (core/base/status_field.h). Other statuses are returned unchanged.
 absl::Status WithVerifyChecksumsOption(const absl::Status& status, absl::string_view option);
 
 }  // namespace lgpt

@@ -23,6 +23,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "core/base/status_field.h"
 #include "core/io/crc32.h"
 #include "core/io/safetensors.h"
 #include "core/io/torch_pickle_writer.h"
@@ -696,6 +697,16 @@ TEST(ReadTorchStateDictTest, FlippedTensorBytesFailTheCrcNamingTheTensor) {
                                           "; set Opts.verify = false to load it anyway"));
   const absl::Status other = absl::InvalidArgumentError("x");
   EXPECT_EQ(WithVerifyChecksumsOption(other, "Opts.verify"), other);
+}
+
+// A failed check carries the option that skips it, so a tool names its flag and the facade its
+// own option (core/base/status_field.h).
+TEST(ReadTorchStateDictTest, TheVerifyOptionTravelsWithAFailedCheck) {
+  const absl::Status named =
+      WithVerifyChecksumsOption(absl::DataLossError("x: fails its CRC-32 check"), "Opts.verify");
+  EXPECT_EQ(ErrorField(named), "Opts.verify");
+  EXPECT_EQ(ErrorField(WithVerifyChecksumsOption(absl::InvalidArgumentError("x"), "Opts.verify")),
+            std::nullopt);
 }
 
 TEST(ReadTorchStateDictTest, DamagedPickleFailsItsCrcBeforeBeingInterpreted) {

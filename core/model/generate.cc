@@ -10,10 +10,17 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/model/cache_positions.h"
+#include "core/base/status_field.h"
 #include "core/base/status_macros.h"
 
 namespace lgpt {
 namespace {
+
+// The messages say "max_new_tokens" of either options struct.
+FieldRef MaxNewTokens() { return FieldRef("GenerateOptions.max_new_tokens", "max_new_tokens"); }
+FieldRef BatchMaxNewTokens() {
+  return FieldRef("BatchGenerateOptions.max_new_tokens", "max_new_tokens");
+}
 
 double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -26,15 +33,17 @@ absl::Status CheckGenerateRequest(const GPTImpl& model, const KVCache& cache,
   RETURN_IF_ERROR(ValidateSampling(options.sampling));
   if (prompt_length == 0) return absl::InvalidArgumentError("the prompt is empty");
   if (options.max_new_tokens < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_new_tokens must be >= 0, got ", options.max_new_tokens));
+    return InvalidFieldError(
+        MaxNewTokens(), absl::StrCat("max_new_tokens must be >= 0, got ", options.max_new_tokens));
   }
   if (options.prefill_chunk < 0) {
-    return absl::InvalidArgumentError(
+    return InvalidFieldError(
+        FieldRef("GenerateOptions.prefill_chunk", "prefill_chunk"),
         absl::StrCat("prefill_chunk must be >= 0, got ", options.prefill_chunk));
   }
   if (options.start_position < 0) {
-    return absl::InvalidArgumentError(
+    return InvalidFieldError(
+        FieldRef("GenerateOptions.start_position", "start_position"),
         absl::StrCat("start_position must be >= 0, got ", options.start_position));
   }
   const int64_t first = options.start_position;
@@ -43,12 +52,13 @@ absl::Status CheckGenerateRequest(const GPTImpl& model, const KVCache& cache,
   const bool too_long = first > context || prompt_length > context - first ||
                         options.max_new_tokens > context - first - prompt_length;
   if (too_long && !cache.ShiftsPositions()) {
-    return absl::OutOfRangeError(
-        absl::StrCat(first > 0 ? absl::StrCat(first, " cached tokens plus ") : "", "prompt (",
-                     prompt_length, " tokens) plus max_new_tokens (", options.max_new_tokens,
-                     ") exceeds the context of ", context,
-                     " tokens (a window or sink KV cache with cache positions, "
-                     "KVCacheSpec.positions=cache, goes past it)"));
+    return FieldError(absl::StatusCode::kOutOfRange, MaxNewTokens(),
+                      absl::StrCat(first > 0 ? absl::StrCat(first, " cached tokens plus ") : "",
+                                   "prompt (", prompt_length, " tokens) plus max_new_tokens (",
+                                   options.max_new_tokens, ") exceeds the context of ", context,
+                                   " tokens (a window or sink KV cache with cache positions, "
+                                   "KVCacheSpec.positions=cache, goes past it)"),
+                      {"KVCacheSpec.positions"});
   }
   return absl::OkStatus();
 }
@@ -123,11 +133,12 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> GenerateBatch(
         absl::StrCat(batch, " prompts do not fit a cache of ", cache.batch_size(), " rows"));
   }
   if (options.max_new_tokens < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_new_tokens must be >= 1, got ", options.max_new_tokens));
+    return InvalidFieldError(BatchMaxNewTokens(), absl::StrCat("max_new_tokens must be >= 1, got ",
+                                                               options.max_new_tokens));
   }
   if (options.prefill_chunk < 0) {
-    return absl::InvalidArgumentError(
+    return InvalidFieldError(
+        FieldRef("BatchGenerateOptions.prefill_chunk", "prefill_chunk"),
         absl::StrCat("prefill_chunk must be >= 0, got ", options.prefill_chunk));
   }
   const int64_t context = std::min(model.config().block_size, cache.max_sequence_length());
@@ -137,7 +148,8 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> GenerateBatch(
     if (length == 0) return absl::InvalidArgumentError(absl::StrCat("prompt ", row, " is empty"));
     const bool too_long = length > context || options.max_new_tokens > context - length;
     if (too_long && !cache.ShiftsPositions()) {
-      return absl::OutOfRangeError(
+      return FieldError(
+          absl::StatusCode::kOutOfRange, BatchMaxNewTokens(),
           absl::StrCat("prompt ", row, " (", length, " tokens) plus max_new_tokens (",
                        options.max_new_tokens, ") exceeds the context of ", context, " tokens"));
     }

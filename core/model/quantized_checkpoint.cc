@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "core/base/status_field.h"
 #include "core/base/status_macros.h"
 #include "core/io/crc32.h"
 #include "core/io/safetensors.h"
@@ -81,9 +82,11 @@ absl::Status CheckCrcs(const TensorMap& tensors, const std::map<std::string, std
     }
     const std::string actual = Crc32Hex(tensor);
     if (actual != it->second) {
-      return absl::DataLossError(absl::StrCat(
-          path, ": tensor ", name, " has CRC-32 ", actual, ", the file records ", it->second,
-          " (corrupted; LoadOptions.verify_checksums=false skips the check)"));
+      return FieldError(
+          absl::StatusCode::kDataLoss, "LoadOptions.verify_checksums",
+          absl::StrCat(path, ": tensor ", name, " has CRC-32 ", actual, ", the file records ",
+                       it->second,
+                       " (corrupted; LoadOptions.verify_checksums=false skips the check)"));
     }
   }
   return absl::OkStatus();

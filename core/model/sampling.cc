@@ -14,20 +14,26 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/base/status_field.h"
 #include "core/base/status_macros.h"
 
 namespace lgpt {
 
 absl::Status ValidateSampling(const SamplingOptions& options) {
+  // Messages say "temperature" of SamplingOptions.temperature, as every options struct that
+  // holds sampling does.
   if (!(options.temperature >= 0) || std::isinf(options.temperature)) {
-    return absl::InvalidArgumentError(
+    return InvalidFieldError(
+        FieldRef("SamplingOptions.temperature", "temperature"),
         absl::StrCat("temperature must be a finite value >= 0, got ", options.temperature));
   }
   if (options.top_k < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("top_k must be >= 0, got ", options.top_k));
+    return InvalidFieldError(FieldRef("SamplingOptions.top_k", "top_k"),
+                             absl::StrCat("top_k must be >= 0, got ", options.top_k));
   }
   if (!(options.top_p >= 0 && options.top_p <= 1)) {
-    return absl::InvalidArgumentError(absl::StrCat("top_p must be in [0, 1], got ", options.top_p));
+    return InvalidFieldError(FieldRef("SamplingOptions.top_p", "top_p"),
+                             absl::StrCat("top_p must be in [0, 1], got ", options.top_p));
   }
   return absl::OkStatus();
 }

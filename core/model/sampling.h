@@ -17,7 +17,8 @@ struct SamplingOptions {
   double top_p = 1.0;        // in [0, 1]; 0: greedy
 };
 
-// Errors name the option: negative temperature, top_k < 0, top_p outside [0, 1].
+// Errors name the option and carry it (SamplingOptions.temperature, written "temperature":
+// core/base/status_field.h): negative temperature, top_k < 0, top_p outside [0, 1].
 absl::Status ValidateSampling(const SamplingOptions& options);
 
 // logits [B, V] -> next token ids [B] (int64). `generator` drives the random draws.

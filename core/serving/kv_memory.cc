@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/base/status_field.h"
 #include "core/base/status_macros.h"
 #include "core/base/system_memory.h"
 #include "glog/logging.h"
@@ -17,7 +18,8 @@ absl::StatusOr<BlockPoolOptions> KVMemory::PoolFor(const KVCacheGeometry& geomet
   // 2^52 entries wrapped to a size the pool accepted, and its first block threw).
   const int64_t bytes_per_entry = std::max<int64_t>(BlockPool::BytesPerBlock(geometry, 1), 1);
   if (options.entries_per_block > options.pool_bytes / bytes_per_entry) {
-    return absl::InvalidArgumentError(
+    return InvalidFieldError(
+        "SchedulerOptions.kv_pool_bytes",
         absl::StrCat("SchedulerOptions.kv_pool_bytes (", options.pool_bytes,
                      ") is less than one KV block of ", options.entries_per_block, " entries (",
                      bytes_per_entry, " bytes an entry for this model)"));
@@ -30,9 +32,10 @@ absl::StatusOr<BlockPoolOptions> KVMemory::PoolFor(const KVCacheGeometry& geomet
   const std::optional<int64_t> available =
       geometry.device.is_cpu() ? AvailableMemoryBytes() : std::nullopt;
   if (available && options.pool_bytes > *available) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "SchedulerOptions.kv_pool_bytes (", options.pool_bytes >> 20, " MiB) exceeds the ",
-        *available >> 20, " MiB of memory available with the model loaded"));
+    return FieldError(absl::StatusCode::kResourceExhausted, "SchedulerOptions.kv_pool_bytes",
+                      absl::StrCat("SchedulerOptions.kv_pool_bytes (", options.pool_bytes >> 20,
+                                   " MiB) exceeds the ", *available >> 20,
+                                   " MiB of memory available with the model loaded"));
   }
   return pool;
 }
@@ -85,9 +88,12 @@ absl::StatusOr<KVLease> KVMemory::Lease(std::unique_ptr<KVCache> cache, int64_t 
     if (paged != nullptr && paged->pool() == pool_.get()) {
       const int64_t blocks = pool_->BlocksFor(std::min(entries, paged->max_sequence_length()));
       if (blocks > pool_->num_blocks()) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "the request needs ", blocks, " KV blocks of ", pool_->entries_per_block(),
-            " entries (prompt plus max_new_tokens) and the whole pool has ", pool_->num_blocks()));
+        return FieldError(
+            absl::StatusCode::kResourceExhausted,
+            FieldRef("GenerateOptions.max_new_tokens", "max_new_tokens"),
+            absl::StrCat("the request needs ", blocks, " KV blocks of ", pool_->entries_per_block(),
+                         " entries (prompt plus max_new_tokens) and the whole pool has ",
+                         pool_->num_blocks()));
       }
       lease.use_ = KVLease::Use::kBlocks;
       lease.paged_ = paged;

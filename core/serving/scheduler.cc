@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
+#include "core/base/status_field.h"
 #include "core/base/status_macros.h"
 #include "core/model/batch_forward.h"
 #include "core/model/cache_positions.h"
@@ -33,30 +34,17 @@ int64_t Scheduler::EffectiveChunk(const GenerateOptions& options) const {
 }
 
 absl::Status SchedulerOptions::Validate() const {
-  if (max_running < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("SchedulerOptions.max_running must be >= 1, got ", max_running));
-  }
-  if (max_waiting < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("SchedulerOptions.max_waiting must be >= 0, got ", max_waiting));
-  }
-  if (prefill_chunk < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("SchedulerOptions.prefill_chunk must be >= 1, got ", prefill_chunk));
-  }
-  if (step_prefill_tokens < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "SchedulerOptions.step_prefill_tokens must be >= 1, got ", step_prefill_tokens));
-  }
-  if (kv_pool_bytes < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("SchedulerOptions.kv_pool_bytes must be >= 0, got ", kv_pool_bytes));
-  }
-  if (kv_block_size < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("SchedulerOptions.kv_block_size must be >= 1, got ", kv_block_size));
-  }
+  // "SchedulerOptions.<name> must be <rule>, got <value>", carrying the field.
+  auto invalid = [](absl::string_view name, absl::string_view rule, int64_t value) {
+    const std::string field = absl::StrCat("SchedulerOptions.", name);
+    return InvalidFieldError(field, absl::StrCat(field, " must be ", rule, ", got ", value));
+  };
+  if (max_running < 1) return invalid("max_running", ">= 1", max_running);
+  if (max_waiting < 0) return invalid("max_waiting", ">= 0", max_waiting);
+  if (prefill_chunk < 1) return invalid("prefill_chunk", ">= 1", prefill_chunk);
+  if (step_prefill_tokens < 1) return invalid("step_prefill_tokens", ">= 1", step_prefill_tokens);
+  if (kv_pool_bytes < 0) return invalid("kv_pool_bytes", ">= 0", kv_pool_bytes);
+  if (kv_block_size < 1) return invalid("kv_block_size", ">= 1", kv_block_size);
   return absl::OkStatus();
 }
 
@@ -219,7 +207,8 @@ absl::StatusOr<std::shared_ptr<RequestHandle>> Scheduler::Submit(std::vector<int
     std::lock_guard<std::mutex> lock(mutex_);
     if (stopping_) return absl::CancelledError("the scheduler is shutting down");
     if (static_cast<int64_t>(waiting_.size()) >= options_.max_waiting) {
-      return absl::ResourceExhaustedError(
+      return FieldError(
+          absl::StatusCode::kResourceExhausted, "SchedulerOptions.max_waiting",
           absl::StrCat(waiting_.size(), " requests are waiting (SchedulerOptions.max_waiting)"));
     }
     request->arrival = arrivals_++;

@@ -27,6 +27,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/base/status_field.h"
 #include "core/base/status_macros.h"
 #include "core/text/prompt_style.h"
 #include "httplib.h"
@@ -547,8 +548,8 @@ absl::StatusOr<std::vector<int64_t>> HttpServer::Impl::PromptIds(ApiRequest& api
   }
   ASSIGN_OR_RETURN(std::vector<int64_t> ids, engine->Encode(text));
   if (ids.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("'", chat ? "messages" : "prompt", "' encodes to no tokens"));
+    const char* input = chat ? "messages" : "prompt";
+    return InvalidFieldError(input, absl::StrCat("'", input, "' encodes to no tokens"));
   }
   return ids;
 }

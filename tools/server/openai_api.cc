@@ -12,9 +12,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
 #include "cache/kv_cache_factory.h"
+#include "core/base/status_field.h"
 #include "core/base/status_macros.h"
 #include "core/model/sampling.h"
 #include "nlohmann/json.hpp"
@@ -48,16 +48,22 @@ const char* TypeName(const json& value) {
   }
 }
 
+// An error about the request's field `field` (its JSON path, "messages[2].content"), which the
+// status carries (core/base/status_field.h) for OpenAI's `param`.
+absl::Status RequestFieldError(absl::string_view field, absl::string_view message) {
+  return InvalidFieldError(field, message);
+}
+
 absl::Status WrongType(absl::string_view field, absl::string_view expected, const json& value) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("'", field, "' must be ", expected, ", got ", TypeName(value)));
+  return RequestFieldError(
+      field, absl::StrCat("'", field, "' must be ", expected, ", got ", TypeName(value)));
 }
 
 absl::StatusOr<double> Number(absl::string_view field, const json& value) {
   if (!value.is_number()) return WrongType(field, "a number", value);
   const double number = value.get<double>();
   if (!std::isfinite(number)) {
-    return absl::InvalidArgumentError(absl::StrCat("'", field, "' must be finite"));
+    return RequestFieldError(field, absl::StrCat("'", field, "' must be finite"));
   }
   return number;
 }
@@ -65,7 +71,7 @@ absl::StatusOr<double> Number(absl::string_view field, const json& value) {
 absl::StatusOr<int64_t> Integer(absl::string_view field, const json& value) {
   if (!value.is_number_integer()) return WrongType(field, "an integer", value);
   if (value.is_number_unsigned() && value.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
-    return absl::InvalidArgumentError(absl::StrCat("'", field, "' is out of range"));
+    return RequestFieldError(field, absl::StrCat("'", field, "' is out of range"));
   }
   return value.get<int64_t>();
 }
@@ -81,8 +87,8 @@ absl::StatusOr<std::string> String(absl::string_view field, const json& value) {
 }
 
 absl::Status Unsupported(absl::string_view field, absl::string_view what) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("'", field, "' is not supported by lgpt (", what, ")"));
+  return RequestFieldError(field,
+                           absl::StrCat("'", field, "' is not supported by lgpt (", what, ")"));
 }
 
 // "stop": a string or a list of strings.
@@ -98,7 +104,7 @@ absl::Status ParseStop(const json& value, std::vector<std::string>& stops) {
     return WrongType("stop", "a string or a list of strings", value);
   }
   for (const std::string& stop : stops) {
-    if (stop.empty()) return absl::InvalidArgumentError("'stop' holds an empty string");
+    if (stop.empty()) return RequestFieldError("stop", "'stop' holds an empty string");
   }
   return absl::OkStatus();
 }
@@ -121,7 +127,7 @@ absl::Status ParsePrompt(const json& value, ApiRequest& request) {
     ASSIGN_OR_RETURN(const int64_t id, Integer("prompt", entry));
     request.prompt_ids.push_back(id);
   }
-  if (request.prompt_ids.empty()) return absl::InvalidArgumentError("'prompt' is empty");
+  if (request.prompt_ids.empty()) return RequestFieldError("prompt", "'prompt' is empty");
   return absl::OkStatus();
 }
 
@@ -145,7 +151,7 @@ absl::StatusOr<std::string> MessageContent(const std::string& field, const json&
 
 absl::Status ParseMessages(const json& value, ApiRequest& request) {
   if (!value.is_array()) return WrongType("messages", "an array", value);
-  if (value.empty()) return absl::InvalidArgumentError("'messages' is empty");
+  if (value.empty()) return RequestFieldError("messages", "'messages' is empty");
   for (size_t i = 0; i < value.size(); ++i) {
     const json& message = value[i];
     const std::string path = absl::StrCat("messages[", i, "]");
@@ -162,10 +168,13 @@ absl::Status ParseMessages(const json& value, ApiRequest& request) {
         return Unsupported(absl::StrCat(path, ".", key), "messages have role and content");
       }
     }
-    if (!has_content) return absl::InvalidArgumentError("'" + path + ".content' is required");
+    if (!has_content) {
+      return RequestFieldError(path + ".content", absl::StrCat("'", path, ".content' is required"));
+    }
     if (parsed.role == "developer") parsed.role = "system";
     if (parsed.role != "system" && parsed.role != "user" && parsed.role != "assistant") {
-      return absl::InvalidArgumentError(
+      return RequestFieldError(
+          path + ".role",
           absl::StrCat("'", path, ".role' must be system, developer, user or assistant, got '",
                        parsed.role, "'"));
     }
@@ -246,13 +255,13 @@ absl::Status ParseField(const std::string& key, const json& value, ApiRequest& r
     const std::optional<int64_t> other = request.max_tokens;
     ASSIGN_OR_RETURN(request.max_tokens, Integer(key, value));
     if (*request.max_tokens < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("'", key, "' must be >= 1, got ", *request.max_tokens));
+      return RequestFieldError(key,
+                               absl::StrCat("'", key, "' must be >= 1, got ", *request.max_tokens));
     }
     if (other.has_value() && *other != *request.max_tokens) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("'max_tokens' and 'max_completion_tokens' disagree (", *other, " and ",
-                       *request.max_tokens, "): give one"));
+      return RequestFieldError(
+          key, absl::StrCat("'max_tokens' and 'max_completion_tokens' disagree (", *other, " and ",
+                            *request.max_tokens, "): give one"));
     }
   } else if (key == "temperature") {
     ASSIGN_OR_RETURN(options.sampling.temperature, Number(key, value));
@@ -288,13 +297,13 @@ absl::Status ParseField(const std::string& key, const json& value, ApiRequest& r
     // KVCacheSpec.bits is an int: a value beyond it is refused here, as given, rather than
     // clamped into one that the library's check would then report instead.
     if (bits < std::numeric_limits<int>::min() || bits > std::numeric_limits<int>::max()) {
-      return absl::InvalidArgumentError(absl::StrCat("'kv_bits' must be 16, 8 or 4, got ", bits));
+      return RequestFieldError(key, absl::StrCat("'kv_bits' must be 16, 8 or 4, got ", bits));
     }
     options.kv_cache.bits = static_cast<int>(bits);
   } else if (IsNeutralField(key)) {
     if (!IsNeutral(key, value)) return Unsupported(key, NeutralWhat(key));
   } else {
-    return absl::InvalidArgumentError(absl::StrCat("unknown or unsupported field '", key, "'"));
+    return RequestFieldError(key, absl::StrCat("unknown or unsupported field '", key, "'"));
   }
   return absl::OkStatus();
 }
@@ -328,7 +337,7 @@ absl::StatusOr<ApiRequest> ParseApiRequest(ApiEndpoint endpoint, absl::string_vi
       has_input = true;
     } else if ((key == "max_completion_tokens" && !chat) ||
                (chat && (key == "echo" || key == "suffix" || key == "best_of"))) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown or unsupported field '", key, "'"));
+      return RequestFieldError(key, absl::StrCat("unknown or unsupported field '", key, "'"));
     } else if (value.is_null() && key != "prompt" && key != "messages") {
       continue;  // null: the default
     } else {
@@ -336,46 +345,78 @@ absl::StatusOr<ApiRequest> ParseApiRequest(ApiEndpoint endpoint, absl::string_vi
     }
   }
   if (!has_input) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("'", chat ? "messages" : "prompt", "' is required"));
+    const char* input = chat ? "messages" : "prompt";
+    return RequestFieldError(input, absl::StrCat("'", input, "' is required"));
   }
   if (request.include_usage && !request.stream) {
-    return absl::InvalidArgumentError("'stream_options' needs 'stream': true");
+    return RequestFieldError("stream_options", "'stream_options' needs 'stream': true");
   }
+  // The library's checks, its fields named as the request names them (a sink budget below the
+  // sink tokens and a budget on the dense cache among them: cache/kv_cache_factory.h).
   const absl::Status sampling = ValidateSampling(request.options.sampling);
-  if (!sampling.ok()) return absl::InvalidArgumentError(InRequestTerms(sampling.message()));
-  // The sink tokens are not a field here: a budget below them is the request's error.
-  const KVCacheSpec& spec = request.options.kv_cache;
-  if (spec.policy == "sink" && spec.budget >= 1 && spec.budget < spec.sink_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat("'kv_budget' (", spec.budget,
-                                                   ") must be at least the sink cache's ",
-                                                   spec.sink_tokens, " sink tokens"));
-  }
+  if (!sampling.ok()) return WithMessage(sampling, InRequestTerms(sampling));
   const absl::Status cache = ValidateKVCacheSpec(request.options.kv_cache);
-  if (!cache.ok()) return absl::InvalidArgumentError(InRequestTerms(cache.message()));
-  // The library ignores a budget on the dense cache; a request that asks for one would get a
-  // full cache without knowing it.
-  if (request.options.kv_cache.policy == "dense" && request.options.kv_cache.budget != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "'kv_budget' (", request.options.kv_cache.budget,
-        ") needs a budgeted 'kv_cache' (window, sink, h2o, tova, h2o-vlen, qh2o), not dense"));
-  }
+  if (!cache.ok()) return WithMessage(cache, InRequestTerms(cache));
   return request;
 }
 
-std::string InRequestTerms(absl::string_view message) {
-  return absl::StrReplaceAll(message, {{"KVCacheSpec.policy", "kv_cache"},
-                                       {"KVCacheSpec.budget", "kv_budget"},
-                                       {"KVCacheSpec.bits", "kv_bits"},
-                                       {"KVCacheSpec.positions=absolute", "the dense cache"},
-                                       {"KVCacheSpec.positions=cache", "cache positions"},
-                                       {"max_new_tokens", "max_tokens"}});
+std::optional<std::string> RequestFieldOf(absl::string_view path) {
+  static const std::pair<const char*, const char*> kFields[] = {
+      {"KVCacheSpec.policy", "kv_cache"},
+      {"KVCacheSpec.budget", "kv_budget"},
+      {"KVCacheSpec.bits", "kv_bits"},
+      {"RequestOptions.max_new_tokens", "max_tokens"},
+      {"GenerateOptions.max_new_tokens", "max_tokens"},
+      {"SamplingOptions.temperature", "temperature"},
+      {"SamplingOptions.top_k", "top_k"},
+      {"SamplingOptions.top_p", "top_p"},
+  };
+  for (const auto& [field, name] : kFields) {
+    if (path == field) return std::string(name);
+  }
+  return std::nullopt;
 }
 
 namespace {
 
-// The field a request error names: its message's leading quoted word, or the one after
-// "unknown or unsupported field"; empty when it names none.
+// A library field's mention as a request reads it: the request field ("kv_budget"), with a
+// value as 'kv_budget' (8); settings no request field reaches, in words.
+std::optional<std::string> RequestTerm(const FieldMention& mention) {
+  if (mention.path == "KVCacheSpec.positions") {
+    if (mention.value == "cache") return "cache positions";
+    if (mention.value == "absolute") return "the dense cache";
+    return std::nullopt;
+  }
+  if (mention.path == "KVCacheSpec.sink_tokens" && mention.value) {
+    return absl::StrCat(*mention.value, " sink tokens");
+  }
+  std::optional<std::string> field = RequestFieldOf(mention.path);
+  if (!field || !mention.value) return field;
+  return absl::StrCat("'", *field, "' (", *mention.value, ")");
+}
+
+// The library fields a status without a field payload may still name (statuses made outside
+// lgpt's vocabulary, or before it carried fields): what ApiErrorFromStatus renders in them.
+const std::vector<FieldRef>& KnownLibraryFields() {
+  static const std::vector<FieldRef>* fields = new std::vector<FieldRef>{
+      "KVCacheSpec.policy", "KVCacheSpec.budget", "KVCacheSpec.bits", "KVCacheSpec.positions",
+      FieldRef("RequestOptions.max_new_tokens", "max_new_tokens")};
+  return *fields;
+}
+
+// OpenAI's `param` for a field a status carries: the request field a library field maps to,
+// or the request's own JSON path (lower case, where library paths begin with their options
+// type: "KVCacheSpec.budget"); empty for fields no request field reaches.
+std::string ParamOf(absl::string_view path) {
+  if (std::optional<std::string> field = RequestFieldOf(path)) return *field;
+  if (!path.empty() && absl::ascii_islower(static_cast<unsigned char>(path[0]))) {
+    return std::string(path);
+  }
+  return "";
+}
+
+// The field a request error without a field payload names: its message's leading quoted
+// word, or the one after "unknown or unsupported field"; empty when it names none.
 std::string FieldNamedBy(absl::string_view message) {
   constexpr absl::string_view kUnknown = "unknown or unsupported field ";
   if (absl::StartsWith(message, kUnknown)) message.remove_prefix(kUnknown.size());
@@ -400,15 +441,21 @@ std::string ApiError::Json() const {
   return Dump(json{{"error", error}});
 }
 
+std::string InRequestTerms(const absl::Status& status) {
+  return MessageInTerms(status, RequestTerm);
+}
+
 ApiError ApiErrorFromStatus(const absl::Status& status) {
   ApiError error;
-  error.message = InRequestTerms(status.message());
+  const std::optional<std::string> field = ErrorField(status);
+  error.message = field ? InRequestTerms(status)
+                        : RenderFields(status.message(), KnownLibraryFields(), RequestTerm);
   switch (status.code()) {
     case absl::StatusCode::kInvalidArgument:
     case absl::StatusCode::kFailedPrecondition:
       error.http_status = 400;
       error.type = "invalid_request_error";
-      error.param = FieldNamedBy(error.message);
+      error.param = field ? ParamOf(*field) : FieldNamedBy(error.message);
       break;
     case absl::StatusCode::kOutOfRange:
       error.http_status = 400;

@@ -47,12 +47,18 @@ struct ApiRequest {
 };
 
 // InvalidArgument naming the field for malformed JSON, wrong types, bad values and fields lgpt
-// does not support.
+// does not support; the status carries the field (its JSON path, or the library's field behind
+// a library check: core/base/status_field.h).
 absl::StatusOr<ApiRequest> ParseApiRequest(ApiEndpoint endpoint, absl::string_view body);
 
-// The library names its fields (KVCacheSpec.budget, max_new_tokens); the API's names are
-// kv_budget, max_tokens, ...
-std::string InRequestTerms(absl::string_view message);
+// The request field that sets a library field ("KVCacheSpec.budget" -> "kv_budget",
+// "RequestOptions.max_new_tokens" -> "max_tokens"); nullopt where none does.
+std::optional<std::string> RequestFieldOf(absl::string_view path);
+
+// The library names its fields (KVCacheSpec.budget, max_new_tokens) and carries them in its
+// statuses; the API's names are kv_budget, max_tokens, ...: the status's message with the
+// fields it carries named as the request names them.
+std::string InRequestTerms(const absl::Status& status);
 
 // An error response: HTTP status and OpenAI's {"error": {"message", "type", "code"}}.
 struct ApiError {
@@ -64,9 +70,11 @@ struct ApiError {
   std::string Json() const;
 };
 // InvalidArgument, OutOfRange, FailedPrecondition -> 400; Unauthenticated -> 401;
-// NotFound -> 404; ResourceExhausted -> 429; Unavailable -> 503; others 500. A 400 whose
-// message names a field the way request errors do ("'temperature' must be ...", "unknown or
-// unsupported field 'x'") carries it as `param`, as OpenAI's errors do.
+// NotFound -> 404; ResourceExhausted -> 429; Unavailable -> 503; others 500. The message names
+// the fields the status carries in request terms (InRequestTerms). An InvalidArgument or
+// FailedPrecondition carrying a field a request sets has it as `param`, as OpenAI's errors do;
+// one carrying no field, whose message names one the way request errors do ("'temperature'
+// must be ...", "unknown or unsupported field 'x'"), has that.
 ApiError ApiErrorFromStatus(const absl::Status& status);
 
 // "stop" for stop tokens and stop sequences, "length" for max_tokens and a full context,

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "core/base/status_field.h"
 #include "nlohmann/json.hpp"
 
 namespace lgpt {
@@ -263,6 +264,75 @@ TEST(OpenAiApiTest, ErrorsHaveOpenAisShapeAndStatus) {
   EXPECT_EQ(ApiErrorFromStatus(absl::ResourceExhaustedError("")).http_status, 429);
   EXPECT_EQ(ApiErrorFromStatus(absl::UnavailableError("")).http_status, 503);
   EXPECT_EQ(ApiErrorFromStatus(absl::InternalError("")).http_status, 500);
+}
+
+// OpenAI's param comes from the field the status carries (core/base/status_field.h), in the
+// request's terms, whatever the message quotes; the message names the carried fields the same
+// way.
+TEST(OpenAiApiTest, ParamComesFromTheCarriedField) {
+  // A library field, in a message that does not quote it.
+  ApiError error =
+      ApiErrorFromStatus(InvalidFieldError("KVCacheSpec.budget", "too small a budget"));
+  EXPECT_EQ(error.http_status, 400);
+  EXPECT_EQ(error.param, "kv_budget");
+  EXPECT_EQ(error.message, "too small a budget");
+  // The payload wins over a quoted word; a field no request sets has no param.
+  error = ApiErrorFromStatus(
+      InvalidFieldError("SchedulerOptions.max_running", "'x' SchedulerOptions.max_running"));
+  EXPECT_EQ(error.param, "");
+  EXPECT_TRUE(json::parse(error.Json())["error"]["param"].is_null());
+  EXPECT_EQ(error.message, "'x' SchedulerOptions.max_running");
+  // Named as the library writes it, rendered as the request names it.
+  error = ApiErrorFromStatus(InvalidFieldError(
+      FieldRef("RequestOptions.max_new_tokens", "max_new_tokens"), "max_new_tokens must be >= 1"));
+  EXPECT_EQ(error.param, "max_tokens");
+  EXPECT_EQ(error.message, "max_tokens must be >= 1");
+  // Only the carried field is renamed.
+  error = ApiErrorFromStatus(
+      InvalidFieldError("SamplingOptions.top_p", "SamplingOptions.top_p and KVCacheSpec.bits"));
+  EXPECT_EQ(error.param, "top_p");
+  EXPECT_EQ(error.message, "top_p and KVCacheSpec.bits");
+  // The pool's limit on a request (429): max_tokens in the text, no param.
+  error = ApiErrorFromStatus(
+      FieldError(absl::StatusCode::kResourceExhausted,
+                 FieldRef("GenerateOptions.max_new_tokens", "max_new_tokens"),
+                 "the request needs 9 KV blocks (prompt plus max_new_tokens) and the pool has 4"));
+  EXPECT_EQ(error.http_status, 429);
+  EXPECT_EQ(error.message,
+            "the request needs 9 KV blocks (prompt plus max_tokens) and the pool has 4");
+  EXPECT_EQ(error.param, "");
+}
+
+TEST(OpenAiApiTest, RequestErrorsCarryTheirField) {
+  auto error_of = [](ApiEndpoint endpoint, const std::string& body) {
+    absl::StatusOr<ApiRequest> request = ParseApiRequest(endpoint, body);
+    EXPECT_FALSE(request.ok()) << body;
+    return request.ok() ? ApiError() : ApiErrorFromStatus(request.status());
+  };
+  // The library's checks: the field behind them, named as the request names it. "kv_cache:
+  // unknown KV cache policy 'lru'" quotes the value, not the field.
+  const ApiError lru = error_of(kCompletions, R"({"prompt": "x", "kv_cache": "lru"})");
+  EXPECT_EQ(lru.param, "kv_cache");
+  EXPECT_EQ(lru.message.find("KVCacheSpec"), std::string::npos) << lru.message;
+  EXPECT_EQ(error_of(kCompletions, R"({"prompt": "x", "kv_cache": "sink", "kv_budget": 1})").param,
+            "kv_budget");
+  EXPECT_EQ(error_of(kCompletions, R"({"prompt": "x", "kv_budget": 8})").param, "kv_budget");
+  EXPECT_EQ(error_of(kCompletions, R"({"prompt": "x", "kv_cache": "qh2o", "kv_budget": 8})").param,
+            "kv_bits");
+  EXPECT_EQ(error_of(kCompletions, R"({"prompt": "x", "temperature": -1})").param, "temperature");
+  EXPECT_EQ(error_of(kCompletions, R"({"prompt": "x", "top_k": -2})").param, "top_k");
+  absl::StatusOr<ApiRequest> cold = ParseApiRequest(kCompletions, R"({"prompt": "x", "top_p": 2})");
+  EXPECT_EQ(ErrorField(cold.status()), "SamplingOptions.top_p");
+  // The request's own: its JSON path.
+  absl::StatusOr<ApiRequest> content =
+      ParseApiRequest(kChat, R"({"messages": [{"role": "user", "content": 5}]})");
+  EXPECT_EQ(ErrorField(content.status()), "messages[0].content");
+  EXPECT_EQ(error_of(kChat, R"({"messages": [], "n": 2})").param, "messages");
+  EXPECT_EQ(error_of(kCompletions, R"({"prompt": "x", "n": 2})").param, "n");
+  EXPECT_EQ(
+      error_of(kCompletions, R"({"prompt": "x", "stream_options": {"include_usage": true}})").param,
+      "stream_options");
+  EXPECT_EQ(error_of(kCompletions, R"({"max_tokens": 3})").param, "prompt");
 }
 
 TEST(OpenAiApiTest, ResponsesAndChunks) {

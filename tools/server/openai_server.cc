@@ -14,6 +14,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "core/base/status_field.h"
 #include "core/base/status_macros.h"
 #include "core/text/prompt_style.h"
 #include "tools/server/http_server.h"
@@ -25,8 +26,8 @@ namespace {
 constexpr size_t kMostSocketPathBytes = sizeof(sockaddr_un::sun_path) - 1;
 
 absl::Status BadSocketPath(const std::string& path, absl::string_view why) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("ServeOnSocket path '", absl::CHexEscape(path), "' ", why));
+  return InvalidFieldError(FieldRef("ServeOnSocket.path", "ServeOnSocket path"),
+                           absl::StrCat("ServeOnSocket path '", absl::CHexEscape(path), "' ", why));
 }
 
 // Whether a server accepts connections on the Unix socket at `path` (false: connection
@@ -87,27 +88,30 @@ absl::Status FreeSocketPath(const std::string& path) {
 
 absl::Status OpenAIServerOptions::Validate() const {
   if (max_http_threads < 1 || max_http_threads > kMostHttpThreads) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("OpenAIServerOptions.max_http_threads must be in [1, ", kMostHttpThreads,
-                     "], got ", max_http_threads));
+    return InvalidFieldError("OpenAIServerOptions.max_http_threads",
+                             absl::StrCat("OpenAIServerOptions.max_http_threads must be in [1, ",
+                                          kMostHttpThreads, "], got ", max_http_threads));
   }
   if (http_threads < 0 || http_threads > max_http_threads) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("OpenAIServerOptions.http_threads must be in [0, ", max_http_threads,
-                     "], got ", http_threads));
+    return InvalidFieldError("OpenAIServerOptions.http_threads",
+                             absl::StrCat("OpenAIServerOptions.http_threads must be in [0, ",
+                                          max_http_threads, "], got ", http_threads));
   }
   if (max_body_bytes < 1 || max_body_bytes > kMostBodyBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("OpenAIServerOptions.max_body_bytes must be in [1, ", kMostBodyBytes,
-                     "], got ", max_body_bytes));
+    return InvalidFieldError("OpenAIServerOptions.max_body_bytes",
+                             absl::StrCat("OpenAIServerOptions.max_body_bytes must be in [1, ",
+                                          kMostBodyBytes, "], got ", max_body_bytes));
   }
   if (!(shutdown_s >= 0)) {
-    return absl::InvalidArgumentError(
+    return InvalidFieldError(
+        "OpenAIServerOptions.shutdown_s",
         absl::StrCat("OpenAIServerOptions.shutdown_s must be >= 0, got ", shutdown_s));
   }
   if (default_max_tokens < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "OpenAIServerOptions.default_max_tokens must be >= 1, got ", default_max_tokens));
+    return InvalidFieldError(
+        "OpenAIServerOptions.default_max_tokens",
+        absl::StrCat("OpenAIServerOptions.default_max_tokens must be >= 1, got ",
+                     default_max_tokens));
   }
   return absl::OkStatus();
 }
@@ -140,7 +144,8 @@ absl::StatusOr<std::unique_ptr<OpenAIServer>> OpenAIServer::Create(
             ? PromptStyleForCheckpoint(engine->checkpoint_dir(), engine->config())
             : PromptStyleFromName(options.prompt_style);
     if (!style.ok() && !options.prompt_style.empty()) {
-      return absl::InvalidArgumentError(
+      return InvalidFieldError(
+          "OpenAIServerOptions.prompt_style",
           absl::StrCat("OpenAIServerOptions.prompt_style: ", style.status().message()));
     }
     RETURN_IF_ERROR(style.status());
@@ -164,10 +169,13 @@ OpenAIServer::~OpenAIServer() {
 }
 
 absl::Status OpenAIServer::ServeOnPort(const std::string& host, int port) {
-  if (host.empty()) return absl::InvalidArgumentError("ServeOnPort host is empty");
+  if (host.empty()) {
+    return InvalidFieldError(FieldRef("ServeOnPort.host", "ServeOnPort host"),
+                             "ServeOnPort host is empty");
+  }
   if (port < 0 || port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ServeOnPort port must be in [0, 65535], got ", port));
+    return InvalidFieldError(FieldRef("ServeOnPort.port", "ServeOnPort port"),
+                             absl::StrCat("ServeOnPort port must be in [0, 65535], got ", port));
   }
   return Serve(host, port, "");
 }
