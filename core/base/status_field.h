@@ -7,10 +7,11 @@
 // URL lgpt.dev/field) lists the field at fault and then any other field the message names. A
 // boundary re-renders only those mentions:
 //
-//   absl::Status status = InvalidFieldError("KVCacheSpec.budget", "KVCacheSpec.budget must be >=
-//   1"); ErrorField(status);                // "KVCacheSpec.budget" MessageInTerms(status,
-//   flag_term); // "--kv_budget must be >= 1", where flag_term maps
-//                                      // KVCacheSpec.budget to --kv_budget
+//   absl::Status status =
+//       InvalidFieldError("KVCacheSpec.budget", "KVCacheSpec.budget must be >= 1");
+//   ErrorField(status);                  // "KVCacheSpec.budget"
+//   MessageInTerms(status, flag_term);   // "--kv_budget must be >= 1", where flag_term maps
+//                                        // KVCacheSpec.budget to --kv_budget
 //
 // A mention may assign a value, "KVCacheSpec.positions=cache" or
 // "EngineOptions.verify_checksums = false": the term sees it, and renders the whole mention
