@@ -53,7 +53,7 @@ const PolicyCacheFields& SpecFields() {
 absl::Status ValidateKVCacheSpec(const KVCacheSpec& spec) {
   ASSIGN_OR_RETURN(const PolicyKind kind, SpecPolicy(spec));
   RETURN_IF_ERROR(ValidateEvictionPolicy(PolicyOptions(spec, kind), "KVCacheSpec"));
-  RETURN_IF_ERROR(ValidateEntryStorage(spec.bits, spec.residual, spec.group_size, spec.block_size,
+  RETURN_IF_ERROR(ValidateEntryStorage(spec.bits, spec.residual, spec.group_size, spec.read_chunk,
                                        "KVCacheSpec"));
   if (spec.positions != "absolute" && spec.positions != "cache") {
     return InvalidFieldError("KVCacheSpec.positions",
@@ -114,7 +114,7 @@ absl::StatusOr<std::unique_ptr<KVCache>> MakeKVCache(const KVCacheSpec& spec,
   options.bits = spec.bits;
   options.residual = spec.residual;
   options.group_size = spec.group_size;
-  options.block_size = spec.block_size;
+  options.read_chunk = spec.read_chunk;
   options.cache_positions = UsesCachePositions(spec);
   options.growth_step = shape.growth_step;
   ASSIGN_OR_RETURN(std::unique_ptr<PolicyKVCache> cache, PolicyKVCache::Create(options));

@@ -36,7 +36,7 @@ struct KVCacheSpec {
   std::string budget_rule = "uniform";  // or "pyramid": budgets per layer (eviction_policy.h)
   int64_t residual = 16;                // quantised: most recent entries kept in full precision
   int64_t group_size = 32;              // quantised: channels per scale
-  int64_t block_size = 512;  // quantised: entries decoded at a time when attending in place
+  int64_t read_chunk = 512;  // quantised: entries decoded at a time when attending in place
   // "absolute": entries keep their stream positions, so a stream ends at the context.
   // "cache" (window and sink only): positions within the cache, shifted down when they reach
   // the context, so generation goes on indefinitely in flat memory (StreamingLLM).

@@ -29,7 +29,7 @@ constexpr int64_t kHostDecodedEntries = 4096;
 }  // namespace
 
 absl::Status ValidateEntryStorage(int bits, int64_t residual, int64_t group_size,
-                                  int64_t block_size, absl::string_view owner) {
+                                  int64_t read_chunk, absl::string_view owner) {
   if (bits != 16 && bits != 8 && bits != 4) {
     const std::string field = absl::StrCat(owner, ".bits");
     return InvalidFieldError(field, absl::StrCat(field, " must be 16, 8 or 4, got ", bits));
@@ -42,9 +42,9 @@ absl::Status ValidateEntryStorage(int bits, int64_t residual, int64_t group_size
     const std::string field = absl::StrCat(owner, ".group_size");
     return InvalidFieldError(field, absl::StrCat(field, " must be >= 1, got ", group_size));
   }
-  if (block_size < 1) {
-    const std::string field = absl::StrCat(owner, ".block_size");
-    return InvalidFieldError(field, absl::StrCat(field, " must be >= 1, got ", block_size));
+  if (read_chunk < 1) {
+    const std::string field = absl::StrCat(owner, ".read_chunk");
+    return InvalidFieldError(field, absl::StrCat(field, " must be >= 1, got ", read_chunk));
   }
   return absl::OkStatus();
 }
@@ -90,7 +90,7 @@ absl::StatusOr<std::unique_ptr<PolicyKVCache>> PolicyKVCache::Create(
   RETURN_IF_ERROR(CheckCacheGeometry("PolicyKVCacheOptions", options));
   RETURN_IF_ERROR(ValidateEvictionPolicy(options.policy, "PolicyKVCacheOptions.policy"));
   RETURN_IF_ERROR(ValidateEntryStorage(options.bits, options.residual, options.group_size,
-                                       options.block_size, "PolicyKVCacheOptions"));
+                                       options.read_chunk, "PolicyKVCacheOptions"));
   const EvictionPolicyOptions& policy = options.policy;
   PolicyCacheFields fields;
   fields.policy = "PolicyKVCacheOptions.policy.kind";
@@ -293,7 +293,7 @@ std::vector<KVBlockSource> PolicyKVCache::Sources(Layer& layer, int64_t rows) {
     KVBlockSource source;
     source.size = main.high;
     source.positions = Rows(main.positions, rows).narrow(2, 0, main.high);
-    source.block_size = layer.codec->bits() < 16 ? options_.block_size : 0;
+    source.read_chunk = layer.codec->bits() < 16 ? options_.read_chunk : 0;
     const EntryCodec* codec = layer.codec.get();
     source.read = [parts, codec](int64_t begin, int64_t length, at::Tensor* k, at::Tensor* v) {
       std::vector<at::Tensor> slice;
@@ -878,7 +878,7 @@ void PolicyKVCache::Shift(int64_t index, Layer& layer, int64_t shift,
     at::Tensor positions = store->positions.narrow(2, 0, high);  // [B, P, high]
     const at::Tensor moves = positions >= sinks;                 // empty slots (-1) stay
     // Quantised entries are decoded a block at a time, as UpdateAndAttend reads them.
-    const int64_t block = codec.bits() < 16 ? options_.block_size : high;
+    const int64_t block = codec.bits() < 16 ? options_.read_chunk : high;
     for (int64_t begin = 0; begin < high; begin += block) {
       const int64_t length = std::min(block, high - begin);
       std::vector<at::Tensor> slice;

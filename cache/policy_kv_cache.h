@@ -36,7 +36,7 @@
 // tensor path below takes ~25 operations and costs more than the attention on small models.
 // Everything else (prompt chunks, other dtypes or devices, h2o-vlen, qh2o, unbudgeted quantised
 // layers) takes the tensor path: quantised storage attends block by block (AttendBlockwise in
-// core/ops/attention.h; at most `block_size` entries decoded at a time, so no full-precision
+// core/ops/attention.h; at most `read_chunk` entries decoded at a time, so no full-precision
 // copy of the layer exists), full-precision storage takes KVCache's default (Update, whose
 // view of main copies nothing on decode steps, then AttendByPositions). Update on quantised
 // storage decodes the whole layer (a transient copy, for callers that want the entries
@@ -94,7 +94,7 @@ struct PolicyKVCacheOptions : KVCacheGeometry {
   int bits = 16;             // 16: the model's dtype; 8 or 4: quantised entries
   int64_t residual = 16;     // quantised: most recent entries kept in full precision
   int64_t group_size = 32;   // quantised: channels sharing one scale
-  int64_t block_size = 512;  // entries decoded at a time by UpdateAndAttend
+  int64_t read_chunk = 512;  // entries decoded at a time by UpdateAndAttend
   // Positions within the cache (window and sink policies, budget below max_sequence_length):
   // MakeRoom shifts kept entries down when the stream reaches max_sequence_length.
   bool cache_positions = false;
@@ -105,10 +105,10 @@ struct PolicyKVCacheOptions : KVCacheGeometry {
 };
 
 // Checks the storage fields: bits (16, 8 or 4), residual (>= 0), group_size (>= 1) and
-// block_size (>= 1); errors name the fields under `owner` ("KVCacheSpec.bits") and carry them
+// read_chunk (>= 1); errors name the fields under `owner` ("KVCacheSpec.bits") and carry them
 // (core/base/status_field.h).
 absl::Status ValidateEntryStorage(int bits, int64_t residual, int64_t group_size,
-                                  int64_t block_size, absl::string_view owner);
+                                  int64_t read_chunk, absl::string_view owner);
 
 // How CheckPolicyCacheRules names what it checks: the caller's own fields (KVCacheSpec's for
 // cache/kv_cache_factory.h, PolicyKVCacheOptions' for PolicyKVCache::Create).

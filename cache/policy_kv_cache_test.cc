@@ -30,7 +30,7 @@ PolicyKVCacheOptions Options(PolicyKind kind, int64_t budget, int bits,
   options.policy.sink_tokens = 2;
   options.bits = bits;
   options.residual = 4;
-  options.block_size = 8;
+  options.read_chunk = 8;
   return options;
 }
 
@@ -705,8 +705,8 @@ TEST(KVCacheFactoryTest, EveryRuleCarriesItsField) {
   s.group_size = 0;
   bad.push_back({s, "KVCacheSpec.group_size", {}});
   s = spec("window", 8, 8);
-  s.block_size = 0;
-  bad.push_back({s, "KVCacheSpec.block_size", {}});
+  s.read_chunk = 0;
+  bad.push_back({s, "KVCacheSpec.read_chunk", {}});
   s = spec("sink", 8, 16);
   s.positions = "sideways";
   bad.push_back({s, "KVCacheSpec.positions", {}});

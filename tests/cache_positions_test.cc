@@ -22,8 +22,8 @@
 #include "absl/strings/match.h"
 #include "cache/kv_cache_factory.h"
 #include "cache/policy_kv_cache.h"
-#include "core/config/config_presets.h"
 #include "core/base/device.h"
+#include "core/config/config_presets.h"
 #include "core/model/gpt.h"
 #include "gtest/gtest.h"
 #include "lgpt.h"
@@ -66,7 +66,7 @@ std::unique_ptr<PolicyKVCache> Cache(GPTImpl& model, PolicyKind kind, int bits, 
   options.bits = bits;
   options.residual = 3;
   options.group_size = 8;
-  options.block_size = 4;  // shifts decode quantised entries in several blocks
+  options.read_chunk = 4;  // shifts decode quantised entries in several blocks
   options.cache_positions = shifting;
   auto cache = PolicyKVCache::Create(options);
   EXPECT_TRUE(cache.ok()) << cache.status();

@@ -190,7 +190,7 @@ TEST(KVPolicyInPlaceTest, InPlaceAttentionEqualsTheAttentionKernel) {
       options.policy.budget = 10;
       options.bits = bits;
       options.residual = 3;
-      options.block_size = 4;
+      options.read_chunk = 4;
       auto via_view = PolicyKVCache::Create(options);
       auto in_place = PolicyKVCache::Create(options);
       ASSERT_TRUE(via_view.ok() && in_place.ok());

@@ -13,8 +13,8 @@
 namespace lgpt {
 namespace {
 
-int64_t BlockSize(const KVBlockSource& source) {
-  return source.block_size > 0 ? source.block_size : source.size;
+int64_t ReadChunk(const KVBlockSource& source) {
+  return source.read_chunk > 0 ? source.read_chunk : source.size;
 }
 
 // Calls visit(source, column, begin, length) for each block of each source in order, where
@@ -23,8 +23,8 @@ template <typename Visit>
 void ForEachBlock(const std::vector<KVBlockSource>& sources, Visit visit) {
   int64_t offset = 0;
   for (const KVBlockSource& source : sources) {
-    for (int64_t begin = 0; begin < source.size; begin += BlockSize(source)) {
-      visit(source, offset + begin, begin, std::min(BlockSize(source), source.size - begin));
+    for (int64_t begin = 0; begin < source.size; begin += ReadChunk(source)) {
+      visit(source, offset + begin, begin, std::min(ReadChunk(source), source.size - begin));
     }
     offset += source.size;
   }
@@ -35,7 +35,7 @@ at::Tensor Scores(const at::Tensor& q_grouped, int64_t q_per_kv, int64_t steps,
                   const std::vector<KVBlockSource>& sources, int64_t total) {
   const int64_t batch = q_grouped.size(0), groups = q_grouped.size(1);
   const std::vector<int64_t> shape = {batch, groups, q_per_kv, steps, total};
-  if (sources.size() == 1 && BlockSize(sources[0]) >= total) {
+  if (sources.size() == 1 && ReadChunk(sources[0]) >= total) {
     at::Tensor keys;  // one read: no copy into a preallocated buffer
     sources[0].read(0, total, &keys, nullptr);
     return at::matmul(q_grouped, keys.transpose(-1, -2)).view(shape).to(at::kFloat);
@@ -66,7 +66,7 @@ at::Tensor KeyPositions(const std::vector<KVBlockSource>& sources, int64_t batch
 
 // weights [B, G, q·T, S] float32 times the values of every source: [B, G, q·T, hs].
 at::Tensor WeightedValues(const at::Tensor& weights, const std::vector<KVBlockSource>& sources) {
-  if (sources.size() == 1 && sources[0].block_size <= 0) {
+  if (sources.size() == 1 && sources[0].read_chunk <= 0) {
     // One source read whole: in the values' dtype, as LitGPT's attention.
     at::Tensor values;
     sources[0].read(0, sources[0].size, nullptr, &values);
@@ -139,7 +139,7 @@ bool TryFlashTrainable(const at::Tensor& q, const std::vector<KVBlockSource>& so
                        const at::Tensor& query_positions, const AttentionParams& params,
                        at::Tensor* out) {
   if (!at::GradMode::is_enabled() || sources.size() != 1 ||
-      BlockSize(sources[0]) < sources[0].size) {
+      ReadChunk(sources[0]) < sources[0].size) {
     return false;
   }
   at::Tensor keys, values;

@@ -45,7 +45,7 @@ at::Tensor AttendByPositions(const at::Tensor& q, const at::Tensor& keys, const 
 // A run of entries the attention reads in order.
 struct KVBlockSource {
   int64_t size = 0;        // entries S_i
-  int64_t block_size = 0;  // entries decoded per read; 0: the whole source at once
+  int64_t read_chunk = 0;  // entries decoded per read; 0: the whole source at once
   at::Tensor positions;    // [B, 1 or G, S_i] int64 or int32, negative where empty
   // Decodes entries [begin, begin + length) into keys and/or values [B, G, length, hs] (either
   // pointer may be null).

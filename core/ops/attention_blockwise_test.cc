@@ -1,10 +1,9 @@
-#include "core/ops/attention.h"
-
 #include <ATen/ATen.h>
 
 #include <algorithm>
 #include <limits>
 
+#include "core/ops/attention.h"
 #include "gtest/gtest.h"
 
 namespace lgpt {
@@ -64,12 +63,11 @@ TEST(AttendBlockwiseTest, EqualsPlainAttentionOverTheConcatenatedSources) {
     for (auto [size, block] : {std::pair<int64_t, int64_t>{7, 3}, {4, 1}, {c.steps, 0}}) {
       sources.push_back(TensorSource(keys.narrow(2, begin, size), values.narrow(2, begin, size),
                                      positions.narrow(2, begin, size)));
-      sources.back().block_size = block;
+      sources.back().read_chunk = block;
       begin += size;
     }
     at::Tensor weights, expected_weights;
-    const at::Tensor got =
-        AttendBlockwise(q, groups, sources, query_positions, params, &weights);
+    const at::Tensor got = AttendBlockwise(q, groups, sources, query_positions, params, &weights);
     const at::Tensor expected =
         Reference(q, keys, values, query_positions, positions, params, &expected_weights);
     EXPECT_LT((got - expected).abs().max().item<double>(), 1e-5) << "steps " << c.steps;
@@ -89,7 +87,7 @@ TEST(AttendBlockwiseTest, ReadsCompressedStorageOneBlockAtATime) {
   int64_t largest_read = 0, reads = 0;
   KVBlockSource source;
   source.size = entries;
-  source.block_size = block;
+  source.read_chunk = block;
   source.positions = positions;
   source.read = [&](int64_t begin, int64_t length, at::Tensor* k, at::Tensor* v) {
     largest_read = std::max(largest_read, length);

@@ -47,7 +47,7 @@ TEST_P(FlashAttentionCases, EqualsTheGenericPath) {
       KVBlockSource source = TensorSource(keys.narrow(2, begin, length),
                                           values.narrow(2, begin, length),
                                           key_positions.narrow(2, begin, length));
-      source.block_size = c.block_size;
+      source.read_chunk = c.block_size;
       sources.push_back(source);
     }
   } else {

@@ -2,6 +2,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "core/base/status_field.h"
 
 namespace lgpt {
 namespace {
@@ -10,18 +11,21 @@ namespace {
 absl::Status CheckShape(const std::vector<ChatMessage>& messages) {
   const size_t first = !messages.empty() && messages[0].role == "system" ? 1 : 0;
   if (first == messages.size()) {
-    return absl::InvalidArgumentError("'messages' holds no user message");
+    return InvalidFieldError("messages", "'messages' holds no user message");
   }
   for (size_t i = first; i < messages.size(); ++i) {
     const char* expected = (i - first) % 2 == 0 ? "user" : "assistant";
     if (messages[i].role != expected) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "'messages[", i, "].role' must be ", expected,
-          ": after an optional system message, user and assistant messages alternate"));
+      const std::string field = absl::StrCat("messages[", i, "].role");
+      return InvalidFieldError(
+          field, absl::StrCat(
+                     "'", field, "' must be ", expected,
+                     ": after an optional system message, user and assistant messages alternate"));
     }
   }
   if (messages.back().role != "user") {
-    return absl::InvalidArgumentError("the last of 'messages' must be a user message");
+    return InvalidFieldError(absl::StrCat("messages[", messages.size() - 1, "].role"),
+                             "the last of 'messages' must be a user message");
   }
   return absl::OkStatus();
 }
@@ -34,7 +38,7 @@ absl::StatusOr<std::string> ChatPromptText(const PromptStyle& style,
   if (style.SupportsChat()) {
     absl::StatusOr<std::string> text = style.ApplyChat(messages);
     if (!text.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("'messages': ", text.status().message()));
+      return InvalidFieldError("messages", absl::StrCat("'messages': ", text.status().message()));
     }
     return text;
   }

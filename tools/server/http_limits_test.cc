@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
+#include "tools/server/default_engine_test_base.h"
 #include "tools/server/http_server.h"
 #include "tools/server/test_client.h"
 
@@ -26,7 +27,6 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr char kDefaultModel[] = "tools/default_model";
 constexpr int64_t kLimit = 64 << 10;  // --max_body_bytes of these tests
 constexpr int64_t kMiB = 1 << 20;
 // What an attack may add to the process's peak RSS: the limit, buffers and connection threads.
@@ -127,21 +127,16 @@ std::string Head(const std::string& framing, const std::string& path = "/v1/comp
                       framing, "\r\n");
 }
 
-class HttpLimitsTest : public ::testing::Test {
+class HttpLimitsTest : public DefaultEngineTest {
  protected:
-  static void SetUpTestSuite() {
-    absl::StatusOr<std::shared_ptr<const Engine>> engine = Engine::Load(kDefaultModel);
-    ASSERT_TRUE(engine.ok()) << engine.status();
-    engine_ = new std::shared_ptr<const Engine>(*engine);
-  }
-  static void TearDownTestSuite() { delete engine_; }
-
   void SetUp() override {
+    DefaultEngineTest::SetUp();
+    if (HasFatalFailure()) return;
     ServerOptions options;
     options.port = 0;
     options.access_log = false;
     options.max_body_bytes = kLimit;
-    absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Create(*engine_, options);
+    absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Create(engine(), options);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
     thread_ = std::thread([this] { server_->Run(); });
@@ -154,9 +149,9 @@ class HttpLimitsTest : public ::testing::Test {
 
   // An upload over the limit: 413 naming it, sent well short of everything, with the peak RSS
   // bounded.
-  UploadReply ExpectRefusedOverLimit(
-      const std::string& head, const std::function<bool(std::string&)>& body,
-      std::chrono::milliseconds gap = std::chrono::milliseconds(0)) {
+  UploadReply ExpectRefusedOverLimit(const std::string& head,
+                                     const std::function<bool(std::string&)>& body,
+                                     std::chrono::milliseconds gap = std::chrono::milliseconds(0)) {
     PeakRssGrowth growth;
     const UploadReply upload = HttpRawUpload(port(), head, body, gap);
     EXPECT_EQ(upload.reply.status, 413) << upload.reply.body << upload.reply.error;
@@ -165,24 +160,22 @@ class HttpLimitsTest : public ::testing::Test {
     return upload;
   }
 
-  static std::shared_ptr<const Engine>* engine_;
   std::unique_ptr<HttpServer> server_;
   std::thread thread_;
 };
-std::shared_ptr<const Engine>* HttpLimitsTest::engine_ = nullptr;
 
 TEST_F(HttpLimitsTest, PlainBodyOverTheLimitIsRefusedBeforeItIsSent) {
   PeakRssGrowth growth;
-  const UploadReply upload = HttpRawUpload(
-      port(), Head(absl::StrCat("Content-Length: ", 64 * kMiB, "\r\n")),
-      Endless(64 * kMiB, 1 << 16, ' ', false));
+  const UploadReply upload =
+      HttpRawUpload(port(), Head(absl::StrCat("Content-Length: ", 64 * kMiB, "\r\n")),
+                    Endless(64 * kMiB, 1 << 16, ' ', false));
   EXPECT_EQ(upload.reply.status, 413) << upload.reply.body << upload.reply.error;
   EXPECT_LT(upload.seconds, kAtOnceS);
   EXPECT_FALSE(upload.sent_everything);
   EXPECT_LT(growth.MiB(), kMostPeakGrowthMiB);
   // Curl's Expect: 100-continue gets the 413 instead of a 100.
-  const HttpReply expect = HttpRawExchange(
-      port(), Head("Content-Length: 100000000\r\nExpect: 100-continue\r\n"));
+  const HttpReply expect =
+      HttpRawExchange(port(), Head("Content-Length: 100000000\r\nExpect: 100-continue\r\n"));
   EXPECT_EQ(expect.status, 413) << expect.body << expect.error;
 }
 
@@ -204,8 +197,8 @@ TEST_F(HttpLimitsTest, ChunkedBodyStopsAtTheLimit) {
                                       Endless(64 * kMiB, 1 << 16, ' ', true))
                    .sent_everything);
   // Within the limit, a chunked body is served.
-  const UploadReply fits = HttpRawUpload(port(), Head("Transfer-Encoding: chunked\r\n"),
-                                         Pieces(kValidBody, 7, true));
+  const UploadReply fits =
+      HttpRawUpload(port(), Head("Transfer-Encoding: chunked\r\n"), Pieces(kValidBody, 7, true));
   EXPECT_EQ(fits.reply.status, 200) << fits.reply.body << fits.reply.error;
 }
 
@@ -220,8 +213,8 @@ TEST_F(HttpLimitsTest, TrickledChunksStopAtTheLimit) {
 TEST_F(HttpLimitsTest, EndlessTrailersAreRefused) {
   auto trailers = std::make_shared<int64_t>(0);
   PeakRssGrowth growth;
-  const UploadReply upload = HttpRawUpload(
-      port(), Head("Transfer-Encoding: chunked\r\n"), [trailers](std::string& piece) {
+  const UploadReply upload =
+      HttpRawUpload(port(), Head("Transfer-Encoding: chunked\r\n"), [trailers](std::string& piece) {
         if (*trailers >= 64 * kMiB) return false;
         piece = *trailers == 0 ? absl::StrCat(Chunk(kValidBody), "0\r\n") : "";
         for (int i = 0; i < 4096; ++i) piece += "X-T: y\r\n";
@@ -236,11 +229,11 @@ TEST_F(HttpLimitsTest, EndlessTrailersAreRefused) {
 TEST_F(HttpLimitsTest, CompressedBodiesAreInflatedAndServed) {
   for (const bool gzip : {true, false}) {
     const std::string body = Compress(kValidBody, 1000, "", gzip);
-    const UploadReply reply = HttpRawUpload(
-        port(),
-        Head(absl::StrCat("Content-Encoding: ", gzip ? "gzip" : "deflate",
-                          "\r\nContent-Length: ", body.size(), "\r\n")),
-        Pieces(body, body.size(), false));
+    const UploadReply reply =
+        HttpRawUpload(port(),
+                      Head(absl::StrCat("Content-Encoding: ", gzip ? "gzip" : "deflate",
+                                        "\r\nContent-Length: ", body.size(), "\r\n")),
+                      Pieces(body, body.size(), false));
     ASSERT_EQ(reply.reply.status, 200) << reply.reply.body << reply.reply.error;
     EXPECT_EQ(json::parse(reply.reply.body)["usage"]["completion_tokens"], 2);
   }
@@ -250,8 +243,7 @@ TEST_F(HttpLimitsTest, CompressionBombsStopInflatingAtTheLimit) {
   for (const bool gzip : {true, false}) {
     SCOPED_TRACE(gzip ? "gzip" : "deflate");
     // 48 MiB of JSON in about 47 KiB on the wire: a Content-Length within the limit.
-    const std::string bomb =
-        Compress(R"({"prompt": "x", "max_tokens": 2)", 48 * kMiB, "}", gzip);
+    const std::string bomb = Compress(R"({"prompt": "x", "max_tokens": 2)", 48 * kMiB, "}", gzip);
     ASSERT_LT(static_cast<int64_t>(bomb.size()), kLimit);
     const std::string encoding = gzip ? "gzip" : "deflate";
     ExpectRefusedOverLimit(Head(absl::StrCat("Content-Encoding: ", encoding,
@@ -288,25 +280,25 @@ TEST_F(HttpLimitsTest, RequestHeadsStopAt64KiB) {
   {
     // One header line that never ends.
     PeakRssGrowth growth;
-    const UploadReply line = HttpRawUpload(
-        port(), "POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Long: ",
-        Endless(64 * kMiB, 1 << 16, 'a', false));
+    const UploadReply line =
+        HttpRawUpload(port(), "POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Long: ",
+                      Endless(64 * kMiB, 1 << 16, 'a', false));
     EXPECT_EQ(line.reply.status, 431) << line.reply.body << line.reply.error;
     EXPECT_FALSE(line.sent_everything);
     EXPECT_LT(growth.MiB(), kMostPeakGrowthMiB);
   }
   // Header lines without end, each short.
   auto lines = std::make_shared<int>(0);
-  const UploadReply many = HttpRawUpload(
-      port(), "GET /health HTTP/1.1\r\nHost: x\r\n", [lines](std::string& piece) {
+  const UploadReply many =
+      HttpRawUpload(port(), "GET /health HTTP/1.1\r\nHost: x\r\n", [lines](std::string& piece) {
         if (++*lines > 100000) return false;
         piece = absl::StrCat("X-", *lines, ": y\r\n");
         return true;
       });
   EXPECT_EQ(many.reply.status, 431) << many.reply.body << many.reply.error;
   // A request line that never ends.
-  const UploadReply target = HttpRawUpload(port(), "GET /",
-                                           Endless(64 * kMiB, 1 << 16, 'a', false));
+  const UploadReply target =
+      HttpRawUpload(port(), "GET /", Endless(64 * kMiB, 1 << 16, 'a', false));
   EXPECT_EQ(target.reply.status, 431) << target.reply.body << target.reply.error;
   // The server still answers.
   EXPECT_EQ(HttpGet(port(), "/health").status, 200);

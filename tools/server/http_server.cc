@@ -286,8 +286,7 @@ absl::Status HttpServer::Impl::Init() {
   // curl asks before sending a body over 1 MiB: one over the limit is refused before it is sent.
   server.set_expect_100_continue_handler(
       [this](const httplib::Request& req, httplib::Response& res) {
-        const std::optional<int64_t> length =
-            ContentLength(req.get_header_value("Content-Length"));
+        const std::optional<int64_t> length = ContentLength(req.get_header_value("Content-Length"));
         if (!length || *length <= options.max_body_bytes) return 100;
         BoundedServer::CloseAfterResponse();
         res.set_header("Connection", "close");
@@ -366,8 +365,8 @@ void HttpServer::Impl::Route() {
           BoundedServer::CloseAfterResponse();  // the rest of the head stays unread
           res.set_header("Connection", "close");
           res.status = error.http_status = 431;
-          error.message = absl::StrCat("the request line and headers exceed ",
-                                       kMaxRequestHeadBytes, " bytes");
+          error.message =
+              absl::StrCat("the request line and headers exceed ", kMaxRequestHeadBytes, " bytes");
           error.code = "request_header_fields_too_large";
         } else if (res.status >= 500) {
           error.type = "server_error";
@@ -399,15 +398,15 @@ void HttpServer::Impl::Route() {
     res.set_content(ModelsJson(model_id, created), kJson);
   });
   // [\s\S]: any byte, where `.` stops at a (percent-decoded) CR or LF in the id.
-  server.Get(R"(/v1/models/([\s\S]+))", [this](const httplib::Request& req,
-                                               httplib::Response& res) {
-    if (req.matches[1] != model_id) {
-      SendStatus(res, absl::NotFoundError(
-                          absl::StrCat("the model '", req.matches[1].str(), "' does not exist")));
-      return;
-    }
-    res.set_content(ModelJson(model_id, created), kJson);
-  });
+  server.Get(R"(/v1/models/([\s\S]+))",
+             [this](const httplib::Request& req, httplib::Response& res) {
+               if (req.matches[1] != model_id) {
+                 SendStatus(res, absl::NotFoundError(absl::StrCat(
+                                     "the model '", req.matches[1].str(), "' does not exist")));
+                 return;
+               }
+               res.set_content(ModelJson(model_id, created), kJson);
+             });
   // The bodies are read through a content reader: cpp-httplib parses a body it reads itself as
   // a form when its Content-Type says so (curl -d's default) and refuses such a body over
   // 8 KiB with a 413, whatever --max_body_bytes says. JSON is JSON whatever the header says.
@@ -484,9 +483,9 @@ bool HttpServer::Impl::RefuseBody(const httplib::Request& req, httplib::Response
   if (!IsChunked(req)) {
     length = ContentLength(req.get_header_value("Content-Length"));
     if (!length) {
-      SendStatus(res, absl::InvalidArgumentError(absl::StrCat(
-                          "Content-Length must be a number of bytes, got '",
-                          req.get_header_value("Content-Length").substr(0, 40), "'")));
+      SendStatus(res, absl::InvalidArgumentError(
+                          absl::StrCat("Content-Length must be a number of bytes, got '",
+                                       req.get_header_value("Content-Length").substr(0, 40), "'")));
       return true;
     }
     if (*length > options.max_body_bytes) {
@@ -537,9 +536,10 @@ absl::StatusOr<std::vector<int64_t>> HttpServer::Impl::PromptIds(ApiRequest& api
   const bool chat = api.endpoint == ApiEndpoint::kChat;
   if (!chat && !api.prompt_ids.empty()) return api.prompt_ids;
   if (!engine->tokenizer()) {
-    return absl::InvalidArgumentError(
-        chat ? "the model has no tokenizer: chat needs one"
-             : "the model has no tokenizer: give 'prompt' as a list of token ids");
+    return InvalidFieldError(chat ? "messages" : "prompt",
+                             chat ? "the model has no tokenizer: chat needs one"
+                                  : "the model has no tokenizer: give 'prompt' as a list of "
+                                    "token ids");
   }
   std::string text = api.prompt;
   if (chat) {
@@ -565,10 +565,10 @@ absl::Status HttpServer::Impl::ApplyMaxTokens(ApiRequest& api, int64_t prompt_to
   if (api.max_tokens) {
     // Compared by subtraction: the prompt plus max_tokens may overflow.
     if (*api.max_tokens > left) {
-      return absl::OutOfRangeError(absl::StrCat(
-          "the prompt (", prompt_tokens, " tokens) plus max_tokens (", *api.max_tokens,
-          ") exceeds the model's context of ", context, " tokens: lower max_tokens to at most ",
-          left, " or send a shorter prompt"));
+      return absl::OutOfRangeError(
+          absl::StrCat("the prompt (", prompt_tokens, " tokens) plus max_tokens (", *api.max_tokens,
+                       ") exceeds the model's context of ", context,
+                       " tokens: lower max_tokens to at most ", left, " or send a shorter prompt"));
     }
     api.options.max_new_tokens = *api.max_tokens;
     return absl::OkStatus();

@@ -395,15 +395,6 @@ std::optional<std::string> RequestTerm(const FieldMention& mention) {
   return absl::StrCat("'", *field, "' (", *mention.value, ")");
 }
 
-// The library fields a status without a field payload may still name (statuses made outside
-// lgpt's vocabulary, or before it carried fields): what ApiErrorFromStatus renders in them.
-const std::vector<FieldRef>& KnownLibraryFields() {
-  static const std::vector<FieldRef>* fields = new std::vector<FieldRef>{
-      "KVCacheSpec.policy", "KVCacheSpec.budget", "KVCacheSpec.bits", "KVCacheSpec.positions",
-      FieldRef("RequestOptions.max_new_tokens", "max_new_tokens")};
-  return *fields;
-}
-
 // OpenAI's `param` for a field a status carries: the request field a library field maps to,
 // or the request's own JSON path (lower case, where library paths begin with their options
 // type: "KVCacheSpec.budget"); empty for fields no request field reaches.
@@ -413,23 +404,6 @@ std::string ParamOf(absl::string_view path) {
     return std::string(path);
   }
   return "";
-}
-
-// The field a request error without a field payload names: its message's leading quoted
-// word, or the one after "unknown or unsupported field"; empty when it names none.
-std::string FieldNamedBy(absl::string_view message) {
-  constexpr absl::string_view kUnknown = "unknown or unsupported field ";
-  if (absl::StartsWith(message, kUnknown)) message.remove_prefix(kUnknown.size());
-  if (!absl::ConsumePrefix(&message, "'")) return "";
-  const size_t end = message.find('\'');
-  if (end == absl::string_view::npos || end == 0) return "";
-  // A field path (messages[2].content), never prose such as "the request body".
-  const absl::string_view field = message.substr(0, end);
-  const bool path = std::all_of(field.begin(), field.end(), [](char c) {
-    return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' ||
-           c == '[' || c == ']';
-  });
-  return path ? std::string(field) : "";
 }
 
 }  // namespace
@@ -448,14 +422,13 @@ std::string InRequestTerms(const absl::Status& status) {
 ApiError ApiErrorFromStatus(const absl::Status& status) {
   ApiError error;
   const std::optional<std::string> field = ErrorField(status);
-  error.message = field ? InRequestTerms(status)
-                        : RenderFields(status.message(), KnownLibraryFields(), RequestTerm);
+  error.message = InRequestTerms(status);
   switch (status.code()) {
     case absl::StatusCode::kInvalidArgument:
     case absl::StatusCode::kFailedPrecondition:
       error.http_status = 400;
       error.type = "invalid_request_error";
-      error.param = field ? ParamOf(*field) : FieldNamedBy(error.message);
+      if (field) error.param = ParamOf(*field);
       break;
     case absl::StatusCode::kOutOfRange:
       error.http_status = 400;

@@ -225,7 +225,7 @@ TEST(OpenAiApiTest, UnsupportedFieldsAreRefused) {
 }
 
 TEST(OpenAiApiTest, ErrorsHaveOpenAisShapeAndStatus) {
-  const ApiError bad = ApiErrorFromStatus(absl::InvalidArgumentError("'x' is bad"));
+  const ApiError bad = ApiErrorFromStatus(InvalidFieldError("x", "'x' is bad"));
   EXPECT_EQ(bad.http_status, 400);
   const json body = json::parse(bad.Json());
   EXPECT_EQ(body["error"]["message"], "'x' is bad");
@@ -233,7 +233,7 @@ TEST(OpenAiApiTest, ErrorsHaveOpenAisShapeAndStatus) {
   EXPECT_TRUE(body["error"]["code"].is_null());
   EXPECT_EQ(body["error"]["param"], "x");
   EXPECT_EQ(
-      ApiErrorFromStatus(absl::InvalidArgumentError("unknown or unsupported field 'bogus'")).param,
+      ApiErrorFromStatus(InvalidFieldError("bogus", "unknown or unsupported field 'bogus'")).param,
       "bogus");
   EXPECT_TRUE(json::parse(ApiErrorFromStatus(absl::InvalidArgumentError("malformed JSON body: x"))
                               .Json())["error"]["param"]
@@ -254,8 +254,9 @@ TEST(OpenAiApiTest, ErrorsHaveOpenAisShapeAndStatus) {
   EXPECT_EQ(param_of(R"({"messages": [{"role": "user", "content": "x", "name": "n"}]})"),
             "messages[0].name");
   EXPECT_TRUE(param_of("[1, 2]").is_null());
-  const ApiError context = ApiErrorFromStatus(
-      absl::OutOfRangeError("prompt plus max_new_tokens (9) exceeds the context"));
+  const ApiError context = ApiErrorFromStatus(FieldError(
+      absl::StatusCode::kOutOfRange, FieldRef("RequestOptions.max_new_tokens", "max_new_tokens"),
+      "prompt plus max_new_tokens (9) exceeds the context"));
   EXPECT_EQ(context.http_status, 400);
   EXPECT_EQ(context.code, "context_length_exceeded");
   EXPECT_EQ(context.message, "prompt plus max_tokens (9) exceeds the context");

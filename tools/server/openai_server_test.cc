@@ -25,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
+#include "tools/server/default_engine_test_base.h"
 #include "tools/server/test_client.h"
 
 namespace lgpt {
@@ -32,7 +33,6 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr char kDefaultModel[] = "tools/default_model";
 constexpr char kPrompt[] = "And God said";
 constexpr char kGreedyRequest[] =
     R"({"prompt": "And God said", "max_tokens": 20, "temperature": 0})";
@@ -120,16 +120,8 @@ OpenAIServerOptions QuietOptions() {
   return options;
 }
 
-class OpenAIServerTest : public ::testing::Test {
+class OpenAIServerTest : public DefaultEngineTest {
  protected:
-  static void SetUpTestSuite() {
-    absl::StatusOr<std::shared_ptr<const Engine>> engine = Engine::Load(kDefaultModel);
-    ASSERT_TRUE(engine.ok()) << engine.status();
-    engine_ = new std::shared_ptr<const Engine>(*engine);
-  }
-  static void TearDownTestSuite() { delete engine_; }
-  static const std::shared_ptr<const Engine>& engine() { return *engine_; }
-
   static std::unique_ptr<OpenAIServer> NewServer(OpenAIServerOptions options = QuietOptions()) {
     absl::StatusOr<std::unique_ptr<OpenAIServer>> server =
         OpenAIServer::Create(engine(), std::move(options));
@@ -153,10 +145,7 @@ class OpenAIServerTest : public ::testing::Test {
     if (body.is_discarded() || !body.contains("choices")) return "<" + reply.body + ">";
     return body["choices"][0]["text"].get<std::string>();
   }
-
-  static std::shared_ptr<const Engine>* engine_;
 };
-std::shared_ptr<const Engine>* OpenAIServerTest::engine_ = nullptr;
 
 TEST_F(OpenAIServerTest, ServesACompletionOnAFreePort) {
   std::string announced;
