@@ -225,6 +225,8 @@ GenerateOptions GenerationSettings(const RequestOptions& options, int64_t start_
   generate.seed = options.seed;
   generate.prefill_chunk = options.prefill_chunk;
   generate.start_position = start_position;
+  generate.top_logprobs = options.top_logprobs;
+  generate.constraint = options.constraint;
   return generate;
 }
 
@@ -250,6 +252,12 @@ class RequestText {
       cancelled_ = true;
     }
     return !cancelled_;
+  }
+
+  // Generate's on_logprob: kept for the completion, passed on.
+  void OnLogprob(const TokenLogprob& logprob) {
+    result_.logprobs.push_back(logprob);
+    if (options_.on_logprob) options_.on_logprob(logprob);
   }
 
   // Generate's on_token: false ends the request.
@@ -302,11 +310,16 @@ class RequestText {
     return std::move(result_);
   }
 
-  // Generate's options for this request; `on_token` must call OnToken on this object.
-  GenerateOptions Generation(int64_t start_position, std::function<bool(int64_t)> on_token) const {
-    GenerateOptions generate = GenerationSettings(options_, start_position);
-    generate.stop_tokens = stops_;
-    generate.on_token = std::move(on_token);
+  // Generate's options for this request, whose callbacks call OnToken and OnLogprob on this
+  // object through `self` (a pointer or a shared_ptr that keeps it alive).
+  template <typename Self>
+  static GenerateOptions Generation(Self self, int64_t start_position) {
+    GenerateOptions generate = GenerationSettings(self->options_, start_position);
+    generate.stop_tokens = self->stops_;
+    generate.on_token = [self](int64_t token) { return self->OnToken(token); };
+    if (self->options_.top_logprobs >= 0) {
+      generate.on_logprob = [self](const TokenLogprob& logprob) { self->OnLogprob(logprob); };
+    }
     return generate;
   }
 
@@ -341,8 +354,7 @@ absl::StatusOr<Completion> Engine::Run(KVCache& cache, int64_t start_position,
     ASSIGN_OR_RETURN(const bool go_on, text.Prime(stream_context));
     if (!go_on) return text.Finish({}, GenerateStats(), 0, /*cancelled=*/true);
     GenerateStats stats;
-    const GenerateOptions generate =
-        text.Generation(start_position, [&text](int64_t token) { return text.OnToken(token); });
+    const GenerateOptions generate = RequestText::Generation(&text, start_position);
     ASSIGN_OR_RETURN(std::vector<int64_t> tokens,
                      lgpt::Generate(*model_, cache, prompt, generate, &stats));
     return text.Finish(std::move(tokens), stats, cache.IndexBytes());
@@ -420,8 +432,7 @@ absl::StatusOr<std::shared_ptr<Request>> Engine::Submit(const std::vector<int64_
   request->text_ = text;
   ASSIGN_OR_RETURN(const bool go_on, text->Prime(prompt));
   // The scheduler's callback keeps the text state alive on its own.
-  const GenerateOptions generate =
-      text->Generation(0, [text](int64_t token) { return text->OnToken(token); });
+  const GenerateOptions generate = RequestText::Generation(text, 0);
   ASSIGN_OR_RETURN(request->handle_, scheduler().Submit(prompt, generate, std::move(cache)));
   if (!go_on) request->handle_->Cancel();
   return request;
@@ -434,6 +445,34 @@ absl::StatusOr<std::shared_ptr<Request>> Engine::Submit(absl::string_view prompt
   return Submit(ids, options);
 }
 
+absl::StatusOr<std::vector<std::shared_ptr<Request>>> Engine::SubmitChoices(
+    const std::vector<int64_t>& prompt, const RequestOptions& options, int64_t n,
+    const std::function<void(int64_t, RequestOptions&)>& per_choice) const {
+  if (n < 1) {
+    return InvalidFieldError(FieldRef("SubmitChoices.n", "n"),
+                             absl::StrCat("n must be >= 1, got ", n));
+  }
+  RETURN_IF_ERROR(CheckRequest(prompt, options));
+  // Every choice's options first: the constraint is cloned before the first choice runs.
+  std::vector<RequestOptions> each(static_cast<size_t>(n), options);
+  for (int64_t i = 0; i < n; ++i) {
+    RequestOptions& choice = each[static_cast<size_t>(i)];
+    choice.seed = options.seed + static_cast<uint64_t>(i);
+    if (options.constraint) choice.constraint = options.constraint->Clone();
+    if (per_choice) per_choice(i, choice);
+  }
+  std::vector<std::shared_ptr<Request>> choices;
+  for (const RequestOptions& choice : each) {
+    absl::StatusOr<std::shared_ptr<Request>> request = Submit(prompt, choice);
+    if (!request.ok()) {
+      for (const std::shared_ptr<Request>& submitted : choices) submitted->Cancel();
+      return request.status();
+    }
+    choices.push_back(*std::move(request));
+  }
+  return choices;
+}
+
 SchedulerStats Engine::ServingStats() const { return scheduler().Stats(); }
 
 absl::Status Engine::CheckRequest(const std::vector<int64_t>& prompt,
@@ -442,6 +481,12 @@ absl::Status Engine::CheckRequest(const std::vector<int64_t>& prompt,
   if (options.max_new_tokens < 1) return MaxNewTokensBelowOne(options.max_new_tokens);
   RETURN_IF_ERROR(CheckIds(prompt, config().PaddedVocabSize(), "prompt"));
   RETURN_IF_ERROR(ValidateKVCacheSpec(options.kv_cache));
+  if (options.top_logprobs < -1 || options.top_logprobs > config().PaddedVocabSize()) {
+    return InvalidFieldError(FieldRef("RequestOptions.top_logprobs", "top_logprobs"),
+                             absl::StrCat("top_logprobs must be in [-1, ",
+                                          config().PaddedVocabSize(), "], got ",
+                                          options.top_logprobs));
+  }
   // Compared by subtraction: prompt + max_new_tokens may overflow int64.
   const int64_t prompt_length = static_cast<int64_t>(prompt.size());
   if (options.max_new_tokens > config().block_size - prompt_length &&
@@ -493,6 +538,11 @@ absl::StatusOr<std::vector<Completion>> Engine::GenerateBatch(
   if (options.on_token || options.on_text || !options.stop_sequences.empty()) {
     return absl::InvalidArgumentError(
         "GenerateBatch takes no streaming callbacks or stop sequences");
+  }
+  if (options.constraint || options.top_logprobs >= 0 || options.on_logprob) {
+    return absl::InvalidArgumentError(
+        "GenerateBatch takes no constraint or logprobs (Submit each request: the scheduler "
+        "batches them)");
   }
   int64_t longest = 0;
   for (size_t row = 0; row < prompts.size(); ++row) {

@@ -38,6 +38,7 @@
 #include "core/dist/process_group.h"
 #include "core/model/generate.h"
 #include "core/model/gpt.h"
+#include "core/model/next_token.h"
 #include "core/model/quantize_model.h"
 #include "core/model/sampling.h"
 #include "core/serving/kv_memory.h"
@@ -105,6 +106,16 @@ struct RequestOptions {
   // cancels the request (FinishReason::kCancelled), keeping what was produced so far.
   std::function<bool(int64_t token)> on_token;
   std::function<bool(absl::string_view text)> on_text;
+  // Log-probabilities of each generated token (Completion::logprobs, and on_logprob as they
+  // come): -1 none; 0 the chosen token's; K > 0 also the K most likely tokens of its step.
+  // From the model's logits before any bias, penalty or constraint (core/model/next_token.h).
+  int64_t top_logprobs = -1;
+  // Called with each generated token's log-probabilities just before on_token (with
+  // top_logprobs >= 0).
+  std::function<void(const TokenLogprob&)> on_logprob;
+  // Which tokens may come next: constrained decoding (a grammar, regex or JSON schema over the
+  // tokenizer's vocabulary, core/constrain/). One request's own object (it holds the state).
+  std::shared_ptr<TokenConstraint> constraint;
   // on_text first receives the prompt's own text, so that the echoed prompt and the pieces
   // concatenate to the decode of prompt + reply (continuations keep their leading spaces).
   bool echo_prompt = false;
@@ -114,8 +125,9 @@ struct RequestOptions {
 };
 
 struct Completion {
-  std::vector<int64_t> tokens;  // generated ids, the stop token included when one ended it
-  std::string text;             // decoded text of the tokens (empty without a tokenizer)
+  std::vector<int64_t> tokens;         // generated ids, the stop token included when one ended it
+  std::string text;                    // decoded text of the tokens (empty without a tokenizer)
+  std::vector<TokenLogprob> logprobs;  // one per token, with RequestOptions::top_logprobs >= 0
   FinishReason finish_reason = FinishReason::kMaxTokens;
   GenerateStats stats;
   int64_t kv_cache_index_bytes = 0;  // positions and scores beside the entries
@@ -189,6 +201,16 @@ class Engine : public std::enable_shared_from_this<Engine> {
                                                   const RequestOptions& options) const;
   absl::StatusOr<std::shared_ptr<Request>> Submit(absl::string_view prompt,
                                                   const RequestOptions& options) const;
+  // n choices of one prompt (OpenAI's `n`), submitted together: choice i is `options` with
+  // seed + i and its own copy of the constraint (Clone, so give one in its first state), then
+  // `per_choice(i, options)` when given (per-choice callbacks). With a block pool and prefix
+  // caching the choices share the prompt's full KV blocks: the first prefills them, the others
+  // take them from the prefix cache (vLLM v1 forks `n` the same way); each equals its own
+  // Submit alone. On an error no choice stays submitted. InvalidArgument for n < 1.
+  absl::StatusOr<std::vector<std::shared_ptr<Request>>> SubmitChoices(
+      const std::vector<int64_t>& prompt, const RequestOptions& options, int64_t n,
+      const std::function<void(int64_t choice, RequestOptions& options)>& per_choice =
+          nullptr) const;
   // The scheduler's counters.
   SchedulerStats ServingStats() const;
 

@@ -7,11 +7,12 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
-#include "core/model/cache_positions.h"
 #include "core/base/status_field.h"
 #include "core/base/status_macros.h"
+#include "core/model/cache_positions.h"
 
 namespace lgpt {
 namespace {
@@ -26,11 +27,30 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+// The checks of the sampling options that need the model's vocabulary.
+absl::Status CheckSamplingForModel(const SamplingOptions& sampling, int64_t vocab) {
+  RETURN_IF_ERROR(ValidateSampling(sampling));
+  for (const auto& [token, bias] : sampling.logit_bias) {
+    if (token >= vocab) {
+      return InvalidFieldError(FieldRef("SamplingOptions.logit_bias", "logit_bias"),
+                               absl::StrCat("logit_bias names token ", token,
+                                            ", outside the vocabulary [0, ", vocab, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
-absl::Status CheckGenerateRequest(const GPTImpl& model, const KVCache& cache,
-                                  int64_t prompt_length, const GenerateOptions& options) {
-  RETURN_IF_ERROR(ValidateSampling(options.sampling));
+absl::Status CheckGenerateRequest(const GPTImpl& model, const KVCache& cache, int64_t prompt_length,
+                                  const GenerateOptions& options) {
+  const int64_t vocab = model.config().PaddedVocabSize();
+  RETURN_IF_ERROR(CheckSamplingForModel(options.sampling, vocab));
+  if (options.top_logprobs < -1 || options.top_logprobs > vocab) {
+    return InvalidFieldError(
+        FieldRef("GenerateOptions.top_logprobs", "top_logprobs"),
+        absl::StrCat("top_logprobs must be in [-1, ", vocab, "], got ", options.top_logprobs));
+  }
   if (prompt_length == 0) return absl::InvalidArgumentError("the prompt is empty");
   if (options.max_new_tokens < 0) {
     return InvalidFieldError(
@@ -95,10 +115,11 @@ absl::StatusOr<std::vector<int64_t>> Generate(GPTImpl& model, KVCache& cache,
   std::vector<int64_t> out;
   auto decode_start = std::chrono::steady_clock::now();
   at::Tensor token = at::empty({1, 1}, at::kLong);
+  NextTokenChooser chooser(options.sampling, prompt, options.constraint, options.top_logprobs);
+  TokenLogprob logprob;
   for (int64_t i = 0; i < options.max_new_tokens; ++i) {
-    ASSIGN_OR_RETURN(const at::Tensor next_tensor,
-                     SampleNext(logits.reshape({1, -1}), options.sampling, generator));
-    const int64_t next = next_tensor.cpu().item<int64_t>();
+    ASSIGN_OR_RETURN(const int64_t next, chooser.Choose(logits, generator, &logprob));
+    if (options.on_logprob && chooser.reports_logprobs()) options.on_logprob(logprob);
     out.push_back(next);
     if (i == 0) {
       s.time_to_first_token_s = SecondsSince(start);
@@ -125,7 +146,7 @@ absl::StatusOr<std::vector<int64_t>> Generate(GPTImpl& model, KVCache& cache,
 absl::StatusOr<std::vector<std::vector<int64_t>>> GenerateBatch(
     GPTImpl& model, KVCache& cache, const std::vector<std::vector<int64_t>>& prompts,
     const BatchGenerateOptions& options, GenerateStats* stats) {
-  RETURN_IF_ERROR(ValidateSampling(options.sampling));
+  RETURN_IF_ERROR(CheckSamplingForModel(options.sampling, model.config().PaddedVocabSize()));
   const int64_t batch = static_cast<int64_t>(prompts.size());
   if (batch == 0) return absl::InvalidArgumentError("no prompts to generate from");
   if (batch > cache.batch_size()) {
@@ -158,8 +179,10 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> GenerateBatch(
   }
   at::NoGradGuard no_grad;
   std::vector<at::Generator> generators;
+  std::vector<std::unique_ptr<NextTokenChooser>> choosers;
   for (int64_t row = 0; row < batch; ++row) {
     generators.push_back(at::make_generator<at::CPUGeneratorImpl>(options.seed));
+    choosers.push_back(std::make_unique<NextTokenChooser>(options.sampling, prompts[row]));
   }
   GenerateStats local;
   GenerateStats& s = stats ? *stats : local;
@@ -202,9 +225,7 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> GenerateBatch(
         continue;
       }
       if (done[row]) continue;  // keeps feeding its last token; the output is ignored
-      ASSIGN_OR_RETURN(const at::Tensor next,
-                       SampleNext(row_logits.narrow(0, row, 1), options.sampling, generators[row]));
-      token = next.cpu().item<int64_t>();
+      ASSIGN_OR_RETURN(token, choosers[row]->Choose(row_logits.narrow(0, row, 1), generators[row]));
       out[row].push_back(token);
       if (!first_token_seen) {
         first_token_seen = true;

@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "cache/kv_cache.h"
 #include "core/model/gpt.h"
+#include "core/model/next_token.h"
 #include "core/model/sampling.h"
 
 namespace lgpt {
@@ -26,6 +27,13 @@ struct GenerateOptions {
   // length limit: the cache makes room as the stream reaches the context.
   int64_t start_position = 0;
   std::vector<int64_t> stop_tokens;  // generation ends after emitting one of these
+  // Which tokens may come next (constrained decoding); null: any. Used by one request only.
+  std::shared_ptr<TokenConstraint> constraint;
+  // Log-probabilities reported through on_logprob: -1 none, 0 the chosen token's, K > 0 also
+  // the K most likely tokens of its step (core/model/next_token.h says from which logits).
+  int64_t top_logprobs = -1;
+  // Called with each new token's log-probabilities, just before on_token.
+  std::function<void(const TokenLogprob&)> on_logprob;
   // Called with each new token; returning false stops generation.
   std::function<bool(int64_t)> on_token;
 };
@@ -45,8 +53,8 @@ struct GenerateStats {
 // Generate's checks of a request, before any work: sampling options, an empty prompt,
 // negative counts (InvalidArgument) and a stream past the context of model and cache
 // (OutOfRange, unless the cache shifts positions).
-absl::Status CheckGenerateRequest(const GPTImpl& model, const KVCache& cache,
-                                  int64_t prompt_length, const GenerateOptions& options);
+absl::Status CheckGenerateRequest(const GPTImpl& model, const KVCache& cache, int64_t prompt_length,
+                                  const GenerateOptions& options);
 
 // Generates up to max_new_tokens after `prompt`; the cache must hold exactly positions
 // [0, start_position) and be large enough for start_position + prompt + new tokens, unless it

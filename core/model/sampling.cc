@@ -35,6 +35,31 @@ absl::Status ValidateSampling(const SamplingOptions& options) {
     return InvalidFieldError(FieldRef("SamplingOptions.top_p", "top_p"),
                              absl::StrCat("top_p must be in [0, 1], got ", options.top_p));
   }
+  if (!(options.min_p >= 0 && options.min_p <= 1)) {
+    return InvalidFieldError(FieldRef("SamplingOptions.min_p", "min_p"),
+                             absl::StrCat("min_p must be in [0, 1], got ", options.min_p));
+  }
+  for (const auto& [name, value] :
+       {std::pair<const char*, double>{"presence_penalty", options.presence_penalty},
+        {"frequency_penalty", options.frequency_penalty}}) {
+    if (!(value >= -2 && value <= 2)) {
+      return InvalidFieldError(FieldRef(absl::StrCat("SamplingOptions.", name), name),
+                               absl::StrCat(name, " must be in [-2, 2], got ", value));
+    }
+  }
+  if (!(options.repetition_penalty > 0) || std::isinf(options.repetition_penalty)) {
+    return InvalidFieldError(FieldRef("SamplingOptions.repetition_penalty", "repetition_penalty"),
+                             absl::StrCat("repetition_penalty must be a finite value > 0, got ",
+                                          options.repetition_penalty));
+  }
+  for (const auto& [token, bias] : options.logit_bias) {
+    if (token < 0 || !(bias >= -100 && bias <= 100)) {
+      return InvalidFieldError(
+          FieldRef("SamplingOptions.logit_bias", "logit_bias"),
+          absl::StrCat("logit_bias needs token ids >= 0 and biases in [-100, 100], got ", token,
+                       ": ", bias));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -93,6 +118,10 @@ at::Tensor DrawFrom(const at::Tensor& scores, const SamplingOptions& options,
   // In float64, where a temperature such as 1e-300 is not 0.
   at::Tensor tempered = (scores - std::get<0>(scores.max(-1, /*keepdim=*/true))).to(at::kDouble) /
                         options.temperature;
+  if (options.min_p > 0) {
+    // The best token scores 0: p / p_max = exp(score) < min_p drops a token.
+    tempered = tempered.masked_fill(tempered < std::log(options.min_p), neg_inf);
+  }
   if (options.top_p < 1) {
     // Drop the least likely tokens whose cumulative probability stays within 1 - top_p;
     // the most likely token always survives.
@@ -209,6 +238,8 @@ std::optional<at::Tensor> SampleOnHost(const at::Tensor& logits, const SamplingO
     double total = 0;
     for (size_t j = 0; j < order.size(); ++j) {
       weight[j] = std::exp((static_cast<double>(values[order[j]]) - best) / options.temperature);
+      // min_p: p / p_max below it drops the token (the best one weighs 1 and stays).
+      if (weight[j] < options.min_p) weight[j] = 0;
       total += weight[j];
     }
     if (options.top_p < 1) {

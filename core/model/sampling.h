@@ -1,10 +1,16 @@
 // Choosing the next token from logits as LitGPT's `sample` does: top-k, then temperature,
-// then top-p; greedy (argmax) when temperature or top_p is 0. Reproducible for a seed.
+// then min-p (vLLM's), then top-p; greedy (argmax) when temperature or top_p is 0.
+// Reproducible for a seed. The penalties and biases below are applied to the logits before
+// (core/model/next_token.h keeps the per-request state they need).
 #ifndef LGPT_CORE_MODEL_SAMPLING_H_
 #define LGPT_CORE_MODEL_SAMPLING_H_
 
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -15,10 +21,30 @@ struct SamplingOptions {
   double temperature = 0.0;  // 0: greedy
   int64_t top_k = 0;         // 0: all tokens
   double top_p = 1.0;        // in [0, 1]; 0: greedy
+  // In [0, 1]: after temperature, tokens less likely than min_p times the most likely one are
+  // dropped (vLLM's min_p); 0: none.
+  double min_p = 0.0;
+  // Applied to the logits before sampling, in this order (vLLM's): logit_bias added; then
+  // repetition_penalty on every token of the prompt and the output (a positive logit divided
+  // by it, a negative one multiplied); then OpenAI's penalties over the output's tokens:
+  // logit -= count * frequency_penalty + (count > 0) * presence_penalty.
+  double presence_penalty = 0.0;    // in [-2, 2]
+  double frequency_penalty = 0.0;   // in [-2, 2]
+  double repetition_penalty = 1.0;  // > 0; 1: none
+  // (token id, bias) pairs, bias in [-100, 100] (OpenAI's logit_bias; -100 bans in effect).
+  std::vector<std::pair<int64_t, double>> logit_bias;
+
+  // Whether any of the logits adjustments above is asked for.
+  bool AdjustsLogits() const {
+    return presence_penalty != 0 || frequency_penalty != 0 || repetition_penalty != 1 ||
+           !logit_bias.empty();
+  }
 };
 
 // Errors name the option and carry it (SamplingOptions.temperature, written "temperature":
-// core/base/status_field.h): negative temperature, top_k < 0, top_p outside [0, 1].
+// core/base/status_field.h): negative temperature, top_k < 0, top_p or min_p outside [0, 1],
+// penalties outside their ranges, a bias outside [-100, 100] or a biased id < 0 (ids past the
+// vocabulary are the request's check: the model knows its size).
 absl::Status ValidateSampling(const SamplingOptions& options);
 
 // logits [B, V] -> next token ids [B] (int64). `generator` drives the random draws.

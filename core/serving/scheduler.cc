@@ -15,6 +15,7 @@
 #include "core/base/status_macros.h"
 #include "core/model/batch_forward.h"
 #include "core/model/cache_positions.h"
+#include "core/model/next_token.h"
 #include "core/model/sampling.h"
 #include "core/serving/request_state.h"
 
@@ -85,6 +86,9 @@ struct Scheduler::Request {
   KVLease memory;                          // its cache and what it holds of the pool (KVMemory)
   std::unique_ptr<CachePositions> stream;  // made at the first prefill turn
   at::Generator generator;
+  // Penalties, constraint and logprobs over the tokens so far; a preempted request keeps it
+  // (its replayed tokens are not chosen again).
+  std::unique_ptr<NextTokenChooser> chooser;
   int64_t prefilled = 0;
   int64_t fed = 0;    // generated tokens whose entries the cache holds
   at::Tensor logits;  // [1, V] of the last position, in kSampling
@@ -132,6 +136,16 @@ struct Scheduler::Request {
     const bool stop = std::find(stops.begin(), stops.end(), next) != stops.end();
     const bool done = !error.ok() || !keep_going || stop || generated() == options.max_new_tokens;
     MoveTo(done ? RequestState::kFinished : RequestState::kDecoding);
+  }
+  // Calls on_logprob; its exception becomes the request's error.
+  void CallOnLogprob(const TokenLogprob& logprob) {
+    try {
+      options.on_logprob(logprob);
+    } catch (const std::exception& e) {
+      error = absl::InternalError(absl::StrCat("on_logprob threw: ", e.what()));
+    } catch (...) {
+      error = absl::InternalError("on_logprob threw");
+    }
   }
   // on_token's answer (true without one); its exception becomes the request's error.
   bool CallOnToken(int64_t next) {
@@ -198,6 +212,8 @@ absl::StatusOr<std::shared_ptr<RequestHandle>> Scheduler::Submit(std::vector<int
                    memory_->Lease(std::move(cache), entries, options.start_position == 0));
   request->handle = std::make_shared<RequestHandle>();
   request->prompt_length = static_cast<int64_t>(prompt.size());
+  request->chooser = std::make_unique<NextTokenChooser>(options.sampling, prompt,
+                                                        options.constraint, options.top_logprobs);
   request->ids = std::move(prompt);
   request->options = std::move(options);
   request->generator = at::make_generator<at::CPUGeneratorImpl>(request->options.seed);
@@ -545,16 +561,15 @@ void Scheduler::SampleReady(Running& running) {
   for (auto& owned : running) {
     Request& r = *owned;
     if (r.state != RequestState::kSampling) continue;
-    absl::StatusOr<at::Tensor> sampled = SampleNext(r.logits, r.options.sampling, r.generator);
+    TokenLogprob logprob;
+    absl::StatusOr<int64_t> next = r.chooser->Choose(r.logits, r.generator, &logprob);
     r.logits = at::Tensor();
-    if (!sampled.ok()) {
-      r.Fail(sampled.status());
+    if (!next.ok()) {
+      r.Fail(next.status());
       continue;
     }
-    // A CPU token is read in place (cpu() and item() are two dispatched operations).
-    r.Deliver(sampled->device().is_cpu() && sampled->scalar_type() == at::kLong
-                  ? sampled->data_ptr<int64_t>()[0]
-                  : sampled->cpu().item<int64_t>());
+    if (r.options.on_logprob && r.chooser->reports_logprobs()) r.CallOnLogprob(logprob);
+    r.Deliver(*next);
   }
 }
 

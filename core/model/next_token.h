@@ -1,0 +1,108 @@
+// A request's choice of each next token, shared by Generate (batch 1), GenerateBatch and the
+// serving scheduler: the penalties and biases of its SamplingOptions (which need the tokens so
+// far), a constraint that bans tokens (constrained decoding, core/constrain/), the sampler,
+// and the log-probabilities a request asks to see.
+//
+// Order, per token: the log-probabilities are read from the model's logits as they come
+// (before any bias, penalty or mask, as OpenAI and vLLM report them; temperature does not
+// change them); then logit_bias, repetition, frequency and presence penalties
+// (SamplingOptions), then the constraint's mask, then sampling (core/model/sampling.h).
+// Float32 CPU logits are adjusted in place (the sparse adjustments touch only the tokens seen
+// and biased); other dtypes and devices are copied to a float32 host row first.
+//
+//   NextTokenChooser chooser(options.sampling, prompt, constraint, /*top_logprobs=*/5);
+//   ASSIGN_OR_RETURN(int64_t token, chooser.Choose(logits, generator, &logprob));
+#ifndef LGPT_CORE_MODEL_NEXT_TOKEN_H_
+#define LGPT_CORE_MODEL_NEXT_TOKEN_H_
+
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "core/model/sampling.h"
+
+namespace lgpt {
+
+// A chosen token's natural-log probability under the model's distribution, and the most likely
+// tokens at its step (most likely first; ties: the lower id first).
+struct TokenLogprob {
+  int64_t token = -1;
+  double logprob = 0;
+  std::vector<std::pair<int64_t, double>> top;  // (id, logprob), as many as asked
+};
+
+// Which tokens may come next: a grammar, a regex, a JSON schema (core/constrain/ implements
+// it over a tokenizer's vocabulary). One object per request, used from one thread at a time.
+class TokenConstraint {
+ public:
+  virtual ~TokenConstraint() = default;
+  // Sets row[id] to -inf for every id in [0, vocab) that may not come next.
+  virtual void BanDisallowed(float* row, int64_t vocab) = 0;
+  // The chosen token; an error when it was not allowed.
+  virtual absl::Status Accept(int64_t token) = 0;
+  // A copy in the same state (a request's other choices).
+  virtual std::unique_ptr<TokenConstraint> Clone() const = 0;
+};
+
+// The log-probabilities of row [vocab] (float32 logits): the normaliser and the `top` most
+// likely tokens. The row must hold at least one finite value.
+struct RowLogprobs {
+  double log_normalizer = 0;  // log sum exp(row)
+  std::vector<std::pair<int64_t, double>> top;
+};
+RowLogprobs ComputeRowLogprobs(const float* row, int64_t vocab, int64_t top);
+
+// The penalty state of one request: how often each token was generated, which tokens the prompt
+// holds. Applies SamplingOptions' biases and penalties to a row of logits in place.
+class TokenPenalties {
+ public:
+  TokenPenalties(const SamplingOptions& options, absl::Span<const int64_t> prompt);
+  void Apply(float* row, int64_t vocab) const;
+  void Observe(int64_t token) { ++generated_[token]; }
+
+ private:
+  const SamplingOptions& options_;
+  absl::flat_hash_map<int64_t, int64_t> generated_;  // token -> times generated
+  std::vector<int64_t> prompt_tokens_;               // distinct, for repetition_penalty
+};
+
+class NextTokenChooser {
+ public:
+  // `top_logprobs`: -1 reports nothing; 0 the chosen token's logprob; K > 0 also the K most
+  // likely tokens. `constraint` may be null. `prompt` feeds repetition_penalty.
+  NextTokenChooser(SamplingOptions sampling, absl::Span<const int64_t> prompt,
+                   std::shared_ptr<TokenConstraint> constraint = nullptr,
+                   int64_t top_logprobs = -1);
+  NextTokenChooser(const NextTokenChooser&) = delete;
+  NextTokenChooser& operator=(const NextTokenChooser&) = delete;
+
+  // The next token from logits [1, V] (or [V]); may change them in place. `logprob` (when
+  // reporting) receives the token's log-probability and the top ones. Errors: SampleNext's,
+  // a constraint that bans every token (FailedPrecondition), a constraint refusing the token.
+  absl::StatusOr<int64_t> Choose(const at::Tensor& logits, at::Generator& generator,
+                                 TokenLogprob* logprob = nullptr);
+
+  bool reports_logprobs() const { return top_logprobs_ >= 0; }
+  const SamplingOptions& sampling() const { return sampling_; }
+
+ private:
+  // Whether the logits must be changed before sampling.
+  bool Adjusts() const { return constraint_ != nullptr || sampling_.AdjustsLogits(); }
+
+  const SamplingOptions sampling_;
+  TokenPenalties penalties_;
+  std::shared_ptr<TokenConstraint> constraint_;
+  const int64_t top_logprobs_;
+};
+
+}  // namespace lgpt
+
+#endif  // LGPT_CORE_MODEL_NEXT_TOKEN_H_
