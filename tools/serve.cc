@@ -49,6 +49,8 @@ ABSL_FLAG(int32_t, http_threads, 0,
           "(at most 1024)");
 ABSL_FLAG(double, shutdown_s, 10, "on SIGTERM/SIGINT, seconds requests in flight may still run");
 ABSL_FLAG(bool, access_log, true, "one line per request on stderr");
+ABSL_FLAG(std::string, cors_allow_origin, "",
+          "CORS for browser clients: \"*\" or one origin (https://app.example); empty: off");
 ABSL_FLAG(std::string, precision, "32-true", "32-true, bf16-true or 16-true");
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda[:N]");
 ABSL_FLAG(std::string, quantize, "none",
@@ -91,6 +93,7 @@ absl::StatusOr<OpenAIServerOptions> ServerOptionsFromFlags() {
   options.http_threads = absl::GetFlag(FLAGS_http_threads);
   options.shutdown_s = absl::GetFlag(FLAGS_shutdown_s);
   options.access_log = absl::GetFlag(FLAGS_access_log);
+  options.cors_allow_origin = absl::GetFlag(FLAGS_cors_allow_origin);
   RETURN_IF_ERROR(options.Validate());  // Die names the flags (InFlagTerms)
   return options;
 }

@@ -148,7 +148,8 @@ class BoundedStream : public httplib::Stream {
 thread_local BoundedStream* t_stream = nullptr;
 
 // Waits up to `timeout_s` for a next request; false once the server stops listening.
-bool AwaitRequest(const BoundedStream& stream, const std::atomic<int>& listening, time_t timeout_s) {
+bool AwaitRequest(const BoundedStream& stream, const std::atomic<int>& listening,
+                  time_t timeout_s) {
   const auto deadline = Clock::now() + std::chrono::seconds(timeout_s);
   while (listening != INVALID_SOCKET) {
     if (stream.has_buffered() || PollFor(stream.socket(), POLLIN, 50)) return true;

@@ -68,8 +68,9 @@ bool ConstantTimeEquals(absl::string_view given, absl::string_view secret) {
 }
 
 std::string EndpointLabel(const std::string& path) {
-  static const char* const kPaths[] = {"/v1/completions", "/v1/chat/completions", "/v1/models",
-                                       "/health", "/metrics"};
+  static const char* const kPaths[] = {
+      "/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics",
+      "/tokenize",       "/detokenize"};
   for (const char* known : kPaths) {
     if (path == known) return known;
   }
@@ -99,11 +100,9 @@ bool BodyWithoutLength(const httplib::Request& req) {
   return !req.has_header("Content-Length") && !IsChunked(req);
 }
 
-// The request is one of the routes that read a body (POST /v1/completions, /v1/chat/completions).
+// The request is one of the routes that read a body (the POST routes).
 bool ReadsBody(const httplib::Request& req) {
-  const std::string endpoint = EndpointLabel(req.path);
-  return req.method == "POST" &&
-         (endpoint == "/v1/completions" || endpoint == "/v1/chat/completions");
+  return req.method == "POST" && AllowedMethods(req.path) == "POST";
 }
 
 // The request announces a body: a Content-Length above 0, or chunked transfer encoding.
@@ -138,29 +137,46 @@ void SendStatus(httplib::Response& res, const absl::Status& status) {
   SendError(res, ApiErrorFromStatus(status));
 }
 
-// Pieces of text from the scheduler's thread to the worker thread that streams them.
+// A piece of one choice's text, with the log-probabilities of the tokens it completes.
+struct ChoiceEvent {
+  int64_t index = 0;
+  std::string text;
+  std::vector<TokenLogprob> logprobs;
+};
+
+// The choices' pieces from the scheduler's thread to the worker thread that streams them.
 struct StreamQueue {
   std::mutex mutex;
   std::condition_variable ready;
-  std::deque<std::string> pieces;
+  std::deque<ChoiceEvent> events;
 
-  // Always true: a client that leaves cancels its request through Request::Cancel, so that
-  // the scheduler counts it as cancelled.
-  bool Push(absl::string_view piece) {
+  // Always true: a client that leaves cancels its requests through Request::Cancel, so that
+  // the scheduler counts them as cancelled.
+  bool Push(ChoiceEvent event) {
     {
       std::lock_guard<std::mutex> lock(mutex);
-      pieces.emplace_back(piece);
+      events.push_back(std::move(event));
     }
     ready.notify_one();
     return true;
   }
-  std::deque<std::string> Take(std::chrono::milliseconds wait) {
+  std::deque<ChoiceEvent> Take(std::chrono::milliseconds wait) {
     std::unique_lock<std::mutex> lock(mutex);
-    ready.wait_for(lock, wait, [this] { return !pieces.empty(); });
-    std::deque<std::string> taken;
-    taken.swap(pieces);
+    ready.wait_for(lock, wait, [this] { return !events.empty(); });
+    std::deque<ChoiceEvent> taken;
+    taken.swap(events);
     return taken;
   }
+};
+
+// One choice of a request: its index in the response, its prompt, its scheduler request, and
+// (streaming) the log-probabilities of tokens whose text has not been sent yet.
+struct Choice {
+  int64_t index = 0;
+  size_t prompt = 0;
+  std::shared_ptr<Request> request;
+  std::shared_ptr<std::vector<TokenLogprob>> pending =
+      std::make_shared<std::vector<TokenLogprob>>();
 };
 
 // Waits until `request` is done; cancels it and returns false if the client hangs up first. A
@@ -180,11 +196,19 @@ bool WaitWhileConnected(Request& request, int socket) {
   return true;
 }
 
-// A request ready for Engine::Submit.
+// A request ready for Engine::SubmitChoices: its prompts' ids and options (max_new_tokens
+// differs by prompt length).
 struct Prepared {
   ApiRequest api;
-  std::vector<int64_t> prompt;
+  std::vector<std::vector<int64_t>> prompts;
+  std::vector<RequestOptions> options;  // one per prompt
   ResponseHeader header;
+
+  int64_t PromptTokens() const {
+    int64_t tokens = 0;
+    for (const std::vector<int64_t>& prompt : prompts) tokens += prompt.size();
+    return tokens;
+  }
 };
 
 }  // namespace
@@ -224,20 +248,36 @@ struct HttpServer::Impl {
   bool RefuseBody(const httplib::Request& req, httplib::Response& res) const;
   // After the last byte: the access-log line and the request metrics.
   void Log(const httplib::Request& req, const httplib::Response& res);
+  // POST /tokenize and /detokenize (vLLM's).
+  void Tokenize(const std::string& body, httplib::Response& res);
+  void Detokenize(const std::string& body, httplib::Response& res);
+  // A request naming a model this server does not serve: NotFound.
+  absl::Status CheckModel(const std::string& model) const;
+  // CORS (ServerOptions.cors_allow_origin): the allow-origin header on every answer to an
+  // allowed origin; a preflight OPTIONS request answered here (true).
+  bool Cors(const httplib::Request& req, httplib::Response& res) const;
   // POST /v1/completions and /v1/chat/completions: parse, submit, reply or stream.
   void Generate(ApiEndpoint endpoint, const httplib::Request& req, const std::string& body,
                 httplib::Response& res);
-  // The request's prompt ids, options and response header; errors as API errors.
+  // The request's prompts' ids, options and response header; errors as API errors.
   absl::StatusOr<Prepared> Prepare(ApiEndpoint endpoint, const std::string& body);
-  absl::StatusOr<std::vector<int64_t>> PromptIds(ApiRequest& api);
-  absl::Status ApplyMaxTokens(ApiRequest& api, int64_t prompt_tokens) const;
-  // A whole reply; a client that hangs up first cancels its request.
-  void Reply(const Prepared& prepared, const std::shared_ptr<Request>& request, int socket,
+  absl::StatusOr<std::vector<std::vector<int64_t>>> PromptIds(ApiRequest& api);
+  // max_new_tokens of a prompt of `prompt_tokens`: max_tokens, or what is left of the context.
+  absl::StatusOr<int64_t> MaxNewTokens(const ApiRequest& api, int64_t prompt_tokens) const;
+  // Submits every prompt's n choices (streaming: each choice's pieces into `queue`); on an
+  // error none stays submitted.
+  absl::StatusOr<std::vector<Choice>> SubmitAll(const Prepared& prepared,
+                                                const std::shared_ptr<StreamQueue>& queue);
+  // A whole reply; a client that hangs up first cancels the requests.
+  void Reply(const Prepared& prepared, const std::vector<Choice>& choices, int socket,
              httplib::Response& res);
   // Writes the events of a streamed request as its pieces arrive; false when the client left
-  // (the request is cancelled).
-  bool Stream(const Prepared& prepared, const std::shared_ptr<Request>& request, StreamQueue& queue,
+  // (the requests are cancelled).
+  bool Stream(const Prepared& prepared, const std::vector<Choice>& choices, StreamQueue& queue,
               httplib::DataSink& sink);
+  // A choice's logprobs object in the endpoint's shape (null when none were asked).
+  nlohmann::json LogprobsJson(const Prepared& prepared, const std::vector<TokenLogprob>& logprobs,
+                              int64_t text_offset) const;
   // Tokens and latencies of a finished request into the metrics and the access log.
   void Account(const Request& request, const Completion& completion);
   // Requests in flight, for the shutdown deadline.
@@ -410,9 +450,11 @@ void HttpServer::Impl::Route() {
   // The bodies are read through a content reader: cpp-httplib parses a body it reads itself as
   // a form when its Content-Type says so (curl -d's default) and refuses such a body over
   // 8 KiB with a 413, whatever --max_body_bytes says. JSON is JSON whatever the header says.
-  const auto post = [this](ApiEndpoint endpoint) {
-    return [this, endpoint](const httplib::Request& req, httplib::Response& res,
-                            const httplib::ContentReader& reader) {
+  using BodyHandler =
+      std::function<void(const httplib::Request&, const std::string& body, httplib::Response&)>;
+  const auto post = [this](BodyHandler handle) {
+    return [this, handle](const httplib::Request& req, httplib::Response& res,
+                          const httplib::ContentReader& reader) {
       // Counted as it arrives, after inflation (cpp-httplib inflates 16 KiB at a time and
       // stops when this returns false).
       std::string body;
@@ -427,11 +469,19 @@ void HttpServer::Impl::Route() {
         BoundedServer::CloseAfterResponse();  // the rest of the body stays unread
         return;                               // the error handler writes the reply
       }
-      Generate(endpoint, req, body, res);
+      handle(req, body, res);
     };
   };
-  server.Post("/v1/completions", post(ApiEndpoint::kCompletions));
-  server.Post("/v1/chat/completions", post(ApiEndpoint::kChat));
+  const auto generate = [this](ApiEndpoint endpoint) -> BodyHandler {
+    return [this, endpoint](const httplib::Request& req, const std::string& body,
+                            httplib::Response& res) { Generate(endpoint, req, body, res); };
+  };
+  server.Post("/v1/completions", post(generate(ApiEndpoint::kCompletions)));
+  server.Post("/v1/chat/completions", post(generate(ApiEndpoint::kChat)));
+  server.Post("/tokenize", post([this](const httplib::Request&, const std::string& body,
+                                       httplib::Response& res) { Tokenize(body, res); }));
+  server.Post("/detokenize", post([this](const httplib::Request&, const std::string& body,
+                                         httplib::Response& res) { Detokenize(body, res); }));
 }
 
 httplib::Server::HandlerResponse HttpServer::Impl::PreRoute(const httplib::Request& req,
@@ -449,6 +499,7 @@ httplib::Server::HandlerResponse HttpServer::Impl::PreRoute(const httplib::Reque
     BoundedServer::CloseAfterResponse();  // the body stays unread
     return httplib::Server::HandlerResponse::Handled;
   }
+  if (Cors(req, res)) return httplib::Server::HandlerResponse::Handled;
   if (options.api_key.empty() || !absl::StartsWith(req.path, "/v1/")) {
     return httplib::Server::HandlerResponse::Unhandled;
   }
@@ -463,6 +514,59 @@ httplib::Server::HandlerResponse HttpServer::Impl::PreRoute(const httplib::Reque
                bearer ? "incorrect API key" : "missing API key: send 'Authorization: Bearer KEY'"));
   res.set_header("WWW-Authenticate", "Bearer");
   return httplib::Server::HandlerResponse::Handled;
+}
+
+bool HttpServer::Impl::Cors(const httplib::Request& req, httplib::Response& res) const {
+  const std::string& allowed = options.cors_allow_origin;
+  const std::string origin = req.get_header_value("Origin");
+  if (allowed.empty() || origin.empty() || (allowed != "*" && origin != allowed)) return false;
+  res.set_header("Access-Control-Allow-Origin", allowed == "*" ? "*" : origin);
+  if (allowed != "*") res.set_header("Vary", "Origin");
+  if (req.method != "OPTIONS" || !req.has_header("Access-Control-Request-Method")) return false;
+  res.status = 204;
+  res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+  const std::string headers = req.get_header_value("Access-Control-Request-Headers");
+  res.set_header("Access-Control-Allow-Headers",
+                 headers.empty() ? "Authorization, Content-Type" : headers.substr(0, 1024));
+  res.set_header("Access-Control-Max-Age", "600");
+  return true;
+}
+
+absl::Status HttpServer::Impl::CheckModel(const std::string& model) const {
+  if (model.empty() || model == model_id) return absl::OkStatus();
+  return absl::NotFoundError(
+      absl::StrCat("the model '", model, "' does not exist; this server serves '", model_id, "'"));
+}
+
+void HttpServer::Impl::Tokenize(const std::string& body, httplib::Response& res) {
+  absl::StatusOr<TokenizeRequest> request = ParseTokenizeRequest(body);
+  absl::Status status = request.ok() ? CheckModel(request->model) : request.status();
+  if (status.ok() && !engine->tokenizer()) {
+    status = absl::FailedPreconditionError("the model has no tokenizer");
+  }
+  if (!status.ok()) return SendStatus(res, status);
+  absl::StatusOr<std::vector<int64_t>> ids;
+  if (request->prompt) {
+    ids = engine->tokenizer()->Encode(*request->prompt, request->add_special_tokens);
+  } else {
+    absl::StatusOr<std::string> text = ChatPromptText(*style, request->messages);
+    ids =
+        text.ok() ? engine->tokenizer()->Encode(*text, request->add_special_tokens) : text.status();
+  }
+  if (!ids.ok()) return SendStatus(res, ids.status());
+  res.set_content(TokenizeJson(*ids, engine->config().block_size), kJson);
+}
+
+void HttpServer::Impl::Detokenize(const std::string& body, httplib::Response& res) {
+  absl::StatusOr<DetokenizeRequest> request = ParseDetokenizeRequest(body);
+  absl::Status status = request.ok() ? CheckModel(request->model) : request.status();
+  if (status.ok() && !engine->tokenizer()) {
+    status = absl::FailedPreconditionError("the model has no tokenizer");
+  }
+  if (!status.ok()) return SendStatus(res, status);
+  absl::StatusOr<std::string> text = engine->tokenizer()->Decode(request->tokens);
+  if (!text.ok()) return SendStatus(res, WithFields(text.status(), FieldRef("tokens")));
+  res.set_content(DetokenizeJson(*text), kJson);
 }
 
 bool HttpServer::Impl::RefuseBody(const httplib::Request& req, httplib::Response& res) const {
@@ -532,29 +636,47 @@ uint64_t HttpServer::Impl::Random() {
   return random();
 }
 
-absl::StatusOr<std::vector<int64_t>> HttpServer::Impl::PromptIds(ApiRequest& api) {
+absl::StatusOr<std::vector<std::vector<int64_t>>> HttpServer::Impl::PromptIds(ApiRequest& api) {
   const bool chat = api.endpoint == ApiEndpoint::kChat;
-  if (!chat && !api.prompt_ids.empty()) return api.prompt_ids;
-  if (!engine->tokenizer()) {
-    return InvalidFieldError(chat ? "messages" : "prompt",
-                             chat ? "the model has no tokenizer: chat needs one"
-                                  : "the model has no tokenizer: give 'prompt' as a list of "
-                                    "token ids");
-  }
-  std::string text = api.prompt;
+  std::vector<std::vector<int64_t>> prompts;
   if (chat) {
-    ASSIGN_OR_RETURN(text, ChatPromptText(*style, api.messages));
+    if (!engine->tokenizer()) {
+      return InvalidFieldError("messages", "the model has no tokenizer: chat needs one");
+    }
+    ASSIGN_OR_RETURN(const std::string text, ChatPromptText(*style, api.messages));
     if (!api.ignore_eos) api.options.stop_token_sequences = chat_stops;
+    ASSIGN_OR_RETURN(std::vector<int64_t> ids, engine->Encode(text));
+    if (ids.empty()) return InvalidFieldError("messages", "'messages' encodes to no tokens");
+    prompts.push_back(std::move(ids));
   }
-  ASSIGN_OR_RETURN(std::vector<int64_t> ids, engine->Encode(text));
-  if (ids.empty()) {
-    const char* input = chat ? "messages" : "prompt";
-    return InvalidFieldError(input, absl::StrCat("'", input, "' encodes to no tokens"));
+  for (size_t i = 0; i < api.prompts.size(); ++i) {
+    const std::string field = api.prompts.size() == 1 ? "prompt" : absl::StrCat("prompt[", i, "]");
+    if (!api.prompts[i].ids.empty()) {
+      prompts.push_back(api.prompts[i].ids);
+      continue;
+    }
+    if (!engine->tokenizer()) {
+      return InvalidFieldError(field,
+                               "the model has no tokenizer: give 'prompt' as a list of token ids");
+    }
+    ASSIGN_OR_RETURN(std::vector<int64_t> ids, engine->Encode(api.prompts[i].text));
+    if (ids.empty())
+      return InvalidFieldError(field, absl::StrCat("'", field, "' encodes to no tokens"));
+    prompts.push_back(std::move(ids));
   }
-  return ids;
+  if (api.truncate_prompt_tokens) {
+    // vLLM's truncation: the last K tokens stay.
+    for (std::vector<int64_t>& ids : prompts) {
+      if (static_cast<int64_t>(ids.size()) > *api.truncate_prompt_tokens) {
+        ids.erase(ids.begin(), ids.end() - *api.truncate_prompt_tokens);
+      }
+    }
+  }
+  return prompts;
 }
 
-absl::Status HttpServer::Impl::ApplyMaxTokens(ApiRequest& api, int64_t prompt_tokens) const {
+absl::StatusOr<int64_t> HttpServer::Impl::MaxNewTokens(const ApiRequest& api,
+                                                       int64_t prompt_tokens) const {
   const int64_t context = engine->config().block_size;
   const int64_t left = context - prompt_tokens;
   if (left < 1) {
@@ -570,25 +692,24 @@ absl::Status HttpServer::Impl::ApplyMaxTokens(ApiRequest& api, int64_t prompt_to
                        ") exceeds the model's context of ", context,
                        " tokens: lower max_tokens to at most ", left, " or send a shorter prompt"));
     }
-    api.options.max_new_tokens = *api.max_tokens;
-    return absl::OkStatus();
+    return *api.max_tokens;
   }
-  api.options.max_new_tokens =
-      api.endpoint == ApiEndpoint::kChat ? left : std::min(options.default_max_tokens, left);
-  return absl::OkStatus();
+  return api.endpoint == ApiEndpoint::kChat ? left : std::min(options.default_max_tokens, left);
 }
 
 absl::StatusOr<Prepared> HttpServer::Impl::Prepare(ApiEndpoint endpoint, const std::string& body) {
   Prepared prepared;
   ASSIGN_OR_RETURN(prepared.api, ParseApiRequest(endpoint, body));
   ApiRequest& api = prepared.api;
-  if (!api.model.empty() && api.model != model_id) {
-    return absl::NotFoundError(absl::StrCat(
-        "the model '", api.model, "' does not exist; this server serves '", model_id, "'"));
-  }
-  ASSIGN_OR_RETURN(prepared.prompt, PromptIds(api));
-  RETURN_IF_ERROR(ApplyMaxTokens(api, static_cast<int64_t>(prepared.prompt.size())));
+  RETURN_IF_ERROR(CheckModel(api.model));
+  ASSIGN_OR_RETURN(prepared.prompts, PromptIds(api));
   if (!api.seed_given) api.options.seed = Random();
+  for (const std::vector<int64_t>& prompt : prepared.prompts) {
+    RequestOptions options = api.options;
+    ASSIGN_OR_RETURN(options.max_new_tokens,
+                     MaxNewTokens(api, static_cast<int64_t>(prompt.size())));
+    prepared.options.push_back(std::move(options));
+  }
   const bool chat = endpoint == ApiEndpoint::kChat;
   prepared.header.id = absl::StrFormat("%s-%016x", chat ? "chatcmpl" : "cmpl", Random());
   prepared.header.created = static_cast<int64_t>(std::time(nullptr));
@@ -612,10 +733,61 @@ void HttpServer::Impl::Untrack(uint64_t key) {
 
 void HttpServer::Impl::Account(const Request& request, const Completion& completion) {
   const int64_t generated = static_cast<int64_t>(completion.tokens.size());
-  t_access.completion_tokens = generated;
+  t_access.completion_tokens += generated;
   metrics.AddTokens(0, generated);
   if (generated > 0) metrics.ObserveTimeToFirstToken(completion.stats.time_to_first_token_s);
   for (double gap : request.inter_token_s()) metrics.ObserveInterToken(gap);
+}
+
+nlohmann::json HttpServer::Impl::LogprobsJson(const Prepared& prepared,
+                                              const std::vector<TokenLogprob>& logprobs,
+                                              int64_t text_offset) const {
+  if (prepared.api.logprobs < 0) return nullptr;
+  const Tokenizer* tokenizer = engine->tokenizer();
+  const TokenText text = [tokenizer, as_ids = prepared.api.tokens_as_ids](int64_t id) {
+    if (tokenizer == nullptr || as_ids) return absl::StrCat("token_id:", id);
+    absl::StatusOr<std::string> decoded = tokenizer->Decode({id});
+    return decoded.ok() ? *decoded : absl::StrCat("token_id:", id);
+  };
+  return prepared.api.endpoint == ApiEndpoint::kChat
+             ? ChatLogprobs(logprobs, text)
+             : CompletionLogprobs(logprobs, text, text_offset);
+}
+
+absl::StatusOr<std::vector<Choice>> HttpServer::Impl::SubmitAll(
+    const Prepared& prepared, const std::shared_ptr<StreamQueue>& queue) {
+  const int64_t n = prepared.api.n;
+  std::vector<Choice> choices;
+  for (size_t p = 0; p < prepared.prompts.size(); ++p) {
+    const size_t first = choices.size();
+    for (int64_t i = 0; i < n; ++i) {
+      Choice choice;
+      choice.index = static_cast<int64_t>(p) * n + i;
+      choice.prompt = p;
+      choices.push_back(choice);
+    }
+    const auto per_choice = [&](int64_t i, RequestOptions& options) {
+      if (!prepared.api.stream) return;
+      const Choice& choice = choices[first + static_cast<size_t>(i)];
+      std::shared_ptr<std::vector<TokenLogprob>> pending = choice.pending;
+      options.on_logprob = [pending](const TokenLogprob& logprob) { pending->push_back(logprob); };
+      options.on_text = [queue, pending, index = choice.index](absl::string_view piece) {
+        return queue->Push({index, std::string(piece), std::exchange(*pending, {})});
+      };
+    };
+    absl::StatusOr<std::vector<std::shared_ptr<Request>>> submitted =
+        engine->SubmitChoices(prepared.prompts[p], prepared.options[p], n, per_choice);
+    if (!submitted.ok()) {
+      for (const Choice& choice : choices) {
+        if (choice.request) choice.request->Cancel();
+      }
+      return submitted.status();
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      choices[first + static_cast<size_t>(i)].request = (*submitted)[static_cast<size_t>(i)];
+    }
+  }
+  return choices;
 }
 
 void HttpServer::Impl::Generate(ApiEndpoint endpoint, const httplib::Request& req,
@@ -632,125 +804,164 @@ void HttpServer::Impl::Generate(ApiEndpoint endpoint, const httplib::Request& re
     SendStatus(res, prepared.status());
     return;
   }
-  t_access.prompt_tokens = static_cast<int64_t>(prepared->prompt.size());
+  t_access.prompt_tokens = prepared->PromptTokens();
   auto queue = std::make_shared<StreamQueue>();
-  if (prepared->api.stream) {
-    prepared->api.options.on_text = [queue](absl::string_view piece) { return queue->Push(piece); };
-  }
-  absl::StatusOr<std::shared_ptr<Request>> request =
-      engine->Submit(prepared->prompt, prepared->api.options);
-  if (!request.ok()) {
-    SendStatus(res, request.status());
+  absl::StatusOr<std::vector<Choice>> choices = SubmitAll(*prepared, queue);
+  if (!choices.ok()) {
+    SendStatus(res, choices.status());
     return;
   }
   metrics.AddTokens(t_access.prompt_tokens, 0);
   if (!prepared->api.stream) {
-    Reply(*prepared, *request, BoundedServer::ConnectionSocket(), res);
+    Reply(*prepared, *choices, BoundedServer::ConnectionSocket(), res);
     return;
   }
-  const uint64_t key = Track(*request);
+  auto keys = std::make_shared<std::vector<uint64_t>>();
+  for (const Choice& choice : *choices) keys->push_back(Track(choice.request));
   auto shared = std::make_shared<Prepared>(*std::move(prepared));
-  std::shared_ptr<Request> held = *request;
+  auto held = std::make_shared<std::vector<Choice>>(*std::move(choices));
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
   res.set_chunked_content_provider(
       kEventStream,
       [this, shared, held, queue](size_t, httplib::DataSink& sink) {
-        return Stream(*shared, held, *queue, sink);
+        return Stream(*shared, *held, *queue, sink);
       },
-      [this, held, key](bool) {
-        if (!held->Done()) held->Cancel();
-        Untrack(key);
+      [this, held, keys](bool) {
+        for (const Choice& choice : *held) {
+          if (!choice.request->Done()) choice.request->Cancel();
+        }
+        for (const uint64_t key : *keys) Untrack(key);
       });
 }
 
-void HttpServer::Impl::Reply(const Prepared& prepared, const std::shared_ptr<Request>& request,
+void HttpServer::Impl::Reply(const Prepared& prepared, const std::vector<Choice>& choices,
                              int socket, httplib::Response& res) {
-  const uint64_t key = Track(request);
-  const bool connected = WaitWhileConnected(*request, socket);
-  absl::StatusOr<Completion> completion = request->Wait();
-  Untrack(key);
+  std::vector<uint64_t> keys;
+  for (const Choice& choice : choices) keys.push_back(Track(choice.request));
+  bool connected = true;
+  for (const Choice& choice : choices) {
+    connected = connected && WaitWhileConnected(*choice.request, socket);
+    if (!connected) choice.request->Cancel();
+  }
+  std::vector<absl::StatusOr<Completion>> completions;
+  for (const Choice& choice : choices) completions.push_back(choice.request->Wait());
+  for (const uint64_t key : keys) Untrack(key);
+  absl::Status failed;
+  bool cancelled = false;
+  for (size_t i = 0; i < choices.size(); ++i) {
+    if (!completions[i].ok()) {
+      failed.Update(completions[i].status());
+      continue;
+    }
+    Account(*choices[i].request, *completions[i]);
+    cancelled = cancelled || completions[i]->finish_reason == FinishReason::kCancelled;
+  }
   if (!connected) {
     // The client is gone: nobody reads the reply. Its tokens still count.
     t_access.outcome = "cancelled";
-    if (completion.ok()) Account(*request, *completion);
     return;
   }
-  if (!completion.ok()) {
-    SendStatus(res, completion.status());
+  if (!failed.ok()) {
+    SendStatus(res, failed);
     return;
   }
-  Account(*request, *completion);
-  if (completion->finish_reason == FinishReason::kCancelled) {
+  if (cancelled) {
     SendStatus(res, absl::UnavailableError(
                         "the server shut down before the request finished (cancelled)"));
     return;
   }
-  const Usage usage{static_cast<int64_t>(prepared.prompt.size()),
-                    static_cast<int64_t>(completion->tokens.size())};
-  const char* finish = ApiFinishReason(completion->finish_reason);
+  Usage usage{prepared.PromptTokens(), 0};
+  std::vector<ChoiceJson> json_choices;
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const Completion& completion = *completions[i];
+    usage.completion_tokens += static_cast<int64_t>(completion.tokens.size());
+    json_choices.push_back({choices[i].index, completion.text,
+                            ApiFinishReason(completion.finish_reason),
+                            LogprobsJson(prepared, completion.logprobs, 0)});
+  }
   res.set_content(prepared.api.endpoint == ApiEndpoint::kChat
-                      ? ChatCompletionJson(prepared.header, completion->text, finish, usage)
-                      : CompletionJson(prepared.header, completion->text, finish, usage),
+                      ? ChatCompletionJson(prepared.header, json_choices, usage)
+                      : CompletionJson(prepared.header, json_choices, usage),
                   kJson);
 }
 
-bool HttpServer::Impl::Stream(const Prepared& prepared, const std::shared_ptr<Request>& request,
+bool HttpServer::Impl::Stream(const Prepared& prepared, const std::vector<Choice>& choices,
                               StreamQueue& queue, httplib::DataSink& sink) {
   const bool chat = prepared.api.endpoint == ApiEndpoint::kChat;
   const ResponseHeader& header = prepared.header;
   auto send = [&](const std::string& payload) {
     return sink.write(payload.data(), payload.size());
   };
-  auto piece_event = [&](absl::string_view text) {
-    return SseEvent(chat ? ChatChunkJson(header, false, text, "")
-                         : CompletionChunkJson(header, text, ""));
+  std::map<int64_t, int64_t> offsets;  // text sent per choice (completions' text_offset)
+  auto chunk = [&](const ChoiceJson& choice, bool role = false) {
+    return SseEvent(chat ? ChatChunkJson(header, role, choice)
+                         : CompletionChunkJson(header, choice));
+  };
+  auto event_chunk = [&](const ChoiceEvent& event) {
+    int64_t& offset = offsets[event.index];
+    const std::string payload =
+        chunk({event.index, event.text, "", LogprobsJson(prepared, event.logprobs, offset)});
+    offset += static_cast<int64_t>(event.text.size());
+    return payload;
   };
   auto leave = [&] {
-    // The client is gone: its request ends at the scheduler's next step.
-    request->Cancel();
+    // The client is gone: its requests end at the scheduler's next step.
+    for (const Choice& choice : choices) choice.request->Cancel();
     t_access.outcome = "cancelled";
     return false;
   };
-  if (chat && !send(SseEvent(ChatChunkJson(header, true, "", "")))) return leave();
-  size_t streamed = 0;
-  while (true) {
-    const std::deque<std::string> pieces = queue.Take(std::chrono::milliseconds(20));
-    for (const std::string& piece : pieces) {
-      if (!send(piece_event(piece))) return leave();
-      streamed += piece.size();
+  auto all_done = [&] {
+    return std::all_of(choices.begin(), choices.end(),
+                       [](const Choice& choice) { return choice.request->Done(); });
+  };
+  if (chat) {
+    for (const Choice& choice : choices) {
+      if (!send(chunk({choice.index, "", "", nullptr}, /*role=*/true))) return leave();
     }
-    if (pieces.empty()) {
-      if (request->Done()) break;
+  }
+  while (true) {
+    const std::deque<ChoiceEvent> events = queue.Take(std::chrono::milliseconds(20));
+    for (const ChoiceEvent& event : events) {
+      if (!send(event_chunk(event))) return leave();
+    }
+    if (events.empty()) {
+      if (all_done()) break;
       if (!sink.is_writable()) return leave();
     }
   }
-  absl::StatusOr<Completion> completion = request->Wait();
-  if (!completion.ok()) {
-    send(SseEvent(ApiErrorFromStatus(completion.status()).Json()));
-  } else {
-    Account(*request, *completion);
-    // Text the stop-sequence filter held back until the end (Wait flushes it).
-    if (completion->text.size() > streamed &&
-        !send(piece_event(completion->text.substr(streamed)))) {
-      return leave();
+  // Wait flushes the text the stop-sequence filter held back into the queue.
+  std::vector<absl::StatusOr<Completion>> completions;
+  for (const Choice& choice : choices) completions.push_back(choice.request->Wait());
+  for (const ChoiceEvent& event : queue.Take(std::chrono::milliseconds(0))) {
+    if (!send(event_chunk(event))) return leave();
+  }
+  Usage usage{prepared.PromptTokens(), 0};
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const Choice& choice = choices[i];
+    if (!completions[i].ok()) {
+      send(SseEvent(ApiErrorFromStatus(completions[i].status()).Json()));
+      continue;
     }
-    if (completion->finish_reason == FinishReason::kCancelled) {
+    const Completion& completion = *completions[i];
+    Account(*choice.request, completion);
+    usage.completion_tokens += static_cast<int64_t>(completion.tokens.size());
+    if (completion.finish_reason == FinishReason::kCancelled) {
       send(SseEvent(
           ApiErrorFromStatus(absl::UnavailableError(
                                  "the server shut down before the request finished (cancelled)"))
               .Json()));
-    } else {
-      const char* finish = ApiFinishReason(completion->finish_reason);
-      send(SseEvent(chat ? ChatChunkJson(header, false, "", finish)
-                         : CompletionChunkJson(header, "", finish)));
+      continue;
     }
-    if (prepared.api.include_usage) {
-      send(SseEvent(UsageChunkJson(header, chat,
-                                   {static_cast<int64_t>(prepared.prompt.size()),
-                                    static_cast<int64_t>(completion->tokens.size())})));
+    // Tokens whose text never came (a stop token, text held back and cut): their logprobs.
+    nlohmann::json logprobs =
+        LogprobsJson(prepared, std::exchange(*choice.pending, {}), offsets[choice.index]);
+    if (!send(chunk(
+            {choice.index, "", ApiFinishReason(completion.finish_reason), std::move(logprobs)}))) {
+      return leave();
     }
   }
+  if (prepared.api.include_usage) send(SseEvent(UsageChunkJson(header, chat, usage)));
   if (!send(SseEvent("[DONE]"))) return leave();
   sink.done();
   return true;

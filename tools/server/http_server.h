@@ -3,6 +3,7 @@
 //   POST /v1/completions, POST /v1/chat/completions   (JSON, or server-sent events with
 //                                                        "stream": true, flushed per piece)
 //   GET  /v1/models, /v1/models/{id}, /health, /metrics (Prometheus text)
+//   POST /tokenize, /detokenize (vLLM's shapes; no API key, as vLLM)
 // Errors are OpenAI's {"error": {"message", "type", "code"}} (tools/server/openai_api.h): 400
 // for malformed or unsupported requests and prompts beyond the context, 401 without the API
 // key (when one is set; /v1/ only), 404 for an unknown model or path, 413 for a body over the
@@ -56,6 +57,10 @@ struct ServerOptions {
   double shutdown_s = 10;           // how long Shutdown lets requests in flight run
   int64_t default_max_tokens = 16;  // /v1/completions without max_tokens (OpenAI's 16)
   bool access_log = true;
+  // CORS for browser clients: "*" or one origin ("https://app.example") gets
+  // Access-Control-Allow-Origin on every answer and preflight OPTIONS requests answered (204);
+  // empty (the default): no CORS headers.
+  std::string cors_allow_origin;
 };
 
 class HttpServer {

@@ -315,9 +315,7 @@ TEST_F(HttpServerTest, BadRequestsAre400NamingTheField) {
       "messages"));
   // Unsupported features are refused, never ignored.
   for (const std::string field :
-       {R"("n": 2)", R"("logprobs": 3)", R"("echo": true)", R"("best_of": 2)",
-        R"("presence_penalty": 0.5)", R"("logit_bias": {"1": 5})", R"("suffix": "x")",
-        R"("frobnicate": 1)"}) {
+       {R"("echo": true)", R"("best_of": 2)", R"("suffix": "x")", R"("frobnicate": 1)"}) {
     EXPECT_TRUE(
         absl::StrContains(ExpectError(post(absl::StrCat(R"({"prompt": "x", )", field, "}")), 400),
                           "not supported") ||
@@ -325,9 +323,8 @@ TEST_F(HttpServerTest, BadRequestsAre400NamingTheField) {
                           "unsupported"))
         << field;
   }
-  for (const std::string field :
-       {R"("n": 3)", R"("logprobs": true)", R"("tools": [{"type": "function"}])",
-        R"("tool_choice": "auto")", R"("response_format": {"type": "json_object"})"}) {
+  for (const std::string field : {R"("tools": [{"type": "function"}])", R"("tool_choice": "auto")",
+                                  R"("response_format": {"type": "json_object"})"}) {
     const std::string body =
         absl::StrCat(R"({"messages": [{"role": "user", "content": "x"}], )", field, "}");
     const std::string message = ExpectError(post(body, "/v1/chat/completions"), 400);

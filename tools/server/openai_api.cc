@@ -109,25 +109,129 @@ absl::Status ParseStop(const json& value, std::vector<std::string>& stops) {
   return absl::OkStatus();
 }
 
-// "prompt": a string, a list of one string, or a list of token ids.
+// Choices one request may ask for (prompts times n): each is a request in the scheduler.
+constexpr int64_t kMaxChoices = 128;
+// Log-probabilities of at most this many most likely tokens (OpenAI's chat limit).
+constexpr int64_t kMaxTopLogprobs = 20;
+
+// A list of token ids at `field`.
+absl::StatusOr<std::vector<int64_t>> TokenIds(const std::string& field, const json& value) {
+  std::vector<int64_t> ids;
+  for (size_t i = 0; i < value.size(); ++i) {
+    ASSIGN_OR_RETURN(const int64_t id, Integer(absl::StrCat(field, "[", i, "]"), value[i]));
+    ids.push_back(id);
+  }
+  if (ids.empty()) return RequestFieldError(field, absl::StrCat("'", field, "' is empty"));
+  return ids;
+}
+
+// "prompt": a string, a list of token ids, or a list of either (one prompt each).
 absl::Status ParsePrompt(const json& value, ApiRequest& request) {
   if (value.is_string()) {
-    request.prompt = value.get<std::string>();
+    request.prompts.push_back({value.get<std::string>(), {}});
     return absl::OkStatus();
   }
   if (!value.is_array()) return WrongType("prompt", "a string or an array", value);
-  if (value.size() == 1 && value[0].is_string()) {
-    request.prompt = value[0].get<std::string>();
+  if (value.empty()) return RequestFieldError("prompt", "'prompt' is empty");
+  if (value[0].is_number()) {
+    ASSIGN_OR_RETURN(std::vector<int64_t> ids, TokenIds("prompt", value));
+    request.prompts.push_back({"", std::move(ids)});
     return absl::OkStatus();
   }
-  for (const json& entry : value) {
-    if (entry.is_string() || entry.is_array()) {
-      return Unsupported("prompt", "one prompt per request: a string or a list of token ids");
-    }
-    ASSIGN_OR_RETURN(const int64_t id, Integer("prompt", entry));
-    request.prompt_ids.push_back(id);
+  if (static_cast<int64_t>(value.size()) > kMaxChoices) {
+    return RequestFieldError(
+        "prompt", absl::StrCat("'prompt' holds ", value.size(), " prompts; at most ", kMaxChoices));
   }
-  if (request.prompt_ids.empty()) return RequestFieldError("prompt", "'prompt' is empty");
+  for (size_t i = 0; i < value.size(); ++i) {
+    const std::string field = absl::StrCat("prompt[", i, "]");
+    if (value[i].is_string()) {
+      request.prompts.push_back({value[i].get<std::string>(), {}});
+    } else if (value[i].is_array()) {
+      ASSIGN_OR_RETURN(std::vector<int64_t> ids, TokenIds(field, value[i]));
+      request.prompts.push_back({"", std::move(ids)});
+    } else {
+      return WrongType(field, "a string or a list of token ids", value[i]);
+    }
+  }
+  return absl::OkStatus();
+}
+
+// "n" or "best_of": in [1, kMaxChoices].
+absl::StatusOr<int64_t> ChoiceCount(const std::string& field, const json& value) {
+  ASSIGN_OR_RETURN(const int64_t n, Integer(field, value));
+  if (n < 1 || n > kMaxChoices) {
+    return RequestFieldError(
+        field, absl::StrCat("'", field, "' must be in [1, ", kMaxChoices, "], got ", n));
+  }
+  return n;
+}
+
+// What the log-probability fields ask: completions' `logprobs: K`; chat's `logprobs: true`
+// with `top_logprobs: K`. Read after every field, whatever their order.
+struct LogprobFields {
+  std::optional<int64_t> completion_k;  // completions' logprobs
+  std::optional<bool> chat_on;          // chat's logprobs
+  std::optional<int64_t> chat_k;        // chat's top_logprobs
+  std::optional<int64_t> best_of;
+};
+
+absl::StatusOr<int64_t> TopCount(const std::string& field, const json& value) {
+  ASSIGN_OR_RETURN(const int64_t k, Integer(field, value));
+  if (k < 0 || k > kMaxTopLogprobs) {
+    return RequestFieldError(
+        field, absl::StrCat("'", field, "' must be in [0, ", kMaxTopLogprobs, "], got ", k));
+  }
+  return k;
+}
+
+// Reads `logprobs`, `top_logprobs` and `best_of`; false when `key` is none of them.
+absl::StatusOr<bool> ParseLogprobField(bool chat, const std::string& key, const json& value,
+                                       LogprobFields& fields) {
+  if (key == "logprobs" && chat) {
+    ASSIGN_OR_RETURN(fields.chat_on, Boolean(key, value));
+  } else if (key == "logprobs") {
+    // false as "none" too (clients that send the chat spelling).
+    if (value.is_boolean() && !value.get<bool>()) return true;
+    ASSIGN_OR_RETURN(fields.completion_k, TopCount(key, value));
+  } else if (key == "top_logprobs" && chat) {
+    ASSIGN_OR_RETURN(fields.chat_k, TopCount(key, value));
+  } else if (key == "best_of" && !chat) {
+    ASSIGN_OR_RETURN(fields.best_of, ChoiceCount(key, value));
+  } else {
+    return false;
+  }
+  return true;
+}
+
+absl::Status ResolveLogprobFields(const LogprobFields& fields, ApiRequest& request) {
+  if (fields.best_of && *fields.best_of != request.n) {
+    // best_of > n samples extra choices and returns the likeliest: not done here.
+    return Unsupported("best_of", "only equal to n");
+  }
+  if (fields.completion_k) request.logprobs = *fields.completion_k;
+  if (fields.chat_k && !fields.chat_on.value_or(false)) {
+    return RequestFieldError("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+  }
+  if (fields.chat_on.value_or(false)) request.logprobs = fields.chat_k.value_or(0);
+  request.options.top_logprobs = request.logprobs;
+  return absl::OkStatus();
+}
+
+// "logit_bias": {"token id": bias}.
+absl::Status ParseLogitBias(const json& value, SamplingOptions& sampling) {
+  if (!value.is_object()) return WrongType("logit_bias", "an object", value);
+  for (const auto& [key, bias] : value.items()) {
+    const std::string field = absl::StrCat("logit_bias.", key);
+    int64_t id = -1;
+    if (key.empty() || key.size() > 18 ||
+        !std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      return RequestFieldError("logit_bias", absl::StrCat("'logit_bias' keys are token ids, got '",
+                                                          key.substr(0, 40), "'"));
+    }
+    id = std::stoll(key);
+    ASSIGN_OR_RETURN(const double number, Number(field, bias));
+    sampling.logit_bias.emplace_back(id, number);
+  }
   return absl::OkStatus();
 }
 
@@ -198,15 +302,8 @@ absl::Status ParseStreamOptions(const json& value, ApiRequest& request) {
 // ...): true when `value` is that value.
 bool IsNeutral(absl::string_view field, const json& value) {
   if (value.is_null()) return true;
-  if (field == "n" || field == "best_of") return value == 1;
-  if (field == "logprobs" || field == "echo") {
-    return value.is_boolean() ? !value.get<bool>() : false;
-  }
-  if (field == "top_logprobs") return value == 0;
-  if (field == "presence_penalty" || field == "frequency_penalty") {
-    return value.is_number() && value.get<double>() == 0;
-  }
-  if (field == "logit_bias" || field == "tools" || field == "functions") return value.empty();
+  if (field == "echo") return value.is_boolean() ? !value.get<bool>() : false;
+  if (field == "tools" || field == "functions") return value.empty();
   if (field == "suffix") return value == "";
   if (field == "tool_choice" || field == "function_call") return value == "none";
   if (field == "response_format") {
@@ -217,28 +314,14 @@ bool IsNeutral(absl::string_view field, const json& value) {
 }
 
 const char* NeutralWhat(absl::string_view field) {
-  if (field == "n" || field == "best_of") return "one choice per request: 1";
-  if (field == "presence_penalty" || field == "frequency_penalty") return "only 0";
   if (field == "response_format") return "only {\"type\": \"text\"}";
   if (field == "tool_choice" || field == "function_call") return "only \"none\"";
   return "only when absent, null, false or empty";
 }
 
 bool IsNeutralField(absl::string_view field) {
-  static const char* const kFields[] = {"n",
-                                        "best_of",
-                                        "logprobs",
-                                        "top_logprobs",
-                                        "echo",
-                                        "suffix",
-                                        "logit_bias",
-                                        "tools",
-                                        "tool_choice",
-                                        "functions",
-                                        "function_call",
-                                        "response_format",
-                                        "presence_penalty",
-                                        "frequency_penalty"};
+  static const char* const kFields[] = {
+      "echo", "suffix", "tools", "tool_choice", "functions", "function_call", "response_format"};
   for (const char* name : kFields) {
     if (field == name) return true;
   }
@@ -270,6 +353,24 @@ absl::Status ParseField(const std::string& key, const json& value, ApiRequest& r
   } else if (key == "top_k") {
     ASSIGN_OR_RETURN(options.sampling.top_k, Integer(key, value));
     if (options.sampling.top_k == -1) options.sampling.top_k = 0;  // vLLM's "all"
+  } else if (key == "min_p") {
+    ASSIGN_OR_RETURN(options.sampling.min_p, Number(key, value));
+  } else if (key == "presence_penalty") {
+    ASSIGN_OR_RETURN(options.sampling.presence_penalty, Number(key, value));
+  } else if (key == "frequency_penalty") {
+    ASSIGN_OR_RETURN(options.sampling.frequency_penalty, Number(key, value));
+  } else if (key == "repetition_penalty") {
+    ASSIGN_OR_RETURN(options.sampling.repetition_penalty, Number(key, value));
+  } else if (key == "logit_bias") {
+    return ParseLogitBias(value, options.sampling);
+  } else if (key == "n") {
+    ASSIGN_OR_RETURN(request.n, ChoiceCount(key, value));
+  } else if (key == "truncate_prompt_tokens") {
+    ASSIGN_OR_RETURN(const int64_t keep, Integer(key, value));
+    if (keep < 1) {
+      return RequestFieldError(key, absl::StrCat("'", key, "' must be >= 1, got ", keep));
+    }
+    request.truncate_prompt_tokens = keep;
   } else if (key == "seed") {
     ASSIGN_OR_RETURN(const int64_t seed, Integer(key, value));
     options.seed = static_cast<uint64_t>(seed);
@@ -280,6 +381,9 @@ absl::Status ParseField(const std::string& key, const json& value, ApiRequest& r
     ASSIGN_OR_RETURN(request.stream, Boolean(key, value));
   } else if (key == "stream_options") {
     return ParseStreamOptions(value, request);
+  } else if (key == "return_tokens_as_token_ids") {
+    // vLLM's: logprobs name tokens "token_id:<id>" (text that would not round-trip).
+    ASSIGN_OR_RETURN(request.tokens_as_ids, Boolean(key, value));
   } else if (key == "ignore_eos") {
     // vLLM's extension: generate max_tokens whatever the model says (benchmarks).
     ASSIGN_OR_RETURN(const bool ignore, Boolean(key, value));
@@ -310,7 +414,10 @@ absl::Status ParseField(const std::string& key, const json& value, ApiRequest& r
 
 }  // namespace
 
-absl::StatusOr<ApiRequest> ParseApiRequest(ApiEndpoint endpoint, absl::string_view body) {
+namespace {
+
+// The body as a JSON object.
+absl::StatusOr<json> JsonObject(absl::string_view body) {
   json root;
   try {
     root = json::parse(body.begin(), body.end());
@@ -326,11 +433,83 @@ absl::StatusOr<ApiRequest> ParseApiRequest(ApiEndpoint endpoint, absl::string_vi
     return absl::InvalidArgumentError(
         absl::StrCat("the request body must be a JSON object, got ", TypeName(root)));
   }
+  return root;
+}
+
+absl::Status UnknownField(const std::string& key) {
+  return RequestFieldError(key, absl::StrCat("unknown or unsupported field '", key, "'"));
+}
+
+}  // namespace
+
+absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(absl::string_view body) {
+  ASSIGN_OR_RETURN(const json root, JsonObject(body));
+  TokenizeRequest request;
+  ApiRequest chat;  // messages are read as chat reads them
+  std::optional<bool> special;
+  for (const auto& [key, value] : root.items()) {
+    if (key == "model") {
+      ASSIGN_OR_RETURN(request.model, String(key, value));
+    } else if (key == "prompt") {
+      ASSIGN_OR_RETURN(request.prompt, String(key, value));
+    } else if (key == "messages") {
+      RETURN_IF_ERROR(ParseMessages(value, chat));
+    } else if (key == "add_special_tokens") {
+      ASSIGN_OR_RETURN(special, Boolean(key, value));
+    } else if (key == "add_generation_prompt") {
+      // The chat framing always ends with the assistant's turn opening.
+      ASSIGN_OR_RETURN(const bool add, Boolean(key, value));
+      if (!add) return Unsupported(key, "only true: the framing opens the assistant's turn");
+    } else {
+      return UnknownField(key);
+    }
+  }
+  if (request.prompt.has_value() == !chat.messages.empty()) {
+    return RequestFieldError("prompt", "give one of 'prompt' or 'messages'");
+  }
+  request.messages = std::move(chat.messages);
+  request.add_special_tokens = special.value_or(request.prompt.has_value());
+  return request;
+}
+
+std::string TokenizeJson(const std::vector<int64_t>& ids, int64_t max_model_len) {
+  return Dump(json{{"count", ids.size()}, {"max_model_len", max_model_len}, {"tokens", ids}});
+}
+
+absl::StatusOr<DetokenizeRequest> ParseDetokenizeRequest(absl::string_view body) {
+  ASSIGN_OR_RETURN(const json root, JsonObject(body));
+  DetokenizeRequest request;
+  bool has_tokens = false;
+  for (const auto& [key, value] : root.items()) {
+    if (key == "model") {
+      ASSIGN_OR_RETURN(request.model, String(key, value));
+    } else if (key == "tokens") {
+      if (!value.is_array()) return WrongType(key, "a list of token ids", value);
+      for (size_t i = 0; i < value.size(); ++i) {
+        ASSIGN_OR_RETURN(const int64_t id, Integer(absl::StrCat("tokens[", i, "]"), value[i]));
+        request.tokens.push_back(id);
+      }
+      has_tokens = true;
+    } else {
+      return UnknownField(key);
+    }
+  }
+  if (!has_tokens) return RequestFieldError("tokens", "'tokens' is required");
+  return request;
+}
+
+std::string DetokenizeJson(absl::string_view text) {
+  return Dump(json{{"prompt", std::string(text)}});
+}
+
+absl::StatusOr<ApiRequest> ParseApiRequest(ApiEndpoint endpoint, absl::string_view body) {
+  ASSIGN_OR_RETURN(const json root, JsonObject(body));
   ApiRequest request;
   request.endpoint = endpoint;
   request.options.sampling = {1.0, 0, 1.0};  // OpenAI's defaults
   bool has_input = false;
   const bool chat = endpoint == ApiEndpoint::kChat;
+  LogprobFields logprobs;
   for (const auto& [key, value] : root.items()) {
     if (key == (chat ? "messages" : "prompt")) {
       RETURN_IF_ERROR(chat ? ParseMessages(value, request) : ParsePrompt(value, request));
@@ -341,12 +520,19 @@ absl::StatusOr<ApiRequest> ParseApiRequest(ApiEndpoint endpoint, absl::string_vi
     } else if (value.is_null() && key != "prompt" && key != "messages") {
       continue;  // null: the default
     } else {
-      RETURN_IF_ERROR(ParseField(key, value, request));
+      ASSIGN_OR_RETURN(const bool read, ParseLogprobField(chat, key, value, logprobs));
+      if (!read) RETURN_IF_ERROR(ParseField(key, value, request));
     }
   }
   if (!has_input) {
     const char* input = chat ? "messages" : "prompt";
     return RequestFieldError(input, absl::StrCat("'", input, "' is required"));
+  }
+  RETURN_IF_ERROR(ResolveLogprobFields(logprobs, request));
+  const int64_t prompts = chat ? 1 : static_cast<int64_t>(request.prompts.size());
+  if (prompts * request.n > kMaxChoices) {
+    return RequestFieldError("n", absl::StrCat(prompts, " prompts times 'n' (", request.n,
+                                               ") make more than ", kMaxChoices, " choices"));
   }
   if (request.include_usage && !request.stream) {
     return RequestFieldError("stream_options", "'stream_options' needs 'stream': true");
@@ -370,6 +556,13 @@ std::optional<std::string> RequestFieldOf(absl::string_view path) {
       {"SamplingOptions.temperature", "temperature"},
       {"SamplingOptions.top_k", "top_k"},
       {"SamplingOptions.top_p", "top_p"},
+      {"SamplingOptions.min_p", "min_p"},
+      {"SamplingOptions.presence_penalty", "presence_penalty"},
+      {"SamplingOptions.frequency_penalty", "frequency_penalty"},
+      {"SamplingOptions.repetition_penalty", "repetition_penalty"},
+      {"SamplingOptions.logit_bias", "logit_bias"},
+      {"RequestOptions.top_logprobs", "logprobs"},
+      {"SubmitChoices.n", "n"},
   };
   for (const auto& [field, name] : kFields) {
     if (path == field) return std::string(name);
@@ -496,49 +689,96 @@ json FinishValue(absl::string_view finish_reason) {
 
 }  // namespace
 
-std::string CompletionJson(const ResponseHeader& header, absl::string_view text,
-                           absl::string_view finish_reason, const Usage& usage) {
+json CompletionLogprobs(const std::vector<TokenLogprob>& logprobs, const TokenText& token_text,
+                        int64_t text_offset) {
+  json tokens = json::array(), token_logprobs = json::array(), top = json::array(),
+       offsets = json::array();
+  for (const TokenLogprob& logprob : logprobs) {
+    const std::string text = token_text(logprob.token);
+    tokens.push_back(text);
+    token_logprobs.push_back(logprob.logprob);
+    json alternatives = json::object();
+    for (const auto& [id, value] : logprob.top) alternatives[token_text(id)] = value;
+    top.push_back(std::move(alternatives));
+    offsets.push_back(text_offset);
+    text_offset += static_cast<int64_t>(text.size());
+  }
+  return {{"tokens", tokens},
+          {"token_logprobs", token_logprobs},
+          {"top_logprobs", top},
+          {"text_offset", offsets}};
+}
+
+namespace {
+
+json TokenEntry(const std::string& text, double logprob) {
+  json bytes = json::array();
+  for (const char c : text) bytes.push_back(static_cast<int>(static_cast<unsigned char>(c)));
+  return {{"token", text}, {"logprob", logprob}, {"bytes", bytes}};
+}
+
+json ChoiceBase(const ChoiceJson& choice) {
+  return {{"index", choice.index},
+          {"logprobs", choice.logprobs},
+          {"finish_reason", FinishValue(choice.finish_reason)}};
+}
+
+}  // namespace
+
+json ChatLogprobs(const std::vector<TokenLogprob>& logprobs, const TokenText& token_text) {
+  json content = json::array();
+  for (const TokenLogprob& logprob : logprobs) {
+    json entry = TokenEntry(token_text(logprob.token), logprob.logprob);
+    json top = json::array();
+    for (const auto& [id, value] : logprob.top) top.push_back(TokenEntry(token_text(id), value));
+    entry["top_logprobs"] = std::move(top);
+    content.push_back(std::move(entry));
+  }
+  return {{"content", content}};
+}
+
+std::string CompletionJson(const ResponseHeader& header, const std::vector<ChoiceJson>& choices,
+                           const Usage& usage) {
   json response = Base(header, "text_completion");
-  response["choices"] = json::array({{{"index", 0},
-                                      {"text", std::string(text)},
-                                      {"logprobs", nullptr},
-                                      {"finish_reason", FinishValue(finish_reason)}}});
+  response["choices"] = json::array();
+  for (const ChoiceJson& choice : choices) {
+    json entry = ChoiceBase(choice);
+    entry["text"] = choice.text;
+    response["choices"].push_back(std::move(entry));
+  }
   response["usage"] = UsageObject(usage);
   return Dump(response);
 }
 
-std::string ChatCompletionJson(const ResponseHeader& header, absl::string_view text,
-                               absl::string_view finish_reason, const Usage& usage) {
+std::string ChatCompletionJson(const ResponseHeader& header, const std::vector<ChoiceJson>& choices,
+                               const Usage& usage) {
   json response = Base(header, "chat.completion");
-  const json message = {{"role", "assistant"}, {"content", std::string(text)}};
-  response["choices"] = json::array({{{"index", 0},
-                                      {"message", message},
-                                      {"logprobs", nullptr},
-                                      {"finish_reason", FinishValue(finish_reason)}}});
+  response["choices"] = json::array();
+  for (const ChoiceJson& choice : choices) {
+    json entry = ChoiceBase(choice);
+    entry["message"] = {{"role", "assistant"}, {"content", choice.text}};
+    response["choices"].push_back(std::move(entry));
+  }
   response["usage"] = UsageObject(usage);
   return Dump(response);
 }
 
-std::string CompletionChunkJson(const ResponseHeader& header, absl::string_view text,
-                                absl::string_view finish_reason) {
+std::string CompletionChunkJson(const ResponseHeader& header, const ChoiceJson& choice) {
   json chunk = Base(header, "text_completion");
-  chunk["choices"] = json::array({{{"index", 0},
-                                   {"text", std::string(text)},
-                                   {"logprobs", nullptr},
-                                   {"finish_reason", FinishValue(finish_reason)}}});
+  json entry = ChoiceBase(choice);
+  entry["text"] = choice.text;
+  chunk["choices"] = json::array({std::move(entry)});
   return Dump(chunk);
 }
 
-std::string ChatChunkJson(const ResponseHeader& header, bool role, absl::string_view content,
-                          absl::string_view finish_reason) {
+std::string ChatChunkJson(const ResponseHeader& header, bool role, const ChoiceJson& choice) {
   json chunk = Base(header, "chat.completion.chunk");
   json delta = json::object();
   if (role) delta["role"] = "assistant";
-  if (role || !content.empty()) delta["content"] = std::string(content);
-  chunk["choices"] = json::array({{{"index", 0},
-                                   {"delta", delta},
-                                   {"logprobs", nullptr},
-                                   {"finish_reason", FinishValue(finish_reason)}}});
+  if (role || !choice.text.empty()) delta["content"] = choice.text;
+  json entry = ChoiceBase(choice);
+  entry["delta"] = std::move(delta);
+  chunk["choices"] = json::array({std::move(entry)});
   return Dump(chunk);
 }
 

@@ -5,14 +5,15 @@
 //   absl::StatusOr<ApiRequest> request = ParseApiRequest(ApiEndpoint::kChat, body);
 //   if (!request.ok()) reply(ApiErrorFromStatus(request.status()));
 //
-// Beside OpenAI's fields it takes vLLM's `top_k` and `ignore_eos` and lgpt's KV cache fields
-// `kv_cache`, `kv_budget`, `kv_bits` (cache/kv_cache_factory.h). Fields lgpt cannot honour
-// (`n` > 1, `logprobs`, `tools`, penalties, ...) and fields it does not know are refused, never
-// ignored.
+// Beside OpenAI's fields it takes vLLM's `top_k`, `min_p`, `repetition_penalty`, `ignore_eos`
+// and `truncate_prompt_tokens`, and lgpt's KV cache fields `kv_cache`, `kv_budget`, `kv_bits`
+// (cache/kv_cache_factory.h). Fields lgpt cannot honour and fields it does not know are
+// refused, never ignored (README.md's server section lists every field).
 #ifndef LGPT_TOOLS_SERVER_OPENAI_API_H_
 #define LGPT_TOOLS_SERVER_OPENAI_API_H_
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -22,17 +23,32 @@
 #include "absl/strings/string_view.h"
 #include "core/text/prompt_style.h"
 #include "lgpt.h"
+#include "nlohmann/json.hpp"
 
 namespace lgpt {
 
 enum class ApiEndpoint { kCompletions, kChat };
 
+// One prompt of /v1/completions: text, or token ids.
+struct PromptInput {
+  std::string text;
+  std::vector<int64_t> ids;  // given as ids when not empty
+};
+
 struct ApiRequest {
   ApiEndpoint endpoint = ApiEndpoint::kCompletions;
   std::string model;  // empty when the request names none
-  // /v1/completions: text, or token ids.
-  std::string prompt;
-  std::vector<int64_t> prompt_ids;
+  // /v1/completions: one or more prompts (a list of strings or of token-id lists); each has
+  // `n` choices, indexed prompt * n + choice as OpenAI indexes them.
+  std::vector<PromptInput> prompts;
+  int64_t n = 1;
+  // Log-probabilities: -1 none; completions' `logprobs: K` and chat's `logprobs: true` with
+  // `top_logprobs: K` give K (0: the chosen token's only).
+  int64_t logprobs = -1;
+  // vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:<id>".
+  bool tokens_as_ids = false;
+  // vLLM's truncate_prompt_tokens: keep the last K prompt tokens.
+  std::optional<int64_t> truncate_prompt_tokens;
   // /v1/chat/completions.
   std::vector<ChatMessage> messages;
   // max_tokens (or max_completion_tokens); unset: the server's default.
@@ -51,6 +67,29 @@ struct ApiRequest {
 // a library check: core/base/status_field.h).
 absl::StatusOr<ApiRequest> ParseApiRequest(ApiEndpoint endpoint, absl::string_view body);
 
+// vLLM's POST /tokenize: {"prompt": text} or {"messages": [...]} (with the chat framing),
+// "add_special_tokens" (default true for a prompt: BOS as the tokenizer adds it; false for
+// messages, whose framing has its own), "add_generation_prompt" (default true; messages only),
+// "model".
+struct TokenizeRequest {
+  std::string model;
+  std::optional<std::string> prompt;
+  std::vector<ChatMessage> messages;  // when no prompt
+  bool add_special_tokens = true;
+};
+absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(absl::string_view body);
+// {"count", "max_model_len", "tokens"}.
+std::string TokenizeJson(const std::vector<int64_t>& ids, int64_t max_model_len);
+
+// vLLM's POST /detokenize: {"tokens": [ids], "model"}.
+struct DetokenizeRequest {
+  std::string model;
+  std::vector<int64_t> tokens;
+};
+absl::StatusOr<DetokenizeRequest> ParseDetokenizeRequest(absl::string_view body);
+// {"prompt": text}.
+std::string DetokenizeJson(absl::string_view text);
+
 // The request field that sets a library field ("KVCacheSpec.budget" -> "kv_budget",
 // "RequestOptions.max_new_tokens" -> "max_tokens"); nullopt where none does.
 std::optional<std::string> RequestFieldOf(absl::string_view path);
@@ -64,8 +103,8 @@ std::string InRequestTerms(const absl::Status& status);
 struct ApiError {
   int http_status = 500;
   std::string message;
-  std::string type;  // invalid_request_error, authentication_error, ...
-  std::string code;  // empty: null
+  std::string type;   // invalid_request_error, authentication_error, ...
+  std::string code;   // empty: null
   std::string param;  // the request field at fault; empty: null
   std::string Json() const;
 };
@@ -93,19 +132,35 @@ struct Usage {
   int64_t completion_tokens = 0;
 };
 
-// Whole responses.
-std::string CompletionJson(const ResponseHeader& header, absl::string_view text,
-                           absl::string_view finish_reason, const Usage& usage);
-std::string ChatCompletionJson(const ResponseHeader& header, absl::string_view text,
-                               absl::string_view finish_reason, const Usage& usage);
+// The text of one token as the logprobs objects show it.
+using TokenText = std::function<std::string(int64_t token)>;
 
-// Stream chunks (the JSON after "data: "). `finish_reason` empty: null. Chat: `role` first
-// (delta {"role": "assistant", "content": ""}), then content pieces, then an empty delta with
-// the finish reason.
-std::string CompletionChunkJson(const ResponseHeader& header, absl::string_view text,
-                                absl::string_view finish_reason);
-std::string ChatChunkJson(const ResponseHeader& header, bool role, absl::string_view content,
-                          absl::string_view finish_reason);
+// Log-probabilities in each endpoint's shape. Completions: {"tokens", "token_logprobs",
+// "top_logprobs" (a {token text: logprob} object per token), "text_offset"} with offsets from
+// `text_offset`; chat: {"content": [{"token", "logprob", "bytes", "top_logprobs"}]}.
+nlohmann::json CompletionLogprobs(const std::vector<TokenLogprob>& logprobs,
+                                  const TokenText& token_text, int64_t text_offset = 0);
+nlohmann::json ChatLogprobs(const std::vector<TokenLogprob>& logprobs, const TokenText& token_text);
+
+// One choice of a response or a chunk. `logprobs` null: none asked.
+struct ChoiceJson {
+  int64_t index = 0;
+  std::string text;
+  std::string finish_reason;  // empty: null
+  nlohmann::json logprobs;
+};
+
+// Whole responses.
+std::string CompletionJson(const ResponseHeader& header, const std::vector<ChoiceJson>& choices,
+                           const Usage& usage);
+std::string ChatCompletionJson(const ResponseHeader& header, const std::vector<ChoiceJson>& choices,
+                               const Usage& usage);
+
+// Stream chunks (the JSON after "data: "), one choice each. Chat: `role` first (delta
+// {"role": "assistant", "content": ""}), then content pieces, then an empty delta with the
+// finish reason.
+std::string CompletionChunkJson(const ResponseHeader& header, const ChoiceJson& choice);
+std::string ChatChunkJson(const ResponseHeader& header, bool role, const ChoiceJson& choice);
 // The last chunk with stream_options.include_usage: no choices, the usage.
 std::string UsageChunkJson(const ResponseHeader& header, bool chat, const Usage& usage);
 // One server-sent event: "data: <payload>\n\n".

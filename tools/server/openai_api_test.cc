@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include "absl/strings/str_cat.h"
 #include "core/base/status_field.h"
 #include "nlohmann/json.hpp"
@@ -32,7 +34,8 @@ constexpr ApiEndpoint kChat = ApiEndpoint::kChat;
 
 TEST(OpenAiApiTest, CompletionDefaultsAreOpenAis) {
   const ApiRequest request = ParseOk(kCompletions, R"({"prompt": "Hello"})");
-  EXPECT_EQ(request.prompt, "Hello");
+  ASSERT_EQ(request.prompts.size(), 1u);
+  EXPECT_EQ(request.prompts[0].text, "Hello");
   EXPECT_FALSE(request.max_tokens.has_value());
   EXPECT_EQ(request.options.sampling.temperature, 1.0);
   EXPECT_EQ(request.options.sampling.top_p, 1.0);
@@ -51,7 +54,8 @@ TEST(OpenAiApiTest, EveryFieldIsRead) {
   EXPECT_TRUE(request.ignore_eos);
   EXPECT_FALSE(request.options.stop_at_eos);
   EXPECT_EQ(request.model, "m");
-  EXPECT_EQ(request.prompt_ids, (std::vector<int64_t>{1, 2, 3}));
+  ASSERT_EQ(request.prompts.size(), 1u);
+  EXPECT_EQ(request.prompts[0].ids, (std::vector<int64_t>{1, 2, 3}));
   EXPECT_EQ(*request.max_tokens, 7);
   EXPECT_EQ(request.options.sampling.temperature, 0.5);
   EXPECT_EQ(request.options.sampling.top_p, 0.9);
@@ -192,18 +196,78 @@ TEST(OpenAiApiTest, LibraryChecksNameRequestFields) {
             std::string::npos);
 }
 
+TEST(OpenAiApiTest, SamplingFieldsAndChoices) {
+  const ApiRequest request = ParseOk(kCompletions, R"({"prompt": ["a", [5, 6], "c"], "n": 2,
+      "best_of": 2, "logprobs": 3, "presence_penalty": 0.5, "frequency_penalty": -1,
+      "repetition_penalty": 1.2, "min_p": 0.05, "logit_bias": {"7": -100, "12": 3.5},
+      "truncate_prompt_tokens": 9})");
+  ASSERT_EQ(request.prompts.size(), 3u);
+  EXPECT_EQ(request.prompts[0].text, "a");
+  EXPECT_EQ(request.prompts[1].ids, (std::vector<int64_t>{5, 6}));
+  EXPECT_EQ(request.n, 2);
+  EXPECT_EQ(request.logprobs, 3);
+  EXPECT_EQ(request.options.top_logprobs, 3);
+  const SamplingOptions& s = request.options.sampling;
+  EXPECT_EQ(s.presence_penalty, 0.5);
+  EXPECT_EQ(s.frequency_penalty, -1);
+  EXPECT_EQ(s.repetition_penalty, 1.2);
+  EXPECT_EQ(s.min_p, 0.05);
+  using Biases = std::set<std::pair<int64_t, double>>;
+  EXPECT_EQ(Biases(s.logit_bias.begin(), s.logit_bias.end()), (Biases{{7, -100}, {12, 3.5}}));
+  EXPECT_EQ(*request.truncate_prompt_tokens, 9);
+  // Chat: logprobs true with top_logprobs K, in either order; false or absent: none.
+  const char* user = R"("messages": [{"role": "user", "content": "x"}])";
+  EXPECT_EQ(
+      ParseOk(kChat, absl::StrCat("{", user, R"(, "top_logprobs": 4, "logprobs": true})")).logprobs,
+      4);
+  EXPECT_EQ(ParseOk(kChat, absl::StrCat("{", user, R"(, "logprobs": true})")).logprobs, 0);
+  EXPECT_EQ(ParseOk(kChat, absl::StrCat("{", user, R"(, "logprobs": false})")).logprobs, -1);
+  EXPECT_EQ(ParseOk(kCompletions, R"({"prompt": "x"})").logprobs, -1);
+  EXPECT_EQ(ParseOk(kCompletions, R"({"prompt": "x", "logprobs": false})").logprobs, -1);
+}
+
+TEST(OpenAiApiTest, BadSamplingFieldsNameThemselves) {
+  const auto param = [](ApiEndpoint endpoint, const std::string& body) {
+    absl::StatusOr<ApiRequest> parsed = ParseApiRequest(endpoint, body);
+    EXPECT_FALSE(parsed.ok()) << body;
+    return ApiErrorFromStatus(parsed.status()).param;
+  };
+  EXPECT_EQ(param(kCompletions, R"({"prompt": "x", "n": 0})"), "n");
+  EXPECT_EQ(param(kCompletions, R"({"prompt": "x", "n": 129})"), "n");
+  EXPECT_EQ(param(kCompletions, R"({"prompt": ["a", "b", "c"], "n": 50})"), "n");
+  EXPECT_EQ(param(kCompletions, R"({"prompt": "x", "n": 2, "best_of": 3})"), "best_of");
+  EXPECT_EQ(param(kCompletions, R"({"prompt": "x", "logprobs": 21})"), "logprobs");
+  EXPECT_EQ(param(kCompletions, R"({"prompt": "x", "logprobs": true})"), "logprobs");
+  EXPECT_EQ(param(kCompletions, R"({"prompt": "x", "presence_penalty": 3})"), "presence_penalty");
+  EXPECT_EQ(param(kCompletions, R"({"prompt": "x", "frequency_penalty": "1"})"),
+            "frequency_penalty");
+  EXPECT_EQ(param(kCompletions, R"({"prompt": "x", "repetition_penalty": 0})"),
+            "repetition_penalty");
+  EXPECT_EQ(param(kCompletions, R"({"prompt": "x", "min_p": 2})"), "min_p");
+  EXPECT_EQ(param(kCompletions, R"({"prompt": "x", "logit_bias": {"a": 1}})"), "logit_bias");
+  EXPECT_EQ(param(kCompletions, R"({"prompt": "x", "logit_bias": {"1": 101}})"), "logit_bias");
+  EXPECT_EQ(param(kCompletions, R"({"prompt": "x", "logit_bias": {"1": "x"}})"), "logit_bias.1");
+  EXPECT_EQ(param(kCompletions, R"({"prompt": "x", "truncate_prompt_tokens": 0})"),
+            "truncate_prompt_tokens");
+  EXPECT_EQ(param(kCompletions, R"({"prompt": []})"), "prompt");
+  EXPECT_EQ(param(kCompletions, R"({"prompt": [[1], []]})"), "prompt[1]");
+  EXPECT_EQ(param(kCompletions, R"({"prompt": [[1], 2]})"), "prompt[1]");
+  EXPECT_EQ(param(kCompletions, R"({"prompt": [1, "a"]})"), "prompt[1]");
+  const char* user = R"("messages": [{"role": "user", "content": "x"}])";
+  EXPECT_EQ(param(kChat, absl::StrCat("{", user, R"(, "top_logprobs": 2})")), "top_logprobs");
+  EXPECT_EQ(param(kChat, absl::StrCat("{", user, R"(, "top_logprobs": 21, "logprobs": true})")),
+            "top_logprobs");
+  EXPECT_EQ(param(kChat, absl::StrCat("{", user, R"(, "logprobs": 2})")), "logprobs");
+}
+
 TEST(OpenAiApiTest, UnsupportedFieldsAreRefused) {
-  for (const char* field :
-       {R"("n": 2)", R"("best_of": 3)", R"("logprobs": 1)", R"("echo": true)", R"("suffix": "s")",
-        R"("logit_bias": {"5": 1})", R"("frequency_penalty": 1)", R"("presence_penalty": -1)"}) {
+  for (const char* field : {R"("echo": true)", R"("suffix": "s")"}) {
     const std::string message =
         ParseError(kCompletions, std::string(R"({"prompt": "x", )") + field + "}");
     EXPECT_NE(message.find("not supported by lgpt"), std::string::npos) << field << message;
   }
-  for (const char* field :
-       {R"("n": 2)", R"("logprobs": true)", R"("top_logprobs": 2)",
-        R"("tools": [{"type": "function"}])", R"("tool_choice": "required")",
-        R"("functions": [{}])", R"("response_format": {"type": "json_object"})"}) {
+  for (const char* field : {R"("tools": [{"type": "function"}])", R"("tool_choice": "required")",
+                            R"("functions": [{}])"}) {
     const std::string message = ParseError(
         kChat, std::string(R"({"messages": [{"role": "user", "content": "x"}], )") + field + "}");
     EXPECT_NE(message.find("not supported by lgpt"), std::string::npos) << field << message;
@@ -215,8 +279,6 @@ TEST(OpenAiApiTest, UnsupportedFieldsAreRefused) {
             std::string::npos);
   EXPECT_NE(ParseError(kChat, R"({"messages": [{"role": "user", "content": "x"}], "echo": false})")
                 .find("'echo'"),
-            std::string::npos);
-  EXPECT_NE(ParseError(kCompletions, R"({"prompt": ["a", "b"]})").find("one prompt"),
             std::string::npos);
   // Their neutral values are accepted.
   ParseOk(kChat, R"({"messages": [{"role": "user", "content": "x"}], "n": 1, "logprobs": false,
@@ -329,7 +391,7 @@ TEST(OpenAiApiTest, RequestErrorsCarryTheirField) {
       ParseApiRequest(kChat, R"({"messages": [{"role": "user", "content": 5}]})");
   EXPECT_EQ(ErrorField(content.status()), "messages[0].content");
   EXPECT_EQ(error_of(kChat, R"({"messages": [], "n": 2})").param, "messages");
-  EXPECT_EQ(error_of(kCompletions, R"({"prompt": "x", "n": 2})").param, "n");
+  EXPECT_EQ(error_of(kCompletions, R"({"prompt": "x", "n": -2})").param, "n");
   EXPECT_EQ(
       error_of(kCompletions, R"({"prompt": "x", "stream_options": {"include_usage": true}})").param,
       "stream_options");
@@ -338,19 +400,24 @@ TEST(OpenAiApiTest, RequestErrorsCarryTheirField) {
 
 TEST(OpenAiApiTest, ResponsesAndChunks) {
   const ResponseHeader header{"cmpl-1", 1700000000, "m"};
-  const json completion = json::parse(CompletionJson(header, "text", "length", {3, 4}));
+  const json completion = json::parse(CompletionJson(
+      header, {{0, "text", "length", nullptr}, {1, "more", "stop", nullptr}}, {3, 4}));
   EXPECT_EQ(completion["object"], "text_completion");
   EXPECT_EQ(completion["choices"][0]["text"], "text");
   EXPECT_EQ(completion["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(completion["choices"][1]["index"], 1);
+  EXPECT_EQ(completion["choices"][1]["text"], "more");
+  EXPECT_TRUE(completion["choices"][1]["logprobs"].is_null());
   EXPECT_EQ(completion["usage"]["total_tokens"], 7);
-  const json chat = json::parse(ChatCompletionJson(header, "hi", "stop", {1, 2}));
+  const json chat = json::parse(ChatCompletionJson(header, {{0, "hi", "stop", nullptr}}, {1, 2}));
   EXPECT_EQ(chat["object"], "chat.completion");
   EXPECT_EQ(chat["choices"][0]["message"]["role"], "assistant");
   EXPECT_EQ(chat["choices"][0]["message"]["content"], "hi");
-  const json role = json::parse(ChatChunkJson(header, true, "", ""));
+  const json role = json::parse(ChatChunkJson(header, true, {2, "", "", nullptr}));
   EXPECT_EQ(role["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_EQ(role["choices"][0]["index"], 2);
   EXPECT_TRUE(role["choices"][0]["finish_reason"].is_null());
-  const json end = json::parse(ChatChunkJson(header, false, "", "stop"));
+  const json end = json::parse(ChatChunkJson(header, false, {0, "", "stop", nullptr}));
   EXPECT_TRUE(end["choices"][0]["delta"].empty());
   EXPECT_EQ(end["choices"][0]["finish_reason"], "stop");
   const json usage = json::parse(UsageChunkJson(header, true, {2, 5}));
@@ -358,12 +425,31 @@ TEST(OpenAiApiTest, ResponsesAndChunks) {
   EXPECT_EQ(usage["usage"]["completion_tokens"], 5);
   EXPECT_EQ(SseEvent("[DONE]"), "data: [DONE]\n\n");
   // Invalid UTF-8 from a model becomes U+FFFD rather than an exception.
-  EXPECT_NO_THROW(json::parse(CompletionChunkJson(header, "\xff\xfe", "")));
+  EXPECT_NO_THROW(json::parse(CompletionChunkJson(header, {0, "\xff\xfe", "", nullptr})));
   const json models = json::parse(ModelsJson("m", 5));
   EXPECT_EQ(models["data"][0]["id"], "m");
   EXPECT_EQ(json::parse(ModelJson("a\"b", 5))["id"], "a\"b");
   EXPECT_STREQ(ApiFinishReason(FinishReason::kStopSequence), "stop");
   EXPECT_STREQ(ApiFinishReason(FinishReason::kContextFull), "length");
+}
+
+TEST(OpenAiApiTest, LogprobsInEachEndpointsShape) {
+  const TokenText text = [](int64_t id) {
+    return id == 1 ? std::string("\xc3\xa9") : "t" + std::to_string(id);
+  };
+  const std::vector<TokenLogprob> logprobs = {{1, -0.5, {{1, -0.5}, {2, -1.5}}},
+                                              {3, -2.0, {{4, -0.1}, {3, -2.0}}}};
+  const json completion = CompletionLogprobs(logprobs, text, 10);
+  EXPECT_EQ(completion["tokens"], json({"\xc3\xa9", "t3"}));
+  EXPECT_EQ(completion["token_logprobs"], json({-0.5, -2.0}));
+  EXPECT_EQ(completion["top_logprobs"][1]["t4"], -0.1);
+  EXPECT_EQ(completion["text_offset"], json({10, 12}));  // "é" is two bytes
+  const json chat = ChatLogprobs(logprobs, text);
+  EXPECT_EQ(chat["content"][0]["token"], "\xc3\xa9");
+  EXPECT_EQ(chat["content"][0]["bytes"], json({0xc3, 0xa9}));
+  EXPECT_EQ(chat["content"][1]["top_logprobs"][0]["token"], "t4");
+  EXPECT_EQ(chat["content"][1]["top_logprobs"][1]["logprob"], -2.0);
+  EXPECT_EQ(chat["content"][1]["top_logprobs"].size(), 2u);
 }
 
 }  // namespace

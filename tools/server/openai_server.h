@@ -43,6 +43,8 @@ struct OpenAIServerOptions {
   double shutdown_s = 10;           // after Stop, how long requests in flight may still run; >= 0
   int64_t default_max_tokens = 16;  // /v1/completions without max_tokens (OpenAI's 16); >= 1
   bool access_log = true;           // one line per request on stderr
+  // CORS: "*" or one origin gets Access-Control-Allow-Origin and preflight answers; empty: off.
+  std::string cors_allow_origin;
   // Called once, on the thread of the Serve call, when the server listens (connections queue
   // from then on), before it answers any: `address` is "http://HOST:PORT" (the port bound) or
   // "unix:PATH".

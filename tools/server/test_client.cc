@@ -106,6 +106,7 @@ HttpReply ReadRawReply(int fd, int timeout_s) {
     return reply;
   }
   reply.status = std::atoi(received.substr(9, 3).c_str());
+  reply.head = received.substr(0, head_end);
   reply.body = received.substr(head_end + 4);
   return reply;
 }
@@ -148,8 +149,8 @@ UploadReply HttpRawUpload(int port, const std::string& head,
     pollfd connection{fd, POLLIN | POLLOUT, 0};
     if (::poll(&connection, 1, 100) <= 0) continue;
     if ((connection.revents & (POLLIN | POLLHUP | POLLERR)) != 0) break;  // answered, or gone
-    const ssize_t sent = ::send(fd, piece.data() + offset, piece.size() - offset,
-                                MSG_NOSIGNAL | MSG_DONTWAIT);
+    const ssize_t sent =
+        ::send(fd, piece.data() + offset, piece.size() - offset, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (sent < 0 && errno != EAGAIN && errno != EINTR) break;
     if (sent > 0) {
       offset += static_cast<size_t>(sent);
@@ -157,8 +158,7 @@ UploadReply HttpRawUpload(int port, const std::string& head,
     }
   }
   upload.reply = ReadRawReply(fd, timeout_s);
-  upload.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  upload.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return upload;
 }
 

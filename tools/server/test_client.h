@@ -18,6 +18,7 @@ struct HttpReply {
   std::string retry_after;
   std::string allow;  // the Allow header (405 replies)
   std::string error;  // the client's error when there was no response
+  std::string head;   // status line and headers (HttpRawExchange only)
 };
 
 HttpReply HttpGet(int port, const std::string& path, const std::string& api_key = "");

@@ -1,0 +1,208 @@
+// The OpenAI API's depth over HTTP on the embedded default model: n choices (indexed, seeded as
+// separate requests, streamed per index), logprobs in both endpoints' shapes and streamed,
+// lists of prompts, truncate_prompt_tokens, vLLM's /tokenize and /detokenize, and CORS
+// (allowed origins, preflight, off by default).
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "tools/server/default_engine_test_base.h"
+#include "tools/server/http_server.h"
+#include "tools/server/test_client.h"
+
+namespace lgpt {
+namespace {
+
+using json = nlohmann::json;
+
+class OpenAIFieldsTest : public DefaultEngineTest {
+ protected:
+  void Serve(ServerOptions options = {}) {
+    options.port = 0;
+    options.access_log = false;
+    absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Create(engine(), options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    thread_ = std::thread([this] { server_->Run(); });
+  }
+  void TearDown() override {
+    if (server_) server_->Shutdown();
+    if (thread_.joinable()) thread_.join();
+  }
+  json Post(const std::string& path, const std::string& body, int status = 200) {
+    const HttpReply reply = HttpPost(server_->port(), path, body);
+    EXPECT_EQ(reply.status, status) << path << " " << body << "\n" << reply.body << reply.error;
+    const json parsed = json::parse(reply.body, nullptr, false);
+    EXPECT_FALSE(parsed.is_discarded()) << reply.body;
+    return parsed;
+  }
+
+  std::unique_ptr<HttpServer> server_;
+  std::thread thread_;
+};
+
+TEST_F(OpenAIFieldsTest, ChoicesEqualSeparateSeededRequests) {
+  Serve();
+  const json together = Post("/v1/completions",
+                             R"({"prompt": "And God said", "max_tokens": 8, "temperature": 1,
+                                 "n": 3, "seed": 50})");
+  ASSERT_EQ(together["choices"].size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(together["choices"][i]["index"], i);
+    const json alone =
+        Post("/v1/completions", absl::StrCat(R"({"prompt": "And God said", "max_tokens": 8,
+                                             "temperature": 1, "seed": )",
+                                             50 + i, "}"));
+    EXPECT_EQ(together["choices"][i]["text"], alone["choices"][0]["text"]) << "choice " << i;
+  }
+  EXPECT_EQ(together["usage"]["completion_tokens"], 24);
+  // Streamed: every index's pieces concatenate to its whole choice, and each finishes.
+  std::map<int, std::string> texts;
+  std::map<int, std::string> finishes;
+  const StreamReply stream = HttpPostStream(
+      server_->port(), "/v1/chat/completions",
+      R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 6, "n": 2, "seed": 4,
+          "stream": true})");
+  for (const std::string& event : stream.events) {
+    if (event == "[DONE]") continue;
+    const json chunk = json::parse(event);
+    for (const json& choice : chunk["choices"]) {
+      const int index = choice["index"];
+      if (choice["delta"].contains("content")) texts[index] += choice["delta"]["content"];
+      if (!choice["finish_reason"].is_null()) finishes[index] = choice["finish_reason"];
+    }
+  }
+  const json whole = Post("/v1/chat/completions",
+                          R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 6,
+                              "n": 2, "seed": 4})");
+  ASSERT_EQ(texts.size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(texts[i], whole["choices"][i]["message"]["content"]) << i;
+    EXPECT_EQ(finishes[i], whole["choices"][i]["finish_reason"]) << i;
+  }
+}
+
+TEST_F(OpenAIFieldsTest, LogprobsWholeAndStreamed) {
+  Serve();
+  const char* body = R"({"prompt": "And God said", "max_tokens": 10, "temperature": 0,
+                         "logprobs": 2, "return_tokens_as_token_ids": true})";
+  const json whole = Post("/v1/completions", body);
+  const json& logprobs = whole["choices"][0]["logprobs"];
+  ASSERT_EQ(logprobs["tokens"].size(), 10u);
+  for (size_t i = 0; i < 10; ++i) {
+    const std::string token = logprobs["tokens"][i];
+    ASSERT_TRUE(absl::StartsWith(token, "token_id:")) << token;
+    // Greedy: the chosen token is the likeliest of the top two.
+    const json& top = logprobs["top_logprobs"][i];
+    ASSERT_EQ(top.size(), 2u);
+    EXPECT_DOUBLE_EQ(top[token].get<double>(), logprobs["token_logprobs"][i].get<double>());
+    for (const auto& [other, value] : top.items())
+      EXPECT_LE(value.get<double>(), top[token].get<double>());
+  }
+  // Streamed: the same tokens, in pieces.
+  std::vector<std::string> streamed;
+  const StreamReply stream =
+      HttpPostStream(server_->port(), "/v1/completions",
+                     absl::StrCat(std::string(body).substr(0, std::string(body).size() - 1),
+                                  R"(, "stream": true})"));
+  for (const std::string& event : stream.events) {
+    if (event == "[DONE]") continue;
+    const json chunk = json::parse(event);
+    if (chunk["choices"].empty() || chunk["choices"][0]["logprobs"].is_null()) continue;
+    for (const json& token : chunk["choices"][0]["logprobs"]["tokens"]) streamed.push_back(token);
+  }
+  EXPECT_EQ(json(streamed), logprobs["tokens"]);
+}
+
+TEST_F(OpenAIFieldsTest, PromptListsAndTruncation) {
+  Serve();
+  const json listed = Post("/v1/completions",
+                           R"({"prompt": ["And God said", [10, 11, 12]], "max_tokens": 4,
+                               "temperature": 0})");
+  ASSERT_EQ(listed["choices"].size(), 2u);
+  const json first =
+      Post("/v1/completions", R"({"prompt": "And God said", "max_tokens": 4, "temperature": 0})");
+  const json second =
+      Post("/v1/completions", R"({"prompt": [10, 11, 12], "max_tokens": 4, "temperature": 0})");
+  EXPECT_EQ(listed["choices"][0]["text"], first["choices"][0]["text"]);
+  EXPECT_EQ(listed["choices"][1]["text"], second["choices"][0]["text"]);
+  EXPECT_EQ(listed["usage"]["prompt_tokens"], first["usage"]["prompt_tokens"].get<int>() + 3);
+  // truncate_prompt_tokens keeps the last tokens.
+  const json truncated = Post("/v1/completions",
+                              R"({"prompt": [7, 8, 10, 11, 12], "max_tokens": 4, "temperature": 0,
+                                  "truncate_prompt_tokens": 3})");
+  EXPECT_EQ(truncated["usage"]["prompt_tokens"], 3);
+  EXPECT_EQ(truncated["choices"][0]["text"], second["choices"][0]["text"]);
+  const json error = Post("/v1/completions", R"({"prompt": ["a", 5]})", 400);
+  EXPECT_EQ(error["error"]["param"], "prompt[1]");
+}
+
+TEST_F(OpenAIFieldsTest, TokenizeAndDetokenize) {
+  Serve();
+  const json tokens = Post("/tokenize", R"({"prompt": "And God said"})");
+  absl::StatusOr<std::vector<int64_t>> expected = engine()->Encode("And God said");
+  ASSERT_TRUE(expected.ok());
+  EXPECT_EQ(tokens["tokens"], json(*expected));
+  EXPECT_EQ(tokens["count"], expected->size());
+  EXPECT_EQ(tokens["max_model_len"], engine()->config().block_size);
+  const json text = Post("/detokenize", json{{"tokens", *expected}}.dump());
+  EXPECT_EQ(text["prompt"], "And God said");
+  const json chat = Post("/tokenize", R"({"messages": [{"role": "user", "content": "hi"}]})");
+  EXPECT_GT(chat["count"].get<int>(), 1);
+  EXPECT_EQ(Post("/tokenize", R"({"prompt": 5})", 400)["error"]["param"], "prompt");
+  EXPECT_EQ(Post("/tokenize", R"({})", 400)["error"]["param"], "prompt");
+  EXPECT_EQ(Post("/detokenize", R"({"tokens": [1, "x"]})", 400)["error"]["param"], "tokens[1]");
+  EXPECT_EQ(Post("/detokenize", R"({"tokens": [99999999]})", 400)["error"]["param"], "tokens");
+  Post("/tokenize", R"({"prompt": "x", "model": "gpt-4"})", 404);
+}
+
+TEST_F(OpenAIFieldsTest, CorsIsOffByDefault) {
+  Serve();
+  const HttpReply reply = HttpRawExchange(server_->port(),
+                                          "GET /v1/models HTTP/1.1\r\nHost: x\r\nOrigin: "
+                                          "https://app.example\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(reply.status, 200);
+  EXPECT_FALSE(absl::StrContains(reply.head, "Access-Control-Allow-Origin")) << reply.head;
+}
+
+TEST_F(OpenAIFieldsTest, CorsAllowsItsOriginAndAnswersPreflights) {
+  ServerOptions options;
+  options.cors_allow_origin = "https://app.example";
+  options.api_key = "k";
+  Serve(options);
+  const HttpReply preflight = HttpRawExchange(
+      server_->port(),
+      "OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: x\r\nOrigin: https://app.example\r\n"
+      "Access-Control-Request-Method: POST\r\nAccess-Control-Request-Headers: authorization, "
+      "content-type\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(preflight.status, 204) << preflight.head;  // before the API key check
+  EXPECT_TRUE(absl::StrContains(preflight.head, "Access-Control-Allow-Origin: https://app.example"))
+      << preflight.head;
+  EXPECT_TRUE(absl::StrContains(preflight.head, "Access-Control-Allow-Methods: GET, POST, OPTIONS"))
+      << preflight.head;
+  EXPECT_TRUE(absl::StrContains(preflight.head,
+                                "Access-Control-Allow-Headers: authorization, content-type"))
+      << preflight.head;
+  const HttpReply allowed =
+      HttpRawExchange(server_->port(),
+                      "GET /v1/models HTTP/1.1\r\nHost: x\r\nOrigin: https://app.example\r\n"
+                      "Authorization: Bearer k\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(allowed.status, 200);
+  EXPECT_TRUE(absl::StrContains(allowed.head, "Access-Control-Allow-Origin: https://app.example"))
+      << allowed.head;
+  const HttpReply other =
+      HttpRawExchange(server_->port(),
+                      "GET /v1/models HTTP/1.1\r\nHost: x\r\nOrigin: https://evil.example\r\n"
+                      "Authorization: Bearer k\r\nConnection: close\r\n\r\n");
+  EXPECT_FALSE(absl::StrContains(other.head, "Access-Control-Allow-Origin")) << other.head;
+}
+
+}  // namespace
+}  // namespace lgpt
