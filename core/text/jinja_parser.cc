@@ -158,17 +158,21 @@ class Lexer {
     auto at = [&](size_t i, absl::string_view what) {
       return s.compare(i, what.size(), what.data(), what.size()) == 0;
     };
+    std::string balance;  // the closing brackets awaited
     while (true) {
-      // jinja2 tries the end of the tag before anything else, whitespace included.
-      if (at(p, absl::StrCat("-", end_marker))) {
+      // jinja2 tries the end of the tag before anything else, whitespace included, unless a
+      // bracket is open.
+      if (!balance.empty() && p < s.size()) {
+        // Inside brackets: no end of tag.
+      } else if (at(p, absl::StrCat("-", end_marker))) {
         tokens->push_back(Token{block ? Tok::kBlockEnd : Tok::kVarEnd, "", At(p)});
         return AfterTagEnd(p + 3, '-', block);
       }
-      if (block && at(p, "+%}")) {
+      if (balance.empty() && block && at(p, "+%}")) {
         tokens->push_back(Token{Tok::kBlockEnd, "", At(p)});
         return AfterTagEnd(p + 3, '+', block);
       }
-      if (at(p, end_marker)) {
+      if (balance.empty() && at(p, end_marker)) {
         tokens->push_back(Token{block ? Tok::kBlockEnd : Tok::kVarEnd, "", At(p)});
         return AfterTagEnd(p + 2, 0, block);
       }
@@ -242,6 +246,16 @@ class Lexer {
           return Error(p, absl::StrCat("unexpected character '", s.substr(p, 1), "'"));
         token.kind = Tok::kOp;
         token.text = op;
+        if (token.text == "(" || token.text == "[" || token.text == "{") {
+          balance.push_back(token.text == "(" ? ')' : token.text == "[" ? ']' : '}');
+        } else if (token.text == ")" || token.text == "]" || token.text == "}") {
+          if (balance.empty()) return Error(p, absl::StrCat("unexpected '", token.text, "'"));
+          if (balance.back() != token.text[0]) {
+            return Error(p, absl::StrCat("unexpected '", token.text, "', expected '",
+                                         std::string(1, balance.back()), "'"));
+          }
+          balance.pop_back();
+        }
         p += token.text.size();
       }
       tokens->push_back(std::move(token));
