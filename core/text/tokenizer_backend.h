@@ -1,7 +1,6 @@
 // The interface between the public Tokenizer (core/text/tokenizer.h), which applies LitGPT's rules
 // for BOS/EOS, and the two tokenizer implementations: Hugging Face tokenizer.json
-// (core/text/tokenizer_hf.h) and SentencePiece tokenizer.model
-// (core/text/sentencepiece_tokenizer.h).
+// (core/text/tokenizer_hf.h) and SentencePiece tokenizer.model (core/text/sentencepiece_tokenizer.h).
 #ifndef LGPT_CORE_TEXT_TOKENIZER_BACKEND_H_
 #define LGPT_CORE_TEXT_TOKENIZER_BACKEND_H_
 

@@ -18,8 +18,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
-#include "core/base/status_macros.h"
 #include "core/text/pretokenizer.h"
+#include "core/base/status_macros.h"
 #include "core/text/tokenizer_unicode.h"
 
 namespace lgpt {

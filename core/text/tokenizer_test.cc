@@ -273,9 +273,7 @@ TEST(StreamingTest, PrimedWithContext) {
         ASSERT_TRUE(decoded.ok()) << decoded.status();
         for (size_t i = split; i < ids.size(); ++i) *decoded += *decoder.Push(ids[i]);
         *decoded += decoder.Flush();
-        if (ids.size() >= 2) {
-          EXPECT_EQ(*decoded, *t->Decode(ids)) << name << " " << split;
-        }
+        if (ids.size() >= 2) { EXPECT_EQ(*decoded, *t->Decode(ids)) << name << " " << split; }
       }
     }
   }
@@ -646,9 +644,7 @@ TEST(ConfigTest, NulAndControlCharacters) {
     ASSERT_NE(t, nullptr);
     absl::StatusOr<Ids> ids = t->Encode(text, false);
     ASSERT_TRUE(ids.ok()) << ids.status();
-    if (name == "gpt2" || name == "spm_bpe") {
-      EXPECT_EQ(*t->Decode(*ids), text) << name;
-    }
+    if (name == "gpt2" || name == "spm_bpe") { EXPECT_EQ(*t->Decode(*ids), text) << name; }
   }
 }
 
