@@ -39,7 +39,9 @@ absl::StatusOr<jinja::Template> ParseNamed(absl::string_view text, const std::st
   jinja::TemplateOptions named = options;
   if (named.name == jinja::TemplateOptions().name) named.name = name;
   auto parsed = jinja::Template::Parse(text, named);
-  if (!parsed.ok()) return WithFields(parsed.status(), FieldRef("chat_template", name));
+  if (!parsed.ok() && !ErrorField(parsed.status()).has_value()) {
+    return WithFields(parsed.status(), FieldRef("chat_template", name));
+  }
   return parsed;
 }
 

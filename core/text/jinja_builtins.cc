@@ -71,24 +71,99 @@ absl::Status CheckString(size_t size, const BuiltinLimits& limits) {
   return absl::OkStatus();
 }
 
-std::string AsciiTitleWord(absl::string_view word) {
-  std::string out(word);
-  if (!out.empty()) out[0] = absl::ascii_toupper(out[0]);
-  for (size_t i = 1; i < out.size(); ++i) out[i] = absl::ascii_tolower(out[i]);
-  return out;
+// Case mapping as Python's for ASCII, Latin-1, Latin Extended-A, Greek and Cyrillic; other
+// code points are kept.
+uint32_t UpperCodePoint(uint32_t c) {
+  if (c < 0x80) return static_cast<uint32_t>(absl::ascii_toupper(static_cast<char>(c)));
+  if (c >= 0xe0 && c <= 0xfe && c != 0xf7) return c - 0x20;
+  if (c == 0xff) return 0x178;
+  if (c == 0xb5) return 0x39c;
+  if (c >= 0x100 && c <= 0x17f) {
+    if (c == 0x131) return 'I';
+    if (c == 0x17f) return 'S';
+    if (c == 0x130 || c == 0x138 || c == 0x149) return c;
+    bool odd_upper = (c >= 0x139 && c <= 0x148) || (c >= 0x179 && c <= 0x17e);
+    return odd_upper ? (c % 2 == 0 ? c - 1 : c) : (c % 2 == 1 ? c - 1 : c);
+  }
+  if (c >= 0x3b1 && c <= 0x3c9) return c == 0x3c2 ? 0x3a3 : c - 0x20;
+  if (c == 0x3ac) return 0x386;
+  if (c >= 0x3ad && c <= 0x3af) return c - 0x25;
+  if (c == 0x3cc) return 0x38c;
+  if (c == 0x3cd || c == 0x3ce) return c - 0x3f;
+  if (c >= 0x430 && c <= 0x44f) return c - 0x20;
+  if (c >= 0x450 && c <= 0x45f) return c - 0x50;
+  return c;
 }
 
-// Python's str.title(): a letter after a non-letter is upper case, other letters lower.
-std::string PythonTitle(absl::string_view s) {
-  std::string out(s);
-  bool previous_letter = false;
-  for (char& c : out) {
-    bool letter = absl::ascii_isalpha(c) || (static_cast<unsigned char>(c) >= 0x80);
-    if (absl::ascii_isalpha(c))
-      c = previous_letter ? absl::ascii_tolower(c) : absl::ascii_toupper(c);
-    previous_letter = letter;
+uint32_t LowerCodePoint(uint32_t c) {
+  if (c < 0x80) return static_cast<uint32_t>(absl::ascii_tolower(static_cast<char>(c)));
+  if (c >= 0xc0 && c <= 0xde && c != 0xd7) return c + 0x20;
+  if (c == 0x178) return 0xff;
+  if (c >= 0x100 && c <= 0x17f) {
+    if (c == 0x130 || c == 0x131 || c == 0x138 || c == 0x149 || c == 0x17f) return c;
+    bool odd_upper = (c >= 0x139 && c <= 0x148) || (c >= 0x179 && c <= 0x17e);
+    return odd_upper ? (c % 2 == 1 ? c + 1 : c) : (c % 2 == 0 ? c + 1 : c);
   }
-  return out;
+  if (c >= 0x391 && c <= 0x3a9 && c != 0x3a2) return c + 0x20;
+  if (c == 0x386) return 0x3ac;
+  if (c >= 0x388 && c <= 0x38a) return c + 0x25;
+  if (c == 0x38c) return 0x3cc;
+  if (c == 0x38e || c == 0x38f) return c + 0x3f;
+  if (c >= 0x410 && c <= 0x42f) return c + 0x20;
+  if (c >= 0x400 && c <= 0x40f) return c + 0x50;
+  return c;
+}
+
+bool IsCased(uint32_t c) { return UpperCodePoint(c) != c || LowerCodePoint(c) != c; }
+
+void AppendUpper(uint32_t c, std::vector<uint32_t>* out) {
+  if (c == 0xdf) {  // ß
+    out->push_back('S');
+    out->push_back('S');
+  } else {
+    out->push_back(UpperCodePoint(c));
+  }
+}
+
+std::string PythonUpper(absl::string_view s) {
+  std::vector<uint32_t> out;
+  for (uint32_t c : Utf8ToCodePoints(s)) AppendUpper(c, &out);
+  return CodePointsToUtf8(out);
+}
+
+std::string PythonLower(absl::string_view s) {
+  std::vector<uint32_t> out;
+  for (uint32_t c : Utf8ToCodePoints(s)) out.push_back(LowerCodePoint(c));
+  return CodePointsToUtf8(out);
+}
+
+// The first code point upper case, the rest lower (Python's str.capitalize()).
+std::string CapitalizeWord(absl::string_view word) {
+  std::vector<uint32_t> cps = Utf8ToCodePoints(word), out;
+  for (size_t i = 0; i < cps.size(); ++i) {
+    if (i == 0) {
+      AppendUpper(cps[i], &out);
+    } else {
+      out.push_back(LowerCodePoint(cps[i]));
+    }
+  }
+  return CodePointsToUtf8(out);
+}
+
+// Python's str.title(): a cased letter after an uncased character is upper case, other
+// letters lower.
+std::string PythonTitle(absl::string_view s) {
+  std::vector<uint32_t> out;
+  bool previous_cased = false;
+  for (uint32_t c : Utf8ToCodePoints(s)) {
+    if (previous_cased) {
+      out.push_back(LowerCodePoint(c));
+    } else {
+      AppendUpper(c, &out);
+    }
+    previous_cased = IsCased(c);
+  }
+  return CodePointsToUtf8(out);
 }
 
 // jinja2's title filter: words begin after '-', whitespace, '(', '{', '[' or '<'.
@@ -106,14 +181,14 @@ std::string JinjaTitle(absl::string_view s) {
       absl::StrAppend(&out, s.substr(i, j - i));
     } else {
       while (j < s.size() && !separator(s[j])) ++j;
-      absl::StrAppend(&out, AsciiTitleWord(s.substr(i, j - i)));
+      absl::StrAppend(&out, CapitalizeWord(s.substr(i, j - i)));
     }
     i = j;
   }
   return out;
 }
 
-std::string Capitalize(absl::string_view s) { return AsciiTitleWord(s); }
+std::string Capitalize(absl::string_view s) { return CapitalizeWord(s); }
 
 absl::StatusOr<Value> Split(const std::string& s, const Value& sep, const Value& maxsplit_value) {
   int64_t maxsplit =
@@ -232,8 +307,8 @@ Value StringMethod(const Value& receiver, absl::string_view name) {
         if (method == "split") return Split(s, Arg(args, 0, "sep"), Arg(args, 1, "maxsplit"));
         if (method == "startswith") return Affix(s, Arg(args, 0, "prefix"), true);
         if (method == "endswith") return Affix(s, Arg(args, 0, "suffix"), false);
-        if (method == "upper") return Value(absl::AsciiStrToUpper(s));
-        if (method == "lower") return Value(absl::AsciiStrToLower(s));
+        if (method == "upper") return Value(PythonUpper(s));
+        if (method == "lower") return Value(PythonLower(s));
         if (method == "title") return Value(PythonTitle(s));
         if (method == "capitalize") return Value(Capitalize(s));
         if (method == "replace") {
@@ -800,8 +875,8 @@ absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& value, Ca
     RETURN_IF_ERROR(CheckString(json.size(), limits));
     return Value(std::move(json));
   }
-  if (name == "upper") return Value(absl::AsciiStrToUpper(value.Str()));
-  if (name == "lower") return Value(absl::AsciiStrToLower(value.Str()));
+  if (name == "upper") return Value(PythonUpper(value.Str()));
+  if (name == "lower") return Value(PythonLower(value.Str()));
   if (name == "capitalize") return Value(Capitalize(value.Str()));
   if (name == "title") return Value(JinjaTitle(value.Str()));
   if (name == "string") return Value(value.Str());

@@ -11,6 +11,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/base/status_field.h"
 #include "core/base/status_macros.h"
 
 namespace lgpt {
@@ -432,8 +433,10 @@ class Parser {
 
   absl::Status CheckDepth(const Position& p) const {
     if (depth_ > options_.max_nesting) {
-      return ErrorAt(p, absl::StrCat("nested deeper than the limit of ", options_.max_nesting,
-                                     " (TemplateOptions.max_nesting)"));
+      return FieldError(absl::StatusCode::kResourceExhausted, "TemplateOptions.max_nesting",
+                        absl::StrCat(options_.name, ":", p.line, ":", p.column,
+                                     ": nested deeper than TemplateOptions.max_nesting (",
+                                     options_.max_nesting, ")"));
     }
     return absl::OkStatus();
   }
