@@ -20,9 +20,9 @@ namespace lgpt {
 namespace jinja {
 namespace {
 
-// Evaluation frames (nested expressions, blocks, macro calls) past which rendering stops:
-// bounds the native stack whatever the template.
-constexpr int kMaxFrames = 1000;
+// Evaluation frames (nested expressions, blocks, macro calls) allowed per level of
+// TemplateOptions.max_nesting: bounds the native stack whatever the template.
+constexpr int kFramesPerNesting = 8;
 
 struct Scope {
   std::unordered_map<std::string, Value> vars;
@@ -102,10 +102,12 @@ class Renderer {
   }
 
   absl::Status CheckFrames(const Position& p) const {
-    if (frames_ > kMaxFrames) {
+    const int64_t max_frames = int64_t{kFramesPerNesting} * options_.max_nesting;
+    if (frames_ > max_frames) {
       return LimitError("TemplateOptions.max_nesting", p,
-                        absl::StrCat("evaluation nested deeper than ", kMaxFrames,
-                                     " frames (blocks, expressions and macro calls)"));
+                        absl::StrCat("evaluation nested deeper than TemplateOptions.max_nesting x ",
+                                     kFramesPerNesting, " (", max_frames,
+                                     " frames of blocks, expressions and macro calls)"));
     }
     return absl::OkStatus();
   }

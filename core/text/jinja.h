@@ -38,7 +38,9 @@ struct TemplateOptions {
   int64_t max_output_bytes = int64_t{4} << 20;  // the output and any one string value
   int64_t max_iterations = 1'000'000;           // loop iterations in all, and list sizes
   int max_call_depth = 64;                      // macro calls inside macro calls
-  int max_nesting = 128;                        // blocks and expressions in the source
+  // Blocks and expressions nested in the source; rendering nests at most 8x as deep
+  // (blocks, expressions and macro calls together).
+  int max_nesting = 128;
   // strftime_now's clock (local time, as Python's datetime.now()); null: the system clock.
   std::function<std::time_t()> clock;
 };
