@@ -303,13 +303,15 @@ class Renderer {
     auto listed = Iterate(iterable);
     if (!listed.ok()) return Locate(listed.status(), node.expr->position);
     std::vector<Value> items = std::move(listed).value();
-    Scope loop_scope;
-    loop_scope.parent = scope;
+    // As jinja2, each iteration starts from the enclosing variables: what the body sets lasts
+    // for that iteration only.
     absl::Status status;
     if (node.condition != nullptr) {
       std::vector<Value> kept;
       for (const Value& item : items) {
         RETURN_IF_ERROR(CountIteration(node.position));
+        Scope loop_scope;
+        loop_scope.parent = scope;
         Bind(&loop_scope, node.targets, item, &status, node.position);
         RETURN_IF_ERROR(status);
         ASSIGN_OR_RETURN(Value keep, Eval(*node.condition, &loop_scope));
@@ -321,6 +323,8 @@ class Renderer {
     const int64_t n = static_cast<int64_t>(items.size());
     for (int64_t i = 0; i < n; ++i) {
       RETURN_IF_ERROR(CountIteration(node.position));
+      Scope loop_scope;
+      loop_scope.parent = scope;
       Bind(&loop_scope, node.targets, items[i], &status, node.position);
       RETURN_IF_ERROR(status);
       ValueDict loop;

@@ -200,6 +200,21 @@ TEST(JinjaTest, BreakContinueAndLoopVariables) {
             "1a5-c;3d3ce;");
 }
 
+TEST(JinjaTest, ScopesAsJinja2) {
+  // Expected strings from Python's jinja2: a loop body's sets last one iteration, an if's
+  // reach the enclosing scope, a macro sees the template's variables when it is called.
+  EXPECT_EQ(Ok("{% for i in [1,2,3] %}{% if i == 1 %}{% set x = 'a' %}{% endif %}[{{ x }}]"
+               "{% endfor %}|{{ x }}"),
+            "[a][][]|");
+  EXPECT_EQ(Ok("{% set x = 0 %}{% for i in [1,2,3] %}{% set x = x + i %}[{{ x }}]{% endfor %}|"
+               "{{ x }}"),
+            "[1][2][3]|0");
+  EXPECT_EQ(Ok("{% set x = 5 %}{% for i in [1,2] %}[{{ x }}]{% set x = 7 %}[{{ x }}]{% endfor %}"),
+            "[5][7][5][7]");
+  EXPECT_EQ(Ok("{% macro m() %}{{ y }}{% endmacro %}{% set y = 3 %}{{ m() }}"), "3");
+  EXPECT_EQ(Ok("{% if true %}{% set z = 1 %}{% endif %}{{ z }}"), "1");
+}
+
 TEST(JinjaTest, MacrosWithDefaultsAndKeywords) {
   EXPECT_EQ(Ok("{% macro m(a, b='B', c=a ~ '!') %}{{ a }}{{ b }}{{ c }}{% endmacro %}"
                "{{ m(1) }} {{ m(1, c='C') }} {{ m(b=2, a=3) }}"),
