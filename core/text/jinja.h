@@ -2,7 +2,7 @@
 // templates of the supported model families use, with the settings transformers renders them
 // with (an immutable sandbox, trim_blocks and lstrip_blocks, loop controls, Hugging Face's
 // `tojson`, `raise_exception` and `strftime_now`). core/text/chat_template.h applies it to a
-// checkpoint's template; chat_template_test checks 23 templates against Python's jinja2 byte
+// checkpoint's template; chat_template_test checks 24 templates against Python's jinja2 byte
 // for byte.
 //
 //   ASSIGN_OR_RETURN(jinja::Template t, jinja::Template::Parse("{{ x ~ '!' }}"));
