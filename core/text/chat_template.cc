@@ -2,6 +2,7 @@
 
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -65,6 +66,19 @@ OrderedJson WithObjectArguments(const OrderedJson& messages) {
     }
   }
   return out;
+}
+
+// Whether arrays and objects nest deeper than `limit` in `json` (walked without recursion).
+bool DeeperThan(const OrderedJson& json, int limit) {
+  std::vector<std::pair<const OrderedJson*, int>> stack = {{&json, 1}};
+  while (!stack.empty()) {
+    auto [node, depth] = stack.back();
+    stack.pop_back();
+    if (!node->is_array() && !node->is_object()) continue;
+    if (depth > limit) return true;
+    for (const auto& child : *node) stack.emplace_back(&child, depth + 1);
+  }
+  return false;
 }
 
 OrderedJson ToOrdered(const nlohmann::json& json) {
@@ -184,6 +198,15 @@ absl::StatusOr<std::string> ChatTemplate::Render(const OrderedJson& messages,
     return InvalidFieldError("extra", absl::StrCat("extra template variables must be a JSON "
                                                    "object, got ",
                                                    extra.type_name()));
+  }
+  for (const auto& [field, json] :
+       {std::pair<const char*, const OrderedJson*>{"messages", &messages},
+        {"tools", &tools},
+        {"extra", &extra}}) {
+    if (DeeperThan(*json, jinja::kMaxJsonDepth)) {
+      return InvalidFieldError(field, absl::StrCat(field, " nests arrays and objects deeper than ",
+                                                   jinja::kMaxJsonDepth));
+    }
   }
   jinja::ValueDict context;
   context.Set("messages", jinja::Value::FromJson(WithObjectArguments(messages)));

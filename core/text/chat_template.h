@@ -53,7 +53,8 @@ class ChatTemplate {
   // The prompt for `messages` (a JSON array). `tools`: a JSON array of tool schemas, or null
   // for none. `extra`: a JSON object of further template variables (date_string,
   // tools_in_user_message, builtin_tools, ...). A template's raise_exception() fails with
-  // InvalidArgument and its message; malformed inputs fail naming the field.
+  // InvalidArgument and its message; malformed inputs (the wrong JSON kind, nesting deeper than
+  // jinja::kMaxJsonDepth) fail naming the field.
   absl::StatusOr<std::string> Render(
       const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
       bool add_generation_prompt,

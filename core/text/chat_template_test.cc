@@ -168,6 +168,10 @@ TEST(ChatTemplateTest, RenderChecksItsInputs) {
   EXPECT_EQ(
       ErrorField(chat->Render(OrderedJson::array(), nullptr, false, OrderedJson::array()).status()),
       "extra");
+  OrderedJson deep = OrderedJson::array();
+  for (int i = 0; i < 300; ++i) deep = OrderedJson::array({deep});
+  OrderedJson messages = OrderedJson::array({{{"role", "user"}, {"content", deep}}});
+  EXPECT_EQ(ErrorField(chat->Render(messages, nullptr, false).status()), "messages");
 }
 
 TEST(ChatTemplateTest, ExtraVariablesWinOverTokensAndPlainJsonWorks) {

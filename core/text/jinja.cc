@@ -1,6 +1,8 @@
 #include "core/text/jinja.h"
 
+#include <algorithm>
 #include <ctime>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -54,7 +56,10 @@ class Renderer {
     for (const auto& [name, value] : context.items) root.vars[name] = value;
     root_ = &root;
     std::string out;
-    RETURN_IF_ERROR(Exec(body, &root, &out).status());
+    absl::Status status = Exec(body, &root, &out).status();
+    for (const auto& ns : namespaces_) ns->items.clear();
+    namespaces_.clear();
+    if (!status.ok()) return status;
     return out;
   }
 
@@ -160,15 +165,18 @@ class Renderer {
             out.push_back(Value(i));
           return Value(std::move(out));
         });
-    auto make_dict = [](CallArgs& args, bool is_namespace) -> absl::StatusOr<Value> {
-      ValueDict dict;
-      dict.is_namespace = is_namespace;
+    auto make_dict = [this](CallArgs& args, bool is_namespace) -> absl::StatusOr<Value> {
+      auto dict = std::make_shared<ValueDict>();
+      dict->is_namespace = is_namespace;
       for (const Value& v : args.positional) {
         if (!v.is_dict()) return absl::InvalidArgumentError("expected a mapping argument");
-        for (const auto& [k, item] : v.as_dict().items) dict.Set(k, item);
+        for (const auto& [k, item] : v.as_dict().items) dict->Set(k, item);
       }
-      for (const auto& [k, item] : args.keyword) dict.Set(k, item);
-      return Value(std::move(dict));
+      for (const auto& [k, item] : args.keyword) dict->Set(k, item);
+      // A namespace may come to hold itself ({% set ns.self = ns %}): Run empties them all
+      // at the end, which frees such cycles.
+      if (is_namespace) namespaces_.push_back(dict);
+      return Value::Dict(std::move(dict));
     };
     globals->vars["namespace"] = Value::MakeCallable(
         "namespace", [make_dict](CallArgs& args) { return make_dict(args, true); });
@@ -421,7 +429,21 @@ class Renderer {
     return "the value";
   }
 
+  // Evaluates `e`; a list or dict nested deeper than the nesting limit is an error (walking
+  // and freeing values recurses).
   absl::StatusOr<Value> Eval(const Expr& e, Scope* scope) {
+    ASSIGN_OR_RETURN(Value v, EvalUnchecked(e, scope));
+    const int max_depth = std::max(options_.max_nesting, kMaxJsonDepth);
+    if (v.depth() > max_depth) {
+      return LimitError(
+          "TemplateOptions.max_nesting", e.position,
+          absl::StrCat("a value nests lists and dicts deeper than ", max_depth,
+                       " (TemplateOptions.max_nesting, at least ", kMaxJsonDepth, ")"));
+    }
+    return v;
+  }
+
+  absl::StatusOr<Value> EvalUnchecked(const Expr& e, Scope* scope) {
     Frame frame(&frames_);
     RETURN_IF_ERROR(CheckFrames(e.position));
     switch (e.kind) {
@@ -560,6 +582,7 @@ class Renderer {
   int64_t iterations_ = 0;
   int call_depth_ = 0;
   int frames_ = 0;
+  std::vector<std::shared_ptr<ValueDict>> namespaces_;
 };
 
 }  // namespace

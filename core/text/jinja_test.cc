@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "core/base/status_field.h"
+#include "nlohmann/json.hpp"
 
 namespace lgpt {
 namespace jinja {
@@ -191,6 +192,23 @@ TEST(JinjaTest, DeepSourcesFailWithoutExhaustingTheStack) {
   }
   // A realistic depth still parses.
   EXPECT_EQ(Ok("{{ ((((((((1)))))))) + 1 - -1 }}"), "3");
+}
+
+TEST(JinjaTest, DeepValuesAndCyclesAreSafe) {
+  auto deep = Render(
+      "{% set ns = namespace(x=[]) %}{% for i in range(100000) %}{% set ns.x = [ns.x] %}"
+      "{% endfor %}{{ ns.x }}");
+  ASSERT_FALSE(deep.ok());
+  EXPECT_EQ(ErrorField(deep.status()), "TemplateOptions.max_nesting") << deep.status();
+  // A namespace holding itself: printed, compared and freed without recursing.
+  EXPECT_EQ(Ok("{% set ns = namespace() %}{% set ns.self = ns %}{{ ns.self == ns }} "
+               "{{ [ns] }} {{ ns.self.self.self is defined }}"),
+            "True [<Namespace>] True");
+  EXPECT_FALSE(Render("{% set ns = namespace() %}{% set ns.self = ns %}{{ ns|tojson }}").ok());
+  // JSON nested past kMaxJsonDepth is cut off, not recursed into.
+  nlohmann::ordered_json json = nlohmann::ordered_json::array();
+  for (int i = 0; i < 1000; ++i) json = nlohmann::ordered_json::array({json});
+  EXPECT_EQ(Value::FromJson(json).depth(), kMaxJsonDepth);
 }
 
 TEST(JinjaTest, BreakContinueAndLoopVariables) {

@@ -1,5 +1,6 @@
 #include "core/text/jinja_value.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -43,14 +44,36 @@ Value::Value(double v) : kind_(Kind::kFloat), f_(v) {}
 Value::Value(std::string s)
     : kind_(Kind::kString), s_(std::make_shared<const std::string>(std::move(s))) {}
 Value::Value(const char* s) : Value(std::string(s)) {}
+namespace {
+
+int ListDepth(const ValueList& list) {
+  int depth = 0;
+  for (const Value& item : list) depth = std::max(depth, item.depth());
+  return depth + 1;
+}
+
+int DictDepth(const ValueDict& dict) {
+  if (dict.is_namespace) return 0;
+  int depth = 0;
+  for (const auto& [key, item] : dict.items) depth = std::max(depth, item.depth());
+  return depth + 1;
+}
+
+}  // namespace
+
 Value::Value(ValueList list)
-    : kind_(Kind::kList), list_(std::make_shared<ValueList>(std::move(list))) {}
+    : kind_(Kind::kList),
+      depth_(ListDepth(list)),
+      list_(std::make_shared<ValueList>(std::move(list))) {}
 Value::Value(ValueDict dict)
-    : kind_(Kind::kDict), dict_(std::make_shared<ValueDict>(std::move(dict))) {}
+    : kind_(Kind::kDict),
+      depth_(DictDepth(dict)),
+      dict_(std::make_shared<ValueDict>(std::move(dict))) {}
 
 Value Value::List(std::shared_ptr<ValueList> list) {
   Value v;
   v.kind_ = Kind::kList;
+  v.depth_ = ListDepth(*list);
   v.list_ = std::move(list);
   return v;
 }
@@ -58,6 +81,7 @@ Value Value::List(std::shared_ptr<ValueList> list) {
 Value Value::Dict(std::shared_ptr<ValueDict> dict) {
   Value v;
   v.kind_ = Kind::kDict;
+  v.depth_ = DictDepth(*dict);
   v.dict_ = std::move(dict);
   return v;
 }
@@ -72,7 +96,8 @@ Value Value::MakeCallable(std::string name, Function function) {
 namespace {
 
 template <typename Json>
-Value FromJsonImpl(const Json& json) {
+Value FromJsonImpl(const Json& json, int depth) {
+  if (depth > kMaxJsonDepth) return Value::None();
   switch (json.type()) {
     case nlohmann::json::value_t::null:
       return Value::None();
@@ -89,13 +114,13 @@ Value FromJsonImpl(const Json& json) {
     case nlohmann::json::value_t::array: {
       ValueList list;
       list.reserve(json.size());
-      for (const auto& item : json) list.push_back(FromJsonImpl(item));
+      for (const auto& item : json) list.push_back(FromJsonImpl(item, depth + 1));
       return Value(std::move(list));
     }
     case nlohmann::json::value_t::object: {
       ValueDict dict;
       for (auto it = json.begin(); it != json.end(); ++it) {
-        dict.items.emplace_back(it.key(), FromJsonImpl(it.value()));
+        dict.items.emplace_back(it.key(), FromJsonImpl(it.value(), depth + 1));
       }
       return Value(std::move(dict));
     }
@@ -193,6 +218,9 @@ absl::Status AppendJson(const Value& v, int indent, int depth, std::string* out)
       return absl::OkStatus();
     }
     case Value::Kind::kDict: {
+      if (v.as_dict().is_namespace) {
+        return absl::InvalidArgumentError("tojson: a namespace is not JSON serializable");
+      }
       const auto& items = v.as_dict().items;
       if (items.empty()) {
         out->append("{}");
@@ -217,8 +245,8 @@ absl::Status AppendJson(const Value& v, int indent, int depth, std::string* out)
 
 }  // namespace
 
-Value Value::FromJson(const nlohmann::ordered_json& json) { return FromJsonImpl(json); }
-Value Value::FromJson(const nlohmann::json& json) { return FromJsonImpl(json); }
+Value Value::FromJson(const nlohmann::ordered_json& json) { return FromJsonImpl(json, 1); }
+Value Value::FromJson(const nlohmann::json& json) { return FromJsonImpl(json, 1); }
 
 double Value::as_double() const {
   switch (kind_) {
@@ -277,6 +305,8 @@ bool Value::Equals(const Value& other) const {
       return true;
     }
     case Kind::kDict: {
+      // A namespace equals only itself (Python compares them by identity).
+      if (dict_->is_namespace || other.dict_->is_namespace) return dict_ == other.dict_;
       if (dict_->items.size() != other.dict_->items.size()) return false;
       for (const auto& [k, v] : dict_->items) {
         const Value* w = other.dict_->Find(k);

@@ -26,6 +26,9 @@ namespace jinja {
 
 class Value;
 
+// The deepest JSON that Value::FromJson converts.
+inline constexpr int kMaxJsonDepth = 256;
+
 using ValueList = std::vector<Value>;
 
 // A dict with string keys in insertion order.
@@ -68,11 +71,15 @@ class Value {
   static Value Dict(std::shared_ptr<ValueDict> dict);
   static Value MakeCallable(std::string name, Function function);
 
-  // JSON to values: objects keep their key order (ordered_json) or nlohmann's (json).
+  // JSON to values: objects keep their key order (ordered_json) or nlohmann's (json). Arrays
+  // and objects nested deeper than kMaxJsonDepth become none (callers reject such input first).
   static Value FromJson(const nlohmann::ordered_json& json);
   static Value FromJson(const nlohmann::json& json);
 
   Kind kind() const { return kind_; }
+  // How deeply lists and dicts nest in this value: 0 for a scalar or a namespace, 1 + the
+  // deepest element for a list or dict.
+  int depth() const { return depth_; }
   bool is_undefined() const { return kind_ == Kind::kUndefined; }
   bool is_none() const { return kind_ == Kind::kNone; }
   bool is_bool() const { return kind_ == Kind::kBool; }
@@ -117,6 +124,7 @@ class Value {
   Kind kind_ = Kind::kUndefined;
   bool b_ = false;
   int64_t i_ = 0;
+  int depth_ = 0;
   double f_ = 0;
   std::shared_ptr<const std::string> s_;
   std::shared_ptr<ValueList> list_;
