@@ -51,4 +51,33 @@ absl::StatusOr<std::string> ChatPromptText(const PromptStyle& style,
   return text;
 }
 
+ChatRenderer::ChatRenderer(std::optional<ChatTemplate> chat_template, PromptStyle style)
+    : chat_template_(std::move(chat_template)), style_(std::move(style)) {
+  if (chat_template_) tool_format_ = ToolCallFormatForTemplate(chat_template_->source(true));
+}
+
+absl::StatusOr<std::string> ChatRenderer::Render(const std::vector<ChatMessage>& messages,
+                                                 const nlohmann::ordered_json& message_json,
+                                                 const nlohmann::ordered_json& tools) const {
+  if (chat_template_) {
+    absl::StatusOr<std::string> text =
+        chat_template_->Render(message_json, tools, /*add_generation_prompt=*/true);
+    if (!text.ok() && !ErrorField(text.status())) {
+      // The template's own raise_exception: about the conversation it was given.
+      return InvalidFieldError("messages", text.status().message());
+    }
+    return text;
+  }
+  for (size_t i = 0; i < messages.size(); ++i) {
+    if (messages[i].role == "tool") {
+      const std::string field = absl::StrCat("messages[", i, "].role");
+      return InvalidFieldError(field, absl::StrCat("'", field,
+                                                   "' tool needs the checkpoint's chat "
+                                                   "template (tokenizer_config.json's "
+                                                   "chat_template); this one has a prompt style"));
+    }
+  }
+  return ChatPromptText(style_, messages);
+}
+
 }  // namespace lgpt

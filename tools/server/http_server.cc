@@ -29,7 +29,9 @@
 #include "absl/strings/str_format.h"
 #include "core/base/status_field.h"
 #include "core/base/status_macros.h"
+#include "core/text/chat_template.h"
 #include "core/text/prompt_style.h"
+#include "core/text/tool_calls.h"
 #include "httplib.h"
 #include "tools/server/bounded_connection.h"
 #include "tools/server/chat_prompt.h"
@@ -218,7 +220,9 @@ struct HttpServer::Impl {
   ServerOptions options;
   std::string model_id;
   int64_t created = 0;
-  std::optional<PromptStyle> style;
+  // How chat messages become a prompt (the checkpoint's chat template, else its prompt style)
+  // and the stop tokens of its turns; set when the engine has a tokenizer.
+  std::optional<ChatRenderer> chat;
   std::vector<std::vector<int64_t>> chat_stops;
   BoundedServer server;
   int port = 0;
@@ -275,6 +279,10 @@ struct HttpServer::Impl {
   // (the requests are cancelled).
   bool Stream(const Prepared& prepared, const std::vector<Choice>& choices, StreamQueue& queue,
               httplib::DataSink& sink);
+  // A finished choice as the response shows it: its text, or (tools offered and a call in
+  // the reply) its content and tool calls with finish_reason "tool_calls".
+  ChoiceJson FinishedChoice(const Prepared& prepared, const Choice& choice,
+                            const Completion& completion, int64_t text_offset);
   // A choice's logprobs object in the endpoint's shape (null when none were asked).
   nlohmann::json LogprobsJson(const Prepared& prepared, const std::vector<TokenLogprob>& logprobs,
                               int64_t text_offset) const;
@@ -307,15 +315,29 @@ absl::Status HttpServer::Impl::Init() {
   model_id = options.model_id.empty() ? engine->config().name : options.model_id;
   created = static_cast<int64_t>(std::time(nullptr));
   if (const Tokenizer* tokenizer = engine->tokenizer()) {
-    ASSIGN_OR_RETURN(style,
+    ASSIGN_OR_RETURN(PromptStyle style,
                      options.prompt_style.empty()
                          ? PromptStyleForCheckpoint(engine->checkpoint_dir(), engine->config())
                          : PromptStyleFromName(options.prompt_style));
-    chat_stops = style->StopTokenIds(
-        tokenizer->eos_id(), [tokenizer](absl::string_view token) -> std::optional<int64_t> {
-          absl::StatusOr<int64_t> id = tokenizer->TokenToId(token);
-          return id.ok() ? std::optional<int64_t>(*id) : std::nullopt;
-        });
+    // The checkpoint's chat template, unless a prompt style was asked for by name.
+    std::optional<ChatTemplate> chat_template;
+    if (options.prompt_style.empty()) {
+      absl::StatusOr<ChatTemplate> loaded = ChatTemplate::Load(engine->checkpoint_dir());
+      if (loaded.ok()) {
+        chat_template = *std::move(loaded);
+      } else if (!absl::IsNotFound(loaded.status())) {
+        std::fprintf(stderr,
+                     "serve: the checkpoint's chat template is not usable (%s); chat "
+                     "uses the %s prompt style\n",
+                     std::string(loaded.status().message()).c_str(), style.name().c_str());
+      }
+    }
+    chat.emplace(std::move(chat_template), style);
+    chat_stops = style.StopTokenIds(tokenizer->eos_id(),
+                                    [tokenizer](absl::string_view token) -> std::optional<int64_t> {
+                                      absl::StatusOr<int64_t> id = tokenizer->TokenToId(token);
+                                      return id.ok() ? std::optional<int64_t>(*id) : std::nullopt;
+                                    });
   }
   const int threads = std::max(4, options.http_threads);
   const int most = std::max(threads, options.max_http_threads);
@@ -549,9 +571,11 @@ void HttpServer::Impl::Tokenize(const std::string& body, httplib::Response& res)
   if (request->prompt) {
     ids = engine->tokenizer()->Encode(*request->prompt, request->add_special_tokens);
   } else {
-    absl::StatusOr<std::string> text = ChatPromptText(*style, request->messages);
-    ids =
-        text.ok() ? engine->tokenizer()->Encode(*text, request->add_special_tokens) : text.status();
+    absl::StatusOr<std::string> text =
+        chat->Render(request->messages, request->message_json, nullptr);
+    // A template's text carries its own special tokens.
+    const bool bos = request->add_special_tokens && !chat->has_template();
+    ids = text.ok() ? engine->tokenizer()->Encode(*text, bos) : text.status();
   }
   if (!ids.ok()) return SendStatus(res, ids.status());
   res.set_content(TokenizeJson(*ids, engine->config().block_size), kJson);
@@ -637,15 +661,19 @@ uint64_t HttpServer::Impl::Random() {
 }
 
 absl::StatusOr<std::vector<std::vector<int64_t>>> HttpServer::Impl::PromptIds(ApiRequest& api) {
-  const bool chat = api.endpoint == ApiEndpoint::kChat;
+  const bool is_chat = api.endpoint == ApiEndpoint::kChat;
   std::vector<std::vector<int64_t>> prompts;
-  if (chat) {
+  if (is_chat) {
     if (!engine->tokenizer()) {
       return InvalidFieldError("messages", "the model has no tokenizer: chat needs one");
     }
-    ASSIGN_OR_RETURN(const std::string text, ChatPromptText(*style, api.messages));
+    ASSIGN_OR_RETURN(const std::string text,
+                     chat->Render(api.messages, api.message_json, api.tools));
     if (!api.ignore_eos) api.options.stop_token_sequences = chat_stops;
-    ASSIGN_OR_RETURN(std::vector<int64_t> ids, engine->Encode(text));
+    // A template's text carries its own special tokens (transformers: add_special_tokens off).
+    ASSIGN_OR_RETURN(std::vector<int64_t> ids, chat->has_template()
+                                                   ? engine->tokenizer()->Encode(text, false)
+                                                   : engine->Encode(text));
     if (ids.empty()) return InvalidFieldError("messages", "'messages' encodes to no tokens");
     prompts.push_back(std::move(ids));
   }
@@ -739,6 +767,23 @@ void HttpServer::Impl::Account(const Request& request, const Completion& complet
   for (double gap : request.inter_token_s()) metrics.ObserveInterToken(gap);
 }
 
+// Whether replies are read for tool calls: chat with tools, tool_choice other than none.
+bool ParsesToolCalls(const ApiRequest& api) { return api.tool_choice.kind != ToolChoice::kNone; }
+
+ChoiceJson HttpServer::Impl::FinishedChoice(const Prepared& prepared, const Choice& choice,
+                                            const Completion& completion, int64_t text_offset) {
+  ChoiceJson json{choice.index, completion.text, ApiFinishReason(completion.finish_reason),
+                  LogprobsJson(prepared, completion.logprobs, text_offset)};
+  if (!ParsesToolCalls(prepared.api)) return json;
+  ParsedToolCalls parsed = ParseToolCalls(completion.text, chat->tool_format());
+  if (parsed.calls.empty()) return json;
+  if (!prepared.api.parallel_tool_calls) parsed.calls.resize(1);
+  json.text = parsed.content;
+  json.tool_calls = ToolCallsJson(parsed.calls, [this] { return Random(); });
+  json.finish_reason = "tool_calls";
+  return json;
+}
+
 nlohmann::json HttpServer::Impl::LogprobsJson(const Prepared& prepared,
                                               const std::vector<TokenLogprob>& logprobs,
                                               int64_t text_offset) const {
@@ -771,6 +816,8 @@ absl::StatusOr<std::vector<Choice>> HttpServer::Impl::SubmitAll(
       const Choice& choice = choices[first + static_cast<size_t>(i)];
       std::shared_ptr<std::vector<TokenLogprob>> pending = choice.pending;
       options.on_logprob = [pending](const TokenLogprob& logprob) { pending->push_back(logprob); };
+      // A reply read for tool calls is sent whole once it is done (its text may be a call).
+      if (ParsesToolCalls(prepared.api)) return;
       options.on_text = [queue, pending, index = choice.index](absl::string_view piece) {
         return queue->Push({index, std::string(piece), std::exchange(*pending, {})});
       };
@@ -876,9 +923,7 @@ void HttpServer::Impl::Reply(const Prepared& prepared, const std::vector<Choice>
   for (size_t i = 0; i < choices.size(); ++i) {
     const Completion& completion = *completions[i];
     usage.completion_tokens += static_cast<int64_t>(completion.tokens.size());
-    json_choices.push_back({choices[i].index, completion.text,
-                            ApiFinishReason(completion.finish_reason),
-                            LogprobsJson(prepared, completion.logprobs, 0)});
+    json_choices.push_back(FinishedChoice(prepared, choices[i], completion, 0));
   }
   res.set_content(prepared.api.endpoint == ApiEndpoint::kChat
                       ? ChatCompletionJson(prepared.header, json_choices, usage)

@@ -11,6 +11,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "cache/kv_cache_factory.h"
@@ -217,6 +218,28 @@ absl::Status ResolveLogprobFields(const LogprobFields& fields, ApiRequest& reque
   return absl::OkStatus();
 }
 
+// Chat's messages and tools as given (keys in order, for chat templates), and tool_choice's
+// default: auto with tools, none without; a named function must be one of the tools.
+absl::Status ResolveTools(absl::string_view body, ApiRequest& request) {
+  const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(body.begin(), body.end());
+  request.message_json = ordered["messages"];
+  if (request.tools_given) request.tools = ordered["tools"];
+  if (!request.tool_choice_given && request.tools_given)
+    request.tool_choice.kind = ToolChoice::kAuto;
+  if (request.tool_choice.kind != ToolChoice::kNone && !request.tools_given) {
+    return RequestFieldError("tool_choice", "'tool_choice' needs 'tools'");
+  }
+  if (request.tool_choice.kind == ToolChoice::kNamed) {
+    for (const auto& tool : request.tools) {
+      if (tool["function"]["name"] == request.tool_choice.name) return absl::OkStatus();
+    }
+    return RequestFieldError("tool_choice",
+                             absl::StrCat("'tool_choice' names '", request.tool_choice.name,
+                                          "', which is not one of 'tools'"));
+  }
+  return absl::OkStatus();
+}
+
 // "logit_bias": {"token id": bias}.
 absl::Status ParseLogitBias(const json& value, SamplingOptions& sampling) {
   if (!value.is_object()) return WrongType("logit_bias", "an object", value);
@@ -253,6 +276,27 @@ absl::StatusOr<std::string> MessageContent(const std::string& field, const json&
   return absl::StrJoin(parts, "\n");
 }
 
+// An assistant message's tool_calls: [{"id", "type": "function", "function": {"name",
+// "arguments" (JSON text)}}].
+absl::Status CheckToolCalls(const std::string& field, const json& value) {
+  if (!value.is_array()) return WrongType(field, "an array", value);
+  for (size_t i = 0; i < value.size(); ++i) {
+    const std::string call = absl::StrCat(field, "[", i, "]");
+    const json& entry = value[i];
+    if (!entry.is_object() || !entry.contains("function") || !entry["function"].is_object()) {
+      return RequestFieldError(call, absl::StrCat("'", call,
+                                                  "' must be {\"type\": \"function\", "
+                                                  "\"function\": {\"name\", \"arguments\"}}"));
+    }
+    const json& function = entry["function"];
+    if (!function.contains("name") || !function["name"].is_string()) {
+      return RequestFieldError(call + ".function.name",
+                               absl::StrCat("'", call, ".function.name' must be a string"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseMessages(const json& value, ApiRequest& request) {
   if (!value.is_array()) return WrongType("messages", "an array", value);
   if (value.empty()) return RequestFieldError("messages", "'messages' is empty");
@@ -261,30 +305,89 @@ absl::Status ParseMessages(const json& value, ApiRequest& request) {
     const std::string path = absl::StrCat("messages[", i, "]");
     if (!message.is_object()) return WrongType(path, "an object", message);
     ChatMessage parsed;
-    bool has_content = false;
+    bool has_content = false, has_calls = false;
     for (const auto& [key, field] : message.items()) {
       if (key == "role") {
         ASSIGN_OR_RETURN(parsed.role, String(path + ".role", field));
-      } else if (key == "content") {
+      } else if (key == "content" && !field.is_null()) {
         ASSIGN_OR_RETURN(parsed.content, MessageContent(path + ".content", field));
         has_content = true;
-      } else if (!field.is_null()) {
-        return Unsupported(absl::StrCat(path, ".", key), "messages have role and content");
+      } else if (key == "tool_calls" && !field.is_null()) {
+        RETURN_IF_ERROR(CheckToolCalls(path + ".tool_calls", field));
+        has_calls = !field.empty();
+      } else if (key == "tool_call_id" || key == "name") {
+        if (!field.is_null()) RETURN_IF_ERROR(String(absl::StrCat(path, ".", key), field).status());
+      } else if (key != "content" && !field.is_null()) {
+        return Unsupported(absl::StrCat(path, ".", key),
+                           "messages have role, content, name, tool_calls and tool_call_id");
       }
     }
-    if (!has_content) {
-      return RequestFieldError(path + ".content", absl::StrCat("'", path, ".content' is required"));
-    }
     if (parsed.role == "developer") parsed.role = "system";
-    if (parsed.role != "system" && parsed.role != "user" && parsed.role != "assistant") {
+    if (parsed.role != "system" && parsed.role != "user" && parsed.role != "assistant" &&
+        parsed.role != "tool") {
       return RequestFieldError(
           path + ".role",
-          absl::StrCat("'", path, ".role' must be system, developer, user or assistant, got '",
+          absl::StrCat("'", path,
+                       ".role' must be system, developer, user, assistant or tool, got '",
                        parsed.role, "'"));
     }
+    if (has_calls && parsed.role != "assistant") {
+      return RequestFieldError(path + ".tool_calls",
+                               absl::StrCat("'", path, ".tool_calls' is for assistant messages"));
+    }
+    if (!has_content && !has_calls) {
+      return RequestFieldError(path + ".content", absl::StrCat("'", path, ".content' is required"));
+    }
+    request.has_tool_messages = request.has_tool_messages || has_calls || parsed.role == "tool";
     request.messages.push_back(std::move(parsed));
   }
   return absl::OkStatus();
+}
+
+// "tools": [{"type": "function", "function": {"name", "description", "parameters", "strict"}}].
+absl::Status CheckTools(const json& value) {
+  if (!value.is_array()) return WrongType("tools", "an array", value);
+  for (size_t i = 0; i < value.size(); ++i) {
+    const std::string field = absl::StrCat("tools[", i, "]");
+    const json& tool = value[i];
+    if (!tool.is_object() || !tool.contains("type") || tool["type"] != "function" ||
+        !tool.contains("function") || !tool["function"].is_object()) {
+      return RequestFieldError(field, absl::StrCat("'", field,
+                                                   "' must be {\"type\": \"function\", "
+                                                   "\"function\": {\"name\", ...}}"));
+    }
+    const json& function = tool["function"];
+    if (!function.contains("name") || !function["name"].is_string() ||
+        function["name"].get<std::string>().empty()) {
+      return RequestFieldError(field + ".function.name",
+                               absl::StrCat("'", field, ".function.name' must be a name"));
+    }
+    if (function.contains("parameters") && !function["parameters"].is_object()) {
+      return WrongType(field + ".function.parameters", "a JSON schema object",
+                       function["parameters"]);
+    }
+  }
+  return absl::OkStatus();
+}
+
+// "tool_choice": "none" | "auto" | "required" | {"type": "function", "function": {"name"}}.
+absl::StatusOr<ToolChoice> ParseToolChoice(const json& value) {
+  ToolChoice choice;
+  if (value.is_string()) {
+    const std::string kind = value.get<std::string>();
+    if (kind == "none") return choice;
+    if (kind == "auto") choice.kind = ToolChoice::kAuto;
+    if (kind == "required") choice.kind = ToolChoice::kRequired;
+    if (choice.kind != ToolChoice::kNone) return choice;
+  } else if (value.is_object() && value.contains("function") && value["function"].is_object() &&
+             value["function"].contains("name") && value["function"]["name"].is_string()) {
+    choice.kind = ToolChoice::kNamed;
+    choice.name = value["function"]["name"].get<std::string>();
+    return choice;
+  }
+  return RequestFieldError("tool_choice",
+                           "'tool_choice' must be \"none\", \"auto\", \"required\" or "
+                           "{\"type\": \"function\", \"function\": {\"name\"}}");
 }
 
 absl::Status ParseStreamOptions(const json& value, ApiRequest& request) {
@@ -303,9 +406,9 @@ absl::Status ParseStreamOptions(const json& value, ApiRequest& request) {
 bool IsNeutral(absl::string_view field, const json& value) {
   if (value.is_null()) return true;
   if (field == "echo") return value.is_boolean() ? !value.get<bool>() : false;
-  if (field == "tools" || field == "functions") return value.empty();
+  if (field == "functions") return value.empty();
   if (field == "suffix") return value == "";
-  if (field == "tool_choice" || field == "function_call") return value == "none";
+  if (field == "function_call") return value == "none";
   if (field == "response_format") {
     // Compared, not read as a string: json::value throws on {"type": 5}.
     return value.is_object() && value.contains("type") && value["type"] == "text";
@@ -315,13 +418,13 @@ bool IsNeutral(absl::string_view field, const json& value) {
 
 const char* NeutralWhat(absl::string_view field) {
   if (field == "response_format") return "only {\"type\": \"text\"}";
-  if (field == "tool_choice" || field == "function_call") return "only \"none\"";
+  if (field == "function_call") return "only \"none\" (the deprecated spelling: use tools)";
   return "only when absent, null, false or empty";
 }
 
 bool IsNeutralField(absl::string_view field) {
-  static const char* const kFields[] = {
-      "echo", "suffix", "tools", "tool_choice", "functions", "function_call", "response_format"};
+  static const char* const kFields[] = {"echo", "suffix", "functions", "function_call",
+                                        "response_format"};
   for (const char* name : kFields) {
     if (field == name) return true;
   }
@@ -365,6 +468,14 @@ absl::Status ParseField(const std::string& key, const json& value, ApiRequest& r
     return ParseLogitBias(value, options.sampling);
   } else if (key == "n") {
     ASSIGN_OR_RETURN(request.n, ChoiceCount(key, value));
+  } else if (key == "tools" && request.endpoint == ApiEndpoint::kChat) {
+    RETURN_IF_ERROR(CheckTools(value));
+    request.tools_given = !value.empty();
+  } else if (key == "tool_choice" && request.endpoint == ApiEndpoint::kChat) {
+    ASSIGN_OR_RETURN(request.tool_choice, ParseToolChoice(value));
+    request.tool_choice_given = true;
+  } else if (key == "parallel_tool_calls" && request.endpoint == ApiEndpoint::kChat) {
+    ASSIGN_OR_RETURN(request.parallel_tool_calls, Boolean(key, value));
   } else if (key == "truncate_prompt_tokens") {
     ASSIGN_OR_RETURN(const int64_t keep, Integer(key, value));
     if (keep < 1) {
@@ -468,6 +579,9 @@ absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(absl::string_view body) {
     return RequestFieldError("prompt", "give one of 'prompt' or 'messages'");
   }
   request.messages = std::move(chat.messages);
+  if (!request.prompt) {
+    request.message_json = nlohmann::ordered_json::parse(body.begin(), body.end())["messages"];
+  }
   request.add_special_tokens = special.value_or(request.prompt.has_value());
   return request;
 }
@@ -529,6 +643,7 @@ absl::StatusOr<ApiRequest> ParseApiRequest(ApiEndpoint endpoint, absl::string_vi
     return RequestFieldError(input, absl::StrCat("'", input, "' is required"));
   }
   RETURN_IF_ERROR(ResolveLogprobFields(logprobs, request));
+  if (chat) RETURN_IF_ERROR(ResolveTools(body, request));
   const int64_t prompts = chat ? 1 : static_cast<int64_t>(request.prompts.size());
   if (prompts * request.n > kMaxChoices) {
     return RequestFieldError("n", absl::StrCat(prompts, " prompts times 'n' (", request.n,
@@ -750,6 +865,19 @@ std::string CompletionJson(const ResponseHeader& header, const std::vector<Choic
   return Dump(response);
 }
 
+json ToolCallsJson(const std::vector<ToolCall>& calls, const std::function<uint64_t()>& random) {
+  json list = json::array();
+  for (const ToolCall& call : calls) {
+    const std::string id = call.id.empty() ? absl::StrFormat("call_%016x%08x", random(),
+                                                             static_cast<uint32_t>(random()))
+                                           : call.id;
+    list.push_back({{"id", id},
+                    {"type", "function"},
+                    {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
+  }
+  return list;
+}
+
 std::string ChatCompletionJson(const ResponseHeader& header, const std::vector<ChoiceJson>& choices,
                                const Usage& usage) {
   json response = Base(header, "chat.completion");
@@ -757,6 +885,10 @@ std::string ChatCompletionJson(const ResponseHeader& header, const std::vector<C
   for (const ChoiceJson& choice : choices) {
     json entry = ChoiceBase(choice);
     entry["message"] = {{"role", "assistant"}, {"content", choice.text}};
+    if (!choice.tool_calls.is_null()) {
+      if (choice.text.empty()) entry["message"]["content"] = nullptr;
+      entry["message"]["tool_calls"] = choice.tool_calls;
+    }
     response["choices"].push_back(std::move(entry));
   }
   response["usage"] = UsageObject(usage);
@@ -776,6 +908,12 @@ std::string ChatChunkJson(const ResponseHeader& header, bool role, const ChoiceJ
   json delta = json::object();
   if (role) delta["role"] = "assistant";
   if (role || !choice.text.empty()) delta["content"] = choice.text;
+  if (!choice.tool_calls.is_null()) {
+    // Streamed calls carry their position in the list.
+    json calls = choice.tool_calls;
+    for (size_t i = 0; i < calls.size(); ++i) calls[i]["index"] = i;
+    delta["tool_calls"] = std::move(calls);
+  }
   json entry = ChoiceBase(choice);
   entry["delta"] = std::move(delta);
   chunk["choices"] = json::array({std::move(entry)});

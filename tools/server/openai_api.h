@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "core/text/prompt_style.h"
+#include "core/text/tool_calls.h"
 #include "lgpt.h"
 #include "nlohmann/json.hpp"
 
@@ -33,6 +34,12 @@ enum class ApiEndpoint { kCompletions, kChat };
 struct PromptInput {
   std::string text;
   std::vector<int64_t> ids;  // given as ids when not empty
+};
+
+// Chat's tool_choice: none, auto (OpenAI's default with tools), required, or one named function.
+struct ToolChoice {
+  enum Kind { kNone, kAuto, kRequired, kNamed } kind = kNone;
+  std::string name;  // kNamed
 };
 
 struct ApiRequest {
@@ -49,8 +56,18 @@ struct ApiRequest {
   bool tokens_as_ids = false;
   // vLLM's truncate_prompt_tokens: keep the last K prompt tokens.
   std::optional<int64_t> truncate_prompt_tokens;
-  // /v1/chat/completions.
+  // /v1/chat/completions: the messages (roles system, user, assistant; tool messages and
+  // assistant tool_calls only in message_json), and as given, keys in order, for chat templates.
   std::vector<ChatMessage> messages;
+  nlohmann::ordered_json message_json;
+  // Whether a message is a tool result or an assistant's tool calls (a chat template needed).
+  bool has_tool_messages = false;
+  // Chat's tools (null or a non-empty array of {"type": "function", "function": {"name",
+  // "description", "parameters"}}), tool_choice and parallel_tool_calls.
+  nlohmann::ordered_json tools;
+  ToolChoice tool_choice;
+  bool parallel_tool_calls = true;
+  bool tools_given = false, tool_choice_given = false;  // as parsed
   // max_tokens (or max_completion_tokens); unset: the server's default.
   std::optional<int64_t> max_tokens;
   bool seed_given = false;
@@ -74,7 +91,8 @@ absl::StatusOr<ApiRequest> ParseApiRequest(ApiEndpoint endpoint, absl::string_vi
 struct TokenizeRequest {
   std::string model;
   std::optional<std::string> prompt;
-  std::vector<ChatMessage> messages;  // when no prompt
+  std::vector<ChatMessage> messages;    // when no prompt
+  nlohmann::ordered_json message_json;  // the messages as given, for chat templates
   bool add_special_tokens = true;
 };
 absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(absl::string_view body);
@@ -148,7 +166,15 @@ struct ChoiceJson {
   std::string text;
   std::string finish_reason;  // empty: null
   nlohmann::json logprobs;
+  // Chat: the assistant's tool calls, [{"id", "type": "function", "function": {"name",
+  // "arguments"}}] (null: none); with them an empty text is a null content.
+  nlohmann::json tool_calls;
 };
+
+// Tool calls as a chat message carries them, each with a fresh id ("call_<hex>") unless the
+// model wrote one.
+nlohmann::json ToolCallsJson(const std::vector<ToolCall>& calls,
+                             const std::function<uint64_t()>& random);
 
 // Whole responses.
 std::string CompletionJson(const ResponseHeader& header, const std::vector<ChoiceJson>& choices,

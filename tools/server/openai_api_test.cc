@@ -117,7 +117,7 @@ TEST(OpenAiApiTest, MalformedAndMistypedBodies) {
                 .find("'stream'"),
             std::string::npos);
   EXPECT_NE(ParseError(kChat, R"({"messages": "hi"})").find("'messages'"), std::string::npos);
-  EXPECT_NE(ParseError(kChat, R"({"messages": [{"role": "tool", "content": "x"}]})").find("role"),
+  EXPECT_NE(ParseError(kChat, R"({"messages": [{"role": "robot", "content": "x"}]})").find("role"),
             std::string::npos);
   EXPECT_NE(ParseError(kChat, R"({"messages": [{"role": "user"}]})")
                 .find("'messages[0].content' is required"),
@@ -260,18 +260,63 @@ TEST(OpenAiApiTest, BadSamplingFieldsNameThemselves) {
   EXPECT_EQ(param(kChat, absl::StrCat("{", user, R"(, "logprobs": 2})")), "logprobs");
 }
 
+TEST(OpenAiApiTest, ToolsAndToolChoice) {
+  const char* user = R"("messages": [{"role": "user", "content": "x"}])";
+  const char* tools =
+      R"("tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+          "properties": {"b": {"type": "integer"}, "a": {"type": "string"}}}}}])";
+  const ApiRequest automatic = ParseOk(kChat, absl::StrCat("{", user, ", ", tools, "}"));
+  EXPECT_EQ(automatic.tool_choice.kind, ToolChoice::kAuto);  // OpenAI's default with tools
+  // Key order kept for chat templates.
+  EXPECT_EQ(automatic.tools[0]["function"]["parameters"]["properties"].begin().key(), "b");
+  EXPECT_EQ(ParseOk(kChat, absl::StrCat("{", user, "}")).tool_choice.kind, ToolChoice::kNone);
+  const ApiRequest named = ParseOk(
+      kChat, absl::StrCat("{", user, ", ", tools,
+                          R"(, "tool_choice": {"type": "function", "function": {"name": "f"}},
+                             "parallel_tool_calls": false})"));
+  EXPECT_EQ(named.tool_choice.kind, ToolChoice::kNamed);
+  EXPECT_EQ(named.tool_choice.name, "f");
+  EXPECT_FALSE(named.parallel_tool_calls);
+  // Tool results and assistant calls are read (a chat template renders them).
+  const ApiRequest turns = ParseOk(kChat, R"({"messages": [{"role": "user", "content": "x"},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+       "function": {"name": "f", "arguments": "{}"}}]},
+      {"role": "tool", "tool_call_id": "c1", "content": "3"}]})");
+  EXPECT_TRUE(turns.has_tool_messages);
+  EXPECT_EQ(turns.message_json.size(), 3u);
+  const auto param = [](const std::string& body) {
+    absl::StatusOr<ApiRequest> parsed = ParseApiRequest(kChat, body);
+    EXPECT_FALSE(parsed.ok()) << body;
+    return ApiErrorFromStatus(parsed.status()).param;
+  };
+  EXPECT_EQ(param(absl::StrCat("{", user, R"(, "tools": [{"type": "function"}]})")), "tools[0]");
+  EXPECT_EQ(param(absl::StrCat("{", user, R"(, "tools": [{"type": "function", "function":
+      {"name": "f", "parameters": 3}}]})")),
+            "tools[0].function.parameters");
+  EXPECT_EQ(param(absl::StrCat("{", user, R"(, "tool_choice": "required"})")), "tool_choice");
+  EXPECT_EQ(param(absl::StrCat("{", user, ", ", tools, R"(, "tool_choice": "always"})")),
+            "tool_choice");
+  EXPECT_EQ(
+      param(absl::StrCat("{", user, ", ", tools,
+                         R"(, "tool_choice": {"type": "function", "function": {"name": "g"}}})")),
+      "tool_choice");
+  EXPECT_EQ(param(R"({"messages": [{"role": "user", "tool_calls": []}]})"), "messages[0].content");
+  EXPECT_EQ(param(R"({"messages": [{"role": "user", "content": "x", "tool_calls": [{}]}]})"),
+            "messages[0].tool_calls[0]");
+  EXPECT_EQ(param(R"({"messages": [{"role": "user", "content": "x", "tool_calls": [{"function":
+      {"name": "f"}}]}]})"),
+            "messages[0].tool_calls");
+}
+
 TEST(OpenAiApiTest, UnsupportedFieldsAreRefused) {
   for (const char* field : {R"("echo": true)", R"("suffix": "s")"}) {
     const std::string message =
         ParseError(kCompletions, std::string(R"({"prompt": "x", )") + field + "}");
     EXPECT_NE(message.find("not supported by lgpt"), std::string::npos) << field << message;
   }
-  for (const char* field : {R"("tools": [{"type": "function"}])", R"("tool_choice": "required")",
-                            R"("functions": [{}])"}) {
-    const std::string message = ParseError(
-        kChat, std::string(R"({"messages": [{"role": "user", "content": "x"}], )") + field + "}");
-    EXPECT_NE(message.find("not supported by lgpt"), std::string::npos) << field << message;
-  }
+  const std::string functions =
+      ParseError(kChat, R"({"messages": [{"role": "user", "content": "x"}], "functions": [{}]})");
+  EXPECT_NE(functions.find("not supported by lgpt"), std::string::npos) << functions;
   EXPECT_NE(ParseError(kCompletions, R"({"prompt": "x", "temprature": 1})")
                 .find("unknown or unsupported field 'temprature'"),
             std::string::npos);
@@ -313,8 +358,8 @@ TEST(OpenAiApiTest, ErrorsHaveOpenAisShapeAndStatus) {
   EXPECT_EQ(param_of(R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})"),
             "messages[0].content[0]");
   EXPECT_EQ(param_of(R"({"messages": [7]})"), "messages[0]");
-  EXPECT_EQ(param_of(R"({"messages": [{"role": "user", "content": "x", "name": "n"}]})"),
-            "messages[0].name");
+  EXPECT_EQ(param_of(R"({"messages": [{"role": "user", "content": "x", "weight": 1}]})"),
+            "messages[0].weight");
   EXPECT_TRUE(param_of("[1, 2]").is_null());
   const ApiError context = ApiErrorFromStatus(FieldError(
       absl::StatusCode::kOutOfRange, FieldRef("RequestOptions.max_new_tokens", "max_new_tokens"),
