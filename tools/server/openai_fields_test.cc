@@ -4,6 +4,9 @@
 // (allowed origins, preflight, off by default).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
@@ -161,6 +164,68 @@ TEST_F(OpenAIFieldsTest, TokenizeAndDetokenize) {
   EXPECT_EQ(Post("/detokenize", R"({"tokens": [1, "x"]})", 400)["error"]["param"], "tokens[1]");
   EXPECT_EQ(Post("/detokenize", R"({"tokens": [99999999]})", 400)["error"]["param"], "tokens");
   Post("/tokenize", R"({"prompt": "x", "model": "gpt-4"})", 404);
+}
+
+// A copy of the default model whose tokenizer_config.json carries a ChatML chat template with
+// tools (Hermes' <tool_call> format).
+std::string CheckpointWithTemplate() {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(std::getenv("TEST_TMPDIR")) / "templated";
+  fs::create_directories(dir);
+  for (const auto& entry : fs::directory_iterator(kDefaultModelDir)) {
+    fs::copy_file(entry.path(), dir / entry.path().filename(),
+                  fs::copy_options::overwrite_existing);
+  }
+  const json config = {
+      {"bos_token", "<s>"},
+      {"eos_token", "</s>"},
+      {"chat_template",
+       "{% if tools %}<|im_start|>system\nTools: {{ tools | map(attribute='function') | "
+       "map(attribute='name') | join(', ') }}<|im_end|>\n{% endif %}"
+       "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+       "{% if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>{\"name\": \""
+       "{{ c.function.name }}\", \"arguments\": {{ c.function.arguments | tojson }}}"
+       "</tool_call>{% endfor %}{% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}"
+       "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"}};
+  std::ofstream(dir / "tokenizer_config.json") << config.dump();
+  return dir.string();
+}
+
+TEST_F(OpenAIFieldsTest, ChatRendersThroughTheCheckpointsTemplate) {
+  absl::StatusOr<std::shared_ptr<const Engine>> templated = Engine::Load(CheckpointWithTemplate());
+  ASSERT_TRUE(templated.ok()) << templated.status();
+  ServerOptions options;
+  options.port = 0;
+  options.access_log = false;
+  absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Create(*templated, options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::thread serving([&] { (*server)->Run(); });
+  const int port = (*server)->port();
+  const std::string turns = R"({"messages": [{"role": "user", "content": "Add 2 and 3."},
+      {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
+       "function": {"name": "add", "arguments": "{\"a\": 2, \"b\": 3}"}}]},
+      {"role": "tool", "tool_call_id": "c1", "content": "5"}]})";
+  const HttpReply tokens = HttpPost(port, "/tokenize", turns);
+  ASSERT_EQ(tokens.status, 200) << tokens.body;
+  const std::string expected =
+      "<|im_start|>user\nAdd 2 and 3.<|im_end|>\n<|im_start|>assistant\n<tool_call>{\"name\": "
+      "\"add\", \"arguments\": {\"a\": 2, \"b\": 3}}</tool_call><|im_end|>\n"
+      "<|im_start|>tool\n5<|im_end|>\n<|im_start|>assistant\n";
+  absl::StatusOr<std::vector<int64_t>> ids = (*templated)->tokenizer()->Encode(expected, false);
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ(json::parse(tokens.body)["tokens"], json(*ids));
+  // The same conversation is a chat request's prompt.
+  const HttpReply reply = HttpPost(
+      port, "/v1/chat/completions",
+      absl::StrCat(turns.substr(0, turns.size() - 1), R"(, "max_tokens": 3, "temperature": 0})"));
+  ASSERT_EQ(reply.status, 200) << reply.body;
+  EXPECT_EQ(json::parse(reply.body)["usage"]["prompt_tokens"], ids->size());
+  (*server)->Shutdown();
+  serving.join();
+  // Without a template, tool messages are refused naming the message.
+  Serve();
+  const json refused = Post("/v1/chat/completions", turns, 400);
+  EXPECT_EQ(refused["error"]["param"], "messages[2].role");
 }
 
 TEST_F(OpenAIFieldsTest, CorsIsOffByDefault) {
