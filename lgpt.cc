@@ -196,6 +196,43 @@ absl::StatusOr<std::vector<int64_t>> Engine::Encode(absl::string_view text) cons
   return tokenizer_->Encode(text);
 }
 
+absl::StatusOr<at::Tensor> Engine::Embed(const std::vector<std::vector<int64_t>>& inputs,
+                                         Pooling pooling) const {
+  if (inputs.empty()) return InvalidFieldError("inputs", "no inputs to embed");
+  int64_t longest = 0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const std::string field = absl::StrCat("inputs[", i, "]");
+    if (inputs[i].empty()) return InvalidFieldError(field, absl::StrCat(field, " is empty"));
+    RETURN_IF_ERROR(WithFields(CheckIds(inputs[i], config().PaddedVocabSize(), field), field));
+    if (static_cast<int64_t>(inputs[i].size()) > config().block_size) {
+      return FieldError(
+          absl::StatusCode::kOutOfRange, field,
+          absl::StrCat(field, " (", inputs[i].size(), " tokens) exceeds the context of ",
+                       config().block_size, " tokens"));
+    }
+    longest = std::max<int64_t>(longest, inputs[i].size());
+  }
+  // Right-padded: attention is causal, so padding after a sequence changes none of its states.
+  const int64_t rows = static_cast<int64_t>(inputs.size());
+  at::Tensor ids = at::zeros({rows, longest}, at::kLong);  // [B, T]
+  for (int64_t row = 0; row < rows; ++row) {
+    std::copy(inputs[row].begin(), inputs[row].end(), ids.data_ptr<int64_t>() + row * longest);
+  }
+  at::NoGradGuard no_grad;
+  ForwardOptions forward;
+  forward.hidden_states = true;
+  ASSIGN_OR_RETURN(const at::Tensor states, model_->Forward(ids.to(model_->device()), nullptr,
+                                                            forward));  // [B, T, n_embd]
+  const at::Tensor hidden = states.to(at::kFloat).cpu();
+  at::Tensor pooled = at::empty({rows, hidden.size(2)}, at::kFloat);  // [B, n_embd]
+  for (int64_t row = 0; row < rows; ++row) {
+    const int64_t length = static_cast<int64_t>(inputs[row].size());
+    pooled[row] = pooling == Pooling::kLast ? hidden[row][length - 1]
+                                            : hidden[row].narrow(0, 0, length).mean(0);
+  }
+  return pooled / pooled.norm(2, -1, /*keepdim=*/true).clamp_min(1e-12);
+}
+
 absl::StatusOr<std::unique_ptr<KVCache>> Engine::NewCache(const KVCacheSpec& spec, int64_t batch,
                                                           int64_t length) const {
   KVCacheShape shape;
@@ -482,10 +519,10 @@ absl::Status Engine::CheckRequest(const std::vector<int64_t>& prompt,
   RETURN_IF_ERROR(CheckIds(prompt, config().PaddedVocabSize(), "prompt"));
   RETURN_IF_ERROR(ValidateKVCacheSpec(options.kv_cache));
   if (options.top_logprobs < -1 || options.top_logprobs > config().PaddedVocabSize()) {
-    return InvalidFieldError(FieldRef("RequestOptions.top_logprobs", "top_logprobs"),
-                             absl::StrCat("top_logprobs must be in [-1, ",
-                                          config().PaddedVocabSize(), "], got ",
-                                          options.top_logprobs));
+    return InvalidFieldError(
+        FieldRef("RequestOptions.top_logprobs", "top_logprobs"),
+        absl::StrCat("top_logprobs must be in [-1, ", config().PaddedVocabSize(), "], got ",
+                     options.top_logprobs));
   }
   // Compared by subtraction: prompt + max_new_tokens may overflow int64.
   const int64_t prompt_length = static_cast<int64_t>(prompt.size());

@@ -220,6 +220,15 @@ class Engine : public std::enable_shared_from_this<Engine> {
   absl::StatusOr<std::unique_ptr<Session>> NewSession(const KVCacheSpec& kv_cache = {}) const;
 
   absl::StatusOr<std::vector<int64_t>> Encode(absl::string_view text) const;
+
+  // Embeddings of token sequences in one batched forward pass: each input's final hidden
+  // states (after the final norm) pooled over its tokens, kLast (the last token's, as decoder
+  // embedding models such as e5-mistral and gte-Qwen pool) or kMean, scaled to unit length.
+  // [inputs, n_embd] float32. Errors: no inputs, an empty input, an id outside the
+  // vocabulary, an input past the context (naming `inputs[i]`).
+  enum class Pooling { kLast, kMean };
+  absl::StatusOr<at::Tensor> Embed(const std::vector<std::vector<int64_t>>& inputs,
+                                   Pooling pooling = Pooling::kLast) const;
   const Config& config() const { return model_->config(); }
   const Tokenizer* tokenizer() const { return tokenizer_.get(); }
   const std::string& checkpoint_dir() const { return checkpoint_dir_; }

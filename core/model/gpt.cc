@@ -239,6 +239,7 @@ absl::StatusOr<at::Tensor> GPTImpl::ForwardUnchecked(const at::Tensor& idx, KVCa
   } else if (!options.logit_steps.empty()) {
     x = x.index_select(1, at::tensor(options.logit_steps, at::kLong).to(x.device()));
   }
+  if (options.hidden_states) return transformer->ln_f->forward(x);
   return Head(x);
 }
 

@@ -39,6 +39,9 @@ struct ForwardOptions {
   // [B, logit_steps.size(), padded_vocab_size]. Empty: every step (or the last, above). A
   // step over several sequences end to end (cache/kv_batch.h) names each one's last token.
   std::vector<int64_t> logit_steps;
+  // Instead of logits: the final norm's output [B, T (or as above), n_embd], the hidden states
+  // the head reads (embeddings).
+  bool hidden_states = false;
 };
 
 // transformer.{wte, h, ln_f}

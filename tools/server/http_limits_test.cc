@@ -260,7 +260,7 @@ TEST_F(HttpLimitsTest, BodiesNotToBeReadAreRefusedUnread) {
   // A body on a path that takes none: 404 at once, never inflated.
   PeakRssGrowth growth;
   const UploadReply elsewhere = HttpRawUpload(
-      port(), Head("Content-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n", "/v1/embeddings"),
+      port(), Head("Content-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n", "/v1/moderations"),
       Pieces(bomb, 1000, true));
   EXPECT_EQ(elsewhere.reply.status, 404) << elsewhere.reply.body << elsewhere.reply.error;
   EXPECT_LT(elsewhere.seconds, kAtOnceS);

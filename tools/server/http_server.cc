@@ -25,8 +25,10 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "core/base/status_field.h"
 #include "core/base/status_macros.h"
 #include "core/text/chat_template.h"
@@ -71,8 +73,8 @@ bool ConstantTimeEquals(absl::string_view given, absl::string_view secret) {
 
 std::string EndpointLabel(const std::string& path) {
   static const char* const kPaths[] = {
-      "/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics",
-      "/tokenize",       "/detokenize"};
+      "/v1/completions", "/v1/chat/completions", "/v1/models",    "/health", "/metrics",
+      "/tokenize",       "/detokenize",          "/v1/embeddings"};
   for (const char* known : kPaths) {
     if (path == known) return known;
   }
@@ -255,6 +257,8 @@ struct HttpServer::Impl {
   // POST /tokenize and /detokenize (vLLM's).
   void Tokenize(const std::string& body, httplib::Response& res);
   void Detokenize(const std::string& body, httplib::Response& res);
+  // POST /v1/embeddings: pooled final hidden states (Engine::Embed), batched.
+  void Embeddings(const std::string& body, httplib::Response& res);
   // A request naming a model this server does not serve: NotFound.
   absl::Status CheckModel(const std::string& model) const;
   // CORS (ServerOptions.cors_allow_origin): the allow-origin header on every answer to an
@@ -500,6 +504,8 @@ void HttpServer::Impl::Route() {
   };
   server.Post("/v1/completions", post(generate(ApiEndpoint::kCompletions)));
   server.Post("/v1/chat/completions", post(generate(ApiEndpoint::kChat)));
+  server.Post("/v1/embeddings", post([this](const httplib::Request&, const std::string& body,
+                                            httplib::Response& res) { Embeddings(body, res); }));
   server.Post("/tokenize", post([this](const httplib::Request&, const std::string& body,
                                        httplib::Response& res) { Tokenize(body, res); }));
   server.Post("/detokenize", post([this](const httplib::Request&, const std::string& body,
@@ -591,6 +597,69 @@ void HttpServer::Impl::Detokenize(const std::string& body, httplib::Response& re
   absl::StatusOr<std::string> text = engine->tokenizer()->Decode(request->tokens);
   if (!text.ok()) return SendStatus(res, WithFields(text.status(), FieldRef("tokens")));
   res.set_content(DetokenizeJson(*text), kJson);
+}
+
+void HttpServer::Impl::Embeddings(const std::string& body, httplib::Response& res) {
+  absl::StatusOr<EmbeddingsRequest> request = ParseEmbeddingsRequest(body);
+  absl::Status status = request.ok() ? CheckModel(request->model) : request.status();
+  const int64_t width = engine->config().n_embd;
+  if (status.ok() && request->dimensions && *request->dimensions != width) {
+    status = InvalidFieldError("dimensions", absl::StrCat("'dimensions' can only be the model's "
+                                                          "own, ",
+                                                          width, ", got ", *request->dimensions));
+  }
+  if (!status.ok()) return SendStatus(res, status);
+  std::vector<std::vector<int64_t>> inputs;
+  for (size_t i = 0; i < request->inputs.size(); ++i) {
+    const PromptInput& input = request->inputs[i];
+    const std::string field =
+        request->inputs.size() == 1 ? "input" : absl::StrCat("input[", i, "]");
+    absl::StatusOr<std::vector<int64_t>> ids = input.ids;
+    if (input.ids.empty()) {
+      ids = engine->tokenizer() ? engine->Encode(input.text)
+                                : InvalidFieldError(field,
+                                                    "the model has no tokenizer: give "
+                                                    "token ids");
+    }
+    if (ids.ok() && ids->empty())
+      ids = InvalidFieldError(field, absl::StrCat("'", field, "' encodes to no tokens"));
+    if (!ids.ok()) return SendStatus(res, ids.status());
+    if (request->truncate_prompt_tokens &&
+        static_cast<int64_t>(ids->size()) > *request->truncate_prompt_tokens) {
+      ids->erase(ids->begin(), ids->end() - *request->truncate_prompt_tokens);
+    }
+    t_access.prompt_tokens += static_cast<int64_t>(ids->size());
+    inputs.push_back(*std::move(ids));
+  }
+  // Batches of a bounded size: one forward pass each.
+  constexpr size_t kBatch = 32;
+  std::vector<std::vector<float>> vectors;
+  for (size_t begin = 0; begin < inputs.size(); begin += kBatch) {
+    const size_t end = std::min(inputs.size(), begin + kBatch);
+    absl::StatusOr<at::Tensor> pooled = engine->Embed(
+        std::vector<std::vector<int64_t>>(inputs.begin() + begin, inputs.begin() + end),
+        options.embedding_pooling);
+    if (!pooled.ok()) {
+      // The library names inputs[k] of the batch: the request's input[begin + k].
+      absl::Status error = pooled.status();
+      if (std::optional<std::string> field = ErrorField(error)) {
+        absl::string_view rest = *field;
+        int64_t k = 0;
+        if (absl::ConsumePrefix(&rest, "inputs[") && absl::ConsumeSuffix(&rest, "]") &&
+            absl::SimpleAtoi(rest, &k)) {
+          error = RenameField(error, *field, absl::StrCat("input[", begin + k, "]"));
+        }
+      }
+      return SendStatus(res, error);
+    }
+    for (int64_t row = 0; row < pooled->size(0); ++row) {
+      const float* values = pooled->data_ptr<float>() + row * pooled->size(1);
+      vectors.emplace_back(values, values + pooled->size(1));
+    }
+  }
+  metrics.AddTokens(t_access.prompt_tokens, 0);
+  res.set_content(EmbeddingsJson(vectors, request->base64, model_id, t_access.prompt_tokens),
+                  kJson);
 }
 
 bool HttpServer::Impl::RefuseBody(const httplib::Request& req, httplib::Response& res) const {

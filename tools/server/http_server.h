@@ -3,6 +3,7 @@
 //   POST /v1/completions, POST /v1/chat/completions   (JSON, or server-sent events with
 //                                                        "stream": true, flushed per piece)
 //   GET  /v1/models, /v1/models/{id}, /health, /metrics (Prometheus text)
+//   POST /v1/embeddings (pooled final hidden states, unit length; float or base64)
 //   POST /tokenize, /detokenize (vLLM's shapes; no API key, as vLLM)
 // Errors are OpenAI's {"error": {"message", "type", "code"}} (tools/server/openai_api.h): 400
 // for malformed or unsupported requests and prompts beyond the context, 401 without the API
@@ -61,6 +62,8 @@ struct ServerOptions {
   // Access-Control-Allow-Origin on every answer and preflight OPTIONS requests answered (204);
   // empty (the default): no CORS headers.
   std::string cors_allow_origin;
+  // How /v1/embeddings pools a sequence's final hidden states (Engine::Pooling).
+  Engine::Pooling embedding_pooling = Engine::Pooling::kLast;
 };
 
 class HttpServer {

@@ -364,7 +364,7 @@ TEST_F(HttpServerTest, ContextModelPathAndBodyErrors) {
       ExpectError(HttpPost(port, "/v1/completions", R"({"model": "gpt-4", "prompt": "x"})"), 404),
       "gpt-4"));
   ExpectError(HttpGet(port, "/v2/nothing"), 404);
-  ExpectError(HttpPost(port, "/v1/embeddings", R"({"input": "x"})"), 404);
+  ExpectError(HttpPost(port, "/v1/moderations", R"({"input": "x"})"), 404);
   // A known path with another method: 405 and the method it takes.
   const HttpReply get_completions = HttpGet(port, "/v1/completions");
   EXPECT_TRUE(absl::StrContains(ExpectError(get_completions, 405), "POST"));

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <map>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -126,30 +128,32 @@ absl::StatusOr<std::vector<int64_t>> TokenIds(const std::string& field, const js
   return ids;
 }
 
-// "prompt": a string, a list of token ids, or a list of either (one prompt each).
-absl::Status ParsePrompt(const json& value, ApiRequest& request) {
+// "prompt" (or embeddings' "input", `name`): a string, a list of token ids, or a list of
+// either (one prompt each, at most `most`).
+absl::Status ParsePrompt(const json& value, const std::string& name, int64_t most,
+                         std::vector<PromptInput>& prompts) {
   if (value.is_string()) {
-    request.prompts.push_back({value.get<std::string>(), {}});
+    prompts.push_back({value.get<std::string>(), {}});
     return absl::OkStatus();
   }
-  if (!value.is_array()) return WrongType("prompt", "a string or an array", value);
-  if (value.empty()) return RequestFieldError("prompt", "'prompt' is empty");
+  if (!value.is_array()) return WrongType(name, "a string or an array", value);
+  if (value.empty()) return RequestFieldError(name, absl::StrCat("'", name, "' is empty"));
   if (value[0].is_number()) {
-    ASSIGN_OR_RETURN(std::vector<int64_t> ids, TokenIds("prompt", value));
-    request.prompts.push_back({"", std::move(ids)});
+    ASSIGN_OR_RETURN(std::vector<int64_t> ids, TokenIds(name, value));
+    prompts.push_back({"", std::move(ids)});
     return absl::OkStatus();
   }
-  if (static_cast<int64_t>(value.size()) > kMaxChoices) {
+  if (static_cast<int64_t>(value.size()) > most) {
     return RequestFieldError(
-        "prompt", absl::StrCat("'prompt' holds ", value.size(), " prompts; at most ", kMaxChoices));
+        name, absl::StrCat("'", name, "' holds ", value.size(), " inputs; at most ", most));
   }
   for (size_t i = 0; i < value.size(); ++i) {
-    const std::string field = absl::StrCat("prompt[", i, "]");
+    const std::string field = absl::StrCat(name, "[", i, "]");
     if (value[i].is_string()) {
-      request.prompts.push_back({value[i].get<std::string>(), {}});
+      prompts.push_back({value[i].get<std::string>(), {}});
     } else if (value[i].is_array()) {
       ASSIGN_OR_RETURN(std::vector<int64_t> ids, TokenIds(field, value[i]));
-      request.prompts.push_back({"", std::move(ids)});
+      prompts.push_back({"", std::move(ids)});
     } else {
       return WrongType(field, "a string or a list of token ids", value[i]);
     }
@@ -616,6 +620,64 @@ std::string DetokenizeJson(absl::string_view text) {
   return Dump(json{{"prompt", std::string(text)}});
 }
 
+absl::StatusOr<EmbeddingsRequest> ParseEmbeddingsRequest(absl::string_view body) {
+  ASSIGN_OR_RETURN(const json root, JsonObject(body));
+  EmbeddingsRequest request;
+  bool has_input = false;
+  for (const auto& [key, value] : root.items()) {
+    if (key == "input") {
+      RETURN_IF_ERROR(ParsePrompt(value, "input", kMaxEmbeddingInputs, request.inputs));
+      has_input = true;
+    } else if (key == "model") {
+      ASSIGN_OR_RETURN(request.model, String(key, value));
+    } else if (key == "encoding_format") {
+      ASSIGN_OR_RETURN(const std::string format, String(key, value));
+      if (format != "float" && format != "base64") {
+        return RequestFieldError(key, "'encoding_format' must be \"float\" or \"base64\"");
+      }
+      request.base64 = format == "base64";
+    } else if (key == "dimensions") {
+      ASSIGN_OR_RETURN(request.dimensions, Integer(key, value));
+    } else if (key == "truncate_prompt_tokens") {
+      ASSIGN_OR_RETURN(request.truncate_prompt_tokens, Integer(key, value));
+      if (*request.truncate_prompt_tokens < 1) {
+        return RequestFieldError(key, "'truncate_prompt_tokens' must be >= 1");
+      }
+    } else if (key == "user") {
+      RETURN_IF_ERROR(String(key, value).status());
+    } else {
+      return UnknownField(key);
+    }
+  }
+  if (!has_input) return RequestFieldError("input", "'input' is required");
+  return request;
+}
+
+std::string EmbeddingsJson(const std::vector<std::vector<float>>& vectors, bool base64,
+                           absl::string_view model, int64_t prompt_tokens) {
+  json data = json::array();
+  for (size_t i = 0; i < vectors.size(); ++i) {
+    json embedding;
+    if (base64) {
+      // float32 little-endian bytes, as OpenAI's (and numpy's frombuffer) read them.
+      std::string bytes(vectors[i].size() * sizeof(float), '\0');
+      for (size_t j = 0; j < vectors[i].size(); ++j) {
+        uint32_t bits;
+        std::memcpy(&bits, &vectors[i][j], sizeof(bits));
+        for (int b = 0; b < 4; ++b) bytes[4 * j + b] = static_cast<char>((bits >> (8 * b)) & 0xff);
+      }
+      embedding = absl::Base64Escape(bytes);
+    } else {
+      embedding = vectors[i];
+    }
+    data.push_back({{"object", "embedding"}, {"index", i}, {"embedding", std::move(embedding)}});
+  }
+  return Dump(json{{"object", "list"},
+                   {"data", std::move(data)},
+                   {"model", std::string(model)},
+                   {"usage", {{"prompt_tokens", prompt_tokens}, {"total_tokens", prompt_tokens}}}});
+}
+
 absl::StatusOr<ApiRequest> ParseApiRequest(ApiEndpoint endpoint, absl::string_view body) {
   ASSIGN_OR_RETURN(const json root, JsonObject(body));
   ApiRequest request;
@@ -626,7 +688,8 @@ absl::StatusOr<ApiRequest> ParseApiRequest(ApiEndpoint endpoint, absl::string_vi
   LogprobFields logprobs;
   for (const auto& [key, value] : root.items()) {
     if (key == (chat ? "messages" : "prompt")) {
-      RETURN_IF_ERROR(chat ? ParseMessages(value, request) : ParsePrompt(value, request));
+      RETURN_IF_ERROR(chat ? ParseMessages(value, request)
+                           : ParsePrompt(value, "prompt", kMaxChoices, request.prompts));
       has_input = true;
     } else if ((key == "max_completion_tokens" && !chat) ||
                (chat && (key == "echo" || key == "suffix" || key == "best_of"))) {
@@ -742,6 +805,7 @@ ApiError ApiErrorFromStatus(const absl::Status& status) {
       error.http_status = 400;
       error.type = "invalid_request_error";
       if (absl::StrContains(status.message(), "context")) error.code = "context_length_exceeded";
+      if (field) error.param = ParamOf(*field);
       break;
     case absl::StatusCode::kUnauthenticated:
       error.http_status = 401;

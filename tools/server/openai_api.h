@@ -108,6 +108,24 @@ absl::StatusOr<DetokenizeRequest> ParseDetokenizeRequest(absl::string_view body)
 // {"prompt": text}.
 std::string DetokenizeJson(absl::string_view text);
 
+// POST /v1/embeddings: "input" (a string, a list of strings, a list of token ids or a list of
+// such lists; at most kMaxEmbeddingInputs), "encoding_format" ("float" or "base64": the
+// float32 values' little-endian bytes), "dimensions" (only the model's own), "model", "user",
+// vLLM's "truncate_prompt_tokens".
+inline constexpr int64_t kMaxEmbeddingInputs = 2048;
+struct EmbeddingsRequest {
+  std::string model;
+  std::vector<PromptInput> inputs;
+  bool base64 = false;
+  std::optional<int64_t> dimensions;
+  std::optional<int64_t> truncate_prompt_tokens;
+};
+absl::StatusOr<EmbeddingsRequest> ParseEmbeddingsRequest(absl::string_view body);
+// OpenAI's {"object": "list", "data": [{"object": "embedding", "index", "embedding"}],
+// "model", "usage"}; `vectors` [inputs, dimensions] float32.
+std::string EmbeddingsJson(const std::vector<std::vector<float>>& vectors, bool base64,
+                           absl::string_view model, int64_t prompt_tokens);
+
 // The request field that sets a library field ("KVCacheSpec.budget" -> "kv_budget",
 // "RequestOptions.max_new_tokens" -> "max_tokens"); nullopt where none does.
 std::optional<std::string> RequestFieldOf(absl::string_view path);

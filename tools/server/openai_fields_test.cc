@@ -2,9 +2,11 @@
 // separate requests, streamed per index), logprobs in both endpoints' shapes and streamed,
 // lists of prompts, truncate_prompt_tokens, vLLM's /tokenize and /detokenize, and CORS
 // (allowed origins, preflight, off by default).
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -13,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
@@ -226,6 +229,41 @@ TEST_F(OpenAIFieldsTest, ChatRendersThroughTheCheckpointsTemplate) {
   Serve();
   const json refused = Post("/v1/chat/completions", turns, 400);
   EXPECT_EQ(refused["error"]["param"], "messages[2].role");
+}
+
+TEST_F(OpenAIFieldsTest, EmbeddingsFloatAndBase64) {
+  Serve();
+  const json floats = Post("/v1/embeddings", R"({"input": ["Amen.", [10, 11, 12]]})");
+  ASSERT_EQ(floats["data"].size(), 2u);
+  absl::StatusOr<at::Tensor> expected = engine()->Embed({*engine()->Encode("Amen."), {10, 11, 12}});
+  ASSERT_TRUE(expected.ok());
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(floats["data"][i]["index"], i);
+    const std::vector<float> values = floats["data"][i]["embedding"];
+    ASSERT_EQ(values.size(), static_cast<size_t>(engine()->config().n_embd));
+    for (size_t j = 0; j < values.size(); ++j) {
+      ASSERT_NEAR(values[j], (*expected)[i][j].item<float>(), 1e-6) << i << " " << j;
+    }
+  }
+  EXPECT_EQ(floats["usage"]["prompt_tokens"], engine()->Encode("Amen.")->size() + 3);
+  // base64: the same float32 values, little-endian.
+  const json encoded =
+      Post("/v1/embeddings", R"({"input": [10, 11, 12], "encoding_format": "base64"})");
+  std::string bytes;
+  ASSERT_TRUE(absl::Base64Unescape(encoded["data"][0]["embedding"].get<std::string>(), &bytes));
+  ASSERT_EQ(bytes.size(), 4u * engine()->config().n_embd);
+  float first;
+  std::memcpy(&first, bytes.data(), 4);
+  EXPECT_EQ(first, floats["data"][1]["embedding"][0].get<float>());
+  EXPECT_EQ(Post("/v1/embeddings", R"({"input": []})", 400)["error"]["param"], "input");
+  EXPECT_EQ(Post("/v1/embeddings", R"({"input": ["a", 3]})", 400)["error"]["param"], "input[1]");
+  EXPECT_EQ(Post("/v1/embeddings", R"({"input": "a", "dimensions": 7})", 400)["error"]["param"],
+            "dimensions");
+  EXPECT_EQ(
+      Post("/v1/embeddings", R"({"input": "a", "encoding_format": "int8"})", 400)["error"]["param"],
+      "encoding_format");
+  EXPECT_EQ(Post("/v1/embeddings", R"({"input": ["a", [1, 99999999]]})", 400)["error"]["param"],
+            "input[1]");
 }
 
 TEST_F(OpenAIFieldsTest, CorsIsOffByDefault) {
