@@ -1,0 +1,315 @@
+#include "core/constrain/matcher.h"
+
+#include <algorithm>
+#include <cstring>
+#include <tuple>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "core/base/status_field.h"
+
+namespace lgpt {
+
+absl::StatusOr<std::shared_ptr<const TokenVocabulary>> TokenVocabulary::Create(
+    std::vector<std::string> token_bytes, std::vector<int64_t> eos_ids) {
+  std::shared_ptr<TokenVocabulary> v(new TokenVocabulary());
+  v->token_bytes_ = std::move(token_bytes);
+  v->is_eos_.assign(v->token_bytes_.size(), false);
+  for (int64_t id : eos_ids) {
+    if (id < 0 || id >= v->size()) {
+      return InvalidFieldError(
+          "eos_ids",
+          absl::StrCat("eos_ids: ", id, " is outside the vocabulary of ", v->size(), " tokens"));
+    }
+    v->is_eos_[id] = true;
+  }
+  v->eos_ids_ = std::move(eos_ids);
+
+  std::vector<int32_t> order;
+  for (int32_t id = 0; id < static_cast<int32_t>(v->token_bytes_.size()); ++id) {
+    if (!v->token_bytes_[id].empty()) order.push_back(id);
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t a, int32_t b) { return v->token_bytes_[a] < v->token_bytes_[b]; });
+  std::vector<int32_t> path;  // the node at each depth of the previous token's bytes
+  absl::string_view previous;
+  const auto close_to = [&](size_t depth) {
+    while (path.size() > depth) {
+      v->node_end_[path.back()] = static_cast<int32_t>(v->node_byte_.size());
+      path.pop_back();
+    }
+  };
+  for (int32_t id : order) {
+    const std::string& bytes = v->token_bytes_[id];
+    size_t common = 0;
+    while (common < bytes.size() && common < previous.size() && bytes[common] == previous[common]) {
+      ++common;
+    }
+    close_to(common);
+    for (size_t k = common; k < bytes.size(); ++k) {
+      path.push_back(static_cast<int32_t>(v->node_byte_.size()));
+      v->node_byte_.push_back(static_cast<uint8_t>(bytes[k]));
+      v->node_depth_.push_back(static_cast<int32_t>(k + 1));
+      v->node_end_.push_back(0);
+      v->node_first_token_.push_back(static_cast<int32_t>(v->sorted_ids_.size()));
+    }
+    v->sorted_ids_.push_back(id);
+    v->max_depth_ = std::max(v->max_depth_, static_cast<int32_t>(bytes.size()));
+    previous = bytes;
+  }
+  close_to(0);
+  v->node_first_token_.push_back(static_cast<int32_t>(v->sorted_ids_.size()));
+  return std::shared_ptr<const TokenVocabulary>(std::move(v));
+}
+
+bool TokenVocabulary::is_eos(int64_t id) const { return id >= 0 && id < size() && is_eos_[id]; }
+
+// The states of one (grammar, vocabulary) pair, interned, with memoized byte transitions and
+// cached masks. A stack is a linked list of grammar positions interned as ids: node 0 is the
+// empty stack (the root rule is complete), node n > 0 is (position, parent node). A state is
+// the sorted set of its stacks; state 0 is dead (no stack), and every other state's stacks,
+// apart from node 0, have a byte-set element at their top.
+class MatcherAutomaton {
+ public:
+  MatcherAutomaton(std::shared_ptr<const Grammar> grammar,
+                   std::shared_ptr<const TokenVocabulary> vocabulary)
+      : grammar_(std::move(grammar)), vocabulary_(std::move(vocabulary)) {
+    nodes_.emplace_back(-1, -1);
+    InternState({});  // dead
+    trans_.assign(256, 0);
+    std::vector<int32_t> stacks;
+    visited_.clear();
+    for (int32_t position : grammar_->alternatives(grammar_->root())) {
+      Expand(position, 0, &stacks);
+    }
+    initial_ = InternState(std::move(stacks));
+    words_ = static_cast<size_t>((vocabulary_->size() + 31) / 32);
+    depth_states_.resize(vocabulary_->max_depth() + 1);
+  }
+
+  int32_t initial() const { return initial_; }
+  const TokenVocabulary& vocabulary() const { return *vocabulary_; }
+  absl::Mutex& mu() { return mu_; }
+
+  bool CanEnd(int32_t state) ABSL_SHARED_LOCKS_REQUIRED(mu_) { return can_end_[state]; }
+  bool Complete(int32_t state) ABSL_SHARED_LOCKS_REQUIRED(mu_) { return complete_[state]; }
+
+  int32_t Next(int32_t state, uint8_t byte) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const int32_t next = trans_[static_cast<size_t>(state) * 256 + byte];
+    return next >= 0 ? next : ComputeNext(state, byte);
+  }
+
+  // The mask of `state` (words_ words, EOS included), computed or from the cache.
+  const std::vector<uint32_t>& Mask(int32_t state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (static_cast<size_t>(state) < masks_.size() && !masks_[state].empty()) {
+      return masks_[state];
+    }
+    if (mask_bytes_ + words_ * 4 > kMaskCacheBytes) {
+      masks_.clear();
+      mask_bytes_ = 0;
+    }
+    if (masks_.size() <= static_cast<size_t>(state)) masks_.resize(state + 1);
+    std::vector<uint32_t>& mask = masks_[state];
+    mask.assign(words_, 0);
+    mask_bytes_ += words_ * 4;
+    ComputeMask(state, mask.data());
+    return mask;
+  }
+
+ private:
+  static constexpr size_t kMaskCacheBytes = size_t{64} << 20;
+
+  void ComputeMask(int32_t state, uint32_t* words) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const TokenVocabulary& v = *vocabulary_;
+    int32_t* at = depth_states_.data();
+    at[0] = state;
+    const int32_t n = v.num_nodes();
+    for (int32_t i = 0; i < n;) {
+      const int32_t depth = v.node_depth(i);
+      const int32_t next = Next(at[depth - 1], v.node_byte(i));
+      if (next == 0) {  // a rejected prefix rejects its whole subtree
+        i = v.node_subtree_end(i);
+        continue;
+      }
+      at[depth] = next;
+      for (int32_t id : v.node_tokens(i)) words[id >> 5] |= 1u << (id & 31);
+      ++i;
+    }
+    if (can_end_[state]) {
+      for (int64_t id : v.eos_ids()) words[id >> 5] |= 1u << (id & 31);
+    }
+  }
+
+  int32_t InternNode(int32_t position, int32_t parent) {
+    const uint64_t key = (static_cast<uint64_t>(position) << 32) | static_cast<uint32_t>(parent);
+    auto [it, inserted] = node_ids_.emplace(key, static_cast<int32_t>(nodes_.size()));
+    if (inserted) nodes_.emplace_back(position, parent);
+    return it->second;
+  }
+
+  int32_t InternState(std::vector<int32_t> stacks) {
+    std::sort(stacks.begin(), stacks.end());
+    stacks.erase(std::unique(stacks.begin(), stacks.end()), stacks.end());
+    auto [it, inserted] = state_ids_.emplace(stacks, static_cast<int32_t>(states_.size()));
+    if (inserted) {
+      can_end_.push_back(!stacks.empty() && stacks[0] == 0);
+      complete_.push_back(stacks.size() == 1 && stacks[0] == 0);
+      states_.push_back(std::move(stacks));
+      trans_.resize(trans_.size() + 256, -1);
+    }
+    return it->second;
+  }
+
+  // Adds to *out the stacks that continue at `position` over the stack `parent`, expanded until
+  // a byte set is on top (or the stack is empty).
+  void Expand(int32_t position, int32_t parent, std::vector<int32_t>* out) {
+    for (;;) {
+      const Grammar::Element& e = grammar_->element(position);
+      if (e.kind == Grammar::Element::kEnd) {
+        if (parent == 0) {
+          out->push_back(0);
+          return;
+        }
+        std::tie(position, parent) = nodes_[parent];
+        continue;
+      }
+      if (e.kind == Grammar::Element::kBytes) {
+        out->push_back(InternNode(position, parent));
+        return;
+      }
+      // A reference in tail position returns straight to the parent: right recursion (the
+      // repetitions) keeps the stack flat.
+      const int32_t continuation = grammar_->element(position + 1).kind == Grammar::Element::kEnd
+                                       ? parent
+                                       : InternNode(position + 1, parent);
+      const uint64_t key =
+          (static_cast<uint64_t>(e.arg) << 32) | static_cast<uint32_t>(continuation);
+      if (!visited_.insert(key).second) return;
+      for (int32_t alternative : grammar_->alternatives(e.arg)) {
+        Expand(alternative, continuation, out);
+      }
+      return;
+    }
+  }
+
+  int32_t ComputeNext(int32_t state, uint8_t byte) {
+    const std::vector<int32_t> stacks = states_[state];
+    std::vector<int32_t> next;
+    visited_.clear();
+    for (int32_t stack : stacks) {
+      if (stack == 0) continue;
+      const auto [position, parent] = nodes_[stack];
+      if (grammar_->byte_set(grammar_->element(position).arg).test(byte)) {
+        Expand(position + 1, parent, &next);
+      }
+    }
+    const int32_t id = InternState(std::move(next));
+    trans_[static_cast<size_t>(state) * 256 + byte] = id;
+    return id;
+  }
+
+  const std::shared_ptr<const Grammar> grammar_;
+  const std::shared_ptr<const TokenVocabulary> vocabulary_;
+  int32_t initial_ = 0;
+  size_t words_ = 0;
+
+  absl::Mutex mu_;
+  std::vector<std::pair<int32_t, int32_t>> nodes_;
+  absl::flat_hash_map<uint64_t, int32_t> node_ids_;
+  std::vector<std::vector<int32_t>> states_;
+  absl::flat_hash_map<std::vector<int32_t>, int32_t> state_ids_;
+  std::vector<bool> can_end_, complete_;
+  std::vector<int32_t> trans_;  // states x 256; -1: not computed yet
+  absl::flat_hash_set<uint64_t> visited_;
+  std::vector<std::vector<uint32_t>> masks_;
+  size_t mask_bytes_ = 0;
+  std::vector<int32_t> depth_states_;
+};
+
+GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar> grammar,
+                               std::shared_ptr<const TokenVocabulary> vocabulary)
+    : automaton_(std::make_shared<MatcherAutomaton>(std::move(grammar), std::move(vocabulary))),
+      state_(automaton_->initial()) {}
+
+GrammarMatcher::~GrammarMatcher() = default;
+GrammarMatcher::GrammarMatcher(const GrammarMatcher&) = default;
+GrammarMatcher& GrammarMatcher::operator=(const GrammarMatcher&) = default;
+
+const TokenVocabulary& GrammarMatcher::vocabulary() const { return automaton_->vocabulary(); }
+
+absl::Status GrammarMatcher::AcceptToken(int64_t id) {
+  const TokenVocabulary& v = vocabulary();
+  const auto refuse = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "token ", id,
+        id >= 0 && id < v.size() ? absl::StrCat(" (\"", absl::CHexEscape(v.token_bytes(id)), "\")")
+                                 : "",
+        " is not allowed by the grammar: ", why));
+  };
+  if (id < 0 || id >= v.size()) return refuse("outside the vocabulary");
+  if (terminated_) return refuse("the output already ended with EOS");
+  if (v.is_eos(id)) {
+    if (!CanEnd()) return refuse("EOS before the grammar's sentence is complete");
+    terminated_ = true;
+    return absl::OkStatus();
+  }
+  if (v.token_bytes(id).empty()) return refuse("a special token");
+  absl::MutexLock lock(&automaton_->mu());
+  int32_t state = state_;
+  for (char c : v.token_bytes(id)) {
+    state = automaton_->Next(state, static_cast<uint8_t>(c));
+    if (state == 0) return refuse("the grammar does not continue so");
+  }
+  state_ = state;
+  return absl::OkStatus();
+}
+
+absl::Status GrammarMatcher::AcceptBytes(absl::string_view bytes) {
+  if (terminated_) return absl::InvalidArgumentError("the output already ended with EOS");
+  absl::MutexLock lock(&automaton_->mu());
+  int32_t state = state_;
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    state = automaton_->Next(state, static_cast<uint8_t>(bytes[i]));
+    if (state == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("the grammar does not allow byte ", i,
+                                                     " of \"", absl::CHexEscape(bytes), "\""));
+    }
+  }
+  state_ = state;
+  return absl::OkStatus();
+}
+
+void GrammarMatcher::FillNextTokenMask(absl::Span<uint32_t> bitmask) {
+  std::fill(bitmask.begin(), bitmask.end(), 0u);
+  if (terminated_) return;
+  absl::MutexLock lock(&automaton_->mu());
+  const std::vector<uint32_t>& mask = automaton_->Mask(state_);
+  std::memcpy(bitmask.data(), mask.data(), std::min(mask.size(), bitmask.size()) * 4);
+}
+
+std::vector<bool> GrammarMatcher::NextTokenMask() {
+  const int64_t n = vocabulary().size();
+  std::vector<uint32_t> words((n + 31) / 32);
+  FillNextTokenMask(absl::MakeSpan(words));
+  std::vector<bool> out(n);
+  for (int64_t i = 0; i < n; ++i) out[i] = (words[i >> 5] >> (i & 31)) & 1;
+  return out;
+}
+
+bool GrammarMatcher::CanEnd() const {
+  if (terminated_) return false;
+  absl::ReaderMutexLock lock(&automaton_->mu());
+  return automaton_->CanEnd(state_);
+}
+
+bool GrammarMatcher::IsComplete() const {
+  if (terminated_) return true;
+  absl::ReaderMutexLock lock(&automaton_->mu());
+  return automaton_->Complete(state_);
+}
+
+}  // namespace lgpt
