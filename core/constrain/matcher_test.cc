@@ -89,7 +89,7 @@ TEST(GrammarMatcherTest, TokensSplitMultiByteCharacters) {
   EXPECT_EQ(m.NextTokenMask(), (std::vector<bool>{0, 0, 0, 1, 0, 0, 0, 0}));
   ASSERT_TRUE(m.AcceptToken(3).ok());
   ASSERT_TRUE(m.AcceptToken(4).ok());
-  EXPECT_FALSE(m.AcceptToken(5).ok());          // é then x: x is in a-z
+  EXPECT_FALSE(m.AcceptToken(5).ok());  // é then x: x is in a-z
   EXPECT_FALSE(m.AcceptToken(6).ok());  // "\xC3" then '"' is ill-formed
   EXPECT_TRUE(m.AcceptBytes("\xA9\"").ok());
   EXPECT_TRUE(m.CanEnd());
