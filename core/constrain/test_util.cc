@@ -1,8 +1,12 @@
 #include "core/constrain/test_util.h"
 
+#include <fstream>
+#include <map>
 #include <utility>
 
+#include "core/constrain/utf8.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 
 namespace lgpt {
 
@@ -34,6 +38,32 @@ std::shared_ptr<const TokenVocabulary> SyntheticVocabulary(uint64_t seed, int si
                                                            absl::string_view alphabet) {
   std::vector<std::string> tokens = SyntheticTokenBytes(seed, size, alphabet);
   const int64_t eos = static_cast<int64_t>(tokens.size()) - 1;
+  return TokenVocabulary::Create(std::move(tokens), {eos}).value();
+}
+
+std::shared_ptr<const TokenVocabulary> Gpt2Vocabulary() {
+  std::ifstream file("core/text/testdata/gpt2/tokenizer.json");
+  EXPECT_TRUE(file.good());
+  const nlohmann::json json = nlohmann::json::parse(file);
+  // GPT-2's byte-to-character table: printable bytes stand for themselves, the others for
+  // U+0100 and up, in byte order.
+  std::map<uint32_t, char> byte_of;
+  uint32_t next = 256;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+    byte_of[printable ? b : next++] = static_cast<char>(b);
+  }
+  std::vector<std::string> tokens(json["model"]["vocab"].size() + 1);
+  for (const auto& [piece, id] : json["model"]["vocab"].items()) {
+    std::string bytes;
+    size_t pos = 0;
+    uint32_t c;
+    while (DecodeUtf8(piece, &pos, &c)) bytes += byte_of.at(c);
+    EXPECT_EQ(pos, piece.size());
+    tokens.at(id.get<int64_t>()) = bytes;
+  }
+  const int64_t eos = json["added_tokens"][0]["id"].get<int64_t>();
+  tokens.at(eos) = "";
   return TokenVocabulary::Create(std::move(tokens), {eos}).value();
 }
 

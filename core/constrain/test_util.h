@@ -23,6 +23,10 @@ std::vector<std::string> SyntheticTokenBytes(uint64_t seed, int size, absl::stri
 std::shared_ptr<const TokenVocabulary> SyntheticVocabulary(uint64_t seed, int size,
                                                            absl::string_view alphabet);
 
+// GPT-2's vocabulary (core/text/testdata/gpt2/tokenizer.json, read directly: the byte-level
+// alphabet mapped back to bytes), <|endoftext|> as EOS.
+std::shared_ptr<const TokenVocabulary> Gpt2Vocabulary();
+
 // Whether the grammar derives exactly `text`.
 bool GrammarAccepts(const std::shared_ptr<const Grammar>& grammar, absl::string_view text);
 
