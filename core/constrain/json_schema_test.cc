@@ -358,6 +358,40 @@ TEST(JsonSchemaTest, MaskEqualsBruteForce) {
   }
 }
 
+// The same with GPT-2's vocabulary, replaying a JSON answer, so that the walks skip whole
+// subtrees inside strings (bounded and unbounded ones).
+TEST(JsonSchemaTest, MaskEqualsBruteForceGpt2) {
+  auto vocabulary = Gpt2Vocabulary();
+  const Json schema = Json::parse(R"({"type": "object", "properties": {
+      "name": {"type": "string", "maxLength": 30},
+      "notes": {"type": "array", "items": {"type": "string"}},
+      "n": {"type": "integer", "minimum": 0, "maximum": 500}}, "required": ["name"]})");
+  GrammarMatcher m(Compile(schema), vocabulary);
+  const std::string answer =
+      R"({"name": "Grace Brewster Hopper", "notes": ["COBOL", "compilers and debugging", "a)"
+      R"( nanosecond wire", "é€"], "n": 117})";
+  std::vector<int64_t> allowed;
+  for (size_t pos = 0; pos < answer.size();) {
+    const std::vector<bool> mask = m.NextTokenMask();
+    int64_t longest = -1;
+    for (int64_t id = 0; id < vocabulary->size(); ++id) {
+      GrammarMatcher copy = m;
+      const bool ok = copy.AcceptToken(id).ok();
+      ASSERT_EQ(mask[id], ok) << "token " << id << " \"" << vocabulary->token_bytes(id)
+                              << "\" after \"" << answer.substr(0, pos) << "\"";
+      const std::string& bytes = vocabulary->token_bytes(id);
+      if (ok && !bytes.empty() && answer.compare(pos, bytes.size(), bytes) == 0 &&
+          (longest < 0 || bytes.size() > vocabulary->token_bytes(longest).size())) {
+        longest = id;
+      }
+    }
+    ASSERT_GE(longest, 0) << answer.substr(0, pos);
+    ASSERT_TRUE(m.AcceptToken(longest).ok());
+    pos += vocabulary->token_bytes(longest).size();
+  }
+  EXPECT_TRUE(m.IsComplete());
+}
+
 TEST(JsonSchemaTest, AcceptsAndRejects) {
   auto g = Compile(Json::parse(R"({
     "type": "object",

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <tuple>
 #include <utility>
 
@@ -36,10 +37,11 @@ absl::StatusOr<std::shared_ptr<const TokenVocabulary>> TokenVocabulary::Create(
   std::stable_sort(order.begin(), order.end(),
                    [&](int32_t a, int32_t b) { return v->token_bytes_[a] < v->token_bytes_[b]; });
   std::vector<int32_t> path;  // the node at each depth of the previous token's bytes
+  std::vector<int32_t> parent;
   absl::string_view previous;
   const auto close_to = [&](size_t depth) {
     while (path.size() > depth) {
-      v->node_end_[path.back()] = static_cast<int32_t>(v->node_byte_.size());
+      v->nodes_[path.back()].subtree_end = static_cast<int32_t>(v->nodes_.size());
       path.pop_back();
     }
   };
@@ -51,18 +53,28 @@ absl::StatusOr<std::shared_ptr<const TokenVocabulary>> TokenVocabulary::Create(
     }
     close_to(common);
     for (size_t k = common; k < bytes.size(); ++k) {
-      path.push_back(static_cast<int32_t>(v->node_byte_.size()));
-      v->node_byte_.push_back(static_cast<uint8_t>(bytes[k]));
-      v->node_depth_.push_back(static_cast<int32_t>(k + 1));
-      v->node_end_.push_back(0);
-      v->node_first_token_.push_back(static_cast<int32_t>(v->sorted_ids_.size()));
+      parent.push_back(path.empty() ? -1 : path.back());
+      path.push_back(static_cast<int32_t>(v->nodes_.size()));
+      v->nodes_.push_back(TrieNode{0, static_cast<int32_t>(v->sorted_ids_.size()),
+                                   static_cast<int32_t>(k + 1), static_cast<uint8_t>(bytes[k])});
     }
     v->sorted_ids_.push_back(id);
     v->max_depth_ = std::max(v->max_depth_, static_cast<int32_t>(bytes.size()));
     previous = bytes;
   }
   close_to(0);
-  v->node_first_token_.push_back(static_cast<int32_t>(v->sorted_ids_.size()));
+  const int32_t n = static_cast<int32_t>(v->nodes_.size());
+  v->subtree_bytes_.resize(n);
+  v->subtree_height_.assign(n, 1);
+  for (int32_t i = n - 1; i >= 0; --i) {  // children come after their parent
+    v->subtree_bytes_[i].set(v->nodes_[i].byte);
+    if (parent[i] >= 0) {
+      v->subtree_bytes_[parent[i]] |= v->subtree_bytes_[i];
+      v->subtree_height_[parent[i]] =
+          std::max(v->subtree_height_[parent[i]], v->subtree_height_[i] + 1);
+    }
+  }
+  v->nodes_.push_back(TrieNode{n, static_cast<int32_t>(v->sorted_ids_.size()), 0, 0});
   return std::shared_ptr<const TokenVocabulary>(std::move(v));
 }
 
@@ -79,14 +91,13 @@ class MatcherAutomaton {
                    std::shared_ptr<const TokenVocabulary> vocabulary)
       : grammar_(std::move(grammar)), vocabulary_(std::move(vocabulary)) {
     nodes_.emplace_back(-1, -1);
-    InternState({});  // dead
-    trans_.assign(256, 0);
     std::vector<int32_t> stacks;
+    InternState(&stacks);  // dead: no live byte, all transitions to itself
     visited_.clear();
     for (int32_t position : grammar_->alternatives(grammar_->root())) {
       Expand(position, 0, &stacks);
     }
-    initial_ = InternState(std::move(stacks));
+    initial_ = InternState(&stacks);
     words_ = static_cast<size_t>((vocabulary_->size() + 31) / 32);
     depth_states_.resize(vocabulary_->max_depth() + 1);
   }
@@ -128,20 +139,104 @@ class MatcherAutomaton {
     int32_t* at = depth_states_.data();
     at[0] = state;
     const int32_t n = v.num_nodes();
+    const TokenVocabulary::TrieNode* nodes = &v.node(0);
+    const int32_t* trans = trans_.data();  // refreshed when a new state grows the table
     for (int32_t i = 0; i < n;) {
-      const int32_t depth = v.node_depth(i);
-      const int32_t next = Next(at[depth - 1], v.node_byte(i));
+      const TokenVocabulary::TrieNode& node = nodes[i];
+      const int32_t from = at[node.depth - 1];
+      int32_t next = trans[static_cast<size_t>(from) * 256 + node.byte];
+      if (next < 0) {
+        next = ComputeNext(from, node.byte);
+        trans = trans_.data();
+      }
       if (next == 0) {  // a rejected prefix rejects its whole subtree
-        i = v.node_subtree_end(i);
+        i = node.subtree_end;
         continue;
       }
-      at[depth] = next;
+      // A subtree whose bytes all take `from` along a run of live states (inside a string:
+      // a state that loops, or a count of characters left) accepts all of its tokens.
+      if (node.subtree_end - i >= kRunMinNodes && Visit(from) >= kRunMinVisits) {
+        const Run& run = RunOf(from);
+        trans = trans_.data();  // RunOf() may have added states
+        if (run.length >= v.subtree_height(i) && (v.subtree_bytes(i) & ~run.bytes).none()) {
+          for (int32_t id : v.subtree_tokens(i)) words[id >> 5] |= 1u << (id & 31);
+          i = node.subtree_end;
+          continue;
+        }
+      }
+      at[node.depth] = next;
       for (int32_t id : v.node_tokens(i)) words[id >> 5] |= 1u << (id & 31);
       ++i;
     }
     if (can_end_[state]) {
       for (int64_t id : v.eos_ids()) words[id >> 5] |= 1u << (id & 31);
     }
+  }
+
+  // Subtrees smaller than this are walked; a state's run (its 256 transitions) is worked out
+  // once the walks have met it at kRunMinVisits larger subtrees, so that the walks of
+  // structural states, which end soon, do not pay for it. A run's bytes are at least
+  // kRunMinBytes (characters of a string, say), or it is none.
+  static constexpr int32_t kRunMinNodes = 16;
+  static constexpr uint32_t kRunMinVisits = 64;
+  static constexpr size_t kRunMinBytes = 16;
+
+  uint32_t Visit(int32_t state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (visits_.size() <= static_cast<size_t>(state)) visits_.resize(states_.size());
+    return ++visits_[state];
+  }
+
+  // The largest set of bytes that take a state to one same live state, and how many such steps
+  // the bytes of the set keep every state live (a state's run continues into its successor's
+  // when the successor's set holds its own): kInfinite for a state that loops on them.
+  struct Run {
+    std::bitset<256> bytes;
+    int32_t next = 0;
+    int64_t length = -1;  // -1: not computed yet
+  };
+  static constexpr int64_t kInfinite = int64_t{1} << 40;
+
+  const Run& RunOf(int32_t state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    runs_.resize(states_.size());
+    if (runs_[state].length >= 0) return runs_[state];
+    // The chain of successors, each grouped, up to a known run, a state without live successor,
+    // a loop or a state met before (in progress: its length is taken as 0, which is safe).
+    std::vector<int32_t> chain;
+    for (int32_t x = state; runs_[x].length == -1;) {
+      absl::flat_hash_map<int32_t, std::bitset<256>> groups;
+      for (int b = 0; b < 256; ++b) {
+        const int32_t next = Next(x, static_cast<uint8_t>(b));
+        if (next != 0) groups[next].set(b);
+      }
+      runs_.resize(states_.size());
+      Run& run = runs_[x];
+      run.length = -2;  // in progress
+      size_t best = 0;
+      for (const auto& [next, bytes] : groups) {
+        if (bytes.count() > best || (bytes.count() == best && next < run.next)) {
+          best = bytes.count();
+          run.bytes = bytes;
+          run.next = next;
+        }
+      }
+      if (best < kRunMinBytes) run.bytes.reset();
+      chain.push_back(x);
+      if (run.bytes.none() || run.next == x) break;
+      x = run.next;
+    }
+    for (size_t k = chain.size(); k-- > 0;) {
+      Run& run = runs_[chain[k]];
+      if (run.bytes.none()) {
+        run.length = 0;
+      } else if (run.next == chain[k]) {
+        run.length = kInfinite;
+      } else {
+        const Run& next = runs_[run.next];
+        const bool holds = (run.bytes & ~next.bytes).none();
+        run.length = holds ? std::min(kInfinite, 1 + std::max<int64_t>(next.length, 0)) : 1;
+      }
+    }
+    return runs_[state];
   }
 
   int32_t InternNode(int32_t position, int32_t parent) {
@@ -151,17 +246,45 @@ class MatcherAutomaton {
     return it->second;
   }
 
-  int32_t InternState(std::vector<int32_t> stacks) {
-    std::sort(stacks.begin(), stacks.end());
-    stacks.erase(std::unique(stacks.begin(), stacks.end()), stacks.end());
-    auto [it, inserted] = state_ids_.emplace(stacks, static_cast<int32_t>(states_.size()));
-    if (inserted) {
-      can_end_.push_back(!stacks.empty() && stacks[0] == 0);
-      complete_.push_back(stacks.size() == 1 && stacks[0] == 0);
-      states_.push_back(std::move(stacks));
-      trans_.resize(trans_.size() + 256, -1);
+  // Sorts and dedupes *stacks, and returns the id of the state of those stacks.
+  int32_t InternState(std::vector<int32_t>* stacks) {
+    std::sort(stacks->begin(), stacks->end());
+    stacks->erase(std::unique(stacks->begin(), stacks->end()), stacks->end());
+    auto it = state_ids_.find(*stacks);
+    if (it != state_ids_.end()) return it->second;
+    const int32_t id = static_cast<int32_t>(states_.size());
+    state_ids_.emplace(*stacks, id);
+    can_end_.push_back(!stacks->empty() && (*stacks)[0] == 0);
+    complete_.push_back(stacks->size() == 1 && (*stacks)[0] == 0);
+    states_.push_back(*stacks);
+    // Bytes that no stack's top takes lead to the dead state: only the others are computed.
+    // Bytes that the same tops take lead to the same state: a class of such bytes is computed
+    // once, for its first byte (the class's byte in `classes_`).
+    std::vector<int32_t> sets;  // the distinct byte sets on top
+    for (int32_t stack : *stacks) {
+      if (stack == 0) continue;
+      const int32_t set = grammar_->element(nodes_[stack].first).arg;
+      if (std::find(sets.begin(), sets.end(), set) == sets.end()) sets.push_back(set);
     }
-    return it->second;
+    trans_.resize(trans_.size() + 256, 0);
+    classes_.resize(classes_.size() + 256);
+    int32_t* row = &trans_[static_cast<size_t>(id) * 256];
+    uint8_t* classes = &classes_[static_cast<size_t>(id) * 256];
+    absl::flat_hash_map<uint64_t, uint8_t> first_of_signature;
+    for (int b = 0; b < 256; ++b) {
+      uint64_t signature = 0;
+      for (size_t k = 0; k < sets.size(); ++k) {
+        if (grammar_->byte_set(sets[k]).test(b)) signature |= uint64_t{1} << (k % 64);
+      }
+      if (signature == 0) continue;
+      row[b] = -1;
+      // With more than 64 sets the signature is ambiguous: each byte is its own class then.
+      classes[b] =
+          sets.size() > 64
+              ? static_cast<uint8_t>(b)
+              : first_of_signature.emplace(signature, static_cast<uint8_t>(b)).first->second;
+    }
+    return id;
   }
 
   // Adds to *out the stacks that continue at `position` over the stack `parent`, expanded until
@@ -197,18 +320,23 @@ class MatcherAutomaton {
   }
 
   int32_t ComputeNext(int32_t state, uint8_t byte) {
-    const std::vector<int32_t> stacks = states_[state];
-    std::vector<int32_t> next;
+    std::vector<int32_t>& next = scratch_;
+    next.clear();
     visited_.clear();
-    for (int32_t stack : stacks) {
+    // Expand adds stack nodes, never states, so the state's stacks stay in place.
+    for (int32_t stack : states_[state]) {
       if (stack == 0) continue;
       const auto [position, parent] = nodes_[stack];
       if (grammar_->byte_set(grammar_->element(position).arg).test(byte)) {
         Expand(position + 1, parent, &next);
       }
     }
-    const int32_t id = InternState(std::move(next));
-    trans_[static_cast<size_t>(state) * 256 + byte] = id;
+    const int32_t id = InternState(&next);
+    int32_t* row = &trans_[static_cast<size_t>(state) * 256];
+    const uint8_t* classes = &classes_[static_cast<size_t>(state) * 256];
+    for (int b = 0; b < 256; ++b) {
+      if (row[b] < 0 && classes[b] == classes[byte]) row[b] = id;
+    }
     return id;
   }
 
@@ -223,11 +351,15 @@ class MatcherAutomaton {
   std::vector<std::vector<int32_t>> states_;
   absl::flat_hash_map<std::vector<int32_t>, int32_t> state_ids_;
   std::vector<bool> can_end_, complete_;
-  std::vector<int32_t> trans_;  // states x 256; -1: not computed yet
+  std::vector<int32_t> trans_;    // states x 256; -1: not computed yet
+  std::vector<uint8_t> classes_;  // states x 256: the first byte of each byte's class
   absl::flat_hash_set<uint64_t> visited_;
   std::vector<std::vector<uint32_t>> masks_;
   size_t mask_bytes_ = 0;
   std::vector<int32_t> depth_states_;
+  std::vector<Run> runs_;
+  std::vector<uint32_t> visits_;
+  std::vector<int32_t> scratch_;
 };
 
 GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar> grammar,

@@ -26,6 +26,7 @@
 #ifndef LGPT_CORE_CONSTRAIN_MATCHER_H_
 #define LGPT_CORE_CONSTRAIN_MATCHER_H_
 
+#include <bitset>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -53,17 +54,27 @@ class TokenVocabulary {
   bool is_eos(int64_t id) const;
   const std::vector<int64_t>& eos_ids() const { return eos_ids_; }
 
-  // The trie in preorder: node i adds byte node_byte(i) at depth node_depth(i) (>= 1) to its
-  // parent's bytes; its subtree ends before node_subtree_end(i); the tokens whose bytes end
-  // there are node_tokens(i).
-  int32_t num_nodes() const { return static_cast<int32_t>(node_byte_.size()); }
-  uint8_t node_byte(int32_t i) const { return node_byte_[i]; }
-  int32_t node_depth(int32_t i) const { return node_depth_[i]; }
-  int32_t node_subtree_end(int32_t i) const { return node_end_[i]; }
+  // The trie in preorder: node i adds byte `byte` at depth `depth` (>= 1) to its parent's
+  // bytes; its subtree is the nodes [i, subtree_end); the tokens whose bytes end at it are
+  // node_tokens(i), and those of its whole subtree subtree_tokens(i).
+  struct TrieNode {
+    int32_t subtree_end;
+    int32_t first_token;  // index into the tokens sorted by bytes
+    int32_t depth;
+    uint8_t byte;
+  };
+  int32_t num_nodes() const { return static_cast<int32_t>(nodes_.size()) - 1; }
+  const TrieNode& node(int32_t i) const { return nodes_[i]; }
   absl::Span<const int32_t> node_tokens(int32_t i) const {
-    return absl::MakeConstSpan(sorted_ids_)
-        .subspan(node_first_token_[i], node_first_token_[i + 1] - node_first_token_[i]);
+    return TokenRange(nodes_[i].first_token, nodes_[i + 1].first_token);
   }
+  absl::Span<const int32_t> subtree_tokens(int32_t i) const {
+    return TokenRange(nodes_[i].first_token, nodes_[nodes_[i].subtree_end].first_token);
+  }
+  // The bytes of node i and all nodes below it.
+  const std::bitset<256>& subtree_bytes(int32_t i) const { return subtree_bytes_[i]; }
+  // The most bytes a token of node i's subtree has from node i on (node i's byte included).
+  int32_t subtree_height(int32_t i) const { return subtree_height_[i]; }
   int32_t max_depth() const { return max_depth_; }
 
  private:
@@ -71,8 +82,14 @@ class TokenVocabulary {
   std::vector<std::string> token_bytes_;
   std::vector<int64_t> eos_ids_;
   std::vector<bool> is_eos_;
-  std::vector<uint8_t> node_byte_;
-  std::vector<int32_t> node_depth_, node_end_, node_first_token_, sorted_ids_;
+  absl::Span<const int32_t> TokenRange(int32_t begin, int32_t end) const {
+    return absl::MakeConstSpan(sorted_ids_).subspan(begin, end - begin);
+  }
+
+  std::vector<TrieNode> nodes_;  // and a sentinel whose first_token is the number of tokens
+  std::vector<std::bitset<256>> subtree_bytes_;
+  std::vector<int32_t> subtree_height_;
+  std::vector<int32_t> sorted_ids_;
   int32_t max_depth_ = 0;
 };
 

@@ -23,12 +23,18 @@ TEST(TokenVocabularyTest, TrieIsPreorderWithSubtreeEnds) {
   auto v = Vocabulary({"ab", "a", "", "b", "abc", "ab", "ba"}, {2});
   // Nodes: a(1) b(2) c(3) b(1) a(2).
   ASSERT_EQ(v->num_nodes(), 5);
-  EXPECT_EQ(v->node_byte(0), 'a');
-  EXPECT_EQ(v->node_subtree_end(0), 3);
+  EXPECT_EQ(v->node(0).byte, 'a');
+  EXPECT_EQ(v->node(0).subtree_end, 3);
   EXPECT_THAT(v->node_tokens(0), ::testing::ElementsAre(1));
   EXPECT_THAT(v->node_tokens(1), ::testing::ElementsAre(0, 5));
   EXPECT_THAT(v->node_tokens(2), ::testing::ElementsAre(4));
-  EXPECT_EQ(v->node_depth(4), 2);
+  EXPECT_THAT(v->subtree_tokens(0), ::testing::ElementsAre(1, 0, 5, 4));
+  EXPECT_THAT(v->subtree_tokens(3), ::testing::ElementsAre(3, 6));
+  EXPECT_EQ(v->subtree_bytes(0), std::bitset<256>().set('a').set('b').set('c'));
+  EXPECT_EQ(v->subtree_bytes(3), std::bitset<256>().set('a').set('b'));
+  EXPECT_EQ(v->node(4).depth, 2);
+  EXPECT_EQ(v->subtree_height(0), 3);
+  EXPECT_EQ(v->subtree_height(2), 1);
   EXPECT_EQ(v->max_depth(), 3);
   EXPECT_TRUE(v->is_eos(2));
   EXPECT_FALSE(v->is_eos(0));
