@@ -186,9 +186,9 @@ class MatcherAutomaton {
     return ++visits_[state];
   }
 
-  // The largest set of bytes that take a state to one same live state, and how many such steps
-  // the bytes of the set keep every state live (a state's run continues into its successor's
-  // when the successor's set holds its own): kInfinite for a state that loops on them.
+  // A state's largest class of bytes that take it to one same live state, and how many such
+  // steps the bytes of the class keep every state live (a state's run continues into its
+  // successor's when the successor's set holds its own): kInfinite for a state that loops on them.
   struct Run {
     std::bitset<256> bytes;
     int32_t next = 0;
@@ -203,23 +203,28 @@ class MatcherAutomaton {
     // a loop or a state met before (in progress: its length is taken as 0, which is safe).
     std::vector<int32_t> chain;
     for (int32_t x = state; runs_[x].length == -1;) {
-      absl::flat_hash_map<int32_t, std::bitset<256>> groups;
+      // The largest class of live bytes (they share their successor): computing the other
+      // classes' successors would make states (inside characters, say) that runs do not use.
+      int count[256] = {};
+      const int32_t* row = &trans_[static_cast<size_t>(x) * 256];
+      const uint8_t* classes = &classes_[static_cast<size_t>(x) * 256];
+      int best_class = -1;
       for (int b = 0; b < 256; ++b) {
-        const int32_t next = Next(x, static_cast<uint8_t>(b));
-        if (next != 0) groups[next].set(b);
+        if (row[b] == 0) continue;  // dead
+        if (++count[classes[b]] > (best_class < 0 ? 0 : count[best_class])) best_class = classes[b];
       }
+      std::bitset<256> bytes;
+      for (int b = 0; b < 256 && best_class >= 0; ++b) {
+        if (row[b] != 0 && classes[b] == best_class) bytes.set(b);
+      }
+      const int32_t next = best_class >= 0 ? Next(x, static_cast<uint8_t>(best_class)) : 0;
       runs_.resize(states_.size());
       Run& run = runs_[x];
       run.length = -2;  // in progress
-      size_t best = 0;
-      for (const auto& [next, bytes] : groups) {
-        if (bytes.count() > best || (bytes.count() == best && next < run.next)) {
-          best = bytes.count();
-          run.bytes = bytes;
-          run.next = next;
-        }
-      }
-      if (best < kRunMinBytes) run.bytes.reset();
+      run.bytes = bytes;
+      run.next = next;
+      const size_t best = bytes.count();
+      if (best < kRunMinBytes || next == 0) run.bytes.reset();
       chain.push_back(x);
       if (run.bytes.none() || run.next == x) break;
       x = run.next;
@@ -270,19 +275,30 @@ class MatcherAutomaton {
     classes_.resize(classes_.size() + 256);
     int32_t* row = &trans_[static_cast<size_t>(id) * 256];
     uint8_t* classes = &classes_[static_cast<size_t>(id) * 256];
-    absl::flat_hash_map<uint64_t, uint8_t> first_of_signature;
-    for (int b = 0; b < 256; ++b) {
-      uint64_t signature = 0;
-      for (size_t k = 0; k < sets.size(); ++k) {
-        if (grammar_->byte_set(sets[k]).test(b)) signature |= uint64_t{1} << (k % 64);
+    if (sets.size() > 64) {  // too many for a signature: each byte is its own class
+      Grammar::ByteSet live;
+      for (int32_t set : sets) live |= grammar_->byte_set(set);
+      for (int b = 0; b < 256; ++b) {
+        if (live[b]) row[b] = -1;
+        classes[b] = static_cast<uint8_t>(b);
       }
-      if (signature == 0) continue;
+      return id;
+    }
+    uint64_t signature[256] = {};  // which sets take each byte
+    for (size_t k = 0; k < sets.size(); ++k) {
+      const Grammar::ByteSet& set = grammar_->byte_set(sets[k]);
+      for (int b = 0; b < 256; ++b) {
+        if (set[b]) signature[b] |= uint64_t{1} << k;
+      }
+    }
+    std::vector<std::pair<uint64_t, uint8_t>> firsts;  // each signature's first byte
+    for (int b = 0; b < 256; ++b) {
+      if (signature[b] == 0) continue;
       row[b] = -1;
-      // With more than 64 sets the signature is ambiguous: each byte is its own class then.
-      classes[b] =
-          sets.size() > 64
-              ? static_cast<uint8_t>(b)
-              : first_of_signature.emplace(signature, static_cast<uint8_t>(b)).first->second;
+      auto it = std::find_if(firsts.begin(), firsts.end(),
+                             [&](const auto& first) { return first.first == signature[b]; });
+      if (it == firsts.end()) it = firsts.insert(firsts.end(), {signature[b], b});
+      classes[b] = it->second;
     }
     return id;
   }
