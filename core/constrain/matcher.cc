@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <optional>
 #include <tuple>
 #include <utility>
@@ -10,7 +11,6 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "core/base/status_field.h"
 
 namespace lgpt {
@@ -104,18 +104,18 @@ class MatcherAutomaton {
 
   int32_t initial() const { return initial_; }
   const TokenVocabulary& vocabulary() const { return *vocabulary_; }
-  absl::Mutex& mu() { return mu_; }
+  std::mutex& mu() { return mu_; }
 
-  bool CanEnd(int32_t state) ABSL_SHARED_LOCKS_REQUIRED(mu_) { return can_end_[state]; }
-  bool Complete(int32_t state) ABSL_SHARED_LOCKS_REQUIRED(mu_) { return complete_[state]; }
+  bool CanEnd(int32_t state) { return can_end_[state]; }
+  bool Complete(int32_t state) { return complete_[state]; }
 
-  int32_t Next(int32_t state, uint8_t byte) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  int32_t Next(int32_t state, uint8_t byte) {
     const int32_t next = trans_[static_cast<size_t>(state) * 256 + byte];
     return next >= 0 ? next : ComputeNext(state, byte);
   }
 
   // The mask of `state` (words_ words, EOS included), computed or from the cache.
-  const std::vector<uint32_t>& Mask(int32_t state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  const std::vector<uint32_t>& Mask(int32_t state) {
     if (static_cast<size_t>(state) < masks_.size() && !masks_[state].empty()) {
       return masks_[state];
     }
@@ -134,7 +134,7 @@ class MatcherAutomaton {
  private:
   static constexpr size_t kMaskCacheBytes = size_t{64} << 20;
 
-  void ComputeMask(int32_t state, uint32_t* words) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  void ComputeMask(int32_t state, uint32_t* words) {
     const TokenVocabulary& v = *vocabulary_;
     int32_t* at = depth_states_.data();
     at[0] = state;
@@ -181,7 +181,7 @@ class MatcherAutomaton {
   static constexpr uint32_t kRunMinVisits = 64;
   static constexpr size_t kRunMinBytes = 16;
 
-  uint32_t Visit(int32_t state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  uint32_t Visit(int32_t state) {
     if (visits_.size() <= static_cast<size_t>(state)) visits_.resize(states_.size());
     return ++visits_[state];
   }
@@ -196,7 +196,7 @@ class MatcherAutomaton {
   };
   static constexpr int64_t kInfinite = int64_t{1} << 40;
 
-  const Run& RunOf(int32_t state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  const Run& RunOf(int32_t state) {
     runs_.resize(states_.size());
     if (runs_[state].length >= 0) return runs_[state];
     // The chain of successors, each grouped, up to a known run, a state without live successor,
@@ -361,7 +361,8 @@ class MatcherAutomaton {
   int32_t initial_ = 0;
   size_t words_ = 0;
 
-  absl::Mutex mu_;
+  // A std::mutex, which ThreadSanitizer understands (the system Abseil is not built for it).
+  std::mutex mu_;
   std::vector<std::pair<int32_t, int32_t>> nodes_;
   absl::flat_hash_map<uint64_t, int32_t> node_ids_;
   std::vector<std::vector<int32_t>> states_;
@@ -406,7 +407,7 @@ absl::Status GrammarMatcher::AcceptToken(int64_t id) {
     return absl::OkStatus();
   }
   if (v.token_bytes(id).empty()) return refuse("a special token");
-  absl::MutexLock lock(&automaton_->mu());
+  std::lock_guard<std::mutex> lock(automaton_->mu());
   int32_t state = state_;
   for (char c : v.token_bytes(id)) {
     state = automaton_->Next(state, static_cast<uint8_t>(c));
@@ -418,7 +419,7 @@ absl::Status GrammarMatcher::AcceptToken(int64_t id) {
 
 absl::Status GrammarMatcher::AcceptBytes(absl::string_view bytes) {
   if (terminated_) return absl::InvalidArgumentError("the output already ended with EOS");
-  absl::MutexLock lock(&automaton_->mu());
+  std::lock_guard<std::mutex> lock(automaton_->mu());
   int32_t state = state_;
   for (size_t i = 0; i < bytes.size(); ++i) {
     state = automaton_->Next(state, static_cast<uint8_t>(bytes[i]));
@@ -434,7 +435,7 @@ absl::Status GrammarMatcher::AcceptBytes(absl::string_view bytes) {
 void GrammarMatcher::FillNextTokenMask(absl::Span<uint32_t> bitmask) {
   std::fill(bitmask.begin(), bitmask.end(), 0u);
   if (terminated_) return;
-  absl::MutexLock lock(&automaton_->mu());
+  std::lock_guard<std::mutex> lock(automaton_->mu());
   const std::vector<uint32_t>& mask = automaton_->Mask(state_);
   std::memcpy(bitmask.data(), mask.data(), std::min(mask.size(), bitmask.size()) * 4);
 }
@@ -450,13 +451,13 @@ std::vector<bool> GrammarMatcher::NextTokenMask() {
 
 bool GrammarMatcher::CanEnd() const {
   if (terminated_) return false;
-  absl::ReaderMutexLock lock(&automaton_->mu());
+  std::lock_guard<std::mutex> lock(automaton_->mu());
   return automaton_->CanEnd(state_);
 }
 
 bool GrammarMatcher::IsComplete() const {
   if (terminated_) return true;
-  absl::ReaderMutexLock lock(&automaton_->mu());
+  std::lock_guard<std::mutex> lock(automaton_->mu());
   return automaton_->Complete(state_);
 }
 

@@ -139,6 +139,13 @@ void BM_MaskPerTokenWarm(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * static_cast<int64_t>(s.answer.size()));
 }
 
+// Compiling the schema (to GBNF, then to the byte-level grammar).
+void BM_CompileJsonSchema(benchmark::State& state) {
+  const nlohmann::ordered_json schema = nlohmann::ordered_json::parse(kSchema);
+  for (auto _ : state) benchmark::DoNotOptimize(CompileJsonSchema(schema, "schema").value());
+}
+
+BENCHMARK(BM_CompileJsonSchema)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_MaskPerTokenCold)->Arg(32000)->Arg(50257)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_MaskPerTokenWarm)->Arg(32000)->Arg(50257)->Unit(benchmark::kMicrosecond);
 

@@ -2,6 +2,8 @@
 
 #include <random>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "core/constrain/test_util.h"
 #include "gmock/gmock.h"
@@ -147,6 +149,27 @@ item ::= [0-9]+ | "\"" [^"]* "\"" | root)");
     EXPECT_TRUE(GrammarAccepts(grammar, *text)) << *text;
   }
   EXPECT_GT(finished, 25);
+}
+
+// Forks share the memo tables; on different threads each walks as it would alone.
+TEST(GrammarMatcherTest, ForksOnThreads) {
+  auto grammar = Compile(R"(root ::= "[" (item ("," item)*)? "]"
+item ::= [0-9]{1,3} | "\"" [^"]* "\"" | root)");
+  auto v = SyntheticVocabulary(8, 3000, "[],0123\"ab \xE4\xB8\xAD");
+  GrammarMatcher shared(grammar, v);
+  std::vector<std::thread> threads;
+  std::vector<int> finished(4, 0);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937_64 rng(t);
+      for (int walk = 0; walk < 20; ++walk) {
+        std::optional<std::string> text = RandomWalk(shared.Fork(), &rng, 300);
+        if (text && GrammarAccepts(grammar, *text)) ++finished[t];
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (int t = 0; t < 4; ++t) EXPECT_GT(finished[t], 10) << t;
 }
 
 }  // namespace
