@@ -198,6 +198,7 @@ using Element = Grammar::Element;
 using Sequence = std::vector<Element>;
 
 constexpr int kMaxRepeat = 100000;
+constexpr int kMaxNesting = 256;  // groups in groups: the parser recurses
 
 bool IsNameChar(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
@@ -416,9 +417,13 @@ class GbnfParser {
       return true;
     }
     if (c == '(') {
+      if (depth_ >= kMaxNesting) return Fail(absl::StrCat("groups nest deeper than ", kMaxNesting));
       ++pos_;
       std::vector<Sequence> alternatives;
-      if (!ParseAlternatives(&alternatives)) return false;
+      ++depth_;
+      const bool parsed = ParseAlternatives(&alternatives);
+      --depth_;
+      if (!parsed) return false;
       if (AtEnd() || Peek() != ')') {
         return Fail("expected )");
       }
@@ -554,6 +559,7 @@ class GbnfParser {
   std::string rule_name_;
   GrammarBuilder builder_;
   absl::flat_hash_map<int, size_t> first_use_;  // where each rule is first used
+  int depth_ = 0;                               // of nested groups
   absl::Status error_;
 };
 

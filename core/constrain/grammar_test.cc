@@ -1,7 +1,9 @@
 #include "core/constrain/grammar.h"
 
+#include <random>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "core/constrain/test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -124,6 +126,55 @@ TEST(GrammarTest, LiteralAndClassWritersRoundTrip) {
   EXPECT_FALSE(GrammarAccepts(g, text + "\xED\xA0\x80"));  // a surrogate
   auto nothing = Compile("root ::= \"a\" | " + GbnfCharClass({}));
   EXPECT_TRUE(GrammarAccepts(nothing, "a"));
+}
+
+TEST(GrammarTest, DeepNestingIsRefusedAndLongChainsWork) {
+  EXPECT_THAT(ErrorOf("root ::= " + std::string(300, '(') + "\"a\"" + std::string(300, ')')),
+              HasSubstr("groups nest deeper than 256"));
+  // A chain of 20000 rules, each the next one's only element: the matcher expands it without
+  // recursion.
+  std::string text = "root ::= r0\n";
+  for (int i = 0; i < 20000; ++i) absl::StrAppend(&text, "r", i, " ::= r", i + 1, " | \"x\"\n");
+  text += "r20000 ::= \"y\"\n";
+  auto g = Compile(text);
+  EXPECT_TRUE(GrammarAccepts(g, "y"));
+  EXPECT_TRUE(GrammarAccepts(g, "x"));
+  EXPECT_FALSE(GrammarAccepts(g, "xy"));
+}
+
+// Mutated grammars compile or fail with InvalidArgument; never crash (run under ASan too).
+TEST(GrammarTest, MutatedGrammarsNeverCrash) {
+  const std::string base = R"(root ::= "{" ws (pair ("," ws pair)*)? "}" # c
+pair ::= "\"" [a-z\u00e9-\u00ff]{1,3} "\"" ws ":" ws ([0-9]+ | "t" | root | .) ws
+ws ::= [ \t\n]{0,2})";
+  const std::string alphabet = "()[]{}|*+?.\"\\:=-^#,0123 \nrootxuU\xC3\xA9";
+  std::mt19937 rng(3);
+  int compiled = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    std::string text = base;
+    for (int edit = 0; edit < 1 + static_cast<int>(rng() % 3); ++edit) {
+      const size_t at = rng() % text.size();
+      const char c = alphabet[rng() % alphabet.size()];
+      switch (rng() % 3) {
+        case 0:
+          text.insert(text.begin() + at, c);
+          break;
+        case 1:
+          text.erase(at, 1);
+          break;
+        default:
+          text[at] = c;
+      }
+    }
+    absl::StatusOr<std::shared_ptr<const Grammar>> g = CompileGbnf(text);
+    if (!g.ok()) {
+      EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument) << text;
+      continue;
+    }
+    ++compiled;
+    GrammarAccepts(*g, R"({"ab": 12, "c":{}})");
+  }
+  EXPECT_GT(compiled, 100);
 }
 
 }  // namespace

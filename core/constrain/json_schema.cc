@@ -22,6 +22,8 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
+constexpr int kMaxNesting = 128;  // schemas in schemas: the compiler recurses
+
 // The largest integer the number rules write: 16 digits.
 constexpr int64_t kMaxInteger = 9999999999999999;
 
@@ -138,6 +140,16 @@ class SchemaCompiler {
   }
 
   absl::StatusOr<std::string> Visit(const Json& schema, const std::string& path) {
+    if (depth_ >= kMaxNesting) {
+      return Error(path, absl::StrCat("schemas nest deeper than ", kMaxNesting));
+    }
+    ++depth_;
+    absl::StatusOr<std::string> rule = VisitNested(schema, path);
+    --depth_;
+    return rule;
+  }
+
+  absl::StatusOr<std::string> VisitNested(const Json& schema, const std::string& path) {
     if (schema.is_boolean()) return schema.get<bool>() ? std::string("json-value") : "([])";
     if (!schema.is_object()) return Error(path, "a schema must be an object or a boolean");
     for (const auto& [key, value] : schema.items()) {
@@ -453,6 +465,7 @@ class SchemaCompiler {
   const std::string root_path_;
   std::vector<std::pair<std::string, std::string>> rules_;
   std::map<std::string, std::string> refs_;
+  int depth_ = 0;  // of nested schemas
 };
 
 }  // namespace

@@ -305,33 +305,41 @@ class MatcherAutomaton {
 
   // Adds to *out the stacks that continue at `position` over the stack `parent`, expanded until
   // a byte set is on top (or the stack is empty).
+  // (With a work list, not recursion: rules may nest deep.)
   void Expand(int32_t position, int32_t parent, std::vector<int32_t>* out) {
-    for (;;) {
-      const Grammar::Element& e = grammar_->element(position);
-      if (e.kind == Grammar::Element::kEnd) {
-        if (parent == 0) {
-          out->push_back(0);
-          return;
+    std::vector<std::pair<int32_t, int32_t>>& work = work_;
+    work.assign(1, {position, parent});
+    while (!work.empty()) {
+      std::tie(position, parent) = work.back();
+      work.pop_back();
+      for (;;) {
+        const Grammar::Element& e = grammar_->element(position);
+        if (e.kind == Grammar::Element::kEnd) {
+          if (parent == 0) {
+            out->push_back(0);
+            break;
+          }
+          std::tie(position, parent) = nodes_[parent];
+          continue;
         }
-        std::tie(position, parent) = nodes_[parent];
-        continue;
+        if (e.kind == Grammar::Element::kBytes) {
+          out->push_back(InternNode(position, parent));
+          break;
+        }
+        // A reference in tail position returns straight to the parent: right recursion (the
+        // repetitions) keeps the stack flat.
+        const int32_t continuation = grammar_->element(position + 1).kind == Grammar::Element::kEnd
+                                         ? parent
+                                         : InternNode(position + 1, parent);
+        const uint64_t key =
+            (static_cast<uint64_t>(e.arg) << 32) | static_cast<uint32_t>(continuation);
+        if (visited_.insert(key).second) {
+          for (int32_t alternative : grammar_->alternatives(e.arg)) {
+            work.emplace_back(alternative, continuation);
+          }
+        }
+        break;
       }
-      if (e.kind == Grammar::Element::kBytes) {
-        out->push_back(InternNode(position, parent));
-        return;
-      }
-      // A reference in tail position returns straight to the parent: right recursion (the
-      // repetitions) keeps the stack flat.
-      const int32_t continuation = grammar_->element(position + 1).kind == Grammar::Element::kEnd
-                                       ? parent
-                                       : InternNode(position + 1, parent);
-      const uint64_t key =
-          (static_cast<uint64_t>(e.arg) << 32) | static_cast<uint32_t>(continuation);
-      if (!visited_.insert(key).second) return;
-      for (int32_t alternative : grammar_->alternatives(e.arg)) {
-        Expand(alternative, continuation, out);
-      }
-      return;
     }
   }
 
@@ -377,6 +385,7 @@ class MatcherAutomaton {
   std::vector<Run> runs_;
   std::vector<uint32_t> visits_;
   std::vector<int32_t> scratch_;
+  std::vector<std::pair<int32_t, int32_t>> work_;  // Expand's
 };
 
 GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar> grammar,

@@ -17,6 +17,9 @@ namespace {
 
 using Ranges = std::vector<std::pair<uint32_t, uint32_t>>;
 
+// Groups in groups (the parser recurses); each becomes up to three nested GBNF groups.
+constexpr int kMaxNesting = 64;
+
 // A piece of the pattern as GBNF, and whether it matches the empty text.
 struct Fragment {
   std::string gbnf;
@@ -379,7 +382,14 @@ class RegexParser {
             return Error("lookaround, flags and other (? groups are not supported");
           }
         }
-        RETURN_IF_ERROR(ParseAlternation(out));
+        if (depth_ >= kMaxNesting) {
+          pos_ = start;
+          return Error(absl::StrCat("groups nest deeper than ", kMaxNesting));
+        }
+        ++depth_;
+        const absl::Status parsed = ParseAlternation(out);
+        --depth_;
+        RETURN_IF_ERROR(parsed);
         if (AtEnd() || Peek() != ')') {
           pos_ = start;
           return Error("unbalanced (");
@@ -424,6 +434,7 @@ class RegexParser {
   absl::string_view field_;
   RegexText text_;
   size_t pos_ = 0;
+  int depth_ = 0;  // of nested groups
 };
 
 }  // namespace

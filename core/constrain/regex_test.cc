@@ -136,6 +136,45 @@ TEST(RegexTest, RefusalsNameTheFieldAndOffset) {
   EXPECT_THAT(error("a{3,2}"), HasSubstr("max < min"));
   EXPECT_THAT(error("a*+"), HasSubstr("possessive"));
   EXPECT_THAT(error(R"(\x4)"), HasSubstr("malformed hexadecimal escape"));
+  EXPECT_THAT(error(std::string(100, '(') + "a" + std::string(100, ')')),
+              HasSubstr("groups nest deeper than 64"));
+}
+
+// Nested groups up to the limit compile.
+TEST(RegexTest, NestingUpToTheLimit) {
+  const std::string pattern = std::string(64, '(') + "a|b" + std::string(64, ')') + "+";
+  absl::StatusOr<std::shared_ptr<const Grammar>> grammar = CompileRegex(pattern, "p");
+  ASSERT_TRUE(grammar.ok()) << grammar.status();
+  EXPECT_TRUE(GrammarAccepts(*grammar, "abba"));
+  EXPECT_FALSE(GrammarAccepts(*grammar, "abc"));
+}
+
+// Mutated patterns compile or fail with InvalidArgument; never crash (run under ASan too).
+TEST(RegexTest, MutatedPatternsNeverCrash) {
+  const std::string base = R"(^(?:[a-c\d]+|x{2,3}\.(?P<n>\w*))?[^"\\]$)";
+  const std::string alphabet = "()[]{}|*+?.^$\\:-,023abPn<>\xC3\xA9";
+  std::mt19937 rng(4);
+  for (int trial = 0; trial < 3000; ++trial) {
+    std::string pattern = base;
+    for (int edit = 0; edit < 1 + static_cast<int>(rng() % 3); ++edit) {
+      const size_t at = rng() % pattern.size();
+      const char c = alphabet[rng() % alphabet.size()];
+      if (rng() % 2) {
+        pattern.insert(pattern.begin() + at, c);
+      } else {
+        pattern[at] = c;
+      }
+    }
+    for (RegexText text : {RegexText::kRaw, RegexText::kJsonString}) {
+      absl::StatusOr<std::string> gbnf = RegexToGbnf(pattern, "p", text);
+      if (!gbnf.ok()) {
+        EXPECT_EQ(gbnf.status().code(), absl::StatusCode::kInvalidArgument) << pattern;
+        continue;
+      }
+      // What the regex compiler writes is always valid GBNF.
+      EXPECT_TRUE(CompileGbnf("root ::= " + *gbnf).ok()) << pattern << "\n" << *gbnf;
+    }
+  }
 }
 
 }  // namespace
