@@ -32,7 +32,8 @@ absl::StatusOr<std::shared_ptr<const TokenVocabulary>> TokenVocabulary::Create(
 
   std::vector<int32_t> order;
   for (int32_t id = 0; id < static_cast<int32_t>(v->token_bytes_.size()); ++id) {
-    if (!v->token_bytes_[id].empty()) order.push_back(id);
+    // EOS ids are the end, whatever their bytes: they stay out of the trie.
+    if (!v->token_bytes_[id].empty() && !v->is_eos_[id]) order.push_back(id);
   }
   std::stable_sort(order.begin(), order.end(),
                    [&](int32_t a, int32_t b) { return v->token_bytes_[a] < v->token_bytes_[b]; });

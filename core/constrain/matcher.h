@@ -44,8 +44,8 @@ class TokenVocabulary {
  public:
   // token_bytes[id]: the exact bytes token `id` adds to the text. An empty string is a token
   // that a grammar never allows (special and control tokens), except the `eos_ids`, which
-  // are allowed exactly when the grammar may end. InvalidArgument naming eos_ids for an id
-  // outside the vocabulary.
+  // are allowed exactly when the grammar may end (and never as text, whatever their bytes).
+  // InvalidArgument naming eos_ids for an id outside the vocabulary.
   static absl::StatusOr<std::shared_ptr<const TokenVocabulary>> Create(
       std::vector<std::string> token_bytes, std::vector<int64_t> eos_ids);
 

@@ -69,6 +69,18 @@ TEST(GrammarMatcherTest, MaskAcceptEndAndComplete) {
   EXPECT_EQ(m.NextTokenMask(), std::vector<bool>(7, false));
 }
 
+// An EOS token that has bytes is the end, never text.
+TEST(GrammarMatcherTest, EosWithBytesIsOnlyTheEnd) {
+  auto v = Vocabulary({"a", "</s>", "<"}, {1});
+  GrammarMatcher m(Compile(R"(root ::= "a" [</s>]*)"), v);
+  EXPECT_EQ(m.NextTokenMask(), (std::vector<bool>{1, 0, 0}));
+  EXPECT_FALSE(m.AcceptToken(1).ok());
+  ASSERT_TRUE(m.AcceptToken(0).ok());
+  EXPECT_EQ(m.NextTokenMask(), (std::vector<bool>{0, 1, 1}));
+  ASSERT_TRUE(m.AcceptToken(1).ok());
+  EXPECT_TRUE(m.terminated());
+}
+
 TEST(GrammarMatcherTest, PaddedAndShortBitmasks) {
   std::vector<std::string> bytes(40, "x");
   bytes[35] = "y";
