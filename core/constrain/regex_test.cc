@@ -140,6 +140,76 @@ TEST(RegexTest, RefusalsNameTheFieldAndOffset) {
               HasSubstr("groups nest deeper than 64"));
 }
 
+// Random patterns of the supported subset agree with RE2, both ways.
+std::string RandomPattern(std::mt19937_64* rng, int depth) {
+  const auto pick = [&](int n) { return static_cast<int>((*rng)() % n); };
+  std::string out;
+  const int items = 1 + pick(3);
+  for (int i = 0; i < items; ++i) {
+    std::string atom;
+    switch (pick(depth > 2 ? 6 : 8)) {
+      case 0:
+        atom = std::string(1, "abc-"[pick(4)]);
+        break;
+      case 1:
+        atom = std::vector<std::string>{"[a-c]", "[^ab]", "[\\d.]", "[é-ë]", "[^\\w]"}[pick(5)];
+        break;
+      case 2:
+        atom = std::vector<std::string>{"\\d", "\\w", "\\s", "\\S", "\\.", "."}[pick(6)];
+        break;
+      case 3:
+        atom = "é";
+        break;
+      case 4:
+      case 5:
+        atom = std::string(1, "ab"[pick(2)]);
+        break;
+      default: {
+        std::string group = RandomPattern(rng, depth + 1);
+        if (pick(2)) group += "|" + RandomPattern(rng, depth + 1);
+        atom = (pick(2) ? "(?:" : "(") + group + ")";
+      }
+    }
+    const int quantifier = pick(8);
+    if (quantifier == 0) atom += "?";
+    if (quantifier == 1) atom += "{1,2}";
+    if (quantifier == 2) atom += "{2}";
+    // Unbounded repetitions only of what cannot match the empty text.
+    if (quantifier == 3 && atom[0] != '(') atom += "*";
+    if (quantifier == 4 && atom[0] != '(') atom += "+";
+    out += atom;
+  }
+  return out;
+}
+
+TEST(RegexTest, RandomPatternsAgreeWithRe2) {
+  auto vocabulary = SyntheticVocabulary(13, 2000, "abc-9._ \xC3\xA9\xC3\xAB");
+  std::mt19937_64 rng(77);
+  for (int trial = 0; trial < 150; ++trial) {
+    const std::string pattern = RandomPattern(&rng, 0);
+    SCOPED_TRACE(pattern);
+    RE2 re(pattern);
+    ASSERT_TRUE(re.ok()) << re.error();
+    absl::StatusOr<std::shared_ptr<const Grammar>> grammar = CompileRegex(pattern, "p");
+    ASSERT_TRUE(grammar.ok()) << grammar.status();
+    for (int walk = 0; walk < 10; ++walk) {
+      std::optional<std::string> text =
+          RandomWalk(GrammarMatcher(*grammar, vocabulary), &rng, 40, 0.3);
+      if (text) {
+        EXPECT_TRUE(RE2::FullMatch(*text, re)) << "\"" << *text << "\"";
+      }
+    }
+    for (int i = 0; i < 300; ++i) {
+      std::string s;
+      const int length = static_cast<int>(rng() % 6);
+      for (int k = 0; k < length; ++k) {
+        s += std::vector<std::string>{"a", "b", "c", "-", "9", ".", " ", "é", "ë", "_"}[rng() % 10];
+      }
+      EXPECT_EQ(GrammarAccepts(*grammar, s), RE2::FullMatch(s, re)) << "\"" << s << "\"";
+    }
+  }
+}
+
 // Nested groups up to the limit compile.
 TEST(RegexTest, NestingUpToTheLimit) {
   const std::string pattern = std::string(64, '(') + "a|b" + std::string(64, ')') + "+";
