@@ -47,7 +47,6 @@ class RegexParser {
       : pattern_(pattern), field_(field), text_(text) {}
 
   absl::StatusOr<std::string> Parse() {
-    if (!AtEnd() && Peek() == '^') ++pos_;
     Fragment f;
     RETURN_IF_ERROR(ParseAlternation(&f));
     if (!AtEnd()) return Error(Peek() == ')' ? "unbalanced )" : "unexpected character");
@@ -89,13 +88,23 @@ class RegexParser {
     out->gbnf = "(";
     out->nullable = true;
     while (!AtEnd() && Peek() != '|' && Peek() != ')') {
-      if (Peek() == '$') {
-        ++pos_;
-        if (!AtEnd()) {
-          --pos_;
-          return Error("$ is supported only at the end of the pattern");
+      // Anchors where they mean the whole text's ends: ^ before anything (groups may open
+      // first), $ after everything (groups may close after it), or either at the edge of a
+      // top-level alternative.
+      if (Peek() == '^' || Peek() == '$') {
+        const bool start = Peek() == '^';
+        const absl::string_view before = pattern_.substr(0, pos_);
+        const absl::string_view after = pattern_.substr(pos_ + 1);
+        const bool edge = start ? before.find_first_not_of('(') == absl::string_view::npos ||
+                                      (depth_ == 0 && before.back() == '|')
+                                : after.find_first_not_of(')') == absl::string_view::npos ||
+                                      (depth_ == 0 && after.front() == '|');
+        if (!edge) {
+          return Error(start ? "^ is supported only at the start of the pattern"
+                             : "$ is supported only at the end of the pattern");
         }
-        break;
+        ++pos_;
+        continue;
       }
       Fragment item;
       RETURN_IF_ERROR(ParseAtom(&item));
@@ -408,8 +417,6 @@ class RegexParser {
       case '+':
       case '?':
         return Error("nothing to repeat");
-      case '^':
-        return Error("^ is supported only at the start of the pattern");
       case '\\': {
         ++pos_;
         Ranges ranges;

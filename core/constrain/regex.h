@@ -5,11 +5,11 @@
 // \f \v \0, \xNN, \x{N...}, \uNNNN, character classes with ranges and negation ([a-z\d_],
 // [^"]), `.` (any character but \n, as RE2), groups ( ), (?: ), (?P<name> ) and (?<name> ),
 // alternation |, the repetitions * + ? {m} {m,} {m,n} (lazy forms such as *? are the same
-// language), and the anchors ^ at the start and $ at the end (the match is always the whole
-// text). Refused with InvalidArgument naming the field and the offset: backreferences,
-// lookaround, flags such as (?i), \b \B \A \z, anchors elsewhere, POSIX classes [[:alpha:]],
-// possessive repetitions, and an unbounded repetition of something that can match the empty
-// string (as (a?)*: write a* instead).
+// language), and the anchors ^ at the start and $ at the end, also of top-level alternatives
+// (the match is always the whole text). Refused with InvalidArgument naming the field and the
+// offset: backreferences, lookaround, flags such as (?i), \b \B \A \z, anchors elsewhere, POSIX
+// classes [[:alpha:]], possessive repetitions, and an unbounded repetition of something that can
+// match the empty string (as (a?)*: write a* instead).
 #ifndef LGPT_CORE_CONSTRAIN_REGEX_H_
 #define LGPT_CORE_CONSTRAIN_REGEX_H_
 

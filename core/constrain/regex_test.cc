@@ -35,6 +35,8 @@ constexpr const char* kPatterns[] = {
     R"(x\D\W)",
     R"([-a]b[a-])",
     R"(a{,2})",  // a literal brace, as RE2
+    R"(^a$|^b+$)",
+    R"(((^ab|c)$))",
 };
 
 // Characters the pattern tests draw from.
@@ -128,6 +130,8 @@ TEST(RegexTest, RefusalsNameTheFieldAndOffset) {
   EXPECT_THAT(error(R"(\bword)"), HasSubstr("\\b is not supported"));
   EXPECT_THAT(error("a^b"), HasSubstr("at offset 1: ^ is supported only at the start"));
   EXPECT_THAT(error("a$b"), HasSubstr("at offset 1: $ is supported only at the end"));
+  EXPECT_THAT(error("(a$|b)c"), HasSubstr("at offset 2: $ is supported only at the end"));
+  EXPECT_THAT(error("x(^a)"), HasSubstr("at offset 2: ^ is supported only at the start"));
   EXPECT_THAT(error("*a"), HasSubstr("nothing to repeat"));
   EXPECT_THAT(error("(a?)*"), HasSubstr("at offset 4: an unbounded repetition"));
   EXPECT_THAT(error("[z-a]"), HasSubstr("bad character range"));
