@@ -1,9 +1,9 @@
 // The runtime of constrained decoding: which tokens a grammar (core/constrain/grammar.h) allows
 // next, and advancing it by the token the sampler chose.
 //
-//   // Once per tokenizer (core/text/token_bytes.h gives each id's bytes):
+//   // Once per tokenizer (core/text's Tokenizer::VocabularyBytes() gives each id's bytes):
 //   ASSIGN_OR_RETURN(std::shared_ptr<const TokenVocabulary> vocabulary,
-//                    TokenVocabulary::Create(std::move(token_bytes), {eos_id}));
+//                    TokenVocabulary::Create(tokenizer.VocabularyBytes(), {eos_id}));
 //   // Per request:
 //   GrammarMatcher matcher(grammar, vocabulary);
 //   while (!matcher.IsComplete()) {
@@ -17,7 +17,8 @@
 // the bytes so far leave open, and each state and byte lead to one next state. States and
 // their byte transitions are interned and memoized, so a state seen before (say, inside a JSON
 // string) costs a table look-up per byte; the mask is a walk of the vocabulary's byte trie that
-// drops a subtree at the first byte the state rejects, and masks are cached per state.
+// drops a subtree at the first byte the state rejects, and masks are cached per state. Forks
+// share all of it: a server can keep one matcher per grammar and Fork() it per request.
 //
 // Thread safety: Grammar and TokenVocabulary are immutable and may be shared by any number of
 // threads and matchers. A GrammarMatcher is for one request and one thread at a time; its
