@@ -13,8 +13,8 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
 #include "core/base/file_util.h"
-#include "core/text/sentencepiece_tokenizer.h"
 #include "core/base/status_macros.h"
+#include "core/text/sentencepiece_tokenizer.h"
 #include "core/text/tokenizer_backend.h"
 #include "core/text/tokenizer_hf.h"
 #include "core/text/tokenizer_unicode.h"
@@ -278,6 +278,22 @@ class SentencePieceBackend : public TokenizerBackend {
   std::unique_ptr<IncrementalDecoder> NewDecoder() const override {
     return std::make_unique<SentencePieceDecoder>(*model_);
   }
+  // SentencePieceDecoder's rules for a piece that is not the first.
+  std::optional<std::string> TokenBytes(int64_t id) const override {
+    if (id < 0 || id >= model_->size()) return std::nullopt;
+    const int i = static_cast<int>(id);
+    switch (model_->type(i)) {
+      case SentencePieceModel::PieceType::kControl:
+        return std::nullopt;
+      case SentencePieceModel::PieceType::kByte:  // "<0xAB>"
+        return std::string(
+            1, static_cast<char>(std::stoul(model_->piece(i).substr(3, 2), nullptr, 16)));
+      case SentencePieceModel::PieceType::kUnknown:
+        return model_->unk_surface();
+      default:
+        return absl::StrReplaceAll(model_->piece(i), {{"\xE2\x96\x81", " "}});
+    }
+  }
   absl::string_view name() const override { return "sentencepiece"; }
 
  private:
@@ -422,6 +438,18 @@ absl::StatusOr<std::string> Tokenizer::RawDecode(absl::Span<const int64_t> ids) 
   for (int64_t id : ids) RETURN_IF_ERROR(decoder->Push(id, &text));
   decoder->Finish(&text);
   return text;
+}
+
+std::optional<std::string> Tokenizer::TokenBytes(int64_t id) const {
+  return backend_->TokenBytes(id);
+}
+
+std::vector<std::string> Tokenizer::VocabularyBytes() const {
+  std::vector<std::string> bytes(backend_->id_limit());
+  for (int64_t id = 0; id < static_cast<int64_t>(bytes.size()); ++id) {
+    bytes[id] = backend_->TokenBytes(id).value_or("");
+  }
+  return bytes;
 }
 
 absl::StatusOr<std::string> Tokenizer::Decode(absl::Span<const int64_t> ids) const {

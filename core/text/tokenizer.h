@@ -60,6 +60,15 @@ class Tokenizer {
   // default). InvalidArgument for an id that has no token.
   absl::StatusOr<std::string> Decode(absl::Span<const int64_t> ids) const;
 
+  // The exact bytes token `id` adds to the text when it is generated after other text (the
+  // leading space a first token loses in Decode is kept; a byte-fallback token such as <0xE2>
+  // is that one byte): what constrained decoding matches against a grammar. nullopt for
+  // special and control tokens (BOS, EOS, ...) and ids without a token.
+  std::optional<std::string> TokenBytes(int64_t id) const;
+  // TokenBytes of every id the tokenizer can produce (0 to the largest, added tokens
+  // included), an empty string for those without bytes: core/constrain's TokenVocabulary.
+  std::vector<std::string> VocabularyBytes() const;
+
   // The id of a token string (Hugging Face: added tokens, then the vocabulary; SentencePiece:
   // the piece, or the unknown piece's id as the library answers). NotFound otherwise.
   absl::StatusOr<int64_t> TokenToId(absl::string_view token) const;

@@ -1,6 +1,7 @@
 // The interface between the public Tokenizer (core/text/tokenizer.h), which applies LitGPT's rules
 // for BOS/EOS, and the two tokenizer implementations: Hugging Face tokenizer.json
-// (core/text/tokenizer_hf.h) and SentencePiece tokenizer.model (core/text/sentencepiece_tokenizer.h).
+// (core/text/tokenizer_hf.h) and SentencePiece tokenizer.model
+// (core/text/sentencepiece_tokenizer.h).
 #ifndef LGPT_CORE_TEXT_TOKENIZER_BACKEND_H_
 #define LGPT_CORE_TEXT_TOKENIZER_BACKEND_H_
 
@@ -48,6 +49,12 @@ class TokenizerBackend {
   virtual std::optional<int64_t> TokenToId(absl::string_view token) const = 0;
 
   virtual std::unique_ptr<IncrementalDecoder> NewDecoder() const = 0;
+
+  // The exact bytes token `id` adds to the text when it follows other text (a leading space
+  // that the first token of a decode loses is kept): a byte-fallback token is its one byte, a
+  // byte-level token the bytes its characters stand for. nullopt for special and control
+  // tokens, which decode to nothing, and for ids without a token.
+  virtual std::optional<std::string> TokenBytes(int64_t id) const = 0;
 
   // "huggingface" or "sentencepiece", as LitGPT's Tokenizer.backend.
   virtual absl::string_view name() const = 0;

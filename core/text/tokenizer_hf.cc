@@ -18,8 +18,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
-#include "core/text/pretokenizer.h"
 #include "core/base/status_macros.h"
+#include "core/text/pretokenizer.h"
 #include "core/text/tokenizer_unicode.h"
 
 namespace lgpt {
@@ -713,6 +713,7 @@ class HfTokenizer : public TokenizerBackend {
     return model_.TokenToId(token);
   }
   std::unique_ptr<IncrementalDecoder> NewDecoder() const override;
+  std::optional<std::string> TokenBytes(int64_t id) const override;
   absl::string_view name() const override { return "huggingface"; }
 
   // The token string decode starts from (added tokens first), or nullptr.
@@ -1549,6 +1550,46 @@ class HfDecoder : public IncrementalDecoder {
 
 std::unique_ptr<IncrementalDecoder> HfTokenizer::NewDecoder() const {
   return std::make_unique<HfDecoder>(*this);
+}
+
+// HfDecoder's steps for one token that is not the first: a byte token stops at ByteFallback as
+// its byte; Metaspace turns every replacement character into a space; the Strip after Fuse only
+// trims the ends of the whole text, so it is left out.
+std::optional<std::string> HfTokenizer::TokenBytes(int64_t id) const {
+  const std::string* token = IdToToken(id);
+  if (token == nullptr || IsSpecial(*token)) return std::nullopt;
+  switch (decoder_kind_) {
+    case DecoderKind::kJoinWithSpace:
+      return absl::StrCat(" ", *token);
+    case DecoderKind::kByteLevel:
+      return ByteLevelUnmap(*token);
+    case DecoderKind::kChain:
+      break;
+  }
+  std::string text = *token;
+  for (const DecoderStep& s : decoder_steps_) {
+    switch (s.kind) {
+      case DecoderStep::Kind::kReplace:
+        text = absl::StrReplaceAll(text, {{s.from, s.to}});
+        break;
+      case DecoderStep::Kind::kStrip:
+        text = StripToken(text, {s.content, s.start, s.stop});
+        break;
+      case DecoderStep::Kind::kMetaspace: {
+        const char32_t replacement = ToCodePoints(s.from)[0];
+        std::string replaced;
+        for (char32_t c : ToCodePoints(text)) AppendUtf8(c == replacement ? U' ' : c, &replaced);
+        text = std::move(replaced);
+        break;
+      }
+      case DecoderStep::Kind::kByteFallback: {
+        const int byte = ParseByteToken(text);
+        if (byte >= 0) return std::string(1, static_cast<char>(byte));
+        break;
+      }
+    }
+  }
+  return text;
 }
 
 }  // namespace

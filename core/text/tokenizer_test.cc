@@ -273,7 +273,9 @@ TEST(StreamingTest, PrimedWithContext) {
         ASSERT_TRUE(decoded.ok()) << decoded.status();
         for (size_t i = split; i < ids.size(); ++i) *decoded += *decoder.Push(ids[i]);
         *decoded += decoder.Flush();
-        if (ids.size() >= 2) { EXPECT_EQ(*decoded, *t->Decode(ids)) << name << " " << split; }
+        if (ids.size() >= 2) {
+          EXPECT_EQ(*decoded, *t->Decode(ids)) << name << " " << split;
+        }
       }
     }
   }
@@ -309,6 +311,54 @@ TEST(StreamingTest, SingleTokenDecodingFix) {
 
 // ---------------------------------------------------------------------------------------------
 // SentencePiece.
+
+// TokenBytes, for constrained decoding: over an encoding the bytes concatenate to the decode
+// (with the leading space that the decode's first token loses), byte-fallback pieces are their
+// bytes, special tokens have none, and a token whose bytes are whole characters without a
+// leading space decodes alone to them.
+TEST(TokenBytesTest, ConcatenateToDecode) {
+  const std::vector<std::string> texts = {
+      "Hello world",         "  two  spaces ",   "na\u00efve caf\u00e9 \u65e5\u672c\u8a9e",
+      "emoji \U0001F600 ok", "line\nbreak\ttab", "{\"a\": [1, 2.5], \"b\": null}",
+      "\u0416\u0417 \u00df"};
+  for (const char* name : {"gpt2", "spm_bpe", "spm_unigram", "spm_gemma", "spm_bpe_hf",
+                           "spm_gemma_hf", "spm_bpe_meta"}) {
+    SCOPED_TRACE(name);
+    auto t = Load(Dir(name));
+    ASSERT_NE(t, nullptr);
+    for (const std::string& text : texts) {
+      const Ids ids = t->Encode(text, /*bos=*/false).value();
+      std::string bytes;
+      for (int64_t id : ids) bytes += t->TokenBytes(id).value_or("");
+      const std::string decoded = t->Decode(ids).value();
+      EXPECT_TRUE(bytes == decoded || bytes == " " + decoded)
+          << "bytes \"" << bytes << "\" decode \"" << decoded << "\"";
+    }
+    for (std::optional<int64_t> special : {t->bos_id(), t->eos_id()}) {
+      if (special) {
+        EXPECT_FALSE(t->TokenBytes(*special).has_value()) << *special;
+      }
+    }
+    EXPECT_FALSE(t->TokenBytes(-1).has_value());
+    const std::vector<std::string> vocabulary = t->VocabularyBytes();
+    EXPECT_GE(static_cast<int64_t>(vocabulary.size()), t->vocab_size());
+    int checked = 0;
+    for (int64_t id = 0; id < static_cast<int64_t>(vocabulary.size()); ++id) {
+      const std::string& b = vocabulary[id];
+      EXPECT_EQ(b, t->TokenBytes(id).value_or(""));
+      if (b.empty() || b[0] == ' ' || ClassifyUtf8(b) != Utf8State::kComplete) continue;
+      EXPECT_EQ(t->Decode({id}).value(), b) << id;
+      ++checked;
+    }
+    EXPECT_GT(checked, 100);
+  }
+  // A byte-fallback piece is its byte.
+  auto sp = Load(Dir("spm_bpe"));
+  const int64_t e2 = sp->TokenToId("<0xE2>").value();
+  EXPECT_EQ(sp->TokenBytes(e2), std::string("\xE2"));
+  auto hf = Load(Dir("spm_bpe_hf"));
+  EXPECT_EQ(hf->TokenBytes(hf->TokenToId("<0xE2>").value()), std::string("\xE2"));
+}
 
 TEST(SentencePieceTest, Properties) {
   auto t = Load(Dir("spm_bpe"));
@@ -644,7 +694,9 @@ TEST(ConfigTest, NulAndControlCharacters) {
     ASSERT_NE(t, nullptr);
     absl::StatusOr<Ids> ids = t->Encode(text, false);
     ASSERT_TRUE(ids.ok()) << ids.status();
-    if (name == "gpt2" || name == "spm_bpe") { EXPECT_EQ(*t->Decode(*ids), text) << name; }
+    if (name == "gpt2" || name == "spm_bpe") {
+      EXPECT_EQ(*t->Decode(*ids), text) << name;
+    }
   }
 }
 
