@@ -337,7 +337,7 @@ class RequestText {
       result_.finish_reason = FinishReason::kCancelled;
     } else if (stopped_by_sequence_) {
       result_.finish_reason = FinishReason::kStopSequence;
-    } else if (stopped_by_tokens_ ||
+    } else if (stopped_by_tokens_ || (options_.constraint && options_.constraint->Done()) ||
                (!result_.tokens.empty() &&
                 std::find(stops_.begin(), stops_.end(), result_.tokens.back()) != stops_.end())) {
       result_.finish_reason = FinishReason::kStopToken;

@@ -603,6 +603,39 @@ std::string Grammar::DebugString() const {
   return out;
 }
 
+std::string PrefixGbnfRuleNames(absl::string_view text, absl::string_view prefix) {
+  std::string out;
+  out.reserve(text.size());
+  size_t i = 0;
+  // Copies up to the unescaped `close` (included).
+  auto copy_quoted = [&](char close) {
+    out += text[i++];
+    while (i < text.size() && text[i] != close) {
+      if (text[i] == '\\' && i + 1 < text.size()) out += text[i++];
+      out += text[i++];
+    }
+    if (i < text.size()) out += text[i++];
+  };
+  while (i < text.size()) {
+    const char c = text[i];
+    if (c == '"') {
+      copy_quoted('"');
+    } else if (c == '[') {
+      copy_quoted(']');
+    } else if (c == '{') {
+      copy_quoted('}');
+    } else if (c == '#') {
+      while (i < text.size() && text[i] != '\n') out += text[i++];
+    } else if (IsNameChar(c)) {
+      out.append(prefix.data(), prefix.size());
+      while (i < text.size() && IsNameChar(text[i])) out += text[i++];
+    } else {
+      out += text[i++];
+    }
+  }
+  return out;
+}
+
 std::string GbnfLiteral(absl::string_view text) {
   std::string out = "\"";
   for (char c : text) {

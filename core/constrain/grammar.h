@@ -75,6 +75,11 @@ class Grammar {
 // but not defined, defined twice, a missing `root`, and left recursion (naming the rule).
 absl::StatusOr<std::shared_ptr<const Grammar>> CompileGbnf(absl::string_view text);
 
+// GBNF `text` with every rule name (defined or used) prefixed by `prefix`, string literals,
+// character classes, repetition counts and comments untouched: grammars written separately
+// (one JSON schema per tool) combined into one without their rule names clashing.
+std::string PrefixGbnfRuleNames(absl::string_view text, absl::string_view prefix);
+
 // `text` as a GBNF string literal, quotes included, that matches exactly its bytes; `text`
 // must be UTF-8 (for compilers that write GBNF: json_schema, regex).
 std::string GbnfLiteral(absl::string_view text);

@@ -177,5 +177,18 @@ ws ::= [ \t\n]{0,2})";
   EXPECT_GT(compiled, 100);
 }
 
+TEST(GrammarTest, PrefixedRuleNamesLeaveLiteralsClassesAndCountsAlone) {
+  const std::string text =
+      "root ::= item (\",\" item){0,3} # root and item\nitem ::= [a-z-]+ \"root\\\" item\"\n";
+  const std::string prefixed = PrefixGbnfRuleNames(text, "t0-");
+  EXPECT_EQ(prefixed,
+            "t0-root ::= t0-item (\",\" t0-item){0,3} # root and item\n"
+            "t0-item ::= [a-z-]+ \"root\\\" item\"\n");
+  // Still a grammar, now under a new root.
+  absl::StatusOr<std::shared_ptr<const Grammar>> grammar =
+      CompileGbnf(absl::StrCat("root ::= \"<\" t0-root \">\"\n", prefixed));
+  EXPECT_TRUE(grammar.ok()) << grammar.status();
+}
+
 }  // namespace
 }  // namespace lgpt

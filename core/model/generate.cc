@@ -127,7 +127,8 @@ absl::StatusOr<std::vector<int64_t>> Generate(GPTImpl& model, KVCache& cache,
     }
     const bool keep_going = !options.on_token || options.on_token(next);
     const bool stop = std::find(options.stop_tokens.begin(), options.stop_tokens.end(), next) !=
-                      options.stop_tokens.end();
+                          options.stop_tokens.end() ||
+                      (options.constraint && options.constraint->Done());
     if (!keep_going || stop || i + 1 == options.max_new_tokens) break;
     token.fill_(next);
     RETURN_IF_ERROR(stream.MakeRoom(1).status());

@@ -50,6 +50,9 @@ class TokenConstraint {
   virtual absl::Status Accept(int64_t token) = 0;
   // A copy in the same state (a request's other choices).
   virtual std::unique_ptr<TokenConstraint> Clone() const = 0;
+  // Whether nothing more may follow (a grammar's sentence complete and not extensible, or its
+  // end token taken): generation ends there, as at a stop token.
+  virtual bool Done() const { return false; }
 };
 
 // The log-probabilities of row [vocab] (float32 logits): the normaliser and the `top` most

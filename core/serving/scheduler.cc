@@ -134,7 +134,9 @@ struct Scheduler::Request {
     const bool keep_going = CallOnToken(next);
     const std::vector<int64_t>& stops = options.stop_tokens;
     const bool stop = std::find(stops.begin(), stops.end(), next) != stops.end();
-    const bool done = !error.ok() || !keep_going || stop || generated() == options.max_new_tokens;
+    const bool finished = options.constraint && options.constraint->Done();
+    const bool done = !error.ok() || !keep_going || stop || finished ||
+                      generated() == options.max_new_tokens;
     MoveTo(done ? RequestState::kFinished : RequestState::kDecoding);
   }
   // Calls on_logprob; its exception becomes the request's error.

@@ -31,6 +31,11 @@
 #include "absl/strings/strip.h"
 #include "core/base/status_field.h"
 #include "core/base/status_macros.h"
+#include "core/constrain/grammar.h"
+#include "core/constrain/json_schema.h"
+#include "core/constrain/matcher.h"
+#include "core/constrain/regex.h"
+#include "core/serving/grammar_constraint.h"
 #include "core/text/chat_template.h"
 #include "core/text/prompt_style.h"
 #include "core/text/tool_calls.h"
@@ -241,6 +246,11 @@ struct HttpServer::Impl {
   std::thread shutdown_thread;
   std::mt19937_64 random{std::random_device{}()};
   std::atomic<bool> run_done{false};
+  // Constrained decoding's state: vocabularies (end tokens without and with the chat stops)
+  // and the matchers of grammars seen, at most kCachedGrammars (then the cache starts over).
+  std::mutex constrain_mutex;
+  std::shared_ptr<const TokenVocabulary> vocabularies[2];
+  std::map<std::string, GrammarMatcher> matchers[2];
   std::atomic<bool> destroying{false};
 
   // The prompt style, the thread pool, limits and routes; binds.
@@ -283,6 +293,18 @@ struct HttpServer::Impl {
   // (the requests are cancelled).
   bool Stream(const Prepared& prepared, const std::vector<Choice>& choices, StreamQueue& queue,
               httplib::DataSink& sink);
+  // Constrained decoding: the request's output format (response_format, guided_*) or its
+  // forced tool call (tool_choice required or named) as a TokenConstraint; null for none.
+  absl::StatusOr<std::shared_ptr<TokenConstraint>> OutputConstraint(const ApiRequest& api);
+  // The GBNF of a forced call to the request's named tool, or to any of its tools, in the
+  // checkpoint's tool-call format.
+  absl::StatusOr<std::string> ForcedToolCallGbnf(const ApiRequest& api) const;
+  // A matcher for the grammar `key` names (compiled by `compile` the first time; later
+  // requests fork it and find its tables filled), over the vocabulary whose end tokens are
+  // EOS (and, `chat`, the chat format's end-of-turn tokens).
+  absl::StatusOr<GrammarMatcher> MatcherFor(
+      const std::string& key, bool chat,
+      const std::function<absl::StatusOr<std::shared_ptr<const Grammar>>()>& compile);
   // A finished choice as the response shows it: its text, or (tools offered and a call in
   // the reply) its content and tool calls with finish_reason "tool_calls".
   ChoiceJson FinishedChoice(const Prepared& prepared, const Choice& choice,
@@ -801,6 +823,8 @@ absl::StatusOr<Prepared> HttpServer::Impl::Prepare(ApiEndpoint endpoint, const s
   RETURN_IF_ERROR(CheckModel(api.model));
   ASSIGN_OR_RETURN(prepared.prompts, PromptIds(api));
   if (!api.seed_given) api.options.seed = Random();
+  // One constraint in its first state: SubmitChoices gives each choice its own copy.
+  ASSIGN_OR_RETURN(api.options.constraint, OutputConstraint(api));
   for (const std::vector<int64_t>& prompt : prepared.prompts) {
     RequestOptions options = api.options;
     ASSIGN_OR_RETURN(options.max_new_tokens,
@@ -834,6 +858,112 @@ void HttpServer::Impl::Account(const Request& request, const Completion& complet
   metrics.AddTokens(0, generated);
   if (generated > 0) metrics.ObserveTimeToFirstToken(completion.stats.time_to_first_token_s);
   for (double gap : request.inter_token_s()) metrics.ObserveInterToken(gap);
+}
+
+constexpr size_t kCachedGrammars = 256;
+
+absl::StatusOr<GrammarMatcher> HttpServer::Impl::MatcherFor(
+    const std::string& key, bool chat,
+    const std::function<absl::StatusOr<std::shared_ptr<const Grammar>>()>& compile) {
+  const Tokenizer* tokenizer = engine->tokenizer();
+  if (tokenizer == nullptr) {
+    return absl::FailedPreconditionError("constrained output needs the model's tokenizer");
+  }
+  std::lock_guard<std::mutex> lock(constrain_mutex);
+  std::shared_ptr<const TokenVocabulary>& vocabulary = vocabularies[chat];
+  if (vocabulary == nullptr) {
+    std::vector<int64_t> ends;
+    if (tokenizer->eos_id()) ends.push_back(*tokenizer->eos_id());
+    if (chat) {
+      for (const std::vector<int64_t>& stop : chat_stops) {
+        if (stop.size() == 1 && stop[0] < tokenizer->vocab_size()) ends.push_back(stop[0]);
+      }
+    }
+    std::sort(ends.begin(), ends.end());
+    ends.erase(std::unique(ends.begin(), ends.end()), ends.end());
+    ASSIGN_OR_RETURN(vocabulary, TokenVocabulary::Create(tokenizer->VocabularyBytes(), ends));
+  }
+  std::map<std::string, GrammarMatcher>& cache = matchers[chat];
+  if (auto found = cache.find(key); found != cache.end()) return found->second.Fork();
+  ASSIGN_OR_RETURN(std::shared_ptr<const Grammar> grammar, compile());
+  if (cache.size() >= kCachedGrammars) cache.clear();
+  return cache.emplace(key, GrammarMatcher(grammar, vocabulary)).first->second.Fork();
+}
+
+absl::StatusOr<std::string> HttpServer::Impl::ForcedToolCallGbnf(const ApiRequest& api) const {
+  const ToolCallFormat format = chat->tool_format();
+  std::string gbnf = "root ::= ";
+  std::string rules;
+  bool first = true;
+  for (size_t i = 0; i < api.tools.size(); ++i) {
+    const nlohmann::ordered_json& function = api.tools[i]["function"];
+    const std::string name = function["name"].get<std::string>();
+    if (api.tool_choice.kind == ToolChoice::kNamed && name != api.tool_choice.name) continue;
+    const nlohmann::ordered_json parameters = function.contains("parameters")
+                                                  ? function["parameters"]
+                                                  : nlohmann::ordered_json{{"type", "object"}};
+    ASSIGN_OR_RETURN(
+        const std::string arguments,
+        JsonSchemaToGbnf(parameters, absl::StrCat("tools[", i, "].function.parameters")));
+    const std::string prefix = absl::StrCat("tool", i, "-");
+    const ForcedToolCall call = ForcedToolCallText(format, name);
+    absl::StrAppend(&gbnf, first ? "" : " | ", prefix, "call");
+    absl::StrAppend(&rules, prefix, "call ::= ", GbnfLiteral(call.prefix), " ", prefix, "root ",
+                    GbnfLiteral(call.suffix), "\n", PrefixGbnfRuleNames(arguments, prefix), "\n");
+    first = false;
+  }
+  return absl::StrCat(gbnf, "\n", rules);
+}
+
+absl::StatusOr<std::shared_ptr<TokenConstraint>> HttpServer::Impl::OutputConstraint(
+    const ApiRequest& api) {
+  const bool is_chat = api.endpoint == ApiEndpoint::kChat;
+  const OutputFormat& format = api.output_format;
+  const bool forced =
+      api.tool_choice.kind == ToolChoice::kRequired || api.tool_choice.kind == ToolChoice::kNamed;
+  if (forced && format.kind != OutputFormat::kText) {
+    return InvalidFieldError("tool_choice",
+                             absl::StrCat("'tool_choice' forces a tool call and '", format.field,
+                                          "' constrains the output: give one"));
+  }
+  if (!forced && format.kind == OutputFormat::kText) return nullptr;
+  // Compiler errors without a field are about the field that gave the grammar.
+  const auto named =
+      [](absl::StatusOr<std::shared_ptr<const Grammar>> grammar,
+         const std::string& field) -> absl::StatusOr<std::shared_ptr<const Grammar>> {
+    if (grammar.ok() || ErrorField(grammar.status())) return grammar;
+    return InvalidFieldError(field, absl::StrCat("'", field, "': ", grammar.status().message()));
+  };
+  std::string key;
+  std::function<absl::StatusOr<std::shared_ptr<const Grammar>>()> compile;
+  if (forced) {
+    ASSIGN_OR_RETURN(std::string gbnf, ForcedToolCallGbnf(api));
+    key = "gbnf:" + gbnf;
+    compile = [gbnf, named] { return named(CompileGbnf(gbnf), "tools"); };
+  } else if (format.kind == OutputFormat::kJsonObject) {
+    key = "json_object";
+    compile = [] { return absl::StatusOr<std::shared_ptr<const Grammar>>(AnyJsonObjectGrammar()); };
+  } else if (format.kind == OutputFormat::kJsonSchema) {
+    key = "schema:" + format.schema.dump();
+    compile = [&format] { return CompileJsonSchema(format.schema, format.field); };
+  } else if (format.kind == OutputFormat::kRegex) {
+    key = "regex:" + format.text;
+    compile = [&format, named] {
+      return named(CompileRegex(format.text, format.field), format.field);
+    };
+  } else if (format.kind == OutputFormat::kGrammar) {
+    key = "gbnf:" + format.text;
+    compile = [&format, named] { return named(CompileGbnf(format.text), format.field); };
+  } else {
+    std::string gbnf = "root ::= ";
+    for (size_t i = 0; i < format.choices.size(); ++i) {
+      absl::StrAppend(&gbnf, i == 0 ? "" : " | ", GbnfLiteral(format.choices[i]));
+    }
+    key = "gbnf:" + gbnf;
+    compile = [gbnf, &format, named] { return named(CompileGbnf(gbnf), format.field); };
+  }
+  ASSIGN_OR_RETURN(GrammarMatcher matcher, MatcherFor(key, is_chat, compile));
+  return std::make_shared<GrammarConstraint>(std::move(matcher));
 }
 
 // Whether replies are read for tool calls: chat with tools, tool_choice other than none.
@@ -1067,13 +1197,21 @@ bool HttpServer::Impl::Stream(const Prepared& prepared, const std::vector<Choice
               .Json()));
       continue;
     }
-    // Tokens whose text never came (a stop token, text held back and cut): their logprobs.
-    nlohmann::json logprobs =
-        LogprobsJson(prepared, std::exchange(*choice.pending, {}), offsets[choice.index]);
-    if (!send(chunk(
-            {choice.index, "", ApiFinishReason(completion.finish_reason), std::move(logprobs)}))) {
-      return leave();
+    // Tokens whose text never came (a stop token, text held back and cut, a reply read for
+    // tool calls): their logprobs, with the rest of the choice and its finish reason.
+    Completion rest = completion;
+    rest.logprobs = std::exchange(*choice.pending, {});
+    ChoiceJson last = FinishedChoice(prepared, choice, rest, offsets[choice.index]);
+    if (!ParsesToolCalls(prepared.api)) last.text.clear();  // its pieces went out already
+    if (!last.text.empty() || !last.tool_calls.is_null()) {
+      ChoiceJson body = last;
+      body.finish_reason.clear();
+      if (!send(chunk(body))) return leave();
+      last.logprobs = nullptr;
+      last.text.clear();
+      last.tool_calls = nullptr;
     }
+    if (!send(chunk(last))) return leave();
   }
   if (prepared.api.include_usage) send(SseEvent(UsageChunkJson(header, chat, usage)));
   if (!send(SseEvent("[DONE]"))) return leave();

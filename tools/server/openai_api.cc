@@ -224,8 +224,7 @@ absl::Status ResolveLogprobFields(const LogprobFields& fields, ApiRequest& reque
 
 // Chat's messages and tools as given (keys in order, for chat templates), and tool_choice's
 // default: auto with tools, none without; a named function must be one of the tools.
-absl::Status ResolveTools(absl::string_view body, ApiRequest& request) {
-  const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(body.begin(), body.end());
+absl::Status ResolveTools(const nlohmann::ordered_json& ordered, ApiRequest& request) {
   request.message_json = ordered["messages"];
   if (request.tools_given) request.tools = ordered["tools"];
   if (!request.tool_choice_given && request.tools_given)
@@ -240,6 +239,100 @@ absl::Status ResolveTools(absl::string_view body, ApiRequest& request) {
     return RequestFieldError("tool_choice",
                              absl::StrCat("'tool_choice' names '", request.tool_choice.name,
                                           "', which is not one of 'tools'"));
+  }
+  return absl::OkStatus();
+}
+
+// Sets the request's output format from `field`; a second one is refused naming it.
+absl::Status SetOutputFormat(ApiRequest& request, const std::string& field, OutputFormat format) {
+  if (request.output_format.kind != OutputFormat::kText) {
+    return RequestFieldError(field, absl::StrCat("'", field, "' and '", request.output_format.field,
+                                                 "' both constrain the output: give one"));
+  }
+  format.field = field;
+  request.output_format = std::move(format);
+  return absl::OkStatus();
+}
+
+// OpenAI's response_format: {"type": "text" | "json_object" | "json_schema", "json_schema":
+// {"name", "schema", "strict", "description"}}. The schema itself is read (keys in order) by
+// ResolveOutputFormat.
+absl::Status ParseResponseFormat(const json& value, ApiRequest& request) {
+  if (!value.is_object()) return WrongType("response_format", "an object", value);
+  const json type = value.contains("type") ? value["type"] : json();
+  if (type == "text") return absl::OkStatus();
+  OutputFormat format;
+  if (type == "json_object") {
+    format.kind = OutputFormat::kJsonObject;
+    return SetOutputFormat(request, "response_format", std::move(format));
+  }
+  if (type != "json_schema") {
+    return RequestFieldError("response_format.type",
+                             "'response_format.type' must be \"text\", \"json_object\" or "
+                             "\"json_schema\"");
+  }
+  if (!value.contains("json_schema") || !value["json_schema"].is_object()) {
+    return RequestFieldError("response_format.json_schema",
+                             "'response_format.json_schema' must be an object with a 'schema'");
+  }
+  const json& spec = value["json_schema"];
+  if (spec.contains("schema") && !spec["schema"].is_object() && !spec["schema"].is_boolean()) {
+    return WrongType("response_format.json_schema.schema", "a JSON schema object", spec["schema"]);
+  }
+  format.kind = OutputFormat::kJsonSchema;
+  return SetOutputFormat(request, "response_format.json_schema.schema", std::move(format));
+}
+
+// The guided fields: guided_json / json_schema (a schema object or its JSON text),
+// guided_regex, guided_grammar / grammar (GBNF), guided_choice (a list of strings).
+absl::StatusOr<bool> ParseGuidedField(const std::string& key, const json& value,
+                                      ApiRequest& request) {
+  OutputFormat format;
+  if (key == "guided_json" || key == "json_schema") {
+    if (!value.is_object() && !value.is_string()) {
+      return WrongType(key, "a JSON schema (an object or its text)", value);
+    }
+    format.kind = OutputFormat::kJsonSchema;
+  } else if (key == "guided_regex") {
+    ASSIGN_OR_RETURN(format.text, String(key, value));
+    format.kind = OutputFormat::kRegex;
+  } else if (key == "guided_grammar" || key == "grammar") {
+    ASSIGN_OR_RETURN(format.text, String(key, value));
+    format.kind = OutputFormat::kGrammar;
+  } else if (key == "guided_choice") {
+    if (!value.is_array() || value.empty())
+      return WrongType(key, "a non-empty list of strings", value);
+    for (size_t i = 0; i < value.size(); ++i) {
+      ASSIGN_OR_RETURN(std::string choice, String(absl::StrCat(key, "[", i, "]"), value[i]));
+      format.choices.push_back(std::move(choice));
+    }
+    format.kind = OutputFormat::kChoice;
+  } else {
+    return false;
+  }
+  RETURN_IF_ERROR(SetOutputFormat(request, key, std::move(format)));
+  return true;
+}
+
+// A JSON schema's text (guided_json given as a string) or object, keys in order.
+absl::Status ResolveOutputFormat(const nlohmann::ordered_json& ordered, ApiRequest& request) {
+  OutputFormat& format = request.output_format;
+  if (format.kind != OutputFormat::kJsonSchema) return absl::OkStatus();
+  if (format.field == "response_format.json_schema.schema") {
+    const auto& spec = ordered["response_format"]["json_schema"];
+    format.schema = spec.contains("schema") ? spec["schema"] : nlohmann::ordered_json::object();
+    return absl::OkStatus();
+  }
+  const nlohmann::ordered_json& value = ordered[format.field];
+  if (value.is_object()) {
+    format.schema = value;
+    return absl::OkStatus();
+  }
+  const std::string text = value.get<std::string>();
+  format.schema = nlohmann::ordered_json::parse(text, nullptr, false);
+  if (format.schema.is_discarded() || !format.schema.is_object()) {
+    return RequestFieldError(format.field,
+                             absl::StrCat("'", format.field, "' is not a JSON schema object"));
   }
   return absl::OkStatus();
 }
@@ -413,22 +506,16 @@ bool IsNeutral(absl::string_view field, const json& value) {
   if (field == "functions") return value.empty();
   if (field == "suffix") return value == "";
   if (field == "function_call") return value == "none";
-  if (field == "response_format") {
-    // Compared, not read as a string: json::value throws on {"type": 5}.
-    return value.is_object() && value.contains("type") && value["type"] == "text";
-  }
   return false;
 }
 
 const char* NeutralWhat(absl::string_view field) {
-  if (field == "response_format") return "only {\"type\": \"text\"}";
   if (field == "function_call") return "only \"none\" (the deprecated spelling: use tools)";
   return "only when absent, null, false or empty";
 }
 
 bool IsNeutralField(absl::string_view field) {
-  static const char* const kFields[] = {"echo", "suffix", "functions", "function_call",
-                                        "response_format"};
+  static const char* const kFields[] = {"echo", "suffix", "functions", "function_call"};
   for (const char* name : kFields) {
     if (field == name) return true;
   }
@@ -472,6 +559,8 @@ absl::Status ParseField(const std::string& key, const json& value, ApiRequest& r
     return ParseLogitBias(value, options.sampling);
   } else if (key == "n") {
     ASSIGN_OR_RETURN(request.n, ChoiceCount(key, value));
+  } else if (key == "response_format") {
+    return ParseResponseFormat(value, request);
   } else if (key == "tools" && request.endpoint == ApiEndpoint::kChat) {
     RETURN_IF_ERROR(CheckTools(value));
     request.tools_given = !value.empty();
@@ -697,7 +786,10 @@ absl::StatusOr<ApiRequest> ParseApiRequest(ApiEndpoint endpoint, absl::string_vi
     } else if (value.is_null() && key != "prompt" && key != "messages") {
       continue;  // null: the default
     } else {
-      ASSIGN_OR_RETURN(const bool read, ParseLogprobField(chat, key, value, logprobs));
+      ASSIGN_OR_RETURN(bool read, ParseLogprobField(chat, key, value, logprobs));
+      if (!read) {
+        ASSIGN_OR_RETURN(read, ParseGuidedField(key, value, request));
+      }
       if (!read) RETURN_IF_ERROR(ParseField(key, value, request));
     }
   }
@@ -706,7 +798,13 @@ absl::StatusOr<ApiRequest> ParseApiRequest(ApiEndpoint endpoint, absl::string_vi
     return RequestFieldError(input, absl::StrCat("'", input, "' is required"));
   }
   RETURN_IF_ERROR(ResolveLogprobFields(logprobs, request));
-  if (chat) RETURN_IF_ERROR(ResolveTools(body, request));
+  if (chat || request.output_format.kind == OutputFormat::kJsonSchema) {
+    // Keys in the order the request gives them: a template prints tools as given, a schema's
+    // properties are written in its order.
+    const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(body.begin(), body.end());
+    if (chat) RETURN_IF_ERROR(ResolveTools(ordered, request));
+    RETURN_IF_ERROR(ResolveOutputFormat(ordered, request));
+  }
   const int64_t prompts = chat ? 1 : static_cast<int64_t>(request.prompts.size());
   if (prompts * request.n > kMaxChoices) {
     return RequestFieldError("n", absl::StrCat(prompts, " prompts times 'n' (", request.n,

@@ -42,6 +42,17 @@ struct ToolChoice {
   std::string name;  // kNamed
 };
 
+// What a reply must match (structured outputs), and the request field that asked: OpenAI's
+// response_format (json_object, json_schema), vLLM's guided_json / guided_regex /
+// guided_grammar / guided_choice, llama.cpp's grammar and json_schema.
+struct OutputFormat {
+  enum Kind { kText, kJsonObject, kJsonSchema, kRegex, kGrammar, kChoice } kind = kText;
+  nlohmann::ordered_json schema;     // kJsonSchema, keys in the request's order
+  std::string text;                  // kRegex, kGrammar
+  std::vector<std::string> choices;  // kChoice
+  std::string field;                 // "response_format.json_schema.schema", "guided_regex", ...
+};
+
 struct ApiRequest {
   ApiEndpoint endpoint = ApiEndpoint::kCompletions;
   std::string model;  // empty when the request names none
@@ -68,6 +79,7 @@ struct ApiRequest {
   ToolChoice tool_choice;
   bool parallel_tool_calls = true;
   bool tools_given = false, tool_choice_given = false;  // as parsed
+  OutputFormat output_format;
   // max_tokens (or max_completion_tokens); unset: the server's default.
   std::optional<int64_t> max_tokens;
   bool seed_given = false;

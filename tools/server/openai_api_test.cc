@@ -139,11 +139,27 @@ TEST(OpenAiApiTest, NumbersBeyondADoubleAreMalformedJson) {
 
 TEST(OpenAiApiTest, ResponseFormatOfAnotherTypeIsRefusedNotThrown) {
   for (const char* format : {R"({"type": 5})", R"({"type": null})", R"({})"}) {
-    const std::string message =
-        ParseError(kChat, absl::StrCat(R"({"messages": [{"role": "user", "content": "x"}], )",
-                                       R"("response_format": )", format, "}"));
-    EXPECT_NE(message.find("'response_format' is not supported"), std::string::npos) << message;
+    absl::StatusOr<ApiRequest> parsed =
+        ParseApiRequest(kChat, absl::StrCat(R"({"messages": [{"role": "user", "content": "x"}], )",
+                                            R"("response_format": )", format, "}"));
+    ASSERT_FALSE(parsed.ok()) << format;
+    EXPECT_EQ(ApiErrorFromStatus(parsed.status()).param, "response_format.type") << format;
   }
+  const ApiRequest schema = ParseOk(kChat, R"({"messages": [{"role": "user", "content": "x"}],
+      "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema":
+      {"type": "object", "properties": {"z": {"type": "string"}, "a": {"type": "integer"}}}}}})");
+  EXPECT_EQ(schema.output_format.kind, OutputFormat::kJsonSchema);
+  EXPECT_EQ(schema.output_format.field, "response_format.json_schema.schema");
+  EXPECT_EQ(schema.output_format.schema["properties"].begin().key(), "z");  // the request's order
+  EXPECT_EQ(ParseOk(kCompletions, R"({"prompt": "x", "guided_json": "{\"type\": \"object\"}"})")
+                .output_format.schema["type"],
+            "object");
+  EXPECT_EQ(ParseOk(kCompletions, R"({"prompt": "x", "guided_choice": ["a", "b"]})")
+                .output_format.choices,
+            (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(ParseOk(kCompletions, R"({"prompt": "x", "response_format": {"type": "text"}})")
+                .output_format.kind,
+            OutputFormat::kText);
 }
 
 TEST(OpenAiApiTest, KvBitsBeyondAnIntAreReportedAsGiven) {

@@ -11,12 +11,14 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "tools/server/default_engine_test_base.h"
@@ -264,6 +266,198 @@ TEST_F(OpenAIFieldsTest, EmbeddingsFloatAndBase64) {
       "encoding_format");
   EXPECT_EQ(Post("/v1/embeddings", R"({"input": ["a", [1, 99999999]]})", 400)["error"]["param"],
             "input[1]");
+}
+
+// The reply of a chat request (its message's content) as JSON; discarded when not JSON.
+json ContentJson(const json& reply, int choice = 0) {
+  const json& content = reply["choices"][choice]["message"]["content"];
+  if (!content.is_string()) return json(json::value_t::discarded);
+  return json::parse(content.get<std::string>(), nullptr, false);
+}
+
+// Whether `value` holds what kSchema asks (a validator written for it).
+bool ValidPerson(const json& value) {
+  if (!value.is_object() || !value.contains("name") || !value.contains("age") ||
+      !value.contains("tags")) {
+    return false;
+  }
+  for (const auto& [key, field] : value.items()) {
+    if (key != "name" && key != "age" && key != "tags" && key != "role" && key != "admin") {
+      return false;  // additionalProperties: false
+    }
+  }
+  const json& name = value["name"];
+  if (!name.is_string() || name.get<std::string>().size() > 12) return false;
+  if (!value["age"].is_number_integer() || value["age"] < 0 || value["age"] > 120) return false;
+  const json& tags = value["tags"];
+  if (!tags.is_array() || tags.size() < 1 || tags.size() > 3) return false;
+  for (const json& tag : tags) {
+    if (!tag.is_string() || tag.get<std::string>().size() > 6) return false;
+  }
+  if (value.contains("role") && value["role"] != "king" && value["role"] != "prophet") return false;
+  if (value.contains("admin") && !value["admin"].is_boolean()) return false;
+  return true;
+}
+
+constexpr char kSchema[] = R"({"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 12},
+    "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "minItems": 1,
+             "maxItems": 3},
+    "role": {"enum": ["king", "prophet"]},
+    "admin": {"type": "boolean"}},
+  "required": ["name", "age", "tags"], "additionalProperties": false})";
+
+TEST_F(OpenAIFieldsTest, JsonSchemaOutputsValidateForEverySeed) {
+  Serve();
+  for (int seed = 0; seed < 6; ++seed) {
+    const json reply =
+        Post("/v1/chat/completions",
+             absl::StrCat(R"({"messages": [{"role": "user", "content": "Who?"}], "max_tokens": 200,
+                        "temperature": 1.0, "n": 2, "seed": )",
+                          seed, R"(, "response_format": {"type": "json_schema", "json_schema":
+                        {"name": "person", "strict": true, "schema": )",
+                          kSchema, "}}}"));
+    for (int choice = 0; choice < 2; ++choice) {
+      const json value = ContentJson(reply, choice);
+      EXPECT_TRUE(ValidPerson(value)) << "seed " << seed << ": " << reply["choices"][choice];
+      EXPECT_EQ(reply["choices"][choice]["finish_reason"], "stop");
+    }
+  }
+  // Properties come in the schema's order.
+  const json ordered =
+      Post("/v1/completions", absl::StrCat(R"({"prompt": "x", "max_tokens": 200, "seed": 3,
+                                            "guided_json": )",
+                                           kSchema, "}"));
+  const std::string text = ordered["choices"][0]["text"];
+  EXPECT_LT(text.find("\"name\""), text.find("\"age\"")) << text;
+  EXPECT_LT(text.find("\"age\""), text.find("\"tags\"")) << text;
+}
+
+TEST_F(OpenAIFieldsTest, OtherOutputFormatsHold) {
+  Serve();
+  for (int seed = 0; seed < 4; ++seed) {
+    const std::string common =
+        absl::StrCat(R"("max_tokens": 120, "temperature": 1, "seed": )", seed);
+    const json object =
+        Post("/v1/chat/completions",
+             absl::StrCat(R"({"messages": [{"role": "user", "content": "x"}], )", common,
+                          R"(, "response_format": {"type": "json_object"}})"));
+    const json parsed = ContentJson(object);
+    // A reply cut by max_tokens may be unfinished; a finished one is an object.
+    if (object["choices"][0]["finish_reason"] == "stop") {
+      EXPECT_TRUE(parsed.is_object()) << object;
+    }
+    const json regex = Post(
+        "/v1/completions",
+        absl::StrCat(R"({"prompt": "x", )", common, R"(, "guided_regex": "[0-9]{3}-[a-z]{2,4}"})"));
+    EXPECT_TRUE(std::regex_match(regex["choices"][0]["text"].get<std::string>(),
+                                 std::regex("[0-9]{3}-[a-z]{2,4}")))
+        << regex;
+    const json choice = Post("/v1/completions",
+                             absl::StrCat(R"({"prompt": "x", )", common,
+                                          R"(, "guided_choice": ["Moses", "Aaron", "Miriam"]})"));
+    const std::string picked = choice["choices"][0]["text"];
+    EXPECT_TRUE(picked == "Moses" || picked == "Aaron" || picked == "Miriam") << picked;
+    const json grammar = Post(
+        "/v1/completions", absl::StrCat(R"({"prompt": "x", )", common,
+                                        R"(, "grammar": "root ::= (\"yea\" | \"nay\") \"!\""})"));
+    const std::string said = grammar["choices"][0]["text"];
+    EXPECT_TRUE(said == "yea!" || said == "nay!") << said;
+  }
+}
+
+TEST_F(OpenAIFieldsTest, BadOutputFormatsNameTheirField) {
+  Serve();
+  const char* user = R"("messages": [{"role": "user", "content": "x"}])";
+  const auto param = [&](const std::string& fields) {
+    return Post("/v1/chat/completions", absl::StrCat("{", user, ", ", fields, "}"),
+                400)["error"]["param"];
+  };
+  EXPECT_EQ(param(R"("response_format": {"type": "json_schema", "json_schema": {"schema":
+                      {"type": "object", "properties": {"x": {"type": "string",
+                      "format": "email"}}}}})"),
+            "response_format.json_schema.schema.properties.x.format");
+  EXPECT_EQ(param(R"("guided_regex": "a(b")"), "guided_regex");
+  EXPECT_EQ(param(R"("grammar": "root ::= (")"), "grammar");
+  EXPECT_EQ(param(R"("guided_regex": "a", "guided_choice": ["b"])"), "guided_regex");
+  EXPECT_EQ(param(R"("response_format": {"type": "xml"})"), "response_format.type");
+  EXPECT_EQ(param(R"("guided_json": "{not json")"), "guided_json");
+}
+
+constexpr char kTools[] = R"([{"type": "function", "function": {"name": "census",
+    "description": "Count a tribe", "parameters": {"type": "object", "properties": {
+      "tribe": {"enum": ["Judah", "Levi", "Dan"]}, "year": {"type": "integer", "minimum": 1,
+      "maximum": 40}}, "required": ["tribe", "year"]}}},
+  {"type": "function", "function": {"name": "weather", "parameters": {"type": "object",
+      "properties": {"city": {"type": "string", "maxLength": 10}}, "required": ["city"]}}}])";
+
+TEST_F(OpenAIFieldsTest, ForcedToolCallsParseAndValidate) {
+  Serve();
+  for (int seed = 0; seed < 4; ++seed) {
+    for (const std::string& choice :
+         {std::string(R"("required")"),
+          std::string(R"({"type": "function", "function": {"name": "census"}})")}) {
+      const json reply =
+          Post("/v1/chat/completions",
+               absl::StrCat(R"({"messages": [{"role": "user", "content": "Count Dan."}],
+                          "max_tokens": 120, "temperature": 1, "seed": )",
+                            seed, R"(, "tools": )", kTools, R"(, "tool_choice": )", choice, "}"));
+      const json& message = reply["choices"][0]["message"];
+      ASSERT_TRUE(message.contains("tool_calls")) << reply;
+      EXPECT_EQ(reply["choices"][0]["finish_reason"], "tool_calls");
+      ASSERT_EQ(message["tool_calls"].size(), 1u) << reply;
+      const json& call = message["tool_calls"][0];
+      EXPECT_EQ(call["type"], "function");
+      EXPECT_TRUE(absl::StartsWith(call["id"].get<std::string>(), "call_")) << call;
+      const std::string name = call["function"]["name"];
+      const json arguments = json::parse(call["function"]["arguments"].get<std::string>());
+      if (choice != R"("required")") {
+        EXPECT_EQ(name, "census");
+      }
+      if (name == "census") {
+        EXPECT_TRUE(arguments["tribe"] == "Judah" || arguments["tribe"] == "Levi" ||
+                    arguments["tribe"] == "Dan")
+            << arguments;
+        EXPECT_TRUE(arguments["year"].is_number_integer() && arguments["year"] >= 1 &&
+                    arguments["year"] <= 40)
+            << arguments;
+      } else {
+        EXPECT_EQ(name, "weather");
+        EXPECT_TRUE(arguments["city"].is_string()) << arguments;
+      }
+    }
+  }
+  // Streamed: a tool_calls delta, then finish_reason tool_calls.
+  const StreamReply stream = HttpPostStream(
+      server_->port(), "/v1/chat/completions",
+      absl::StrCat(R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 120,
+                      "stream": true, "seed": 1, "tools": )",
+                   kTools, R"(, "tool_choice": {"type": "function", "function": {"name":
+                      "weather"}}})"));
+  bool saw_call = false;
+  std::string finish;
+  for (const std::string& event : stream.events) {
+    if (event == "[DONE]") continue;
+    const json chunk = json::parse(event);
+    if (chunk["choices"].empty()) continue;
+    const json& choice = chunk["choices"][0];
+    if (choice["delta"].contains("tool_calls")) {
+      saw_call = true;
+      EXPECT_EQ(choice["delta"]["tool_calls"][0]["index"], 0);
+      EXPECT_EQ(choice["delta"]["tool_calls"][0]["function"]["name"], "weather");
+    }
+    if (!choice["finish_reason"].is_null()) finish = choice["finish_reason"];
+  }
+  EXPECT_TRUE(saw_call) << absl::StrJoin(stream.events, "\n");
+  EXPECT_EQ(finish, "tool_calls");
+  // tool_choice with response_format: refused.
+  const json both = Post(
+      "/v1/chat/completions",
+      absl::StrCat(R"({"messages": [{"role": "user", "content": "x"}], "tools": )", kTools,
+                   R"(, "tool_choice": "required", "response_format": {"type": "json_object"}})"),
+      400);
+  EXPECT_EQ(both["error"]["param"], "tool_choice");
 }
 
 TEST_F(OpenAIFieldsTest, CorsIsOffByDefault) {

@@ -5,10 +5,14 @@
 A completion, a chat completion, a streamed chat completion (equal to the whole one), the
 model list, logprobs (greedy tokens are the top ones; streamed equal whole), n choices (seeded:
 equal to separate requests), penalties and logit_bias, a list of prompts, and the client's own
-error classes for 404, 400 (with `param`) and 401. Prints one line per check and exits 1 on
+error classes for 404, 400 (with `param`) and 401; structured outputs (a JSON schema),
+a forced tool call, embeddings (float and base64). Prints one line per check and exits 1 on
 any failure.
 """
 
+import base64
+import json
+import struct
 import sys
 import traceback
 
@@ -169,6 +173,57 @@ def main(port, api_key):
         single = client.completions.create(
             model=state["model"], prompt="In the beginning", max_tokens=5, temperature=0)
         assert completion.choices[2].text == single.choices[0].text
+
+    @check
+    def structured_output_validates():
+        schema = {"type": "object", "properties": {
+            "name": {"type": "string", "maxLength": 10},
+            "count": {"type": "integer", "minimum": 1, "maximum": 9}},
+            "required": ["name", "count"], "additionalProperties": False}
+        for seed in range(3):
+            chat = client.chat.completions.create(
+                model=state["model"], messages=[{"role": "user", "content": "x"}],
+                max_tokens=80, seed=seed, response_format={
+                    "type": "json_schema",
+                    "json_schema": {"name": "thing", "schema": schema, "strict": True}})
+            value = json.loads(chat.choices[0].message.content)
+            assert set(value) == {"name", "count"}, value
+            assert isinstance(value["name"], str) and len(value["name"]) <= 10, value
+            assert isinstance(value["count"], int) and 1 <= value["count"] <= 9, value
+
+    @check
+    def forced_tool_call_parses():
+        tools = [{"type": "function", "function": {
+            "name": "lookup", "description": "Find a verse",
+            "parameters": {"type": "object", "properties": {
+                "book": {"enum": ["Genesis", "Exodus"]},
+                "chapter": {"type": "integer", "minimum": 1, "maximum": 50}},
+                "required": ["book", "chapter"]}}}]
+        chat = client.chat.completions.create(
+            model=state["model"], messages=[{"role": "user", "content": "Find it."}],
+            max_tokens=80, seed=5, tools=tools,
+            tool_choice={"type": "function", "function": {"name": "lookup"}})
+        choice = chat.choices[0]
+        assert choice.finish_reason == "tool_calls", choice
+        call = choice.message.tool_calls[0]
+        assert call.function.name == "lookup", call
+        arguments = json.loads(call.function.arguments)
+        assert arguments["book"] in ("Genesis", "Exodus"), arguments
+        assert 1 <= arguments["chapter"] <= 50, arguments
+
+    @check
+    def embeddings_have_unit_length():
+        result = client.embeddings.create(model=state["model"], input=["In the beginning", "Amen"])
+        assert [d.index for d in result.data] == [0, 1], result.data
+        for item in result.data:
+            norm = sum(x * x for x in item.embedding) ** 0.5
+            assert abs(norm - 1) < 1e-4, norm
+        assert len(result.data[0].embedding) == len(result.data[1].embedding)
+        encoded = client.embeddings.create(model=state["model"], input="Amen",
+                                           encoding_format="base64")
+        values = struct.unpack(f"<{len(result.data[1].embedding)}f",
+                               base64.b64decode(encoded.data[0].embedding))
+        assert all(abs(a - b) < 1e-6 for a, b in zip(values, result.data[1].embedding))
 
     @check
     def bad_value_is_bad_request_naming_the_param():
