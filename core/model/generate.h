@@ -28,6 +28,9 @@ struct GenerateOptions {
   std::vector<int64_t> stop_tokens;  // generation ends after emitting one of these
   // Called with each new token; returning false stops generation.
   std::function<bool(int64_t)> on_token;
+  // The adapter slot of a multi-adapter model (peft/multi_lora.h) every step uses; -1: the
+  // base model.
+  int64_t adapter = -1;
 };
 
 struct GenerateStats {
@@ -45,8 +48,8 @@ struct GenerateStats {
 // Generate's checks of a request, before any work: sampling options, an empty prompt,
 // negative counts (InvalidArgument) and a stream past the context of model and cache
 // (OutOfRange, unless the cache shifts positions).
-absl::Status CheckGenerateRequest(const GPTImpl& model, const KVCache& cache,
-                                  int64_t prompt_length, const GenerateOptions& options);
+absl::Status CheckGenerateRequest(const GPTImpl& model, const KVCache& cache, int64_t prompt_length,
+                                  const GenerateOptions& options);
 
 // Generates up to max_new_tokens after `prompt`; the cache must hold exactly positions
 // [0, start_position) and be large enough for start_position + prompt + new tokens, unless it
@@ -66,6 +69,10 @@ struct BatchGenerateOptions {
   std::vector<int64_t> stop_tokens;
   // Called with (row, token) for each new token; returning false ends that row.
   std::function<bool(int64_t, int64_t)> on_token;
+  // Each prompt's adapter slot of a multi-adapter model (peft/multi_lora.h), -1 for the base
+  // model; empty: every prompt uses the base model. Rows of different adapters share each
+  // forward pass.
+  std::vector<int64_t> adapters;
 };
 
 // Generates for prompts of different lengths at once through one cache with batch_size >=
