@@ -187,6 +187,57 @@ at::Tensor Step(Models& m, std::vector<Sequence>& sequences, const std::vector<i
   return *logits;
 }
 
+// One fused QKV projection with per-row slots: row i is x_i (W + delta_k)^T + b for its slot k
+// (each adapter a different subset of Q, K, V), the base model's rows x_i W^T + b exactly.
+TEST(MultiLoraProjection, EachRowGetsItsSlotsUpdateOnly) {
+  at::manual_seed(4);
+  at::NoGradGuard no_grad;
+  LinearSpec spec;
+  spec.site = LinearSite::kQkv;
+  spec.in_features = 32;
+  spec.q_size = 32;
+  spec.kv_size = 16;
+  spec.out_features = 64;
+  spec.bias = true;
+  MultiLoraProjectionImpl projection(spec, LinearFactory().Make(spec), ThreeAdapters());
+  ASSERT_EQ(projection.slots(), 3);
+  EXPECT_EQ(projection.slot(0).rank(), 4);  // query, value
+  EXPECT_EQ(projection.slot(1).rank(), 2);  // query, key
+  EXPECT_EQ(projection.slot(2).rank(), 0);  // no attention site: no parameters
+  EXPECT_FALSE(projection.slot(2).lora_A.defined());
+  for (auto& p : projection.parameters()) p.normal_(0, 0.3);
+  const at::Tensor weight = projection.DenseWeight(), bias = projection.DenseBias();
+  const at::Tensor x = at::randn({2, 4, 32});  // [B, T, in]
+  const std::vector<int64_t> slots = {0, -1, 1, 1, 2, 0, -1, 1};
+  const AdapterRouting routing = AdapterRouting::PerRow(slots, at::kCPU);
+  at::Tensor y;
+  {
+    const ScopedAdapterRouting routed(&routing);
+    y = projection.forward(x).reshape({8, 64});
+  }
+  const at::Tensor rows = x.reshape({8, 32});
+  const at::Tensor base = projection.linear->forward(x).reshape({8, 64});
+  for (int64_t i = 0; i < 8; ++i) {
+    const int64_t slot = slots[static_cast<size_t>(i)];
+    const at::Tensor delta =
+        slot < 0 ? at::zeros_like(weight) : projection.slot(slot).DeltaWeight();
+    const at::Tensor expected = at::linear(rows[i], weight + delta, bias);
+    if (slot < 0) {
+      EXPECT_TRUE(at::equal(y[i], base[i])) << i;
+    } else {
+      EXPECT_LE(MaxDiff(y[i], expected), 1e-5) << i;
+    }
+  }
+  // Adapter 0 adapts Q and V only: its K columns are the base's.
+  EXPECT_TRUE(at::equal(y[0].narrow(0, 32, 16), base[0].narrow(0, 32, 16)));
+  // No routing installed: the base projection.
+  EXPECT_TRUE(at::equal(projection.forward(x).reshape({8, 64}), base));
+  // A routing of another number of rows is refused, not misapplied.
+  const AdapterRouting short_routing = AdapterRouting::PerRow({0, 1, -1}, at::kCPU);
+  const ScopedAdapterRouting routed(&short_routing);
+  EXPECT_THROW(projection.forward(x), c10::Error);
+}
+
 TEST(MultiLora, EachAdapterChangesTheLogits) {
   Models m = MakeModels();
   at::NoGradGuard no_grad;
