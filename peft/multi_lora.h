@@ -51,7 +51,8 @@ class LoraSlotImpl : public torch::nn::Module {
   // y [rows, out_features] += scaling · B·A·x for x [n, in_features]: into y's rows `rows`
   // ([n] int64), or into every row when `rows` is undefined (n == rows).
   void AddUpdate(const at::Tensor& x, at::Tensor& y, const at::Tensor& rows) const;
-  // scaling · B·A laid out like the base weight, [out_features, in_features] float32.
+  // scaling · B·A laid out like the base weight, [out_features, in_features] float32 on the
+  // CPU.
   at::Tensor DeltaWeight() const;
 
   int64_t rank() const { return r_; }
