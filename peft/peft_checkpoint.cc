@@ -211,7 +211,6 @@ absl::Status LoadTrainedFile(GPTImpl& model, const TrainedFile& file, const Load
 
 // Builds the model for `parts`, loads `base_dir`'s weights into it and `trained` files on
 // top.
-
 absl::StatusOr<LoadedModel> BuildAndLoad(const Config& config, const ModelParts& parts,
                                          const std::string& base_dir,
                                          const std::vector<TrainedFile>& trained,
@@ -239,8 +238,13 @@ absl::StatusOr<LoadedModel> BuildAndLoad(const Config& config, const ModelParts&
     progress(absl::StrCat("loading ", file.path));
     const absl::Status loaded = LoadTrainedFile(*model, file, options);
     if (!loaded.ok() && !file.label.empty()) {
-      const absl::Status labelled(loaded.code(), absl::StrCat(file.label, ": ", loaded.message()));
-      return file.field.empty() ? labelled : WithFields(labelled, file.field);
+      // The file's label before the message; the field of the file, unless the error names
+      // its own (LoadOptions.verify_checksums).
+      const std::string message = absl::StrCat(file.label, ": ", loaded.message());
+      if (file.field.empty() || ErrorField(loaded).has_value()) {
+        return WithMessage(loaded, message);
+      }
+      return WithFields(absl::Status(loaded.code(), message), file.field);
     }
     RETURN_IF_ERROR(loaded);
   }
