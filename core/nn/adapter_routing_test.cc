@@ -1,3 +1,5 @@
+// AdapterRouting (core/nn/adapter_routing.h): per-row groups by slot, uniform routings, the
+// head's row selection, and scopes that nest per thread.
 #include "core/nn/adapter_routing.h"
 
 #include <ATen/ATen.h>
