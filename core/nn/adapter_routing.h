@@ -20,7 +20,6 @@
 #include <optional>
 #include <vector>
 
-
 namespace lgpt {
 
 class AdapterRouting {
