@@ -53,16 +53,7 @@ LoraProjectionImpl::LoraProjectionImpl(const LinearSpec& spec, ProjectionPtr bas
       scaling_(r > 0 ? scale * alpha / r : 0.0),
       dropout_(dropout) {
   linear = register_module("linear", std::move(base));
-  if (spec.site == LinearSite::kQkv) {
-    const int64_t widths[3] = {spec.q_size, spec.kv_size, spec.kv_size};
-    int64_t offset = 0;
-    for (int part = 0; part < 3; ++part) {
-      if (enabled_parts[part]) parts_.push_back({offset, widths[part]});
-      offset += widths[part];
-    }
-  } else if (enabled_parts[0]) {
-    parts_.push_back({0, spec.out_features});
-  }
+  parts_ = LoraOutputParts(spec, enabled_parts);
   if (r_ == 0 || parts_.empty()) {
     r_ = 0;
     return;
@@ -145,24 +136,45 @@ absl::Status LoraProjectionImpl::Merge() {
   return absl::OkStatus();
 }
 
-ProjectionPtr LoraLinearFactory::Make(const LinearSpec& spec) const {
+std::array<bool, 3> LoraEnabledParts(const LoraOptions& options, LinearSite site) {
   std::array<bool, 3> enabled = {false, false, false};
-  switch (spec.site) {
+  switch (site) {
     case LinearSite::kQkv:
-      enabled = {options_.query, options_.key, options_.value};
+      enabled = {options.query, options.key, options.value};
       break;
     case LinearSite::kAttnProj:
-      enabled[0] = options_.projection;
+      enabled[0] = options.projection;
       break;
     case LinearSite::kHead:
-      enabled[0] = options_.head;
+      enabled[0] = options.head;
       break;
     default:  // MLP and MoE linears, the router included (as LitGPT's create_lora_linear).
-      enabled[0] = options_.mlp;
+      enabled[0] = options.mlp;
       break;
   }
-  return std::make_shared<LoraProjectionImpl>(spec, base_->Make(spec), options_.r, options_.alpha,
-                                              options_.dropout, enabled, options_.scale);
+  return enabled;
+}
+
+std::vector<std::pair<int64_t, int64_t>> LoraOutputParts(const LinearSpec& spec,
+                                                         std::array<bool, 3> enabled) {
+  std::vector<std::pair<int64_t, int64_t>> parts;
+  if (spec.site == LinearSite::kQkv) {
+    const int64_t widths[3] = {spec.q_size, spec.kv_size, spec.kv_size};
+    int64_t offset = 0;
+    for (int part = 0; part < 3; ++part) {
+      if (enabled[part]) parts.push_back({offset, widths[part]});
+      offset += widths[part];
+    }
+  } else if (enabled[0]) {
+    parts.push_back({0, spec.out_features});
+  }
+  return parts;
+}
+
+ProjectionPtr LoraLinearFactory::Make(const LinearSpec& spec) const {
+  return std::make_shared<LoraProjectionImpl>(
+      spec, base_->Make(spec), options_.r, options_.alpha, options_.dropout,
+      LoraEnabledParts(options_, spec.site), options_.scale);
 }
 
 absl::StatusOr<ModelParts> LoraParts(const Config& config,

@@ -11,6 +11,7 @@
 
 #include <array>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -37,6 +38,14 @@ struct LoraOptions {
   absl::Status Validate() const;
   double scaling() const { return r > 0 ? scale * alpha / static_cast<double>(r) : 0.0; }
 };
+
+// Which output parts of a `site` projection `options` adapts: query, key, value for the fused
+// QKV projection; element 0 alone for the others (projection, mlp, head; the MoE router and
+// experts count as mlp, as in LitGPT's create_lora_linear).
+std::array<bool, 3> LoraEnabledParts(const LoraOptions& options, LinearSite site);
+// The (offset, width) ranges of out_features that `enabled` parts cover, in order.
+std::vector<std::pair<int64_t, int64_t>> LoraOutputParts(const LinearSpec& spec,
+                                                         std::array<bool, 3> enabled);
 
 // y = linear(x) + scaling · B·A·dropout(x), where `linear` is any base projection (dense,
 // int8, adapter v2, another LoRA projection: stacked adapters) and scaling = scale · alpha / r.

@@ -7,6 +7,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <set>
 #include <sstream>
@@ -119,11 +120,58 @@ absl::StatusOr<LoraOptions> TrainedLoraOptions(const Config& config) {
   return LoraOptions::FromConfig(config);
 }
 
-// Loads `method`'s trained file at `path` into the decorators at `depth` (0: outermost).
-// Every tensor must be one of the method's parameters that model_config.yaml gives, with
-// its shape; messages use the file's names.
-absl::Status LoadTrainedFile(GPTImpl& model, const std::string& path, PeftMethod method,
-                             int depth, const LoadOptions& options) {
+// A trained file to load over the base weights: where its tensors go in the model.
+struct TrainedFile {
+  std::string path;
+  PeftMethod method;
+  // The model's name of the file's tensor `name`.
+  std::function<std::string(absl::string_view)> to_model;
+  // The file's name of the model's parameter `name`, nullopt when it is not this file's.
+  std::function<std::optional<std::string>(absl::string_view)> to_file;
+  // Names the file in errors (carrying the field), when set.
+  std::string label, field;
+};
+
+// A file loading into the decorators at `depth` of stacked LoRA (0: outermost).
+TrainedFile NestedFile(const std::string& path, PeftMethod method, int depth) {
+  TrainedFile file{path, method, nullptr, nullptr, "", ""};
+  file.to_model = [depth](absl::string_view name) { return Nest(name, depth); };
+  file.to_file = [depth](absl::string_view name) -> std::optional<std::string> {
+    if (Depth(name) != depth) return std::nullopt;
+    return Unnest(name, depth);
+  };
+  return file;
+}
+
+// A LoRA file loading into slot `slot` of a multi-adapter model: `qkv.lora_A` is
+// `qkv.slot<k>.lora_A`.
+TrainedFile SlotFile(const std::string& path, int64_t slot) {
+  TrainedFile file{path, PeftMethod::kLora, nullptr, nullptr, "", ""};
+  const std::string module = absl::StrCat("slot", slot);
+  file.to_model = [module](absl::string_view name) {
+    const size_t dot = name.rfind('.');
+    if (dot == absl::string_view::npos) return std::string(name);
+    return absl::StrCat(name.substr(0, dot), ".", module, name.substr(dot));
+  };
+  file.to_file = [module](absl::string_view name) -> std::optional<std::string> {
+    const size_t dot = name.rfind('.');
+    if (dot == absl::string_view::npos) return std::nullopt;
+    absl::string_view owner = name.substr(0, dot);
+    const size_t owner_dot = owner.rfind('.');
+    if (owner.substr(owner_dot == absl::string_view::npos ? 0 : owner_dot + 1) != module) {
+      return std::nullopt;
+    }
+    return absl::StrCat(owner_dot == absl::string_view::npos ? "" : owner.substr(0, owner_dot),
+                        name.substr(dot));
+  };
+  return file;
+}
+
+// Loads the trained `file` into the model. Every tensor must be one of the method's
+// parameters that model_config.yaml gives, with its shape; messages use the file's names.
+absl::Status LoadTrainedFile(GPTImpl& model, const TrainedFile& file, const LoadOptions& options) {
+  const std::string& path = file.path;
+  const PeftMethod method = file.method;
   absl::StatusOr<TensorMap> read = ReadTorchStateDict(path, options.verify_checksums);
   if (!read.ok()) return WithVerifyChecksumsOption(read.status(), "LoadOptions.verify_checksums");
   TensorMap trained = *std::move(read);
@@ -136,11 +184,11 @@ absl::Status LoadTrainedFile(GPTImpl& model, const std::string& path, PeftMethod
       return absl::InvalidArgumentError(
           absl::StrCat(path, ": tensor ", name, " is not a ", name_of_method, " parameter"));
     }
-    const std::string target = Nest(name, depth);
+    const std::string target = file.to_model(name);
     auto it = targets.find(target);
     if (it == targets.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ": unexpected tensor ", name, " (does model_config.yaml match the file?)"));
+      return absl::InvalidArgumentError(absl::StrCat(path, ": unexpected tensor ", name,
+                                                     " (does model_config.yaml match the file?)"));
     }
     if (!tensor.sizes().equals(it->second.sizes())) {
       return absl::InvalidArgumentError(
@@ -150,9 +198,10 @@ absl::Status LoadTrainedFile(GPTImpl& model, const std::string& path, PeftMethod
     mapped[target] = tensor;
   }
   for (const auto& [name, tensor] : targets) {
-    if (IsTrainedParameter(method, name) && Depth(name) == depth && !mapped.count(name)) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": missing tensor ",
-                                                     Unnest(name, depth),
+    if (!IsTrainedParameter(method, name) || mapped.count(name)) continue;
+    const std::optional<std::string> in_file = file.to_file(name);
+    if (in_file.has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": missing tensor ", *in_file,
                                                      " (does model_config.yaml match the file?)"));
     }
   }
@@ -161,13 +210,7 @@ absl::Status LoadTrainedFile(GPTImpl& model, const std::string& path, PeftMethod
 }
 
 // Builds the model for `parts`, loads `base_dir`'s weights into it and `trained` files on
-// top (each a file, a method and a nesting depth).
-struct TrainedFile {
-  std::string path;
-  PeftMethod method;
-  int depth;
-};
-
+// top.
 absl::StatusOr<LoadedModel> BuildAndLoad(const Config& config, const ModelParts& parts,
                                          const std::string& base_dir,
                                          const std::vector<TrainedFile>& trained,
@@ -193,8 +236,17 @@ absl::StatusOr<LoadedModel> BuildAndLoad(const Config& config, const ModelParts&
                                   /*adopt_storage=*/true));
   for (const TrainedFile& file : trained) {
     progress(absl::StrCat("loading ", file.path));
-    RETURN_IF_ERROR(
-        LoadTrainedFile(*model, file.path, file.method, file.depth, options));
+    const absl::Status loaded = LoadTrainedFile(*model, file, options);
+    if (!loaded.ok() && !file.label.empty()) {
+      // The file's label before the message; the field of the file, unless the error names
+      // its own (LoadOptions.verify_checksums).
+      const std::string message = absl::StrCat(file.label, ": ", loaded.message());
+      if (file.field.empty() || ErrorField(loaded).has_value()) {
+        return WithMessage(loaded, message);
+      }
+      return WithFields(absl::Status(loaded.code(), message), file.field);
+    }
+    RETURN_IF_ERROR(loaded);
   }
   model->eval();
   return LoadedModel{model->config(), model, ContextWarnings(base_dir, config)};
@@ -254,7 +306,7 @@ absl::StatusOr<LoadedModel> LoadLoraStack(const std::string& base_dir,
     if (!lora.ok()) return AboutAdapter(labels[i], lora.status().code(), lora.status().message());
     lora->scale = adapters[i].scale;
     factory = std::make_shared<LoraLinearFactory>(*lora, std::move(factory));
-    trained.push_back({path, PeftMethod::kLora, count - 1 - i});
+    trained.push_back(NestedFile(path, PeftMethod::kLora, count - 1 - i));
   }
   ModelParts parts;
   parts.linear_factory = std::move(factory);
@@ -280,7 +332,7 @@ absl::StatusOr<LoadedModel> LoadAdapterFinetune(const std::string& dir, PeftMeth
   parts.attention_extensions.insert(parts.attention_extensions.end(),
                                     options.parts.attention_extensions.begin(),
                                     options.parts.attention_extensions.end());
-  return BuildAndLoad(config, parts, base_dir, {{path, method, 0}}, options);
+  return BuildAndLoad(config, parts, base_dir, {NestedFile(path, method, 0)}, options);
 }
 
 // LoadCheckpoint's net for exceptions LibTorch throws on hostile input.
@@ -316,8 +368,8 @@ absl::StatusOr<std::optional<PeftMethod>> PeftMethodOfDir(const std::string& dir
   }
   if (found.empty()) return std::nullopt;
   if (found.size() > 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        dir, " holds several fine-tunes (", absl::StrJoin(names, ", "), "): keep one"));
+    return absl::InvalidArgumentError(absl::StrCat(dir, " holds several fine-tunes (",
+                                                   absl::StrJoin(names, ", "), "): keep one"));
   }
   if (!HasFullWeights(dir)) return found[0];
   // merge_lora writes lit_model.pth beside the LoRA files: the merged model is the one meant.
@@ -358,10 +410,10 @@ absl::StatusOr<std::string> BaseDirFromHyperparameters(const std::string& dir) {
   if (IsDirectory(beside.string())) return beside.string();
   std::error_code error;
   const fs::path cwd = fs::current_path(error);
-  return absl::NotFoundError(absl::StrCat(
-      path, ": the base checkpoint_dir ", base, " is a directory neither relative to the current ",
-      "directory (", cwd.string(), ") nor relative to the fine-tune's parent (", beside.string(),
-      ")"));
+  return absl::NotFoundError(
+      absl::StrCat(path, ": the base checkpoint_dir ", base,
+                   " is a directory neither relative to the current ", "directory (", cwd.string(),
+                   ") nor relative to the fine-tune's parent (", beside.string(), ")"));
 }
 
 absl::Status CheckSameBaseModel(const Config& config, const Config& base, absl::string_view what) {
@@ -512,8 +564,87 @@ absl::StatusOr<LoadedModel> LoadModelWithPeft(const std::string& checkpoint_dir,
     labels.push_back(
         {absl::StrCat(loras_field, "[", i, "] ", loras[i].dir), std::string(loras_field)});
   }
-  return Guarded(checkpoint_dir,
-                 [&]() { return LoadLoraStack(base_dir, stack, labels, options); });
+  return Guarded(checkpoint_dir, [&]() { return LoadLoraStack(base_dir, stack, labels, options); });
+}
+
+absl::StatusOr<MultiLoraModel> LoadMultiLoraModel(const std::string& base_dir,
+                                                  const std::vector<NamedLoraAdapter>& adapters,
+                                                  const LoadOptions& options,
+                                                  absl::string_view adapters_field) {
+  const std::string field(adapters_field);
+  if (adapters.empty()) {
+    return InvalidFieldError(field, absl::StrCat(field,
+                                                 " is empty: a multi-adapter model "
+                                                 "serves at least one adapter"));
+  }
+  std::vector<LoraAdapterSpec> specs;
+  std::set<std::string> names;
+  for (size_t k = 0; k < adapters.size(); ++k) {
+    const std::string& name = adapters[k].name;
+    if (name.empty()) {
+      return InvalidFieldError(
+          field, absl::StrCat(field, "[", k, "].name is empty (", adapters[k].lora.dir, ")"));
+    }
+    if (!names.insert(name).second) {
+      return InvalidFieldError(
+          field, absl::StrCat(field, "[", k, "].name '", name, "' names an earlier adapter too"));
+    }
+    specs.push_back(adapters[k].lora);
+  }
+  RETURN_IF_ERROR(ValidateLoraAdapterSpecs(specs, field));
+  RETURN_IF_ERROR(CheckLoadOptions(options));
+  if (options.tensor_parallel && options.tensor_parallel->world_size() > 1) {
+    return absl::UnimplementedError(
+        "per-request LoRA adapters do not combine with tensor parallelism yet");
+  }
+  ASSIGN_OR_RETURN(const std::optional<PeftMethod> base_method, PeftMethodOfDir(base_dir));
+  if (base_method.has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(base_dir, " is a ", PeftMethodName(*base_method),
+                     " fine-tune: the adapters' base must be a plain checkpoint"));
+  }
+  MultiLoraModel out;
+  absl::StatusOr<LoadedModel> loaded = Guarded(base_dir, [&]() -> absl::StatusOr<LoadedModel> {
+    ASSIGN_OR_RETURN(const Config base_config, LoadConfigFile(base_dir + "/model_config.yaml"));
+    std::vector<LoraOptions> loras;
+    std::vector<TrainedFile> trained;
+    for (size_t k = 0; k < adapters.size(); ++k) {
+      const std::string& dir = specs[k].dir;
+      const AdapterLabel label{absl::StrCat(field, "[", k, "] '", adapters[k].name, "' ", dir),
+                               field};
+      const std::string path = dir + "/" + TrainedFileName(PeftMethod::kLora);
+      if (!IsDirectory(dir)) {
+        return AboutAdapter(label, absl::StatusCode::kNotFound, "no such directory");
+      }
+      if (!IsFile(path)) {
+        return AboutAdapter(label, absl::StatusCode::kNotFound,
+                            "no lit_model.pth.lora (a LoRA fine-tune directory holds it beside "
+                            "model_config.yaml)");
+      }
+      absl::StatusOr<Config> config = FinetuneConfig(dir, base_config);
+      absl::StatusOr<LoraOptions> lora =
+          config.ok() ? TrainedLoraOptions(*config) : absl::StatusOr<LoraOptions>(config.status());
+      if (lora.ok()) {
+        lora->scale = specs[k].scale;
+        const absl::Status fits = CheckMultiLoraAdapter(base_config, *lora);
+        if (!fits.ok()) lora = absl::StatusOr<LoraOptions>(fits);
+      }
+      if (!lora.ok()) return AboutAdapter(label, lora.status().code(), lora.status().message());
+      loras.push_back(*lora);
+      TrainedFile file = SlotFile(path, static_cast<int64_t>(k));
+      file.label = label.text;
+      file.field = label.field;
+      trained.push_back(std::move(file));
+    }
+    ASSIGN_OR_RETURN(ModelParts parts,
+                     MultiLoraParts(base_config, loras, options.parts.linear_factory));
+    parts.attention_extensions = options.parts.attention_extensions;
+    return BuildAndLoad(base_config, parts, base_dir, trained, options);
+  });
+  RETURN_IF_ERROR(loaded.status());
+  out.loaded = *std::move(loaded);
+  for (const NamedLoraAdapter& adapter : adapters) out.adapter_names.push_back(adapter.name);
+  return out;
 }
 
 std::vector<std::string> CheckpointFileDirs(const std::string& dir) {

@@ -31,6 +31,7 @@
 #include "core/model/gpt.h"
 #include "core/model/model_parts.h"
 #include "core/nn/linear_factory.h"
+#include "peft/multi_lora.h"
 #include "peft/peft_method.h"
 
 namespace lgpt {
@@ -102,6 +103,39 @@ absl::StatusOr<LoadedModel> LoadModelWithPeft(const std::string& checkpoint_dir,
                                               const std::vector<LoraAdapterSpec>& loras = {},
                                               const LoadOptions& options = {},
                                               absl::string_view loras_field = "loras");
+
+// One adapter of a multi-adapter model: the name requests pick it by, and its LoRA fine-tune.
+struct NamedLoraAdapter {
+  std::string name;  // non-empty, unique among the model's adapters
+  LoraAdapterSpec lora;
+};
+
+// A base model serving LoRA adapters per request (peft/multi_lora.h): slot k is the k-th
+// adapter given to LoadMultiLoraModel.
+struct MultiLoraModel {
+  LoadedModel loaded;
+  std::vector<std::string> adapter_names;  // by slot
+
+  // The slot of adapter `name`, for SequenceChunk.adapter / ForwardOptions.adapters; -1 for
+  // the empty name (the base model); NotFound, listing the names, otherwise.
+  absl::StatusOr<int64_t> AdapterSlot(absl::string_view name) const {
+    return AdapterSlotByName(adapter_names, name);
+  }
+};
+
+// Loads plain checkpoint `base_dir` with `adapters` (LoRA fine-tune directories: lit_model.pth.lora
+// and model_config.yaml) as per-request slots, adapter k in slot k with its scale. Each
+// adapter's model_config.yaml must match the base's but for the lora_* fields, and its file
+// the shapes those fields give; adapters may differ in rank, alpha and targets. Errors about
+// an adapter name it as `adapters_field`[k] with its name and directory and carry
+// `adapters_field` (core/base/status_field.h). options.parts.linear_factory makes the base
+// projections (QuantizedModelParts(kInt8 / kInt4).linear_factory: quantise with
+// QuantizeModel after loading); tensor parallelism is Unimplemented. The model is in eval
+// mode.
+absl::StatusOr<MultiLoraModel> LoadMultiLoraModel(const std::string& base_dir,
+                                                  const std::vector<NamedLoraAdapter>& adapters,
+                                                  const LoadOptions& options = {},
+                                                  absl::string_view adapters_field = "adapters");
 
 // Where a checkpoint's side files (tokenizer, prompt style) are looked for, in order: `dir`,
 // then, for a fine-tune directory, its base (a fine-tune may hold no tokenizer of its own).

@@ -7,12 +7,13 @@
 #include "absl/strings/str_cat.h"
 #include "cache/kv_batch.h"
 #include "cache/routing_kv_cache.h"
+#include "core/base/status_field.h"
 #include "core/base/status_macros.h"
 
 namespace lgpt {
 namespace {
 
-absl::Status CheckChunk(const SequenceChunk& chunk, size_t index) {
+absl::Status CheckChunk(const SequenceChunk& chunk, size_t index, int64_t adapter_slots) {
   const at::Tensor& ids = chunk.ids;
   const at::Tensor& positions = chunk.positions;
   if (chunk.cache == nullptr) {
@@ -26,6 +27,15 @@ absl::Status CheckChunk(const SequenceChunk& chunk, size_t index) {
                      ids.defined() ? ShapeString(ids) : "none", " and ",
                      positions.defined() ? ShapeString(positions) : "none"));
   }
+  if (chunk.adapter < -1 || chunk.adapter >= adapter_slots) {
+    return InvalidFieldError(
+        "SequenceChunk.adapter",
+        absl::StrCat("chunk ", index, ": SequenceChunk.adapter is ", chunk.adapter, ": ",
+                     adapter_slots == 0
+                         ? "the model serves no adapters (only -1, the base model)"
+                         : absl::StrCat("the model's adapter slots are [0, ", adapter_slots,
+                                        "), or -1 for the base model")));
+  }
   return absl::OkStatus();
 }
 
@@ -36,8 +46,10 @@ absl::StatusOr<at::Tensor> ForwardChunks(GPTImpl& model, const std::vector<Seque
   KVBatch batch;
   batch.axis = KVBatch::Axis::kBatch;
   std::vector<at::Tensor> ids, positions;
+  bool adapters = false;  // whether any chunk uses one
   for (size_t s = 0; s < chunks.size(); ++s) {
-    RETURN_IF_ERROR(CheckChunk(chunks[s], s));
+    RETURN_IF_ERROR(CheckChunk(chunks[s], s, model.adapter_slots()));
+    adapters = adapters || chunks[s].adapter >= 0;
     batch.caches.push_back(chunks[s].cache);
     batch.lengths.push_back(chunks[s].ids.size(1));
     if (batch.lengths.back() > 1) batch.axis = KVBatch::Axis::kTime;
@@ -50,6 +62,7 @@ absl::StatusOr<at::Tensor> ForwardChunks(GPTImpl& model, const std::vector<Seque
     // One chunk: the batch-1 forward pass itself.
     forward.positions = positions.front();
     forward.last_logits_only = true;
+    if (adapters) forward.adapters = {chunks.front().adapter};
     ASSIGN_OR_RETURN(at::Tensor logits, model.Forward(ids.front(), chunks.front().cache, forward));
     return logits.reshape({1, -1});
   }
@@ -60,6 +73,14 @@ absl::StatusOr<at::Tensor> ForwardChunks(GPTImpl& model, const std::vector<Seque
     for (int64_t length : batch.lengths) forward.logit_steps.push_back((end += length) - 1);
   } else {
     forward.last_logits_only = true;
+  }
+  if (adapters) {
+    // A slot per row: per chunk in a decode step, per token when the chunks lie end to end.
+    for (size_t s = 0; s < chunks.size(); ++s) {
+      forward.adapters.insert(forward.adapters.end(),
+                              static_cast<size_t>(along_time ? batch.lengths[s] : 1),
+                              chunks[s].adapter);
+    }
   }
   forward.positions = at::cat(positions, dim);
   ASSIGN_OR_RETURN(RoutingKVCache cache, RoutingKVCache::Create(std::move(batch)));

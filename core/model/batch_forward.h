@@ -21,18 +21,24 @@
 namespace lgpt {
 
 // A sequence's part of a step: int64 ids and positions [1, T] fed through `cache` (batch size
-// 1, not owned).
+// 1, not owned), with the adapter its request uses.
 struct SequenceChunk {
   KVCache* cache = nullptr;
   at::Tensor ids;
   at::Tensor positions;
+  // Its adapter slot in a multi-adapter model (peft/multi_lora.h; GPTImpl::adapter_slots()),
+  // -1 for the base model. Chunks of different adapters share the step: the base projections
+  // run once over every row, each adapter's update over its chunks' rows only.
+  int64_t adapter = -1;
 };
 
 // The logits of each chunk's last token, [chunks, padded_vocab_size]: chunk s's row equals the
 // last logits of model.Forward(ids, cache, {positions, last_logits_only}) run alone: bit for
 // bit where the matrix products are row-invariant (float32 on CPUs with the AVX-512 GEMV;
 // every other layer works token by token), else up to their rounding over another number of
-// rows. InvalidArgument for no chunks or chunks of another shape; the forward pass's errors.
+// rows; with adapters, chunk s's row equals its adapter's model run alone (up to the rounding of
+// the update). InvalidArgument for no chunks, chunks of another shape or an adapter slot the
+// model lacks (SequenceChunk.adapter); the forward pass's errors.
 absl::StatusOr<at::Tensor> ForwardChunks(GPTImpl& model, const std::vector<SequenceChunk>& chunks);
 
 }  // namespace lgpt

@@ -23,6 +23,19 @@ FieldRef BatchMaxNewTokens() {
   return FieldRef("BatchGenerateOptions.max_new_tokens", "max_new_tokens");
 }
 
+// `slot` names one of `model`'s adapter slots, or the base model (-1).
+absl::Status CheckAdapterSlot(const GPTImpl& model, int64_t slot, const FieldRef& field,
+                              absl::string_view what) {
+  if (slot >= -1 && slot < model.adapter_slots()) return absl::OkStatus();
+  return InvalidFieldError(
+      field,
+      absl::StrCat(what, " is ", slot, ": ",
+                   model.adapter_slots() == 0
+                       ? "the model serves no adapters (only -1, the base model)"
+                       : absl::StrCat("the model's adapter slots are [0, ", model.adapter_slots(),
+                                      "), or -1 for the base model")));
+}
+
 double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -66,6 +79,8 @@ absl::Status CheckGenerateRequest(const GPTImpl& model, const KVCache& cache, in
         FieldRef("GenerateOptions.start_position", "start_position"),
         absl::StrCat("start_position must be >= 0, got ", options.start_position));
   }
+  RETURN_IF_ERROR(CheckAdapterSlot(model, options.adapter, "GenerateOptions.adapter",
+                                   "GenerateOptions.adapter"));
   const int64_t first = options.start_position;
   const int64_t context = std::min(model.config().block_size, cache.max_sequence_length());
   // Compared by subtraction: first + prompt + max_new_tokens may overflow int64.
@@ -107,6 +122,7 @@ absl::StatusOr<std::vector<int64_t>> Generate(GPTImpl& model, KVCache& cache,
     ForwardOptions forward;
     forward.positions = stream.Take(length);
     forward.last_logits_only = true;
+    if (options.adapter >= 0) forward.adapters = {options.adapter};
     ASSIGN_OR_RETURN(logits, model.Forward(tokens.narrow(1, begin, length), &cache, forward));
     begin += length;
   }
@@ -135,6 +151,7 @@ absl::StatusOr<std::vector<int64_t>> Generate(GPTImpl& model, KVCache& cache,
     ForwardOptions forward;
     forward.positions = stream.Take(1);
     forward.last_logits_only = true;
+    if (options.adapter >= 0) forward.adapters = {options.adapter};
     ASSIGN_OR_RETURN(logits, model.Forward(token, &cache, forward));
   }
   if (!out.empty()) s.decode_s = SecondsSince(decode_start);
@@ -162,6 +179,19 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> GenerateBatch(
     return InvalidFieldError(
         FieldRef("BatchGenerateOptions.prefill_chunk", "prefill_chunk"),
         absl::StrCat("prefill_chunk must be >= 0, got ", options.prefill_chunk));
+  }
+  if (!options.adapters.empty()) {
+    if (static_cast<int64_t>(options.adapters.size()) != batch) {
+      return InvalidFieldError(
+          "BatchGenerateOptions.adapters",
+          absl::StrCat("BatchGenerateOptions.adapters has ", options.adapters.size(),
+                       " entries for ", batch, " prompts: give one per prompt, or none"));
+    }
+    for (int64_t row = 0; row < batch; ++row) {
+      RETURN_IF_ERROR(CheckAdapterSlot(model, options.adapters[row],
+                                       "BatchGenerateOptions.adapters",
+                                       absl::StrCat("BatchGenerateOptions.adapters[", row, "]")));
+    }
   }
   const int64_t context = std::min(model.config().block_size, cache.max_sequence_length());
   int64_t shortest = std::numeric_limits<int64_t>::max(), longest = 0;
@@ -204,6 +234,7 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> GenerateBatch(
     ForwardOptions forward;
     forward.positions = stream.Take(length, batch);
     forward.last_logits_only = true;
+    forward.adapters = options.adapters;
     ASSIGN_OR_RETURN(logits, model.Forward(common.narrow(1, begin, length), &cache, forward));
     begin += length;
   }
@@ -246,6 +277,7 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> GenerateBatch(
     ForwardOptions forward;
     forward.positions = stream.Take(1, batch);
     forward.last_logits_only = true;
+    forward.adapters = options.adapters;
     ASSIGN_OR_RETURN(logits, model.Forward(tokens, &cache, forward));
   }
   s.decode_s = SecondsSince(decode_start);

@@ -36,6 +36,9 @@ struct GenerateOptions {
   std::function<void(const TokenLogprob&)> on_logprob;
   // Called with each new token; returning false stops generation.
   std::function<bool(int64_t)> on_token;
+  // The adapter slot of a multi-adapter model (peft/multi_lora.h) every step uses; -1: the
+  // base model.
+  int64_t adapter = -1;
 };
 
 struct GenerateStats {
@@ -74,6 +77,10 @@ struct BatchGenerateOptions {
   std::vector<int64_t> stop_tokens;
   // Called with (row, token) for each new token; returning false ends that row.
   std::function<bool(int64_t, int64_t)> on_token;
+  // Each prompt's adapter slot of a multi-adapter model (peft/multi_lora.h), -1 for the base
+  // model; empty: every prompt uses the base model. Rows of different adapters share each
+  // forward pass.
+  std::vector<int64_t> adapters;
 };
 
 // Generates for prompts of different lengths at once through one cache with batch_size >=

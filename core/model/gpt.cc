@@ -10,7 +10,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/base/status_field.h"
 #include "core/base/status_macros.h"
+#include "core/nn/adapter_routing.h"
 
 namespace lgpt {
 namespace {
@@ -46,6 +48,37 @@ absl::Status CheckLogitSteps(const ForwardOptions& options, int64_t steps) {
     }
   }
   return absl::OkStatus();
+}
+
+// The routing of ForwardOptions.adapters over a [batch, steps] forward pass of a model with
+// `slots` adapter slots.
+absl::StatusOr<AdapterRouting> RoutingOf(const std::vector<int64_t>& adapters, int64_t slots,
+                                         int64_t batch, int64_t steps, c10::Device device) {
+  constexpr char kField[] = "ForwardOptions.adapters";
+  if (adapters.empty()) return AdapterRouting();
+  for (size_t i = 0; i < adapters.size(); ++i) {
+    if (adapters[i] < -1 || adapters[i] >= slots) {
+      return InvalidFieldError(
+          kField, absl::StrCat(kField, "[", i, "] is ", adapters[i], ": ",
+                               slots == 0 ? "the model serves no adapters (only -1, the base model)"
+                                          : absl::StrCat("the model's adapter slots are [0, ",
+                                                         slots, "), or -1 for the base model")));
+    }
+  }
+  const int64_t given = static_cast<int64_t>(adapters.size());
+  if (given == 1) return AdapterRouting::Uniform(adapters[0]);
+  if (given == batch * steps) return AdapterRouting::PerRow(adapters, device);
+  if (given == batch) {
+    std::vector<int64_t> per_token;
+    per_token.reserve(static_cast<size_t>(batch * steps));
+    for (int64_t slot : adapters)
+      per_token.insert(per_token.end(), static_cast<size_t>(steps), slot);
+    return AdapterRouting::PerRow(std::move(per_token), device);
+  }
+  return InvalidFieldError(
+      kField, absl::StrCat(kField, " has ", given, " entries for ids [", batch, ", ", steps,
+                           "]: give 1 (the batch), ", batch, " (a row each) or ", batch * steps,
+                           " (a token each)"));
 }
 
 }  // namespace
@@ -90,6 +123,7 @@ GPTImpl::GPTImpl(const Config& config, const ModelParts& parts)
   head.bias = config.lm_head_bias;
   const std::shared_ptr<const LinearFactory> factory = LinearFactoryOrDefault(parts.linear_factory);
   lm_head = register_module("lm_head", factory->Make(head));
+  adapter_slots_ = factory->AdapterSlots();
   rope_ = std::make_unique<Rope>(config_, c10::Device(c10::kCPU));
 }
 
@@ -227,6 +261,10 @@ absl::StatusOr<at::Tensor> GPTImpl::ForwardUnchecked(const at::Tensor& idx, KVCa
     RETURN_IF_ERROR(cache->CheckStep(step, batch));
   }
 
+  ASSIGN_OR_RETURN(const AdapterRouting routing,
+                   RoutingOf(options.adapters, adapter_slots_, batch, steps, device()));
+  const ScopedAdapterRouting routed(&routing);
+
   const RopeTables global = rope_->Tables(step.positions, /*local=*/false);
   const RopeTables local = rope_->has_local() ? rope_->Tables(step.positions, true) : global;
   at::Tensor x = EmbedTokens(ids);  // [B, T, n_embd]
@@ -234,12 +272,24 @@ absl::StatusOr<at::Tensor> GPTImpl::ForwardUnchecked(const at::Tensor& idx, KVCa
     const RopeTables& rope = config_.UsesLocalRope(layer) ? local : global;
     ASSIGN_OR_RETURN(x, transformer->h[layer]->Forward(x, rope, step, cache));
   }
+  std::vector<int64_t> kept_steps;  // empty: every step
   if (options.last_logits_only) {
     x = x.narrow(1, steps - 1, 1);
+    kept_steps = {steps - 1};
   } else if (!options.logit_steps.empty()) {
     x = x.index_select(1, at::tensor(options.logit_steps, at::kLong).to(x.device()));
+    kept_steps = options.logit_steps;
   }
   if (options.hidden_states) return transformer->ln_f->forward(x);
+  if (routing.rows() < 0 || kept_steps.empty()) return Head(x);
+  // The head sees only the kept steps' rows: their slots, in the same order.
+  std::vector<int64_t> kept_rows;
+  kept_rows.reserve(static_cast<size_t>(batch) * kept_steps.size());
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t t : kept_steps) kept_rows.push_back(b * steps + t);
+  }
+  const AdapterRouting head_routing = routing.Select(kept_rows, device());
+  const ScopedAdapterRouting head_routed(&head_routing);
   return Head(x);
 }
 

@@ -42,6 +42,13 @@ struct ForwardOptions {
   // Instead of logits: the final norm's output [B, T (or as above), n_embd], the hidden states
   // the head reads (embeddings).
   bool hidden_states = false;
+  // Per-request adapters (peft/multi_lora.h): the adapter slot of the rows, -1 for the base
+  // model; slots are -1 or in [0, GPTImpl::adapter_slots()). Empty: every row uses the base
+  // model. One entry: the whole batch. B entries: one per batch row (all its T tokens). B·T
+  // entries: one per token, row b's token t at b·T + t (a step of several sequences end to end
+  // in one row gives each one's slot over its tokens). The forward pass installs the routing
+  // (core/nn/adapter_routing.h) while its layers and head run.
+  std::vector<int64_t> adapters;
 };
 
 // transformer.{wte, h, ln_f}
@@ -88,6 +95,9 @@ class GPTImpl : public torch::nn::Module {
   at::Tensor ShiftKeys(int64_t layer, const at::Tensor& keys, int64_t shift) const;
 
   const Config& config() const { return config_; }
+  // The adapter slots ForwardOptions.adapters may name: its linear factory's AdapterSlots()
+  // (0: a single model).
+  int64_t adapter_slots() const { return adapter_slots_; }
   c10::Device device() const;
   c10::ScalarType dtype() const;
 
@@ -116,6 +126,7 @@ class GPTImpl : public torch::nn::Module {
   std::unique_ptr<Rope> rope_;
   BlockQuantWeight quantized_wte_;  // undefined unless the embedding is quantised
   std::shared_ptr<const KVScoreReducer> kv_score_reducer_;  // ModelParts::kv_score_reducer
+  int64_t adapter_slots_ = 0;
 };
 using GPT = std::shared_ptr<GPTImpl>;
 

@@ -5,11 +5,11 @@
 #ifndef LGPT_CORE_NN_LINEAR_FACTORY_H_
 #define LGPT_CORE_NN_LINEAR_FACTORY_H_
 
-#include <memory>
-#include <string>
-
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
+
+#include <memory>
+#include <string>
 
 namespace lgpt {
 
@@ -86,6 +86,10 @@ class LinearFactory {
  public:
   virtual ~LinearFactory() = default;
   virtual ProjectionPtr Make(const LinearSpec& spec) const;
+  // How many per-request adapter slots the projections it makes serve (core/nn/
+  // adapter_routing.h, peft/multi_lora.h): a forward pass's rows may pick slots [0, this) or
+  // -1 (the base model). 0 for factories of single-model projections.
+  virtual int64_t AdapterSlots() const { return 0; }
 };
 
 // The factory of the base model.
