@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/base/status_field.h"
 #include "core/base/status_macros.h"
 #include "core/model/checkpoint.h"
@@ -136,8 +137,15 @@ absl::StatusOr<std::shared_ptr<const Engine>> Engine::Load(const std::string& ch
     }
     load.parts = QuantizedModelParts(quantize);
   }
+  if (!options.adapters.empty() && !options.loras.empty()) {
+    return InvalidFieldError("EngineOptions.adapters",
+                             "EngineOptions.adapters serve over the checkpoint itself: not with "
+                             "EngineOptions.loras",
+                             {"EngineOptions.loras"});
+  }
   if (options.tensor_parallel && options.tensor_parallel->world_size() > 1) {
-    if (quantize != WeightQuantization::kNone || !options.loras.empty()) {
+    if (quantize != WeightQuantization::kNone || !options.loras.empty() ||
+        !options.adapters.empty()) {
       return FieldError(absl::StatusCode::kUnimplemented, "EngineOptions.tensor_parallel",
                         "EngineOptions.tensor_parallel does not combine with "
                         "EngineOptions.quantize or EngineOptions.loras yet",
@@ -145,8 +153,20 @@ absl::StatusOr<std::shared_ptr<const Engine>> Engine::Load(const std::string& ch
     }
     load.tensor_parallel = options.tensor_parallel;
   }
-  absl::StatusOr<LoadedModel> loaded_or =
-      LoadModelWithPeft(checkpoint_dir, options.loras, load, "EngineOptions.loras");
+  std::vector<std::string> adapter_names;
+  absl::StatusOr<LoadedModel> loaded_or = absl::UnknownError("not loaded");
+  if (options.adapters.empty()) {
+    loaded_or = LoadModelWithPeft(checkpoint_dir, options.loras, load, "EngineOptions.loras");
+  } else {
+    absl::StatusOr<MultiLoraModel> multi =
+        LoadMultiLoraModel(checkpoint_dir, options.adapters, load, "EngineOptions.adapters");
+    if (multi.ok()) {
+      adapter_names = multi->adapter_names;
+      loaded_or = std::move(multi->loaded);
+    } else {
+      loaded_or = multi.status();
+    }
+  }
   if (!loaded_or.ok()) {  // Name the option the caller set.
     return RenameField(loaded_or.status(), "LoadOptions.verify_checksums",
                        "EngineOptions.verify_checksums");
@@ -174,6 +194,7 @@ absl::StatusOr<std::shared_ptr<const Engine>> Engine::Load(const std::string& ch
   std::shared_ptr<Engine> engine(
       new Engine(std::move(loaded.model), std::move(tokenizer), checkpoint_dir, options.serving));
   engine->warnings_ = std::move(loaded.warnings);
+  engine->adapter_names_ = std::move(adapter_names);
   if (options.serving.kv_pool_bytes > 0) {
     // Refused now, not at every Submit.
     RETURN_IF_ERROR(KVMemory::PoolFor(engine->CacheGeometry(), engine->MemoryOptions()).status());
@@ -271,11 +292,13 @@ GenerateOptions GenerationSettings(const RequestOptions& options, int64_t start_
 // scheduler): streaming decode, stop sequences and stop token sequences, the finish reason.
 class RequestText {
  public:
+  // `adapter`: the slot of options.adapter (Engine::AdapterSlot).
   RequestText(std::shared_ptr<const Tokenizer> tokenizer, const RequestOptions& options,
-              std::vector<int64_t> stops)
+              std::vector<int64_t> stops, int64_t adapter = -1)
       : tokenizer_(std::move(tokenizer)),
         options_(options),
         stops_(std::move(stops)),
+        adapter_(adapter),
         filter_(options_.stop_sequences) {}
 
   // Primes the decoder on the text before the reply (and echoes it when asked). False when
@@ -353,6 +376,7 @@ class RequestText {
   static GenerateOptions Generation(Self self, int64_t start_position) {
     GenerateOptions generate = GenerationSettings(self->options_, start_position);
     generate.stop_tokens = self->stops_;
+    generate.adapter = self->adapter_;
     generate.on_token = [self](int64_t token) { return self->OnToken(token); };
     if (self->options_.top_logprobs >= 0) {
       generate.on_logprob = [self](const TokenLogprob& logprob) { self->OnLogprob(logprob); };
@@ -371,6 +395,7 @@ class RequestText {
   std::shared_ptr<const Tokenizer> tokenizer_;
   const RequestOptions options_;
   const std::vector<int64_t> stops_;
+  const int64_t adapter_;
   std::unique_ptr<StreamingDecoder> stream_;
   StopSequenceFilter filter_;
   std::vector<int64_t> generated_;
@@ -387,7 +412,8 @@ absl::StatusOr<Completion> Engine::Run(KVCache& cache, int64_t start_position,
   // A streaming callback that throws ends this request with an error, as through Submit (the
   // scheduler's "on_token threw"), instead of unwinding through the caller.
   try {
-    RequestText text(tokenizer_, options, StopTokens(options));
+    ASSIGN_OR_RETURN(const int64_t adapter, AdapterSlot(options));
+    RequestText text(tokenizer_, options, StopTokens(options), adapter);
     ASSIGN_OR_RETURN(const bool go_on, text.Prime(stream_context));
     if (!go_on) return text.Finish({}, GenerateStats(), 0, /*cancelled=*/true);
     GenerateStats stats;
@@ -464,7 +490,8 @@ absl::StatusOr<std::shared_ptr<Request>> Engine::Submit(const std::vector<int64_
   ASSIGN_OR_RETURN(
       std::unique_ptr<KVCache> cache,
       memory.NewCache(options.kv_cache, CacheGeometry(), CacheLength(prompt, options)));
-  auto text = std::make_shared<RequestText>(tokenizer_, options, StopTokens(options));
+  ASSIGN_OR_RETURN(const int64_t adapter, AdapterSlot(options));
+  auto text = std::make_shared<RequestText>(tokenizer_, options, StopTokens(options), adapter);
   std::shared_ptr<Request> request(new Request());
   request->text_ = text;
   ASSIGN_OR_RETURN(const bool go_on, text->Prime(prompt));
@@ -508,6 +535,18 @@ absl::StatusOr<std::vector<std::shared_ptr<Request>>> Engine::SubmitChoices(
     choices.push_back(*std::move(request));
   }
   return choices;
+}
+
+absl::StatusOr<int64_t> Engine::AdapterSlot(const RequestOptions& options) const {
+  absl::StatusOr<int64_t> slot = AdapterSlotByName(adapter_names_, options.adapter);
+  if (slot.ok()) return slot;
+  return InvalidFieldError(
+      "RequestOptions.adapter",
+      adapter_names_.empty()
+          ? absl::StrCat("RequestOptions.adapter '", options.adapter,
+                         "': the engine serves no adapters (EngineOptions.adapters)")
+          : absl::StrCat("RequestOptions.adapter '", options.adapter, "' is not one of ",
+                         absl::StrJoin(adapter_names_, ", ")));
 }
 
 SchedulerStats Engine::ServingStats() const { return scheduler().Stats(); }
@@ -600,6 +639,8 @@ absl::StatusOr<std::vector<Completion>> Engine::GenerateBatch(
   batch.seed = options.seed;
   batch.prefill_chunk = options.prefill_chunk;
   batch.stop_tokens = StopTokens(options);
+  ASSIGN_OR_RETURN(const int64_t adapter, AdapterSlot(options));
+  if (adapter >= 0) batch.adapters.assign(prompts.size(), adapter);
   GenerateStats stats;
   ASSIGN_OR_RETURN(std::vector<std::vector<int64_t>> rows,
                    lgpt::GenerateBatch(*model_, *cache, prompts, batch, &stats));

@@ -54,6 +54,11 @@ struct EngineOptions {
   // LoRA fine-tunes applied over the checkpoint, unmerged, in order, each with its scale
   // (llama.cpp's --lora / --lora-scaled); see peft/peft_checkpoint.h.
   std::vector<LoraAdapterSpec> loras;
+  // LoRA adapters served per request (S-LoRA / Punica): loaded beside the base, each picked by
+  // name through RequestOptions::adapter, and requests with different adapters share a batched
+  // step (the base projection once, each adapter's low-rank product on its rows). Not with
+  // `loras` (the base must be the checkpoint itself); over dense, int8 or int4 weights.
+  std::vector<NamedLoraAdapter> adapters;
   // Weights quantised at load (CPU, float32 activations), the float32 weights freed as each
   // matrix is quantised: kInt8 = q8_0-like blocks (int8, a scale per 32 weights; 1.125
   // bytes per weight), kInt4 = q4_0-like blocks (4-bit; 0.625 bytes per weight). Every
@@ -116,6 +121,10 @@ struct RequestOptions {
   // Which tokens may come next: constrained decoding (a grammar, regex or JSON schema over the
   // tokenizer's vocabulary, core/constrain/). One request's own object (it holds the state).
   std::shared_ptr<TokenConstraint> constraint;
+  // The per-request LoRA adapter (EngineOptions.adapters) by name; empty: the base model.
+  // Equal, per request, to that adapter's model alone. Prefix caching skips adapter requests
+  // (their KV entries are the adapter's).
+  std::string adapter;
   // on_text first receives the prompt's own text, so that the echoed prompt and the pieces
   // concatenate to the decode of prompt + reply (continuations keep their leading spaces).
   bool echo_prompt = false;
@@ -234,6 +243,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   const std::string& checkpoint_dir() const { return checkpoint_dir_; }
   // Notes from loading (LoadedModel::warnings), e.g. a block_size past the trained context.
   const std::vector<std::string>& warnings() const { return warnings_; }
+  // The per-request adapters' names (EngineOptions.adapters), by slot.
+  const std::vector<std::string>& adapter_names() const { return adapter_names_; }
   // What sizes the scheduler Submit feeds (EngineOptions.serving).
   const SchedulerOptions& serving_options() const { return serving_; }
   GPTImpl& model() const { return *model_; }
@@ -258,6 +269,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
   absl::StatusOr<std::unique_ptr<KVCache>> NewCache(const KVCacheSpec& spec, int64_t batch,
                                                     int64_t length) const;
   std::vector<int64_t> StopTokens(const RequestOptions& options) const;
+  // The slot of options.adapter (-1: the base model); InvalidArgument naming
+  // RequestOptions.adapter for a name the engine does not serve.
+  absl::StatusOr<int64_t> AdapterSlot(const RequestOptions& options) const;
   // Generates after `prompt` at `start_position` in `cache` with stop sequences, streaming
   // and cancellation.
   absl::StatusOr<Completion> Run(KVCache& cache, int64_t start_position,
@@ -268,6 +282,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::shared_ptr<const Tokenizer> tokenizer_;
   std::string checkpoint_dir_;
   std::vector<std::string> warnings_;
+  std::vector<std::string> adapter_names_;
   SchedulerOptions serving_;
   mutable std::once_flag scheduler_once_;
   mutable absl::Status pool_error_;  // why the pool could not be made (Submit returns it)

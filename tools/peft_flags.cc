@@ -62,6 +62,32 @@ absl::StatusOr<LoraAdapterSpec> ParseLoraFlag(absl::string_view text) {
   return spec;
 }
 
+absl::StatusOr<ServeLoraFlags> ServeLoras(int argc, char** argv) {
+  std::vector<std::string> values;
+  for (const std::string& value : LoraValuesInArgv(argc, argv)) {
+    if (value.empty()) return absl::InvalidArgumentError("--lora is empty (--lora=[NAME=]DIR)");
+    for (absl::string_view item : absl::StrSplit(value, ',')) values.emplace_back(item);
+  }
+  if (values.empty()) values = absl::GetFlag(FLAGS_lora);
+  ServeLoraFlags flags;
+  for (const std::string& value : values) {
+    const size_t equals = value.find('=');
+    const absl::string_view path = equals == std::string::npos
+                                       ? absl::string_view(value)
+                                       : absl::string_view(value).substr(equals + 1);
+    ASSIGN_OR_RETURN(LoraAdapterSpec spec, ParseLoraFlag(path));
+    if (equals == std::string::npos) {
+      flags.loras.push_back(std::move(spec));
+    } else if (equals == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--lora=", value, " names no adapter (--lora=NAME=DIR[:SCALE])"));
+    } else {
+      flags.adapters.push_back({value.substr(0, equals), std::move(spec)});
+    }
+  }
+  return flags;
+}
+
 absl::StatusOr<std::vector<LoraAdapterSpec>> LoraFlags(int argc, char** argv) {
   std::vector<std::string> values;
   for (const std::string& value : LoraValuesInArgv(argc, argv)) {

@@ -26,6 +26,15 @@ absl::StatusOr<LoraAdapterSpec> ParseLoraFlag(absl::string_view text);
 // value serves when argv names none (a --flagfile).
 absl::StatusOr<std::vector<LoraAdapterSpec>> LoraFlags(int argc, char** argv);
 
+// `serve`'s --lora values: "NAME=DIR[:SCALE]" serves the fine-tune per request under NAME (a
+// request's `model`; EngineOptions.adapters), "DIR[:SCALE]" applies it to every request
+// (EngineOptions.loras). InvalidArgument naming --lora for an empty name or directory.
+struct ServeLoraFlags {
+  std::vector<LoraAdapterSpec> loras;
+  std::vector<NamedLoraAdapter> adapters;
+};
+absl::StatusOr<ServeLoraFlags> ServeLoras(int argc, char** argv);
+
 // The directories a tool reads its model from: the checkpoint and each LoRA fine-tune (what
 // its outputs must stay out of).
 std::vector<std::string> ModelInputDirs(const std::string& checkpoint_dir,

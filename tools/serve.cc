@@ -24,6 +24,7 @@
 #include "core/base/status_macros.h"
 #include "lgpt.h"
 #include "tools/load_flags.h"
+#include "tools/peft_flags.h"
 #include "tools/server/openai_server.h"
 #include "tools/tool_util.h"
 
@@ -59,8 +60,11 @@ ABSL_FLAG(std::string, quantize, "none",
 namespace lgpt {
 namespace {
 
-absl::StatusOr<EngineOptions> EngineOptionsFromServeFlags() {
+absl::StatusOr<EngineOptions> EngineOptionsFromServeFlags(int argc, char** argv) {
   EngineOptions options;
+  ASSIGN_OR_RETURN(ServeLoraFlags loras, ServeLoras(argc, argv));
+  options.loras = std::move(loras.loras);
+  options.adapters = std::move(loras.adapters);
   ASSIGN_OR_RETURN(options.dtype, ParsePrecision(absl::GetFlag(FLAGS_precision)));
   ASSIGN_OR_RETURN(options.device, ParseDevice(absl::GetFlag(FLAGS_device)));
   const std::string quantize = absl::GetFlag(FLAGS_quantize);
@@ -152,12 +156,13 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   InitTool(argc, argv,
            "serve [--checkpoint_dir=DIR] [--host=127.0.0.1 --port=8000 | --unix_socket=PATH] "
-           "[--api_key=KEY] [--pool_mb=M] [--max_running=N --max_waiting=N] [--quantize=int8]");
+           "[--api_key=KEY] [--pool_mb=M] [--max_running=N --max_waiting=N] [--quantize=int8] "
+           "[--lora=NAME=DIR ...]");
   DieIfError(CheckListenFlags(argc, argv));
   std::string checkpoint_dir = ResolvePath(absl::GetFlag(FLAGS_checkpoint_dir));
   if (checkpoint_dir.empty()) checkpoint_dir = DefaultModelDir();
   const std::string unix_socket = ResolvePath(absl::GetFlag(FLAGS_unix_socket));
-  const EngineOptions engine_options = ValueOrDie(EngineOptionsFromServeFlags());
+  const EngineOptions engine_options = ValueOrDie(EngineOptionsFromServeFlags(argc, argv));
   OpenAIServerOptions server_options = ValueOrDie(ServerOptionsFromFlags());
   std::shared_ptr<const Engine> engine = ValueOrDie(Engine::Load(checkpoint_dir, engine_options));
   for (const std::string& warning : engine->warnings()) {

@@ -129,6 +129,7 @@ std::optional<std::string> FlagOfField(absl::string_view path) {
       {"ConvertOptions.verify_checksums", "--verify_checksums"},
       {"EngineOptions.quantize", "--quantize"},
       {"EngineOptions.loras", "--lora"},
+      {"EngineOptions.adapters", "--lora"},
       {"EngineOptions.dtype", "--precision"},
       {"EngineOptions.device", "--device"},
       {"SchedulerOptions.kv_pool_bytes", "--pool_mb"},

@@ -135,8 +135,8 @@ struct Scheduler::Request {
     const std::vector<int64_t>& stops = options.stop_tokens;
     const bool stop = std::find(stops.begin(), stops.end(), next) != stops.end();
     const bool finished = options.constraint && options.constraint->Done();
-    const bool done = !error.ok() || !keep_going || stop || finished ||
-                      generated() == options.max_new_tokens;
+    const bool done =
+        !error.ok() || !keep_going || stop || finished || generated() == options.max_new_tokens;
     MoveTo(done ? RequestState::kFinished : RequestState::kDecoding);
   }
   // Calls on_logprob; its exception becomes the request's error.
@@ -211,7 +211,9 @@ absl::StatusOr<std::shared_ptr<RequestHandle>> Scheduler::Submit(std::vector<int
   const int64_t entries =
       options.start_position + static_cast<int64_t>(prompt.size()) + options.max_new_tokens;
   ASSIGN_OR_RETURN(request->memory,
-                   memory_->Lease(std::move(cache), entries, options.start_position == 0));
+                   // An adapter's KV entries are its own: not shared through the prefix cache.
+                   memory_->Lease(std::move(cache), entries,
+                                  options.start_position == 0 && options.adapter < 0));
   request->handle = std::make_shared<RequestHandle>();
   request->prompt_length = static_cast<int64_t>(prompt.size());
   request->chooser = std::make_unique<NextTokenChooser>(options.sampling, prompt,
@@ -503,7 +505,7 @@ void Scheduler::Pass(const std::vector<PrefillPiece>& pieces, const std::vector<
     Request& r = *piece.request;
     chunks.push_back({&r.cache(),
                       at::from_blob(r.ids.data() + r.prefilled, {1, piece.tokens}, at::kLong),
-                      piece.positions});
+                      piece.positions, r.options.adapter});
   }
   // The rows' tokens and positions live here during the pass; the chunks view them.
   std::vector<int64_t> row_ids, row_positions;
@@ -513,7 +515,7 @@ void Scheduler::Pass(const std::vector<PrefillPiece>& pieces, const std::vector<
     row_ids.push_back(r->next_token());
     row_positions.push_back(r->stream->TakeOne());
     chunks.push_back({&r->cache(), at::from_blob(&row_ids.back(), {1, 1}, at::kLong),
-                      at::from_blob(&row_positions.back(), {1, 1}, at::kLong)});
+                      at::from_blob(&row_positions.back(), {1, 1}, at::kLong), r->options.adapter});
   }
   const absl::StatusOr<at::Tensor> logits = ForwardChunks(*model_, chunks);  // [chunks, V]
   const auto part = [&](int64_t begin, int64_t count) -> absl::StatusOr<at::Tensor> {

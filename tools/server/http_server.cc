@@ -270,7 +270,9 @@ struct HttpServer::Impl {
   // POST /v1/embeddings: pooled final hidden states (Engine::Embed), batched.
   void Embeddings(const std::string& body, httplib::Response& res);
   // A request naming a model this server does not serve: NotFound.
-  absl::Status CheckModel(const std::string& model) const;
+  // A request naming a model this server does not serve: NotFound; an adapter's name
+  // (EngineOptions.adapters) is one where `adapters` (generation, tokenizing).
+  absl::Status CheckModel(const std::string& model, bool adapters = true) const;
   // CORS (ServerOptions.cors_allow_origin): the allow-origin header on every answer to an
   // allowed origin; a preflight OPTIONS request answered here (true).
   bool Cors(const httplib::Request& req, httplib::Response& res) const;
@@ -483,18 +485,20 @@ void HttpServer::Impl::Route() {
     res.set_content(metrics.Render(engine->ServingStats()), "text/plain; version=0.0.4");
   });
   server.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(ModelsJson(model_id, created), kJson);
+    res.set_content(ModelsJson(model_id, engine->adapter_names(), created), kJson);
   });
   // [\s\S]: any byte, where `.` stops at a (percent-decoded) CR or LF in the id.
-  server.Get(R"(/v1/models/([\s\S]+))",
-             [this](const httplib::Request& req, httplib::Response& res) {
-               if (req.matches[1] != model_id) {
-                 SendStatus(res, absl::NotFoundError(absl::StrCat(
-                                     "the model '", req.matches[1].str(), "' does not exist")));
-                 return;
-               }
-               res.set_content(ModelJson(model_id, created), kJson);
-             });
+  server.Get(
+      R"(/v1/models/([\s\S]+))", [this](const httplib::Request& req, httplib::Response& res) {
+        const std::string id = req.matches[1];
+        const std::vector<std::string>& adapters = engine->adapter_names();
+        const bool adapter = std::find(adapters.begin(), adapters.end(), id) != adapters.end();
+        if (id != model_id && !adapter) {
+          SendStatus(res, absl::NotFoundError(absl::StrCat("the model '", id, "' does not exist")));
+          return;
+        }
+        res.set_content(ModelJson(id, created, adapter ? model_id : ""), kJson);
+      });
   // The bodies are read through a content reader: cpp-httplib parses a body it reads itself as
   // a form when its Content-Type says so (curl -d's default) and refuses such a body over
   // 8 KiB with a 413, whatever --max_body_bytes says. JSON is JSON whatever the header says.
@@ -582,8 +586,16 @@ bool HttpServer::Impl::Cors(const httplib::Request& req, httplib::Response& res)
   return true;
 }
 
-absl::Status HttpServer::Impl::CheckModel(const std::string& model) const {
+absl::Status HttpServer::Impl::CheckModel(const std::string& model, bool adapters) const {
   if (model.empty() || model == model_id) return absl::OkStatus();
+  const std::vector<std::string>& names = engine->adapter_names();
+  if (std::find(names.begin(), names.end(), model) != names.end()) {
+    if (adapters) return absl::OkStatus();
+    return InvalidFieldError("model", absl::StrCat("'", model,
+                                                   "' is a LoRA adapter; this "
+                                                   "endpoint serves the base model '",
+                                                   model_id, "'"));
+  }
   return absl::NotFoundError(
       absl::StrCat("the model '", model, "' does not exist; this server serves '", model_id, "'"));
 }
@@ -623,7 +635,8 @@ void HttpServer::Impl::Detokenize(const std::string& body, httplib::Response& re
 
 void HttpServer::Impl::Embeddings(const std::string& body, httplib::Response& res) {
   absl::StatusOr<EmbeddingsRequest> request = ParseEmbeddingsRequest(body);
-  absl::Status status = request.ok() ? CheckModel(request->model) : request.status();
+  absl::Status status =
+      request.ok() ? CheckModel(request->model, /*adapters=*/false) : request.status();
   const int64_t width = engine->config().n_embd;
   if (status.ok() && request->dimensions && *request->dimensions != width) {
     status = InvalidFieldError("dimensions", absl::StrCat("'dimensions' can only be the model's "
@@ -821,6 +834,8 @@ absl::StatusOr<Prepared> HttpServer::Impl::Prepare(ApiEndpoint endpoint, const s
   ASSIGN_OR_RETURN(prepared.api, ParseApiRequest(endpoint, body));
   ApiRequest& api = prepared.api;
   RETURN_IF_ERROR(CheckModel(api.model));
+  // vLLM's convention: a request picks a LoRA adapter by naming it as its model.
+  if (api.model != model_id) api.options.adapter = api.model;
   ASSIGN_OR_RETURN(prepared.prompts, PromptIds(api));
   if (!api.seed_given) api.options.seed = Random();
   // One constraint in its first state: SubmitChoices gives each choice its own copy.
@@ -834,7 +849,7 @@ absl::StatusOr<Prepared> HttpServer::Impl::Prepare(ApiEndpoint endpoint, const s
   const bool chat = endpoint == ApiEndpoint::kChat;
   prepared.header.id = absl::StrFormat("%s-%016x", chat ? "chatcmpl" : "cmpl", Random());
   prepared.header.created = static_cast<int64_t>(std::time(nullptr));
-  prepared.header.model = model_id;
+  prepared.header.model = api.model.empty() ? model_id : api.model;
   return prepared;
 }
 

@@ -1093,21 +1093,28 @@ std::string SseEvent(absl::string_view payload) { return absl::StrCat("data: ", 
 
 namespace {
 
-json ModelObject(absl::string_view model_id, int64_t created) {
-  return {{"id", std::string(model_id)},
-          {"object", "model"},
-          {"created", created},
-          {"owned_by", "lgpt"}};
+json ModelObject(absl::string_view model_id, int64_t created, absl::string_view parent) {
+  json model = {{"id", std::string(model_id)},
+                {"object", "model"},
+                {"created", created},
+                {"owned_by", "lgpt"}};
+  if (!parent.empty()) model["parent"] = std::string(parent);
+  return model;
 }
 
 }  // namespace
 
-std::string ModelJson(absl::string_view model_id, int64_t created) {
-  return Dump(ModelObject(model_id, created));
+std::string ModelJson(absl::string_view model_id, int64_t created, absl::string_view parent) {
+  return Dump(ModelObject(model_id, created, parent));
 }
 
-std::string ModelsJson(absl::string_view model_id, int64_t created) {
-  return Dump(json{{"object", "list"}, {"data", json::array({ModelObject(model_id, created)})}});
+std::string ModelsJson(absl::string_view model_id, const std::vector<std::string>& adapters,
+                       int64_t created) {
+  json data = json::array({ModelObject(model_id, created, "")});
+  for (const std::string& adapter : adapters) {
+    data.push_back(ModelObject(adapter, created, model_id));
+  }
+  return Dump(json{{"object", "list"}, {"data", std::move(data)}});
 }
 
 }  // namespace lgpt

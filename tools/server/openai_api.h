@@ -222,9 +222,12 @@ std::string UsageChunkJson(const ResponseHeader& header, bool chat, const Usage&
 // One server-sent event: "data: <payload>\n\n".
 std::string SseEvent(absl::string_view payload);
 
-// GET /v1/models (a list of the one model) and GET /v1/models/{id}.
-std::string ModelsJson(absl::string_view model_id, int64_t created);
-std::string ModelJson(absl::string_view model_id, int64_t created);
+// GET /v1/models (the model, then its LoRA adapters, each with "parent": the model) and
+// GET /v1/models/{id} (`parent` empty for the model itself).
+std::string ModelsJson(absl::string_view model_id, const std::vector<std::string>& adapters,
+                       int64_t created);
+std::string ModelJson(absl::string_view model_id, int64_t created,
+                      absl::string_view parent = "");
 
 }  // namespace lgpt
 

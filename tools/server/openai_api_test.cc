@@ -487,7 +487,9 @@ TEST(OpenAiApiTest, ResponsesAndChunks) {
   EXPECT_EQ(SseEvent("[DONE]"), "data: [DONE]\n\n");
   // Invalid UTF-8 from a model becomes U+FFFD rather than an exception.
   EXPECT_NO_THROW(json::parse(CompletionChunkJson(header, {0, "\xff\xfe", "", nullptr})));
-  const json models = json::parse(ModelsJson("m", 5));
+  const json models = json::parse(ModelsJson("m", {"lora1"}, 5));
+  EXPECT_EQ(models["data"][1]["id"], "lora1");
+  EXPECT_EQ(models["data"][1]["parent"], "m");
   EXPECT_EQ(models["data"][0]["id"], "m");
   EXPECT_EQ(json::parse(ModelJson("a\"b", 5))["id"], "a\"b");
   EXPECT_STREQ(ApiFinishReason(FinishReason::kStopSequence), "stop");

@@ -18,9 +18,11 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
+#include "peft/lora.h"
+#include "tests/random_lora.h"
 #include "tools/server/default_engine_test_base.h"
 #include "tools/server/http_server.h"
 #include "tools/server/test_client.h"
@@ -458,6 +460,59 @@ TEST_F(OpenAIFieldsTest, ForcedToolCallsParseAndValidate) {
                    R"(, "tool_choice": "required", "response_format": {"type": "json_object"}})"),
       400);
   EXPECT_EQ(both["error"]["param"], "tool_choice");
+}
+
+TEST_F(OpenAIFieldsTest, ARequestPicksItsLoraAdapterByModel) {
+  LoraOptions lora;
+  lora.r = 4;
+  lora.alpha = 8;
+  lora.query = lora.value = lora.mlp = true;
+  absl::StatusOr<std::string> dir = WriteRandomLoraFineTune(
+      kDefaultModelDir, engine()->config(), lora,
+      (std::filesystem::path(std::getenv("TEST_TMPDIR")) / "psalms").string(), 3);
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  EngineOptions options;
+  options.adapters = {{"psalms", {*dir, 1.0}}};
+  absl::StatusOr<std::shared_ptr<const Engine>> multi = Engine::Load(kDefaultModelDir, options);
+  ASSERT_TRUE(multi.ok()) << multi.status();
+  ServerOptions server_options;
+  server_options.port = 0;
+  server_options.access_log = false;
+  absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Create(*multi, server_options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::thread serving([&] { (*server)->Run(); });
+  const int port = (*server)->port();
+  const json models = json::parse(HttpGet(port, "/v1/models").body);
+  ASSERT_EQ(models["data"].size(), 2u);
+  EXPECT_EQ(models["data"][1]["id"], "psalms");
+  EXPECT_EQ(models["data"][1]["parent"], engine()->config().name);
+  EXPECT_EQ(HttpGet(port, "/v1/models/psalms").status, 200);
+  for (const std::string& adapter : {std::string("psalms"), std::string()}) {
+    const std::string model =
+        adapter.empty() ? "" : absl::StrCat(R"("model": ")", adapter, R"(", )");
+    const HttpReply reply =
+        HttpPost(port, "/v1/completions", absl::StrCat("{", model, R"("prompt": "And God said",
+                                                  "max_tokens": 10, "temperature": 0})"));
+    ASSERT_EQ(reply.status, 200) << reply.body;
+    RequestOptions request;
+    request.max_new_tokens = 10;
+    request.sampling = {0, 0, 1};
+    request.adapter = adapter;
+    absl::StatusOr<Completion> expected = (*multi)->Generate("And God said", request);
+    ASSERT_TRUE(expected.ok()) << expected.status();
+    const json body = json::parse(reply.body);
+    EXPECT_EQ(body["choices"][0]["text"], expected->text) << adapter;
+    if (!adapter.empty()) {
+      EXPECT_EQ(body["model"], adapter);
+    }
+  }
+  EXPECT_EQ(HttpPost(port, "/v1/completions", R"({"model": "hymns", "prompt": "x"})").status, 404);
+  const HttpReply embeddings =
+      HttpPost(port, "/v1/embeddings", R"({"model": "psalms", "input": "x"})");
+  EXPECT_EQ(embeddings.status, 400);
+  EXPECT_EQ(json::parse(embeddings.body)["error"]["param"], "model");
+  (*server)->Shutdown();
+  serving.join();
 }
 
 TEST_F(OpenAIFieldsTest, CorsIsOffByDefault) {
