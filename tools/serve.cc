@@ -50,6 +50,8 @@ ABSL_FLAG(int32_t, http_threads, 0,
           "(at most 1024)");
 ABSL_FLAG(double, shutdown_s, 10, "on SIGTERM/SIGINT, seconds requests in flight may still run");
 ABSL_FLAG(bool, access_log, true, "one line per request on stderr");
+ABSL_FLAG(std::string, embedding_pooling, "last",
+          "how /v1/embeddings pools the final hidden states: last (token) or mean");
 ABSL_FLAG(std::string, cors_allow_origin, "",
           "CORS for browser clients: \"*\" or one origin (https://app.example); empty: off");
 ABSL_FLAG(std::string, precision, "32-true", "32-true, bf16-true or 16-true");
@@ -98,6 +100,12 @@ absl::StatusOr<OpenAIServerOptions> ServerOptionsFromFlags() {
   options.shutdown_s = absl::GetFlag(FLAGS_shutdown_s);
   options.access_log = absl::GetFlag(FLAGS_access_log);
   options.cors_allow_origin = absl::GetFlag(FLAGS_cors_allow_origin);
+  const std::string pooling = absl::GetFlag(FLAGS_embedding_pooling);
+  if (pooling != "last" && pooling != "mean") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--embedding_pooling must be last or mean, got '", pooling, "'"));
+  }
+  options.embedding_pooling = pooling == "mean" ? Engine::Pooling::kMean : Engine::Pooling::kLast;
   RETURN_IF_ERROR(options.Validate());  // Die names the flags (InFlagTerms)
   return options;
 }

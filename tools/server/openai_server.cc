@@ -220,6 +220,7 @@ absl::Status OpenAIServer::Serve(const std::string& host, int port,
   options.default_max_tokens = impl.options.default_max_tokens;
   options.access_log = impl.options.access_log;
   options.cors_allow_origin = impl.options.cors_allow_origin;
+  options.embedding_pooling = impl.options.embedding_pooling;
   absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Create(impl.engine, options);
   if (!server.ok()) return finish(server.status());
   {

@@ -45,6 +45,8 @@ struct OpenAIServerOptions {
   bool access_log = true;           // one line per request on stderr
   // CORS: "*" or one origin gets Access-Control-Allow-Origin and preflight answers; empty: off.
   std::string cors_allow_origin;
+  // How /v1/embeddings pools a sequence's final hidden states.
+  Engine::Pooling embedding_pooling = Engine::Pooling::kLast;
   // Called once, on the thread of the Serve call, when the server listens (connections queue
   // from then on), before it answers any: `address` is "http://HOST:PORT" (the port bound) or
   // "unix:PATH".
