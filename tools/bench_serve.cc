@@ -19,13 +19,17 @@
 // many requests that memory holds at once. With --rounds=N the concurrency list runs N times in
 // turns (1, 4, 16, 1, 4, 16, ...: a slow spell of a shared machine hits every concurrency
 // alike), a row per round, then the median of every column per concurrency and the median of
-// the rounds' own throughput ratios.
+// the rounds' own throughput ratios. --guided_json=FILE (a JSON schema) or --guided_json=object
+// constrains every request's output (core/constrain: a token mask each step), so rows compare
+// with plain requests' to give the masks' cost.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <map>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -35,7 +39,11 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "core/constrain/json_schema.h"
+#include "core/constrain/matcher.h"
+#include "core/serving/grammar_constraint.h"
 #include "lgpt.h"
+#include "nlohmann/json.hpp"
 #include "tools/bench_util.h"
 #include "tools/generation_flags.h"
 #include "tools/tool_util.h"
@@ -55,6 +63,9 @@ ABSL_FLAG(int64_t, prefill_chunk, 256,
 ABSL_FLAG(int64_t, step_prefill_tokens, 256,
           "SchedulerOptions.step_prefill_tokens: prompt tokens prefilled per step");
 ABSL_FLAG(bool, prefix_caching, true, "reuse cached prompt blocks (with --pool_mb)");
+ABSL_FLAG(std::string, guided_json, "",
+          "structured outputs: every request constrained to a JSON schema (a file's path), or "
+          "\"object\" for any JSON object; the cost of the token masks against plain requests");
 ABSL_FLAG(int64_t, rounds, 1, "times the concurrency list runs, in turns; then medians");
 ABSL_FLAG(bool, warmup, true,
           "run one unmeasured request (--prompt_tokens, 8 new tokens) before the rounds");
@@ -98,6 +109,9 @@ class PeakMonitor {
   std::thread thread_;
 };
 
+// The matcher every request's constraint forks (--guided_json); null without one.
+const GrammarMatcher* g_guided = nullptr;
+
 Round RunRound(const Engine& engine, int64_t concurrency, const RequestOptions& options,
                std::mt19937_64& rng) {
   const int64_t vocab = engine.config().vocab_size;
@@ -117,6 +131,8 @@ Round RunRound(const Engine& engine, int64_t concurrency, const RequestOptions& 
     }
     RequestOptions request = options;
     request.seed = options.seed + i;
+    if (g_guided != nullptr)
+      request.constraint = std::make_shared<GrammarConstraint>(g_guided->Fork());
     requests.push_back(ValueOrDie(engine.Submit(prompt, request)));
   }
   std::vector<double> ttft, later_ttft, itl;
@@ -128,8 +144,7 @@ Round RunRound(const Engine& engine, int64_t concurrency, const RequestOptions& 
     ttft.push_back(done.stats.time_to_first_token_s);
     // The later half: requests [C / 2, C) (the one request of C = 1).
     if (2 * i + 1 >= requests.size()) later_ttft.push_back(done.stats.time_to_first_token_s);
-    itl.insert(itl.end(), requests[i]->inter_token_s().begin(),
-               requests[i]->inter_token_s().end());
+    itl.insert(itl.end(), requests[i]->inter_token_s().begin(), requests[i]->inter_token_s().end());
     round.prefix_hit_tokens += requests[i]->prefix_hit_tokens();
     round.preemptions += requests[i]->preemptions();
   }
@@ -250,9 +265,30 @@ int main(int argc, char** argv) {
         absl::GetFlag(FLAGS_new_tokens), ") exceed the model's context of ", context,
         " tokens (--kv_positions=cache with a window or sink cache goes past it)")));
   }
+  std::optional<GrammarMatcher> guided;
+  if (const std::string schema = absl::GetFlag(FLAGS_guided_json); !schema.empty()) {
+    const Tokenizer* tokenizer = engine->tokenizer();
+    if (tokenizer == nullptr) {
+      Die(absl::FailedPreconditionError("--guided_json needs the checkpoint's tokenizer"));
+    }
+    std::shared_ptr<const Grammar> grammar = AnyJsonObjectGrammar();
+    if (schema != "object") {
+      std::ifstream file(schema);
+      const nlohmann::ordered_json parsed = nlohmann::ordered_json::parse(file, nullptr, false);
+      if (!file || parsed.is_discarded()) {
+        Die(absl::InvalidArgumentError(
+            absl::StrCat("--guided_json: ", schema, " is not a readable JSON schema")));
+      }
+      grammar = ValueOrDie(CompileJsonSchema(parsed, "--guided_json"));
+    }
+    std::vector<int64_t> ends;
+    if (tokenizer->eos_id()) ends.push_back(*tokenizer->eos_id());
+    guided.emplace(grammar,
+                   ValueOrDie(TokenVocabulary::Create(tokenizer->VocabularyBytes(), ends)));
+    g_guided = &*guided;
+  }
   std::mt19937_64 rng(absl::GetFlag(FLAGS_prompt_seed));
-  std::printf("%-11s %12s %9s %9s %11s %9s %9s %10s %12s %13s %11s %10s %7s %9s\n",
-              "concurrency",
+  std::printf("%-11s %12s %9s %9s %11s %9s %9s %10s %12s %13s %11s %10s %7s %9s\n", "concurrency",
               "decode_tok/s", "ttft_p50", "ttft_p99", "later_ttft", "itl_p50", "itl_p99",
               "mean_batch", "peak_running", "peak_decoding", "peak_blocks", "prefix_hit", "preempt",
               "peak_rss");
