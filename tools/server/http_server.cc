@@ -1005,6 +1005,11 @@ nlohmann::json HttpServer::Impl::LogprobsJson(const Prepared& prepared,
   const Tokenizer* tokenizer = engine->tokenizer();
   const TokenText text = [tokenizer, as_ids = prepared.api.tokens_as_ids](int64_t id) {
     if (tokenizer == nullptr || as_ids) return absl::StrCat("token_id:", id);
+    // The token's exact bytes mid-text (a SentencePiece word's leading space included, so
+    // text_offset adds up); a special token's text as decoding shows it.
+    if (std::optional<std::string> bytes = tokenizer->TokenBytes(id); bytes && !bytes->empty()) {
+      return *bytes;
+    }
     absl::StatusOr<std::string> decoded = tokenizer->Decode({id});
     return decoded.ok() ? *decoded : absl::StrCat("token_id:", id);
   };

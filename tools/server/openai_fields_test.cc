@@ -129,6 +129,17 @@ TEST_F(OpenAIFieldsTest, LogprobsWholeAndStreamed) {
     for (const json& token : chunk["choices"][0]["logprobs"]["tokens"]) streamed.push_back(token);
   }
   EXPECT_EQ(json(streamed), logprobs["tokens"]);
+  // As text: the tokens are the completion's pieces, and text_offset says where each starts.
+  const json text = Post("/v1/completions", R"({"prompt": "And God said", "max_tokens": 10,
+                                                "temperature": 0, "logprobs": 0,
+                                                "ignore_eos": true})");
+  const json& pieces = text["choices"][0]["logprobs"];
+  std::string joined;
+  for (size_t i = 0; i < pieces["tokens"].size(); ++i) {
+    EXPECT_EQ(pieces["text_offset"][i], joined.size()) << i;
+    joined += pieces["tokens"][i].get<std::string>();
+  }
+  EXPECT_EQ(joined, text["choices"][0]["text"]);
 }
 
 TEST_F(OpenAIFieldsTest, PromptListsAndTruncation) {
