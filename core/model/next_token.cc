@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/base/status_macros.h"
+#include "core/model/logit_rows.h"
 
 namespace lgpt {
 
@@ -19,24 +20,9 @@ RowLogprobs ComputeRowLogprobs(const float* row, int64_t vocab, int64_t top) {
   RowLogprobs result;
   result.log_normalizer = best + std::log(sum);
   if (top <= 0) return result;
-  // The `top` most likely ids by a heap of the best so far (its front the least likely).
-  const auto more_likely = [row](int64_t a, int64_t b) {
-    return row[a] > row[b] || (row[a] == row[b] && a < b);
-  };
-  std::vector<int64_t> heap;
-  heap.reserve(static_cast<size_t>(std::min(top, vocab)));
-  for (int64_t v = 0; v < vocab; ++v) {
-    if (static_cast<int64_t>(heap.size()) < top) {
-      heap.push_back(v);
-      std::push_heap(heap.begin(), heap.end(), more_likely);
-    } else if (more_likely(v, heap.front())) {
-      std::pop_heap(heap.begin(), heap.end(), more_likely);
-      heap.back() = v;
-      std::push_heap(heap.begin(), heap.end(), more_likely);
-    }
+  for (const int64_t id : MostLikelyIds(row, vocab, top)) {
+    result.top.emplace_back(id, row[id] - result.log_normalizer);
   }
-  std::sort(heap.begin(), heap.end(), more_likely);
-  for (const int64_t id : heap) result.top.emplace_back(id, row[id] - result.log_normalizer);
   return result;
 }
 
@@ -95,12 +81,10 @@ absl::StatusOr<int64_t> NextTokenChooser::Choose(const at::Tensor& logits, at::G
   at::Tensor raw;  // the row as the model gave it, when it will change before the draw
   if (reports_logprobs()) {
     const float* values = row.data_ptr<float>();
-    for (int64_t v = 0; v < vocab; ++v) {
-      if (!std::isfinite(values[v]) && values[v] != -std::numeric_limits<float>::infinity()) {
-        return absl::FailedPreconditionError(
-            "the model's logits are not finite (NaN or infinity): its weights or activations "
-            "overflowed or are not numbers");
-      }
+    if (!LogitRowUsable(values, vocab)) {
+      return absl::FailedPreconditionError(
+          "the model's logits are not finite (NaN or infinity): its weights or activations "
+          "overflowed or are not numbers");
     }
     reported = ComputeRowLogprobs(values, vocab, top_logprobs_);
     if (Adjusts()) raw = row.clone();

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/base/status_field.h"
 #include "core/base/status_macros.h"
+#include "core/model/logit_rows.h"
 
 namespace lgpt {
 
@@ -65,17 +66,6 @@ absl::Status ValidateSampling(const SamplingOptions& options) {
 
 namespace {
 
-// Whether a row of logits can be sampled: no NaN, no +inf, at least one finite value.
-bool RowUsable(const float* values, int64_t vocab) {
-  bool finite = false;
-  for (int64_t v = 0; v < vocab; ++v) {
-    const float x = values[v];
-    if (std::isnan(x) || x == std::numeric_limits<float>::infinity()) return false;
-    finite = finite || std::isfinite(x);
-  }
-  return finite;
-}
-
 // Whether scores [B, V] can be read on the host: float32 on the CPU, rows of unit stride.
 bool HostRows(const at::Tensor& scores) {
   return scores.device().is_cpu() && scores.scalar_type() == at::kFloat && scores.dim() == 2 &&
@@ -88,7 +78,7 @@ int64_t FirstUnusableRow(const at::Tensor& scores) {
     // On the host: one pass, instead of six full-vocabulary tensor operations per call.
     const float* data = scores.data_ptr<float>();
     for (int64_t b = 0; b < scores.size(0); ++b) {
-      if (!RowUsable(data + b * scores.stride(0), scores.size(1))) return b;
+      if (!LogitRowUsable(data + b * scores.stride(0), scores.size(1))) return b;
     }
     return -1;
   }
@@ -184,25 +174,12 @@ std::vector<int64_t> Candidates(const float* values, int64_t vocab,
   const auto more_likely = [values](int64_t a, int64_t b) {
     return values[a] > values[b] || (values[a] == values[b] && a < b);
   };
-  std::vector<int64_t> order;
   if (options.top_k > 0 && options.top_k < vocab) {
-    // One pass with a heap of the k best so far (its front the least likely of them): most
-    // tokens lose one comparison against the front. A selection over all indices compared
-    // through the row several times per token and cost ~5% of a small model's decode step.
-    order.reserve(static_cast<size_t>(options.top_k));
-    for (int64_t v = 0; v < vocab; ++v) {
-      if (static_cast<int64_t>(order.size()) < options.top_k) {
-        order.push_back(v);
-        std::push_heap(order.begin(), order.end(), more_likely);
-      } else if (more_likely(v, order.front())) {
-        std::pop_heap(order.begin(), order.end(), more_likely);
-        order.back() = v;
-        std::push_heap(order.begin(), order.end(), more_likely);
-      }
-    }
-    std::sort(order.begin(), order.end(), more_likely);
-    return order;
+    // A selection over all indices compared through the row several times per token and cost
+    // ~5% of a small model's decode step; MostLikelyIds is one pass.
+    return MostLikelyIds(values, vocab, options.top_k);
   }
+  std::vector<int64_t> order;
   order.resize(static_cast<size_t>(vocab));
   std::iota(order.begin(), order.end(), int64_t{0});
   if (options.top_p < 1) std::sort(order.begin(), order.end(), more_likely);
@@ -221,7 +198,8 @@ std::optional<at::Tensor> SampleOnHost(const at::Tensor& logits, const SamplingO
   if (!HostRows(logits)) return std::nullopt;
   const int64_t rows = logits.size(0), vocab = logits.size(1);
   for (int64_t b = 0; b < rows; ++b) {
-    if (!RowUsable(logits.data_ptr<float>() + b * logits.stride(0), vocab)) return std::nullopt;
+    if (!LogitRowUsable(logits.data_ptr<float>() + b * logits.stride(0), vocab))
+      return std::nullopt;
   }
   at::Tensor tokens = at::empty({rows}, at::kLong);  // [B]
   // An undefined generator means LibTorch's default one, as for the tensor operations.

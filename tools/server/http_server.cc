@@ -205,6 +205,11 @@ bool WaitWhileConnected(Request& request, int socket) {
   return true;
 }
 
+// vLLM's truncate_prompt_tokens: the last `keep` tokens stay.
+void KeepLastTokens(std::optional<int64_t> keep, std::vector<int64_t>& ids) {
+  if (keep && static_cast<int64_t>(ids.size()) > *keep) ids.erase(ids.begin(), ids.end() - *keep);
+}
+
 // A request ready for Engine::SubmitChoices: its prompts' ids and options (max_new_tokens
 // differs by prompt length).
 struct Prepared {
@@ -282,6 +287,10 @@ struct HttpServer::Impl {
   // The request's prompts' ids, options and response header; errors as API errors.
   absl::StatusOr<Prepared> Prepare(ApiEndpoint endpoint, const std::string& body);
   absl::StatusOr<std::vector<std::vector<int64_t>>> PromptIds(ApiRequest& api);
+  // Completions' prompts or embeddings' inputs (`name`): given ids, or text encoded as the
+  // engine encodes it; errors name name or name[i].
+  absl::StatusOr<std::vector<std::vector<int64_t>>> InputIds(const std::vector<PromptInput>& inputs,
+                                                             const std::string& name) const;
   // max_new_tokens of a prompt of `prompt_tokens`: max_tokens, or what is left of the context.
   absl::StatusOr<int64_t> MaxNewTokens(const ApiRequest& api, int64_t prompt_tokens) const;
   // Submits every prompt's n choices (streaming: each choice's pieces into `queue`); on an
@@ -644,27 +653,12 @@ void HttpServer::Impl::Embeddings(const std::string& body, httplib::Response& re
                                                           width, ", got ", *request->dimensions));
   }
   if (!status.ok()) return SendStatus(res, status);
-  std::vector<std::vector<int64_t>> inputs;
-  for (size_t i = 0; i < request->inputs.size(); ++i) {
-    const PromptInput& input = request->inputs[i];
-    const std::string field =
-        request->inputs.size() == 1 ? "input" : absl::StrCat("input[", i, "]");
-    absl::StatusOr<std::vector<int64_t>> ids = input.ids;
-    if (input.ids.empty()) {
-      ids = engine->tokenizer() ? engine->Encode(input.text)
-                                : InvalidFieldError(field,
-                                                    "the model has no tokenizer: give "
-                                                    "token ids");
-    }
-    if (ids.ok() && ids->empty())
-      ids = InvalidFieldError(field, absl::StrCat("'", field, "' encodes to no tokens"));
-    if (!ids.ok()) return SendStatus(res, ids.status());
-    if (request->truncate_prompt_tokens &&
-        static_cast<int64_t>(ids->size()) > *request->truncate_prompt_tokens) {
-      ids->erase(ids->begin(), ids->end() - *request->truncate_prompt_tokens);
-    }
-    t_access.prompt_tokens += static_cast<int64_t>(ids->size());
-    inputs.push_back(*std::move(ids));
+  absl::StatusOr<std::vector<std::vector<int64_t>>> encoded = InputIds(request->inputs, "input");
+  if (!encoded.ok()) return SendStatus(res, encoded.status());
+  std::vector<std::vector<int64_t>>& inputs = *encoded;
+  for (std::vector<int64_t>& ids : inputs) {
+    KeepLastTokens(request->truncate_prompt_tokens, ids);
+    t_access.prompt_tokens += static_cast<int64_t>(ids.size());
   }
   // Batches of a bounded size: one forward pass each.
   constexpr size_t kBatch = 32;
@@ -764,6 +758,28 @@ uint64_t HttpServer::Impl::Random() {
   return random();
 }
 
+absl::StatusOr<std::vector<std::vector<int64_t>>> HttpServer::Impl::InputIds(
+    const std::vector<PromptInput>& inputs, const std::string& name) const {
+  std::vector<std::vector<int64_t>> encoded;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const std::string field = inputs.size() == 1 ? name : absl::StrCat(name, "[", i, "]");
+    if (!inputs[i].ids.empty()) {
+      encoded.push_back(inputs[i].ids);
+      continue;
+    }
+    if (!engine->tokenizer()) {
+      return InvalidFieldError(field, absl::StrCat("the model has no tokenizer: give '", name,
+                                                   "' as a list of token ids"));
+    }
+    ASSIGN_OR_RETURN(std::vector<int64_t> ids, engine->Encode(inputs[i].text));
+    if (ids.empty()) {
+      return InvalidFieldError(field, absl::StrCat("'", field, "' encodes to no tokens"));
+    }
+    encoded.push_back(std::move(ids));
+  }
+  return encoded;
+}
+
 absl::StatusOr<std::vector<std::vector<int64_t>>> HttpServer::Impl::PromptIds(ApiRequest& api) {
   const bool is_chat = api.endpoint == ApiEndpoint::kChat;
   std::vector<std::vector<int64_t>> prompts;
@@ -781,29 +797,9 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> HttpServer::Impl::PromptIds(Ap
     if (ids.empty()) return InvalidFieldError("messages", "'messages' encodes to no tokens");
     prompts.push_back(std::move(ids));
   }
-  for (size_t i = 0; i < api.prompts.size(); ++i) {
-    const std::string field = api.prompts.size() == 1 ? "prompt" : absl::StrCat("prompt[", i, "]");
-    if (!api.prompts[i].ids.empty()) {
-      prompts.push_back(api.prompts[i].ids);
-      continue;
-    }
-    if (!engine->tokenizer()) {
-      return InvalidFieldError(field,
-                               "the model has no tokenizer: give 'prompt' as a list of token ids");
-    }
-    ASSIGN_OR_RETURN(std::vector<int64_t> ids, engine->Encode(api.prompts[i].text));
-    if (ids.empty())
-      return InvalidFieldError(field, absl::StrCat("'", field, "' encodes to no tokens"));
-    prompts.push_back(std::move(ids));
-  }
-  if (api.truncate_prompt_tokens) {
-    // vLLM's truncation: the last K tokens stay.
-    for (std::vector<int64_t>& ids : prompts) {
-      if (static_cast<int64_t>(ids.size()) > *api.truncate_prompt_tokens) {
-        ids.erase(ids.begin(), ids.end() - *api.truncate_prompt_tokens);
-      }
-    }
-  }
+  ASSIGN_OR_RETURN(std::vector<std::vector<int64_t>> listed, InputIds(api.prompts, "prompt"));
+  for (std::vector<int64_t>& ids : listed) prompts.push_back(std::move(ids));
+  for (std::vector<int64_t>& ids : prompts) KeepLastTokens(api.truncate_prompt_tokens, ids);
   return prompts;
 }
 
