@@ -68,13 +68,20 @@ absl::StatusOr<std::string> ChatRenderer::Render(const std::vector<ChatMessage>&
     }
     return text;
   }
-  for (size_t i = 0; i < messages.size(); ++i) {
-    if (messages[i].role == "tool") {
-      const std::string field = absl::StrCat("messages[", i, "].role");
+  // A prompt style has no layout for tool results or an assistant's calls: refused (tool
+  // results first), not dropped.
+  const auto has_calls = [&message_json](size_t i) {
+    return i < message_json.size() && message_json[i].contains("tool_calls") &&
+           !message_json[i]["tool_calls"].is_null() && !message_json[i]["tool_calls"].empty();
+  };
+  for (const bool calls : {false, true}) {
+    for (size_t i = 0; i < messages.size(); ++i) {
+      if (calls ? !has_calls(i) : messages[i].role != "tool") continue;
+      const std::string field = absl::StrCat("messages[", i, "].", calls ? "tool_calls" : "role");
       return InvalidFieldError(field, absl::StrCat("'", field,
-                                                   "' tool needs the checkpoint's chat "
-                                                   "template (tokenizer_config.json's "
-                                                   "chat_template); this one has a prompt style"));
+                                                   "' needs the checkpoint's chat template "
+                                                   "(tokenizer_config.json's chat_template); "
+                                                   "this one has a prompt style"));
     }
   }
   return ChatPromptText(style_, messages);

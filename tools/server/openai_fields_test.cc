@@ -244,6 +244,14 @@ TEST_F(OpenAIFieldsTest, ChatRendersThroughTheCheckpointsTemplate) {
   Serve();
   const json refused = Post("/v1/chat/completions", turns, 400);
   EXPECT_EQ(refused["error"]["param"], "messages[2].role");
+  // An assistant's calls alone are refused too, not rendered as an empty turn.
+  const json calls = Post("/v1/chat/completions",
+                          R"({"messages": [{"role": "user", "content": "x"},
+                              {"role": "assistant", "tool_calls": [{"id": "c1", "type":
+                               "function", "function": {"name": "add", "arguments": "{}"}}]},
+                              {"role": "user", "content": "y"}]})",
+                          400);
+  EXPECT_EQ(calls["error"]["param"], "messages[1].tool_calls");
 }
 
 TEST_F(OpenAIFieldsTest, EmbeddingsFloatAndBase64) {
