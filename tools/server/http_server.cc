@@ -38,6 +38,7 @@
 #include "core/serving/grammar_constraint.h"
 #include "core/text/chat_template.h"
 #include "core/text/prompt_style.h"
+#include "core/text/tool_call_stream.h"
 #include "core/text/tool_calls.h"
 #include "httplib.h"
 #include "tools/server/bounded_connection.h"
@@ -186,6 +187,8 @@ struct Choice {
   std::shared_ptr<Request> request;
   std::shared_ptr<std::vector<TokenLogprob>> pending =
       std::make_shared<std::vector<TokenLogprob>>();
+  // A streamed reply read for tool calls: its content goes out until a call may start.
+  std::shared_ptr<ToolCallStream> tool_stream;
 };
 
 // Waits until `request` is done; cancels it and returns false if the client hangs up first. A
@@ -1028,11 +1031,20 @@ absl::StatusOr<std::vector<Choice>> HttpServer::Impl::SubmitAll(
     }
     const auto per_choice = [&](int64_t i, RequestOptions& options) {
       if (!prepared.api.stream) return;
-      const Choice& choice = choices[first + static_cast<size_t>(i)];
+      Choice& choice = choices[first + static_cast<size_t>(i)];
       std::shared_ptr<std::vector<TokenLogprob>> pending = choice.pending;
       options.on_logprob = [pending](const TokenLogprob& logprob) { pending->push_back(logprob); };
-      // A reply read for tool calls is sent whole once it is done (its text may be a call).
-      if (ParsesToolCalls(prepared.api)) return;
+      if (ParsesToolCalls(prepared.api)) {
+        // Its content streams until a call may start; the rest goes out once it is done.
+        choice.tool_stream = std::make_shared<ToolCallStream>(chat->tool_format());
+        options.on_text = [queue, pending, stream = choice.tool_stream,
+                           index = choice.index](absl::string_view piece) {
+          std::string content = stream->Feed(piece);
+          if (content.empty()) return true;
+          return queue->Push({index, std::move(content), std::exchange(*pending, {})});
+        };
+        return;
+      }
       options.on_text = [queue, pending, index = choice.index](absl::string_view piece) {
         return queue->Push({index, std::string(piece), std::exchange(*pending, {})});
       };
@@ -1171,6 +1183,32 @@ bool HttpServer::Impl::Stream(const Prepared& prepared, const std::vector<Choice
     t_access.outcome = "cancelled";
     return false;
   };
+  // A reply read for tool calls, once done: the content its stream held, then each call as
+  // OpenAI streams one (index, id, type and name with empty arguments, then the arguments),
+  // then the finish reason.
+  auto send_tool_calls = [&](const Choice& choice, const Completion& rest) {
+    ParsedToolCalls held = choice.tool_stream->Finish();
+    if (!prepared.api.parallel_tool_calls && held.calls.size() > 1) held.calls.resize(1);
+    const nlohmann::json logprobs = LogprobsJson(prepared, rest.logprobs, 0);
+    if (!held.content.empty() || !logprobs.is_null()) {
+      if (!send(chunk({choice.index, held.content, "", logprobs}))) return false;
+    }
+    const nlohmann::json calls = ToolCallsJson(held.calls, [this] { return Random(); });
+    for (size_t i = 0; i < calls.size(); ++i) {
+      nlohmann::json head = calls[i];
+      head["index"] = i;
+      head["function"]["arguments"] = "";
+      const nlohmann::json arguments = {
+          {"index", i}, {"function", {{"arguments", calls[i]["function"]["arguments"]}}}};
+      if (!send(chunk({choice.index, "", "", nullptr, nlohmann::json::array({head})})) ||
+          !send(chunk({choice.index, "", "", nullptr, nlohmann::json::array({arguments})}))) {
+        return false;
+      }
+    }
+    const std::string finish =
+        calls.empty() ? ApiFinishReason(rest.finish_reason) : std::string("tool_calls");
+    return send(chunk({choice.index, "", finish, nullptr}));
+  };
   auto all_done = [&] {
     return std::all_of(choices.begin(), choices.end(),
                        [](const Choice& choice) { return choice.request->Done(); });
@@ -1213,20 +1251,16 @@ bool HttpServer::Impl::Stream(const Prepared& prepared, const std::vector<Choice
               .Json()));
       continue;
     }
-    // Tokens whose text never came (a stop token, text held back and cut, a reply read for
+    // Tokens whose text never came (a stop token, text held back and cut, a reply's held
     // tool calls): their logprobs, with the rest of the choice and its finish reason.
     Completion rest = completion;
     rest.logprobs = std::exchange(*choice.pending, {});
-    ChoiceJson last = FinishedChoice(prepared, choice, rest, offsets[choice.index]);
-    if (!ParsesToolCalls(prepared.api)) last.text.clear();  // its pieces went out already
-    if (!last.text.empty() || !last.tool_calls.is_null()) {
-      ChoiceJson body = last;
-      body.finish_reason.clear();
-      if (!send(chunk(body))) return leave();
-      last.logprobs = nullptr;
-      last.text.clear();
-      last.tool_calls = nullptr;
+    if (choice.tool_stream) {
+      if (!send_tool_calls(choice, rest)) return leave();
+      continue;
     }
+    ChoiceJson last = FinishedChoice(prepared, choice, rest, offsets[choice.index]);
+    last.text.clear();  // its pieces went out already
     if (!send(chunk(last))) return leave();
   }
   if (prepared.api.include_usage) send(SseEvent(UsageChunkJson(header, chat, usage)));

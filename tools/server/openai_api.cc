@@ -1071,9 +1071,11 @@ std::string ChatChunkJson(const ResponseHeader& header, bool role, const ChoiceJ
   if (role) delta["role"] = "assistant";
   if (role || !choice.text.empty()) delta["content"] = choice.text;
   if (!choice.tool_calls.is_null()) {
-    // Streamed calls carry their position in the list.
+    // Streamed calls carry their position in the list (unless they name it).
     json calls = choice.tool_calls;
-    for (size_t i = 0; i < calls.size(); ++i) calls[i]["index"] = i;
+    for (size_t i = 0; i < calls.size(); ++i) {
+      if (!calls[i].contains("index")) calls[i]["index"] = i;
+    }
     delta["tool_calls"] = std::move(calls);
   }
   json entry = ChoiceBase(choice);

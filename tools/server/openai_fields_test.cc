@@ -449,28 +449,42 @@ TEST_F(OpenAIFieldsTest, ForcedToolCallsParseAndValidate) {
       }
     }
   }
-  // Streamed: a tool_calls delta, then finish_reason tool_calls.
-  const StreamReply stream = HttpPostStream(
-      server_->port(), "/v1/chat/completions",
-      absl::StrCat(R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 120,
-                      "stream": true, "seed": 1, "tools": )",
-                   kTools, R"(, "tool_choice": {"type": "function", "function": {"name":
-                      "weather"}}})"));
-  bool saw_call = false;
-  std::string finish;
+  // Streamed as OpenAI streams calls: a delta with the call's index, id, type and name (empty
+  // arguments), then its arguments; together the call of the same request unstreamed.
+  const std::string forced = absl::StrCat(
+      R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 120, "seed": 1,
+          "tools": )",
+      kTools, R"(, "tool_choice": {"type": "function", "function": {"name": "weather"}})");
+  const json whole = Post("/v1/chat/completions", forced + "}");
+  const StreamReply stream =
+      HttpPostStream(server_->port(), "/v1/chat/completions", forced + R"(, "stream": true})");
+  std::string name, arguments, finish, id;
+  int call_deltas = 0;
   for (const std::string& event : stream.events) {
     if (event == "[DONE]") continue;
     const json chunk = json::parse(event);
     if (chunk["choices"].empty()) continue;
     const json& choice = chunk["choices"][0];
     if (choice["delta"].contains("tool_calls")) {
-      saw_call = true;
-      EXPECT_EQ(choice["delta"]["tool_calls"][0]["index"], 0);
-      EXPECT_EQ(choice["delta"]["tool_calls"][0]["function"]["name"], "weather");
+      const json& call = choice["delta"]["tool_calls"][0];
+      EXPECT_EQ(call["index"], 0);
+      if (call_deltas++ == 0) {
+        EXPECT_EQ(call["type"], "function");
+        id = call["id"];
+        name = call["function"]["name"];
+        EXPECT_EQ(call["function"]["arguments"], "");
+      } else {
+        EXPECT_FALSE(call.contains("id")) << call;
+        arguments += call["function"]["arguments"].get<std::string>();
+      }
     }
     if (!choice["finish_reason"].is_null()) finish = choice["finish_reason"];
   }
-  EXPECT_TRUE(saw_call) << absl::StrJoin(stream.events, "\n");
+  EXPECT_EQ(call_deltas, 2) << absl::StrJoin(stream.events, "\n");
+  EXPECT_TRUE(absl::StartsWith(id, "call_")) << id;
+  EXPECT_EQ(name, "weather");
+  const json& whole_call = whole["choices"][0]["message"]["tool_calls"][0];
+  EXPECT_EQ(arguments, whole_call["function"]["arguments"]) << whole;
   EXPECT_EQ(finish, "tool_calls");
   // tool_choice with response_format: refused.
   const json both = Post(

@@ -6,7 +6,8 @@ A completion, a chat completion, a streamed chat completion (equal to the whole 
 model list, logprobs (greedy tokens are the top ones; streamed equal whole), n choices (seeded:
 equal to separate requests), penalties and logit_bias, a list of prompts, and the client's own
 error classes for 404, 400 (with `param`) and 401; structured outputs (a JSON schema),
-a forced tool call, embeddings (float and base64). Prints one line per check and exits 1 on
+a forced tool call (whole and streamed, the deltas accumulated as clients do), embeddings
+(float and base64). Prints one line per check and exits 1 on
 any failure.
 """
 
@@ -210,6 +211,35 @@ def main(port, api_key):
         arguments = json.loads(call.function.arguments)
         assert arguments["book"] in ("Genesis", "Exodus"), arguments
         assert 1 <= arguments["chapter"] <= 50, arguments
+
+    @check
+    def streamed_tool_call_accumulates():
+        tools = [{"type": "function", "function": {
+            "name": "lookup", "parameters": {"type": "object", "properties": {
+                "chapter": {"type": "integer", "minimum": 1, "maximum": 50}},
+                "required": ["chapter"]}}}]
+        request = dict(model=state["model"], messages=[{"role": "user", "content": "Find it."}],
+                       max_tokens=80, seed=7, tools=tools,
+                       tool_choice={"type": "function", "function": {"name": "lookup"}})
+        whole = client.chat.completions.create(**request).choices[0].message.tool_calls[0]
+        calls, finish = {}, None
+        for chunk in client.chat.completions.create(stream=True, **request):
+            if not chunk.choices:
+                continue
+            choice = chunk.choices[0]
+            for delta in choice.delta.tool_calls or []:
+                call = calls.setdefault(delta.index, {"id": None, "name": "", "arguments": ""})
+                call["id"] = delta.id or call["id"]
+                if delta.function.name:
+                    call["name"] += delta.function.name
+                call["arguments"] += delta.function.arguments or ""
+            finish = choice.finish_reason or finish
+        assert finish == "tool_calls", finish
+        assert list(calls) == [0], calls
+        assert calls[0]["id"].startswith("call_"), calls
+        assert calls[0]["name"] == "lookup", calls
+        assert calls[0]["arguments"] == whole.function.arguments, (calls, whole)
+        assert 1 <= json.loads(calls[0]["arguments"])["chapter"] <= 50, calls
 
     @check
     def embeddings_have_unit_length():

@@ -1,0 +1,88 @@
+#include "core/text/tool_call_stream.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+
+namespace lgpt {
+namespace {
+
+std::vector<std::string> CallMarkers(ToolCallFormat format) {
+  switch (format) {
+    case ToolCallFormat::kHermes:
+      return {"<tool_call>"};
+    case ToolCallFormat::kLlama3:
+      return {"<|python_tag|>", "{"};
+    case ToolCallFormat::kMistral:
+      return {"[TOOL_CALLS]"};
+    case ToolCallFormat::kGeneric:
+      return {"{"};
+  }
+  return {"{"};
+}
+
+// The length of the longest suffix of `text` that is a proper prefix of `marker`.
+size_t PartialMarkerAtEnd(absl::string_view text, absl::string_view marker) {
+  for (size_t length = std::min(text.size(), marker.size() - 1); length > 0; --length) {
+    if (absl::EndsWith(text, marker.substr(0, length))) return length;
+  }
+  return 0;
+}
+
+}  // namespace
+
+ToolCallStream::ToolCallStream(ToolCallFormat format)
+    : format_(format), markers_(CallMarkers(format)) {}
+
+size_t ToolCallStream::SendableEnd() const {
+  size_t end = text_.size();
+  for (const std::string& marker : markers_) {
+    const size_t found = text_.find(marker, sent_end_);
+    if (found != std::string::npos) end = std::min(end, found);
+  }
+  if (end == text_.size()) {
+    for (const std::string& marker : markers_) {
+      end = std::min(end, text_.size() - PartialMarkerAtEnd(text_, marker));
+    }
+  }
+  // Whitespace before what is held may end the content (trimmed away): it waits.
+  while (end > sent_end_ && absl::ascii_isspace(static_cast<unsigned char>(text_[end - 1]))) {
+    --end;
+  }
+  return end;
+}
+
+std::string ToolCallStream::Feed(absl::string_view piece) {
+  text_.append(piece.data(), piece.size());
+  if (holding_) return "";
+  if (sent_.empty()) {  // the parsed content is trimmed: leading whitespace never goes out
+    while (sent_end_ < text_.size() &&
+           absl::ascii_isspace(static_cast<unsigned char>(text_[sent_end_]))) {
+      ++sent_end_;
+    }
+  }
+  const size_t end = SendableEnd();
+  for (const std::string& marker : markers_) {
+    if (text_.find(marker, sent_end_) != std::string::npos) holding_ = true;
+  }
+  std::string out = text_.substr(sent_end_, end - sent_end_);
+  sent_end_ = end;
+  sent_ += out;
+  return out;
+}
+
+ParsedToolCalls ToolCallStream::Finish() {
+  ParsedToolCalls parsed = ParseToolCalls(text_, format_);
+  // What was sent is where the parsed content starts (the content before the first possible
+  // call, trimmed on the left, its trailing whitespace held).
+  if (absl::StartsWith(parsed.content, sent_)) {
+    parsed.content.erase(0, sent_.size());
+  } else {
+    parsed.content.clear();  // not reached: the parsers keep the text before a call
+  }
+  return parsed;
+}
+
+}  // namespace lgpt
