@@ -43,8 +43,14 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const CausalSelfAttentionOption
   if (config.norm_qk) {
     const int64_t q_size = norm_qk_olmo2_ ? n_head_ * head_size_ : head_size_;
     const int64_t k_size = norm_qk_olmo2_ ? n_query_groups_ * head_size_ : head_size_;
-    norm_q_ = register_module("norm_q", Norm(NormOptions::FromConfig(config, q_size)));
-    norm_k_ = register_module("norm_k", Norm(NormOptions::FromConfig(config, k_size)));
+    NormOptions q_norm = NormOptions::FromConfig(config, q_size);
+    NormOptions k_norm = NormOptions::FromConfig(config, k_size);
+    if (norm_qk_olmo2_) {
+      q_norm.shards = options.q_norm_shards;
+      k_norm.shards = options.k_norm_shards;
+    }
+    norm_q_ = register_module("norm_q", Norm(q_norm));
+    norm_k_ = register_module("norm_k", Norm(k_norm));
   }
   for (const auto& factory_ptr : options.extensions) {
     std::shared_ptr<AttentionExtension> extension = factory_ptr->Make(config, layer_);
@@ -60,9 +66,9 @@ absl::StatusOr<at::Tensor> CausalSelfAttentionImpl::Forward(const at::Tensor& x,
   const int64_t batch = x.size(0), steps = x.size(1);
   const int64_t q_size = n_head_ * head_size_, kv_size = n_query_groups_ * head_size_;
   const at::Tensor qkv = qkv_->forward(x);  // [B, T, q_size + 2 · kv_size]
-  at::Tensor q, k, v;  // [B, nh, T, hs], [B, G, T, hs], [B, G, T, hs]
-  if (norm_q_ || !SplitQkvRope(qkv, n_head_, n_query_groups_, head_size_, rope,
-                               rope_interleave_, &q, &k, &v)) {
+  at::Tensor q, k, v;                       // [B, nh, T, hs], [B, G, T, hs], [B, G, T, hs]
+  if (norm_q_ || !SplitQkvRope(qkv, n_head_, n_query_groups_, head_size_, rope, rope_interleave_,
+                               &q, &k, &v)) {
     q = qkv.narrow(-1, 0, q_size);
     k = qkv.narrow(-1, q_size, kv_size);
     v = qkv.narrow(-1, q_size + kv_size, kv_size);

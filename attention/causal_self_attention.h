@@ -5,21 +5,21 @@
 #ifndef LGPT_ATTENTION_CAUSAL_SELF_ATTENTION_H_
 #define LGPT_ATTENTION_CAUSAL_SELF_ATTENTION_H_
 
-#include <memory>
-#include <vector>
-
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include <memory>
+#include <vector>
+
 #include "absl/status/statusor.h"
 #include "attention/attention_extension.h"
-#include "core/ops/attention.h"
 #include "cache/kv_cache.h"
 #include "core/config/config.h"
 #include "core/nn/linear_factory.h"
 #include "core/nn/norm.h"
 #include "core/nn/rope.h"
+#include "core/ops/attention.h"
 
 namespace lgpt {
 
@@ -28,6 +28,10 @@ struct CausalSelfAttentionOptions {
   int64_t layer = 0;
   std::shared_ptr<const LinearFactory> linear_factory;
   std::vector<std::shared_ptr<const AttentionExtensionFactory>> extensions;
+  // OLMo 2's whole-width q/k norms split over tensor-parallel ranks (core/nn/norm.h); null:
+  // not split.
+  std::shared_ptr<const NormFeatureShards> q_norm_shards;
+  std::shared_ptr<const NormFeatureShards> k_norm_shards;
 };
 
 class CausalSelfAttentionImpl : public torch::nn::Module {
@@ -48,8 +52,8 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   bool norm_qk_olmo2_ = false;
   bool rope_interleave_ = false;
   AttentionParams params_;
-  ProjectionPtr qkv_;   // [(n_head + 2 · n_query_groups) · head_size, n_embd]
-  ProjectionPtr proj_;  // [n_embd, n_head · head_size]
+  ProjectionPtr qkv_;     // [(n_head + 2 · n_query_groups) · head_size, n_embd]
+  ProjectionPtr proj_;    // [n_embd, n_head · head_size]
   Norm norm_q_{nullptr};  // [head_size] or OLMo 2's [n_head · head_size]
   Norm norm_k_{nullptr};  // [head_size] or OLMo 2's [n_query_groups · head_size]
   std::vector<std::shared_ptr<AttentionExtension>> extensions_;

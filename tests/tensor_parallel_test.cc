@@ -1,9 +1,9 @@
 // Tensor-parallel inference over Gloo on loopback: each case runs
 // tensor_parallel_test_worker as 2 (or more) local ranks through the launcher.
-#include <string>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <string>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -19,7 +19,8 @@ using ::testing::Not;
 
 constexpr char kWorker[] = "tests/tensor_parallel_test_worker";
 
-absl::StatusOr<RanksRun> RunWorker(int world_size, const std::string& mode, bool stop_on_failure = true) {
+absl::StatusOr<RanksRun> RunWorker(int world_size, const std::string& mode,
+                                   bool stop_on_failure = true) {
   LaunchSpec spec;
   spec.world_size = world_size;
   spec.executable = kWorker;
@@ -46,16 +47,16 @@ TEST(TensorParallelTest, EveryPresetMatchesOneProcessOrIsRefusedNamingTheField) 
     EXPECT_TRUE(named) << line;
   }
   // Families from the golden set and beyond must be among the matches.
-  for (const char* family : {"pythia-14m equal", "Llama-2-7b-hf equal", "Gemma-2-2b equal",
-                             "Gemma-3-4b-it equal", "Mixtral-8x7B-v0.1 equal", "phi-2 equal", "Qwen3-30B-A3B equal"}) {
+  for (const char* family :
+       {"pythia-14m equal", "Llama-2-7b-hf equal", "Gemma-2-2b equal", "Gemma-3-4b-it equal",
+        "Mixtral-8x7B-v0.1 equal", "phi-2 equal", "Qwen3-30B-A3B equal", "OLMo-2-1124-7B equal"}) {
     EXPECT_THAT(run->out, HasSubstr(family));
   }
   const size_t summary = run->out.find("summary: ");
   ASSERT_NE(summary, std::string::npos) << run->out;
   int equal = 0;
-  ASSERT_TRUE(absl::SimpleAtoi(run->out.substr(summary + 9, run->out.find(' ', summary + 9) -
-                                                               summary - 9),
-                               &equal));
+  ASSERT_TRUE(absl::SimpleAtoi(
+      run->out.substr(summary + 9, run->out.find(' ', summary + 9) - summary - 9), &equal));
   EXPECT_GT(equal, 50) << run->out;
 }
 

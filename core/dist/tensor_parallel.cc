@@ -1,9 +1,9 @@
 #include "core/dist/tensor_parallel.h"
 
+#include <ATen/ATen.h>
+
 #include <stdexcept>
 #include <vector>
-
-#include <ATen/ATen.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -14,9 +14,8 @@ namespace {
 
 absl::Status Divides(const char* field, int64_t value, int world_size) {
   if (value % world_size == 0) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(field, " (", value,
-                                                 ") is not divisible by the tensor-parallel size ",
-                                                 world_size));
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, " (", value, ") is not divisible by the tensor-parallel size ", world_size));
 }
 
 // Query heads and KV groups of one rank.
@@ -40,9 +39,9 @@ absl::StatusOr<HeadShard> ShardHeads(const Config& config, int rank, int world_s
     shard.groups = 1;
     shard.group_begin = shard.head_begin / (n_head / groups);
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "n_query_groups (", groups, ") and the tensor-parallel size ", world_size,
-        " do not divide one another"));
+    return absl::InvalidArgumentError(absl::StrCat("n_query_groups (", groups,
+                                                   ") and the tensor-parallel size ", world_size,
+                                                   " do not divide one another"));
   }
   return shard;
 }
@@ -57,10 +56,6 @@ absl::StatusOr<Config> ShardConfig(const Config& config, int rank, int world_siz
         absl::StrCat("rank ", rank, " of tensor-parallel size ", world_size, " is invalid"));
   }
   if (world_size == 1) return local;
-  if (local.norm_qk && local.norm_qk_type == NormQkType::kOlmo2) {
-    return absl::UnimplementedError(absl::StrCat(
-        local.name, ": OLMo 2's q/k norm spans all heads; it is not tensor-parallel yet"));
-  }
   absl::StatusOr<HeadShard> heads = ShardHeads(local, rank, world_size);
   if (!heads.ok()) return heads.status();
   if (absl::Status s = Divides("intermediate_size", local.IntermediateSize(), world_size);
@@ -68,8 +63,7 @@ absl::StatusOr<Config> ShardConfig(const Config& config, int rank, int world_siz
     return s;
   }
   if (local.moe_intermediate_size) {
-    if (absl::Status s = Divides("moe_intermediate_size", *local.moe_intermediate_size,
-                                 world_size);
+    if (absl::Status s = Divides("moe_intermediate_size", *local.moe_intermediate_size, world_size);
         !s.ok()) {
       return s;
     }
@@ -91,8 +85,7 @@ absl::StatusOr<std::map<std::string, at::Tensor>> ShardTensors(
   if (absl::Status s = full.Finalize(); !s.ok()) return s;
   absl::StatusOr<HeadShard> heads = ShardHeads(full, rank, world_size);
   if (!heads.ok()) return heads.status();
-  const int64_t hs = full.HeadSize(), q_rows = full.n_head * hs,
-                kv_rows = full.QueryGroups() * hs;
+  const int64_t hs = full.HeadSize(), q_rows = full.n_head * hs, kv_rows = full.QueryGroups() * hs;
 
   std::map<std::string, at::Tensor> shard;
   for (const auto& [name, tensor] : tensors) {
@@ -104,20 +97,32 @@ absl::StatusOr<std::map<std::string, at::Tensor>> ShardTensors(
     const bool column = (attention && module == "qkv") ||
                         (mlp && (module == "fc" || module == "fc_1" || module == "fc_2"));
     const bool row = (attention || mlp) && module == "proj";
-    if (!column && !row) {
+    // OLMo 2's q/k norms span every head: each rank keeps its heads' (or groups') weights.
+    const bool olmo2_norm = attention && full.norm_qk && full.norm_qk_type == NormQkType::kOlmo2 &&
+                            (module == "norm_q" || module == "norm_k");
+    if (!column && !row && !olmo2_norm) {
       shard[name] = tensor;  // replicated
       continue;
     }
     if (leaf != "weight" && leaf != "bias") {
-      return absl::UnimplementedError(absl::StrCat(
-          "tensor ", name, ": only plain weights and biases of sharded projections are "
-          "tensor-parallel yet"));
+      return absl::UnimplementedError(
+          absl::StrCat("tensor ", name,
+                       ": only plain weights and biases of sharded projections are "
+                       "tensor-parallel yet"));
     }
     auto bad_shape = [&](int64_t dim) {
       return absl::InvalidArgumentError(absl::StrCat(
           "tensor ", name, " has size ", tensor.size(dim), " in dimension ", dim,
           ", which does not fit tensor-parallel size ", world_size, " of ", full.name));
     };
+    if (olmo2_norm) {
+      const bool q = module == "norm_q";
+      const int64_t begin = (q ? heads->head_begin : heads->group_begin) * hs;
+      const int64_t width = (q ? heads->heads : heads->groups) * hs;
+      if (tensor.dim() != 1 || tensor.size(0) != (q ? q_rows : kv_rows)) return bad_shape(0);
+      shard[name] = tensor.narrow(0, begin, width);  // [heads or groups of the rank · hs]
+      continue;
+    }
     if (row) {
       if (leaf == "bias") {
         shard[name] = tensor;  // added once, after the all-reduce
@@ -136,11 +141,11 @@ absl::StatusOr<std::map<std::string, at::Tensor>> ShardTensors(
     }
     // [Q | K | V] rows: this rank's heads, then its groups' keys and values.
     if (tensor.size(0) != q_rows + 2 * kv_rows) return bad_shape(0);
-    shard[name] = at::cat({tensor.narrow(0, heads->head_begin * hs, heads->heads * hs),
-                           tensor.narrow(0, q_rows + heads->group_begin * hs, heads->groups * hs),
-                           tensor.narrow(0, q_rows + kv_rows + heads->group_begin * hs,
-                                         heads->groups * hs)},
-                          0);
+    shard[name] =
+        at::cat({tensor.narrow(0, heads->head_begin * hs, heads->heads * hs),
+                 tensor.narrow(0, q_rows + heads->group_begin * hs, heads->groups * hs),
+                 tensor.narrow(0, q_rows + kv_rows + heads->group_begin * hs, heads->groups * hs)},
+                0);
   }
   return shard;
 }
@@ -151,9 +156,9 @@ RowParallelProjectionImpl::RowParallelProjectionImpl(ProjectionPtr local, const 
   // The local projection's tensors are registered here under their own names, so the
   // state dict reads attn.proj.weight (not attn.proj.local.weight), as in LitGPT.
   if (!local_->children().empty()) {
-    throw std::invalid_argument(absl::StrCat(
-        "tensor parallelism needs flat projections at ", LinearSiteName(spec.site),
-        " (layer ", spec.layer, "); this factory's projection has submodules"));
+    throw std::invalid_argument(absl::StrCat("tensor parallelism needs flat projections at ",
+                                             LinearSiteName(spec.site), " (layer ", spec.layer,
+                                             "); this factory's projection has submodules"));
   }
   for (const auto& item : local_->named_parameters(/*recurse=*/false)) {
     register_parameter(item.key(), item.value(), item.value().requires_grad());

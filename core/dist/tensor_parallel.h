@@ -5,7 +5,10 @@
 //                       as vLLM does), so its KV cache holds only those groups;
 //   attn.proj           row-parallel, then one all-reduce;
 //   mlp fc / fc_1 / fc_2 (experts' too) column-parallel, mlp proj row-parallel + all-reduce;
-//   wte, lm_head, MoE router and norms replicated. A vocab-parallel head would all-gather
+//   attn.norm_q/norm_k  OLMo 2's whole-width q/k norms: each rank keeps its heads' (groups')
+//                       weights, and the mean square sums over the ranks (one all-reduce of
+//                       [B, T, 1] per norm; core/nn/norm.h NormFeatureShards);
+//   wte, lm_head, MoE router and the other norms replicated. A vocab-parallel head would all-gather
 //                       [B, padded_vocab] logits per decoded token (V·4 bytes: 128 KB for a
 //                       32k vocabulary) to sample, against the one n_embd·4-byte all-reduce
 //                       (3 KB at n_embd 768) a replicated head needs none of; embedding
@@ -16,11 +19,11 @@
 #ifndef LGPT_CORE_DIST_TENSOR_PARALLEL_H_
 #define LGPT_CORE_DIST_TENSOR_PARALLEL_H_
 
+#include <ATen/core/Tensor.h>
+
 #include <map>
 #include <memory>
 #include <string>
-
-#include <ATen/core/Tensor.h>
 
 #include "absl/status/statusor.h"
 #include "core/config/config.h"
@@ -31,8 +34,7 @@ namespace lgpt {
 
 // Rank `rank`'s view of `config` under `world_size`-way tensor parallelism: n_head/N query
 // heads, the KV groups they use, intermediate_size/N (and moe_intermediate_size/N), the same
-// head_size. Sizes that do not divide are InvalidArgument naming the field; features whose
-// computation spans all heads (OLMo 2's q/k norm) are Unimplemented. `config` may be
+// head_size. Sizes that do not divide are InvalidArgument naming the field. `config` may be
 // unfinalised; the result is finalised. World size 1 returns the finalised config.
 absl::StatusOr<Config> ShardConfig(const Config& config, int rank, int world_size);
 

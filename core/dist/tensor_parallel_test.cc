@@ -89,10 +89,32 @@ TEST(ShardConfigTest, NonDividingSizesNameTheField) {
   c.moe_intermediate_size = 6;
   EXPECT_THAT(ShardConfig(c, 0, 4).status().message(),
               HasSubstr("moe_intermediate_size (6) is not divisible"));
-  c = Small(8, 8);
+}
+
+TEST(ShardTensorsTest, Olmo2QkNormsTakeTheRanksHeadsAndGroups) {
+  Config c = Small(8, 4);  // head_size 4: q norm 32 features, k norm 16
   c.norm_qk = true;
   c.norm_qk_type = NormQkType::kOlmo2;
-  EXPECT_EQ(ShardConfig(c, 0, 2).status().code(), absl::StatusCode::kUnimplemented);
+  ASSERT_TRUE(ShardConfig(c, 1, 2).ok());
+  const std::map<std::string, at::Tensor> full = {
+      {"transformer.h.0.attn.norm_q.weight", at::arange(32, at::kFloat)},
+      {"transformer.h.0.attn.norm_k.weight", at::arange(16, at::kFloat)}};
+  absl::StatusOr<std::map<std::string, at::Tensor>> rank1 = ShardTensors(full, c, 1, 2);
+  ASSERT_TRUE(rank1.ok()) << rank1.status();
+  EXPECT_TRUE(
+      at::equal(rank1->at("transformer.h.0.attn.norm_q.weight"), at::arange(16, 32, at::kFloat)));
+  EXPECT_TRUE(
+      at::equal(rank1->at("transformer.h.0.attn.norm_k.weight"), at::arange(8, 16, at::kFloat)));
+  // Fewer groups than ranks: rank 3 of 4 reads group 1 (of 2).
+  Config mqa = Small(8, 2);
+  mqa.norm_qk = true;
+  mqa.norm_qk_type = NormQkType::kOlmo2;
+  const std::map<std::string, at::Tensor> narrow = {
+      {"transformer.h.0.attn.norm_k.weight", at::arange(8, at::kFloat)}};
+  absl::StatusOr<std::map<std::string, at::Tensor>> rank3 = ShardTensors(narrow, mqa, 3, 4);
+  ASSERT_TRUE(rank3.ok()) << rank3.status();
+  EXPECT_TRUE(
+      at::equal(rank3->at("transformer.h.0.attn.norm_k.weight"), at::arange(4, 8, at::kFloat)));
 }
 
 TEST(ShardTensorsTest, QkvTakesTheRanksHeadsAndGroups) {
@@ -108,8 +130,8 @@ TEST(ShardTensorsTest, QkvTakesTheRanksHeadsAndGroups) {
 TEST(ShardTensorsTest, QkvReplicatesTheGroupOfTheRanksHeads) {
   // n_head 8, 2 groups, 4 ranks: rank 2 owns heads 4, 5, which read group 1.
   const Config c = Small(8, 2);
-  std::map<std::string, at::Tensor> full = {{"transformer.h.0.attn.qkv.bias",
-                                             at::arange(48, at::kFloat)}};
+  std::map<std::string, at::Tensor> full = {
+      {"transformer.h.0.attn.qkv.bias", at::arange(48, at::kFloat)}};
   absl::StatusOr<std::map<std::string, at::Tensor>> shard = ShardTensors(full, c, 2, 4);
   ASSERT_TRUE(shard.ok()) << shard.status();
   const at::Tensor b = shard->at("transformer.h.0.attn.qkv.bias").unsqueeze(1);
@@ -138,7 +160,8 @@ TEST(ShardTensorsTest, MlpAndProjectionsAreSlicedAsViews) {
   // Views into the full tensor, not copies: a memory-mapped file is read only there.
   EXPECT_EQ(shard->at("transformer.h.0.mlp.fc.weight").storage().data(), fc.storage().data());
   EXPECT_TRUE(at::equal(shard->at("transformer.h.0.mlp.proj.weight"), proj.narrow(1, 24, 24)));
-  EXPECT_TRUE(at::equal(shard->at("transformer.h.0.attn.proj.weight"), proj.narrow(1, 16, 16)));  // [n_embd, n_head · hs / 2]
+  EXPECT_TRUE(at::equal(shard->at("transformer.h.0.attn.proj.weight"),
+                        proj.narrow(1, 16, 16)));  // [n_embd, n_head · hs / 2]
   EXPECT_EQ(shard->at("transformer.h.0.mlp.proj.bias").size(0), 32);
   EXPECT_EQ(shard->at("transformer.h.0.mlp.gate.weight").size(0), 4);
 }
@@ -163,10 +186,10 @@ TEST(TensorParallelLinearFactoryTest, RowParallelKeepsNamesAndAddsBiasOnce) {
   spec.bias = true;
   ProjectionPtr dense = DefaultLinearFactory()->Make(spec);
   RowParallelProjectionImpl row(DefaultLinearFactory()->Make([&] {
-                                  LinearSpec s = spec;
-                                  s.bias = false;
-                                  return s;
-                                }()),
+    LinearSpec s = spec;
+    s.bias = false;
+    return s;
+  }()),
                                 spec, ProcessGroup::Single());
   std::vector<std::string> names;
   for (const auto& item : row.named_parameters()) names.push_back(item.key());

@@ -21,6 +21,8 @@ BlockImpl::BlockImpl(const Config& config, int64_t layer, const ModelParts& part
   attention.layer = layer;
   attention.linear_factory = parts.linear_factory;
   attention.extensions = parts.attention_extensions;
+  attention.q_norm_shards = parts.q_norm_shards;
+  attention.k_norm_shards = parts.k_norm_shards;
   attn_ = register_module("attn", CausalSelfAttention(attention));
   if (config.post_attention_norm) {
     post_attention_norm_ = register_module("post_attention_norm", Norm(norm));

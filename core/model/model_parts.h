@@ -10,6 +10,7 @@
 #include "attention/attention_extension.h"
 #include "cache/kv_cache.h"
 #include "core/nn/linear_factory.h"
+#include "core/nn/norm.h"
 
 namespace lgpt {
 
@@ -19,6 +20,10 @@ struct ModelParts {
   // Set on every layer of the model's cache layout (tensor parallelism over replicated KV
   // groups); null: none.
   std::shared_ptr<const KVScoreReducer> kv_score_reducer;
+  // OLMo 2's whole-width q and k norms over tensor-parallel ranks (each rank holds its heads'
+  // and groups' features); null: the norms see every feature.
+  std::shared_ptr<const NormFeatureShards> q_norm_shards;
+  std::shared_ptr<const NormFeatureShards> k_norm_shards;
 };
 
 }  // namespace lgpt

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <memory>
+#include <stdexcept>
 #include <utility>
 
 #include "cache/kv_cache.h"
@@ -18,8 +19,7 @@ namespace {
 // rank's own scores: the model's next all-reduce reports the dead peer.
 class ReplicatedGroupScores : public KVScoreReducer {
  public:
-  ReplicatedGroupScores(std::shared_ptr<ProcessGroup> process_group, int64_t groups,
-                        int64_t group)
+  ReplicatedGroupScores(std::shared_ptr<ProcessGroup> process_group, int64_t groups, int64_t group)
       : process_group_(std::move(process_group)), groups_(groups), group_(group) {}
 
   void Reduce(at::Tensor& scores) const override {
@@ -33,6 +33,24 @@ class ReplicatedGroupScores : public KVScoreReducer {
   std::shared_ptr<ProcessGroup> process_group_;
   int64_t groups_;
   int64_t group_;
+};
+
+// OLMo 2's q or k norm over the ranks: every rank holds the same number of features (its
+// heads', or its groups', possibly copies), so all ranks together hold world_size times that.
+class RankNormShards : public NormFeatureShards {
+ public:
+  RankNormShards(std::shared_ptr<ProcessGroup> process_group, int64_t total_size)
+      : process_group_(std::move(process_group)), total_size_(total_size) {}
+
+  void SumOverRanks(at::Tensor& partial) const override {
+    const absl::Status status = process_group_->AllReduceSum(partial);
+    if (!status.ok()) throw std::runtime_error(status.ToString());
+  }
+  int64_t total_size() const override { return total_size_; }
+
+ private:
+  std::shared_ptr<ProcessGroup> process_group_;
+  int64_t total_size_;
 };
 
 }  // namespace
@@ -52,6 +70,13 @@ absl::StatusOr<RankModelSpec> TensorParallelSpec(const Config& config, const Mod
     Config global = config;
     if (absl::Status s = global.Finalize(); !s.ok()) return s;
     const int64_t groups = global.QueryGroups();
+    if (spec.config.norm_qk && spec.config.norm_qk_type == NormQkType::kOlmo2) {
+      const int64_t head_size = spec.config.HeadSize();
+      spec.parts.q_norm_shards =
+          std::make_shared<RankNormShards>(group, world_size * spec.config.n_head * head_size);
+      spec.parts.k_norm_shards = std::make_shared<RankNormShards>(
+          group, world_size * spec.config.QueryGroups() * head_size);
+    }
     if (groups % world_size != 0) {
       const int64_t heads_per_rank = global.n_head / world_size;
       const int64_t group_of_rank = rank * heads_per_rank / (global.n_head / groups);

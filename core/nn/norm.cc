@@ -66,10 +66,12 @@ NormOptions NormOptions::FromConfig(const Config& config, int64_t size) {
 }
 
 NormImpl::NormImpl(const NormOptions& options) : options_(options) {
+  TORCH_CHECK(!options_.shards || options_.kind == NormClass::kRMSNorm,
+              "only an RMSNorm's features may be split over ranks");
   if (!options_.affine) return;
   // Gemma's weights are stored as offsets from 1, so they start at zero.
-  weight_ = register_parameter("weight", options_.unit_offset ? at::zeros({options_.size})
-                                                              : at::ones({options_.size}));
+  weight_ = register_parameter(
+      "weight", options_.unit_offset ? at::zeros({options_.size}) : at::ones({options_.size}));
   if (options_.kind == NormClass::kLayerNorm) {
     bias_ = register_parameter("bias", at::zeros({options_.size}));
   }
@@ -79,12 +81,19 @@ at::Tensor NormImpl::forward(const at::Tensor& x) {
   if (options_.kind == NormClass::kLayerNorm) {
     return at::layer_norm(x, {options_.size}, weight_, bias_, options_.eps);
   }
-  if (HostRmsNormApplies(x, weight_, options_.size)) {
+  if (!options_.shards && HostRmsNormApplies(x, weight_, options_.size)) {
     return HostRmsNorm(x, weight_, options_.eps, options_.unit_offset);
   }
   const at::ScalarType dtype = x.scalar_type();
   const at::Tensor x32 = x.to(at::kFloat);
-  const at::Tensor mean_square = (x32 * x32).mean(-1, /*keepdim=*/true);
+  at::Tensor mean_square;  // [..., 1]
+  if (options_.shards) {
+    mean_square = (x32 * x32).sum(-1, /*keepdim=*/true);
+    options_.shards->SumOverRanks(mean_square);
+    mean_square = mean_square / static_cast<double>(options_.shards->total_size());
+  } else {
+    mean_square = (x32 * x32).mean(-1, /*keepdim=*/true);
+  }
   at::Tensor normed = x32 * at::rsqrt(mean_square + options_.eps);
   if (weight_.defined()) {
     const at::Tensor scale = options_.unit_offset ? (weight_ + 1) : weight_;
@@ -94,9 +103,10 @@ at::Tensor NormImpl::forward(const at::Tensor& x) {
 }
 
 at::Tensor NormImpl::AddForward(const at::Tensor& x, const at::Tensor& delta, at::Tensor* sum) {
-  const bool fused = options_.kind == NormClass::kRMSNorm && delta.sizes() == x.sizes() &&
-                     delta.scalar_type() == at::kFloat && delta.is_contiguous() &&
-                     delta.device().is_cpu() && HostRmsNormApplies(x, weight_, options_.size) &&
+  const bool fused = options_.kind == NormClass::kRMSNorm && !options_.shards &&
+                     delta.sizes() == x.sizes() && delta.scalar_type() == at::kFloat &&
+                     delta.is_contiguous() && delta.device().is_cpu() &&
+                     HostRmsNormApplies(x, weight_, options_.size) &&
                      !(c10::GradMode::is_enabled() && delta.requires_grad());
   if (!fused) {
     *sum = x + delta;

@@ -274,5 +274,49 @@ TEST(NormOptions, FromConfigFollowsLitGptNormClass) {
   }
 }
 
+// A norm whose features two ranks hold half each equals the whole norm: each half's sum of
+// squares plus the other's, divided by all the features. (One process plays both ranks: the
+// shards add the other half's sums.)
+class OtherHalf : public NormFeatureShards {
+ public:
+  OtherHalf(at::Tensor other_sums, int64_t total) : other_(other_sums), total_(total) {}
+  void SumOverRanks(at::Tensor& partial) const override { partial.add_(other_); }
+  int64_t total_size() const override { return total_; }
+
+ private:
+  at::Tensor other_;
+  int64_t total_;
+};
+
+TEST(NormTest, FeaturesSplitOverRanksEqualTheWholeNorm) {
+  at::manual_seed(11);
+  NormOptions whole_options;
+  whole_options.size = 48;
+  whole_options.eps = 1e-6;
+  Norm whole(whole_options);
+  RandomiseParams(*whole);
+  const at::Tensor weight = Params(*whole).at("weight");
+  const at::Tensor x = at::randn({3, 5, 48}) * 2;  // [B, T, features]
+  const at::Tensor expected = whole->forward(x).detach();
+  std::vector<at::Tensor> halves, unshared;  // unshared: each half's own mean square
+  for (int rank = 0; rank < 2; ++rank) {
+    const at::Tensor mine = x.narrow(-1, rank * 24, 24);
+    const at::Tensor other = x.narrow(-1, (1 - rank) * 24, 24);
+    for (bool shared : {true, false}) {
+      NormOptions options = whole_options;
+      options.size = 24;
+      if (shared) options.shards = std::make_shared<OtherHalf>((other * other).sum(-1, true), 48);
+      Norm half(options);
+      {
+        at::NoGradGuard no_grad;
+        Params(*half).at("weight").copy_(weight.narrow(0, rank * 24, 24));
+      }
+      (shared ? halves : unshared).push_back(half->forward(mine).detach());
+    }
+  }
+  ExpectClose(at::cat(halves, -1), expected);
+  EXPECT_FALSE(at::allclose(at::cat(unshared, -1), expected, 1e-3, 1e-3));  // the test can fail
+}
+
 }  // namespace
 }  // namespace lgpt
