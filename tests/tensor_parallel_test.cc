@@ -76,6 +76,20 @@ TEST(TensorParallelTest, FewerKvGroupsThanRanksAreReplicated) {
   EXPECT_THAT(run->out, HasSubstr("summary: 4 equal, 0 refused"));
 }
 
+TEST(TensorParallelTest, BlockQuantisedWeightsMatchOneProcessQuantised) {
+  for (const char* mode : {"default_model:int8", "default_model:int4"}) {
+    absl::StatusOr<RanksRun> run = RunWorker(2, mode);
+    ASSERT_TRUE(run.ok()) << run.status();
+    EXPECT_EQ(run->exit_code, 0) << run->out << run->err;
+    EXPECT_THAT(run->out, HasSubstr("logits equal"));
+    EXPECT_THAT(run->out, HasSubstr("greedy dense bits=16 equal"));
+    EXPECT_THAT(run->out, HasSubstr("greedy h2o budget=24 bits=16 equal"));
+    // The default model's 4 layers: attn.proj and mlp.proj each.
+    EXPECT_THAT(run->out, HasSubstr("row-parallel shards quantised: 8 of 8"));
+    EXPECT_THAT(run->out, Not(HasSubstr("DIFFERENT")));
+  }
+}
+
 TEST(TensorParallelTest, DefaultModelLogitsAndGreedyGenerationMatchOneProcess) {
   absl::StatusOr<RanksRun> run = RunWorker(2, "default_model");
   ASSERT_TRUE(run.ok()) << run.status();

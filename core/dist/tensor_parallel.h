@@ -73,6 +73,7 @@ class RowParallelProjectionImpl : public ProjectionImpl {
   at::Tensor forward(const at::Tensor& x) override;
   at::Tensor DenseWeight() const override { return local_->DenseWeight(); }
   at::Tensor DenseBias() const override { return bias.defined() ? bias.detach() : bias; }
+  ProjectionImpl* flat_inner() const override { return local_.get(); }
 
   at::Tensor bias;  // [out_features]; undefined without bias
 

@@ -1,10 +1,11 @@
 #include "core/model/quantize_model.h"
 
+#include <ATen/ATen.h>
+
 #include <memory>
 #include <optional>
 #include <string>
-
-#include <ATen/ATen.h>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/base/status_macros.h"
@@ -48,33 +49,48 @@ ModelParts Int8ModelParts(const Int8Options& options) {
   return parts;
 }
 
+namespace {
+
+// Every module of the model, and the projection a module computes through without holding it
+// as a submodule (ProjectionImpl::flat_inner: a row-parallel shard's local projection).
+std::vector<torch::nn::Module*> ProjectionsAndFlatInner(GPTImpl& model) {
+  std::vector<torch::nn::Module*> out;
+  for (const std::shared_ptr<torch::nn::Module>& module : model.modules()) {
+    out.push_back(module.get());
+    if (auto* projection = dynamic_cast<ProjectionImpl*>(module.get())) {
+      if (ProjectionImpl* inner = projection->flat_inner()) out.push_back(inner);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 absl::Status QuantizeModel(GPTImpl& model) {
   if (!model.device().is_cpu() || model.dtype() != c10::kFloat) {
-    return absl::FailedPreconditionError(
-        "weight quantisation needs a float32 model on the CPU");
+    return absl::FailedPreconditionError("weight quantisation needs a float32 model on the CPU");
   }
   // A tied model's head and embedding are one table: quantised once, shared.
   auto* head = dynamic_cast<BlockQuantProjectionImpl*>(model.lm_head.get());
   const at::Tensor& embedding = model.transformer->wte->weight;
   const bool tied = head != nullptr && !head->quantized() &&
-                    head->weight.sizes() == embedding.sizes() &&
-                    at::equal(head->weight, embedding);
+                    head->weight.sizes() == embedding.sizes() && at::equal(head->weight, embedding);
   int quantized = 0;
   std::optional<BlockFormat> format;
-  for (const std::shared_ptr<torch::nn::Module>& module : model.modules()) {
-    if (auto* block = dynamic_cast<BlockQuantProjectionImpl*>(module.get())) {
+  for (torch::nn::Module* module : ProjectionsAndFlatInner(model)) {
+    if (auto* block = dynamic_cast<BlockQuantProjectionImpl*>(module)) {
       RETURN_IF_ERROR(block->Quantize());
       format = block->options().format;
       ++quantized;
-    } else if (auto* int8 = dynamic_cast<Int8ProjectionImpl*>(module.get())) {
+    } else if (auto* int8 = dynamic_cast<Int8ProjectionImpl*>(module)) {
       RETURN_IF_ERROR(int8->Quantize());
       ++quantized;
     }
   }
   if (quantized == 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        model.config().name,
-        ": no quantisable projections; build the model with QuantizedModelParts()"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(model.config().name,
+                     ": no quantisable projections; build the model with QuantizedModelParts()"));
   }
   if (!format.has_value() || model.quantized_embedding().defined() ||
       model.config().n_embd % kQuantBlock != 0) {
@@ -85,8 +101,7 @@ absl::Status QuantizeModel(GPTImpl& model) {
   }
   absl::StatusOr<BlockQuantWeight> table = QuantizeBlocks(embedding, *format);
   if (!table.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("transformer.wte: ", table.status().message()));
+    return absl::InvalidArgumentError(absl::StrCat("transformer.wte: ", table.status().message()));
   }
   return model.SetQuantizedEmbedding(*std::move(table));
 }
@@ -100,14 +115,14 @@ int64_t ModelWeightBytes(GPTImpl& model) {
   }
   const BlockQuantWeight& embedding = model.quantized_embedding();
   const auto* head = dynamic_cast<const BlockQuantProjectionImpl*>(model.lm_head.get());
-  const bool shared =
-      head != nullptr && embedding.defined() && head->quantized_weight().defined() &&
-      embedding.values.is_same(head->quantized_weight().values);
+  const bool shared = head != nullptr && embedding.defined() &&
+                      head->quantized_weight().defined() &&
+                      embedding.values.is_same(head->quantized_weight().values);
   if (!shared) bytes += embedding.bytes();
-  for (const std::shared_ptr<torch::nn::Module>& module : model.modules()) {
-    if (auto* block = dynamic_cast<BlockQuantProjectionImpl*>(module.get())) {
+  for (torch::nn::Module* module : ProjectionsAndFlatInner(model)) {
+    if (auto* block = dynamic_cast<BlockQuantProjectionImpl*>(module)) {
       bytes += block->quantized_weight().bytes();
-    } else if (auto* int8 = dynamic_cast<Int8ProjectionImpl*>(module.get())) {
+    } else if (auto* int8 = dynamic_cast<Int8ProjectionImpl*>(module)) {
       if (!int8->quantized()) continue;
       const Int8Weight& weight = int8->int8_weight();
       bytes += weight.values.numel() + weight.scales.numel() * 4;

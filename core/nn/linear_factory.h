@@ -50,6 +50,10 @@ class ProjectionImpl : public torch::nn::Module {
   virtual at::Tensor DenseWeight() const { return at::Tensor(); }
   // Its bias [out_features], detached; undefined without one.
   virtual at::Tensor DenseBias() const { return at::Tensor(); }
+  // The projection this one computes through without holding it as a submodule (a
+  // row-parallel shard keeps LitGPT's flat parameter names), for passes over a model's
+  // projections such as weight quantisation; null for the others.
+  virtual ProjectionImpl* flat_inner() const { return nullptr; }
 };
 using ProjectionPtr = std::shared_ptr<ProjectionImpl>;
 
