@@ -144,12 +144,13 @@ absl::StatusOr<std::shared_ptr<const Engine>> Engine::Load(const std::string& ch
                              {"EngineOptions.loras"});
   }
   if (options.tensor_parallel && options.tensor_parallel->world_size() > 1) {
-    // Quantised weights shard as dense ones do: each rank quantises its own slices.
-    if (!options.loras.empty() || !options.adapters.empty()) {
+    // Quantised weights shard as dense ones do (each rank quantises its own slices), LoRA
+    // adapters by ShardLoraTensors; per-request adapters are not sharded yet.
+    if (!options.adapters.empty()) {
       return FieldError(absl::StatusCode::kUnimplemented, "EngineOptions.tensor_parallel",
                         "EngineOptions.tensor_parallel does not combine with "
-                        "EngineOptions.loras or EngineOptions.adapters yet",
-                        {"EngineOptions.loras", "EngineOptions.adapters"});
+                        "EngineOptions.adapters yet",
+                        {"EngineOptions.adapters"});
     }
     load.tensor_parallel = options.tensor_parallel;
   }

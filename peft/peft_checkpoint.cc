@@ -23,7 +23,10 @@
 #include "core/base/file_util.h"
 #include "core/base/status_field.h"
 #include "core/base/status_macros.h"
+#include "core/dist/process_group.h"
+#include "core/dist/tensor_parallel.h"
 #include "core/io/torch_pickle.h"
+#include "core/model/tensor_parallel_model.h"
 #include "peft/adapter.h"
 #include "peft/adapter_v2.h"
 #include "peft/lora.h"
@@ -130,6 +133,8 @@ struct TrainedFile {
   std::function<std::optional<std::string>(absl::string_view)> to_file;
   // Names the file in errors (carrying the field), when set.
   std::string label, field;
+  // Under tensor parallelism: the rank's part of the file's tensors (file names); null: all.
+  std::function<absl::StatusOr<TensorMap>(const TensorMap&)> shard;
 };
 
 // A file loading into the decorators at `depth` of stacked LoRA (0: outermost).
@@ -175,6 +180,12 @@ absl::Status LoadTrainedFile(GPTImpl& model, const TrainedFile& file, const Load
   absl::StatusOr<TensorMap> read = ReadTorchStateDict(path, options.verify_checksums);
   if (!read.ok()) return WithVerifyChecksumsOption(read.status(), "LoadOptions.verify_checksums");
   TensorMap trained = *std::move(read);
+  if (file.shard) {
+    absl::StatusOr<TensorMap> shard = file.shard(trained);
+    if (!shard.ok())
+      return WithMessage(shard.status(), absl::StrCat(path, ": ", shard.status().message()));
+    trained = *std::move(shard);
+  }
   const bool check_finite = options.check_finite;
   const TensorMap targets = StateDict(model);
   const absl::string_view name_of_method = PeftMethodName(method);
@@ -224,11 +235,25 @@ absl::StatusOr<LoadedModel> BuildAndLoad(const Config& config, const ModelParts&
   ASSIGN_OR_RETURN(TensorMap base,
                    ReadCheckpointTensors(base_dir, &source, options.verify_checksums));
   RETURN_IF_ERROR(CheckConfigAgainstCheckpoint(config, base, source, options.dtype));
+  // Tensor parallelism: this rank's model and its slices of the base (the trained files'
+  // slices come through their TrainedFile::shard).
+  RankModelSpec spec{config, parts};
+  if (const std::shared_ptr<ProcessGroup>& group = options.tensor_parallel;
+      group && group->world_size() > 1) {
+    for (const TrainedFile& file : trained) {
+      if (file.shard) continue;
+      return absl::UnimplementedError(
+          absl::StrCat(file.path, ": tensor parallelism over ", PeftMethodName(file.method),
+                       " fine-tunes is not supported (LoRA fine-tunes and adapters are)"));
+    }
+    ASSIGN_OR_RETURN(spec, TensorParallelSpec(config, parts, group));
+    ASSIGN_OR_RETURN(base, ShardTensors(base, config, group->rank(), group->world_size()));
+  }
   progress(absl::StrCat("building ", config.name, " (", config.n_layer, " layers)"));
   GPT model;
   {
     SkipWeightInit skip_init;  // every base weight is loaded next
-    ASSIGN_OR_RETURN(model, GPTImpl::Create(config, parts));
+    ASSIGN_OR_RETURN(model, GPTImpl::Create(spec.config, spec.parts));
   }
   model->To(options.device, options.dtype);
   progress(absl::StrCat("loading ", base.size(), " tensors from ", source));
@@ -307,6 +332,13 @@ absl::StatusOr<LoadedModel> LoadLoraStack(const std::string& base_dir,
     lora->scale = adapters[i].scale;
     factory = std::make_shared<LoraLinearFactory>(*lora, std::move(factory));
     trained.push_back(NestedFile(path, PeftMethod::kLora, count - 1 - i));
+    if (const std::shared_ptr<ProcessGroup>& group = options.tensor_parallel;
+        group && group->world_size() > 1) {
+      const LoraQkvParts qkv{lora->query, lora->key, lora->value};
+      trained.back().shard = [base_config, qkv, group](const TensorMap& tensors) {
+        return ShardLoraTensors(tensors, base_config, qkv, group->rank(), group->world_size());
+      };
+    }
   }
   ModelParts parts;
   parts.linear_factory = std::move(factory);

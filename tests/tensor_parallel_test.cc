@@ -90,6 +90,14 @@ TEST(TensorParallelTest, BlockQuantisedWeightsMatchOneProcessQuantised) {
   }
 }
 
+TEST(TensorParallelTest, LoraFineTunesMatchOneProcess) {
+  absl::StatusOr<RanksRun> run = RunWorker(2, "lora");
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->exit_code, 0) << run->out << run->err;
+  EXPECT_THAT(run->out, HasSubstr("lora heads=3/6 logits equal"));
+  EXPECT_THAT(run->out, HasSubstr("lora greedy equal"));
+}
+
 TEST(TensorParallelTest, DefaultModelLogitsAndGreedyGenerationMatchOneProcess) {
   absl::StatusOr<RanksRun> run = RunWorker(2, "default_model");
   ASSERT_TRUE(run.ok()) << run.status();

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -32,6 +33,9 @@
 #include "core/model/tensor_parallel_model.h"
 #include "core/nn/block_quant_linear.h"
 #include "core/nn/linear_factory.h"
+#include "peft/lora.h"
+#include "peft/peft_checkpoint.h"
+#include "tests/random_lora.h"
 #include "tests/test_models.h"
 
 namespace lgpt {
@@ -263,6 +267,52 @@ int DefaultModel(const std::shared_ptr<ProcessGroup>& group, WeightQuantization 
   return ok ? 0 : 1;
 }
 
+// A LoRA fine-tune of the default model (every site, the head too) over the ranks against one
+// process: each rank holds its slices of the base and of A or B (ShardLoraTensors).
+int Lora(const std::shared_ptr<ProcessGroup>& group) {
+  absl::StatusOr<LoadedModel> base = LoadCheckpoint(kDefaultModel, LoadOptions());
+  if (!base.ok()) return Fail(base.status().ToString());
+  LoraOptions lora;
+  lora.r = 4;
+  lora.alpha = 8;
+  lora.query = lora.key = lora.value = lora.projection = lora.mlp = lora.head = true;
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  absl::StatusOr<std::string> dir = WriteRandomLoraFineTune(
+      kDefaultModel, base->config, lora,
+      absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/tp_lora_rank", group->rank()), 5,
+      /*stddev=*/0.05);
+  if (!dir.ok()) return Fail(dir.status().ToString());
+  absl::StatusOr<LoadedModel> single = LoadModelWithPeft(*dir, {}, LoadOptions(), "loras");
+  LoadOptions tp_options;
+  tp_options.tensor_parallel = group;
+  absl::StatusOr<LoadedModel> sharded = LoadModelWithPeft(*dir, {}, tp_options, "loras");
+  if (!single.ok()) return Fail(single.status().ToString());
+  if (!sharded.ok()) return Fail(sharded.status().ToString());
+  const bool root = group->rank() == 0;
+  absl::StatusOr<double> diff =
+      CompareLogits(*single->model, *sharded->model, single->config.vocab_size);
+  if (!diff.ok()) return Fail(diff.status().ToString());
+  // The adapter changes the logits: a sharding that dropped it would not match.
+  absl::StatusOr<double> from_base =
+      CompareLogits(*base->model, *single->model, single->config.vocab_size);
+  if (!from_base.ok()) return Fail(from_base.status().ToString());
+  bool ok = *diff <= kTolerance && *from_base > 1e-2;
+  std::vector<int64_t> prompt;
+  for (int64_t i = 0; i < 16; ++i) prompt.push_back(7 + 53 * i % 1000);
+  absl::StatusOr<std::vector<int64_t>> a = Greedy(*single->model, KVCacheSpec(), prompt, 16);
+  absl::StatusOr<std::vector<int64_t>> b = Greedy(*sharded->model, KVCacheSpec(), prompt, 16);
+  if (!a.ok() || !b.ok()) return Fail("greedy generation failed");
+  ok = ok && *a == *b;
+  if (root) {
+    std::cout << "lora heads=" << sharded->config.n_head << "/" << single->config.n_head
+              << " logits " << (*diff <= kTolerance ? "equal" : "DIFFERENT")
+              << " max_abs_diff=" << *diff << " (base vs adapted: " << *from_base << ")\n"
+              << "lora greedy " << (*a == *b ? "equal" : "DIFFERENT") << ": "
+              << absl::StrJoin(*b, " ") << std::endl;
+  }
+  return ok ? 0 : 1;
+}
+
 int Refuse(const std::shared_ptr<ProcessGroup>& group) {
   LoadOptions options;
   options.tensor_parallel = group;
@@ -299,7 +349,8 @@ int RankDies(const std::shared_ptr<ProcessGroup>& group) {
 
 int main(int argc, char** argv) {
   if (argc != 2) {
-    return lgpt::Fail("usage: worker presets[:A,B]|default_model[:int8|int4]|refuse|rank_dies");
+    return lgpt::Fail(
+        "usage: worker presets[:A,B]|default_model[:int8|int4]|lora|refuse|rank_dies");
   }
   const std::string mode = argv[1];
   absl::StatusOr<lgpt::DistOptions> options = lgpt::DistOptionsFromEnv(absl::Seconds(20));
@@ -319,6 +370,7 @@ int main(int argc, char** argv) {
     return lgpt::DefaultModel(*group, *quantize);
   }
   if (mode == "refuse") return lgpt::Refuse(*group);
+  if (mode == "lora") return lgpt::Lora(*group);
   if (mode == "rank_dies") return lgpt::RankDies(*group);
   return lgpt::Fail("unknown mode " + mode);
 }

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <array>
 #include <stdexcept>
 #include <vector>
 
@@ -150,16 +151,83 @@ absl::StatusOr<std::map<std::string, at::Tensor>> ShardTensors(
   return shard;
 }
 
+absl::StatusOr<std::map<std::string, at::Tensor>> ShardLoraTensors(
+    const std::map<std::string, at::Tensor>& tensors, const Config& config, LoraQkvParts qkv_parts,
+    int rank, int world_size) {
+  if (world_size == 1) return tensors;
+  Config full = config;
+  if (absl::Status s = full.Finalize(); !s.ok()) return s;
+  absl::StatusOr<HeadShard> heads = ShardHeads(full, rank, world_size);
+  if (!heads.ok()) return heads.status();
+  const int64_t hs = full.HeadSize();
+  std::map<std::string, at::Tensor> shard;
+  for (const auto& [name, tensor] : tensors) {
+    const std::vector<std::string> parts = absl::StrSplit(name, '.');
+    const std::string leaf = parts.back();
+    const std::string module = parts.size() >= 2 ? parts[parts.size() - 2] : "";
+    const bool attention = absl::StrContains(name, ".attn.");
+    const bool mlp = absl::StrContains(name, ".mlp.");
+    const bool column = (attention && module == "qkv") ||
+                        (mlp && (module == "fc" || module == "fc_1" || module == "fc_2"));
+    const bool row = (attention || mlp) && module == "proj";
+    if ((!column && !row) || (leaf != "lora_A" && leaf != "lora_B")) {
+      shard[name] = tensor;  // replicated (the head, the router) or not LoRA's
+      continue;
+    }
+    auto bad_shape = [&](int64_t dim) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "LoRA tensor ", name, " has size ", tensor.dim() > dim ? tensor.size(dim) : -1,
+          " in dimension ", dim, ", which does not fit tensor-parallel size ", world_size, " of ",
+          full.name));
+    };
+    if (tensor.dim() != 2) return bad_shape(0);
+    if (row) {
+      if (leaf == "lora_B") {
+        shard[name] = tensor;  // [out, r]: applied to the partial sum of A's slices
+        continue;
+      }
+      if (tensor.size(1) % world_size != 0) return bad_shape(1);
+      const int64_t width = tensor.size(1) / world_size;
+      shard[name] = tensor.narrow(1, rank * width, width);  // [r, in / N]
+      continue;
+    }
+    if (leaf == "lora_A") {
+      shard[name] = tensor;  // [r · parts, in]: every output row reads the whole product
+      continue;
+    }
+    if (module != "qkv") {
+      if (tensor.size(0) % world_size != 0) return bad_shape(0);
+      const int64_t width = tensor.size(0) / world_size;
+      shard[name] = tensor.narrow(0, rank * width, width);  // [out / N, r]
+      continue;
+    }
+    // lora_B of qkv: the adapted parts' rows in order (query, key, value), each sliced to the
+    // rank's heads (query) or groups (key, value).
+    std::vector<at::Tensor> pieces;
+    int64_t row_begin = 0;
+    const std::array<bool, 3> adapted = {qkv_parts.query, qkv_parts.key, qkv_parts.value};
+    for (int part = 0; part < 3; ++part) {
+      if (!adapted[part]) continue;
+      const bool query = part == 0;
+      const int64_t rows = (query ? full.n_head : full.QueryGroups()) * hs;
+      if (row_begin + rows > tensor.size(0)) return bad_shape(0);
+      const int64_t begin = (query ? heads->head_begin : heads->group_begin) * hs;
+      const int64_t width = (query ? heads->heads : heads->groups) * hs;
+      pieces.push_back(tensor.narrow(0, row_begin + begin, width));
+      row_begin += rows;
+    }
+    if (row_begin != tensor.size(0)) return bad_shape(0);
+    shard[name] = at::cat(pieces, 0);
+  }
+  return shard;
+}
+
 RowParallelProjectionImpl::RowParallelProjectionImpl(ProjectionPtr local, const LinearSpec& spec,
                                                      std::shared_ptr<ProcessGroup> group)
     : local_(std::move(local)), group_(std::move(group)) {
-  // The local projection's tensors are registered here under their own names, so the
-  // state dict reads attn.proj.weight (not attn.proj.local.weight), as in LitGPT.
-  if (!local_->children().empty()) {
-    throw std::invalid_argument(absl::StrCat("tensor parallelism needs flat projections at ",
-                                             LinearSiteName(spec.site), " (layer ", spec.layer,
-                                             "); this factory's projection has submodules"));
-  }
+  // The local projection's tensors and submodules are registered here under their own names,
+  // so the state dict reads attn.proj.weight (not attn.proj.local.weight), as in LitGPT.
+  for (const auto& item : local_->named_children()) register_module(item.key(), item.value());
   for (const auto& item : local_->named_parameters(/*recurse=*/false)) {
     register_parameter(item.key(), item.value(), item.value().requires_grad());
   }

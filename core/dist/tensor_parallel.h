@@ -42,16 +42,34 @@ absl::StatusOr<Config> ShardConfig(const Config& config, int rank, int world_siz
 // views (narrow) of the full tensors where the shard is one slice, so a memory-mapped
 // checkpoint is read only where the shard lies; qkv gathers its Q, K and V slices (the
 // shard's size only). Replicated tensors are passed through. Tensors of sharded
-// projections that are not plain weights or biases (LoRA's lora_A, ...) are Unimplemented.
+// projections that are not plain weights or biases (LoRA's lora_A, ...) are Unimplemented:
+// ShardLoraTensors takes those.
 absl::StatusOr<std::map<std::string, at::Tensor>> ShardTensors(
     const std::map<std::string, at::Tensor>& tensors, const Config& config, int rank,
     int world_size);
 
+// Which parts of the fused qkv projection a LoRA file adapts: its qkv lora_B holds those
+// parts' rows, in this order.
+struct LoraQkvParts {
+  bool query = false, key = false, value = false;
+};
+
+// A LoRA file's tensors (`...attn.qkv.lora_A`, `...mlp.proj.lora_B`, by LitGPT name) for rank
+// `rank`, sharded so the low-rank product needs no collective of its own (as S-LoRA and
+// Punica shard adapters under tensor parallelism): column-parallel sites (qkv, fc, fc_1, fc_2)
+// keep A whole and take B's rows of their outputs (qkv: per adapted part, the rank's heads
+// or groups); row-parallel sites (attn.proj, mlp proj) take A's columns of their input slice
+// and keep B whole, so x_r·A_rᵀ·Bᵀ is a partial sum the projection's all-reduce completes;
+// the head and the router stay whole. Shapes that do not fit are InvalidArgument.
+absl::StatusOr<std::map<std::string, at::Tensor>> ShardLoraTensors(
+    const std::map<std::string, at::Tensor>& tensors, const Config& config, LoraQkvParts qkv_parts,
+    int rank, int world_size);
+
 // Makes the projections of a model built from ShardConfig's per-rank config: column-parallel
 // sites are `base`'s projections of the local width; row-parallel sites (attn.proj, mlp
 // proj) are `base`'s projection without bias, all-reduced over `group`, plus the bias.
-// Parameter names stay those of `base` ("weight", "bias", int8's buffers), so checkpoints map
-// one to one.
+// Parameter names stay those of `base` ("weight", "bias", int8's buffers, a LoRA projection's
+// "linear.weight" and "lora_A"), so checkpoints map one to one.
 class TensorParallelLinearFactory : public LinearFactory {
  public:
   TensorParallelLinearFactory(std::shared_ptr<const LinearFactory> base,
@@ -64,8 +82,9 @@ class TensorParallelLinearFactory : public LinearFactory {
 };
 
 // Row-parallel projection: y = all_reduce(x_r · W_rᵀ) + b, x_r and W_r this rank's slice of
-// the input features. Throws (as LibTorch does) when the all-reduce fails; GPT::Forward turns
-// that into a Status.
+// the input features. It adopts the local projection's parameters, buffers and submodules
+// under their own names (a decorated local, such as LoRA over the slice, keeps its structure).
+// Throws (as LibTorch does) when the all-reduce fails; GPT::Forward turns that into a Status.
 class RowParallelProjectionImpl : public ProjectionImpl {
  public:
   RowParallelProjectionImpl(ProjectionPtr local, const LinearSpec& spec,
