@@ -145,13 +145,7 @@ absl::StatusOr<std::shared_ptr<const Engine>> Engine::Load(const std::string& ch
   }
   if (options.tensor_parallel && options.tensor_parallel->world_size() > 1) {
     // Quantised weights shard as dense ones do (each rank quantises its own slices), LoRA
-    // adapters by ShardLoraTensors; per-request adapters are not sharded yet.
-    if (!options.adapters.empty()) {
-      return FieldError(absl::StatusCode::kUnimplemented, "EngineOptions.tensor_parallel",
-                        "EngineOptions.tensor_parallel does not combine with "
-                        "EngineOptions.adapters yet",
-                        {"EngineOptions.adapters"});
-    }
+    // adapters (static or per request) by ShardLoraTensors.
     load.tensor_parallel = options.tensor_parallel;
   }
   std::vector<std::string> adapter_names;

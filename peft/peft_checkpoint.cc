@@ -625,10 +625,6 @@ absl::StatusOr<MultiLoraModel> LoadMultiLoraModel(const std::string& base_dir,
   }
   RETURN_IF_ERROR(ValidateLoraAdapterSpecs(specs, field));
   RETURN_IF_ERROR(CheckLoadOptions(options));
-  if (options.tensor_parallel && options.tensor_parallel->world_size() > 1) {
-    return absl::UnimplementedError(
-        "per-request LoRA adapters do not combine with tensor parallelism yet");
-  }
   ASSIGN_OR_RETURN(const std::optional<PeftMethod> base_method, PeftMethodOfDir(base_dir));
   if (base_method.has_value()) {
     return absl::InvalidArgumentError(
@@ -666,6 +662,13 @@ absl::StatusOr<MultiLoraModel> LoadMultiLoraModel(const std::string& base_dir,
       TrainedFile file = SlotFile(path, static_cast<int64_t>(k));
       file.label = label.text;
       file.field = label.field;
+      if (const std::shared_ptr<ProcessGroup>& group = options.tensor_parallel;
+          group && group->world_size() > 1) {
+        const LoraQkvParts qkv{lora->query, lora->key, lora->value};
+        file.shard = [base_config, qkv, group](const TensorMap& tensors) {
+          return ShardLoraTensors(tensors, base_config, qkv, group->rank(), group->world_size());
+        };
+      }
       trained.push_back(std::move(file));
     }
     ASSIGN_OR_RETURN(ModelParts parts,

@@ -98,6 +98,13 @@ TEST(TensorParallelTest, LoraFineTunesMatchOneProcess) {
   EXPECT_THAT(run->out, HasSubstr("lora greedy equal"));
 }
 
+TEST(TensorParallelTest, PerRequestAdaptersInOneBatchMatchOneProcess) {
+  absl::StatusOr<RanksRun> run = RunWorker(2, "multi_lora");
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->exit_code, 0) << run->out << run->err;
+  EXPECT_THAT(run->out, HasSubstr("multi_lora logits equal"));
+}
+
 TEST(TensorParallelTest, DefaultModelLogitsAndGreedyGenerationMatchOneProcess) {
   absl::StatusOr<RanksRun> run = RunWorker(2, "default_model");
   ASSERT_TRUE(run.ok()) << run.status();

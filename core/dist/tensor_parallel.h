@@ -75,6 +75,7 @@ class TensorParallelLinearFactory : public LinearFactory {
   TensorParallelLinearFactory(std::shared_ptr<const LinearFactory> base,
                               std::shared_ptr<ProcessGroup> group);
   ProjectionPtr Make(const LinearSpec& spec) const override;
+  int64_t AdapterSlots() const override { return base_->AdapterSlots(); }
 
  private:
   std::shared_ptr<const LinearFactory> base_;
