@@ -98,6 +98,14 @@ TEST(TensorParallelTest, LoraFineTunesMatchOneProcess) {
   EXPECT_THAT(run->out, HasSubstr("lora greedy equal"));
 }
 
+TEST(TensorParallelTest, EveryGoldenCaseMatchesLitGpt) {
+  absl::StatusOr<RanksRun> run = RunWorker(2, "golden");
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->exit_code, 0) << run->out << run->err;
+  EXPECT_THAT(run->out, Not(HasSubstr("DIFFERENT")));
+  EXPECT_THAT(run->out, HasSubstr("golden summary: 16 equal, 0 refused")) << run->out;
+}
+
 TEST(TensorParallelTest, PerRequestAdaptersInOneBatchMatchOneProcess) {
   absl::StatusOr<RanksRun> run = RunWorker(2, "multi_lora");
   ASSERT_TRUE(run.ok()) << run.status();

@@ -27,6 +27,7 @@
 #include "core/config/config_presets.h"
 #include "core/dist/process_group.h"
 #include "core/dist/tensor_parallel.h"
+#include "core/io/npy.h"
 #include "core/model/checkpoint.h"
 #include "core/model/generate.h"
 #include "core/model/quantize_model.h"
@@ -362,6 +363,66 @@ int MultiLora(const std::shared_ptr<ProcessGroup>& group) {
   return ok ? 0 : 1;
 }
 
+// Every golden case (LitGPT's own outputs) over the ranks: the full forward's logits within
+// 1e-4 of LitGPT's and the greedy continuation (through a cache) equal to its.
+int Golden(const std::shared_ptr<ProcessGroup>& group) {
+  const bool root = group->rank() == 0;
+  int equal = 0, refused = 0, different = 0;
+  for (const char* case_dir :
+       {"golden/pythia", "golden/llama2", "golden/llama3_gqa", "golden/llama2_lora",
+        "golden_extra/falcon", "golden_extra/gemma2", "golden_extra/gemma3",
+        "golden_extra/interleave", "golden_extra/linear_rope", "golden_extra/llama31_yarn",
+        "golden_extra/mixtral", "golden_extra/olmo2", "golden_extra/phi2", "golden_extra/qwen25",
+        "golden_extra/qwen3", "golden_extra/stablelm"}) {
+    const std::string dir = case_dir;
+    const std::string path = "tests/testdata/" + dir;
+    LoadOptions options;
+    options.tensor_parallel = group;
+    if (absl::EndsWith(dir, "_lora")) {  // LitGPT's LoRA model: its adapters inside
+      absl::StatusOr<Config> config = LoadConfigFile(path + "/model_config.yaml");
+      if (!config.ok()) return Fail(config.status().ToString());
+      absl::StatusOr<ModelParts> parts = LoraParts(*config);
+      if (!parts.ok()) return Fail(parts.status().ToString());
+      options.parts = *parts;
+    }
+    absl::StatusOr<LoadedModel> loaded = LoadCheckpoint(path, options);
+    if (!loaded.ok()) {
+      ++refused;
+      if (root) std::cout << dir << " refused: " << loaded.status() << "\n";
+      continue;
+    }
+    absl::StatusOr<at::Tensor> tokens = ReadNpy(path + "/tokens.npy");
+    absl::StatusOr<at::Tensor> expected = ReadNpy(path + "/logits.npy");
+    absl::StatusOr<at::Tensor> prompt = ReadNpy(path + "/prompt.npy");
+    absl::StatusOr<at::Tensor> greedy = ReadNpy(path + "/greedy.npy");
+    if (!tokens.ok() || !expected.ok() || !prompt.ok() || !greedy.ok()) {
+      return Fail(dir + ": unreadable golden files");
+    }
+    absl::StatusOr<at::Tensor> logits = loaded->model->Forward(tokens->unsqueeze(0));
+    if (!logits.ok()) return Fail(dir + ": " + logits.status().ToString());
+    const double diff = MaxDiff(logits->squeeze(0), *expected);
+    const std::vector<int64_t> prompt_ids(prompt->data_ptr<int64_t>(),
+                                          prompt->data_ptr<int64_t>() + prompt->numel());
+    absl::StatusOr<std::vector<int64_t>> tokens_out =
+        Greedy(*loaded->model, KVCacheSpec(), prompt_ids, greedy->numel());
+    if (!tokens_out.ok()) return Fail(dir + ": " + tokens_out.status().ToString());
+    const std::vector<int64_t> want(greedy->data_ptr<int64_t>(),
+                                    greedy->data_ptr<int64_t>() + greedy->numel());
+    const bool same = diff <= 1e-4 && *tokens_out == want;
+    (same ? equal : different) += 1;
+    if (root) {
+      std::cout << dir << (same ? " equal" : " DIFFERENT") << " max_abs_diff=" << diff
+                << " heads=" << loaded->config.n_head << " greedy "
+                << (*tokens_out == want ? "equal" : "DIFFERENT") << "\n";
+    }
+  }
+  if (root) {
+    std::cout << "golden summary: " << equal << " equal, " << refused << " refused, " << different
+              << " different" << std::endl;
+  }
+  return different == 0 ? 0 : 1;
+}
+
 int Refuse(const std::shared_ptr<ProcessGroup>& group) {
   LoadOptions options;
   options.tensor_parallel = group;
@@ -399,7 +460,7 @@ int RankDies(const std::shared_ptr<ProcessGroup>& group) {
 int main(int argc, char** argv) {
   if (argc != 2) {
     return lgpt::Fail(
-        "usage: worker presets[:A,B]|default_model[:int8|int4]|lora|multi_lora|refuse|"
+        "usage: worker presets[:A,B]|default_model[:int8|int4]|lora|multi_lora|golden|refuse|"
         "rank_dies");
   }
   const std::string mode = argv[1];
@@ -422,6 +483,7 @@ int main(int argc, char** argv) {
   if (mode == "refuse") return lgpt::Refuse(*group);
   if (mode == "lora") return lgpt::Lora(*group);
   if (mode == "multi_lora") return lgpt::MultiLora(*group);
+  if (mode == "golden") return lgpt::Golden(*group);
   if (mode == "rank_dies") return lgpt::RankDies(*group);
   return lgpt::Fail("unknown mode " + mode);
 }

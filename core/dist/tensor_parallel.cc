@@ -47,6 +47,14 @@ absl::StatusOr<HeadShard> ShardHeads(const Config& config, int rank, int world_s
   return shard;
 }
 
+// The projection a tensor name belongs to: the segment before its leaf, past LoRA's
+// ".linear" wrappers ("attn.qkv.linear.weight" and "attn.qkv.lora_A" are qkv's).
+std::string SiteModule(const std::vector<std::string>& parts) {
+  int64_t i = static_cast<int64_t>(parts.size()) - 2;
+  while (i > 0 && parts[static_cast<size_t>(i)] == "linear") --i;
+  return i >= 0 ? parts[static_cast<size_t>(i)] : "";
+}
+
 }  // namespace
 
 absl::StatusOr<Config> ShardConfig(const Config& config, int rank, int world_size) {
@@ -92,12 +100,21 @@ absl::StatusOr<std::map<std::string, at::Tensor>> ShardTensors(
   for (const auto& [name, tensor] : tensors) {
     const std::vector<std::string> parts = absl::StrSplit(name, '.');
     const std::string leaf = parts.back();
-    const std::string module = parts.size() >= 2 ? parts[parts.size() - 2] : "";
+    const std::string module = SiteModule(parts);
     const bool attention = absl::StrContains(name, ".attn.");
     const bool mlp = absl::StrContains(name, ".mlp.");
     const bool column = (attention && module == "qkv") ||
                         (mlp && (module == "fc" || module == "fc_1" || module == "fc_2"));
     const bool row = (attention || mlp) && module == "proj";
+    if ((column || row) && (leaf == "lora_A" || leaf == "lora_B")) {
+      // A LoRA model's own adapters (its config's lora_* fields say which qkv parts).
+      absl::StatusOr<std::map<std::string, at::Tensor>> lora =
+          ShardLoraTensors({{name, tensor}}, config,
+                           {full.lora_query, full.lora_key, full.lora_value}, rank, world_size);
+      if (!lora.ok()) return lora.status();
+      shard[name] = lora->at(name);
+      continue;
+    }
     // OLMo 2's q/k norms span every head: each rank keeps its heads' (or groups') weights.
     const bool olmo2_norm = attention && full.norm_qk && full.norm_qk_type == NormQkType::kOlmo2 &&
                             (module == "norm_q" || module == "norm_k");
@@ -164,7 +181,7 @@ absl::StatusOr<std::map<std::string, at::Tensor>> ShardLoraTensors(
   for (const auto& [name, tensor] : tensors) {
     const std::vector<std::string> parts = absl::StrSplit(name, '.');
     const std::string leaf = parts.back();
-    const std::string module = parts.size() >= 2 ? parts[parts.size() - 2] : "";
+    const std::string module = SiteModule(parts);
     const bool attention = absl::StrContains(name, ".attn.");
     const bool mlp = absl::StrContains(name, ".mlp.");
     const bool column = (attention && module == "qkv") ||
