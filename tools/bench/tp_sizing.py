@@ -14,8 +14,16 @@ Prefill of P tokens is bound by compute F per rank, plus 2 L all-reduces of P x 
 Memory per rank: W/N + W_rep + the KV cache of its query groups (replicated when
 n_query_groups < N) for `context` tokens.
 
-    tools/bench/tp_sizing.py [--device=h100|cpu] [--context=4096] [--prompt=2048]
+Serving (--serving): one continuous-batching decode step of B streams reads the weights once,
+each stream's KV entries of the rank's groups (B x context/2 tokens on average, as streams
+are at every point of their replies), all-reduces B x n_embd twice a layer, and waits for
+rank 0's step plan (one small broadcast a step, log2(N) link latencies):
+    t_step = (W/N + W_rep + B x kv_rank x context/2) / M + 2 L t_ar(B x n_embd x bytes)
+             + ceil(log2 N) a.
+
+    tools/bench/tp_sizing.py [--device=h100|cpu] [--context=4096] [--prompt=2048] [--serving]
 """
+import math
 import argparse
 
 MODELS = {  # Llama 2 7B and 70B (LitGPT configs)
@@ -52,13 +60,41 @@ def all_reduce(n, size, link):
     return 2 * (n - 1) * latency + 2 * (n - 1) / n * size / bandwidth if n > 1 else 0.0
 
 
+def serving(args, dev):
+    """70B decode steps of B streams at TP 2/4/8: the all-reduces' share of a step."""
+    b = dev["bytes"]
+    m = MODELS["70B"]
+    sharded, replicated = params(m)
+    print(f"serving 70B, per rank: {dev['label']}; streams at {args.context // 2} tokens of "
+          f"context on average")
+    print("| TP | link | streams | step ms | all-reduce ms | share | tok/s |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+    for n in (2, 4, 8):
+        groups = max(1, m["n_query_groups"] // n)
+        kv_token = 2 * m["n_layer"] * groups * m["head_size"] * b  # one token's entries, a rank
+        for link in ("25GbE", "100GbE", "NVLink"):
+            for streams in (1, 16, 64):
+                t_mem = ((sharded / n + replicated) * b
+                         + streams * kv_token * args.context / 2) / dev["mem"]
+                t_ar = 2 * m["n_layer"] * all_reduce(n, streams * m["n_embd"] * b, link)
+                t_plan = math.ceil(math.log2(n)) * LINKS[link][0]
+                step = t_mem + t_ar + t_plan
+                print(f"| {n} | {link} | {streams} | {step * 1e3:.2f} | {t_ar * 1e3:.2f} | "
+                      f"{t_ar / step:.0%} | {streams / step:,.0f} |")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", default="h100", choices=sorted(DEVICES))
     parser.add_argument("--context", type=int, default=4096)
     parser.add_argument("--prompt", type=int, default=2048)
+    parser.add_argument("--serving", action="store_true",
+                        help="the serving table: 70B decode steps of 1, 16 and 64 streams")
     args = parser.parse_args()
     dev = DEVICES[args.device]
+    if args.serving:
+        serving(args, dev)
+        return
     b = dev["bytes"]
     print(f"per rank: {dev['label']}, {dev['mem'] / 1e9:.0f} GB/s, {dev['flops'] / 1e12:.0f} "
           f"TFLOP/s; KV cache for {args.context} tokens; prefill of {args.prompt} tokens")
