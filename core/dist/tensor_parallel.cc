@@ -47,12 +47,30 @@ absl::StatusOr<HeadShard> ShardHeads(const Config& config, int rank, int world_s
   return shard;
 }
 
-// The projection a tensor name belongs to: the segment before its leaf, past LoRA's
-// ".linear" wrappers ("attn.qkv.linear.weight" and "attn.qkv.lora_A" are qkv's).
-std::string SiteModule(const std::vector<std::string>& parts) {
+// Where a checkpoint tensor sits: its leaf ("weight", "lora_A", ...), the projection it belongs
+// to (past LoRA's ".linear" wrappers: "attn.qkv.linear.weight" and "attn.qkv.lora_A" are
+// qkv's), and how that projection is split.
+struct TensorSite {
+  std::string leaf, module;
+  bool attention = false;
+  bool column = false;  // qkv, fc, fc_1, fc_2: split by output rows
+  bool row = false;     // attn.proj, mlp proj: split by input columns
+  bool lora() const { return (column || row) && (leaf == "lora_A" || leaf == "lora_B"); }
+};
+
+TensorSite SiteOf(const std::string& name) {
+  const std::vector<std::string> parts = absl::StrSplit(name, '.');
+  TensorSite site;
+  site.leaf = parts.back();
   int64_t i = static_cast<int64_t>(parts.size()) - 2;
   while (i > 0 && parts[static_cast<size_t>(i)] == "linear") --i;
-  return i >= 0 ? parts[static_cast<size_t>(i)] : "";
+  site.module = i >= 0 ? parts[static_cast<size_t>(i)] : "";
+  site.attention = absl::StrContains(name, ".attn.");
+  const bool mlp = absl::StrContains(name, ".mlp.");
+  site.column = (site.attention && site.module == "qkv") ||
+                (mlp && (site.module == "fc" || site.module == "fc_1" || site.module == "fc_2"));
+  site.row = (site.attention || mlp) && site.module == "proj";
+  return site;
 }
 
 }  // namespace
@@ -98,15 +116,11 @@ absl::StatusOr<std::map<std::string, at::Tensor>> ShardTensors(
 
   std::map<std::string, at::Tensor> shard;
   for (const auto& [name, tensor] : tensors) {
-    const std::vector<std::string> parts = absl::StrSplit(name, '.');
-    const std::string leaf = parts.back();
-    const std::string module = SiteModule(parts);
-    const bool attention = absl::StrContains(name, ".attn.");
-    const bool mlp = absl::StrContains(name, ".mlp.");
-    const bool column = (attention && module == "qkv") ||
-                        (mlp && (module == "fc" || module == "fc_1" || module == "fc_2"));
-    const bool row = (attention || mlp) && module == "proj";
-    if ((column || row) && (leaf == "lora_A" || leaf == "lora_B")) {
+    const TensorSite site = SiteOf(name);
+    const std::string& leaf = site.leaf;
+    const std::string& module = site.module;
+    const bool attention = site.attention, column = site.column, row = site.row;
+    if (site.lora()) {
       // A LoRA model's own adapters (its config's lora_* fields say which qkv parts).
       absl::StatusOr<std::map<std::string, at::Tensor>> lora =
           ShardLoraTensors({{name, tensor}}, config,
@@ -179,15 +193,10 @@ absl::StatusOr<std::map<std::string, at::Tensor>> ShardLoraTensors(
   const int64_t hs = full.HeadSize();
   std::map<std::string, at::Tensor> shard;
   for (const auto& [name, tensor] : tensors) {
-    const std::vector<std::string> parts = absl::StrSplit(name, '.');
-    const std::string leaf = parts.back();
-    const std::string module = SiteModule(parts);
-    const bool attention = absl::StrContains(name, ".attn.");
-    const bool mlp = absl::StrContains(name, ".mlp.");
-    const bool column = (attention && module == "qkv") ||
-                        (mlp && (module == "fc" || module == "fc_1" || module == "fc_2"));
-    const bool row = (attention || mlp) && module == "proj";
-    if ((!column && !row) || (leaf != "lora_A" && leaf != "lora_B")) {
+    const TensorSite site = SiteOf(name);
+    const std::string& leaf = site.leaf;
+    const bool row = site.row;
+    if (!site.lora()) {
       shard[name] = tensor;  // replicated (the head, the router) or not LoRA's
       continue;
     }
@@ -212,7 +221,7 @@ absl::StatusOr<std::map<std::string, at::Tensor>> ShardLoraTensors(
       shard[name] = tensor;  // [r · parts, in]: every output row reads the whole product
       continue;
     }
-    if (module != "qkv") {
+    if (site.module != "qkv") {
       if (tensor.size(0) % world_size != 0) return bad_shape(0);
       const int64_t width = tensor.size(0) / world_size;
       shard[name] = tensor.narrow(0, rank * width, width);  // [out / N, r]

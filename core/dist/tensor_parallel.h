@@ -41,9 +41,9 @@ absl::StatusOr<Config> ShardConfig(const Config& config, int rank, int world_siz
 // The checkpoint tensors of rank `rank`, by LitGPT name, from the full ones of `config`:
 // views (narrow) of the full tensors where the shard is one slice, so a memory-mapped
 // checkpoint is read only where the shard lies; qkv gathers its Q, K and V slices (the
-// shard's size only). Replicated tensors are passed through. Tensors of sharded
-// projections that are not plain weights or biases (LoRA's lora_A, ...) are Unimplemented:
-// ShardLoraTensors takes those.
+// shard's size only). Replicated tensors are passed through. A LoRA model's own adapters
+// (`lora_A`, `lora_B`, weights under `.linear`) shard as ShardLoraTensors does, with the
+// config's lora_query/key/value; other tensors of sharded projections are Unimplemented.
 absl::StatusOr<std::map<std::string, at::Tensor>> ShardTensors(
     const std::map<std::string, at::Tensor>& tensors, const Config& config, int rank,
     int world_size);

@@ -168,12 +168,42 @@ TEST(ShardTensorsTest, MlpAndProjectionsAreSlicedAsViews) {
 
 TEST(ShardTensorsTest, UnshardableTensorsAreErrors) {
   const Config c = Small(8, 8);
-  std::map<std::string, at::Tensor> lora = {
-      {"transformer.h.0.attn.qkv.lora_A", at::zeros({4, 32})}};
-  EXPECT_EQ(ShardTensors(lora, c, 0, 2).status().code(), absl::StatusCode::kUnimplemented);
+  std::map<std::string, at::Tensor> other = {{"transformer.h.0.attn.qkv.absmax", at::zeros({64})}};
+  EXPECT_EQ(ShardTensors(other, c, 0, 2).status().code(), absl::StatusCode::kUnimplemented);
   std::map<std::string, at::Tensor> odd = {{"transformer.h.0.mlp.fc.weight", at::zeros({47, 32})}};
   EXPECT_THAT(ShardTensors(odd, c, 0, 2).status().message(),
               HasSubstr("transformer.h.0.mlp.fc.weight has size 47"));
+}
+
+TEST(ShardLoraTensorsTest, ColumnSitesSplitBRowsAndRowSitesSplitAColumns) {
+  // n_head 8, 4 groups, head_size 4: q part 32 rows, k and v parts 16 rows each.
+  const Config c = Small(8, 4);
+  const at::Tensor qkv_b = at::arange(48 * 2, at::kFloat).reshape({48, 2});  // q and v parts
+  const at::Tensor proj_a = at::arange(2 * 32, at::kFloat).reshape({2, 32});
+  const at::Tensor fc_b = at::arange(64 * 2, at::kFloat).reshape({64, 2});
+  const std::map<std::string, at::Tensor> lora = {
+      {"transformer.h.0.attn.qkv.lora_A", at::ones({4, 32})},
+      {"transformer.h.0.attn.qkv.lora_B", qkv_b},
+      {"transformer.h.0.attn.proj.lora_A", proj_a},
+      {"transformer.h.0.attn.proj.lora_B", at::ones({32, 2})},
+      {"transformer.h.0.mlp.fc.lora_B", fc_b},
+      {"lm_head.lora_A", at::ones({2, 32})}};
+  absl::StatusOr<std::map<std::string, at::Tensor>> rank1 =
+      ShardLoraTensors(lora, c, {/*query=*/true, /*key=*/false, /*value=*/true}, 1, 2);
+  ASSERT_TRUE(rank1.ok()) << rank1.status();
+  // qkv B: the q part's rows of heads 4..7, then the v part's rows of groups 2..3.
+  EXPECT_TRUE(at::equal(rank1->at("transformer.h.0.attn.qkv.lora_B"),
+                        at::cat({qkv_b.narrow(0, 16, 16), qkv_b.narrow(0, 32 + 8, 8)})));
+  EXPECT_TRUE(at::equal(rank1->at("transformer.h.0.attn.qkv.lora_A"), at::ones({4, 32})));
+  EXPECT_TRUE(at::equal(rank1->at("transformer.h.0.attn.proj.lora_A"), proj_a.narrow(1, 16, 16)));
+  EXPECT_TRUE(at::equal(rank1->at("transformer.h.0.attn.proj.lora_B"), at::ones({32, 2})));
+  EXPECT_TRUE(at::equal(rank1->at("transformer.h.0.mlp.fc.lora_B"), fc_b.narrow(0, 32, 32)));
+  EXPECT_EQ(rank1->at("lm_head.lora_A").size(1), 32);
+  // B rows that do not add up to the adapted parts are refused, naming the tensor.
+  absl::StatusOr<std::map<std::string, at::Tensor>> wrong =
+      ShardLoraTensors(lora, c, {true, true, true}, 1, 2);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_THAT(wrong.status().message(), HasSubstr("transformer.h.0.attn.qkv.lora_B"));
 }
 
 TEST(TensorParallelLinearFactoryTest, RowParallelKeepsNamesAndAddsBiasOnce) {
