@@ -1,9 +1,9 @@
 // The n choices of one prompt (Scheduler::SubmitChoices) over caches that fork by copy
 // (budgeted, quantised, and dense ones without a pool): the prompt is prefilled once, every
 // choice's tokens equal lgpt::Generate's with its own seed and cache (greedy and sampled), the
-// copies are charged to the pool and given back; a leader cancelled before its prompt is done
-// leaves the lead to the next choice, a cancelled choice leaves the others alone, and choices
-// preempted through a small pool recompute without changing a token.
+// copies are charged to the pool and given back; a leader cancelled or preempted before its
+// prompt is done leaves the lead to the next choice, a cancelled choice leaves the others alone,
+// and choices preempted through a small pool recompute without changing a token.
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -218,6 +218,129 @@ TEST(ChoicesTest, ALeaderCancelledBeforeItsPromptIsDoneLeavesTheLeadToTheNext) {
   EXPECT_EQ(stats.forked_choices, 1);
   // The runner's prompt, the leader's first chunk, the whole prompt once more.
   EXPECT_EQ(stats.prefill_tokens, 5 + 4 + 12);
+}
+
+// A charged cache whose bound the test can raise for one step (the others' reservations then
+// decide who is preempted); everything else is the inner cache's.
+class SpikingCache : public KVCache, public KVStorageBound {
+ public:
+  SpikingCache(std::unique_ptr<KVCache> inner, int64_t max_bytes)
+      : inner_(std::move(inner)), max_bytes_(max_bytes) {}
+  void Spike(int64_t bytes) { spike_ = bytes; }
+
+  absl::StatusOr<KVView> Update(int64_t layer, const KVStep& step, const at::Tensor& keys,
+                                const at::Tensor& values) override {
+    return inner_->Update(layer, step, keys, values);
+  }
+  absl::Status CheckStep(const KVStep& step, int64_t batch_size) const override {
+    return inner_->CheckStep(step, batch_size);
+  }
+  void Reset() override { inner_->Reset(); }
+  void Release() override { inner_->Release(); }
+  int64_t AllocatedBytes() const override { return inner_->AllocatedBytes(); }
+  int64_t IndexBytes() const override { return inner_->IndexBytes(); }
+  int64_t max_sequence_length() const override { return inner_->max_sequence_length(); }
+  int64_t batch_size() const override { return inner_->batch_size(); }
+  int64_t num_layers() const override { return inner_->num_layers(); }
+  absl::StatusOr<at::Tensor> UpdateAndAttend(int64_t layer, const KVStep& step, const at::Tensor& q,
+                                             const at::Tensor& keys, const at::Tensor& values,
+                                             const AttentionParams& params) override {
+    return inner_->UpdateAndAttend(layer, step, q, keys, values, params);
+  }
+  KVAttentionScorer* attention_scorer() override { return inner_->attention_scorer(); }
+  const KVStorageBound* storage_bound() const override { return this; }
+  int64_t MaxBytes() const override { return max_bytes_; }
+  int64_t BytesAfterStep(int64_t tokens) const override {
+    return spike_ > 0 ? spike_ : inner_->storage_bound()->BytesAfterStep(tokens);
+  }
+  std::string DebugName() const override { return "spiking " + inner_->DebugName(); }
+
+ private:
+  std::unique_ptr<KVCache> inner_;
+  int64_t max_bytes_;
+  int64_t spike_ = 0;
+};
+
+// A leader preempted in the middle of its prompt: the next choice takes the lead and reads the
+// prompt, the other waits for it, and the old leader, admitted again, forks from the new one.
+TEST(ChoicesTest, ALeaderPreemptedBeforeItsPromptIsDoneLeavesTheLeadToTheNext) {
+  GPT model = GoldenModel("golden/llama2");
+  Job group;
+  group.spec = TestSpec("dense", 0, 8);  // int8 entries: its bytes grow with the prompt
+  group.prompt = Prompt(*model, 24, 8);
+  group.options.max_new_tokens = 6;
+  group.options.sampling = {1.0, 20, 1.0};
+  group.options.seed = 60;
+  group.options.prefill_chunk = 4;  // six steps of prompt
+  std::shared_ptr<BlockPool> pool = Pool(*model, 64, 1);
+  const int64_t pool_bytes = pool->num_blocks() * pool->BytesPerBlock();
+  // What a choice's first chunk reserves, and what the leader holds after five chunks.
+  const int64_t first_chunk = CacheOf(*model, group, 1)->storage_bound()->BytesAfterStep(4);
+  std::unique_ptr<KVCache> probe = CacheOf(*model, group, 1);
+  GenerateOptions prefill = group.options;
+  prefill.max_new_tokens = 0;
+  ASSERT_TRUE(Generate(*model, *probe,
+                       std::vector<int64_t>(group.prompt.begin(), group.prompt.begin() + 20),
+                       prefill)
+                  .ok());
+  const int64_t leader_bytes = probe->AllocatedBytes() + probe->IndexBytes();
+  ASSERT_GT(leader_bytes, first_chunk + 2 * pool->BytesPerBlock());
+
+  SchedulerOptions options;
+  options.max_running = 8;
+  Scheduler scheduler(model, options, pool);
+  // An older request whose bound the test raises for one step: to the whole pool but the new
+  // leader's first chunk, so that its reservation preempts the newest request holding memory
+  // (the leader; the waiting choices hold none) and the next choice's first chunk still fits.
+  Job runner;
+  runner.spec = TestSpec("dense", 0, 8);
+  runner.prompt = Prompt(*model, 5, 9);
+  runner.options.max_new_tokens = 12;
+  runner.options.sampling = {0.0, 0, 1.0};
+  auto spiking = std::make_unique<SpikingCache>(CacheOf(*model, runner, 1), pool_bytes);
+  SpikingCache* runner_cache = spiking.get();
+  std::vector<std::shared_ptr<RequestHandle>> choices;
+  int64_t tokens = 0;
+  GenerateOptions runner_options = runner.options;
+  runner_options.on_token = [&](int64_t) {
+    ++tokens;
+    if (tokens == 1) {
+      absl::StatusOr<std::vector<std::shared_ptr<RequestHandle>>> handles =
+          SubmitGroup(scheduler, *model, group, 3, 1);
+      EXPECT_TRUE(handles.ok()) << handles.status();
+      if (handles.ok()) choices = *handles;
+    }
+    // Tokens 2..6 come with the leader's chunks 1..5; the spike lasts the next step.
+    runner_cache->Spike(tokens == 6 ? pool_bytes - first_chunk : 0);
+    return true;
+  };
+  absl::StatusOr<std::shared_ptr<RequestHandle>> handle =
+      scheduler.Submit(runner.prompt, runner_options, std::move(spiking));
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  absl::StatusOr<RequestResult> ran = (*handle)->Wait();
+  ASSERT_TRUE(ran.ok()) << ran.status();
+  EXPECT_EQ(ran->tokens, Alone(*model, runner));
+  EXPECT_EQ(ran->preemptions, 0);
+  ASSERT_EQ(choices.size(), 3u);
+  std::vector<RequestResult> results;
+  for (int64_t i = 0; i < 3; ++i) {
+    absl::StatusOr<RequestResult> result = choices[i]->Wait();
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->tokens, Alone(*model, ChoiceJob(group, i))) << "choice " << i;
+    results.push_back(*result);
+  }
+  EXPECT_EQ(results[0].preemptions, 1);
+  EXPECT_EQ(results[0].forked_tokens, 24);  // admitted again, it forked from the new leader
+  EXPECT_EQ(results[1].preemptions, 0);
+  EXPECT_EQ(results[1].forked_tokens, 0);  // the new leader
+  EXPECT_EQ(results[2].forked_tokens, 24);
+  const SchedulerStats stats = scheduler.Stats();
+  EXPECT_EQ(stats.preemptions, 1);
+  EXPECT_EQ(stats.forked_choices, 2);
+  // The runner's prompt, the leader's five chunks, the whole prompt once more.
+  EXPECT_EQ(stats.prefill_tokens, 5 + 20 + 24);
+  EXPECT_EQ(scheduler.memory().charged_blocks(), 0);
+  EXPECT_EQ(pool->free_blocks(), pool->num_blocks());
 }
 
 // Through a pool with room for about two caches: leaders and forks are preempted (a fork's
