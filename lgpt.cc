@@ -440,6 +440,7 @@ absl::StatusOr<Completion> Request::Wait() {
       queue_s_ = result->queue_s;
       inter_token_s_ = result->inter_token_s;
       prefix_hit_tokens_ = result->prefix_hit_tokens;
+      forked_tokens_ = result->forked_tokens;
       preemptions_ = result->preemptions;
       completion_ = text_->Finish(std::move(result->tokens), result->stats,
                                   result->kv_cache_index_bytes, result->cancelled);
@@ -477,23 +478,38 @@ KVMemoryOptions Engine::MemoryOptions() const {
   return options;
 }
 
-absl::StatusOr<std::shared_ptr<Request>> Engine::Submit(const std::vector<int64_t>& prompt,
-                                                        const RequestOptions& options) const {
+struct Engine::Prepared {
+  std::shared_ptr<Request> request;  // its handle not yet set
+  std::unique_ptr<KVCache> cache;
+  GenerateOptions generate;
+  bool go_on = true;  // false: the echoed prompt's on_text cancelled it
+};
+
+absl::StatusOr<Engine::Prepared> Engine::Prepare(const std::vector<int64_t>& prompt,
+                                                 const RequestOptions& options) const {
   RETURN_IF_ERROR(CheckRequest(prompt, options));
   const KVMemory& memory = scheduler().memory();
   if (!pool_error_.ok()) return pool_error_;
-  ASSIGN_OR_RETURN(
-      std::unique_ptr<KVCache> cache,
-      memory.NewCache(options.kv_cache, CacheGeometry(), CacheLength(prompt, options)));
+  Prepared prepared;
+  ASSIGN_OR_RETURN(prepared.cache, memory.NewCache(options.kv_cache, CacheGeometry(),
+                                                   CacheLength(prompt, options)));
   ASSIGN_OR_RETURN(const int64_t adapter, AdapterSlot(options));
   auto text = std::make_shared<RequestText>(tokenizer_, options, StopTokens(options), adapter);
-  std::shared_ptr<Request> request(new Request());
-  request->text_ = text;
-  ASSIGN_OR_RETURN(const bool go_on, text->Prime(prompt));
+  prepared.request.reset(new Request());
+  prepared.request->text_ = text;
+  ASSIGN_OR_RETURN(prepared.go_on, text->Prime(prompt));
   // The scheduler's callback keeps the text state alive on its own.
-  const GenerateOptions generate = RequestText::Generation(text, 0);
-  ASSIGN_OR_RETURN(request->handle_, scheduler().Submit(prompt, generate, std::move(cache)));
-  if (!go_on) request->handle_->Cancel();
+  prepared.generate = RequestText::Generation(text, 0);
+  return prepared;
+}
+
+absl::StatusOr<std::shared_ptr<Request>> Engine::Submit(const std::vector<int64_t>& prompt,
+                                                        const RequestOptions& options) const {
+  ASSIGN_OR_RETURN(Prepared prepared, Prepare(prompt, options));
+  std::shared_ptr<Request>& request = prepared.request;
+  ASSIGN_OR_RETURN(request->handle_, scheduler().Submit(prompt, std::move(prepared.generate),
+                                                        std::move(prepared.cache)));
+  if (!prepared.go_on) request->handle_->Cancel();
   return request;
 }
 
@@ -520,14 +536,24 @@ absl::StatusOr<std::vector<std::shared_ptr<Request>>> Engine::SubmitChoices(
     if (options.constraint) choice.constraint = options.constraint->Clone();
     if (per_choice) per_choice(i, choice);
   }
-  std::vector<std::shared_ptr<Request>> choices;
+  // Submitted together (core/serving/scheduler.h): the first prefills the prompt for the others.
+  std::vector<Prepared> prepared;
+  std::vector<GenerateOptions> generates;
+  std::vector<std::unique_ptr<KVCache>> caches;
   for (const RequestOptions& choice : each) {
-    absl::StatusOr<std::shared_ptr<Request>> request = Submit(prompt, choice);
-    if (!request.ok()) {
-      for (const std::shared_ptr<Request>& submitted : choices) submitted->Cancel();
-      return request.status();
-    }
-    choices.push_back(*std::move(request));
+    ASSIGN_OR_RETURN(Prepared one, Prepare(prompt, choice));
+    generates.push_back(std::move(one.generate));
+    caches.push_back(std::move(one.cache));
+    prepared.push_back(std::move(one));
+  }
+  ASSIGN_OR_RETURN(std::vector<std::shared_ptr<RequestHandle>> handles,
+                   scheduler().SubmitChoices(prompt, std::move(generates), std::move(caches)));
+  std::vector<std::shared_ptr<Request>> choices;
+  for (size_t i = 0; i < prepared.size(); ++i) {
+    std::shared_ptr<Request>& request = prepared[i].request;
+    request->handle_ = handles[i];
+    if (!prepared[i].go_on) request->handle_->Cancel();
+    choices.push_back(std::move(request));
   }
   return choices;
 }

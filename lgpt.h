@@ -157,8 +157,10 @@ class Request {
   // After Wait: seconds from Submit to admission, and between consecutive tokens.
   double queue_s() const { return queue_s_; }
   const std::vector<double>& inter_token_s() const { return inter_token_s_; }
-  // After Wait: prompt tokens taken from the prefix cache; times preempted and recomputed.
+  // After Wait: prompt tokens taken from the prefix cache, or copied from another choice's
+  // cache (Engine::SubmitChoices); times preempted and recomputed.
   int64_t prefix_hit_tokens() const { return prefix_hit_tokens_; }
+  int64_t forked_tokens() const { return forked_tokens_; }
   int64_t preemptions() const { return preemptions_; }
 
  private:
@@ -172,6 +174,7 @@ class Request {
   double queue_s_ = 0;
   std::vector<double> inter_token_s_;
   int64_t prefix_hit_tokens_ = 0;
+  int64_t forked_tokens_ = 0;
   int64_t preemptions_ = 0;
 };
 
@@ -212,10 +215,15 @@ class Engine : public std::enable_shared_from_this<Engine> {
                                                   const RequestOptions& options) const;
   // n choices of one prompt (OpenAI's `n`), submitted together: choice i is `options` with
   // seed + i and its own copy of the constraint (Clone, so give one in its first state), then
-  // `per_choice(i, options)` when given (per-choice callbacks). With a block pool and prefix
-  // caching the choices share the prompt's full KV blocks: the first prefills them, the others
-  // take them from the prefix cache (vLLM v1 forks `n` the same way); each equals its own
-  // Submit alone. On an error no choice stays submitted. InvalidArgument for n < 1.
+  // `per_choice(i, options)` when given (per-choice callbacks). The prompt is prefilled once:
+  // with a block pool and prefix caching, dense choices share the prompt's full KV blocks (the
+  // first prefills them, the others take them from the prefix cache, as vLLM v1 forks `n`);
+  // budgeted and quantised caches (and dense ones without a pool) fork by copy: the first
+  // prefills the prompt, each other takes a copy of its cache and last logits and samples its
+  // own first token (core/serving/scheduler.h; Request::forked_tokens, and
+  // SchedulerStats.forked_choices). Each equals its own Submit alone, tokens and logprobs. A
+  // choice whose per_choice changes its cache or prefill_chunk prefills on its own. On an
+  // error no choice is submitted. InvalidArgument for n < 1.
   absl::StatusOr<std::vector<std::shared_ptr<Request>>> SubmitChoices(
       const std::vector<int64_t>& prompt, const RequestOptions& options, int64_t n,
       const std::function<void(int64_t choice, RequestOptions& options)>& per_choice =
@@ -258,6 +266,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
                             const RequestOptions& options) const;
   absl::StatusOr<std::unique_ptr<KVCache>> CacheFor(const std::vector<int64_t>& prompt,
                                                     const RequestOptions& options) const;
+  // Submit's work before the scheduler: the checks, the request, its cache and generation.
+  struct Prepared;
+  absl::StatusOr<Prepared> Prepare(const std::vector<int64_t>& prompt,
+                                   const RequestOptions& options) const;
   // Positions a request's cache spans.
   int64_t CacheLength(const std::vector<int64_t>& prompt, const RequestOptions& options) const;
   // Started by the first Submit, with the KV memory (core/serving/kv_memory.h) and its block

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "core/base/status_field.h"
 #include "core/base/status_macros.h"
 #include "glog/logging.h"
 
@@ -216,6 +217,80 @@ KVView DenseKVCache::RingUpdate(Layer& layer, const KVStep& step, const at::Tens
   ScatterSlots(ring_values, slots, v.narrow(2, steps - kept, kept));
   ring_positions.scatter_(2, slots.unsqueeze(1), kept_positions.unsqueeze(1));
   return view;
+}
+
+absl::Status DenseKVCache::CheckCopyInto(const KVCache& target) const {
+  const auto* other = dynamic_cast<const DenseKVCache*>(&target);
+  if (other == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot copy a dense KV cache into a ", target.DebugName(), " cache"));
+  }
+  if (other == this) {
+    return absl::FailedPreconditionError("a KV cache cannot be copied into itself");
+  }
+  const auto differs = [](absl::string_view name, const auto& here, const auto& there) {
+    const std::string field = absl::StrCat("DenseKVCacheOptions.", name);
+    return FieldError(absl::StatusCode::kFailedPrecondition, field,
+                      absl::StrCat("cannot copy the KV cache: ", field, " differs: ", here,
+                                   " here, ", there, " in the target"));
+  };
+  const DenseKVCacheOptions& a = options_;
+  const DenseKVCacheOptions& b = other->options_;
+  if (a.batch_size != b.batch_size) return differs("batch_size", a.batch_size, b.batch_size);
+  if (a.dtype != b.dtype) return differs("dtype", c10::toString(a.dtype), c10::toString(b.dtype));
+  if (a.device != b.device) return differs("device", a.device.str(), b.device.str());
+  if (a.layers.size() != b.layers.size()) {
+    return differs("layers", absl::StrCat(a.layers.size(), " layers"),
+                   absl::StrCat(b.layers.size(), " layers"));
+  }
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const Layer& x = layers_[i];
+    const Layer& y = other->layers_[i];
+    if (x.spec.n_query_groups != y.spec.n_query_groups || x.spec.head_size != y.spec.head_size ||
+        x.spec.sliding_window != y.spec.sliding_window) {
+      return differs(absl::StrCat("layers[", i, "]"), "one geometry", "another");
+    }
+    if (x.ring != y.ring || (x.ring && x.capacity != y.capacity)) {
+      return differs(
+          "max_sequence_length",
+          absl::StrCat(a.max_sequence_length, " (layer ", i, x.ring ? " a ring)" : " global)"),
+          absl::StrCat(b.max_sequence_length, y.ring ? " (a ring)" : " (global)"));
+    }
+    if (x.end > b.max_sequence_length) {
+      return differs("max_sequence_length",
+                     absl::StrCat(a.max_sequence_length, " (", x.end, " positions written)"),
+                     b.max_sequence_length);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DenseKVCache::CopyInto(KVCache& target) const {
+  RETURN_IF_ERROR(CheckCopyInto(target));
+  auto& copy = static_cast<DenseKVCache&>(target);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const Layer& from = layers_[i];
+    Layer& to = copy.layers_[i];
+    if (from.ring) {  // window-sized, allocated by both caches
+      to.keys.copy_(from.keys);
+      to.values.copy_(from.values);
+      to.positions.copy_(from.positions);
+      continue;
+    }
+    if (to.capacity != from.capacity) {
+      to.keys = from.capacity > 0 ? at::zeros_like(from.keys) : at::Tensor();
+      to.values = from.capacity > 0 ? at::zeros_like(from.values) : at::Tensor();
+      to.capacity = from.capacity;
+    }
+    // Slots from `end` on were never written (or are hidden by the causal mask).
+    if (from.end > 0) {
+      to.keys.narrow(2, 0, from.end).copy_(from.keys.narrow(2, 0, from.end));
+      to.values.narrow(2, 0, from.end).copy_(from.values.narrow(2, 0, from.end));
+    }
+    to.end = from.end;
+  }
+  copy.ramp_ = ramp_;  // 0, 1, 2, ...: never written in place
+  return absl::OkStatus();
 }
 
 void DenseKVCache::Reset() {

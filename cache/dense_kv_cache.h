@@ -30,7 +30,7 @@ struct DenseKVCacheOptions : KVCacheGeometry {
   int64_t initial_capacity = 0;
 };
 
-class DenseKVCache : public KVCache, public KVDecodeRows {
+class DenseKVCache : public KVCache, public KVDecodeRows, public KVForker {
  public:
   static absl::StatusOr<std::unique_ptr<DenseKVCache>> Create(const DenseKVCacheOptions& options);
 
@@ -42,6 +42,13 @@ class DenseKVCache : public KVCache, public KVDecodeRows {
                                                            const at::Tensor& keys,
                                                            const at::Tensor& values) override;
   KVDecodeRows* decode_rows() override { return this; }
+  // Forking: into another DenseKVCache of the same rows, dtype, device and layers (its
+  // max_sequence_length may differ where the windowed layers stay rings and the entries fit).
+  // Global layers copy their written slots [0, end) into storage of this cache's capacity;
+  // rings copy their window.
+  const KVForker* forker() const override { return this; }
+  absl::Status CheckCopyInto(const KVCache& target) const override;
+  absl::Status CopyInto(KVCache& target) const override;
   void Reset() override;
   // Key and value storage: 2 · batch · n_query_groups · capacity · head_size · element size,
   // summed over layers (capacity window-sized on windowed layers).

@@ -152,6 +152,43 @@ TEST(DenseKVCacheTest, RejectsBadShapesAndBatches) {
   EXPECT_FALSE(DenseKVCache::Create(Options(1, 0, {0})).ok());
 }
 
+// A fork (core/serving's n choices without a pool): a copy after the prompt returns the views
+// the original returns, on global layers and rings, and leaves the original alone.
+TEST(DenseKVCacheTest, ACopyGoesOnAsTheOriginalDoes) {
+  auto cache = DenseKVCache::Create(Options(1, 64, {0, 4}));
+  ASSERT_TRUE(cache.ok());
+  for (int64_t layer : {0, 1}) {
+    ASSERT_TRUE((*cache)->Update(layer, Step(1, 0, 7), KeysFor(1, 0, 7), KeysFor(1, 0, 7)).ok());
+  }
+  // Another length: the ring stays a ring, the entries fit.
+  auto copy = DenseKVCache::Create(Options(1, 20, {0, 4}));
+  ASSERT_TRUE(copy.ok());
+  ASSERT_TRUE((*cache)->forker()->CopyInto(**copy).ok());
+  EXPECT_EQ((*copy)->AllocatedBytes(), (*cache)->AllocatedBytes());
+  for (int64_t p = 7; p < 12; ++p) {
+    for (int64_t layer : {0, 1}) {
+      auto mine = (*copy)->Update(layer, Step(1, p, 1), KeysFor(1, p, 1), KeysFor(1, p, 1));
+      auto theirs = (*cache)->Update(layer, Step(1, p, 1), KeysFor(1, p, 1), KeysFor(1, p, 1));
+      ASSERT_TRUE(mine.ok() && theirs.ok());
+      EXPECT_TRUE(at::equal(mine->keys, theirs->keys)) << "layer " << layer << " position " << p;
+      EXPECT_TRUE(at::equal(mine->values, theirs->values));
+      EXPECT_TRUE(at::equal(mine->positions, theirs->positions));
+    }
+  }
+  // A copy needs the same layers (a window that is a ring in one and not the other) and room.
+  auto no_ring = DenseKVCache::Create(Options(1, 4, {0, 4}));
+  ASSERT_TRUE(no_ring.ok());
+  EXPECT_EQ((*cache)->forker()->CopyInto(**no_ring).code(), absl::StatusCode::kFailedPrecondition);
+  auto short_one = DenseKVCache::Create(Options(1, 10, {0, 4}));
+  ASSERT_TRUE(short_one.ok());
+  EXPECT_EQ((*cache)->forker()->CheckCopyInto(**short_one).code(),
+            absl::StatusCode::kFailedPrecondition);
+  auto other_groups = DenseKVCache::Create(Options(2, 64, {0, 4}));
+  ASSERT_TRUE(other_groups.ok());
+  EXPECT_EQ((*cache)->forker()->CopyInto(**other_groups).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 TEST(DenseKVCacheTest, ResetForgetsEntries) {
   auto cache = DenseKVCache::Create(Options(1, 16, {0, 3}));
   ASSERT_TRUE(cache.ok());

@@ -157,6 +157,28 @@ class KVPositionShifter {
                                            const KeyShifter& shift_keys) = 0;
 };
 
+class KVCache;
+
+// Forking (the n choices of one prompt, core/serving/scheduler.h): a cache whose state copies
+// into another cache of the same kind and options, so a prompt prefilled once goes on in
+// several caches, each as if it had taken the prompt's steps itself. For caches outside
+// prefix sharing (budgeted and quantised: their entries depend on the steps, not on the
+// tokens alone).
+class KVForker {
+ public:
+  virtual ~KVForker() = default;
+  // OK when CopyInto(target) can give `target` this cache's state: a cache of the same kind
+  // whose options make the same decisions (capacity aside, which need only hold what this cache
+  // holds). FailedPrecondition naming what differs otherwise.
+  virtual absl::Status CheckCopyInto(const KVCache& target) const = 0;
+  // Replaces `target`'s state with a copy of this cache's (entries, quantisation scales,
+  // positions, policy scores, an eviction still pending), so that every later step of `target`
+  // equals this cache's own to the bit. Copies the filled slots only; `target` then holds at
+  // most this cache's AllocatedBytes() + IndexBytes() (what a serving engine charges it before
+  // the copy). Errors as CheckCopyInto leave `target` unchanged.
+  virtual absl::Status CopyInto(KVCache& target) const = 0;
+};
+
 class KVCache {
  public:
   virtual ~KVCache() = default;
@@ -219,6 +241,8 @@ class KVCache {
     return const_cast<KVPositionShifter*>(position_shifter());
   }
   bool ShiftsPositions() const { return position_shifter() != nullptr; }
+  // Forking (core/serving/scheduler.h's n choices): the state copied into another cache.
+  virtual const KVForker* forker() const { return nullptr; }
 
   virtual std::string DebugName() const = 0;
 };

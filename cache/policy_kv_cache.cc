@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/base/status_field.h"
 #include "core/base/status_macros.h"
 #include "core/ops/decode_attention.h"
@@ -986,6 +987,151 @@ void PolicyKVCache::Release() {
     layer.pending = Pending();
     layer.max_written = -1;
   }
+}
+
+absl::Status PolicyKVCache::CheckCopyInto(const KVCache& target) const {
+  const auto* other = dynamic_cast<const PolicyKVCache*>(&target);
+  if (other == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot copy a ", DebugName(), " KV cache into a ", target.DebugName(), " cache"));
+  }
+  if (other == this) {
+    return absl::FailedPreconditionError("a KV cache cannot be copied into itself");
+  }
+  // "PolicyKVCacheOptions.<name> differs: <here> here, <there> in the target".
+  const auto differs = [](absl::string_view name, const auto& here, const auto& there) {
+    const std::string field = absl::StrCat("PolicyKVCacheOptions.", name);
+    return FieldError(absl::StatusCode::kFailedPrecondition, field,
+                      absl::StrCat("cannot copy the KV cache: ", field, " differs: ", here,
+                                   " here, ", there, " in the target"));
+  };
+  const PolicyKVCacheOptions& a = options_;
+  const PolicyKVCacheOptions& b = other->options_;
+  if (a.batch_size != b.batch_size) return differs("batch_size", a.batch_size, b.batch_size);
+  if (a.dtype != b.dtype) {
+    return differs("dtype", c10::toString(a.dtype), c10::toString(b.dtype));
+  }
+  if (a.device != b.device) return differs("device", a.device.str(), b.device.str());
+  if (a.layers.size() != b.layers.size()) {
+    return differs("layers", absl::StrCat(a.layers.size(), " layers"),
+                   absl::StrCat(b.layers.size(), " layers"));
+  }
+  for (size_t i = 0; i < a.layers.size(); ++i) {
+    const KVLayerSpec& x = a.layers[i];
+    const KVLayerSpec& y = b.layers[i];
+    if (x.n_query_groups != y.n_query_groups || x.head_size != y.head_size ||
+        x.sliding_window != y.sliding_window || x.score_reducer != y.score_reducer) {
+      return differs(absl::StrCat("layers[", i, "]"), "one geometry", "another");
+    }
+  }
+  const EvictionPolicyOptions& p = a.policy;
+  const EvictionPolicyOptions& q = b.policy;
+  if (p.kind != q.kind) return differs("policy.kind", PolicyName(p.kind), PolicyName(q.kind));
+  if (p.budget != q.budget) return differs("policy.budget", p.budget, q.budget);
+  if (p.sink_tokens != q.sink_tokens) {
+    return differs("policy.sink_tokens", p.sink_tokens, q.sink_tokens);
+  }
+  if (p.recent_fraction != q.recent_fraction) {
+    return differs("policy.recent_fraction", p.recent_fraction, q.recent_fraction);
+  }
+  if (p.grace_period != q.grace_period) {
+    return differs("policy.grace_period", p.grace_period, q.grace_period);
+  }
+  if (p.normalize_scores != q.normalize_scores) {
+    return differs("policy.normalize_scores", p.normalize_scores ? "true" : "false",
+                   q.normalize_scores ? "true" : "false");
+  }
+  if (p.quant_weight != q.quant_weight) {
+    return differs("policy.quant_weight", p.quant_weight, q.quant_weight);
+  }
+  if (p.layer_budgets != q.layer_budgets) {
+    return differs("policy.layer_budgets", absl::StrJoin(p.layer_budgets, ","),
+                   absl::StrJoin(q.layer_budgets, ","));
+  }
+  if (a.bits != b.bits) return differs("bits", a.bits, b.bits);
+  if (a.residual != b.residual) return differs("residual", a.residual, b.residual);
+  if (a.group_size != b.group_size) return differs("group_size", a.group_size, b.group_size);
+  if (a.read_chunk != b.read_chunk) return differs("read_chunk", a.read_chunk, b.read_chunk);
+  if (a.cache_positions != b.cache_positions) {
+    return differs("cache_positions", a.cache_positions ? "true" : "false",
+                   b.cache_positions ? "true" : "false");
+  }
+  if (a.growth_step != b.growth_step) return differs("growth_step", a.growth_step, b.growth_step);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    // The options agree; max_sequence_length may still change a layer's plan (a budget that
+    // covers one context and not the other). Layers that keep everything (the dense plan)
+    // decide nothing from their budget, the context: any length holding the entries will do.
+    const Layer& x = layers_[i];
+    const Layer& y = other->layers_[i];
+    const LayerPlan& s = x.plan;
+    const LayerPlan& t = y.plan;
+    const bool keep_all = !s.evicts() && !t.evicts();
+    const bool same_plan =
+        s.kind == t.kind && s.window == t.window && s.sink_tokens == t.sink_tokens &&
+        s.scored == t.scored && s.normalize == t.normalize && s.quant_weight == t.quant_weight &&
+        x.residual == y.residual &&
+        (keep_all ||
+         (s.budget == t.budget && s.recent == t.recent && x.main_budget == y.main_budget));
+    if (!same_plan) {
+      return differs(
+          "max_sequence_length",
+          absl::StrCat(a.max_sequence_length, " (layer ", i, ": ", PolicyName(s.kind), " budget ",
+                       s.budget, ")"),
+          absl::StrCat(b.max_sequence_length, " (", PolicyName(t.kind), " budget ", t.budget, ")"));
+    }
+    if (x.max_written >= b.max_sequence_length) {
+      return differs("max_sequence_length",
+                     absl::StrCat(a.max_sequence_length, " (position ", x.max_written, " written)"),
+                     b.max_sequence_length);
+    }
+  }
+  return absl::OkStatus();
+}
+
+void PolicyKVCache::CopyStore(const Store& from, const EntryCodec& codec, const Layer& layer,
+                              int64_t capacity, Store& to) {
+  to = Store();
+  if (from.capacity == 0) return;
+  GrowStore(to, codec, layer, capacity);  // zeroed entries, empty slots
+  // Slots from `high` on are empty: only the filled ones are copied.
+  const int64_t filled = from.high;
+  if (filled > 0) {
+    for (size_t i = 0; i < from.parts.size(); ++i) {
+      to.parts[i].narrow(2, 0, filled).copy_(from.parts[i].narrow(2, 0, filled));
+    }
+    to.positions.narrow(2, 0, filled).copy_(from.positions.narrow(2, 0, filled));
+    if (from.scores.defined()) {
+      to.scores.narrow(2, 0, filled).copy_(from.scores.narrow(2, 0, filled));
+    }
+  }
+  to.used = from.used;
+  to.high = from.high;
+}
+
+absl::Status PolicyKVCache::CopyInto(KVCache& target) const {
+  RETURN_IF_ERROR(CheckCopyInto(target));
+  auto& copy = static_cast<PolicyKVCache&>(target);
+  const auto clone = [](const at::Tensor& t) { return t.defined() ? t.clone() : t; };
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const Layer& from = layers_[i];
+    Layer& to = copy.layers_[i];
+    // Main at this cache's capacity, within the copy's bound (a shorter context of a layer
+    // that keeps everything bounds it lower).
+    const int64_t main_capacity =
+        std::max(from.main.high, std::min(from.main.capacity, copy.MaxMainCapacity(to)));
+    copy.CopyStore(from.main, *to.codec, to, main_capacity, to.main);
+    copy.CopyStore(from.ring, *to.ring_codec, to, from.ring.capacity, to.ring);
+    // The pending eviction reads the step's entries when it settles: copies of them.
+    const Pending& pending = from.pending;
+    to.pending = pending;
+    to.pending.keys = clone(pending.keys);
+    to.pending.values = clone(pending.values);
+    to.pending.positions = clone(pending.positions);
+    to.pending.newest = clone(pending.newest);
+    to.pending.feature = clone(pending.feature);
+    to.max_written = from.max_written;
+  }
+  return absl::OkStatus();
 }
 
 int64_t PolicyKVCache::slots(int64_t layer) const {

@@ -133,7 +133,8 @@ absl::Status CheckPolicyCacheRules(PolicyKind kind, int bits, bool cache_positio
 class PolicyKVCache : public KVCache,
                       public KVStorageBound,
                       public KVAttentionScorer,
-                      public KVPositionShifter {
+                      public KVPositionShifter,
+                      public KVForker {
  public:
   static absl::StatusOr<std::unique_ptr<PolicyKVCache>> Create(const PolicyKVCacheOptions& options);
 
@@ -171,6 +172,14 @@ class PolicyKVCache : public KVCache,
   }
   absl::StatusOr<int64_t> MakeRoom(int64_t next, int64_t steps,
                                    const KeyShifter& shift_keys) override;
+  // Forking: into another PolicyKVCache whose options equal these but for max_sequence_length,
+  // and whose layers make the same decisions (LayerPlan) over it.
+  const KVForker* forker() const override { return this; }
+  absl::Status CheckCopyInto(const KVCache& target) const override;
+  // Each layer's stores at this cache's capacity (within the target's bound), their filled
+  // slots ([0, high)) copied, and its pending eviction (the last chunk's entries, settled at the
+  // next step) cloned: O(filled slots + the last chunk) per layer.
+  absl::Status CopyInto(KVCache& target) const override;
   std::string DebugName() const override;
 
   const LayerPlan& plan(int64_t layer) const { return layers_[layer].plan; }
@@ -305,6 +314,10 @@ class PolicyKVCache : public KVCache,
   // Moves the layer's entries at or above its sink positions down by `shift`.
   void Shift(int64_t index, Layer& layer, int64_t shift, const KeyShifter& shift_keys);
   void GrowStore(Store& store, const EntryCodec& codec, const Layer& layer, int64_t capacity);
+  // `to` (a store of `layer`, this cache's) becomes a copy of `from` (a store of another cache's
+  // same layer) with `capacity` slots (at least from.high): the filled slots copied.
+  void CopyStore(const Store& from, const EntryCodec& codec, const Layer& layer, int64_t capacity,
+                 Store& to);
   // Grows main to hold `needed` slots (nothing when it does already).
   void GrowMain(Layer& layer, int64_t needed);
   // Main's capacity for `needed` slots when it has `current` (options.growth_step).

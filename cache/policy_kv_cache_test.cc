@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <functional>
 #include <optional>
 #include <set>
 
@@ -71,13 +72,14 @@ at::Tensor Queries(int64_t batch, int64_t start, int64_t length) {
 // Runs `total` positions through every layer of `cache` (a prefill of `prompt` tokens in
 // `chunk` pieces, then decoding), attending with BlockwiseAttention over the returned views (or
 // in place) and reporting weights when asked. Layers 1, 2, ... use a sliding window of
-// `window`. Returns the attention outputs of every layer [B, nh, n_layer · total, hs].
+// `window`. Starts at position `from` (a cache holding [0, from) already). Returns the attention
+// outputs of every layer [B, nh, n_layer · (total - from), hs].
 at::Tensor Drive(KVCache& cache, int64_t total, int64_t prompt, int64_t chunk, bool in_place,
-                 int64_t batch = 1, int64_t window = 0) {
+                 int64_t batch = 1, int64_t window = 0, int64_t from = 0) {
   std::vector<at::Tensor> outputs;
   AttentionParams params;
   params.scale = 1.0 / std::sqrt(static_cast<double>(kHeadSize));
-  int64_t position = 0;
+  int64_t position = from;
   while (position < total) {
     const int64_t length = position < prompt ? std::min(chunk, prompt - position) : 1;
     const KVStep step = Step(batch, position, length);
@@ -578,6 +580,91 @@ TEST(PolicyKVCacheTest, ReleaseFreesTheStorageAndTheCacheStartsAgain) {
     const at::Tensor again = Drive(*cache, 20, 5, 5, true);
     EXPECT_TRUE(at::equal(first, again)) << "bits " << bits;
   }
+}
+
+// A fork (core/serving's n choices): a copy of a cache after its prompt goes on as the cache
+// itself does, and as a cache that read the prompt itself, to the bit: entries, scales,
+// positions, scores and the eviction the last chunk left pending are all copied.
+TEST(PolicyKVCacheTest, ACopyGoesOnAsTheOriginalDoes) {
+  const int64_t total = 30, prompt = 12, layers = 2;
+  for (PolicyKind kind :
+       {PolicyKind::kWindow, PolicyKind::kSink, PolicyKind::kH2O, PolicyKind::kTova,
+        PolicyKind::kH2OVlen, PolicyKind::kQH2O, PolicyKind::kDense}) {
+    for (int bits : {16, 8, 4}) {
+      if ((kind == PolicyKind::kQH2O || kind == PolicyKind::kDense) && bits == 16) continue;
+      for (bool in_place : {true, false}) {
+        SCOPED_TRACE(absl::StrCat(PolicyName(kind), " bits ", bits, " in place ", in_place));
+        const PolicyKVCacheOptions options = Options(kind, 9, bits, {0, 5});
+        auto alone = MakeCache(options);
+        const at::Tensor expected = Drive(*alone, total, prompt, 5, in_place, 1, 5);
+        auto leader = MakeCache(options);
+        Drive(*leader, prompt, prompt, 5, in_place, 1, 5);
+        // Another context: only the layers' plans need agree.
+        PolicyKVCacheOptions longer = options;
+        longer.max_sequence_length = 600;
+        auto copy = MakeCache(longer);
+        ASSERT_TRUE(leader->forker()->CheckCopyInto(*copy).ok());
+        ASSERT_TRUE(leader->forker()->CopyInto(*copy).ok());
+        EXPECT_EQ(copy->AllocatedBytes(), leader->AllocatedBytes());
+        EXPECT_EQ(copy->IndexBytes(), leader->IndexBytes());
+        EXPECT_EQ(copy->BytesAfterStep(1), leader->BytesAfterStep(1));
+        const at::Tensor rest = Drive(*copy, total, prompt, 5, in_place, 1, 5, prompt);
+        EXPECT_TRUE(
+            at::equal(rest, expected.narrow(2, layers * prompt, layers * (total - prompt))));
+        // The original goes on unchanged by the copy.
+        EXPECT_TRUE(at::equal(Drive(*leader, total, prompt, 5, in_place, 1, 5, prompt), rest));
+        for (int64_t layer = 0; layer < layers; ++layer) {
+          for (int64_t g = 0; g < kGroups; ++g) {
+            EXPECT_EQ(copy->KeptPositions(layer, 0, g), alone->KeptPositions(layer, 0, g));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(PolicyKVCacheTest, ACopyNeedsACacheThatDecidesAlike) {
+  auto cache = MakeCache(Options(PolicyKind::kH2O, 8, 8));
+  Drive(*cache, 6, 6, 6, true);
+  const KVForker& forker = *cache->forker();
+  struct Case {
+    std::string field;
+    std::function<void(PolicyKVCacheOptions&)> change;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"PolicyKVCacheOptions.policy.budget", [](auto& o) { o.policy.budget = 9; }},
+           {"PolicyKVCacheOptions.policy.kind", [](auto& o) { o.policy.kind = PolicyKind::kTova; }},
+           {"PolicyKVCacheOptions.bits", [](auto& o) { o.bits = 4; }},
+           {"PolicyKVCacheOptions.read_chunk", [](auto& o) { o.read_chunk = 16; }},
+           // A context the budget covers: the layer keeps everything (a dense plan).
+           {"PolicyKVCacheOptions.max_sequence_length", [](auto& o) { o.max_sequence_length = 8; }},
+       }) {
+    PolicyKVCacheOptions options = Options(PolicyKind::kH2O, 8, 8);
+    c.change(options);
+    auto target = MakeCache(options);
+    const absl::Status status = forker.CopyInto(*target);
+    EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << c.field;
+    EXPECT_EQ(ErrorField(status), c.field) << status;
+    EXPECT_EQ(target->AllocatedBytes(), 0) << "left unchanged";
+  }
+  // The same plans, but a context too short for the positions the cache holds.
+  PolicyKVCacheOptions short_context = Options(PolicyKind::kH2O, 3, 8);
+  auto small = MakeCache(short_context);
+  Drive(*small, 6, 6, 6, true);
+  short_context.max_sequence_length = 5;
+  auto too_short = MakeCache(short_context);
+  const absl::Status short_status = small->forker()->CopyInto(*too_short);
+  EXPECT_EQ(short_status.code(), absl::StatusCode::kFailedPrecondition) << short_status;
+  EXPECT_EQ(ErrorField(short_status), "PolicyKVCacheOptions.max_sequence_length");
+  EXPECT_EQ(forker.CopyInto(*cache).code(), absl::StatusCode::kFailedPrecondition);
+  DenseKVCacheOptions dense;
+  dense.max_sequence_length = 512;
+  dense.layers = {{kGroups, kHeadSize, 0}};
+  auto other = DenseKVCache::Create(dense);
+  ASSERT_TRUE(other.ok());
+  const absl::Status status = forker.CopyInto(**other);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(status.message(), "into a dense cache")) << status;
 }
 
 TEST(PolicyKVCacheTest, WindowedLayersKeepTheirWindowWhenTheBudgetCoversIt) {

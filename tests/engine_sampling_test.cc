@@ -5,7 +5,8 @@
 // - penalties and biases give the tokens of a reference decoding loop written here from their
 //   definitions (OpenAI's presence/frequency, vLLM's repetition, logit_bias);
 // - n choices (SubmitChoices) equal n requests submitted alone with seeds seed + i, and share
-//   the prompt's blocks through the pool;
+//   the prompt's blocks through the pool, or fork by copy (budgeted, quantised, and dense
+//   caches without a pool): the prompt is prefilled once, tokens and logprobs equal;
 // - a constraint holds on every token of every choice; bad values name their field.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -13,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "core/base/status_field.h"
@@ -179,6 +181,121 @@ TEST(EngineSamplingTest, ChoicesEqualRequestsAloneAndShareThePrompt) {
   const absl::Status none = engine->SubmitChoices(prompt, options, 0).status();
   EXPECT_EQ(none.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ErrorField(none), "SubmitChoices.n");
+}
+
+// Budgeted and quantised caches (and dense ones without a pool) fork by copy: the prompt is
+// prefilled once, and every choice equals the same choice submitted alone, tokens and
+// logprobs, greedy and sampled; a sink cache with cache positions goes on past the context.
+class ForkedChoicesTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(ForkedChoicesTest, EqualEachChoiceAloneAndPrefillThePromptOnce) {
+  const bool with_pool = GetParam();
+  std::shared_ptr<const Engine> engine = LoadEngine(with_pool ? 8 << 20 : 0);
+  ASSERT_NE(engine, nullptr);
+  const std::vector<int64_t> prompt = PromptIds(*engine);
+  const auto spec = [](const std::string& policy, int64_t budget, int bits) {
+    KVCacheSpec s;
+    s.policy = policy;
+    s.budget = budget;
+    s.bits = bits;
+    return s;
+  };
+  KVCacheSpec shifting = spec("sink", 24, 16);
+  shifting.positions = "cache";
+  std::vector<KVCacheSpec> specs = {
+      spec("window", 24, 16), spec("sink", 24, 16), shifting,
+      spec("h2o", 24, 16),    spec("tova", 24, 16), spec("dense", 0, 8),
+      spec("dense", 0, 4),    spec("h2o", 24, 8),   spec("window", 20, 4)};
+  if (!with_pool) specs.push_back(spec("dense", 0, 16));  // outside a pool dense caches fork too
+  for (size_t s = 0; s < specs.size(); ++s) {
+    SCOPED_TRACE(DescribeKVCacheSpec(specs[s]));
+    RequestOptions options;
+    options.kv_cache = specs[s];
+    const bool long_stream = UsesCachePositions(specs[s]);
+    // Past the 256-token context: the sink cache shifts its entries after the fork.
+    options.max_new_tokens = long_stream ? 240 : 12;
+    options.stop_at_eos = false;
+    options.top_logprobs = 2;
+    options.sampling = s % 3 == 0 ? SamplingOptions{0, 0, 1} : SamplingOptions{0.9, 40, 0.95};
+    options.sampling.frequency_penalty = 0.3;
+    options.prefill_chunk = s % 2 == 0 ? 16 : 0;  // chunks: the last one's eviction pending
+    options.seed = 11 + s;
+    const int64_t n = long_stream ? 2 : 3;
+    const SchedulerStats before = engine->ServingStats();
+    absl::StatusOr<std::vector<std::shared_ptr<Request>>> choices =
+        engine->SubmitChoices(prompt, options, n);
+    ASSERT_TRUE(choices.ok()) << choices.status();
+    std::vector<Completion> completions;
+    for (int64_t i = 0; i < n; ++i) {
+      absl::StatusOr<Completion> choice = (*choices)[i]->Wait();
+      ASSERT_TRUE(choice.ok()) << choice.status();
+      EXPECT_EQ((*choices)[i]->forked_tokens(), i == 0 ? 0 : static_cast<int64_t>(prompt.size()));
+      completions.push_back(*choice);
+    }
+    const SchedulerStats after = engine->ServingStats();
+    EXPECT_EQ(after.prefill_tokens - before.prefill_tokens, static_cast<int64_t>(prompt.size()));
+    EXPECT_EQ(after.forked_choices - before.forked_choices, n - 1);
+    std::set<std::vector<int64_t>> distinct;
+    for (int64_t i = 0; i < n; ++i) {
+      RequestOptions alone_options = options;
+      alone_options.seed = options.seed + i;
+      absl::StatusOr<Completion> alone = Submitted(*engine, prompt, alone_options);
+      ASSERT_TRUE(alone.ok()) << alone.status();
+      const Completion& choice = completions[i];
+      EXPECT_EQ(choice.tokens, alone->tokens) << "choice " << i;
+      ASSERT_EQ(choice.logprobs.size(), alone->logprobs.size());
+      for (size_t t = 0; t < choice.logprobs.size(); ++t) {
+        EXPECT_EQ(choice.logprobs[t].token, alone->logprobs[t].token);
+        EXPECT_EQ(choice.logprobs[t].logprob, alone->logprobs[t].logprob)
+            << "choice " << i << " token " << t;
+        EXPECT_EQ(choice.logprobs[t].top, alone->logprobs[t].top);
+      }
+      if (long_stream) {
+        EXPECT_GT(choice.stats.position_shift, 0);
+      }
+      distinct.insert(choice.tokens);
+    }
+    if (options.sampling.temperature > 0) {
+      EXPECT_GT(distinct.size(), 1u);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Pool, ForkedChoicesTest, ::testing::Bool());
+
+// A choice whose per_choice changes what shapes its cache (its prefill chunk) reads the prompt
+// itself; the others still fork.
+TEST(EngineSamplingTest, AChoiceOfOtherChunksPrefillsOnItsOwn) {
+  std::shared_ptr<const Engine> engine = LoadEngine();
+  ASSERT_NE(engine, nullptr);
+  const std::vector<int64_t> prompt = PromptIds(*engine);
+  RequestOptions options;
+  options.kv_cache.policy = "h2o";
+  options.kv_cache.budget = 24;
+  options.max_new_tokens = 8;
+  options.stop_at_eos = false;
+  options.prefill_chunk = 16;
+  options.seed = 5;
+  const SchedulerStats before = engine->ServingStats();
+  absl::StatusOr<std::vector<std::shared_ptr<Request>>> choices =
+      engine->SubmitChoices(prompt, options, 3, [](int64_t i, RequestOptions& choice) {
+        if (i == 1) choice.prefill_chunk = 8;
+      });
+  ASSERT_TRUE(choices.ok()) << choices.status();
+  for (int64_t i = 0; i < 3; ++i) {
+    absl::StatusOr<Completion> choice = (*choices)[i]->Wait();
+    ASSERT_TRUE(choice.ok()) << choice.status();
+    RequestOptions alone_options = options;
+    alone_options.seed = options.seed + i;
+    if (i == 1) alone_options.prefill_chunk = 8;
+    absl::StatusOr<Completion> alone = Submitted(*engine, prompt, alone_options);
+    ASSERT_TRUE(alone.ok()) << alone.status();
+    EXPECT_EQ(choice->tokens, alone->tokens) << "choice " << i;
+  }
+  EXPECT_EQ((*choices)[1]->forked_tokens(), 0);
+  EXPECT_EQ((*choices)[2]->forked_tokens(), static_cast<int64_t>(prompt.size()));
+  const SchedulerStats after = engine->ServingStats();
+  EXPECT_EQ(after.forked_choices - before.forked_choices, 1);
 }
 
 // Allows a fixed set of ids.

@@ -149,6 +149,24 @@ absl::Status KVMemory::Reserve(KVLease& lease, int64_t steps) {
   return absl::OkStatus();
 }
 
+absl::Status KVMemory::ReserveCopy(KVLease& target, const KVLease& source) {
+  switch (target.use_) {
+    case KVLease::Use::kNone:
+      return absl::OkStatus();
+    case KVLease::Use::kBlocks:
+      return absl::FailedPreconditionError(
+          "a paged KV cache takes no copy (it shares prefix blocks instead)");
+    case KVLease::Use::kBytes:
+      break;
+  }
+  // The copy holds at most what the source holds (KVForker::CopyInto).
+  const int64_t needed = source.cache_->AllocatedBytes() + source.cache_->IndexBytes();
+  if (needed <= target.charge_) return absl::OkStatus();
+  RETURN_IF_ERROR(Charge(needed - target.charge_));
+  target.charge_ = needed;
+  return absl::OkStatus();
+}
+
 void KVMemory::Settle(KVLease& lease) {
   if (lease.use_ != KVLease::Use::kBytes) return;
   // The prediction is an upper bound: give back what the step did not use.

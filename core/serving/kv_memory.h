@@ -9,7 +9,8 @@
 //     its own without a pool;
 //   - a request's memory through one lease: Reserve before a step (blocks or bytes), Settle
 //     after it (an over-estimate given back), Release (preempted: its memory back, the cache
-//     kept for recomputing), Close (finished);
+//     kept for recomputing), Close (finished); ReserveCopy before another request's cache is
+//     copied into it (a forked choice is charged what the copy holds, then as it grows);
 //   - prefix reuse: AttachPrefix at a request's first prefill, Publish as blocks fill (its
 //     prefix cache, cache/prefix_cache.h, over the pool);
 //   - the bytes charged for caches with storage of their own: summed, and held as whole pool
@@ -112,6 +113,12 @@ class KVMemory {
   // or the growth of its own storage (charged); ResourceExhausted, taking nothing, when the
   // pool lacks it.
   absl::Status Reserve(KVLease& lease, int64_t steps);
+  // Before `source`'s cache is copied into `target`'s (KVForker::CopyInto, a fork of n
+  // choices): takes the pool memory the copy will hold, at most the source cache's
+  // AllocatedBytes() + IndexBytes() (Settle gives back the rest), beyond what `target` is
+  // charged; ResourceExhausted, taking nothing, when the
+  // pool lacks it. FailedPrecondition for a paged target (paged caches share blocks instead).
+  absl::Status ReserveCopy(KVLease& target, const KVLease& source);
   // After a forward pass: a charged lease gives back what its step's bound over-counted.
   void Settle(KVLease& lease);
   // Frees the lease's memory and forgets its cache's entries (a preempted request recomputes).

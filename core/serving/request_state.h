@@ -6,6 +6,8 @@
 //   kAdmitted   -> kPrefilling  its first prefill turn (cached prefix blocks attached)
 //               -> kDecoding    ... when the prefix cache held its whole prompt (a replay)
 //   kPrefilling -> kSampling    prompt done, nothing generated yet: its logits are ready
+//                               (or copied, with its cache, from the choice that read the
+//                               prompt: a fork, scheduler.h)
 //               -> kDecoding    prompt done after a preemption: generated tokens to replay
 //   kDecoding   -> kDecoding    fed, the next generated token to replay
 //               -> kSampling    fed, nothing left to replay: its logits are ready

@@ -96,6 +96,8 @@ struct Scheduler::Request {
   RequestResult result;
   Clock::time_point submitted, prefill_done, last_token;
   std::optional<Clock::time_point> admitted;  // its first admission
+  // The choices of one prompt it was submitted with (SubmitChoices); null alone.
+  std::shared_ptr<ChoiceGroup> group;
 
   KVCache& cache() const { return *memory.cache(); }
   int64_t generated() const { return static_cast<int64_t>(ids.size()) - prompt_length; }
@@ -170,6 +172,15 @@ struct Scheduler::Request {
   }
 };
 
+// The choices of one prompt (SubmitChoices). The leader prefills the prompt; the others whose
+// caches fork wait, admitted, until its prompt is done and then take copies of its cache and
+// logits (ForkChoices). Used on the scheduler's thread only.
+struct Scheduler::ChoiceGroup {
+  // The choice prefilling (or that prefilled) the prompt for the others; null when none is:
+  // not yet, or it was preempted or ended (the next choice to start takes its place).
+  Request* leader = nullptr;
+};
+
 Scheduler::Scheduler(GPT model, SchedulerOptions options, std::shared_ptr<BlockPool> pool)
     : Scheduler(std::move(model), options,
                 std::make_unique<KVMemory>(std::move(pool), options.prefix_caching)) {}
@@ -188,9 +199,8 @@ Scheduler::~Scheduler() {
   thread_.join();
 }
 
-absl::StatusOr<std::shared_ptr<RequestHandle>> Scheduler::Submit(std::vector<int64_t> prompt,
-                                                                 GenerateOptions options,
-                                                                 std::unique_ptr<KVCache> cache) {
+absl::StatusOr<std::unique_ptr<Scheduler::Request>> Scheduler::MakeRequest(
+    std::vector<int64_t> prompt, GenerateOptions options, std::unique_ptr<KVCache> cache) const {
   RETURN_IF_ERROR(options_.Validate());
   if (cache == nullptr) return absl::InvalidArgumentError("Submit needs a KV cache");
   if (cache->batch_size() != 1 || cache->num_layers() != model_->config().n_layer) {
@@ -222,21 +232,70 @@ absl::StatusOr<std::shared_ptr<RequestHandle>> Scheduler::Submit(std::vector<int
   request->options = std::move(options);
   request->generator = at::make_generator<at::CPUGeneratorImpl>(request->options.seed);
   request->submitted = Clock::now();
-  std::shared_ptr<RequestHandle> handle = request->handle;
+  return request;
+}
+
+absl::StatusOr<std::vector<std::shared_ptr<RequestHandle>>> Scheduler::Enqueue(
+    std::vector<std::unique_ptr<Request>> requests) {
+  std::vector<std::shared_ptr<RequestHandle>> handles;
+  for (const auto& request : requests) handles.push_back(request->handle);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (stopping_) return absl::CancelledError("the scheduler is shutting down");
-    if (static_cast<int64_t>(waiting_.size()) >= options_.max_waiting) {
+    // All or none: max_waiting - waiting is compared, as waiting + n may overflow.
+    if (static_cast<int64_t>(requests.size()) >
+        options_.max_waiting - static_cast<int64_t>(waiting_.size())) {
       return FieldError(
           absl::StatusCode::kResourceExhausted, "SchedulerOptions.max_waiting",
-          absl::StrCat(waiting_.size(), " requests are waiting (SchedulerOptions.max_waiting)"));
+          requests.size() == 1
+              ? absl::StrCat(waiting_.size(),
+                             " requests are waiting (SchedulerOptions.max_waiting)")
+              : absl::StrCat(requests.size(), " choices do not fit beside the ", waiting_.size(),
+                             " requests waiting (SchedulerOptions.max_waiting ",
+                             options_.max_waiting, ")"));
     }
-    request->arrival = arrivals_++;
-    waiting_.push_back(std::move(request));
-    ++stats_.submitted;
+    for (auto& request : requests) {
+      request->arrival = arrivals_++;
+      waiting_.push_back(std::move(request));
+      ++stats_.submitted;
+    }
   }
   work_cv_.notify_one();
-  return handle;
+  return handles;
+}
+
+absl::StatusOr<std::shared_ptr<RequestHandle>> Scheduler::Submit(std::vector<int64_t> prompt,
+                                                                 GenerateOptions options,
+                                                                 std::unique_ptr<KVCache> cache) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Request> request,
+                   MakeRequest(std::move(prompt), std::move(options), std::move(cache)));
+  std::vector<std::unique_ptr<Request>> one;
+  one.push_back(std::move(request));
+  ASSIGN_OR_RETURN(std::vector<std::shared_ptr<RequestHandle>> handles, Enqueue(std::move(one)));
+  return handles.front();
+}
+
+absl::StatusOr<std::vector<std::shared_ptr<RequestHandle>>> Scheduler::SubmitChoices(
+    const std::vector<int64_t>& prompt, std::vector<GenerateOptions> options,
+    std::vector<std::unique_ptr<KVCache>> caches) {
+  if (options.empty()) {
+    return InvalidFieldError(FieldRef("SubmitChoices.n", "n"), "n must be >= 1, got 0");
+  }
+  if (caches.size() != options.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SubmitChoices takes one KV cache a choice: ", options.size(), " choices, ",
+                     caches.size(), " caches"));
+  }
+  const auto group = std::make_shared<ChoiceGroup>();
+  std::vector<std::unique_ptr<Request>> requests;
+  for (size_t i = 0; i < options.size(); ++i) {
+    absl::StatusOr<std::unique_ptr<Request>> request =
+        MakeRequest(prompt, std::move(options[i]), std::move(caches[i]));
+    if (!request.ok()) return request.status();
+    if (options.size() > 1) (*request)->group = group;
+    requests.push_back(*std::move(request));
+  }
+  return Enqueue(std::move(requests));
 }
 
 SchedulerStats Scheduler::Stats() const {
@@ -369,6 +428,7 @@ bool Scheduler::Step(Running& running) {
                pieces.end());
   if (!pieces.empty() || !rows.empty()) Pass(pieces, rows);
   SettleCharges(running);
+  ForkChoices(running);
   SampleReady(running);
   Retire(running);
   Requeue(running);
@@ -407,11 +467,13 @@ bool Scheduler::ReserveMemory(Request& request, int64_t steps, Running& running)
 
 void Scheduler::Preempt(Request& r) {
   r.MoveTo(RequestState::kPreempted);
+  LeaveGroup(r);
   r.stream.reset();
   memory_->Release(r.memory);
   r.prefilled = 0;
   r.fed = 0;
   r.logits = at::Tensor();
+  r.result.forked_tokens = 0;  // it reads the prompt again, or takes another copy
   ++r.result.preemptions;
   std::lock_guard<std::mutex> lock(mutex_);
   ++stats_.preemptions;
@@ -471,6 +533,8 @@ std::vector<Scheduler::PrefillPiece> Scheduler::PlanPrefill(Running& running) {
     const int64_t length = r.prompt_length;
     if (r.state != RequestState::kAdmitted && r.state != RequestState::kPrefilling) continue;
     if (r.state == RequestState::kAdmitted) {
+      // A choice whose leader is prefilling the prompt waits for a copy of its cache.
+      if (WaitsForFork(r)) continue;
       // A request whose prompt continues blocks that a chunk of this step computes waits for
       // them (published after the pass) rather than computing them again.
       if (SharesUnpublishedBlock(r, batch)) break;
@@ -561,6 +625,102 @@ void Scheduler::AfterPrefill(const std::vector<PrefillPiece>& pass,
   stats_.prefill_chunks += static_cast<int64_t>(pass.size());
 }
 
+void Scheduler::LeaveGroup(Request& r) {
+  if (r.group != nullptr && r.group->leader == &r) r.group->leader = nullptr;
+}
+
+bool Scheduler::CanFork(const Request& leader, const Request& r) const {
+  // The same prompt (the group's), read in the same chunks, from the same position with the
+  // same adapter, into a cache the leader's copies into; a stream that has not shifted (a
+  // prompt within the context never does).
+  const KVForker* forker = leader.cache().forker();
+  return forker != nullptr && r.memory.use() != KVLease::Use::kBlocks &&
+         leader.prompt_length == r.prompt_length &&
+         leader.options.start_position == r.options.start_position &&
+         leader.options.adapter == r.options.adapter &&
+         EffectiveChunk(leader.options) == EffectiveChunk(r.options) &&
+         (leader.stream == nullptr || leader.stream->shifted() == 0) &&
+         forker->CheckCopyInto(r.cache()).ok();
+}
+
+bool Scheduler::WaitsForFork(Request& r) {
+  // Only a choice reading its prompt for the first time (not replaying generated tokens).
+  if (r.group == nullptr || r.generated() > 0 || r.cache().forker() == nullptr) return false;
+  Request*& leader = r.group->leader;
+  if (leader == &r) return false;
+  if (leader != nullptr &&
+      (leader->state == RequestState::kAdmitted || leader->state == RequestState::kPrefilling)) {
+    // A choice whose options differ (its chunks, its cache) prefills on its own.
+    return CanFork(*leader, r);
+  }
+  // No choice is reading the prompt (none yet, or the leader was preempted, ended or is past
+  // its prompt): this one does, for the others.
+  leader = &r;
+  return false;
+}
+
+void Scheduler::ForkChoices(Running& running) {
+  for (auto& owned : running) {
+    Request& leader = *owned;
+    if (leader.state != RequestState::kSampling || leader.generated() > 0 ||
+        leader.group == nullptr || leader.group->leader != &leader) {
+      continue;
+    }
+    // Its prompt is done this step: every choice waiting for it takes a copy (one the pool
+    // lacks room for reads the prompt itself, at a later step).
+    for (size_t i = 0; i < running.size(); ++i) {
+      Request& r = *running[i];
+      if (&r != &leader && r.group == leader.group && r.state == RequestState::kAdmitted &&
+          r.generated() == 0 && CanFork(leader, r)) {
+        Fork(leader, r, running);
+      }
+    }
+  }
+}
+
+bool Scheduler::ReserveCopy(const Request& leader, Request& r, Running& running) {
+  while (!memory_->ReserveCopy(r.memory, leader.memory).ok()) {
+    // Only requests admitted after this one give way to its copy, the most recent first: the
+    // leader and the choices forked before it keep theirs (so two choices never take turns
+    // preempting each other), and without the copy it reads the prompt itself.
+    Request* victim = nullptr;
+    for (auto it = running.rbegin(); it != running.rend() && it->get() != &r; ++it) {
+      Request& other = **it;
+      if (memory_->Holds(other.memory) && other.state != RequestState::kFinished &&
+          other.state != RequestState::kPreempted) {
+        victim = &other;
+        break;
+      }
+    }
+    if (victim == nullptr) return false;
+    Preempt(*victim);
+  }
+  return true;
+}
+
+void Scheduler::Fork(Request& leader, Request& r, Running& running) {
+  // The copy's memory first: what the leader's cache holds.
+  if (!ReserveCopy(leader, r, running)) return;  // it will read the prompt itself
+  if (absl::Status copied = leader.cache().forker()->CopyInto(r.cache()); !copied.ok()) {
+    memory_->Release(r.memory);
+    r.Fail(copied);
+    return;
+  }
+  r.MoveTo(RequestState::kPrefilling);
+  r.stream = std::make_unique<CachePositions>(*model_, r.cache(), leader.stream->next());
+  r.prefilled = r.prompt_length;
+  r.fed = 0;
+  r.prefill_done = Clock::now();
+  r.result.stats.prefill_s = Seconds(*r.admitted, r.prefill_done);
+  r.result.forked_tokens = r.prompt_length;
+  // Its own copy of the logits: sampling edits them in place.
+  r.logits = leader.logits.clone();
+  r.MoveTo(RequestState::kSampling);
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++stats_.forked_choices;
+  stats_.forked_tokens += r.prompt_length;
+}
+
 void Scheduler::SampleReady(Running& running) {
   for (auto& owned : running) {
     Request& r = *owned;
@@ -648,6 +808,7 @@ void Scheduler::Retire(Running& running) {
   }
   for (auto it = done; it != running.end(); ++it) {
     Request& r = **it;
+    LeaveGroup(r);
     // The cache goes before the waiter wakes: a finished request holds no KV memory.
     r.stream.reset();
     memory_->Close(r.memory);

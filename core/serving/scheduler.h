@@ -45,6 +45,27 @@
 //     the tests; dense full-precision caches only, since only their entries depend on the
 //     tokens alone).
 //
+// n choices of one prompt (SubmitChoices, OpenAI's `n`) read the prompt once:
+//   - dense full-precision choices over the pool share its blocks through the prefix cache
+//     (above): the first computes them, the others take them at their first prefill turn;
+//   - choices whose caches fork (KVCache::forker: budgeted and quantised caches, whose entries
+//     depend on the steps and so cannot be shared, and dense caches outside a pool) fork by
+//     copy: the first to start (the leader) prefills the prompt while the others wait,
+//     admitted; in the step its prompt is done, each of them is charged what the leader's cache
+//     holds (KVMemory::ReserveCopy, preempting only requests admitted after it), takes a copy of
+//     its cache (entries, quantisation scales, positions, policy scores, a pending eviction:
+//     KVForker::CopyInto, the filled slots only) and of its last position's logits, and samples
+//     its first token with its own generator and chooser; from there each decodes on its own,
+//     charged as it grows. So each equals its own Submit alone (the same chunks, the same cache
+//     state, to the bit).
+//     A choice whose leader is preempted or ends before its prompt is done, or that is admitted
+//     after the leader has moved past it, or finds no room for the copy, prefills the prompt
+//     itself (and leads the choices still waiting); a preempted fork recomputes as any
+//     preempted request does; cancelling one choice leaves the others alone. A choice whose
+//     options differ from the leader's in what shapes the cache (prefill chunk, adapter, cache
+//     options: KVForker::CheckCopyInto) prefills on its own. SchedulerStats.forked_choices and
+//     forked_tokens count the copies and the prompt tokens they did not prefill.
+//
 //   Scheduler scheduler(model);
 //   auto handle = scheduler.Submit(prompt, options, std::move(cache));  // any batch-1 cache
 //   absl::StatusOr<RequestResult> result = (*handle)->Wait();
@@ -89,12 +110,14 @@ struct SchedulerOptions {
 };
 
 struct RequestResult {
-  std::vector<int64_t> tokens;        // as lgpt::Generate returns them
-  bool cancelled = false;             // Cancel(), a false on_token, or the scheduler's end
-  GenerateStats stats;                // time_to_first_token_s counts from Submit
-  int64_t kv_cache_index_bytes = 0;   // the cache's IndexBytes() when the request ended
-  double queue_s = 0;                 // Submit to admission
-  int64_t prefix_hit_tokens = 0;      // prompt tokens found in the prefix cache (not prefilled)
+  std::vector<int64_t> tokens;       // as lgpt::Generate returns them
+  bool cancelled = false;            // Cancel(), a false on_token, or the scheduler's end
+  GenerateStats stats;               // time_to_first_token_s counts from Submit
+  int64_t kv_cache_index_bytes = 0;  // the cache's IndexBytes() when the request ended
+  double queue_s = 0;                // Submit to admission
+  int64_t prefix_hit_tokens = 0;     // prompt tokens found in the prefix cache (not prefilled)
+  // Prompt tokens its last run copied from another choice's cache (not prefilled).
+  int64_t forked_tokens = 0;
   int64_t preemptions = 0;            // times the request was preempted and recomputed
   std::vector<double> inter_token_s;  // gaps between consecutive tokens
 };
@@ -143,6 +166,10 @@ struct SchedulerStats {
   int64_t prefix_hits = 0;        // requests that reused at least one cached block
   int64_t prefix_hit_tokens = 0;  // prompt tokens not prefilled thanks to the prefix cache
   int64_t preemptions = 0;        // requests preempted (blocks freed, recomputed later)
+  // Choices (SubmitChoices) that took a copy of their leader's cache after its prompt, and the
+  // prompt tokens they did not prefill.
+  int64_t forked_choices = 0;
+  int64_t forked_tokens = 0;
 };
 
 class Scheduler {
@@ -167,6 +194,14 @@ class Scheduler {
   absl::StatusOr<std::shared_ptr<RequestHandle>> Submit(std::vector<int64_t> prompt,
                                                         GenerateOptions options,
                                                         std::unique_ptr<KVCache> cache);
+  // n choices of one prompt (OpenAI's `n`): choice i as Submit(prompt, options[i], caches[i]),
+  // all queued together in order or none (Submit's errors; ResourceExhausted when the n do
+  // not fit beside the waiting requests). The prompt is read
+  // once where the caches allow: shared prefix blocks, or a fork by copy (above).
+  // InvalidArgument for no choices (naming SubmitChoices.n) or a cache count that differs.
+  absl::StatusOr<std::vector<std::shared_ptr<RequestHandle>>> SubmitChoices(
+      const std::vector<int64_t>& prompt, std::vector<GenerateOptions> options,
+      std::vector<std::unique_ptr<KVCache>> caches);
 
   SchedulerStats Stats() const;
   const SchedulerOptions& options() const { return options_; }
@@ -177,8 +212,16 @@ class Scheduler {
   int64_t EffectiveChunk(const GenerateOptions& options) const;
 
  private:
-  struct Request;  // its state (request_state.h) and data, in scheduler.cc
+  struct Request;      // its state (request_state.h) and data, in scheduler.cc
+  struct ChoiceGroup;  // the choices of one prompt (SubmitChoices)
   using Running = std::vector<std::unique_ptr<Request>>;
+  // Submit's checks; the request, its cache leased.
+  absl::StatusOr<std::unique_ptr<Request>> MakeRequest(std::vector<int64_t> prompt,
+                                                       GenerateOptions options,
+                                                       std::unique_ptr<KVCache> cache) const;
+  // Queues the requests in order, all or none (max_waiting); their handles.
+  absl::StatusOr<std::vector<std::shared_ptr<RequestHandle>>> Enqueue(
+      std::vector<std::unique_ptr<Request>> requests);
   void Loop();
   // Moves waiting requests to `running` in arrival order while they fit (mutex_ held).
   void AdmitWaiting(Running& running);
@@ -225,6 +268,22 @@ class Scheduler {
   // After a forward pass: charged requests give back what their step's bound over-counted.
   void SettleCharges(Running& running);
   void Preempt(Request& request);
+  // Forking the choices of one prompt (SubmitChoices; the header comment).
+  // Whether `request` (admitted, not started) waits for its group's leader to finish the
+  // prompt; else it reads the prompt itself, and leads the group when none does.
+  bool WaitsForFork(Request& request);
+  // Whether `request` can take a copy of `leader`'s cache once its prompt is done.
+  bool CanFork(const Request& leader, const Request& request) const;
+  // After a pass: leaders whose prompt is done copy their caches and logits into the choices
+  // waiting for them (before sampling, which edits the logits in place).
+  void ForkChoices(Running& running);
+  void Fork(Request& leader, Request& request, Running& running);
+  // Takes the pool memory a copy of `leader`'s cache into `request`'s holds
+  // (KVMemory::ReserveCopy), preempting only requests admitted after `request`; false when
+  // they cannot make room.
+  bool ReserveCopy(const Request& leader, Request& request, Running& running);
+  // A leader that is preempted or ends leaves the lead to the next choice to start.
+  void LeaveGroup(Request& request);
   // Puts preempted requests back at the head of the queue, in arrival order.
   void Requeue(Running& running);
   void Retire(Running& running);
