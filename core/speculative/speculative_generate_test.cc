@@ -1,9 +1,10 @@
 // Speculative decoding in Generate against plain Generate: greedy output token for token (the
-// default model and golden families; n-gram, self-draft and other-draft proposers; k = 1..8;
+// default model and golden families; n-gram, self-draft and noisy-copy draft proposers; k = 1..8;
 // dense, paged, int8 and int4 caches), penalties, biases, constraints, logprobs, stop tokens and
 // a continued session composing, the cache left as plain decoding leaves it, and the refusals
 // (caches that evict, a k past a ring's spare slots, bad options).
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <limits>
 #include <memory>
@@ -69,15 +70,23 @@ GPT Load(const std::string& dir) {
   return loaded->model;
 }
 
-// A one-layer random model of `model`'s shape and vocabulary: a draft that disagrees often.
-GPT OtherDraft(const GPTImpl& model) {
-  Config config = model.config();
-  config.n_layer = 1;
-  absl::StatusOr<GPT> draft = GPTImpl::Create(config);
-  EXPECT_TRUE(draft.ok()) << draft.status();
-  RandomizeWeights(**draft, 77);
-  (*draft)->eval();
-  return *draft;
+// The model with noise on its weights (10% of each tensor's spread): a draft that agrees with
+// it often but not always, so blocks end at every position.
+GPT NoisyCopy(const GPTImpl& model) {
+  absl::StatusOr<GPT> copy = GPTImpl::Create(model.config());
+  EXPECT_TRUE(copy.ok()) << copy.status();
+  at::NoGradGuard no_grad;
+  at::manual_seed(77);
+  const auto source = model.named_parameters();
+  for (auto& item : (*copy)->named_parameters()) {
+    const at::Tensor& original = source[item.key()];
+    item.value().copy_(original);
+    if (original.numel() > 1) {
+      item.value().add_(at::randn_like(original) * original.std().item<double>() * 0.1);
+    }
+  }
+  (*copy)->eval();
+  return *copy;
 }
 
 // A prompt that repeats itself, so prompt lookup finds matches.
@@ -118,7 +127,6 @@ GenerateOptions Greedy() {
 struct Family {
   std::string name;
   std::string dir;
-  std::string draft_dir;  // another checkpoint with the same vocabulary; empty: OtherDraft
 };
 
 class SpeculativeGreedyTest : public ::testing::TestWithParam<Family> {};
@@ -126,13 +134,14 @@ class SpeculativeGreedyTest : public ::testing::TestWithParam<Family> {};
 TEST_P(SpeculativeGreedyTest, EqualsPlainGreedyTokenForToken) {
   const Family& family = GetParam();
   GPT model = Load(family.dir);
-  GPT other = family.draft_dir.empty() ? OtherDraft(*model) : Load(family.draft_dir);
+  GPT other = NoisyCopy(*model);
   const std::vector<int64_t> prompt = Prompt(model->config().vocab_size);
   const bool windowed = model->config().sliding_window_size.has_value();
   for (const std::string cache_kind : {"dense", "paged", "int8", "int4"}) {
     const Outcome plain = GenerateWith(*model, cache_kind, prompt, Greedy());
     ASSERT_EQ(plain.tokens.size(), kNewTokens) << cache_kind;
     for (const std::string proposer_kind : {"ngram", "self", "other"}) {
+      int64_t accepted = 0;
       for (int64_t k = 1; k <= 8; ++k) {
         const std::string where =
             absl::StrCat(family.name, " ", cache_kind, " ", proposer_kind, " k=", k);
@@ -157,11 +166,18 @@ TEST_P(SpeculativeGreedyTest, EqualsPlainGreedyTokenForToken) {
         EXPECT_EQ(speculative.tokens, plain.tokens) << where;
         EXPECT_GT(speculative.stats.verify_steps, 0) << where;
         EXPECT_LE(speculative.stats.accepted_tokens, speculative.stats.proposed_tokens) << where;
+        accepted += speculative.stats.accepted_tokens;
         if (proposer_kind == "self" && (cache_kind == "dense" || cache_kind == "paged")) {
           // The model drafting for itself proposes what it then chooses (the draft's own cache
           // is dense: over a quantised one the model's choices differ a little).
           EXPECT_EQ(speculative.stats.acceptance_rate(), 1.0) << where;
         }
+      }
+      // Proposals were accepted, not only rejected: a noisy copy of the model agrees often,
+      // and a greedy stream repeats itself, which prompt lookup catches.
+      const bool refused = windowed && (cache_kind == "int8" || cache_kind == "int4");
+      if (!refused && (proposer_kind != "ngram" || cache_kind == "dense")) {
+        EXPECT_GT(accepted, 0) << family.name << " " << cache_kind << " " << proposer_kind;
       }
     }
   }
@@ -169,13 +185,11 @@ TEST_P(SpeculativeGreedyTest, EqualsPlainGreedyTokenForToken) {
 
 INSTANTIATE_TEST_SUITE_P(
     Families, SpeculativeGreedyTest,
-    ::testing::Values(
-        Family{"default_model", "tools/default_model", ""},
-        Family{"llama2", "tests/testdata/golden/llama2", "tests/testdata/golden/pythia"},
-        Family{"pythia", "tests/testdata/golden/pythia", "tests/testdata/golden/llama2"},
-        Family{"gemma2", "tests/testdata/golden_extra/gemma2", "tests/testdata/golden/llama2"},
-        Family{"mixtral", "tests/testdata/golden_extra/mixtral",
-               "tests/testdata/golden/llama3_gqa"}),
+    ::testing::Values(Family{"default_model", "tools/default_model"},
+                      Family{"llama2", "tests/testdata/golden/llama2"},
+                      Family{"pythia", "tests/testdata/golden/pythia"},
+                      Family{"gemma2", "tests/testdata/golden_extra/gemma2"},
+                      Family{"mixtral", "tests/testdata/golden_extra/mixtral"}),
     [](const ::testing::TestParamInfo<Family>& info) { return info.param.name; });
 
 // Allows a token only when it is congruent to the number of tokens taken so far, modulo 3: a
