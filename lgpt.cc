@@ -5,12 +5,14 @@
 #include <optional>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/base/status_field.h"
 #include "core/base/status_macros.h"
 #include "core/model/checkpoint.h"
 #include "core/model/quantize_model.h"
+#include "core/speculative/draft_model_proposer.h"
 
 namespace lgpt {
 namespace {
@@ -64,6 +66,70 @@ FieldRef MaxNewTokens() { return FieldRef("RequestOptions.max_new_tokens", "max_
 absl::Status MaxNewTokensBelowOne(int64_t max_new_tokens) {
   return InvalidFieldError(MaxNewTokens(),
                            absl::StrCat("max_new_tokens must be >= 1, got ", max_new_tokens));
+}
+
+// Generate's speculation errors in the request's terms (RequestOptions.speculative).
+absl::Status InRequestTerms(const absl::Status& status) {
+  return RenameField(RenameField(status, "GenerateOptions.speculative.k",
+                                 "SpeculativeSpec.num_speculative_tokens"),
+                     "GenerateOptions.speculative", "SpeculativeSpec.method");
+}
+
+// Speculative decoding is Generate's and Session's (the scheduler's is to come).
+absl::Status RefuseSpeculation(const RequestOptions& options, absl::string_view where) {
+  if (!options.speculative.enabled()) return absl::OkStatus();
+  return FieldError(absl::StatusCode::kUnimplemented, "SpeculativeSpec.method",
+                    absl::StrCat("SpeculativeSpec.method=", options.speculative.method,
+                                 ": speculative decoding runs in Engine::Generate and Session, not "
+                                 "yet in ",
+                                 where));
+}
+
+// Whether a draft's tokenizer is the model's: the same token bytes and special ids.
+absl::Status CheckDraftTokenizer(const Tokenizer* model, const Tokenizer* draft,
+                                 const std::string& draft_dir) {
+  const std::string field = "EngineOptions.draft_checkpoint_dir";
+  if (model == nullptr && draft == nullptr) return absl::OkStatus();  // ids only: vocab_size
+  if (model == nullptr || draft == nullptr) {
+    return InvalidFieldError(
+        field, absl::StrCat(field, " ", draft_dir, ": ", model ? "the draft" : "the model",
+                            " has no tokenizer to compare with the other's (a draft must share "
+                            "the model's tokenizer)"));
+  }
+  const std::vector<std::string> ours = model->VocabularyBytes();
+  const std::vector<std::string> theirs = draft->VocabularyBytes();
+  std::string difference;
+  if (ours.size() != theirs.size()) {
+    difference = absl::StrCat("it has ", theirs.size(), " tokens, the model's ", ours.size());
+  } else if (model->bos_id() != draft->bos_id() || model->eos_id() != draft->eos_id()) {
+    difference = "its BOS or EOS id differs";
+  } else {
+    for (size_t id = 0; id < ours.size(); ++id) {
+      if (ours[id] != theirs[id]) {
+        difference = absl::StrCat("token ", id, " is ", absl::CHexEscape(theirs[id]), " there and ",
+                                  absl::CHexEscape(ours[id]), " in the model");
+        break;
+      }
+    }
+  }
+  if (difference.empty()) return absl::OkStatus();
+  return InvalidFieldError(
+      field,
+      absl::StrCat(field, " ", draft_dir, ": the draft's tokenizer differs from the model's (",
+                   difference, "): a draft must share the model's tokenizer"));
+}
+
+// A checkpoint's tokenizer: null when it has none, an error when one is malformed.
+absl::StatusOr<std::shared_ptr<const Tokenizer>> LoadTokenizer(const std::string& dir) {
+  absl::StatusOr<std::unique_ptr<Tokenizer>> loaded = absl::NotFoundError("");
+  for (const std::string& candidate : CheckpointFileDirs(dir)) {
+    loaded = Tokenizer::Load(candidate);
+    if (!absl::IsNotFound(loaded.status())) break;
+  }
+  if (loaded.ok()) return std::shared_ptr<const Tokenizer>(*std::move(loaded));
+  // Present but malformed: say so rather than ignore it.
+  if (!absl::IsNotFound(loaded.status())) return loaded.status();
+  return std::shared_ptr<const Tokenizer>();
 }
 
 absl::Status CheckIds(const std::vector<int64_t>& ids, int64_t vocab, absl::string_view what) {
@@ -174,20 +240,40 @@ absl::StatusOr<std::shared_ptr<const Engine>> Engine::Load(const std::string& ch
     }
     RETURN_IF_ERROR(QuantizeModel(*loaded.model));
   }
-  std::shared_ptr<const Tokenizer> tokenizer;
-  absl::StatusOr<std::unique_ptr<Tokenizer>> loaded_tokenizer = absl::NotFoundError("");
-  for (const std::string& dir : CheckpointFileDirs(checkpoint_dir)) {
-    loaded_tokenizer = Tokenizer::Load(dir);
-    if (!absl::IsNotFound(loaded_tokenizer.status())) break;
-  }
-  if (loaded_tokenizer.ok()) {
-    tokenizer = *std::move(loaded_tokenizer);
-    RETURN_IF_ERROR(tokenizer->CheckFitsVocabulary(loaded.config.PaddedVocabSize()));
-  } else if (!absl::IsNotFound(loaded_tokenizer.status())) {
-    return loaded_tokenizer.status();  // present but malformed: say so rather than ignore it
+  ASSIGN_OR_RETURN(std::shared_ptr<const Tokenizer> tokenizer, LoadTokenizer(checkpoint_dir));
+  if (tokenizer) RETURN_IF_ERROR(tokenizer->CheckFitsVocabulary(loaded.config.PaddedVocabSize()));
+  GPT draft;
+  if (!options.draft_checkpoint_dir.empty()) {
+    const std::string field = "EngineOptions.draft_checkpoint_dir";
+    if (options.tensor_parallel && options.tensor_parallel->world_size() > 1) {
+      return FieldError(absl::StatusCode::kUnimplemented, field,
+                        absl::StrCat(field,
+                                     " does not combine with EngineOptions.tensor_parallel "
+                                     "yet"),
+                        {"EngineOptions.tensor_parallel"});
+    }
+    if (options.progress) options.progress("loading the draft model");
+    LoadOptions draft_load = load;
+    draft_load.tensor_parallel = nullptr;
+    absl::StatusOr<LoadedModel> loaded_draft =
+        LoadCheckpoint(options.draft_checkpoint_dir, draft_load);
+    if (!loaded_draft.ok()) {
+      return WithFields(
+          WithMessage(loaded_draft.status(), absl::StrCat(field, " ", options.draft_checkpoint_dir,
+                                                          ": ", loaded_draft.status().message())),
+          field);
+    }
+    RETURN_IF_ERROR(CheckDraftVocabulary(loaded.config, loaded_draft->config, field));
+    ASSIGN_OR_RETURN(std::shared_ptr<const Tokenizer> draft_tokenizer,
+                     LoadTokenizer(options.draft_checkpoint_dir));
+    RETURN_IF_ERROR(
+        CheckDraftTokenizer(tokenizer.get(), draft_tokenizer.get(), options.draft_checkpoint_dir));
+    if (quantize != WeightQuantization::kNone) RETURN_IF_ERROR(QuantizeModel(*loaded_draft->model));
+    draft = loaded_draft->model;
   }
   std::shared_ptr<Engine> engine(
       new Engine(std::move(loaded.model), std::move(tokenizer), checkpoint_dir, options.serving));
+  engine->draft_ = std::move(draft);
   engine->warnings_ = std::move(loaded.warnings);
   engine->adapter_names_ = std::move(adapter_names);
   if (options.serving.kv_pool_bytes > 0) {
@@ -199,9 +285,10 @@ absl::StatusOr<std::shared_ptr<const Engine>> Engine::Load(const std::string& ch
 
 std::shared_ptr<const Engine> Engine::FromModel(GPT model,
                                                 std::shared_ptr<const Tokenizer> tokenizer,
-                                                SchedulerOptions serving) {
-  return std::shared_ptr<const Engine>(
-      new Engine(std::move(model), std::move(tokenizer), "", serving));
+                                                SchedulerOptions serving, GPT draft) {
+  std::shared_ptr<Engine> engine(new Engine(std::move(model), std::move(tokenizer), "", serving));
+  engine->draft_ = std::move(draft);
+  return engine;
 }
 
 absl::StatusOr<std::vector<int64_t>> Engine::Encode(absl::string_view text) const {
@@ -250,12 +337,18 @@ absl::StatusOr<at::Tensor> Engine::Embed(const std::vector<std::vector<int64_t>>
 }
 
 absl::StatusOr<std::unique_ptr<KVCache>> Engine::NewCache(const KVCacheSpec& spec, int64_t batch,
-                                                          int64_t length) const {
+                                                          int64_t length,
+                                                          int64_t rollback_slots) const {
   KVCacheShape shape;
   static_cast<KVCacheGeometry&>(shape) = CacheGeometry();
   shape.batch_size = batch;
   shape.max_sequence_length = length;
+  shape.rollback_slots = rollback_slots;
   return MakeKVCache(spec, shape);
+}
+
+absl::StatusOr<std::shared_ptr<Proposer>> Engine::ProposerFor(const RequestOptions& options) const {
+  return MakeProposer(options.speculative, config(), draft_, options.sampling, options.seed);
 }
 
 std::vector<int64_t> Engine::StopTokens(const RequestOptions& options) const {
@@ -402,7 +495,9 @@ class RequestText {
 absl::StatusOr<Completion> Engine::Run(KVCache& cache, int64_t start_position,
                                        const std::vector<int64_t>& prompt,
                                        const RequestOptions& options,
-                                       absl::Span<const int64_t> stream_context) const {
+                                       absl::Span<const int64_t> stream_context,
+                                       std::shared_ptr<Proposer> proposer,
+                                       std::vector<int64_t> history) const {
   RETURN_IF_ERROR(CheckIds(prompt, config().PaddedVocabSize(), "prompt"));
   // A streaming callback that throws ends this request with an error, as through Submit (the
   // scheduler's "on_token threw"), instead of unwinding through the caller.
@@ -412,10 +507,16 @@ absl::StatusOr<Completion> Engine::Run(KVCache& cache, int64_t start_position,
     ASSIGN_OR_RETURN(const bool go_on, text.Prime(stream_context));
     if (!go_on) return text.Finish({}, GenerateStats(), 0, /*cancelled=*/true);
     GenerateStats stats;
-    const GenerateOptions generate = RequestText::Generation(&text, start_position);
-    ASSIGN_OR_RETURN(std::vector<int64_t> tokens,
-                     lgpt::Generate(*model_, cache, prompt, generate, &stats));
-    return text.Finish(std::move(tokens), stats, cache.IndexBytes());
+    GenerateOptions generate = RequestText::Generation(&text, start_position);
+    if (proposer != nullptr) {
+      generate.speculative.proposer = std::move(proposer);
+      generate.speculative.k = options.speculative.num_speculative_tokens;
+      generate.speculative.history = std::move(history);
+    }
+    absl::StatusOr<std::vector<int64_t>> tokens =
+        lgpt::Generate(*model_, cache, prompt, generate, &stats);
+    if (!tokens.ok()) return InRequestTerms(tokens.status());
+    return text.Finish(*std::move(tokens), stats, cache.IndexBytes());
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("a streaming callback threw: ", e.what()));
   } catch (...) {
@@ -488,6 +589,7 @@ struct Engine::Prepared {
 absl::StatusOr<Engine::Prepared> Engine::Prepare(const std::vector<int64_t>& prompt,
                                                  const RequestOptions& options) const {
   RETURN_IF_ERROR(CheckRequest(prompt, options));
+  RETURN_IF_ERROR(RefuseSpeculation(options, "the scheduler (Engine::Submit)"));
   const KVMemory& memory = scheduler().memory();
   if (!pool_error_.ok()) return pool_error_;
   Prepared prepared;
@@ -578,6 +680,7 @@ absl::Status Engine::CheckRequest(const std::vector<int64_t>& prompt,
   if (options.max_new_tokens < 1) return MaxNewTokensBelowOne(options.max_new_tokens);
   RETURN_IF_ERROR(CheckIds(prompt, config().PaddedVocabSize(), "prompt"));
   RETURN_IF_ERROR(ValidateKVCacheSpec(options.kv_cache));
+  RETURN_IF_ERROR(ValidateSpeculativeSpec(options.speculative));
   if (options.top_logprobs < -1 || options.top_logprobs > config().PaddedVocabSize()) {
     return InvalidFieldError(
         FieldRef("RequestOptions.top_logprobs", "top_logprobs"),
@@ -609,7 +712,8 @@ int64_t Engine::CacheLength(const std::vector<int64_t>& prompt,
 
 absl::StatusOr<std::unique_ptr<KVCache>> Engine::CacheFor(const std::vector<int64_t>& prompt,
                                                           const RequestOptions& options) const {
-  return NewCache(options.kv_cache, 1, CacheLength(prompt, options));
+  return NewCache(options.kv_cache, 1, CacheLength(prompt, options),
+                  options.speculative.enabled() ? options.speculative.num_speculative_tokens : 0);
 }
 
 absl::StatusOr<Completion> Engine::Generate(absl::string_view prompt,
@@ -623,7 +727,8 @@ absl::StatusOr<Completion> Engine::Generate(const std::vector<int64_t>& prompt,
                                             const RequestOptions& options) const {
   RETURN_IF_ERROR(CheckRequest(prompt, options));
   ASSIGN_OR_RETURN(std::unique_ptr<KVCache> cache, CacheFor(prompt, options));
-  return Run(*cache, 0, prompt, options, prompt);
+  ASSIGN_OR_RETURN(std::shared_ptr<Proposer> proposer, ProposerFor(options));
+  return Run(*cache, 0, prompt, options, prompt, std::move(proposer));
 }
 
 absl::StatusOr<std::vector<Completion>> Engine::GenerateBatch(
@@ -641,6 +746,7 @@ absl::StatusOr<std::vector<Completion>> Engine::GenerateBatch(
         "GenerateBatch takes no constraint or logprobs (Submit each request: the scheduler "
         "batches them)");
   }
+  RETURN_IF_ERROR(RefuseSpeculation(options, "Engine::GenerateBatch"));
   int64_t longest = 0;
   for (size_t row = 0; row < prompts.size(); ++row) {
     RETURN_IF_ERROR(
@@ -690,7 +796,8 @@ absl::StatusOr<std::vector<Completion>> Engine::GenerateBatch(
 
 absl::StatusOr<std::unique_ptr<Session>> Engine::NewSession(const KVCacheSpec& kv_cache) const {
   RETURN_IF_ERROR(ValidateKVCacheSpec(kv_cache));
-  ASSIGN_OR_RETURN(std::unique_ptr<KVCache> cache, NewCache(kv_cache, 1, config().block_size));
+  ASSIGN_OR_RETURN(std::unique_ptr<KVCache> cache,
+                   NewCache(kv_cache, 1, config().block_size, kSessionRollbackSlots));
   return std::unique_ptr<Session>(new Session(shared_from_this(), std::move(cache)));
 }
 
@@ -707,6 +814,8 @@ void Session::Reset() {
   history_.clear();
   cached_ = 0;
   shifted_ = 0;
+  proposer_ = nullptr;
+  proposer_key_.clear();
 }
 
 absl::StatusOr<Completion> Session::Send(absl::string_view text, const RequestOptions& options) {
@@ -739,13 +848,32 @@ absl::StatusOr<Completion> Session::Send(const std::vector<int64_t>& tokens,
   }
   RequestOptions capped = options;
   capped.max_new_tokens = std::min(options.max_new_tokens, room);
+  // The conversation's proposer: a draft keeps its cache across turns while the request's
+  // settings stay.
+  RETURN_IF_ERROR(ValidateSpeculativeSpec(options.speculative));
+  const SpeculativeSpec& spec = options.speculative;
+  const SamplingOptions& sampling = options.sampling;
+  const std::string key =
+      spec.enabled() ? absl::StrCat(spec.method, "/", spec.num_speculative_tokens, "/",
+                                    spec.prompt_lookup_min, "/", spec.prompt_lookup_max, "/",
+                                    IsGreedy(sampling) ? 0.0 : sampling.temperature, "/",
+                                    sampling.top_k, "/", sampling.top_p, "/", sampling.min_p)
+                     : "";
+  if (key != proposer_key_ || (spec.enabled() && proposer_ == nullptr)) {
+    ASSIGN_OR_RETURN(proposer_, engine_->ProposerFor(options));
+    proposer_key_ = key;
+  }
   // The generation's own checks (sampling, prefill_chunk, ...) before the cache is touched, as
   // Submit runs them: a failure inside Run resets the session, bad options must not cost it.
-  RETURN_IF_ERROR(CheckGenerateRequest(engine_->model(), *cache_,
-                                       static_cast<int64_t>(prompt.size()),
-                                       GenerationSettings(capped, cached_ - shifted_)));
-  absl::StatusOr<Completion> result =
-      engine_->Run(*cache_, cached_ - shifted_, prompt, capped, absl::MakeConstSpan(prompt));
+  GenerateOptions settings = GenerationSettings(capped, cached_ - shifted_);
+  settings.speculative.proposer = proposer_;
+  settings.speculative.k = spec.num_speculative_tokens;
+  RETURN_IF_ERROR(InRequestTerms(CheckGenerateRequest(
+      engine_->model(), *cache_, static_cast<int64_t>(prompt.size()), settings)));
+  absl::StatusOr<Completion> result = engine_->Run(
+      *cache_, cached_ - shifted_, prompt, capped, absl::MakeConstSpan(prompt), proposer_,
+      proposer_ ? std::vector<int64_t>(history_.begin(), history_.begin() + cached_)
+                : std::vector<int64_t>());
   if (!result.ok()) {
     // A failed step may have stored part of its entries: start over rather than risk them.
     Reset();

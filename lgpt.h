@@ -43,6 +43,8 @@
 #include "core/model/sampling.h"
 #include "core/serving/kv_memory.h"
 #include "core/serving/scheduler.h"
+#include "core/speculative/proposer.h"
+#include "core/speculative/speculative_spec.h"
 #include "core/text/tokenizer.h"
 #include "peft/peft_checkpoint.h"
 
@@ -67,6 +69,12 @@ struct EngineOptions {
   WeightQuantization quantize = WeightQuantization::kNone;
   // Older spelling of quantize = kInt8 (true with quantize kNone or kInt8 means kInt8).
   bool quantize_int8 = false;
+  // Speculative decoding's draft model (RequestOptions.speculative.method "draft";
+  // core/speculative/README.md): a checkpoint loaded beside the model with the same dtype,
+  // device and quantize. It must share the model's tokenizer: the same vocab_size and the same
+  // token bytes and special ids (checked at load; InvalidArgument naming this field otherwise).
+  // Not with tensor_parallel.
+  std::string draft_checkpoint_dir;
   // Continuous batching of the requests given to Engine::Submit.
   SchedulerOptions serving;
   // Check lit_model.pth's records against their CRC-32s (LoadOptions::verify_checksums): a
@@ -131,6 +139,13 @@ struct RequestOptions {
   // Sessions: whether a reply's final stop token stays in the context. Chat layouts whose
   // next-turn text starts with the end-of-turn token (PromptStyle::ContinueChat) say false.
   bool keep_stop_token = true;
+  // Speculative decoding (core/speculative/README.md): method "ngram" (prompt lookup) or
+  // "draft" (EngineOptions.draft_checkpoint_dir), num_speculative_tokens per step. Greedy
+  // output is the same token for token, sampled output has the same distribution; only the
+  // speed changes (Completion::stats counts proposed and accepted tokens). Engine::Generate and
+  // Session only (Submit and GenerateBatch refuse it), over dense, paged or quantised KV
+  // caches (budgeted ones are refused: they cannot take rejected entries back).
+  SpeculativeSpec speculative;
 };
 
 struct Completion {
@@ -187,9 +202,12 @@ class Engine : public std::enable_shared_from_this<Engine> {
   static absl::StatusOr<std::shared_ptr<const Engine>> Load(const std::string& checkpoint_dir,
                                                             const EngineOptions& options = {});
   // Wraps a model built elsewhere (tests, fine-tuned weights); the tokenizer may be null.
+  // `draft`: the draft model of RequestOptions.speculative "draft" (its vocabulary is checked
+  // when a request uses it).
   static std::shared_ptr<const Engine> FromModel(GPT model,
                                                  std::shared_ptr<const Tokenizer> tokenizer,
-                                                 SchedulerOptions serving = {});
+                                                 SchedulerOptions serving = {},
+                                                 GPT draft = nullptr);
   // Cancels the requests still running through Submit (they end as kCancelled).
   ~Engine();
 
@@ -233,7 +251,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
 
   // A conversation that keeps its KV cache between calls. `kv_cache` chooses the cache;
   // its context is the model's block_size, unless kv_cache.positions is "cache" (window and
-  // sink caches): then the conversation never fills the context.
+  // sink caches): then the conversation never fills the context. Its sliding-window layers keep
+  // kSessionRollbackSlots spare slots, so speculation of up to that many + 1 tokens a step.
+  static constexpr int64_t kSessionRollbackSlots = 8;
   absl::StatusOr<std::unique_ptr<Session>> NewSession(const KVCacheSpec& kv_cache = {}) const;
 
   absl::StatusOr<std::vector<int64_t>> Encode(absl::string_view text) const;
@@ -256,6 +276,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // What sizes the scheduler Submit feeds (EngineOptions.serving).
   const SchedulerOptions& serving_options() const { return serving_; }
   GPTImpl& model() const { return *model_; }
+  // The draft model (EngineOptions.draft_checkpoint_dir); null without one.
+  const GPT& draft_model() const { return draft_; }
 
  private:
   friend class Session;
@@ -278,19 +300,28 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // The cache geometry of this model's requests (batch size and length left to each).
   KVCacheGeometry CacheGeometry() const;
   KVMemoryOptions MemoryOptions() const;
+  // `rollback_slots`: KVCacheShape.rollback_slots (speculation of that many tokens over
+  // sliding-window layers).
   absl::StatusOr<std::unique_ptr<KVCache>> NewCache(const KVCacheSpec& spec, int64_t batch,
-                                                    int64_t length) const;
+                                                    int64_t length,
+                                                    int64_t rollback_slots = 0) const;
+  // The proposer of a request's RequestOptions.speculative; null when it asks for none.
+  absl::StatusOr<std::shared_ptr<Proposer>> ProposerFor(const RequestOptions& options) const;
   std::vector<int64_t> StopTokens(const RequestOptions& options) const;
   // The slot of options.adapter (-1: the base model); InvalidArgument naming
   // RequestOptions.adapter for a name the engine does not serve.
   absl::StatusOr<int64_t> AdapterSlot(const RequestOptions& options) const;
   // Generates after `prompt` at `start_position` in `cache` with stop sequences, streaming
-  // and cancellation.
+  // and cancellation; speculatively with `proposer`, which sees `history` (the cache's
+  // positions [0, start_position), or nothing) before the prompt.
   absl::StatusOr<Completion> Run(KVCache& cache, int64_t start_position,
                                  const std::vector<int64_t>& prompt, const RequestOptions& options,
-                                 absl::Span<const int64_t> stream_context) const;
+                                 absl::Span<const int64_t> stream_context,
+                                 std::shared_ptr<Proposer> proposer = nullptr,
+                                 std::vector<int64_t> history = {}) const;
 
   GPT model_;
+  GPT draft_;  // speculative decoding's draft model, or null
   std::shared_ptr<const Tokenizer> tokenizer_;
   std::string checkpoint_dir_;
   std::vector<std::string> warnings_;
@@ -333,6 +364,10 @@ class Session {
   // Cache positions (KVCacheSpec.positions = "cache"): how far the cache has moved its entries
   // down; the next token's cache position is cached_ - shifted_.
   int64_t shifted_ = 0;
+  // Speculative decoding: the conversation's proposer (a draft keeps its KV cache across
+  // turns) and the request settings it was made for.
+  std::shared_ptr<Proposer> proposer_;
+  std::string proposer_key_;
 };
 
 }  // namespace lgpt

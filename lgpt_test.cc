@@ -662,5 +662,96 @@ TEST(EngineTest, CorruptCheckpointNamesTheEngineOption) {
   EXPECT_TRUE(unverified.ok()) << unverified.status();
 }
 
+// Speculative decoding through the Engine: greedy replies equal the plain ones with prompt
+// lookup and with a draft checkpoint (the model itself: every proposal accepted), in a session
+// too; the draft's tokenizer is checked at load; the scheduler refuses it for now.
+TEST(EngineTest, SpeculativeDecodingKeepsGreedyRepliesAndCountsProposals) {
+  EngineOptions engine_options;
+  engine_options.draft_checkpoint_dir = kDefaultModel;
+  absl::StatusOr<std::shared_ptr<const Engine>> engine =
+      Engine::Load(kDefaultModel, engine_options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const std::string prompt =
+      "And God said, Let there be light: and there was light. And God saw the light, that it "
+      "was good. And God said, Let there be";
+  const Completion plain = *(*engine)->Generate(prompt, Greedy(40));
+  for (const std::string method : {"ngram", "draft"}) {
+    RequestOptions options = Greedy(40);
+    options.speculative.method = method;
+    options.speculative.num_speculative_tokens = 5;
+    std::string streamed;
+    options.on_text = [&streamed](absl::string_view piece) {
+      streamed.append(piece.data(), piece.size());
+      return true;
+    };
+    absl::StatusOr<Completion> reply = (*engine)->Generate(prompt, options);
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    EXPECT_EQ(reply->tokens, plain.tokens) << method;
+    EXPECT_EQ(reply->text, plain.text) << method;
+    EXPECT_EQ(streamed, plain.text) << method;
+    EXPECT_GT(reply->stats.proposed_tokens, 0) << method;
+    if (method == "draft") {
+      EXPECT_EQ(reply->stats.acceptance_rate(), 1.0);
+    }
+    // A conversation: two turns alike with and without speculation.
+    std::unique_ptr<Session> with = *(*engine)->NewSession();
+    std::unique_ptr<Session> without = *(*engine)->NewSession();
+    RequestOptions plain_options = Greedy(24);
+    options.max_new_tokens = 24;
+    options.on_text = nullptr;
+    for (const std::string turn : {"And God said", " and the evening and the morning were"}) {
+      const Completion a = *without->Send(turn, plain_options);
+      absl::StatusOr<Completion> b = with->Send(turn, options);
+      ASSERT_TRUE(b.ok()) << b.status();
+      EXPECT_EQ(b->tokens, a.tokens) << method << ": " << turn;
+    }
+    EXPECT_EQ(with->context_tokens(), without->context_tokens());
+    // The scheduler's part is to come.
+    const absl::Status refused = (*engine)->Submit(prompt, options).status();
+    EXPECT_EQ(refused.code(), absl::StatusCode::kUnimplemented) << refused;
+    EXPECT_EQ(ErrorField(refused), "SpeculativeSpec.method");
+  }
+  // A budgeted cache cannot take rejected entries back: refused naming the speculation.
+  RequestOptions budgeted = Greedy(8);
+  budgeted.speculative.method = "ngram";
+  budgeted.kv_cache.policy = "h2o";
+  budgeted.kv_cache.budget = 16;
+  const absl::Status status = (*engine)->Generate(prompt, budgeted).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+  EXPECT_EQ(ErrorField(status), "SpeculativeSpec.method") << status;
+  // Without a draft checkpoint "draft" is refused.
+  RequestOptions draft = Greedy(8);
+  draft.speculative.method = "draft";
+  EXPECT_EQ(ErrorField(DefaultEngine().Generate(prompt, draft).status()), "SpeculativeSpec.method");
+}
+
+TEST(EngineTest, ADraftMustShareTheTokenizer) {
+  EngineOptions options;
+  options.draft_checkpoint_dir = "tests/testdata/golden/llama2";  // 250 tokens, not 4096
+  absl::Status status = Engine::Load(kDefaultModel, options).status();
+  EXPECT_EQ(ErrorField(status), "EngineOptions.draft_checkpoint_dir") << status;
+  EXPECT_THAT(status.message(), HasSubstr("vocab_size")) << status;
+  // The same shape and vocabulary size with another tokenizer, and with none.
+  const std::string dir = testing::TempDir() + "/other_tokenizer_draft";
+  std::filesystem::create_directories(dir);
+  for (const char* file : {"model_config.yaml", "model.safetensors"}) {
+    std::filesystem::copy_file(std::string(kDefaultModel) + "/" + file, dir + "/" + file,
+                               std::filesystem::copy_options::overwrite_existing);
+  }
+  options.draft_checkpoint_dir = dir;
+  status = Engine::Load(kDefaultModel, options).status();
+  EXPECT_EQ(ErrorField(status), "EngineOptions.draft_checkpoint_dir") << status;
+  EXPECT_THAT(status.message(), HasSubstr("no tokenizer")) << status;
+  std::string vocab;
+  for (int id = 0; id < DefaultEngine().config().vocab_size; ++id) {
+    absl::StrAppend(&vocab, id == 0 ? "" : ", ", "\"t", id, "\": ", id);
+  }
+  std::ofstream(dir + "/tokenizer.json")
+      << R"({"model": {"type": "BPE", "vocab": {)" << vocab << R"(}, "merges": []}})";
+  status = Engine::Load(kDefaultModel, options).status();
+  EXPECT_EQ(ErrorField(status), "EngineOptions.draft_checkpoint_dir") << status;
+  EXPECT_THAT(status.message(), HasSubstr("tokenizer differs")) << status;
+}
+
 }  // namespace
 }  // namespace lgpt

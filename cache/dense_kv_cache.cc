@@ -57,6 +57,10 @@ absl::StatusOr<std::unique_ptr<DenseKVCache>> DenseKVCache::Create(
     return absl::InvalidArgumentError(absl::StrCat(
         "DenseKVCacheOptions.initial_capacity must be >= 0, got ", options.initial_capacity));
   }
+  if (options.rollback_slots < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DenseKVCacheOptions.rollback_slots must be >= 0, got ", options.rollback_slots));
+  }
   return std::unique_ptr<DenseKVCache>(new DenseKVCache(options));
 }
 
@@ -68,7 +72,8 @@ DenseKVCache::DenseKVCache(const DenseKVCacheOptions& options) : options_(option
     layer.spec = spec;
     layer.ring = spec.sliding_window > 0 && spec.sliding_window < options.max_sequence_length;
     if (layer.ring) {
-      layer.capacity = spec.sliding_window;
+      layer.capacity =
+          std::min(spec.sliding_window + options.rollback_slots, options.max_sequence_length);
       layer.keys = at::zeros({batch, spec.n_query_groups, layer.capacity, spec.head_size}, opts);
       layer.values = at::zeros_like(layer.keys);
       layer.positions = at::full({batch, 1, layer.capacity}, -1,
@@ -260,6 +265,59 @@ absl::Status DenseKVCache::CheckCopyInto(const KVCache& target) const {
       return differs("max_sequence_length",
                      absl::StrCat(a.max_sequence_length, " (", x.end, " positions written)"),
                      b.max_sequence_length);
+    }
+  }
+  return absl::OkStatus();
+}
+
+int64_t DenseKVCache::max_rollback() const {
+  for (const Layer& layer : layers_) {
+    if (layer.ring) return options_.rollback_slots + 1;
+  }
+  return kUnlimited;
+}
+
+absl::Status DenseKVCache::Truncate(int64_t length) {
+  if (length < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DenseKVCache::Truncate: length must be >= 0, got ", length));
+  }
+  // Rings first, checked before anything changes: after the truncation a row's next query (at
+  // its newest kept position + 1) sees the window before it, which the ring must still hold.
+  std::vector<at::Tensor> kept_positions;  // per ring layer: [B, 1, capacity] on the host
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const Layer& layer = layers_[i];
+    if (!layer.ring) continue;
+    at::Tensor positions = layer.positions.to(at::kCPU).clone();  // the check changes nothing
+    positions.masked_fill_(positions >= length, -1);
+    const int64_t window = layer.spec.sliding_window, capacity = layer.capacity;
+    const int64_t* slots = positions.data_ptr<int64_t>();
+    for (int64_t b = 0; b < options_.batch_size; ++b) {
+      const int64_t* row = slots + b * capacity;
+      const int64_t newest = *std::max_element(row, row + capacity);
+      if (newest < 0) continue;
+      // The next query, at newest + 1, sees positions newest + 2 - window .. newest.
+      const int64_t oldest_seen = std::max<int64_t>(0, newest + 2 - window);
+      const int64_t held = std::count_if(row, row + capacity, [&](int64_t p) {
+        return p >= oldest_seen;  // (every held position is <= newest)
+      });
+      if (held < newest + 1 - oldest_seen) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "DenseKVCache::Truncate(", length, "): the ring of layer ", i, " (window ", window,
+            ", ", capacity - window,
+            " spare slots) no longer holds the entries the next query sees; give "
+            "DenseKVCacheOptions.rollback_slots >= the entries a step writes past what it "
+            "keeps, minus 1"));
+      }
+    }
+    kept_positions.push_back(positions);
+  }
+  size_t ring = 0;
+  for (Layer& layer : layers_) {
+    if (layer.ring) {
+      layer.positions.copy_(kept_positions[ring++]);
+    } else {
+      layer.end = std::min(layer.end, length);
     }
   }
   return absl::OkStatus();

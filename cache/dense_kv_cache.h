@@ -8,6 +8,11 @@
 // of T > 1 tokens attends to the ring's old entries concatenated with its own, and only then
 // is written, so no query loses a key it needs whatever the chunk size (LitGPT's ring
 // overwrites such keys).
+//
+// Rollback (speculative decoding): global layers forget positions by ending their views
+// earlier; a ring overwrites the oldest entries, so it keeps `rollback_slots` slots beyond its
+// window for the entries a rejected step displaced (a step may then run rollback_slots + 1
+// entries past what it keeps).
 #ifndef LGPT_CACHE_DENSE_KV_CACHE_H_
 #define LGPT_CACHE_DENSE_KV_CACHE_H_
 
@@ -28,9 +33,12 @@ struct DenseKVCacheOptions : KVCacheGeometry {
   // Slots allocated up front for global layers; 0 grows on demand. Callers that know the
   // final length (prompt + new tokens) pass it to avoid any regrowth.
   int64_t initial_capacity = 0;
+  // Sliding-window layers: slots kept beyond the window, so that a Truncate may forget up to
+  // rollback_slots + 1 of the newest entries (speculative decoding of k tokens needs k - 1).
+  int64_t rollback_slots = 0;
 };
 
-class DenseKVCache : public KVCache, public KVDecodeRows, public KVForker {
+class DenseKVCache : public KVCache, public KVDecodeRows, public KVForker, public KVRollback {
  public:
   static absl::StatusOr<std::unique_ptr<DenseKVCache>> Create(const DenseKVCacheOptions& options);
 
@@ -49,6 +57,12 @@ class DenseKVCache : public KVCache, public KVDecodeRows, public KVForker {
   const KVForker* forker() const override { return this; }
   absl::Status CheckCopyInto(const KVCache& target) const override;
   absl::Status CopyInto(KVCache& target) const override;
+  KVRollback* rollback() override { return this; }
+  // Unlimited without sliding-window rings; else rollback_slots + 1.
+  int64_t max_rollback() const override;
+  // Global layers end their views at `length`; rings mark the forgotten slots empty, after
+  // checking that they still hold every entry a query at or after `length` sees.
+  absl::Status Truncate(int64_t length) override;
   void Reset() override;
   // Key and value storage: 2 · batch · n_query_groups · capacity · head_size · element size,
   // summed over layers (capacity window-sized on windowed layers).

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include "cache/rollback_test_util.h"
 #include "gtest/gtest.h"
 
 namespace lgpt {
@@ -202,6 +203,53 @@ TEST(DenseKVCacheTest, ResetForgetsEntries) {
   view = (*cache)->Update(1, Step(1, 0, 1), KeysFor(1, 0, 1), KeysFor(1, 0, 1));
   ASSERT_TRUE(view.ok());
   EXPECT_EQ((view->positions >= 0).sum().item<int64_t>(), 1);
+}
+
+// Speculative decoding: a step of `step` entries of which the first `keep` stay attends from
+// then on as a cache that decoded only those, windows included (their rings keep spare slots).
+TEST(DenseKVCacheTest, TruncateForgetsRejectedEntries) {
+  for (const std::vector<int64_t>& windows : {std::vector<int64_t>{0}, {0, 6}}) {
+    for (int64_t step = 1; step <= 5; ++step) {
+      for (int64_t keep = 1; keep <= step; ++keep) {
+        DenseKVCacheOptions options = Options(1, 40, windows);
+        options.rollback_slots = 4;
+        std::unique_ptr<DenseKVCache> speculating = *DenseKVCache::Create(options);
+        std::unique_ptr<DenseKVCache> plain = *DenseKVCache::Create(options);
+        RollbackStream stream;
+        stream.geometry = options;
+        stream.step = step;
+        stream.keep = keep;
+        EXPECT_LT(RollbackDifference(*speculating, *plain, stream), 1e-5)
+            << windows.size() << " layers, step " << step << ", keep " << keep;
+        // The global layer's view ends where the kept entries do.
+        const at::Tensor k = KeysFor(1, stream.total, 1);
+        auto view = speculating->Update(0, Step(1, stream.total, 1), k, k);
+        ASSERT_TRUE(view.ok());
+        EXPECT_EQ(view->keys.size(2), stream.total + 1);
+      }
+    }
+  }
+}
+
+TEST(DenseKVCacheTest, TruncateStopsWhereARingLostWhatItNeeds) {
+  DenseKVCacheOptions options = Options(1, 40, {0, 4});  // no spare slots: 1 entry forgotten
+  auto cache = DenseKVCache::Create(options);
+  ASSERT_TRUE(cache.ok());
+  EXPECT_EQ((*cache)->max_rollback(), 1);
+  for (int64_t layer : {0, 1}) {
+    ASSERT_TRUE((*cache)->Update(layer, Step(1, 0, 10), KeysFor(1, 0, 10), KeysFor(1, 0, 10)).ok());
+  }
+  ASSERT_TRUE((*cache)->Truncate(9).ok());            // the ring still holds 6, 7, 8
+  const absl::Status status = (*cache)->Truncate(7);  // it no longer holds 4
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+  EXPECT_NE(status.message().find("rollback_slots"), std::string::npos) << status;
+  auto view = (*cache)->Update(1, Step(1, 9, 1), KeysFor(1, 9, 1), KeysFor(1, 9, 1));
+  ASSERT_TRUE(view.ok());  // unchanged by the refusal: 6, 7, 8 and the new 9
+  EXPECT_EQ((view->positions >= 6).sum().item<int64_t>(), 4);
+  // Without windows anything goes.
+  auto global = DenseKVCache::Create(Options(1, 40, {0}));
+  EXPECT_EQ((*global)->max_rollback(), KVRollback::kUnlimited);
+  EXPECT_EQ((*global)->rollback(), global->get());
 }
 
 }  // namespace

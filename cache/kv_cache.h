@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -34,6 +35,11 @@ struct KVStep {
   at::Tensor positions;      // [B, T] int64: token position of each new entry
   int64_t min_position = 0;  // min over `positions`, computed once per model step on the host
   int64_t max_position = 0;  // max over `positions`
+  // Attend as T one-token steps would, in order (speculative verification: the step's tokens
+  // must see what decoding them one at a time sees). Only caches whose chunk path attends to
+  // other entries than their decode path (quantised storage: a decode step reads its own
+  // entry encoded) do anything different; the others take the step as a chunk.
+  bool sequential = false;
 };
 
 // Entries a step attends to. Slots whose position is negative are empty.
@@ -179,6 +185,24 @@ class KVForker {
   virtual absl::Status CopyInto(KVCache& target) const = 0;
 };
 
+// Speculative decoding (core/model/generate.h, core/speculative/): a step writes the last
+// accepted token and k proposed ones, then the cache forgets the entries of the proposals the
+// model rejected. After Truncate(length) the cache attends exactly as one that never held the
+// entries at positions >= length (their storage, scores and precision included).
+class KVRollback {
+ public:
+  virtual ~KVRollback() = default;
+  // The most of a step's newest entries a Truncate may forget (a step of k + 1 tokens whose
+  // first is kept needs k); kUnlimited for any.
+  static constexpr int64_t kUnlimited = std::numeric_limits<int64_t>::max();
+  virtual int64_t max_rollback() const = 0;
+  // Forgets every entry at a position >= `length`, in every row. FailedPrecondition when the
+  // cache can no longer restore what a cache without them would hold (further back than
+  // max_rollback(), or past the last step where only that step can be undone); the cache is
+  // unchanged then.
+  virtual absl::Status Truncate(int64_t length) = 0;
+};
+
 class KVCache {
  public:
   virtual ~KVCache() = default;
@@ -243,6 +267,9 @@ class KVCache {
   bool ShiftsPositions() const { return position_shifter() != nullptr; }
   // Forking (core/serving/scheduler.h's n choices): the state copied into another cache.
   virtual const KVForker* forker() const { return nullptr; }
+  // Speculative decoding: forgetting a step's rejected entries. Null for caches that evict
+  // (window, sink, h2o, tova...): an entry a rejected token displaced cannot come back.
+  virtual KVRollback* rollback() { return nullptr; }
 
   virtual std::string DebugName() const = 0;
 };

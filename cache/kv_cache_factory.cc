@@ -96,6 +96,7 @@ absl::StatusOr<std::unique_ptr<KVCache>> MakeKVCache(const KVCacheSpec& spec,
     DenseKVCacheOptions options;
     static_cast<KVCacheGeometry&>(options) = shape;
     options.initial_capacity = shape.initial_capacity;
+    options.rollback_slots = shape.rollback_slots;
     ASSIGN_OR_RETURN(std::unique_ptr<DenseKVCache> cache, DenseKVCache::Create(options));
     return std::unique_ptr<KVCache>(std::move(cache));
   }

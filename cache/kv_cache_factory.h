@@ -66,6 +66,9 @@ std::string DescribeKVCacheSpec(const KVCacheSpec& spec,
 struct KVCacheShape : KVCacheGeometry {
   int64_t initial_capacity = 0;  // dense only: slots allocated up front
   int64_t growth_step = 0;       // budgeted and quantised: PolicyKVCacheOptions.growth_step
+  // Dense: DenseKVCacheOptions.rollback_slots (sliding-window rings keep this many slots more,
+  // so speculative decoding of rollback_slots + 1 tokens can forget rejected entries).
+  int64_t rollback_slots = 0;
 };
 
 absl::StatusOr<std::unique_ptr<KVCache>> MakeKVCache(const KVCacheSpec& spec,

@@ -67,6 +67,23 @@ void PagedKVCache::Reset() {
   length_ = 0;
 }
 
+absl::Status PagedKVCache::Truncate(int64_t length) {
+  if (length < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PagedKVCache::Truncate: length must be >= 0, got ", length));
+  }
+  if (length >= length_) return absl::OkStatus();
+  const int64_t blocks = pool_->BlocksFor(length);
+  for (int64_t i = blocks; i < static_cast<int64_t>(table_.size()); ++i) pool_->Release(table_[i]);
+  table_.resize(static_cast<size_t>(blocks));
+  // Only whole blocks are published: one the cut falls in holds entries that will change.
+  keys_.resize(
+      std::min<size_t>(keys_.size(), static_cast<size_t>(length / pool_->entries_per_block())));
+  for (int64_t& written : layer_length_) written = std::min(written, length);
+  length_ = length;
+  return absl::OkStatus();
+}
+
 std::vector<int64_t> PagedKVCache::TableSlotsToFill(int64_t steps) const {
   std::vector<int64_t> slots;
   if (steps <= 0) return slots;

@@ -14,6 +14,9 @@
 // blocks. A block that others share is copied before a step writes into it (copy-on-write: the
 // last block of a prompt that is a whole number of blocks, whose last token is computed again
 // for its logits).
+//
+// Rollback (speculative decoding): Truncate gives back the blocks past the new length; a
+// published block it cuts into stays shared, so the next write copies it first.
 #ifndef LGPT_CACHE_PAGED_KV_CACHE_H_
 #define LGPT_CACHE_PAGED_KV_CACHE_H_
 
@@ -33,7 +36,7 @@
 
 namespace lgpt {
 
-class PagedKVCache : public KVCache, public KVDecodeRows {
+class PagedKVCache : public KVCache, public KVDecodeRows, public KVRollback {
  public:
   // A cache of up to `max_sequence_length` positions over `pool`.
   static absl::StatusOr<std::unique_ptr<PagedKVCache>> Create(std::shared_ptr<BlockPool> pool,
@@ -56,6 +59,12 @@ class PagedKVCache : public KVCache, public KVDecodeRows {
                                                            const at::Tensor& keys,
                                                            const at::Tensor& values) override;
   KVDecodeRows* decode_rows() override { return this; }
+  KVRollback* rollback() override { return this; }
+  int64_t max_rollback() const override { return kUnlimited; }
+  // The cache holds positions [0, min(length, length())) afterwards; blocks past them go back
+  // to the pool, and a published (prefix-cached) block the cut falls in is no longer this
+  // cache's to publish.
+  absl::Status Truncate(int64_t length) override;
 
   // Gives every block back to the pool.
   void Reset() override;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cache/dense_kv_cache.h"
+#include "cache/rollback_test_util.h"
 #include "cache/test_pools.h"
 #include "gtest/gtest.h"
 
@@ -160,6 +161,53 @@ TEST(PrefixCacheTest, WritesIntoSharedBlocksCopyThemFirst) {
   EXPECT_FALSE(at::equal(mine.narrow(2, 7, 1), before.narrow(2, 7, 1)));
   const at::Tensor after = Fill(*writer, 1);
   EXPECT_TRUE(at::equal(after.narrow(2, 0, 8), before));
+}
+
+// Speculative decoding: the blocks past the kept entries go back to the pool, and the cache
+// attends as one that decoded only the kept entries.
+TEST(PagedKVCacheTest, TruncateForgetsRejectedEntriesAndGivesBlocksBack) {
+  for (int64_t step = 1; step <= 6; ++step) {
+    for (int64_t keep = 1; keep <= step; ++keep) {
+      std::shared_ptr<BlockPool> pool = TestPool(32);
+      std::unique_ptr<PagedKVCache> speculating = *PagedKVCache::Create(pool, 64);
+      std::unique_ptr<PagedKVCache> plain = *PagedKVCache::Create(pool, 64);
+      RollbackStream stream;
+      stream.geometry = TestPoolGeometry();
+      stream.begin = 11;  // the step crosses a block boundary
+      stream.step = step;
+      stream.keep = keep;
+      EXPECT_LT(RollbackDifference(*speculating, *plain, stream), 1e-5)
+          << "step " << step << ", keep " << keep;
+      EXPECT_EQ(speculating->length(), plain->length());
+      EXPECT_EQ(speculating->blocks_held(), plain->blocks_held());
+    }
+  }
+  std::shared_ptr<BlockPool> pool = TestPool(8);
+  std::unique_ptr<PagedKVCache> cache = *PagedKVCache::Create(pool, 64);
+  Fill(*cache, 10);
+  const int64_t free_before = pool->free_blocks();
+  ASSERT_TRUE(cache->Truncate(5).ok());
+  EXPECT_EQ(cache->length(), 5);
+  EXPECT_EQ(cache->blocks_held(), 2);
+  EXPECT_EQ(pool->free_blocks(), free_before + 1);
+  EXPECT_TRUE(cache->CheckStep(Step(5, 1), 1).ok());  // the stream goes on at 5
+}
+
+TEST(PagedKVCacheTest, TruncatingIntoAPublishedBlockCopiesItBeforeTheNextWrite) {
+  std::shared_ptr<BlockPool> pool = TestPool(16);
+  PrefixCache prefixes(pool);
+  const std::vector<int64_t> ids = {1, 2, 3, 4, 5, 6, 7, 8};
+  std::unique_ptr<PagedKVCache> cache = *PagedKVCache::Create(pool, 64);
+  const at::Tensor before = Fill(*cache, 8);
+  cache->PublishPrefix(prefixes, ids);
+  ASSERT_TRUE(cache->Truncate(6).ok());
+  EXPECT_EQ(cache->BlocksNeeded(1), 1);  // the published second block is copied, not written
+  Fill(*cache, 2);
+  // Another request still finds the published entries as they were.
+  std::unique_ptr<PagedKVCache> reader = *PagedKVCache::Create(pool, 64);
+  ASSERT_EQ(reader->AttachPrefix(prefixes, ids), 7);
+  const at::Tensor seen = Fill(*reader, 1);
+  EXPECT_TRUE(at::equal(seen.narrow(2, 0, 7), before.narrow(2, 0, 7)));
 }
 
 }  // namespace

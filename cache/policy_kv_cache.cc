@@ -136,6 +136,10 @@ absl::StatusOr<std::unique_ptr<PolicyKVCache>> PolicyKVCache::Create(
     }
     cache->layers_.push_back(std::move(layer));
   }
+  cache->rolls_back_ =
+      !options.cache_positions &&
+      std::all_of(cache->layers_.begin(), cache->layers_.end(),
+                  [](const Layer& layer) { return layer.plan.kind == PolicyKind::kDense; });
   return cache;
 }
 
@@ -202,6 +206,7 @@ absl::StatusOr<KVView> PolicyKVCache::Update(int64_t layer_index, const KVStep& 
   RETURN_IF_ERROR(CheckLayerStep(layer_index, options_.layers, step, keys, values,
                                  options_.batch_size, options_.max_sequence_length));
   Layer& layer = layers_[layer_index];
+  if (layer.undo.valid) layer.undo = Undo();
   const std::vector<KVBlockSource> sources = Begin(layer, step, keys, values);
   const int64_t rows = keys.size(0), groups = layer.spec.n_query_groups;
   // Quantised storage is decoded whole here: the fallback for attention layers that do not
@@ -228,6 +233,18 @@ absl::StatusOr<at::Tensor> PolicyKVCache::UpdateAndAttend(int64_t layer_index, c
                                  options_.batch_size, options_.max_sequence_length));
   RETURN_IF_ERROR(CheckQueries(layer_index, q, keys));
   Layer& layer = layers_[layer_index];
+  if (step.sequential && layer.codec->bits() < 16 && keys.size(2) > 1) {
+    return AttendSequential(layer_index, step, q, keys, values, params);
+  }
+  if (layer.undo.valid) layer.undo = Undo();
+  return AttendStep(layer_index, step, q, keys, values, params);
+}
+
+absl::StatusOr<at::Tensor> PolicyKVCache::AttendStep(int64_t layer_index, const KVStep& step,
+                                                     const at::Tensor& q, const at::Tensor& keys,
+                                                     const at::Tensor& values,
+                                                     const AttentionParams& params) {
+  Layer& layer = layers_[layer_index];
   if (DecodeOnHostApplies(layer, q, keys, values, step)) {
     return DecodeOnHost(layer, step, q, keys, values, params);
   }
@@ -239,6 +256,156 @@ absl::StatusOr<at::Tensor> PolicyKVCache::UpdateAndAttend(int64_t layer_index, c
                                  layer.plan.scored ? &weights : nullptr);
   Settle(layer, weights);
   return y;
+}
+
+absl::StatusOr<at::Tensor> PolicyKVCache::AttendSequential(int64_t layer_index, const KVStep& step,
+                                                           const at::Tensor& q,
+                                                           const at::Tensor& keys,
+                                                           const at::Tensor& values,
+                                                           const AttentionParams& params) {
+  Layer& layer = layers_[layer_index];
+  Settle(layer, at::Tensor());
+  Rewind(layer, step);
+  const int64_t rows = keys.size(0), steps = keys.size(2);
+  const at::Tensor positions = step.positions.to(at::kCPU, at::kLong).contiguous();  // [rows, T]
+  layer.undo = Undo();
+  Undo& undo = layer.undo;
+  undo.valid = true;
+  undo.main_used = layer.main.used;
+  undo.main_high = layer.main.high;
+  undo.positions = positions;
+  if (layer.residual > 0) {
+    const Store& ring = layer.ring;
+    if (ring.capacity > 0) {
+      undo.ring_positions = Rows(ring.positions, rows).to(at::kCPU).clone();
+      undo.ring_keys = Rows(ring.parts[0], rows).clone();
+      undo.ring_values = Rows(ring.parts[1], rows).clone();
+    } else {
+      undo.ring_positions = at::full({rows, 1, layer.residual}, -1, at::kInt);
+    }
+    undo.keys = keys.to(options_.dtype).clone();
+    undo.values = values.to(options_.dtype).clone();
+  }
+  const int64_t* position = positions.data_ptr<int64_t>();
+  std::vector<at::Tensor> outputs;
+  for (int64_t t = 0; t < steps; ++t) {
+    KVStep one;
+    one.positions = step.positions.narrow(1, t, 1);
+    one.min_position = std::numeric_limits<int64_t>::max();
+    one.max_position = std::numeric_limits<int64_t>::min();
+    for (int64_t b = 0; b < rows; ++b) {
+      one.min_position = std::min(one.min_position, position[b * steps + t]);
+      one.max_position = std::max(one.max_position, position[b * steps + t]);
+    }
+    ASSIGN_OR_RETURN(at::Tensor y,
+                     AttendStep(layer_index, one, q.narrow(2, t, 1), keys.narrow(2, t, 1),
+                                values.narrow(2, t, 1), params));
+    outputs.push_back(std::move(y));
+  }
+  return at::cat(outputs, 2);
+}
+
+absl::Status PolicyKVCache::CheckTruncate(int64_t index, const Layer& layer, int64_t length) const {
+  if (layer.residual == 0 || length > layer.max_written) return absl::OkStatus();
+  const Undo& undo = layer.undo;
+  // The ring must end up holding [length - residual, length) in full precision: the entries it
+  // held before the last step and that step's own, when the step was sequential and began at
+  // or before `length` in every row.
+  if (undo.valid) {
+    const int64_t* position = undo.positions.data_ptr<int64_t>();
+    const int64_t rows = undo.positions.size(0), steps = undo.positions.size(1);
+    bool covered = true;
+    for (int64_t b = 0; b < rows; ++b) {
+      covered =
+          covered && *std::min_element(position + b * steps, position + (b + 1) * steps) <= length;
+    }
+    if (covered) return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "PolicyKVCache::Truncate(", length, "): layer ", index,
+      " encoded entries that its full-precision ring would hold without the forgotten ones; only "
+      "the entries of the last step can be forgotten, when it was sequential (KVStep.sequential)"));
+}
+
+absl::Status PolicyKVCache::Truncate(int64_t length) {
+  if (!rolls_back_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("PolicyKVCache::Truncate: the ", DebugName(),
+                     " cache evicts entries, which a rollback cannot bring back"));
+  }
+  if (length < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PolicyKVCache::Truncate: length must be >= 0, got ", length));
+  }
+  for (Layer& layer : layers_) Settle(layer, at::Tensor());
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    RETURN_IF_ERROR(CheckTruncate(static_cast<int64_t>(i), layers_[i], length));
+  }
+  for (Layer& layer : layers_) TruncateLayer(layer, length);
+  return absl::OkStatus();
+}
+
+void PolicyKVCache::TruncateLayer(Layer& layer, int64_t length) {
+  if (length > layer.max_written) {
+    layer.undo = Undo();
+    return;
+  }
+  // Without the forgotten entries, decoding would have left [length - residual, length) in the
+  // ring and everything before in main (no layer evicts).
+  const int64_t in_main = std::max<int64_t>(0, length - layer.residual);
+  Store& main = layer.main;
+  if (main.capacity > 0) main.positions.masked_fill_(main.positions >= in_main, -1);
+  const Undo& undo = layer.undo;
+  // Entries the kept part of the step moved into main (each step's entry, or the ring's oldest
+  // when the ring was full), per row: what decoding them would have added to main's counters.
+  int64_t entered_main = 0;
+  if (undo.valid) {
+    const int64_t rows = undo.positions.size(0), steps = undo.positions.size(1);
+    const int64_t* position = undo.positions.data_ptr<int64_t>();
+    if (layer.residual == 0) {
+      for (int64_t b = 0; b < rows; ++b) {
+        entered_main = std::max<int64_t>(
+            entered_main, std::count_if(position + b * steps, position + (b + 1) * steps,
+                                        [length](int64_t p) { return p < length; }));
+      }
+    } else {
+      // The ring as before the step, then the step's kept entries placed as decoding places
+      // them (an empty slot, else the oldest: the first of equals).
+      Store& ring = layer.ring;
+      const int64_t residual = ring.capacity;
+      at::Tensor ring_positions = undo.ring_positions.clone();  // [rows, 1, residual] int32
+      at::Tensor ring_keys = Rows(ring.parts[0], rows), ring_values = Rows(ring.parts[1], rows);
+      if (undo.ring_keys.defined()) {
+        ring_keys.copy_(undo.ring_keys);
+        ring_values.copy_(undo.ring_values);
+      }
+      for (int64_t b = 0; b < rows; ++b) {
+        int32_t* slots = ring_positions.data_ptr<int32_t>() + b * residual;
+        int64_t moved = 0;
+        for (int64_t t = 0; t < steps; ++t) {
+          const int64_t p = position[b * steps + t];
+          if (p >= length) continue;
+          const int64_t slot = std::min_element(slots, slots + residual) - slots;
+          if (slots[slot] >= 0) ++moved;  // the ring was full: its oldest went to main
+          slots[slot] = static_cast<int32_t>(p);
+          ring_keys[b].select(1, slot).copy_(undo.keys[b].select(1, t));
+          ring_values[b].select(1, slot).copy_(undo.values[b].select(1, t));
+        }
+        entered_main = std::max(entered_main, moved);
+      }
+      Rows(ring.positions, rows).copy_(ring_positions);
+    }
+    // Decoding's bookkeeping (PlaceDecode, DecodeOnHost): used counts up, high follows it.
+    main.used = std::min(undo.main_used + entered_main, main.capacity);
+    main.high = std::min(main.capacity, std::max(undo.main_high, main.used));
+  }
+  if (layer.ring.capacity > 0) {
+    Store& ring = layer.ring;
+    ring.positions.masked_fill_(ring.positions >= length, -1);
+    ring.used = (ring.positions >= 0).sum(-1).max().item<int64_t>();
+  }
+  layer.max_written = std::min(layer.max_written, length - 1);
+  layer.undo = Undo();
 }
 
 bool PolicyKVCache::WantsAttentionWeights(int64_t layer) const {
@@ -900,6 +1067,7 @@ void PolicyKVCache::Shift(int64_t index, Layer& layer, int64_t shift,
     positions.masked_fill_(moves.logical_and(positions < sinks), -1);
   }
   layer.max_written -= shift;
+  layer.undo = Undo();
 }
 
 void PolicyKVCache::Reset() {
@@ -914,6 +1082,7 @@ void PolicyKVCache::Reset() {
     }
     layer.pending = Pending();
     layer.max_written = -1;
+    layer.undo = Undo();
   }
 }
 
@@ -986,6 +1155,7 @@ void PolicyKVCache::Release() {
     layer.ring = Store();
     layer.pending = Pending();
     layer.max_written = -1;
+    layer.undo = Undo();
   }
 }
 

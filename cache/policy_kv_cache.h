@@ -67,6 +67,16 @@
 // quantisation step, and a window entry is shifted at most ceil(budget / (L - budget)) times
 // in its life (once for budgets up to L/2); full-precision entries (16 bits and the ring) rotate
 // with float32 rounding only.
+//
+// Rollback (speculative decoding): caches that never evict (the dense policy, or budgets that
+// cover every layer's span) forget entries exactly; the others take no rollback role (an entry
+// a rejected token displaced cannot come back, and h2o's scores would keep the rejected
+// queries' attention). Quantised storage attends a step's tokens as decoding reads them only
+// when the step asks (KVStep.sequential: each token's own entry and the ring's oldest ones are
+// read encoded, as one-token steps read them; a chunk reads them in full precision), and such a
+// step keeps the ring as it was and the step's full-precision entries until the next step, so
+// that Truncate can put back into the ring, in full precision and in the slots decoding would
+// have used, the entries the step had moved into main.
 #ifndef LGPT_CACHE_POLICY_KV_CACHE_H_
 #define LGPT_CACHE_POLICY_KV_CACHE_H_
 
@@ -134,7 +144,8 @@ class PolicyKVCache : public KVCache,
                       public KVStorageBound,
                       public KVAttentionScorer,
                       public KVPositionShifter,
-                      public KVForker {
+                      public KVForker,
+                      public KVRollback {
  public:
   static absl::StatusOr<std::unique_ptr<PolicyKVCache>> Create(const PolicyKVCacheOptions& options);
 
@@ -181,6 +192,12 @@ class PolicyKVCache : public KVCache,
   // next step) cloned: O(filled slots + the last chunk) per layer.
   absl::Status CopyInto(KVCache& target) const override;
   std::string DebugName() const override;
+  // Itself when no layer evicts and positions are stream positions; null otherwise.
+  KVRollback* rollback() override { return rolls_back_ ? this : nullptr; }
+  // Unlimited: layers without a full-precision ring forget any entries; ring layers forget
+  // those of the last step when it was sequential (KVStep.sequential), else none.
+  int64_t max_rollback() const override { return kUnlimited; }
+  absl::Status Truncate(int64_t length) override;
 
   const LayerPlan& plan(int64_t layer) const { return layers_[layer].plan; }
   // Full-precision recent entries of `layer` (0 unless quantised).
@@ -211,6 +228,19 @@ class PolicyKVCache : public KVCache,
     at::Tensor newest;        // [rows, 1, 1]: the newest position of each row
     at::Tensor feature;       // [rows, G, T]: EntryFeature of the step's entries (or undefined)
   };
+  // What Truncate needs to undo a sequential step: main's counters and the ring before the
+  // step, and the step's entries in full precision (layers with a ring).
+  struct Undo {
+    bool valid = false;
+    int64_t main_used = 0;
+    int64_t main_high = 0;
+    at::Tensor ring_positions;  // [rows, 1, residual] int32 on the host; -1 where empty
+    at::Tensor ring_keys;       // [rows, G, residual, hs] (undefined while the ring was unused)
+    at::Tensor ring_values;
+    at::Tensor positions;  // [rows, T] int64 on the host: the step's positions
+    at::Tensor keys;       // [rows, G, T, hs] in the model's dtype
+    at::Tensor values;
+  };
   struct Layer {
     KVLayerSpec spec;
     LayerPlan plan;
@@ -227,6 +257,7 @@ class PolicyKVCache : public KVCache,
     Store ring;
     Pending pending;
     std::vector<float> step_weights;  // DecodeOnHost's attention weights, reused every step
+    Undo undo;                        // the last step's, when it was sequential
   };
 
   explicit PolicyKVCache(const PolicyKVCacheOptions& options);
@@ -327,8 +358,22 @@ class PolicyKVCache : public KVCache,
   int64_t SlotBytes(const Layer& layer, const EntryCodec& codec, int64_t slots) const;
   std::vector<KVBlockSource> Sources(Layer& layer, int64_t rows);
 
+  // UpdateAndAttend's work for one step, after its checks.
+  absl::StatusOr<at::Tensor> AttendStep(int64_t layer_index, const KVStep& step,
+                                        const at::Tensor& q, const at::Tensor& keys,
+                                        const at::Tensor& values, const AttentionParams& params);
+  // A sequential step of quantised storage: each token as a one-token step, the undo kept.
+  absl::StatusOr<at::Tensor> AttendSequential(int64_t layer_index, const KVStep& step,
+                                              const at::Tensor& q, const at::Tensor& keys,
+                                              const at::Tensor& values,
+                                              const AttentionParams& params);
+  // Truncate's check of one layer: whether it can forget positions >= length exactly.
+  absl::Status CheckTruncate(int64_t index, const Layer& layer, int64_t length) const;
+  void TruncateLayer(Layer& layer, int64_t length);
+
   PolicyKVCacheOptions options_;
   std::vector<Layer> layers_;
+  bool rolls_back_ = false;  // no layer evicts, stream positions
 };
 
 }  // namespace lgpt

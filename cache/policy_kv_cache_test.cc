@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "cache/dense_kv_cache.h"
 #include "cache/kv_cache_factory.h"
+#include "cache/rollback_test_util.h"
 #include "core/base/status_field.h"
 #include "core/ops/attention.h"
 #include "gtest/gtest.h"
@@ -718,6 +719,75 @@ TEST(PolicyKVCacheTest, BadShapesAndPositionsAreErrors) {
           .ok());
   // A failed step left nothing behind.
   EXPECT_TRUE(cache->KeptPositions(0, 0, 0).empty());
+}
+
+// Speculative decoding on quantised storage: a sequential step attends as one-token steps (its
+// own entries read encoded where decoding reads them so), and Truncate puts the entries the
+// step moved out of the full-precision ring back, so the cache attends from then on as one that
+// decoded only the kept entries, bit for bit.
+TEST(PolicyKVCacheTest, TruncateForgetsRejectedEntriesOfQuantisedStorage) {
+  for (const int bits : {16, 8, 4}) {
+    for (const int64_t residual : {int64_t{0}, int64_t{3}}) {
+      for (int64_t step = 1; step <= 6; ++step) {
+        for (int64_t keep = 1; keep <= step; ++keep) {
+          PolicyKVCacheOptions options = Options(PolicyKind::kDense, 0, bits, {0, 0});
+          options.residual = residual;
+          std::unique_ptr<PolicyKVCache> speculating = MakeCache(options);
+          std::unique_ptr<PolicyKVCache> plain = MakeCache(options);
+          ASSERT_EQ(speculating->rollback(), speculating.get());
+          RollbackStream stream;
+          stream.geometry = options;
+          stream.step = step;
+          stream.keep = keep;
+          // 16 bits take a step as a chunk (FlashAttention's sums, not the decode kernel's).
+          EXPECT_LE(RollbackDifference(*speculating, *plain, stream), bits == 16 ? 1e-5 : 0.0)
+              << bits << " bits, residual " << residual << ", step " << step << ", keep " << keep;
+          EXPECT_EQ(speculating->KeptPositions(1, 0, 1), plain->KeptPositions(1, 0, 1));
+        }
+      }
+    }
+  }
+}
+
+TEST(PolicyKVCacheTest, QuantisedChunksAttendOtherwiseThanSequentialSteps) {
+  // What the sequential flag is for: a chunk reads its own entries in full precision.
+  PolicyKVCacheOptions options = Options(PolicyKind::kDense, 0, 4, {0});
+  options.residual = 0;
+  std::unique_ptr<PolicyKVCache> chunked = MakeCache(options);
+  std::unique_ptr<PolicyKVCache> sequential = MakeCache(options);
+  Drive(*chunked, 8, 8, 8, true);
+  Drive(*sequential, 8, 8, 8, true);
+  auto [k, v] = Entries(1, 8, 4);
+  const at::Tensor q = Queries(1, 8, 4);
+  KVStep step = Step(1, 8, 4);
+  AttentionParams params;
+  params.scale = 1.0 / std::sqrt(static_cast<double>(kHeadSize));
+  const at::Tensor a = *chunked->UpdateAndAttend(0, step, q, k, v, params);
+  step.sequential = true;
+  const at::Tensor b = *sequential->UpdateAndAttend(0, step, q, k, v, params);
+  EXPECT_GT((a - b).abs().max().item<double>(), 1e-4);
+}
+
+TEST(PolicyKVCacheTest, OnlyCachesThatNeverEvictRollBack) {
+  EXPECT_EQ(MakeCache(Options(PolicyKind::kH2O, 8, 16))->rollback(), nullptr);
+  EXPECT_EQ(MakeCache(Options(PolicyKind::kWindow, 8, 8))->rollback(), nullptr);
+  EXPECT_EQ(MakeCache(Options(PolicyKind::kSink, 8, 4))->rollback(), nullptr);
+  EXPECT_EQ(MakeCache(Options(PolicyKind::kTova, 8, 16))->rollback(), nullptr);
+  // A budget covering the sequence keeps everything: exact, so it rolls back.
+  EXPECT_NE(MakeCache(Options(PolicyKind::kH2O, 512, 16))->rollback(), nullptr);
+  // A windowed layer's plan drops what its window no longer sees: no rollback.
+  EXPECT_EQ(MakeCache(Options(PolicyKind::kDense, 0, 8, {0, 6}))->rollback(), nullptr);
+}
+
+TEST(PolicyKVCacheTest, TruncateRefusesWhatOnlyASequentialStepCanUndo) {
+  PolicyKVCacheOptions options = Options(PolicyKind::kDense, 0, 8, {0});
+  std::unique_ptr<PolicyKVCache> cache = MakeCache(options);  // residual 4
+  Drive(*cache, 12, 12, 12, true);
+  // The last step was a chunk: its ring's oldest entries went to main encoded.
+  const absl::Status status = cache->Truncate(10);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+  EXPECT_EQ(cache->KeptPositions(0, 0, 0), Range(0, 12));  // unchanged
+  EXPECT_TRUE(cache->Truncate(12).ok());                   // nothing to forget
 }
 
 TEST(KVCacheFactoryTest, BadSpecsNameTheFieldAndTheValue) {

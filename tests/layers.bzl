@@ -22,7 +22,7 @@ LAYERS = [
     ),
     struct(
         name = "model",
-        packages = ["core/model"],
+        packages = ["core/model", "core/speculative"],
         uses = ["base", "config", "ops", "io", "nn", "cache", "attention", "dist"],
     ),
     struct(

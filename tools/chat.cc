@@ -23,6 +23,7 @@
 #include "tools/generation_flags.h"
 #include "tools/line_reader.h"
 #include "tools/peft_flags.h"
+#include "tools/speculative_flags.h"
 #include "tools/tool_util.h"
 #include "tools/tp_flags.h"
 
@@ -55,6 +56,7 @@ int main(int argc, char** argv) {
   DieIfError(ApplyGenerationFlags(options));
   const KVCacheSpec kv_cache = options.kv_cache;
   EngineOptions engine_options = ValueOrDie(EngineOptionsFromFlags());
+  DieIfError(ApplySpeculativeFlags(options, engine_options));
   engine_options.loras = ValueOrDie(LoraFlags(argc, argv));
   if (std::optional<int> code = ValueOrDie(LaunchTensorParallel(argc, argv))) return *code;
   // Tensor parallel: rank 0 reads the input and shares each line; every rank runs the turn.
@@ -166,6 +168,9 @@ int main(int argc, char** argv) {
                    s.decode_s > 0 ? (s.new_tokens - 1) / s.decode_s : 0.0,
                    FinishReasonName(reply->finish_reason),
                    static_cast<long long>(session->kv_cache_bytes()));
+      if (const std::string line = SpeculativeStatsLine(options, s); !line.empty()) {
+        std::fprintf(stderr, "[turn %lld: %s]\n", static_cast<long long>(turn), line.c_str());
+      }
     }
   }
   return 0;

@@ -8,7 +8,9 @@
 // kv_cache_bytes, peak memory) on stderr. --kv_cache/--kv_budget/--kv_bits choose a budgeted or
 // quantised KV cache (cache/kv_cache_factory.h). With --print_ids, or without a tokenizer, the
 // generated ids, space-separated, are the only line of stdout (the text streams to stderr).
-// So `generate ... > out.txt` holds the text (or the ids) alone.
+// So `generate ... > out.txt` holds the text (or the ids) alone. --speculative=ngram or
+// --speculative=draft:DIR (--speculative_k, --ngram_min, --ngram_max) decode speculatively
+// (core/speculative/README.md) and print the proposals' acceptance rate.
 #include <ATen/Parallel.h>
 
 #include <cstdio>
@@ -22,6 +24,7 @@
 #include "lgpt.h"
 #include "tools/generation_flags.h"
 #include "tools/peft_flags.h"
+#include "tools/speculative_flags.h"
 #include "tools/tool_util.h"
 #include "tools/tp_flags.h"
 
@@ -42,13 +45,12 @@ ABSL_FLAG(bool, stop_at_eos, true,
 ABSL_FLAG(bool, print_ids, false,
           "print the generated ids as the only line of stdout (the text goes to stderr)");
 
-
 int main(int argc, char** argv) {
   using namespace lgpt;
   InitTool(argc, argv,
            "generate [--checkpoint_dir=DIR] --prompt=TEXT | --prompt_ids=1,2,3 "
            "[--max_new_tokens=N] [--temperature=T] [--kv_cache=POLICY --kv_budget=N "
-           "--kv_bits=B] [--print_ids]");
+           "--kv_bits=B] [--speculative=ngram|draft:DIR --speculative_k=K] [--print_ids]");
   std::string checkpoint_dir = ResolvePath(absl::GetFlag(FLAGS_checkpoint_dir));
   if (checkpoint_dir.empty()) checkpoint_dir = DefaultModelDir();
   const bool text_prompt = !absl::GetFlag(FLAGS_prompt).empty();
@@ -79,6 +81,7 @@ int main(int argc, char** argv) {
   }
   DieIfError(ApplyGenerationFlags(options));
   EngineOptions engine_options = ValueOrDie(EngineOptionsFromFlags());
+  DieIfError(ApplySpeculativeFlags(options, engine_options));
   engine_options.loras = ValueOrDie(LoraFlags(argc, argv));
   if (std::optional<int> code = ValueOrDie(LaunchTensorParallel(argc, argv))) return *code;
   engine_options.tensor_parallel = ValueOrDie(JoinTensorParallel());
@@ -158,6 +161,9 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "kv_cache_bytes=%lld\n", static_cast<long long>(stats.kv_cache_bytes));
   std::fprintf(stderr, "kv_cache_index_bytes=%lld\n",
                static_cast<long long>(result.kv_cache_index_bytes));
+  if (const std::string line = SpeculativeStatsLine(options, stats); !line.empty()) {
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
   std::fprintf(stderr, "peak_rss_bytes=%lld\n", static_cast<long long>(PeakRssBytes()));
   std::fprintf(stderr, "anon_rss_bytes=%lld\n", static_cast<long long>(AnonRssBytes()));
   // Without a tokenizer the ids are the output, so they are printed either way.

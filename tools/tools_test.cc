@@ -277,6 +277,33 @@ int64_t StatOf(const std::string& out, const std::string& key) {
   return std::atoll(out.c_str() + at + key.size() + 1);
 }
 
+// --speculative: the same greedy text, the acceptance rate on stderr (a draft of the model
+// itself accepts everything), and refusals by their flags.
+TEST(GenerateTest, SpeculativeDecodingPrintsItsAcceptanceAndKeepsTheText) {
+  const std::string args =
+      "--prompt='And God said, Let there be light: and there was light. And God said' "
+      "--max_new_tokens=30 --temperature=0 --stop_at_eos=false";
+  const ToolRun plain = Execute("generate", args);
+  ASSERT_EQ(plain.status, 0) << plain.err;
+  const ToolRun ngram = Execute("generate", args + " --speculative=ngram --speculative_k=3");
+  ASSERT_EQ(ngram.status, 0) << ngram.err;
+  EXPECT_EQ(ngram.out, plain.out);
+  EXPECT_NE(ngram.err.find("speculative=ngram k=3 proposed="), std::string::npos) << ngram.err;
+  EXPECT_EQ(plain.err.find("speculative="), std::string::npos) << plain.err;
+  const ToolRun draft =
+      Execute("generate", args + " --speculative=draft:tools/default_model --speculative_k=6");
+  ASSERT_EQ(draft.status, 0) << draft.err;
+  EXPECT_EQ(draft.out, plain.out);
+  EXPECT_NE(draft.err.find("acceptance_rate=1.000"), std::string::npos) << draft.err;
+  ExpectCleanFailure(Execute("generate", args + " --speculative=draft:" + std::string(kGolden)),
+                     "--speculative");
+  ExpectCleanFailure(Execute("generate", args + " --speculative=ngram --speculative_k=0"),
+                     "--speculative_k must be in [1, 64]");
+  ExpectCleanFailure(
+      Execute("generate", args + " --speculative=ngram --kv_cache=h2o --kv_budget=16"),
+      "cannot come back");
+}
+
 TEST(GenerateTest, BudgetedCacheBytesStayFlatWhileDenseGrows) {
   const std::string args =
       "--prompt='And God said' --temperature=0 --stop_at_eos=false --max_new_tokens=";

@@ -12,6 +12,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "absl/status/statusor.h"
@@ -33,6 +34,9 @@ class CachePositions {
   at::Tensor Take(int64_t steps, int64_t rows = 1);
   // Take(1) of one row as a number (a batched decode step builds one [B, 1] tensor for all).
   int64_t TakeOne() { return next_++; }
+  // Back to `next` (<= next()): positions taken by a speculative step whose entries the cache
+  // forgot (KVRollback::Truncate(next)).
+  void Rewind(int64_t next) { next_ = std::min(next_, next); }
 
   int64_t next() const { return next_; }
   // Positions the cache moved down so far: stream position = cache position + shifted() for

@@ -53,6 +53,47 @@ absl::Status CheckSamplingForModel(const SamplingOptions& sampling, int64_t voca
   return absl::OkStatus();
 }
 
+// The speculation a request asks for, against what its cache can undo.
+absl::Status CheckSpeculation(const KVCache& cache, const GenerateOptions& options) {
+  const SpeculativeOptions& speculative = options.speculative;
+  if (speculative.proposer == nullptr) return absl::OkStatus();
+  if (speculative.k < 1) {
+    return InvalidFieldError(
+        "GenerateOptions.speculative.k",
+        absl::StrCat("GenerateOptions.speculative.k must be >= 1, got ", speculative.k));
+  }
+  if (!speculative.history.empty() &&
+      static_cast<int64_t>(speculative.history.size()) != options.start_position) {
+    return InvalidFieldError(
+        "GenerateOptions.speculative.history",
+        absl::StrCat("GenerateOptions.speculative.history holds ", speculative.history.size(),
+                     " tokens for a cache holding ", options.start_position,
+                     " (GenerateOptions.start_position): give all of them, or none"),
+        {"GenerateOptions.start_position"});
+  }
+  // rollback() is not const (the role is used to change the cache); asking changes nothing.
+  KVRollback* rollback = const_cast<KVCache&>(cache).rollback();
+  if (rollback == nullptr) {
+    return FieldError(
+        absl::StatusCode::kFailedPrecondition, "GenerateOptions.speculative",
+        absl::StrCat("GenerateOptions.speculative needs a KV cache that forgets rejected "
+                     "proposals (dense, paged, or quantised with the dense policy); the ",
+                     cache.DebugName(),
+                     " cache evicts entries, and one a rejected token displaced cannot come back"));
+  }
+  if (speculative.k > rollback->max_rollback()) {
+    return InvalidFieldError(
+        "GenerateOptions.speculative.k",
+        absl::StrCat("GenerateOptions.speculative.k is ", speculative.k, " but the ",
+                     cache.DebugName(), " cache forgets at most ", rollback->max_rollback(),
+                     " entries of a step (its sliding-window rings keep ",
+                     rollback->max_rollback() - 1,
+                     " spare slots: build it with KVCacheShape.rollback_slots >= k - 1)"),
+        {"KVCacheShape.rollback_slots"});
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status CheckGenerateRequest(const GPTImpl& model, const KVCache& cache, int64_t prompt_length,
@@ -81,6 +122,7 @@ absl::Status CheckGenerateRequest(const GPTImpl& model, const KVCache& cache, in
   }
   RETURN_IF_ERROR(CheckAdapterSlot(model, options.adapter, "GenerateOptions.adapter",
                                    "GenerateOptions.adapter"));
+  RETURN_IF_ERROR(CheckSpeculation(cache, options));
   const int64_t first = options.start_position;
   const int64_t context = std::min(model.config().block_size, cache.max_sequence_length());
   // Compared by subtraction: first + prompt + max_new_tokens may overflow int64.
@@ -130,14 +172,13 @@ absl::StatusOr<std::vector<int64_t>> Generate(GPTImpl& model, KVCache& cache,
 
   std::vector<int64_t> out;
   auto decode_start = std::chrono::steady_clock::now();
-  at::Tensor token = at::empty({1, 1}, at::kLong);
   NextTokenChooser chooser(options.sampling, prompt, options.constraint, options.top_logprobs);
   TokenLogprob logprob;
-  for (int64_t i = 0; i < options.max_new_tokens; ++i) {
-    ASSIGN_OR_RETURN(const int64_t next, chooser.Choose(logits, generator, &logprob));
+  // Takes a chosen token: reports it; false when generation ends with it.
+  const auto emit = [&](int64_t next) {
     if (options.on_logprob && chooser.reports_logprobs()) options.on_logprob(logprob);
     out.push_back(next);
-    if (i == 0) {
+    if (out.size() == 1) {
       s.time_to_first_token_s = SecondsSince(start);
       decode_start = std::chrono::steady_clock::now();
     }
@@ -145,14 +186,93 @@ absl::StatusOr<std::vector<int64_t>> Generate(GPTImpl& model, KVCache& cache,
     const bool stop = std::find(options.stop_tokens.begin(), options.stop_tokens.end(), next) !=
                           options.stop_tokens.end() ||
                       (options.constraint && options.constraint->Done());
-    if (!keep_going || stop || i + 1 == options.max_new_tokens) break;
-    token.fill_(next);
-    RETURN_IF_ERROR(stream.MakeRoom(1).status());
+    return keep_going && !stop && static_cast<int64_t>(out.size()) < options.max_new_tokens;
+  };
+  Proposer* proposer = options.speculative.proposer.get();
+  // The proposer's view: earlier turns, the prompt, the output so far.
+  std::vector<int64_t> context;
+  if (proposer != nullptr) {
+    context = options.speculative.history;
+    context.insert(context.end(), prompt.begin(), prompt.end());
+  }
+  bool going = options.max_new_tokens > 0;
+  if (going) {
+    ASSIGN_OR_RETURN(const int64_t next, chooser.Choose(logits, generator, &logprob));
+    going = emit(next);
+  }
+  // Each step feeds out.back(), the one token chosen but not yet in the cache.
+  while (going) {
+    Proposal proposal;
+    if (proposer != nullptr) {
+      context.push_back(out.back());
+      // Every step yields at least one token: at most remaining - 1 are proposed.
+      const int64_t k = std::min(options.speculative.k,
+                                 options.max_new_tokens - static_cast<int64_t>(out.size()) - 1);
+      if (k > 0) {
+        ASSIGN_OR_RETURN(proposal, proposer->Propose(context, k));
+      }
+      if (!proposal.probabilities.empty() &&
+          proposal.probabilities.size() != proposal.tokens.size()) {
+        return absl::InternalError(absl::StrCat(proposer->DebugName(), " proposed ",
+                                                proposal.tokens.size(), " tokens with ",
+                                                proposal.probabilities.size(), " distributions"));
+      }
+      if (static_cast<int64_t>(proposal.tokens.size()) > k) {
+        proposal.tokens.resize(k);
+        if (!proposal.probabilities.empty()) proposal.probabilities.resize(k);
+      }
+    }
+    const int64_t proposed = static_cast<int64_t>(proposal.tokens.size());
+    std::vector<int64_t> step_tokens = {out.back()};
+    step_tokens.insert(step_tokens.end(), proposal.tokens.begin(), proposal.tokens.end());
+    const int64_t steps = proposed + 1;
+    RETURN_IF_ERROR(stream.MakeRoom(steps).status());
+    const int64_t position = stream.next();
     ForwardOptions forward;
-    forward.positions = stream.Take(1);
-    forward.last_logits_only = true;
+    forward.positions = stream.Take(steps);
+    if (proposed == 0) {
+      forward.last_logits_only = true;
+    } else {
+      forward.sequential = true;  // each position's logits as decoding it alone gives them
+    }
     if (options.adapter >= 0) forward.adapters = {options.adapter};
-    ASSIGN_OR_RETURN(logits, model.Forward(token, &cache, forward));
+    ASSIGN_OR_RETURN(logits, model.Forward(at::tensor(step_tokens, at::kLong).unsqueeze(0), &cache,
+                                           forward));  // [1, steps, V]
+    if (proposed == 0) {
+      ASSIGN_OR_RETURN(const int64_t next, chooser.Choose(logits, generator, &logprob));
+      going = emit(next);
+      continue;
+    }
+    // Position j's logits choose the token after step_tokens[j]: proposal j while the model
+    // accepts, then one of its own (a replacement, or the bonus after every proposal).
+    ++s.verify_steps;
+    s.proposed_tokens += proposed;
+    int64_t emitted = 0;
+    for (int64_t j = 0; j <= proposed && going; ++j) {
+      const at::Tensor row = logits.select(1, j);  // [1, V]
+      int64_t next;
+      bool accepted = false;
+      if (j < proposed) {
+        const absl::Span<const float> draft =
+            proposal.probabilities.empty() ? absl::Span<const float>() : proposal.probabilities[j];
+        ASSIGN_OR_RETURN(const NextTokenChooser::Verdict verdict,
+                         chooser.Verify(row, proposal.tokens[j], draft, generator, &logprob));
+        next = verdict.token;
+        accepted = verdict.accepted;
+        if (accepted) ++s.accepted_tokens;
+      } else {
+        ASSIGN_OR_RETURN(next, chooser.Choose(row, generator, &logprob));
+      }
+      ++emitted;
+      going = emit(next);
+      if (!accepted) break;
+      if (going) context.push_back(next);
+    }
+    // The cache keeps the fed token and the emitted proposals before the last emitted token
+    // (which the next step feeds, as without speculation).
+    const int64_t kept = position + emitted;
+    RETURN_IF_ERROR(cache.rollback()->Truncate(kept));
+    stream.Rewind(kept);
   }
   if (!out.empty()) s.decode_s = SecondsSince(decode_start);
   s.new_tokens = static_cast<int64_t>(out.size());

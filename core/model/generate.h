@@ -1,11 +1,15 @@
 // Autoregressive generation for one sequence through a caller-owned KV cache: prefill the
 // prompt (whole or in chunks), then decode one token a step, computing logits for the last
-// position only.
+// position only. With a proposer (speculative decoding, core/speculative/README.md) a step
+// feeds the last token and up to k proposed ones, computes logits for each, keeps the
+// proposals the model accepts plus one token of its own, and truncates the cache back to them:
+// greedy output token for token as without, sampled output with the same distribution.
 #ifndef LGPT_CORE_MODEL_GENERATE_H_
 #define LGPT_CORE_MODEL_GENERATE_H_
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -13,8 +17,21 @@
 #include "core/model/gpt.h"
 #include "core/model/next_token.h"
 #include "core/model/sampling.h"
+#include "core/speculative/proposer.h"
 
 namespace lgpt {
+
+// Speculative decoding for one request.
+struct SpeculativeOptions {
+  // Proposes the tokens each step verifies (core/speculative/); null: no speculation. The
+  // request's own: it may hold state (a draft model's KV cache) across calls.
+  std::shared_ptr<Proposer> proposer;
+  int64_t k = 4;  // tokens proposed per step, at most (>= 1)
+  // The tokens before the prompt (the cache's positions [0, start_position): a session's
+  // earlier turns), which the proposer sees as the start of the context; empty or
+  // start_position of them.
+  std::vector<int64_t> history;
+};
 
 struct GenerateOptions {
   int64_t max_new_tokens = 50;
@@ -39,6 +56,10 @@ struct GenerateOptions {
   // The adapter slot of a multi-adapter model (peft/multi_lora.h) every step uses; -1: the
   // base model.
   int64_t adapter = -1;
+  // Speculative decoding: needs a cache that rolls back (KVCache::rollback(): dense, paged,
+  // quantised; not the budgeted ones) and composes with everything above (sampling, penalties,
+  // logit_bias, constraint, logprobs, stop tokens, adapters); see core/speculative/README.md.
+  SpeculativeOptions speculative;
 };
 
 struct GenerateStats {
@@ -51,11 +72,20 @@ struct GenerateStats {
   // Cache positions: how far the cache moved its entries down during the call (the next
   // token's cache position is start_position + prompt + new tokens - position_shift).
   int64_t position_shift = 0;
+  // Speculative decoding: tokens proposed and accepted, and verification steps (each also
+  // yields one token of the model's own).
+  int64_t proposed_tokens = 0;
+  int64_t accepted_tokens = 0;
+  int64_t verify_steps = 0;
+  double acceptance_rate() const {
+    return proposed_tokens > 0 ? static_cast<double>(accepted_tokens) / proposed_tokens : 0.0;
+  }
 };
 
 // Generate's checks of a request, before any work: sampling options, an empty prompt,
-// negative counts (InvalidArgument) and a stream past the context of model and cache
-// (OutOfRange, unless the cache shifts positions).
+// negative counts (InvalidArgument), a stream past the context of model and cache
+// (OutOfRange, unless the cache shifts positions), and speculation a cache cannot roll back
+// (FailedPrecondition naming GenerateOptions.speculative) or a k past what it forgets.
 absl::Status CheckGenerateRequest(const GPTImpl& model, const KVCache& cache, int64_t prompt_length,
                                   const GenerateOptions& options);
 

@@ -248,6 +248,7 @@ absl::StatusOr<at::Tensor> GPTImpl::ForwardUnchecked(const at::Tensor& idx, KVCa
     step.min_position = 0;
     step.max_position = steps - 1;
   }
+  step.sequential = options.sequential;
   if (step.min_position < 0 || step.max_position >= config_.block_size) {
     return absl::OutOfRangeError(
         absl::StrCat("position ", step.min_position < 0 ? step.min_position : step.max_position,

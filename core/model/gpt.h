@@ -49,6 +49,9 @@ struct ForwardOptions {
   // in one row gives each one's slot over its tokens). The forward pass installs the routing
   // (core/nn/adapter_routing.h) while its layers and head run.
   std::vector<int64_t> adapters;
+  // The step's tokens are attended as one-token steps would attend them (KVStep.sequential):
+  // speculative verification, whose logits must be those of decoding the tokens one by one.
+  bool sequential = false;
 };
 
 // transformer.{wte, h, ln_f}

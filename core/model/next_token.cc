@@ -71,14 +71,17 @@ NextTokenChooser::NextTokenChooser(SamplingOptions sampling, absl::Span<const in
       constraint_(std::move(constraint)),
       top_logprobs_(top_logprobs) {}
 
-absl::StatusOr<int64_t> NextTokenChooser::Choose(const at::Tensor& logits, at::Generator& generator,
-                                                 TokenLogprob* logprob) {
-  at::Tensor row = logits.reshape({1, -1});  // [1, V]
+absl::StatusOr<NextTokenChooser::Prepared> NextTokenChooser::Prepare(const at::Tensor& logits,
+                                                                     bool host) {
+  Prepared prepared;
+  at::Tensor& row = prepared.row;
+  row = logits.reshape({1, -1});  // [1, V]
   const int64_t vocab = row.size(1);
-  const bool host = row.device().is_cpu() && row.scalar_type() == at::kFloat && row.stride(1) == 1;
-  if (!host && (Adjusts() || reports_logprobs())) row = row.to(at::kFloat).cpu().contiguous();
-  RowLogprobs reported;
-  at::Tensor raw;  // the row as the model gave it, when it will change before the draw
+  const bool on_host =
+      row.device().is_cpu() && row.scalar_type() == at::kFloat && row.stride(1) == 1;
+  if (!on_host && (host || Adjusts() || reports_logprobs())) {
+    row = row.to(at::kFloat).cpu().contiguous();
+  }
   if (reports_logprobs()) {
     const float* values = row.data_ptr<float>();
     if (!LogitRowUsable(values, vocab)) {
@@ -86,8 +89,8 @@ absl::StatusOr<int64_t> NextTokenChooser::Choose(const at::Tensor& logits, at::G
           "the model's logits are not finite (NaN or infinity): its weights or activations "
           "overflowed or are not numbers");
     }
-    reported = ComputeRowLogprobs(values, vocab, top_logprobs_);
-    if (Adjusts()) raw = row.clone();
+    prepared.reported = ComputeRowLogprobs(values, vocab, top_logprobs_);
+    if (Adjusts()) prepared.raw = row.clone();
   }
   if (Adjusts()) {
     float* values = row.data_ptr<float>();
@@ -100,19 +103,74 @@ absl::StatusOr<int64_t> NextTokenChooser::Choose(const at::Tensor& logits, at::G
       }
     }
   }
-  ASSIGN_OR_RETURN(const at::Tensor sampled, SampleNext(row, sampling_, generator));
-  const int64_t token = sampled.device().is_cpu() && sampled.scalar_type() == at::kLong
-                            ? sampled.data_ptr<int64_t>()[0]
-                            : sampled.cpu().item<int64_t>();
+  return prepared;
+}
+
+absl::Status NextTokenChooser::Commit(int64_t token, Prepared& prepared, TokenLogprob* logprob) {
   if (constraint_) RETURN_IF_ERROR(constraint_->Accept(token));
   penalties_.Observe(token);
   if (logprob != nullptr && reports_logprobs()) {
-    const float* values = raw.defined() ? raw.data_ptr<float>() : row.data_ptr<float>();
+    const float* values =
+        prepared.raw.defined() ? prepared.raw.data_ptr<float>() : prepared.row.data_ptr<float>();
     logprob->token = token;
-    logprob->logprob = values[token] - reported.log_normalizer;
-    logprob->top = std::move(reported.top);
+    logprob->logprob = values[token] - prepared.reported.log_normalizer;
+    logprob->top = std::move(prepared.reported.top);
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> NextTokenChooser::Choose(const at::Tensor& logits, at::Generator& generator,
+                                                 TokenLogprob* logprob) {
+  ASSIGN_OR_RETURN(Prepared prepared, Prepare(logits, /*host=*/false));
+  ASSIGN_OR_RETURN(const at::Tensor sampled, SampleNext(prepared.row, sampling_, generator));
+  const int64_t token = sampled.device().is_cpu() && sampled.scalar_type() == at::kLong
+                            ? sampled.data_ptr<int64_t>()[0]
+                            : sampled.cpu().item<int64_t>();
+  RETURN_IF_ERROR(Commit(token, prepared, logprob));
   return token;
+}
+
+absl::StatusOr<NextTokenChooser::Verdict> NextTokenChooser::Verify(const at::Tensor& logits,
+                                                                   int64_t proposed,
+                                                                   absl::Span<const float> draft,
+                                                                   at::Generator& generator,
+                                                                   TokenLogprob* logprob) {
+  Verdict verdict;
+  if (IsGreedy(sampling_)) {
+    ASSIGN_OR_RETURN(verdict.token, Choose(logits, generator, logprob));
+    verdict.accepted = verdict.token == proposed;
+    return verdict;
+  }
+  ASSIGN_OR_RETURN(Prepared prepared, Prepare(logits, /*host=*/true));
+  const int64_t vocab = prepared.row.size(1);
+  ASSIGN_OR_RETURN(const std::vector<double> p,
+                   SamplingProbabilities(prepared.row.data_ptr<float>(), vocab, sampling_));
+  // q(i): the proposer's probability of token i (a point mass at `proposed` without `draft`).
+  const auto q = [&](int64_t i) -> double {
+    if (draft.empty()) return i == proposed ? 1.0 : 0.0;
+    return i >= 0 && i < static_cast<int64_t>(draft.size()) ? draft[i] : 0.0;
+  };
+  const double p_proposed = proposed >= 0 && proposed < vocab ? p[proposed] : 0.0;
+  const double q_proposed = q(proposed);
+  // Accept with probability min(1, p / q); a proposal its own distribution could not give
+  // (q = 0) is taken wherever p allows it.
+  const bool accept = p_proposed > 0 && (q_proposed <= p_proposed ||
+                                         DrawUniform(generator) * q_proposed < p_proposed);
+  if (accept) {
+    verdict.token = proposed;
+    verdict.accepted = true;
+  } else {
+    std::vector<double> residual(static_cast<size_t>(vocab));
+    double total = 0;
+    for (int64_t i = 0; i < vocab; ++i) {
+      residual[i] = std::max(0.0, p[i] - q(i));
+      total += residual[i];
+    }
+    // p == q leaves nothing (and then a rejection has probability 0): draw from p.
+    verdict.token = DrawIndex(total > 0 ? residual : p, generator);
+  }
+  RETURN_IF_ERROR(Commit(verdict.token, prepared, logprob));
+  return verdict;
 }
 
 }  // namespace lgpt

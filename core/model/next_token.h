@@ -93,12 +93,41 @@ class NextTokenChooser {
   absl::StatusOr<int64_t> Choose(const at::Tensor& logits, at::Generator& generator,
                                  TokenLogprob* logprob = nullptr);
 
+  // Speculative decoding (core/speculative/README.md): the choice at one position of a
+  // verified block, where a proposer put `proposed`. Returns the token the position gets and
+  // whether it is `proposed` (accepted; else the block ends at this replacement). Greedy
+  // options accept exactly when `proposed` is the token Choose would pick, and pick that.
+  // Sampled options accept with probability min(1, p(proposed) / q(proposed)) and otherwise
+  // draw from max(0, p - q) renormalised, p the distribution Choose draws from (penalties,
+  // biases and constraint applied, then top_k, temperature, min_p, top_p) and q the proposer's:
+  // `draft` (probabilities over the vocabulary) or, empty, a point mass at `proposed`. So the
+  // token is distributed as Choose's is (Leviathan et al. 2023; Chen et al. 2023). The
+  // penalties, the constraint and `logprob` then see the token as after Choose.
+  struct Verdict {
+    int64_t token = -1;
+    bool accepted = false;
+  };
+  absl::StatusOr<Verdict> Verify(const at::Tensor& logits, int64_t proposed,
+                                 absl::Span<const float> draft, at::Generator& generator,
+                                 TokenLogprob* logprob = nullptr);
+
   bool reports_logprobs() const { return top_logprobs_ >= 0; }
   const SamplingOptions& sampling() const { return sampling_; }
 
  private:
   // Whether the logits must be changed before sampling.
   bool Adjusts() const { return constraint_ != nullptr || sampling_.AdjustsLogits(); }
+  // A row of logits made ready to choose from: float32 on the host when it is read or changed
+  // (always with `host`), the logprobs read from it as it came, then biased, penalised and
+  // masked.
+  struct Prepared {
+    at::Tensor row;  // [1, V]
+    RowLogprobs reported;
+    at::Tensor raw;  // the row as it came, when it changed and logprobs are reported
+  };
+  absl::StatusOr<Prepared> Prepare(const at::Tensor& logits, bool host);
+  // The chosen token enters the constraint and the penalties; `logprob` gets its numbers.
+  absl::Status Commit(int64_t token, Prepared& prepared, TokenLogprob* logprob);
 
   const SamplingOptions sampling_;
   TokenPenalties penalties_;

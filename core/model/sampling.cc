@@ -186,6 +186,36 @@ std::vector<int64_t> Candidates(const float* values, int64_t vocab,
   return order;
 }
 
+// The tokens of row `values` [vocab] that can be drawn (Candidates) and their unnormalised
+// weights after temperature, min_p and top_p (0: dropped), for temperature > 0 and top_p > 0.
+void CandidateWeights(const float* values, int64_t vocab, const SamplingOptions& options,
+                      std::vector<int64_t>* order_out, std::vector<double>* weight_out) {
+  std::vector<int64_t>& order = *order_out;
+  std::vector<double>& weight = *weight_out;
+  order = Candidates(values, vocab, options);
+  float best = -std::numeric_limits<float>::infinity();
+  for (const int64_t i : order) best = std::max(best, values[i]);
+  // exp((x - max) / T) in float64: the best token weighs 1, a tiny T is greedy.
+  weight.assign(order.size(), 0.0);
+  double total = 0;
+  for (size_t j = 0; j < order.size(); ++j) {
+    weight[j] = std::exp((static_cast<double>(values[order[j]]) - best) / options.temperature);
+    // min_p: p / p_max below it drops the token (the best one weighs 1 and stays).
+    if (weight[j] < options.min_p) weight[j] = 0;
+    total += weight[j];
+  }
+  if (options.top_p < 1) {
+    // Drop the least likely tokens whose cumulative probability stays within 1 - top_p;
+    // the most likely token always survives.
+    double cumulative = 0;
+    for (size_t j = order.size() - 1; j > 0; --j) {
+      cumulative += weight[j] / total;
+      if (cumulative > 1 - options.top_p) break;
+      weight[j] = 0;
+    }
+  }
+}
+
 // Sampling of float32 CPU logits [B, V] (unit-stride rows) on the host, for temperature > 0:
 // the same distribution as the tensor path (top_k, then temperature, then top_p, then a
 // draw) without its ~20 tensor operations per call, which cost more than the arithmetic at
@@ -208,28 +238,9 @@ std::optional<at::Tensor> SampleOnHost(const at::Tensor& logits, const SamplingO
   std::lock_guard<std::mutex> lock(source.mutex());
   for (int64_t b = 0; b < rows; ++b) {
     const float* values = logits.data_ptr<float>() + b * logits.stride(0);
-    const std::vector<int64_t> order = Candidates(values, vocab, options);
-    float best = -std::numeric_limits<float>::infinity();
-    for (const int64_t i : order) best = std::max(best, values[i]);
-    // exp((x - max) / T) in float64: the best token weighs 1, a tiny T is greedy.
-    std::vector<double> weight(order.size());
-    double total = 0;
-    for (size_t j = 0; j < order.size(); ++j) {
-      weight[j] = std::exp((static_cast<double>(values[order[j]]) - best) / options.temperature);
-      // min_p: p / p_max below it drops the token (the best one weighs 1 and stays).
-      if (weight[j] < options.min_p) weight[j] = 0;
-      total += weight[j];
-    }
-    if (options.top_p < 1) {
-      // Drop the least likely tokens whose cumulative probability stays within 1 - top_p;
-      // the most likely token always survives.
-      double cumulative = 0;
-      for (size_t j = order.size() - 1; j > 0; --j) {
-        cumulative += weight[j] / total;
-        if (cumulative > 1 - options.top_p) break;
-        weight[j] = 0;
-      }
-    }
+    std::vector<int64_t> order;
+    std::vector<double> weight;
+    CandidateWeights(values, vocab, options, &order, &weight);
     at::exponential_distribution<double> exponential(1.0);
     size_t chosen = 0;
     double chosen_score = -1;
@@ -246,6 +257,58 @@ std::optional<at::Tensor> SampleOnHost(const at::Tensor& logits, const SamplingO
 }
 
 }  // namespace
+
+absl::StatusOr<std::vector<double>> SamplingProbabilities(const float* row, int64_t vocab,
+                                                          const SamplingOptions& options) {
+  if (IsGreedy(options)) {
+    return absl::InvalidArgumentError("SamplingProbabilities: the options are greedy");
+  }
+  if (!LogitRowUsable(row, vocab)) {
+    return absl::FailedPreconditionError(
+        "the model's logits are not finite (NaN or infinity): its weights or activations "
+        "overflowed or are not numbers");
+  }
+  std::vector<int64_t> order;
+  std::vector<double> weight;
+  CandidateWeights(row, vocab, options, &order, &weight);
+  double total = 0;
+  for (const double w : weight) total += w;
+  std::vector<double> probabilities(static_cast<size_t>(vocab), 0.0);
+  for (size_t j = 0; j < order.size(); ++j) probabilities[order[j]] = weight[j] / total;
+  return probabilities;
+}
+
+namespace {
+
+at::CPUGeneratorImpl* CpuGenerator(at::Generator& generator, at::Generator* source) {
+  *source = generator.defined() ? generator : at::detail::getDefaultCPUGenerator();
+  return at::check_generator<at::CPUGeneratorImpl>(*source);
+}
+
+}  // namespace
+
+double DrawUniform(at::Generator& generator) {
+  at::Generator source;
+  at::CPUGeneratorImpl* rng = CpuGenerator(generator, &source);
+  std::lock_guard<std::mutex> lock(source.mutex());
+  at::uniform_real_distribution<double> uniform(0.0, 1.0);
+  return uniform(rng);
+}
+
+int64_t DrawIndex(absl::Span<const double> weights, at::Generator& generator) {
+  double total = 0;
+  for (const double w : weights) total += w;
+  const double target = DrawUniform(generator) * total;
+  double cumulative = 0;
+  int64_t last = 0;  // the last index of positive weight: rounding never picks a zero weight
+  for (size_t i = 0; i < weights.size(); ++i) {
+    if (weights[i] <= 0) continue;
+    cumulative += weights[i];
+    last = static_cast<int64_t>(i);
+    if (target < cumulative) return last;
+  }
+  return last;
+}
 
 absl::StatusOr<at::Tensor> SampleNext(const at::Tensor& logits, const SamplingOptions& options,
                                       at::Generator& generator) {

@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 
 namespace lgpt {
 
@@ -52,6 +53,23 @@ absl::Status ValidateSampling(const SamplingOptions& options);
 // non-finite weights or activations): no token is drawn from a broken distribution.
 absl::StatusOr<at::Tensor> SampleNext(const at::Tensor& logits, const SamplingOptions& options,
                                       at::Generator& generator);
+
+// Whether the options choose the most likely token (temperature or top_p 0).
+inline bool IsGreedy(const SamplingOptions& options) {
+  return options.temperature <= 0 || options.top_p <= 0;
+}
+
+// The distribution SampleNext draws a token from, for one row of float32 logits [vocab] and
+// options that are not greedy: probabilities [vocab] summing to 1 (0 for the tokens top_k,
+// min_p and top_p drop). Speculative decoding's rejection sampling needs it whole.
+// FailedPrecondition for a row holding NaN or +inf, or nothing but -inf.
+absl::StatusOr<std::vector<double>> SamplingProbabilities(const float* row, int64_t vocab,
+                                                          const SamplingOptions& options);
+
+// A number uniform in [0, 1) from `generator` (a CPU generator; undefined: LibTorch's default).
+double DrawUniform(at::Generator& generator);
+// An index i drawn with probability weights[i] / sum(weights) (weights >= 0, some > 0).
+int64_t DrawIndex(absl::Span<const double> weights, at::Generator& generator);
 
 }  // namespace lgpt
 

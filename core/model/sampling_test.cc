@@ -28,7 +28,7 @@ TEST(SamplingTest, GreedyOnTheHostEqualsArgmax) {
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(1);
   at::manual_seed(4);
   at::Tensor logits = at::randn({5, 300});
-  logits[1].fill_(2.0f);                                      // all tied: token 0
+  logits[1].fill_(2.0f);                                     // all tied: token 0
   logits[2].fill_(-std::numeric_limits<float>::infinity());  // one finite entry
   logits[2][7] = -3.0f;
   logits[3][10] = 50.0f;  // tied maxima: the first
@@ -225,6 +225,44 @@ TEST(SamplingTest, NonFiniteLogitsAreAnError) {
   // -inf next to finite entries is a masked token, not an error.
   const at::Tensor masked = at::tensor({-inf, 1.0f, -inf}).view({1, 3});
   EXPECT_EQ(SampleNext(masked, {1.0, 0, 1.0}, gen).value().item<int64_t>(), 1);
+}
+
+// Speculative decoding's p: SampleNext's draws follow SamplingProbabilities (top_k, min_p, top_p
+// and temperature together), zero where a filter drops a token; DrawIndex follows its weights.
+TEST(SamplingTest, SamplingProbabilitiesAreWhatSampleNextDrawsFrom) {
+  at::manual_seed(11);
+  const at::Tensor logits = at::randn({1, 12}) * 2;  // [1, V]
+  SamplingOptions options;
+  options.temperature = 0.8;
+  options.top_k = 9;
+  options.top_p = 0.9;
+  options.min_p = 0.02;
+  const std::vector<double> p =
+      SamplingProbabilities(logits.data_ptr<float>(), 12, options).value();
+  ASSERT_EQ(p.size(), 12u);
+  EXPECT_NEAR(std::accumulate(p.begin(), p.end(), 0.0), 1.0, 1e-12);
+  EXPECT_GE(std::count(p.begin(), p.end(), 0.0), 3);  // at least top_k's drops
+  constexpr int kDraws = 40000;
+  std::vector<double> drawn(12, 0), indexed(12, 0);
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(3);
+  for (int i = 0; i < kDraws; ++i) {
+    drawn[SampleNext(logits, options, gen).value().item<int64_t>()] += 1;
+    indexed[DrawIndex(p, gen)] += 1;
+  }
+  for (int64_t v = 0; v < 12; ++v) {
+    if (p[v] == 0) {
+      EXPECT_EQ(drawn[v], 0) << v;
+      EXPECT_EQ(indexed[v], 0) << v;
+      continue;
+    }
+    const double sd = std::sqrt(kDraws * p[v] * (1 - p[v]));
+    EXPECT_NEAR(drawn[v], kDraws * p[v], 5 * sd + 1) << v;
+    EXPECT_NEAR(indexed[v], kDraws * p[v], 5 * sd + 1) << v;
+  }
+  EXPECT_FALSE(SamplingProbabilities(logits.data_ptr<float>(), 12, {0.0, 0, 1.0}).ok());
+  const float broken[] = {1.0f, std::nanf("")};
+  EXPECT_EQ(SamplingProbabilities(broken, 2, options).status().code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(SamplingTest, RejectsImpossibleOptions) {

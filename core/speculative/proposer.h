@@ -1,0 +1,44 @@
+// What speculative decoding's proposers implement (core/speculative/README.md): given a
+// request's tokens so far, guess the next few. The model then verifies every guess in one
+// forward pass (core/model/generate.h; NextTokenChooser::Verify decides), so a proposer only
+// changes how fast tokens come, never which: a bad guess costs the compute of verifying it.
+//
+// One proposer serves one request (or one conversation) at a time: it may keep state between
+// calls, such as a draft model's KV cache, and it sees the whole context every call, so it
+// catches up on what the model accepted (and forgets what it rejected) by comparing contexts.
+//
+//   ASSIGN_OR_RETURN(Proposal proposal, proposer.Propose(context, /*k=*/4));
+#ifndef LGPT_CORE_SPECULATIVE_PROPOSER_H_
+#define LGPT_CORE_SPECULATIVE_PROPOSER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace lgpt {
+
+struct Proposal {
+  std::vector<int64_t> tokens;  // at most k
+  // Per token, the distribution the proposer drew it from: probabilities over the vocabulary
+  // (ids past a row's end have probability 0). Empty: every token was chosen deterministically
+  // (greedy drafts, look-ups), a point mass at it.
+  std::vector<std::vector<float>> probabilities;
+};
+
+class Proposer {
+ public:
+  virtual ~Proposer() = default;
+  // Up to `k` (>= 1) tokens likely to follow `context`: the request's tokens so far (the
+  // prompt, earlier turns included, and every token generated), all of them the model's own.
+  // No tokens when it has no guess (the step then decodes one token as usual).
+  virtual absl::StatusOr<Proposal> Propose(absl::Span<const int64_t> context, int64_t k) = 0;
+  // "ngram(2..4)", "draft(NAME)".
+  virtual std::string DebugName() const = 0;
+};
+
+}  // namespace lgpt
+
+#endif  // LGPT_CORE_SPECULATIVE_PROPOSER_H_
