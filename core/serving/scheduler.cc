@@ -98,6 +98,12 @@ struct Scheduler::Request {
   std::optional<Clock::time_point> admitted;  // its first admission
   // The choices of one prompt it was submitted with (SubmitChoices); null alone.
   std::shared_ptr<ChoiceGroup> group;
+  // Over ranks: what the followers run it from, whether the leader announced it and its
+  // cancellation (a request is cancelled at the step its cancellation is announced, on every
+  // rank).
+  ReplicaRequest replica;
+  bool announced = false;
+  bool cancel_announced = false;
 
   KVCache& cache() const { return *memory.cache(); }
   int64_t generated() const { return static_cast<int64_t>(ids.size()) - prompt_length; }
@@ -186,8 +192,25 @@ Scheduler::Scheduler(GPT model, SchedulerOptions options, std::shared_ptr<BlockP
                 std::make_unique<KVMemory>(std::move(pool), options.prefix_caching)) {}
 
 Scheduler::Scheduler(GPT model, SchedulerOptions options, std::unique_ptr<KVMemory> memory)
-    : model_(std::move(model)), options_(options), memory_(std::move(memory)) {
+    : Scheduler(std::move(model), options, std::move(memory), nullptr, nullptr) {}
+
+Scheduler::Scheduler(GPT model, SchedulerOptions options, std::unique_ptr<KVMemory> memory,
+                     std::shared_ptr<StepSync> sync, ReplicaCacheFactory replica_caches)
+    : model_(std::move(model)),
+      options_(options),
+      memory_(std::move(memory)),
+      sync_(std::move(sync)),
+      replica_caches_(std::move(replica_caches)) {
   thread_ = std::thread([this] { Loop(); });
+}
+
+absl::Status Scheduler::Follow() {
+  if (sync_ == nullptr || sync_->leader()) {
+    return absl::FailedPreconditionError("Follow is for a follower rank of serving over ranks");
+  }
+  std::unique_lock<std::mutex> lock(mutex_);
+  loop_done_cv_.wait(lock, [this] { return loop_done_; });
+  return sync_status_;
 }
 
 Scheduler::~Scheduler() {
@@ -200,8 +223,14 @@ Scheduler::~Scheduler() {
 }
 
 absl::StatusOr<std::unique_ptr<Scheduler::Request>> Scheduler::MakeRequest(
-    std::vector<int64_t> prompt, GenerateOptions options, std::unique_ptr<KVCache> cache) const {
+    std::vector<int64_t> prompt, GenerateOptions options, std::unique_ptr<KVCache> cache,
+    std::string cache_recipe) const {
   RETURN_IF_ERROR(options_.Validate());
+  if (sync_ != nullptr && sync_->leader() && cache_recipe.empty()) {
+    return absl::InvalidArgumentError(
+        "serving over ranks: Submit needs the cache recipe the other ranks make their caches "
+        "from");
+  }
   if (cache == nullptr) return absl::InvalidArgumentError("Submit needs a KV cache");
   if (cache->batch_size() != 1 || cache->num_layers() != model_->config().n_layer) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -226,6 +255,12 @@ absl::StatusOr<std::unique_ptr<Scheduler::Request>> Scheduler::MakeRequest(
                                   options.start_position == 0 && options.adapter < 0));
   request->handle = std::make_shared<RequestHandle>();
   request->prompt_length = static_cast<int64_t>(prompt.size());
+  request->replica.prompt = prompt;
+  request->replica.max_new_tokens = options.max_new_tokens;
+  request->replica.prefill_chunk = options.prefill_chunk;
+  request->replica.start_position = options.start_position;
+  request->replica.adapter = options.adapter;
+  request->replica.cache_recipe = std::move(cache_recipe);
   request->chooser = std::make_unique<NextTokenChooser>(options.sampling, prompt,
                                                         options.constraint, options.top_logprobs);
   request->ids = std::move(prompt);
@@ -241,6 +276,10 @@ absl::StatusOr<std::vector<std::shared_ptr<RequestHandle>>> Scheduler::Enqueue(
   for (const auto& request : requests) handles.push_back(request->handle);
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (!sync_status_.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("serving over ranks ended: ", sync_status_.message()));
+    }
     if (stopping_) return absl::CancelledError("the scheduler is shutting down");
     // All or none: max_waiting - waiting is compared, as waiting + n may overflow.
     if (static_cast<int64_t>(requests.size()) >
@@ -254,8 +293,11 @@ absl::StatusOr<std::vector<std::shared_ptr<RequestHandle>>> Scheduler::Enqueue(
                              " requests waiting (SchedulerOptions.max_waiting ",
                              options_.max_waiting, ")"));
     }
+    const uint64_t first_arrival = arrivals_;  // a group's id over ranks
     for (auto& request : requests) {
       request->arrival = arrivals_++;
+      request->replica.id = request->arrival;
+      if (request->group != nullptr) request->replica.group = static_cast<int64_t>(first_arrival);
       waiting_.push_back(std::move(request));
       ++stats_.submitted;
     }
@@ -266,9 +308,15 @@ absl::StatusOr<std::vector<std::shared_ptr<RequestHandle>>> Scheduler::Enqueue(
 
 absl::StatusOr<std::shared_ptr<RequestHandle>> Scheduler::Submit(std::vector<int64_t> prompt,
                                                                  GenerateOptions options,
-                                                                 std::unique_ptr<KVCache> cache) {
+                                                                 std::unique_ptr<KVCache> cache,
+                                                                 std::string cache_recipe) {
+  if (sync_ != nullptr && !sync_->leader()) {
+    return absl::FailedPreconditionError(
+        "this rank follows rank 0 of serving over ranks: submit requests there");
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<Request> request,
-                   MakeRequest(std::move(prompt), std::move(options), std::move(cache)));
+                   MakeRequest(std::move(prompt), std::move(options), std::move(cache),
+                               std::move(cache_recipe)));
   std::vector<std::unique_ptr<Request>> one;
   one.push_back(std::move(request));
   ASSIGN_OR_RETURN(std::vector<std::shared_ptr<RequestHandle>> handles, Enqueue(std::move(one)));
@@ -277,7 +325,11 @@ absl::StatusOr<std::shared_ptr<RequestHandle>> Scheduler::Submit(std::vector<int
 
 absl::StatusOr<std::vector<std::shared_ptr<RequestHandle>>> Scheduler::SubmitChoices(
     const std::vector<int64_t>& prompt, std::vector<GenerateOptions> options,
-    std::vector<std::unique_ptr<KVCache>> caches) {
+    std::vector<std::unique_ptr<KVCache>> caches, std::vector<std::string> cache_recipes) {
+  if (sync_ != nullptr && !sync_->leader()) {
+    return absl::FailedPreconditionError(
+        "this rank follows rank 0 of serving over ranks: submit requests there");
+  }
   if (options.empty()) {
     return InvalidFieldError(FieldRef("SubmitChoices.n", "n"), "n must be >= 1, got 0");
   }
@@ -290,7 +342,8 @@ absl::StatusOr<std::vector<std::shared_ptr<RequestHandle>>> Scheduler::SubmitCho
   std::vector<std::unique_ptr<Request>> requests;
   for (size_t i = 0; i < options.size(); ++i) {
     absl::StatusOr<std::unique_ptr<Request>> request =
-        MakeRequest(prompt, std::move(options[i]), std::move(caches[i]));
+        MakeRequest(prompt, std::move(options[i]), std::move(caches[i]),
+                    i < cache_recipes.size() ? std::move(cache_recipes[i]) : std::string());
     if (!request.ok()) return request.status();
     if (options.size() > 1) (*request)->group = group;
     requests.push_back(*std::move(request));
@@ -316,13 +369,14 @@ void Scheduler::Loop() {
   at::NoGradGuard no_grad;
   std::vector<std::unique_ptr<Request>> running;
   while (true) {
+    // Over ranks every rank exchanges the plan first (a leader with nothing to do sends one
+    // every heartbeat); the followers' queue is what the leader announced.
+    if (sync_ != nullptr && !SharePlan(running)) break;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      work_cv_.wait(lock, [&] { return stopping_ || !waiting_.empty() || !running.empty(); });
-      if (stopping_) {
-        for (auto& request : waiting_) running.push_back(std::move(request));
-        waiting_.clear();
-        break;
+      if (sync_ == nullptr) {
+        work_cv_.wait(lock, [&] { return stopping_ || !waiting_.empty() || !running.empty(); });
+        if (stopping_) break;
       }
       AdmitWaiting(running);
       stats_.waiting = static_cast<int64_t>(waiting_.size());
@@ -330,24 +384,142 @@ void Scheduler::Loop() {
     }
     Step(running);
   }
-  // Shutting down: every request still here ends as cancelled.
+  // Shutting down: every request still here ends as cancelled (or with the error that ended
+  // serving over ranks).
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& request : waiting_) running.push_back(std::move(request));
+    waiting_.clear();
+  }
   for (auto& request : running) {
-    if (request->state != RequestState::kFinished) request->Cancel();
+    if (request->state == RequestState::kFinished) continue;
+    if (sync_status_.ok()) {
+      request->Cancel();
+    } else {
+      request->Fail(sync_status_);
+    }
   }
   Retire(running);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    loop_done_ = true;
+  }
+  loop_done_cv_.notify_all();
+}
+
+bool Scheduler::CancelNow(const Request& request) const {
+  return sync_ != nullptr ? request.cancel_announced : request.handle->cancel_requested_.load();
+}
+
+bool Scheduler::SharePlan(Running& running) {
+  return sync_->leader() ? LeadPlan(running) : FollowPlan(running);
+}
+
+bool Scheduler::LeadPlan(Running& running) {
+  // The heartbeat: a follower waiting longer than its collectives' timeout takes the leader
+  // for dead.
+  constexpr auto kHeartbeat = std::chrono::milliseconds(500);
+  StepPlan plan;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (running.empty()) {
+      work_cv_.wait_for(lock, kHeartbeat, [&] { return stopping_ || !waiting_.empty(); });
+    }
+    const auto note = [&plan](Request& r) {
+      if (!r.announced) {
+        r.announced = true;
+        plan.arrivals.push_back(r.replica);
+      }
+      if (r.handle->cancel_requested_ && !r.cancel_announced) {
+        r.cancel_announced = true;
+        plan.cancelled.push_back(r.arrival);
+      }
+    };
+    for (auto& request : waiting_) note(*request);
+    for (auto& request : running) {
+      if (request->state != RequestState::kFinished) note(*request);
+    }
+    plan.stop = stopping_;
+  }
+  if (absl::Status shared = sync_->SharePlan(plan); !shared.ok()) {
+    EndServing(running, shared);
+    return false;
+  }
+  return !plan.stop;
+}
+
+bool Scheduler::FollowPlan(Running& running) {
+  StepPlan plan;
+  absl::Status status = sync_->SharePlan(plan);
+  for (size_t i = 0; status.ok() && i < plan.arrivals.size(); ++i) {
+    status = AddReplica(plan.arrivals[i]);
+  }
+  if (!status.ok()) {
+    EndServing(running, status);
+    return false;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (uint64_t id : plan.cancelled) {
+    for (auto& request : waiting_) {
+      if (request->arrival == id) request->cancel_announced = true;
+    }
+    for (auto& request : running) {
+      if (request->arrival == id) request->cancel_announced = true;
+    }
+  }
+  return !plan.stop;
+}
+
+absl::Status Scheduler::AddReplica(const ReplicaRequest& replica) {
+  absl::StatusOr<std::unique_ptr<KVCache>> cache = replica_caches_(replica, *memory_);
+  GenerateOptions options;
+  options.max_new_tokens = replica.max_new_tokens;
+  options.prefill_chunk = replica.prefill_chunk;
+  options.start_position = replica.start_position;
+  options.adapter = replica.adapter;
+  absl::StatusOr<std::unique_ptr<Request>> request =
+      cache.ok() ? MakeRequest(replica.prompt, std::move(options), *std::move(cache), "")
+                 : absl::StatusOr<std::unique_ptr<Request>>(cache.status());
+  if (!request.ok()) {
+    // The leader took it: this rank cannot follow (a different pool, a divergence).
+    return absl::InternalError(absl::StrCat(
+        "rank 0's request ", replica.id, " cannot run on this rank: ", request.status().message()));
+  }
+  Request& r = **request;
+  r.arrival = replica.id;
+  r.replica = replica;
+  r.announced = true;
+  if (replica.group >= 0) {
+    std::shared_ptr<ChoiceGroup>& group = replica_groups_[replica.group];
+    if (group == nullptr) group = std::make_shared<ChoiceGroup>();
+    r.group = group;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  arrivals_ = replica.id + 1;
+  waiting_.push_back(*std::move(request));
+  ++stats_.submitted;
+  return absl::OkStatus();
+}
+
+void Scheduler::EndServing(Running& running, absl::Status status) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  sync_status_ = std::move(status);
+  stopping_ = true;
 }
 
 void Scheduler::AdmitWaiting(Running& running) {
   // Cancelled requests leave the queue at once (they hold no blocks).
   for (auto& request : waiting_) {
-    if (request->handle->cancel_requested_) {
+    if (CancelNow(*request)) {
       request->Cancel();
       running.push_back(std::move(request));
     }
   }
   waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), nullptr), waiting_.end());
+  // Over ranks the leader admits only what the followers know of (a request submitted since
+  // the plan waits for the next one).
   while (static_cast<int64_t>(running.size()) < options_.max_running && !waiting_.empty() &&
-         Fits(*waiting_.front(), running)) {
+         (sync_ == nullptr || waiting_.front()->announced) && Fits(*waiting_.front(), running)) {
     running.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
     Admit(*running.back());
@@ -408,9 +580,7 @@ void Scheduler::Start(Request& r) {
 
 bool Scheduler::Step(Running& running) {
   for (auto& request : running) {
-    if (request->state != RequestState::kFinished && request->handle->cancel_requested_) {
-      request->Cancel();
-    }
+    if (request->state != RequestState::kFinished && CancelNow(*request)) request->Cancel();
   }
   Retire(running);
   if (running.empty()) return false;
@@ -722,6 +892,8 @@ void Scheduler::Fork(Request& leader, Request& r, Running& running) {
 }
 
 void Scheduler::SampleReady(Running& running) {
+  if (sync_ != nullptr && !sync_->leader()) return FollowSamples(running);
+  StepTokens shared;  // over ranks: what each request got, for the followers
   for (auto& owned : running) {
     Request& r = *owned;
     if (r.state != RequestState::kSampling) continue;
@@ -730,11 +902,50 @@ void Scheduler::SampleReady(Running& running) {
     r.logits = at::Tensor();
     if (!next.ok()) {
       r.Fail(next.status());
+    } else {
+      if (r.options.on_logprob && r.chooser->reports_logprobs()) r.CallOnLogprob(logprob);
+      r.Deliver(*next);
+    }
+    shared.ids.push_back(r.arrival);
+    shared.tokens.push_back(next.ok() ? *next : -1);
+    shared.done.push_back(r.state == RequestState::kFinished ? 1 : 0);
+  }
+  if (sync_ == nullptr) return;
+  if (absl::Status status = sync_->ShareTokens(shared); !status.ok()) {
+    EndServing(running, status);
+  }
+}
+
+void Scheduler::FollowSamples(Running& running) {
+  StepTokens shared;
+  absl::Status status = sync_->ShareTokens(shared);
+  size_t next = 0;
+  for (auto& owned : running) {
+    Request& r = *owned;
+    if (r.state != RequestState::kSampling) continue;
+    r.logits = at::Tensor();
+    if (status.ok() && (next >= shared.ids.size() || shared.ids[next] != r.arrival)) {
+      status = absl::InternalError(absl::StrCat(
+          "serving over ranks diverged: this rank samples request ", r.arrival,
+          " where rank 0 sampled ",
+          next < shared.ids.size() ? absl::StrCat(shared.ids[next]) : std::string("none")));
+    }
+    if (!status.ok()) break;
+    const int64_t token = shared.tokens[next];
+    const bool done = shared.done[next] != 0;
+    ++next;
+    if (token < 0) {  // rank 0's sampling failed: the request ends there
+      r.Cancel();
       continue;
     }
-    if (r.options.on_logprob && r.chooser->reports_logprobs()) r.CallOnLogprob(logprob);
-    r.Deliver(*next);
+    r.ids.push_back(token);
+    r.MoveTo(done ? RequestState::kFinished : RequestState::kDecoding);
   }
+  if (status.ok() && next != shared.ids.size()) {
+    status = absl::InternalError(absl::StrCat("serving over ranks diverged: rank 0 sampled ",
+                                              shared.ids.size(), " requests, this rank ", next));
+  }
+  if (!status.ok()) EndServing(running, status);
 }
 
 std::vector<Scheduler::Request*> Scheduler::ReserveDecodeRows(Running& running) {

@@ -77,8 +77,11 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -89,6 +92,7 @@
 #include "core/model/generate.h"
 #include "core/model/gpt.h"
 #include "core/serving/kv_memory.h"
+#include "core/serving/step_sync.h"
 
 namespace lgpt {
 
@@ -172,11 +176,22 @@ struct SchedulerStats {
   int64_t forked_tokens = 0;
 };
 
+// A follower rank's KV cache for a request the leader announced (its recipe, from the
+// leader's Submit), drawn from the follower's own memory.
+using ReplicaCacheFactory = std::function<absl::StatusOr<std::unique_ptr<KVCache>>(
+    const ReplicaRequest& request, const KVMemory& memory)>;
+
 class Scheduler {
  public:
   // The model is shared (read-only) with any other user; the thread starts here. `memory`
   // holds the pool Submit's caches draw from (admission, preemption, prefix reuse).
   Scheduler(GPT model, SchedulerOptions options, std::unique_ptr<KVMemory> memory);
+  // One rank of tensor-parallel serving (core/serving/step_sync.h): the leader (rank 0) takes
+  // Submit's requests, each with its cache recipe, and shares every step's decisions through
+  // `sync`; a follower runs the leader's requests through caches from `replica_caches` until
+  // the leader stops (Follow).
+  Scheduler(GPT model, SchedulerOptions options, std::unique_ptr<KVMemory> memory,
+            std::shared_ptr<StepSync> sync, ReplicaCacheFactory replica_caches);
   // Over `pool` (null: none), with SchedulerOptions.prefix_caching.
   explicit Scheduler(GPT model, SchedulerOptions options = {},
                      std::shared_ptr<BlockPool> pool = nullptr);
@@ -191,9 +206,12 @@ class Scheduler {
   // when a paged cache's request needs more blocks than the whole pool.
   // on_token runs on the scheduler's thread; returning false (or throwing) ends only its own
   // request.
+  // Over ranks, `cache_recipe` is what the followers' ReplicaCacheFactory makes their cache
+  // from (required there; FailedPrecondition on a follower, whose requests come from rank 0).
   absl::StatusOr<std::shared_ptr<RequestHandle>> Submit(std::vector<int64_t> prompt,
                                                         GenerateOptions options,
-                                                        std::unique_ptr<KVCache> cache);
+                                                        std::unique_ptr<KVCache> cache,
+                                                        std::string cache_recipe = {});
   // n choices of one prompt (OpenAI's `n`): choice i as Submit(prompt, options[i], caches[i]),
   // all queued together in order or none (Submit's errors; ResourceExhausted when the n do
   // not fit beside the waiting requests). The prompt is read
@@ -201,7 +219,11 @@ class Scheduler {
   // InvalidArgument for no choices (naming SubmitChoices.n) or a cache count that differs.
   absl::StatusOr<std::vector<std::shared_ptr<RequestHandle>>> SubmitChoices(
       const std::vector<int64_t>& prompt, std::vector<GenerateOptions> options,
-      std::vector<std::unique_ptr<KVCache>> caches);
+      std::vector<std::unique_ptr<KVCache>> caches, std::vector<std::string> cache_recipes = {});
+
+  // A follower rank: blocks until serving ends, OK when the leader stopped it, else the error
+  // that ended it (a rank gone, a timeout). FailedPrecondition without a follower's sync.
+  absl::Status Follow();
 
   SchedulerStats Stats() const;
   const SchedulerOptions& options() const { return options_; }
@@ -218,7 +240,21 @@ class Scheduler {
   // Submit's checks; the request, its cache leased.
   absl::StatusOr<std::unique_ptr<Request>> MakeRequest(std::vector<int64_t> prompt,
                                                        GenerateOptions options,
-                                                       std::unique_ptr<KVCache> cache) const;
+                                                       std::unique_ptr<KVCache> cache,
+                                                       std::string cache_recipe) const;
+  // Over ranks, before each step: the leader sends the step's plan (new requests, cancels,
+  // the end), a follower receives and applies it; false when serving ends (stop or failure).
+  bool SharePlan(Running& running);
+  bool LeadPlan(Running& running);
+  bool FollowPlan(Running& running);
+  // A follower's request for the leader's announcement.
+  absl::Status AddReplica(const ReplicaRequest& replica);
+  // Whether the request is to be cancelled this step (over ranks: as the leader announced).
+  bool CancelNow(const Request& request) const;
+  // A follower's sampling: the tokens the leader chose.
+  void FollowSamples(Running& running);
+  // Serving over ranks failed: every request ends with `status`, no more are taken.
+  void EndServing(Running& running, absl::Status status);
   // Queues the requests in order, all or none (max_waiting); their handles.
   absl::StatusOr<std::vector<std::shared_ptr<RequestHandle>>> Enqueue(
       std::vector<std::unique_ptr<Request>> requests);
@@ -293,6 +329,14 @@ class Scheduler {
   GPT model_;
   const SchedulerOptions options_;
   const std::unique_ptr<KVMemory> memory_;
+  const std::shared_ptr<StepSync> sync_;  // null: one process
+  const ReplicaCacheFactory replica_caches_;
+  // Over ranks: why serving ended (Follow's result; Submit's error after a failure).
+  absl::Status sync_status_;
+  bool loop_done_ = false;
+  std::condition_variable loop_done_cv_;
+  // A follower's choice groups by the leader's group id (the scheduler's thread only).
+  std::map<int64_t, std::shared_ptr<ChoiceGroup>> replica_groups_;
 
   mutable std::mutex mutex_;
   std::condition_variable work_cv_;
