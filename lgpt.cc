@@ -6,8 +6,11 @@
 #include <utility>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "core/base/status_field.h"
 #include "core/base/status_macros.h"
 #include "core/model/checkpoint.h"
@@ -274,6 +277,7 @@ absl::StatusOr<std::shared_ptr<const Engine>> Engine::Load(const std::string& ch
   std::shared_ptr<Engine> engine(
       new Engine(std::move(loaded.model), std::move(tokenizer), checkpoint_dir, options.serving));
   engine->draft_ = std::move(draft);
+  engine->tensor_parallel_ = options.tensor_parallel;
   engine->warnings_ = std::move(loaded.warnings);
   engine->adapter_names_ = std::move(adapter_names);
   if (options.serving.kv_pool_bytes > 0) {
@@ -550,6 +554,72 @@ absl::StatusOr<Completion> Request::Wait() {
   return *completion_;
 }
 
+namespace {
+
+// Serving over ranks: a request's cache as the other ranks make it (its spec and length), one
+// `key=value` line a field.
+std::string EncodeCacheRecipe(const KVCacheSpec& spec, int64_t length) {
+  return absl::StrCat("policy=", spec.policy, "\nbudget=", spec.budget, "\nbits=", spec.bits,
+                      "\nsink_tokens=", spec.sink_tokens,
+                      "\nrecent_fraction=", absl::StrFormat("%.17g", spec.recent_fraction),
+                      "\ngrace_period=", spec.grace_period,
+                      "\nnormalize_scores=", spec.normalize_scores ? 1 : 0,
+                      "\nquant_weight=", absl::StrFormat("%.17g", spec.quant_weight),
+                      "\nbudget_rule=", spec.budget_rule, "\nresidual=", spec.residual,
+                      "\ngroup_size=", spec.group_size, "\nread_chunk=", spec.read_chunk,
+                      "\npositions=", spec.positions, "\nlength=", length);
+}
+
+absl::Status DecodeCacheRecipe(absl::string_view recipe, KVCacheSpec* spec, int64_t* length) {
+  int fields = 0;
+  for (absl::string_view line : absl::StrSplit(recipe, '\n')) {
+    const std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(line, '=');
+    const absl::string_view key = kv.first, value = kv.second;
+    bool ok = true;
+    int64_t flag = 0;
+    if (key == "policy") {
+      spec->policy = std::string(value);
+    } else if (key == "budget") {
+      ok = absl::SimpleAtoi(value, &spec->budget);
+    } else if (key == "bits") {
+      ok = absl::SimpleAtoi(value, &spec->bits);
+    } else if (key == "sink_tokens") {
+      ok = absl::SimpleAtoi(value, &spec->sink_tokens);
+    } else if (key == "recent_fraction") {
+      ok = absl::SimpleAtod(value, &spec->recent_fraction);
+    } else if (key == "grace_period") {
+      ok = absl::SimpleAtoi(value, &spec->grace_period);
+    } else if (key == "normalize_scores") {
+      ok = absl::SimpleAtoi(value, &flag);
+      spec->normalize_scores = flag != 0;
+    } else if (key == "quant_weight") {
+      ok = absl::SimpleAtod(value, &spec->quant_weight);
+    } else if (key == "budget_rule") {
+      spec->budget_rule = std::string(value);
+    } else if (key == "residual") {
+      ok = absl::SimpleAtoi(value, &spec->residual);
+    } else if (key == "group_size") {
+      ok = absl::SimpleAtoi(value, &spec->group_size);
+    } else if (key == "read_chunk") {
+      ok = absl::SimpleAtoi(value, &spec->read_chunk);
+    } else if (key == "positions") {
+      spec->positions = std::string(value);
+    } else if (key == "length") {
+      ok = absl::SimpleAtoi(value, length);
+    } else {
+      ok = false;
+    }
+    if (!ok) return absl::InvalidArgumentError(absl::StrCat("cache recipe: bad line '", line, "'"));
+    ++fields;
+  }
+  if (fields != 14) {
+    return absl::InvalidArgumentError(absl::StrCat("cache recipe: ", fields, " fields, not 14"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 Scheduler& Engine::scheduler() const {
   std::call_once(scheduler_once_, [this] {
     absl::StatusOr<std::unique_ptr<KVMemory>> memory =
@@ -558,9 +628,44 @@ Scheduler& Engine::scheduler() const {
       pool_error_ = memory.status();
       memory = std::make_unique<KVMemory>(nullptr, serving_.prefix_caching);
     }
-    scheduler_ = std::make_unique<Scheduler>(model_, serving_, *std::move(memory));
+    if (!ServesOverRanks()) {
+      scheduler_ = std::make_unique<Scheduler>(model_, serving_, *std::move(memory));
+      return;
+    }
+    // Over ranks: rank 0 leads, the others follow its steps (core/serving/step_sync.h) and
+    // make each request's cache from its recipe in their own memory.
+    const KVCacheGeometry geometry = CacheGeometry();
+    ReplicaCacheFactory caches =
+        [geometry](const ReplicaRequest& request,
+                   const KVMemory& memory) -> absl::StatusOr<std::unique_ptr<KVCache>> {
+      KVCacheSpec spec;
+      int64_t length = 0;
+      RETURN_IF_ERROR(DecodeCacheRecipe(request.cache_recipe, &spec, &length));
+      return memory.NewCache(spec, geometry, length);
+    };
+    scheduler_ =
+        std::make_unique<Scheduler>(model_, serving_, *std::move(memory),
+                                    ProcessGroupStepSync(tensor_parallel_), std::move(caches));
   });
   return *scheduler_;
+}
+
+bool Engine::ServesOverRanks() const {
+  return tensor_parallel_ != nullptr && tensor_parallel_->world_size() > 1;
+}
+
+absl::Status Engine::ServingStatus() const {
+  if (!pool_error_.ok()) return pool_error_;
+  return scheduler().SyncStatus();
+}
+
+absl::Status Engine::FollowServing() const {
+  if (!ServesOverRanks() || tensor_parallel_->rank() == 0) {
+    return absl::FailedPreconditionError(
+        "FollowServing is for ranks other than 0 of an engine over EngineOptions.tensor_parallel");
+  }
+  if (!pool_error_.ok()) return pool_error_;
+  return scheduler().Follow();
 }
 
 KVCacheGeometry Engine::CacheGeometry() const {
@@ -582,6 +687,7 @@ KVMemoryOptions Engine::MemoryOptions() const {
 struct Engine::Prepared {
   std::shared_ptr<Request> request;  // its handle not yet set
   std::unique_ptr<KVCache> cache;
+  std::string cache_recipe;  // serving over ranks: what the other ranks make their cache from
   GenerateOptions generate;
   bool go_on = true;  // false: the echoed prompt's on_text cancelled it
 };
@@ -595,6 +701,9 @@ absl::StatusOr<Engine::Prepared> Engine::Prepare(const std::vector<int64_t>& pro
   Prepared prepared;
   ASSIGN_OR_RETURN(prepared.cache, memory.NewCache(options.kv_cache, CacheGeometry(),
                                                    CacheLength(prompt, options)));
+  if (ServesOverRanks()) {
+    prepared.cache_recipe = EncodeCacheRecipe(options.kv_cache, CacheLength(prompt, options));
+  }
   ASSIGN_OR_RETURN(const int64_t adapter, AdapterSlot(options));
   auto text = std::make_shared<RequestText>(tokenizer_, options, StopTokens(options), adapter);
   prepared.request.reset(new Request());
@@ -609,8 +718,9 @@ absl::StatusOr<std::shared_ptr<Request>> Engine::Submit(const std::vector<int64_
                                                         const RequestOptions& options) const {
   ASSIGN_OR_RETURN(Prepared prepared, Prepare(prompt, options));
   std::shared_ptr<Request>& request = prepared.request;
-  ASSIGN_OR_RETURN(request->handle_, scheduler().Submit(prompt, std::move(prepared.generate),
-                                                        std::move(prepared.cache)));
+  ASSIGN_OR_RETURN(request->handle_,
+                   scheduler().Submit(prompt, std::move(prepared.generate),
+                                      std::move(prepared.cache), std::move(prepared.cache_recipe)));
   if (!prepared.go_on) request->handle_->Cancel();
   return request;
 }
@@ -642,14 +752,17 @@ absl::StatusOr<std::vector<std::shared_ptr<Request>>> Engine::SubmitChoices(
   std::vector<Prepared> prepared;
   std::vector<GenerateOptions> generates;
   std::vector<std::unique_ptr<KVCache>> caches;
+  std::vector<std::string> recipes;
   for (const RequestOptions& choice : each) {
     ASSIGN_OR_RETURN(Prepared one, Prepare(prompt, choice));
     generates.push_back(std::move(one.generate));
     caches.push_back(std::move(one.cache));
+    recipes.push_back(std::move(one.cache_recipe));
     prepared.push_back(std::move(one));
   }
   ASSIGN_OR_RETURN(std::vector<std::shared_ptr<RequestHandle>> handles,
-                   scheduler().SubmitChoices(prompt, std::move(generates), std::move(caches)));
+                   scheduler().SubmitChoices(prompt, std::move(generates), std::move(caches),
+                                             std::move(recipes)));
   std::vector<std::shared_ptr<Request>> choices;
   for (size_t i = 0; i < prepared.size(); ++i) {
     std::shared_ptr<Request>& request = prepared[i].request;

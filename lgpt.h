@@ -248,6 +248,15 @@ class Engine : public std::enable_shared_from_this<Engine> {
           nullptr) const;
   // The scheduler's counters.
   SchedulerStats ServingStats() const;
+  // Serving over tensor-parallel ranks (EngineOptions.tensor_parallel): rank 0's Submit takes
+  // the requests and every other rank calls this, which runs rank 0's requests on this rank's
+  // shard step by step (core/serving/step_sync.h) and returns when rank 0's engine goes (OK)
+  // or serving fails (a rank gone, a timeout: the error; rank 0's requests in flight fail with
+  // it). FailedPrecondition on rank 0 or without ranks.
+  absl::Status FollowServing() const;
+  // OK while Submit's serving goes on; over ranks, the error that ended it (a rank gone, a
+  // timeout: every later Submit fails with it too).
+  absl::Status ServingStatus() const;
 
   // A conversation that keeps its KV cache between calls. `kv_cache` chooses the cache;
   // its context is the model's block_size, unless kv_cache.positions is "cache" (window and
@@ -297,6 +306,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // Started by the first Submit, with the KV memory (core/serving/kv_memory.h) and its block
   // pool when SchedulerOptions.kv_pool_bytes asks for one.
   Scheduler& scheduler() const;
+  // Whether Submit serves over tensor-parallel ranks.
+  bool ServesOverRanks() const;
   // The cache geometry of this model's requests (batch size and length left to each).
   KVCacheGeometry CacheGeometry() const;
   KVMemoryOptions MemoryOptions() const;
@@ -321,7 +332,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
                                  std::vector<int64_t> history = {}) const;
 
   GPT model_;
-  GPT draft_;  // speculative decoding's draft model, or null
+  GPT draft_;                                      // speculative decoding's draft model, or null
+  std::shared_ptr<ProcessGroup> tensor_parallel_;  // EngineOptions.tensor_parallel
   std::shared_ptr<const Tokenizer> tokenizer_;
   std::string checkpoint_dir_;
   std::vector<std::string> warnings_;

@@ -10,9 +10,13 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -27,6 +31,7 @@
 #include "tools/peft_flags.h"
 #include "tools/server/openai_server.h"
 #include "tools/tool_util.h"
+#include "tools/tp_flags.h"
 
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "LitGPT checkpoint or fine-tune directory; empty: the embedded default model");
@@ -165,14 +170,25 @@ int main(int argc, char** argv) {
   InitTool(argc, argv,
            "serve [--checkpoint_dir=DIR] [--host=127.0.0.1 --port=8000 | --unix_socket=PATH] "
            "[--api_key=KEY] [--pool_mb=M] [--max_running=N --max_waiting=N] [--quantize=int8] "
-           "[--lora=NAME=DIR ...]");
+           "[--lora=NAME=DIR ...] [--tp=N]");
+  // --tp=N: N local ranks of this command (or one rank of a torchrun-style world); rank 0
+  // serves HTTP, the others follow its steps on their shards.
+  if (std::optional<int> code = ValueOrDie(LaunchTensorParallel(argc, argv))) return *code;
+  const std::shared_ptr<ProcessGroup> group = ValueOrDie(JoinTensorParallel());
   DieIfError(CheckListenFlags(argc, argv));
   std::string checkpoint_dir = ResolvePath(absl::GetFlag(FLAGS_checkpoint_dir));
   if (checkpoint_dir.empty()) checkpoint_dir = DefaultModelDir();
   const std::string unix_socket = ResolvePath(absl::GetFlag(FLAGS_unix_socket));
-  const EngineOptions engine_options = ValueOrDie(EngineOptionsFromServeFlags(argc, argv));
+  EngineOptions engine_options = ValueOrDie(EngineOptionsFromServeFlags(argc, argv));
+  engine_options.tensor_parallel = group;
   OpenAIServerOptions server_options = ValueOrDie(ServerOptionsFromFlags());
   std::shared_ptr<const Engine> engine = ValueOrDie(Engine::Load(checkpoint_dir, engine_options));
+  if (group != nullptr && group->rank() != 0) {
+    const absl::Status followed = engine->FollowServing();
+    if (followed.ok()) return 0;
+    std::fprintf(stderr, "serve: rank %d: %s\n", group->rank(), followed.ToString().c_str());
+    return 1;
+  }
   for (const std::string& warning : engine->warnings()) {
     std::fprintf(stderr, "serve: note: %s\n", warning.c_str());
   }
@@ -186,9 +202,30 @@ int main(int argc, char** argv) {
   std::unique_ptr<OpenAIServer> server = ValueOrDie(OpenAIServer::Create(engine, server_options));
   listening = server.get();
   std::thread(WaitForSignalThenStop, signals, server.get()).detach();
+  std::atomic<bool> serving_done{false};
+  std::thread watcher;
+  if (group != nullptr) {
+    // A rank gone ends serving: requests in flight fail with the error, and the server exits
+    // non-zero rather than answer without its ranks.
+    watcher = std::thread([&engine, &serving_done, server = server.get()] {
+      while (!serving_done && engine->ServingStatus().ok()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      }
+      if (serving_done) return;
+      std::fprintf(stderr, "serve: serving over ranks failed: %s; stopping\n",
+                   engine->ServingStatus().ToString().c_str());
+      server->Stop();
+    });
+  }
   DieIfError(unix_socket.empty()
                  ? server->ServeOnPort(absl::GetFlag(FLAGS_host), absl::GetFlag(FLAGS_port))
                  : server->ServeOnSocket(unix_socket));
+  serving_done = true;
+  if (watcher.joinable()) watcher.join();
+  const int code = engine->ServingStatus().ok() ? 0 : 1;
+  // The engine goes last: over ranks its scheduler tells the other ranks to stop.
+  server.reset();
+  engine.reset();
   std::fprintf(stderr, "serve: stopped\n");
-  return 0;
+  return code;
 }

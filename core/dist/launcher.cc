@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 
@@ -49,8 +50,8 @@ std::string Describe(int status, int* code) {
   }
   if (WIFSIGNALED(status)) {
     *code = 128 + WTERMSIG(status);
-    return absl::StrCat("was killed by signal ", WTERMSIG(status), " (", strsignal(WTERMSIG(status)),
-                        ")");
+    return absl::StrCat("was killed by signal ", WTERMSIG(status), " (",
+                        strsignal(WTERMSIG(status)), ")");
   }
   *code = 1;
   return "ended";
@@ -79,7 +80,9 @@ absl::StatusOr<int> FreeLocalPort() {
 absl::StatusOr<int> LaunchRanks(const LaunchSpec& spec) {
   if (spec.world_size < 1) return absl::InvalidArgumentError("world size must be >= 1");
   if (spec.argv.empty()) return absl::InvalidArgumentError("argv must hold argv[0]");
-  auto say = [&](const std::string& line) { WriteAll(spec.stderr_fd, "[launcher] " + line + "\n"); };
+  auto say = [&](const std::string& line) {
+    WriteAll(spec.stderr_fd, "[launcher] " + line + "\n");
+  };
 
   // Everything the children need is built before fork: between fork and exec only
   // async-signal-safe calls are made (the parent may run threads).
@@ -108,6 +111,23 @@ absl::StatusOr<int> LaunchRanks(const LaunchSpec& spec) {
   for (const std::string& a : spec.argv) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
 
+  // SIGTERM, SIGINT and SIGHUP sent to the launcher go to every rank (a server's rank 0 then
+  // shuts down gracefully and the others follow it); the ranks start with the launcher's
+  // previous signal mask.
+  struct ForwardedSignals {
+    sigset_t set, previous;
+    int fd = -1;
+    ForwardedSignals() {
+      sigemptyset(&set);
+      for (int signal : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&set, signal);
+      pthread_sigmask(SIG_BLOCK, &set, &previous);
+      fd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
+    }
+    ~ForwardedSignals() {
+      if (fd >= 0) close(fd);
+      pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+    }
+  } forwarded;
   std::vector<Rank> ranks(spec.world_size);
   auto kill_all = [&](int signal) {
     for (Rank& r : ranks) {
@@ -140,6 +160,7 @@ absl::StatusOr<int> LaunchRanks(const LaunchSpec& spec) {
       // A rank must not outlive its launcher (a killed test, a closed terminal).
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != parent) _exit(127);
+      sigprocmask(SIG_SETMASK, &forwarded.previous, nullptr);
       setpgid(0, 0);
       if (rank == 0) {
         dup2(out_pipe[1], STDOUT_FILENO);
@@ -204,6 +225,10 @@ absl::StatusOr<int> LaunchRanks(const LaunchSpec& spec) {
       }
       break;
     }
+    if (forwarded.fd >= 0) {
+      fds.push_back({forwarded.fd, POLLIN, 0});
+      owners.push_back({-1, false});
+    }
     if (!fds.empty()) {
       poll(fds.data(), fds.size(), 50);
     } else {
@@ -211,6 +236,15 @@ absl::StatusOr<int> LaunchRanks(const LaunchSpec& spec) {
     }
     for (size_t i = 0; i < fds.size(); ++i) {
       if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      if (owners[i].first < 0) {  // a signal for the ranks
+        signalfd_siginfo info;
+        while (read(forwarded.fd, &info, sizeof(info)) == sizeof(info)) {
+          say(absl::StrCat("passing ", strsignal(static_cast<int>(info.ssi_signo)),
+                           " to the ranks"));
+          kill_all(static_cast<int>(info.ssi_signo));
+        }
+        continue;
+      }
       Rank& rank = ranks[owners[i].first];
       const ssize_t n = read(fds[i].fd, buffer, sizeof(buffer));
       if (n < 0 && errno == EINTR) continue;

@@ -407,6 +407,11 @@ void Scheduler::Loop() {
   loop_done_cv_.notify_all();
 }
 
+absl::Status Scheduler::SyncStatus() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return sync_status_;
+}
+
 bool Scheduler::CancelNow(const Request& request) const {
   return sync_ != nullptr ? request.cancel_announced : request.handle->cancel_requested_.load();
 }

@@ -224,6 +224,8 @@ class Scheduler {
   // A follower rank: blocks until serving ends, OK when the leader stopped it, else the error
   // that ended it (a rank gone, a timeout). FailedPrecondition without a follower's sync.
   absl::Status Follow();
+  // Over ranks: OK while serving goes on, else the error that ended it (a rank gone).
+  absl::Status SyncStatus() const;
 
   SchedulerStats Stats() const;
   const SchedulerOptions& options() const { return options_; }
