@@ -66,6 +66,11 @@
 //     options: KVForker::CheckCopyInto) prefills on its own. SchedulerStats.forked_choices and
 //     forked_tokens count the copies and the prompt tokens they did not prefill.
 //
+// Over tensor-parallel ranks (the StepSync constructor, core/serving/step_sync.h) every rank
+// runs this scheduler in lockstep: rank 0 announces each step's new requests and
+// cancellations and then the tokens it sampled, so every rank takes the same decisions and the
+// forward passes' collectives pair up (core/serving/README.md).
+//
 //   Scheduler scheduler(model);
 //   auto handle = scheduler.Submit(prompt, options, std::move(cache));  // any batch-1 cache
 //   absl::StatusOr<RequestResult> result = (*handle)->Wait();
