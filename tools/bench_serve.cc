@@ -47,6 +47,7 @@
 #include "tools/bench_util.h"
 #include "tools/generation_flags.h"
 #include "tools/tool_util.h"
+#include "tools/tp_flags.h"
 
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "LitGPT checkpoint directory; empty: the embedded default model");
@@ -218,7 +219,10 @@ int main(int argc, char** argv) {
   using namespace lgpt;
   InitTool(argc, argv,
            "bench_serve [--checkpoint_dir=DIR] --concurrency=1,4,16 --prompt_tokens=N "
-           "--new_tokens=N [--shared_prefix_tokens=N] [--kv_cache=POLICY ...]");
+           "--new_tokens=N [--shared_prefix_tokens=N] [--kv_cache=POLICY ...] [--tp=N]");
+  // --tp=N: the engine serves over N local ranks (rank 0 runs the rounds, the others follow).
+  if (std::optional<int> code = ValueOrDie(LaunchTensorParallel(argc, argv))) return *code;
+  const std::shared_ptr<ProcessGroup> group = ValueOrDie(JoinTensorParallel());
   std::string checkpoint_dir = ResolvePath(absl::GetFlag(FLAGS_checkpoint_dir));
   if (checkpoint_dir.empty()) checkpoint_dir = DefaultModelDir();
   const std::vector<int64_t> counts =
@@ -252,7 +256,12 @@ int main(int argc, char** argv) {
   engine_options.serving.max_waiting = std::max<int64_t>(
       engine_options.serving.max_waiting, *std::max_element(counts.begin(), counts.end()));
   engine_options.progress = PrintProgress;
+  engine_options.tensor_parallel = group;
   std::shared_ptr<const Engine> engine = ValueOrDie(Engine::Load(checkpoint_dir, engine_options));
+  if (group != nullptr && group->rank() != 0) {
+    DieIfError(engine->FollowServing());
+    return 0;
+  }
   // Before any prompt is built: a round makes --concurrency prompts of --prompt_tokens ids
   // first (--prompt_tokens=9223372036854775807 ran out of memory instead of failing), and the
   // warm-up request's error named its own max_new_tokens rather than the flags.
