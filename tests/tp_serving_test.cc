@@ -33,13 +33,25 @@ TEST(TpServingTest, MixedRequestsOverTwoRanksEqualOneProcess) {
   absl::StatusOr<RanksRun> run = RunWorker("serving");
   ASSERT_TRUE(run.ok()) << run.status();
   EXPECT_EQ(run->exit_code, 0) << run->out << run->err;
-  EXPECT_THAT(run->out, HasSubstr("serving equal"));
+  EXPECT_THAT(run->out, HasSubstr("tools/default_model serving equal"));
   EXPECT_THAT(run->out, Not(HasSubstr("DIFFERENT")));
   // The mix reached the paths it is for.
   EXPECT_THAT(run->out, Not(HasSubstr("prefix_hits=0 ")));
   EXPECT_THAT(run->out, Not(HasSubstr("forked_choices=0")));
   EXPECT_THAT(run->out, Not(HasSubstr("preemptions=0 ")));
   EXPECT_THAT(run->err, HasSubstr("follower: OK"));
+}
+
+TEST(TpServingTest, EveryGoldenFamilyOverTwoRanksEqualsOneProcess) {
+  absl::StatusOr<RanksRun> run = RunWorker("golden");
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->exit_code, 0) << run->out << run->err;
+  EXPECT_THAT(run->out, Not(HasSubstr("DIFFERENT")));
+  for (const char* family :
+       {"pythia", "llama2", "llama3_gqa", "falcon", "gemma2", "gemma3", "interleave", "linear_rope",
+        "llama31_yarn", "mixtral", "olmo2", "phi2", "qwen25", "qwen3", "stablelm"}) {
+    EXPECT_THAT(run->out, HasSubstr(absl::StrCat(family, " serving equal"))) << run->out;
+  }
 }
 
 TEST(TpServingTest, ARankThatDiesFailsTheRequestInFlight) {

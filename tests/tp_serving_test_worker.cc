@@ -47,11 +47,12 @@ struct Case {
   int64_t n = 1;
 };
 
-std::vector<Case> Cases() {
+// Prompts of ids below `vocab`.
+std::vector<Case> Cases(int64_t vocab) {
   std::vector<Case> cases;
-  auto prompt = [](int64_t length, int64_t salt) {
+  auto prompt = [vocab](int64_t length, int64_t salt) {
     std::vector<int64_t> ids;
-    for (int64_t i = 0; i < length; ++i) ids.push_back(3 + (salt * 131 + i * 37) % 3900);
+    for (int64_t i = 0; i < length; ++i) ids.push_back(3 + (salt * 131 + i * 37) % (vocab - 3));
     return ids;
   };
   auto greedy = [](int64_t tokens) {
@@ -98,7 +99,7 @@ std::vector<Case> Cases() {
 // Every case submitted at once; each choice's tokens.
 absl::StatusOr<std::vector<std::vector<int64_t>>> RunAll(const Engine& engine) {
   std::vector<std::shared_ptr<Request>> requests;
-  for (Case c : Cases()) {
+  for (Case c : Cases(engine.config().vocab_size)) {
     if (c.name == "callback stop") {
       auto count = std::make_shared<int>(0);
       c.options.on_token = [count](int64_t) { return ++*count < 4; };
@@ -117,11 +118,13 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> RunAll(const Engine& engine) {
   return tokens;
 }
 
-int Serving(const std::shared_ptr<ProcessGroup>& group) {
+// The mixed requests through an engine over the ranks and through one process, for the
+// checkpoint `dir`; prints "<dir> serving equal" on rank 0.
+int Serving(const std::shared_ptr<ProcessGroup>& group, const std::string& dir) {
   EngineOptions options;
   options.serving = Serving();
   options.tensor_parallel = group;
-  absl::StatusOr<std::shared_ptr<const Engine>> engine = Engine::Load(kDefaultModel, options);
+  absl::StatusOr<std::shared_ptr<const Engine>> engine = Engine::Load(dir, options);
   if (!engine.ok()) return Fail(engine.status().ToString());
   if (group->rank() != 0) {
     const absl::Status followed = (*engine)->FollowServing();
@@ -130,7 +133,7 @@ int Serving(const std::shared_ptr<ProcessGroup>& group) {
   }
   EngineOptions alone_options;
   alone_options.serving = Serving();
-  absl::StatusOr<std::shared_ptr<const Engine>> alone = Engine::Load(kDefaultModel, alone_options);
+  absl::StatusOr<std::shared_ptr<const Engine>> alone = Engine::Load(dir, alone_options);
   if (!alone.ok()) return Fail(alone.status().ToString());
   absl::StatusOr<std::vector<std::vector<int64_t>>> over_ranks = RunAll(**engine);
   absl::StatusOr<std::vector<std::vector<int64_t>>> one_process = RunAll(**alone);
@@ -146,7 +149,7 @@ int Serving(const std::shared_ptr<ProcessGroup>& group) {
   }
   std::cout << "preemptions=" << stats.preemptions << " prefix_hits=" << stats.prefix_hits
             << " forked_choices=" << stats.forked_choices << "\n";
-  std::cout << (all ? "serving equal" : "serving DIFFERENT") << std::endl;
+  std::cout << dir << (all ? " serving equal" : " serving DIFFERENT") << std::endl;
   return all ? 0 : 1;  // the engine goes here: the followers' FollowServing returns OK
 }
 
@@ -197,7 +200,21 @@ int main(int argc, char** argv) {
   if (!options.ok()) return lgpt::Fail(options.status().ToString());
   absl::StatusOr<std::shared_ptr<lgpt::ProcessGroup>> group = lgpt::ProcessGroup::Create(*options);
   if (!group.ok()) return lgpt::Fail(group.status().ToString());
-  if (mode == "serving") return lgpt::Serving(*group);
+  if (mode == "serving") return lgpt::Serving(*group, lgpt::kDefaultModel);
+  if (mode == "golden") {
+    // Every golden family (LitGPT's LoRA model aside: its adapters are inline, not a fine-tune
+    // directory an engine loads), one engine pair after the other.
+    int failed = 0;
+    for (const char* dir :
+         {"golden/pythia", "golden/llama2", "golden/llama3_gqa", "golden_extra/falcon",
+          "golden_extra/gemma2", "golden_extra/gemma3", "golden_extra/interleave",
+          "golden_extra/linear_rope", "golden_extra/llama31_yarn", "golden_extra/mixtral",
+          "golden_extra/olmo2", "golden_extra/phi2", "golden_extra/qwen25", "golden_extra/qwen3",
+          "golden_extra/stablelm"}) {
+      failed += lgpt::Serving(*group, std::string("tests/testdata/") + dir) != 0;
+    }
+    return failed == 0 ? 0 : 1;
+  }
   if (mode == "rank_dies") return lgpt::RankDies(*group);
   return lgpt::Fail("unknown mode " + mode);
 }
