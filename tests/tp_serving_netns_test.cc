@@ -1,8 +1,8 @@
 // Serving over ranks across two "hosts": two network namespaces joined by a veth pair
 // (iproute2), rank 0 of `serve --tp=2` in one and rank 1 in the other, started as torchrun
 // starts them (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, GLOO_SOCKET_IFNAME). A completion
-// over HTTP equals the same request through one process; killing rank 1 makes rank 0's server
-// exit non-zero within 30 s. Needs root and `ip netns` (skipped, saying so, without them).
+// over HTTP equals the same request through one process; rank 1 killed mid-stream, the
+// streaming client gets an error and rank 0's server exits non-zero, within 30 s. Needs root and `ip netns` (skipped, saying so, without them).
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -127,7 +127,27 @@ TEST_F(TwoHosts, ServesOverRanksInTwoNamespacesAndExitsWhenARankDies) {
   ASSERT_TRUE(alone.ok()) << alone.status();
   EXPECT_EQ(ReadFile(reply), alone->text);
 
-  // Rank 1 dies: rank 0's server stops and exits non-zero within 30 s.
+  // Rank 1 dies mid-stream: the client's stream ends with an error, not the reply's end, and
+  // rank 0's server stops and exits non-zero, all within 30 s.
+  const std::string started = dir + "/started", outcome = dir + "/outcome";
+  const std::string stream_client = absl::StrCat(
+      "ip netns exec ", a_, " python3 -c \"", "import json,urllib.request as u\n",
+      "out = 'completed'\n", "try:\n",
+      "  r = u.urlopen(u.Request('http://10.231.0.1:8199/v1/completions', data=json.dumps(",
+      "{'prompt': 'In the beginning', 'max_tokens': 240, 'temperature': 0, 'ignore_eos': True, ",
+      "'stream': True}).encode(), headers={'Content-Type': 'application/json'}), timeout=30)\n",
+      "  chunks = 0\n", "  for line in r:\n", "    line = line.decode().strip()\n",
+      "    if not line.startswith('data: '): continue\n", "    if line == 'data: [DONE]': break\n",
+      "    event = json.loads(line[6:])\n",
+      "    if 'error' in event: out = 'error: ' + json.dumps(event['error']); break\n",
+      "    chunks += 1\n", "    if chunks == 1: open('", started, "', 'w').write('1')\n",
+      "  else:\n", "    out = 'error: the stream ended early'\n", "except Exception as e:\n",
+      "  out = 'error: ' + repr(e)\n", "open('", outcome, "', 'w').write(out)\n\"");
+  std::thread client([&] { Shell(stream_client); });
+  for (int i = 0; i < 300 && ReadFile(started).empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const auto killed = std::chrono::steady_clock::now();
   kill(rank1_, SIGKILL);
   waitpid(rank1_, nullptr, 0);
   rank1_ = -1;
@@ -137,6 +157,9 @@ TEST_F(TwoHosts, ServesOverRanksInTwoNamespacesAndExitsWhenARankDies) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     exited = waitpid(rank0_, &status, WNOHANG) == rank0_;
   }
+  client.join();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count(), 30);
+  EXPECT_EQ(ReadFile(outcome).rfind("error", 0), 0u) << ReadFile(outcome);
   ASSERT_TRUE(exited) << "rank 0 still serving 30 s after rank 1 died\n" << ReadFile(log0);
   rank0_ = -1;
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << ReadFile(log0);
