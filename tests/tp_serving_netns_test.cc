@@ -2,7 +2,8 @@
 // (iproute2), rank 0 of `serve --tp=2` in one and rank 1 in the other, started as torchrun
 // starts them (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, GLOO_SOCKET_IFNAME). A completion
 // over HTTP equals the same request through one process; rank 1 killed mid-stream, the
-// streaming client gets an error and rank 0's server exits non-zero, within 30 s. Needs root and `ip netns` (skipped, saying so, without them).
+// streaming client gets an error and rank 0's server exits non-zero, within 30 s. Needs root and
+// `ip netns` (skipped, saying so, without them).
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
