@@ -699,11 +699,9 @@ absl::StatusOr<Engine::Prepared> Engine::Prepare(const std::vector<int64_t>& pro
   const KVMemory& memory = scheduler().memory();
   if (!pool_error_.ok()) return pool_error_;
   Prepared prepared;
-  ASSIGN_OR_RETURN(prepared.cache, memory.NewCache(options.kv_cache, CacheGeometry(),
-                                                   CacheLength(prompt, options)));
-  if (ServesOverRanks()) {
-    prepared.cache_recipe = EncodeCacheRecipe(options.kv_cache, CacheLength(prompt, options));
-  }
+  const int64_t length = CacheLength(prompt, options);
+  ASSIGN_OR_RETURN(prepared.cache, memory.NewCache(options.kv_cache, CacheGeometry(), length));
+  if (ServesOverRanks()) prepared.cache_recipe = EncodeCacheRecipe(options.kv_cache, length);
   ASSIGN_OR_RETURN(const int64_t adapter, AdapterSlot(options));
   auto text = std::make_shared<RequestText>(tokenizer_, options, StopTokens(options), adapter);
   prepared.request.reset(new Request());

@@ -137,6 +137,19 @@ struct TrainedFile {
   std::function<absl::StatusOr<TensorMap>(const TensorMap&)> shard;
 };
 
+// Under tensor parallelism (options.tensor_parallel), the rank's part of a LoRA file of
+// `lora` over `base` (ShardLoraTensors); null otherwise.
+std::function<absl::StatusOr<TensorMap>(const TensorMap&)> LoraFileShard(const LoadOptions& options,
+                                                                         const Config& base,
+                                                                         const LoraOptions& lora) {
+  const std::shared_ptr<ProcessGroup>& group = options.tensor_parallel;
+  if (group == nullptr || group->world_size() <= 1) return nullptr;
+  const LoraQkvParts qkv{lora.query, lora.key, lora.value};
+  return [base, qkv, group](const TensorMap& tensors) {
+    return ShardLoraTensors(tensors, base, qkv, group->rank(), group->world_size());
+  };
+}
+
 // A file loading into the decorators at `depth` of stacked LoRA (0: outermost).
 TrainedFile NestedFile(const std::string& path, PeftMethod method, int depth) {
   TrainedFile file{path, method, nullptr, nullptr, "", ""};
@@ -332,13 +345,7 @@ absl::StatusOr<LoadedModel> LoadLoraStack(const std::string& base_dir,
     lora->scale = adapters[i].scale;
     factory = std::make_shared<LoraLinearFactory>(*lora, std::move(factory));
     trained.push_back(NestedFile(path, PeftMethod::kLora, count - 1 - i));
-    if (const std::shared_ptr<ProcessGroup>& group = options.tensor_parallel;
-        group && group->world_size() > 1) {
-      const LoraQkvParts qkv{lora->query, lora->key, lora->value};
-      trained.back().shard = [base_config, qkv, group](const TensorMap& tensors) {
-        return ShardLoraTensors(tensors, base_config, qkv, group->rank(), group->world_size());
-      };
-    }
+    trained.back().shard = LoraFileShard(options, base_config, *lora);
   }
   ModelParts parts;
   parts.linear_factory = std::move(factory);
@@ -662,13 +669,7 @@ absl::StatusOr<MultiLoraModel> LoadMultiLoraModel(const std::string& base_dir,
       TrainedFile file = SlotFile(path, static_cast<int64_t>(k));
       file.label = label.text;
       file.field = label.field;
-      if (const std::shared_ptr<ProcessGroup>& group = options.tensor_parallel;
-          group && group->world_size() > 1) {
-        const LoraQkvParts qkv{lora->query, lora->key, lora->value};
-        file.shard = [base_config, qkv, group](const TensorMap& tensors) {
-          return ShardLoraTensors(tensors, base_config, qkv, group->rank(), group->world_size());
-        };
-      }
+      file.shard = LoraFileShard(options, base_config, *lora);
       trained.push_back(std::move(file));
     }
     ASSIGN_OR_RETURN(ModelParts parts,

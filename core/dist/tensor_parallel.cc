@@ -73,6 +73,52 @@ TensorSite SiteOf(const std::string& name) {
   return site;
 }
 
+// Rank `rank`'s part of one LoRA tensor of a sharded projection (`site.lora()`), `full` the
+// finalised config and `heads` the rank's heads and groups (ShardLoraTensors says how).
+absl::StatusOr<at::Tensor> ShardLoraTensor(const std::string& name, const at::Tensor& tensor,
+                                           const TensorSite& site, const Config& full,
+                                           const HeadShard& heads, LoraQkvParts qkv_parts, int rank,
+                                           int world_size) {
+  auto bad_shape = [&](int64_t dim) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("LoRA tensor ", name, " has size ", tensor.dim() > dim ? tensor.size(dim) : -1,
+                     " in dimension ", dim, ", which does not fit tensor-parallel size ",
+                     world_size, " of ", full.name));
+  };
+  if (tensor.dim() != 2) return bad_shape(0);
+  if (site.row) {
+    if (site.leaf == "lora_B") return tensor;  // [out, r]: applied to the partial sum of A's
+    if (tensor.size(1) % world_size != 0) return bad_shape(1);
+    const int64_t width = tensor.size(1) / world_size;
+    return tensor.narrow(1, rank * width, width);  // [r, in / N]
+  }
+  // [r · parts, in]: every output row reads the whole product.
+  if (site.leaf == "lora_A") return tensor;
+  if (site.module != "qkv") {
+    if (tensor.size(0) % world_size != 0) return bad_shape(0);
+    const int64_t width = tensor.size(0) / world_size;
+    return tensor.narrow(0, rank * width, width);  // [out / N, r]
+  }
+  // lora_B of qkv: the adapted parts' rows in order (query, key, value), each sliced to the
+  // rank's heads (query) or groups (key, value).
+  const int64_t hs = full.HeadSize();
+  std::vector<at::Tensor> pieces;
+  int64_t row_begin = 0;
+  const std::array<bool, 3> adapted = {qkv_parts.query, qkv_parts.key, qkv_parts.value};
+  for (int part = 0; part < 3; ++part) {
+    if (!adapted[part]) continue;
+    const bool query = part == 0;
+    const int64_t rows = (query ? full.n_head : full.QueryGroups()) * hs;
+    if (row_begin + rows > tensor.size(0)) return bad_shape(0);
+    const int64_t begin = (query ? heads.head_begin : heads.group_begin) * hs;
+    const int64_t width = (query ? heads.heads : heads.groups) * hs;
+    pieces.push_back(tensor.narrow(0, row_begin + begin, width));
+    row_begin += rows;
+  }
+  if (row_begin != tensor.size(0)) return bad_shape(0);
+  return at::cat(pieces, 0);
+}
+
 }  // namespace
 
 absl::StatusOr<Config> ShardConfig(const Config& config, int rank, int world_size) {
@@ -122,11 +168,11 @@ absl::StatusOr<std::map<std::string, at::Tensor>> ShardTensors(
     const bool attention = site.attention, column = site.column, row = site.row;
     if (site.lora()) {
       // A LoRA model's own adapters (its config's lora_* fields say which qkv parts).
-      absl::StatusOr<std::map<std::string, at::Tensor>> lora =
-          ShardLoraTensors({{name, tensor}}, config,
-                           {full.lora_query, full.lora_key, full.lora_value}, rank, world_size);
+      absl::StatusOr<at::Tensor> lora =
+          ShardLoraTensor(name, tensor, site, full, *heads,
+                          {full.lora_query, full.lora_key, full.lora_value}, rank, world_size);
       if (!lora.ok()) return lora.status();
-      shard[name] = lora->at(name);
+      shard[name] = *std::move(lora);
       continue;
     }
     // OLMo 2's q/k norms span every head: each rank keeps its heads' (or groups') weights.
@@ -190,60 +236,17 @@ absl::StatusOr<std::map<std::string, at::Tensor>> ShardLoraTensors(
   if (absl::Status s = full.Finalize(); !s.ok()) return s;
   absl::StatusOr<HeadShard> heads = ShardHeads(full, rank, world_size);
   if (!heads.ok()) return heads.status();
-  const int64_t hs = full.HeadSize();
   std::map<std::string, at::Tensor> shard;
   for (const auto& [name, tensor] : tensors) {
     const TensorSite site = SiteOf(name);
-    const std::string& leaf = site.leaf;
-    const bool row = site.row;
     if (!site.lora()) {
       shard[name] = tensor;  // replicated (the head, the router) or not LoRA's
       continue;
     }
-    auto bad_shape = [&](int64_t dim) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "LoRA tensor ", name, " has size ", tensor.dim() > dim ? tensor.size(dim) : -1,
-          " in dimension ", dim, ", which does not fit tensor-parallel size ", world_size, " of ",
-          full.name));
-    };
-    if (tensor.dim() != 2) return bad_shape(0);
-    if (row) {
-      if (leaf == "lora_B") {
-        shard[name] = tensor;  // [out, r]: applied to the partial sum of A's slices
-        continue;
-      }
-      if (tensor.size(1) % world_size != 0) return bad_shape(1);
-      const int64_t width = tensor.size(1) / world_size;
-      shard[name] = tensor.narrow(1, rank * width, width);  // [r, in / N]
-      continue;
-    }
-    if (leaf == "lora_A") {
-      shard[name] = tensor;  // [r · parts, in]: every output row reads the whole product
-      continue;
-    }
-    if (site.module != "qkv") {
-      if (tensor.size(0) % world_size != 0) return bad_shape(0);
-      const int64_t width = tensor.size(0) / world_size;
-      shard[name] = tensor.narrow(0, rank * width, width);  // [out / N, r]
-      continue;
-    }
-    // lora_B of qkv: the adapted parts' rows in order (query, key, value), each sliced to the
-    // rank's heads (query) or groups (key, value).
-    std::vector<at::Tensor> pieces;
-    int64_t row_begin = 0;
-    const std::array<bool, 3> adapted = {qkv_parts.query, qkv_parts.key, qkv_parts.value};
-    for (int part = 0; part < 3; ++part) {
-      if (!adapted[part]) continue;
-      const bool query = part == 0;
-      const int64_t rows = (query ? full.n_head : full.QueryGroups()) * hs;
-      if (row_begin + rows > tensor.size(0)) return bad_shape(0);
-      const int64_t begin = (query ? heads->head_begin : heads->group_begin) * hs;
-      const int64_t width = (query ? heads->heads : heads->groups) * hs;
-      pieces.push_back(tensor.narrow(0, row_begin + begin, width));
-      row_begin += rows;
-    }
-    if (row_begin != tensor.size(0)) return bad_shape(0);
-    shard[name] = at::cat(pieces, 0);
+    absl::StatusOr<at::Tensor> piece =
+        ShardLoraTensor(name, tensor, site, full, *heads, qkv_parts, rank, world_size);
+    if (!piece.ok()) return piece.status();
+    shard[name] = *std::move(piece);
   }
   return shard;
 }

@@ -98,10 +98,10 @@ struct Scheduler::Request {
   std::optional<Clock::time_point> admitted;  // its first admission
   // The choices of one prompt it was submitted with (SubmitChoices); null alone.
   std::shared_ptr<ChoiceGroup> group;
-  // Over ranks: what the followers run it from, whether the leader announced it and its
-  // cancellation (a request is cancelled at the step its cancellation is announced, on every
-  // rank).
-  ReplicaRequest replica;
+  // Over ranks: the recipe the followers make its cache from, whether the leader announced it
+  // and its cancellation (a request is cancelled at the step its cancellation is announced, on
+  // every rank).
+  std::string cache_recipe;
   bool announced = false;
   bool cancel_announced = false;
 
@@ -182,6 +182,8 @@ struct Scheduler::Request {
 // caches fork wait, admitted, until its prompt is done and then take copies of its cache and
 // logits (ForkChoices). Used on the scheduler's thread only.
 struct Scheduler::ChoiceGroup {
+  // Over ranks: the arrival number of its first choice, the group's name on every rank.
+  uint64_t id = 0;
   // The choice prefilling (or that prefilled) the prompt for the others; null when none is:
   // not yet, or it was preempted or ended (the next choice to start takes its place).
   Request* leader = nullptr;
@@ -255,12 +257,7 @@ absl::StatusOr<std::unique_ptr<Scheduler::Request>> Scheduler::MakeRequest(
                                   options.start_position == 0 && options.adapter < 0));
   request->handle = std::make_shared<RequestHandle>();
   request->prompt_length = static_cast<int64_t>(prompt.size());
-  request->replica.prompt = prompt;
-  request->replica.max_new_tokens = options.max_new_tokens;
-  request->replica.prefill_chunk = options.prefill_chunk;
-  request->replica.start_position = options.start_position;
-  request->replica.adapter = options.adapter;
-  request->replica.cache_recipe = std::move(cache_recipe);
+  request->cache_recipe = std::move(cache_recipe);
   request->chooser = std::make_unique<NextTokenChooser>(options.sampling, prompt,
                                                         options.constraint, options.top_logprobs);
   request->ids = std::move(prompt);
@@ -293,11 +290,9 @@ absl::StatusOr<std::vector<std::shared_ptr<RequestHandle>>> Scheduler::Enqueue(
                              " requests waiting (SchedulerOptions.max_waiting ",
                              options_.max_waiting, ")"));
     }
-    const uint64_t first_arrival = arrivals_;  // a group's id over ranks
+    if (requests.front()->group != nullptr) requests.front()->group->id = arrivals_;
     for (auto& request : requests) {
       request->arrival = arrivals_++;
-      request->replica.id = request->arrival;
-      if (request->group != nullptr) request->replica.group = static_cast<int64_t>(first_arrival);
       waiting_.push_back(std::move(request));
       ++stats_.submitted;
     }
@@ -306,14 +301,17 @@ absl::StatusOr<std::vector<std::shared_ptr<RequestHandle>>> Scheduler::Enqueue(
   return handles;
 }
 
+absl::Status Scheduler::CheckTakesRequests() const {
+  if (sync_ == nullptr || sync_->leader()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      "this rank follows rank 0 of serving over ranks: submit requests there");
+}
+
 absl::StatusOr<std::shared_ptr<RequestHandle>> Scheduler::Submit(std::vector<int64_t> prompt,
                                                                  GenerateOptions options,
                                                                  std::unique_ptr<KVCache> cache,
                                                                  std::string cache_recipe) {
-  if (sync_ != nullptr && !sync_->leader()) {
-    return absl::FailedPreconditionError(
-        "this rank follows rank 0 of serving over ranks: submit requests there");
-  }
+  RETURN_IF_ERROR(CheckTakesRequests());
   ASSIGN_OR_RETURN(std::unique_ptr<Request> request,
                    MakeRequest(std::move(prompt), std::move(options), std::move(cache),
                                std::move(cache_recipe)));
@@ -326,10 +324,7 @@ absl::StatusOr<std::shared_ptr<RequestHandle>> Scheduler::Submit(std::vector<int
 absl::StatusOr<std::vector<std::shared_ptr<RequestHandle>>> Scheduler::SubmitChoices(
     const std::vector<int64_t>& prompt, std::vector<GenerateOptions> options,
     std::vector<std::unique_ptr<KVCache>> caches, std::vector<std::string> cache_recipes) {
-  if (sync_ != nullptr && !sync_->leader()) {
-    return absl::FailedPreconditionError(
-        "this rank follows rank 0 of serving over ranks: submit requests there");
-  }
+  RETURN_IF_ERROR(CheckTakesRequests());
   if (options.empty()) {
     return InvalidFieldError(FieldRef("SubmitChoices.n", "n"), "n must be >= 1, got 0");
   }
@@ -433,7 +428,7 @@ bool Scheduler::LeadPlan(Running& running) {
     const auto note = [&plan](Request& r) {
       if (!r.announced) {
         r.announced = true;
-        plan.arrivals.push_back(r.replica);
+        plan.arrivals.push_back(ReplicaOf(r));
       }
       if (r.handle->cancel_requested_ && !r.cancel_announced) {
         r.cancel_announced = true;
@@ -447,10 +442,24 @@ bool Scheduler::LeadPlan(Running& running) {
     plan.stop = stopping_;
   }
   if (absl::Status shared = sync_->SharePlan(plan); !shared.ok()) {
-    EndServing(running, shared);
+    EndServing(shared);
     return false;
   }
   return !plan.stop;
+}
+
+ReplicaRequest Scheduler::ReplicaOf(const Request& r) {
+  // Announced before its first admission: its ids are still the prompt.
+  ReplicaRequest replica;
+  replica.id = r.arrival;
+  replica.group = r.group != nullptr ? static_cast<int64_t>(r.group->id) : -1;
+  replica.prompt.assign(r.ids.begin(), r.ids.begin() + r.prompt_length);
+  replica.max_new_tokens = r.options.max_new_tokens;
+  replica.prefill_chunk = r.options.prefill_chunk;
+  replica.start_position = r.options.start_position;
+  replica.adapter = r.options.adapter;
+  replica.cache_recipe = r.cache_recipe;
+  return replica;
 }
 
 bool Scheduler::FollowPlan(Running& running) {
@@ -460,7 +469,7 @@ bool Scheduler::FollowPlan(Running& running) {
     status = AddReplica(plan.arrivals[i]);
   }
   if (!status.ok()) {
-    EndServing(running, status);
+    EndServing(status);
     return false;
   }
   std::lock_guard<std::mutex> lock(mutex_);
@@ -492,11 +501,13 @@ absl::Status Scheduler::AddReplica(const ReplicaRequest& replica) {
   }
   Request& r = **request;
   r.arrival = replica.id;
-  r.replica = replica;
   r.announced = true;
   if (replica.group >= 0) {
     std::shared_ptr<ChoiceGroup>& group = replica_groups_[replica.group];
-    if (group == nullptr) group = std::make_shared<ChoiceGroup>();
+    if (group == nullptr) {
+      group = std::make_shared<ChoiceGroup>();
+      group->id = static_cast<uint64_t>(replica.group);
+    }
     r.group = group;
   }
   std::lock_guard<std::mutex> lock(mutex_);
@@ -506,7 +517,7 @@ absl::Status Scheduler::AddReplica(const ReplicaRequest& replica) {
   return absl::OkStatus();
 }
 
-void Scheduler::EndServing(Running& running, absl::Status status) {
+void Scheduler::EndServing(absl::Status status) {
   std::lock_guard<std::mutex> lock(mutex_);
   sync_status_ = std::move(status);
   stopping_ = true;
@@ -917,7 +928,7 @@ void Scheduler::SampleReady(Running& running) {
   }
   if (sync_ == nullptr) return;
   if (absl::Status status = sync_->ShareTokens(shared); !status.ok()) {
-    EndServing(running, status);
+    EndServing(status);
   }
 }
 
@@ -950,7 +961,7 @@ void Scheduler::FollowSamples(Running& running) {
     status = absl::InternalError(absl::StrCat("serving over ranks diverged: rank 0 sampled ",
                                               shared.ids.size(), " requests, this rank ", next));
   }
-  if (!status.ok()) EndServing(running, status);
+  if (!status.ok()) EndServing(status);
 }
 
 std::vector<Scheduler::Request*> Scheduler::ReserveDecodeRows(Running& running) {

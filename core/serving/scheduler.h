@@ -261,7 +261,11 @@ class Scheduler {
   // A follower's sampling: the tokens the leader chose.
   void FollowSamples(Running& running);
   // Serving over ranks failed: every request ends with `status`, no more are taken.
-  void EndServing(Running& running, absl::Status status);
+  void EndServing(absl::Status status);
+  // What a follower runs an announced request from.
+  static ReplicaRequest ReplicaOf(const Request& request);
+  // FailedPrecondition on a follower rank, whose requests come from rank 0.
+  absl::Status CheckTakesRequests() const;
   // Queues the requests in order, all or none (max_waiting); their handles.
   absl::StatusOr<std::vector<std::shared_ptr<RequestHandle>>> Enqueue(
       std::vector<std::unique_ptr<Request>> requests);

@@ -36,13 +36,16 @@ size_t PartialMarkerAtEnd(absl::string_view text, absl::string_view marker) {
 ToolCallStream::ToolCallStream(ToolCallFormat format)
     : format_(format), markers_(CallMarkers(format)) {}
 
-size_t ToolCallStream::SendableEnd() const {
+size_t ToolCallStream::SendableEnd(bool* marker_found) const {
   size_t end = text_.size();
+  *marker_found = false;
   for (const std::string& marker : markers_) {
     const size_t found = text_.find(marker, sent_end_);
-    if (found != std::string::npos) end = std::min(end, found);
+    if (found == std::string::npos) continue;
+    end = std::min(end, found);
+    *marker_found = true;
   }
-  if (end == text_.size()) {
+  if (!*marker_found) {
     for (const std::string& marker : markers_) {
       end = std::min(end, text_.size() - PartialMarkerAtEnd(text_, marker));
     }
@@ -57,19 +60,16 @@ size_t ToolCallStream::SendableEnd() const {
 std::string ToolCallStream::Feed(absl::string_view piece) {
   text_.append(piece.data(), piece.size());
   if (holding_) return "";
-  if (sent_.empty()) {  // the parsed content is trimmed: leading whitespace never goes out
+  if (sent_end_ == content_begin_) {  // nothing sent: the parsed content is trimmed
     while (sent_end_ < text_.size() &&
            absl::ascii_isspace(static_cast<unsigned char>(text_[sent_end_]))) {
       ++sent_end_;
     }
+    content_begin_ = sent_end_;
   }
-  const size_t end = SendableEnd();
-  for (const std::string& marker : markers_) {
-    if (text_.find(marker, sent_end_) != std::string::npos) holding_ = true;
-  }
+  const size_t end = SendableEnd(&holding_);
   std::string out = text_.substr(sent_end_, end - sent_end_);
   sent_end_ = end;
-  sent_ += out;
   return out;
 }
 
@@ -77,8 +77,10 @@ ParsedToolCalls ToolCallStream::Finish() {
   ParsedToolCalls parsed = ParseToolCalls(text_, format_);
   // What was sent is where the parsed content starts (the content before the first possible
   // call, trimmed on the left, its trailing whitespace held).
-  if (absl::StartsWith(parsed.content, sent_)) {
-    parsed.content.erase(0, sent_.size());
+  const absl::string_view sent =
+      absl::string_view(text_).substr(content_begin_, sent_end_ - content_begin_);
+  if (absl::StartsWith(parsed.content, sent)) {
+    parsed.content.erase(0, sent.size());
   } else {
     parsed.content.clear();  // not reached: the parsers keep the text before a call
   }

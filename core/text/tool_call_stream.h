@@ -38,15 +38,16 @@ class ToolCallStream {
   bool holding() const { return holding_; }
 
  private:
-  // Where the text can be sent up to now: before a marker, a marker's possible start, or
-  // trailing whitespace.
-  size_t SendableEnd() const;
+  // Where the text can be sent up to now: before a marker (*marker_found), a marker's
+  // possible start, or trailing whitespace.
+  size_t SendableEnd(bool* marker_found) const;
 
   ToolCallFormat format_;
   std::vector<std::string> markers_;
   std::string text_;     // the whole reply so far
   size_t sent_end_ = 0;  // text_[0, sent_end_) is decided: sent or skipped leading whitespace
-  std::string sent_;     // the content sent
+  // Past the leading whitespace: text_[content_begin_, sent_end_) is the content sent.
+  size_t content_begin_ = 0;
   bool holding_ = false;
 };
 
