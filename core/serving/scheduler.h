@@ -179,6 +179,12 @@ struct SchedulerStats {
   // prompt tokens they did not prefill.
   int64_t forked_choices = 0;
   int64_t forked_tokens = 0;
+  // Speculative decoding (GenerateOptions.speculative, core/speculative/README.md): rows that
+  // verified proposals (each also yields a token of the model's own), tokens proposed and
+  // tokens accepted (vLLM's spec_decode_num_drafts / num_draft_tokens / num_accepted_tokens).
+  int64_t speculative_steps = 0;
+  int64_t proposed_tokens = 0;
+  int64_t accepted_tokens = 0;
 };
 
 // A follower rank's KV cache for a request the leader announced (its recipe, from the
