@@ -78,7 +78,12 @@ absl::Status InRequestTerms(const absl::Status& status) {
                      "GenerateOptions.speculative", "SpeculativeSpec.method");
 }
 
-// Speculative decoding is Generate's and Session's (the scheduler's is to come).
+// Tokens a request proposes per step (0 without speculation).
+int64_t SpeculativeTokens(const RequestOptions& options) {
+  return options.speculative.enabled() ? options.speculative.num_speculative_tokens : 0;
+}
+
+// Speculative decoding runs in Generate, Session and the scheduler, not in GenerateBatch.
 absl::Status RefuseSpeculation(const RequestOptions& options, absl::string_view where) {
   if (!options.speculative.enabled()) return absl::OkStatus();
   return FieldError(absl::StatusCode::kUnimplemented, "SpeculativeSpec.method",
@@ -695,12 +700,12 @@ struct Engine::Prepared {
 absl::StatusOr<Engine::Prepared> Engine::Prepare(const std::vector<int64_t>& prompt,
                                                  const RequestOptions& options) const {
   RETURN_IF_ERROR(CheckRequest(prompt, options));
-  RETURN_IF_ERROR(RefuseSpeculation(options, "the scheduler (Engine::Submit)"));
   const KVMemory& memory = scheduler().memory();
   if (!pool_error_.ok()) return pool_error_;
   Prepared prepared;
   const int64_t length = CacheLength(prompt, options);
-  ASSIGN_OR_RETURN(prepared.cache, memory.NewCache(options.kv_cache, CacheGeometry(), length));
+  ASSIGN_OR_RETURN(prepared.cache, memory.NewCache(options.kv_cache, CacheGeometry(), length,
+                                                   SpeculativeTokens(options)));
   if (ServesOverRanks()) prepared.cache_recipe = EncodeCacheRecipe(options.kv_cache, length);
   ASSIGN_OR_RETURN(const int64_t adapter, AdapterSlot(options));
   auto text = std::make_shared<RequestText>(tokenizer_, options, StopTokens(options), adapter);
@@ -709,6 +714,9 @@ absl::StatusOr<Engine::Prepared> Engine::Prepare(const std::vector<int64_t>& pro
   ASSIGN_OR_RETURN(prepared.go_on, text->Prime(prompt));
   // The scheduler's callback keeps the text state alive on its own.
   prepared.generate = RequestText::Generation(text, 0);
+  // Each request (each choice of n) its own proposer: a draft's keeps a KV cache.
+  ASSIGN_OR_RETURN(prepared.generate.speculative.proposer, ProposerFor(options));
+  prepared.generate.speculative.k = SpeculativeTokens(options);
   return prepared;
 }
 
@@ -716,9 +724,11 @@ absl::StatusOr<std::shared_ptr<Request>> Engine::Submit(const std::vector<int64_
                                                         const RequestOptions& options) const {
   ASSIGN_OR_RETURN(Prepared prepared, Prepare(prompt, options));
   std::shared_ptr<Request>& request = prepared.request;
-  ASSIGN_OR_RETURN(request->handle_,
-                   scheduler().Submit(prompt, std::move(prepared.generate),
-                                      std::move(prepared.cache), std::move(prepared.cache_recipe)));
+  absl::StatusOr<std::shared_ptr<RequestHandle>> handle =
+      scheduler().Submit(prompt, std::move(prepared.generate), std::move(prepared.cache),
+                         std::move(prepared.cache_recipe));
+  if (!handle.ok()) return InRequestTerms(handle.status());
+  request->handle_ = *std::move(handle);
   if (!prepared.go_on) request->handle_->Cancel();
   return request;
 }
@@ -758,13 +768,13 @@ absl::StatusOr<std::vector<std::shared_ptr<Request>>> Engine::SubmitChoices(
     recipes.push_back(std::move(one.cache_recipe));
     prepared.push_back(std::move(one));
   }
-  ASSIGN_OR_RETURN(std::vector<std::shared_ptr<RequestHandle>> handles,
-                   scheduler().SubmitChoices(prompt, std::move(generates), std::move(caches),
-                                             std::move(recipes)));
+  absl::StatusOr<std::vector<std::shared_ptr<RequestHandle>>> handles = scheduler().SubmitChoices(
+      prompt, std::move(generates), std::move(caches), std::move(recipes));
+  if (!handles.ok()) return InRequestTerms(handles.status());
   std::vector<std::shared_ptr<Request>> choices;
   for (size_t i = 0; i < prepared.size(); ++i) {
     std::shared_ptr<Request>& request = prepared[i].request;
-    request->handle_ = handles[i];
+    request->handle_ = (*handles)[i];
     if (!prepared[i].go_on) request->handle_->Cancel();
     choices.push_back(std::move(request));
   }
@@ -823,8 +833,7 @@ int64_t Engine::CacheLength(const std::vector<int64_t>& prompt,
 
 absl::StatusOr<std::unique_ptr<KVCache>> Engine::CacheFor(const std::vector<int64_t>& prompt,
                                                           const RequestOptions& options) const {
-  return NewCache(options.kv_cache, 1, CacheLength(prompt, options),
-                  options.speculative.enabled() ? options.speculative.num_speculative_tokens : 0);
+  return NewCache(options.kv_cache, 1, CacheLength(prompt, options), SpeculativeTokens(options));
 }
 
 absl::StatusOr<Completion> Engine::Generate(absl::string_view prompt,

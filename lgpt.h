@@ -142,9 +142,10 @@ struct RequestOptions {
   // Speculative decoding (core/speculative/README.md): method "ngram" (prompt lookup) or
   // "draft" (EngineOptions.draft_checkpoint_dir), num_speculative_tokens per step. Greedy
   // output is the same token for token, sampled output has the same distribution; only the
-  // speed changes (Completion::stats counts proposed and accepted tokens). Engine::Generate and
-  // Session only (Submit and GenerateBatch refuse it), over dense, paged or quantised KV
-  // caches (budgeted ones are refused: they cannot take rejected entries back).
+  // speed changes (Completion::stats counts proposed and accepted tokens). Engine::Generate,
+  // Session and Submit (the scheduler: speculative rows verify beside plain ones in its
+  // steps); GenerateBatch and serving over tensor-parallel ranks refuse it. Over dense, paged
+  // or quantised KV caches (budgeted ones are refused: they cannot take rejected entries back).
   SpeculativeSpec speculative;
 };
 

@@ -172,9 +172,9 @@ TEST(EngineTest, StopSequenceCutsTheTextAndIsNeverStreamed) {
 // caches) complete exactly as Generate does, batched with each other.
 TEST(EngineServingTest, SubmittedRequestsEqualGenerate) {
   const Engine& engine = DefaultEngine();
-  const std::vector<std::string> prompts = {"In the beginning", "And Jesus answered",
-                                            "The LORD is my shepherd", "Blessed are",
-                                            "And God said", "Now the serpent"};
+  const std::vector<std::string> prompts = {
+      "In the beginning", "And Jesus answered", "The LORD is my shepherd",
+      "Blessed are",      "And God said",       "Now the serpent"};
   std::vector<RequestOptions> options;
   for (size_t i = 0; i < prompts.size(); ++i) {
     RequestOptions o = i % 2 == 0 ? Greedy(20 + i) : Sampled(20 + i, 50 + i);
@@ -664,7 +664,8 @@ TEST(EngineTest, CorruptCheckpointNamesTheEngineOption) {
 
 // Speculative decoding through the Engine: greedy replies equal the plain ones with prompt
 // lookup and with a draft checkpoint (the model itself: every proposal accepted), in a session
-// too; the draft's tokenizer is checked at load; the scheduler refuses it for now.
+// too, through the scheduler (Submit, n choices); the draft's tokenizer is checked at load;
+// GenerateBatch refuses it.
 TEST(EngineTest, SpeculativeDecodingKeepsGreedyRepliesAndCountsProposals) {
   EngineOptions engine_options;
   engine_options.draft_checkpoint_dir = kDefaultModel;
@@ -706,8 +707,31 @@ TEST(EngineTest, SpeculativeDecodingKeepsGreedyRepliesAndCountsProposals) {
       EXPECT_EQ(b->tokens, a.tokens) << method << ": " << turn;
     }
     EXPECT_EQ(with->context_tokens(), without->context_tokens());
-    // The scheduler's part is to come.
-    const absl::Status refused = (*engine)->Submit(prompt, options).status();
+    // Through the scheduler: the same reply, streamed alike; n choices each the same.
+    RequestOptions submitted = options;
+    submitted.max_new_tokens = 40;
+    std::string served_text;
+    submitted.on_text = [&served_text](absl::string_view piece) {
+      served_text.append(piece.data(), piece.size());
+      return true;
+    };
+    absl::StatusOr<std::shared_ptr<Request>> request = (*engine)->Submit(prompt, submitted);
+    ASSERT_TRUE(request.ok()) << request.status();
+    absl::StatusOr<Completion> served = (*request)->Wait();
+    ASSERT_TRUE(served.ok()) << served.status();
+    EXPECT_EQ(served->tokens, plain.tokens) << method;
+    EXPECT_EQ(served_text, plain.text) << method;
+    EXPECT_GT(served->stats.proposed_tokens, 0) << method;
+    submitted.on_text = nullptr;
+    absl::StatusOr<std::vector<std::shared_ptr<Request>>> choices =
+        (*engine)->SubmitChoices(*(*engine)->Encode(prompt), submitted, 2);
+    ASSERT_TRUE(choices.ok()) << choices.status();
+    for (const std::shared_ptr<Request>& choice : *choices) {
+      EXPECT_EQ(choice->Wait()->tokens, plain.tokens) << method;
+    }
+    // GenerateBatch does not speculate.
+    const absl::Status refused =
+        (*engine)->GenerateBatch({*(*engine)->Encode(prompt)}, options).status();
     EXPECT_EQ(refused.code(), absl::StatusCode::kUnimplemented) << refused;
     EXPECT_EQ(ErrorField(refused), "SpeculativeSpec.method");
   }
@@ -719,6 +743,9 @@ TEST(EngineTest, SpeculativeDecodingKeepsGreedyRepliesAndCountsProposals) {
   const absl::Status status = (*engine)->Generate(prompt, budgeted).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
   EXPECT_EQ(ErrorField(status), "SpeculativeSpec.method") << status;
+  const absl::Status submitted = (*engine)->Submit(prompt, budgeted).status();
+  EXPECT_EQ(submitted.code(), absl::StatusCode::kFailedPrecondition) << submitted;
+  EXPECT_EQ(ErrorField(submitted), "SpeculativeSpec.method") << submitted;
   // Without a draft checkpoint "draft" is refused.
   RequestOptions draft = Greedy(8);
   draft.speculative.method = "draft";

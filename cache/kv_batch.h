@@ -22,6 +22,9 @@ struct KVBatch {
   Axis axis = Axis::kTime;
   std::vector<KVCache*> caches;  // one per sequence, batch size 1, not owned
   std::vector<int64_t> lengths;  // tokens per sequence (all 1 along kBatch)
+  // Per sequence, whether its tokens attend as one-token steps would (KVStep::sequential:
+  // a speculative verification chunk); empty: none (the step's own KVStep::sequential holds).
+  std::vector<bool> sequential;
 
   int64_t sequences() const { return static_cast<int64_t>(caches.size()); }
   // Tokens of the step: the sum of lengths.

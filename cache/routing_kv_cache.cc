@@ -31,6 +31,11 @@ absl::Status CheckLayout(const KVBatch& batch) {
     return absl::InvalidArgumentError(absl::StrCat(
         "KVBatch has ", batch.caches.size(), " caches and ", batch.lengths.size(), " lengths"));
   }
+  if (!batch.sequential.empty() && batch.sequential.size() != batch.caches.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("KVBatch has ", batch.caches.size(),
+                                                   " caches and ", batch.sequential.size(),
+                                                   " sequential flags (none or one each)"));
+  }
   for (size_t s = 0; s < batch.caches.size(); ++s) {
     const KVCache* cache = batch.caches[s];
     if (cache == nullptr) {
@@ -101,6 +106,7 @@ absl::StatusOr<const std::vector<KVStep>*> RoutingKVCache::SequenceSteps(const K
   const auto span_step = [&](at::Tensor view, int64_t begin, int64_t length) {
     KVStep part;
     part.positions = std::move(view);
+    part.sequential = step.sequential;
     const auto [lowest, highest] =
         std::minmax_element(positions + begin, positions + begin + length);
     part.min_position = *lowest;
@@ -114,6 +120,7 @@ absl::StatusOr<const std::vector<KVStep>*> RoutingKVCache::SequenceSteps(const K
     parts.push_back(span_step(
         along_batch ? step.positions.narrow(0, begin, 1) : step.positions.narrow(1, begin, length),
         begin, length));
+    if (!batch_.sequential.empty() && batch_.sequential[s]) parts.back().sequential = true;
   }
   if (rows_begin_ < batch_.caches.size()) {
     // The rows' step [rows, 1]: a view, made once per model step.

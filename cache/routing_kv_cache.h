@@ -10,7 +10,9 @@
 // its batch-1 forward pass (up to the rounding of matrix products over another row count).
 // One-token sequences (decode rows: all of a kBatch step, the trailing run of a kTime step)
 // attend in one DecodeAttentionRows pass where their caches allow (UpdateForDecode: the same
-// bits as each row alone), the others through their own UpdateAndAttend.
+// bits as each row alone), the others through their own UpdateAndAttend. A sequence the
+// layout marks sequential (KVBatch::sequential: speculative verification) gets
+// KVStep::sequential, so it attends as its batch-1 verification step does.
 //
 // Not thread-safe; the caches must outlive it and must not be used elsewhere during a step.
 #ifndef LGPT_CACHE_ROUTING_KV_CACHE_H_

@@ -46,10 +46,12 @@ absl::StatusOr<at::Tensor> ForwardChunks(GPTImpl& model, const std::vector<Seque
   KVBatch batch;
   batch.axis = KVBatch::Axis::kBatch;
   std::vector<at::Tensor> ids, positions;
-  bool adapters = false;  // whether any chunk uses one
+  bool adapters = false;    // whether any chunk uses one
+  bool sequential = false;  // whether any chunk attends sequentially
   for (size_t s = 0; s < chunks.size(); ++s) {
     RETURN_IF_ERROR(CheckChunk(chunks[s], s, model.adapter_slots()));
     adapters = adapters || chunks[s].adapter >= 0;
+    sequential = sequential || chunks[s].sequential;
     batch.caches.push_back(chunks[s].cache);
     batch.lengths.push_back(chunks[s].ids.size(1));
     if (batch.lengths.back() > 1) batch.axis = KVBatch::Axis::kTime;
@@ -60,17 +62,28 @@ absl::StatusOr<at::Tensor> ForwardChunks(GPTImpl& model, const std::vector<Seque
   ForwardOptions forward;
   if (count == 1) {
     // One chunk: the batch-1 forward pass itself.
+    const SequenceChunk& chunk = chunks.front();
     forward.positions = positions.front();
-    forward.last_logits_only = true;
-    if (adapters) forward.adapters = {chunks.front().adapter};
-    ASSIGN_OR_RETURN(at::Tensor logits, model.Forward(ids.front(), chunks.front().cache, forward));
-    return logits.reshape({1, -1});
+    forward.last_logits_only = !chunk.all_logits;
+    forward.sequential = chunk.sequential;
+    if (adapters) forward.adapters = {chunk.adapter};
+    ASSIGN_OR_RETURN(at::Tensor logits, model.Forward(ids.front(), chunk.cache, forward));
+    return logits.reshape({-1, logits.size(-1)});  // [1 or T, V]
   }
   const bool along_time = batch.axis == KVBatch::Axis::kTime;
   const int64_t dim = along_time ? 1 : 0;  // [1, tokens] or [chunks, 1]
+  if (sequential) {
+    for (const SequenceChunk& chunk : chunks) batch.sequential.push_back(chunk.sequential);
+  }
   if (along_time) {
-    int64_t end = 0;
-    for (int64_t length : batch.lengths) forward.logit_steps.push_back((end += length) - 1);
+    int64_t begin = 0;
+    for (size_t s = 0; s < chunks.size(); ++s) {
+      const int64_t end = begin + batch.lengths[s];
+      for (int64_t t = chunks[s].all_logits ? begin : end - 1; t < end; ++t) {
+        forward.logit_steps.push_back(t);
+      }
+      begin = end;
+    }
   } else {
     forward.last_logits_only = true;
   }
@@ -85,7 +98,7 @@ absl::StatusOr<at::Tensor> ForwardChunks(GPTImpl& model, const std::vector<Seque
   forward.positions = at::cat(positions, dim);
   ASSIGN_OR_RETURN(RoutingKVCache cache, RoutingKVCache::Create(std::move(batch)));
   ASSIGN_OR_RETURN(at::Tensor logits, model.Forward(at::cat(ids, dim), &cache, forward));
-  return logits.reshape({count, -1});  // [1, chunks, V] or [chunks, 1, V]
+  return logits.reshape({-1, logits.size(-1)});  // [rows, V] from [1, rows, V] or [chunks, 1, V]
 }
 
 }  // namespace lgpt

@@ -30,10 +30,17 @@ struct SequenceChunk {
   // -1 for the base model. Chunks of different adapters share the step: the base projections
   // run once over every row, each adapter's update over its chunks' rows only.
   int64_t adapter = -1;
+  // Logits of every token of the chunk, not only the last (a speculative verification chunk:
+  // position j's logits choose the token after ids[j]).
+  bool all_logits = false;
+  // Its tokens attend as one-token steps would (ForwardOptions::sequential, KVStep::sequential):
+  // speculative verification through a quantised cache.
+  bool sequential = false;
 };
 
-// The logits of each chunk's last token, [chunks, padded_vocab_size]: chunk s's row equals the
-// last logits of model.Forward(ids, cache, {positions, last_logits_only}) run alone: bit for
+// The logits [rows, padded_vocab_size]: per chunk in order, its last token's row, or with
+// all_logits one row per token. Chunk s's rows equal the logits of model.Forward(ids, cache,
+// {positions, last_logits_only or not, sequential}) run alone: bit for
 // bit where the matrix products are row-invariant (float32 on CPUs with the AVX-512 GEMV;
 // every other layer works token by token), else up to their rounding over another number of
 // rows; with adapters, chunk s's row equals its adapter's model run alone (up to the rounding of

@@ -65,11 +65,13 @@ KVMemory::~KVMemory() {
 
 absl::StatusOr<std::unique_ptr<KVCache>> KVMemory::NewCache(const KVCacheSpec& spec,
                                                             const KVCacheGeometry& geometry,
-                                                            int64_t length) const {
+                                                            int64_t length,
+                                                            int64_t rollback_slots) const {
   KVCacheShape shape;
   static_cast<KVCacheGeometry&>(shape) = geometry;
   shape.batch_size = 1;
   shape.max_sequence_length = length;
+  shape.rollback_slots = rollback_slots;
   if (pool_ == nullptr) return MakeKVCache(spec, shape);
   if (spec.policy != "dense" || spec.bits != 16) {
     // Own storage, grown a pool block at a time and charged to the pool as it grows.

@@ -92,11 +92,12 @@ class KVMemory {
   KVMemory(const KVMemory&) = delete;
   KVMemory& operator=(const KVMemory&) = delete;
 
-  // A batch-1 cache of `spec` for `length` entries, of the kind this memory serves it with.
-  // The factory's errors.
+  // A batch-1 cache of `spec` for `length` entries, of the kind this memory serves it with;
+  // `rollback_slots` as KVCacheShape's (speculative decoding on sliding-window layers of a
+  // dense cache). The factory's errors.
   absl::StatusOr<std::unique_ptr<KVCache>> NewCache(const KVCacheSpec& spec,
-                                                    const KVCacheGeometry& geometry,
-                                                    int64_t length) const;
+                                                    const KVCacheGeometry& geometry, int64_t length,
+                                                    int64_t rollback_slots = 0) const;
   // Takes a request's batch-1 cache, to hold at most `entries` entries; `from_start` when the
   // request starts at position 0. ResourceExhausted when its blocks, or its cache's MaxBytes,
   // exceed the whole pool.

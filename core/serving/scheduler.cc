@@ -18,6 +18,7 @@
 #include "core/model/next_token.h"
 #include "core/model/sampling.h"
 #include "core/serving/request_state.h"
+#include "core/speculative/proposer.h"
 
 namespace lgpt {
 namespace {
@@ -92,6 +93,13 @@ struct Scheduler::Request {
   int64_t prefilled = 0;
   int64_t fed = 0;    // generated tokens whose entries the cache holds
   at::Tensor logits;  // [1, V] of the last position, in kSampling
+  // Speculative decoding (options.speculative.proposer): this step's proposal, the tokens its
+  // verification chunk feeds (the token to feed, then the proposal), that chunk's logits
+  // ([1 + proposed, V], in kSampling) and the cache position of its first token.
+  Proposal proposal;
+  std::vector<int64_t> verify_ids;
+  at::Tensor verify_logits;
+  int64_t verify_position = 0;
   absl::Status error;
   RequestResult result;
   Clock::time_point submitted, prefill_done, last_token;
@@ -114,6 +122,20 @@ struct Scheduler::Request {
   }
   // In kDecoding: the token to feed, the one just sampled or the next generated one replayed.
   int64_t next_token() const { return ids[prompt_length + fed]; }
+  // Whether this step verifies a proposal (a speculative row).
+  bool verifies() const { return !proposal.tokens.empty(); }
+  // Tokens a speculative request may have proposed now: none while it replays generated tokens
+  // (after a preemption), else up to its k, leaving room for the token of its own each step
+  // yields (as Generate caps it).
+  int64_t ProposalBudget() const {
+    if (options.speculative.proposer == nullptr || fed + 1 != generated()) return 0;
+    return std::min(options.speculative.k, options.max_new_tokens - generated() - 1);
+  }
+  void DropProposal() {
+    proposal = Proposal();
+    verify_ids.clear();
+    verify_logits = at::Tensor();
+  }
 
   void MoveTo(RequestState next) {
     TORCH_CHECK(IsRequestTransition(state, next), "scheduler: request ", arrival,
@@ -241,6 +263,12 @@ absl::StatusOr<std::unique_ptr<Scheduler::Request>> Scheduler::MakeRequest(
   }
   RETURN_IF_ERROR(
       CheckGenerateRequest(*model_, *cache, static_cast<int64_t>(prompt.size()), options));
+  if (sync_ != nullptr && options.speculative.proposer != nullptr) {
+    // Followers would need each step's accepted tokens (several per request) in StepTokens.
+    return FieldError(absl::StatusCode::kUnimplemented, "GenerateOptions.speculative",
+                      "GenerateOptions.speculative: speculative decoding is not served over "
+                      "tensor-parallel ranks yet");
+  }
   for (size_t i = 0; i < prompt.size(); ++i) {
     if (prompt[i] < 0 || prompt[i] >= model_->config().PaddedVocabSize()) {
       return absl::OutOfRangeError(absl::StrCat("prompt token ", i, " (", prompt[i],
@@ -659,6 +687,7 @@ void Scheduler::Preempt(Request& r) {
   r.prefilled = 0;
   r.fed = 0;
   r.logits = at::Tensor();
+  r.DropProposal();
   r.result.forked_tokens = 0;  // it reads the prompt again, or takes another copy
   ++r.result.preemptions;
   std::lock_guard<std::mutex> lock(mutex_);
@@ -757,11 +786,22 @@ void Scheduler::Pass(const std::vector<PrefillPiece>& pieces, const std::vector<
                       at::from_blob(r.ids.data() + r.prefilled, {1, piece.tokens}, at::kLong),
                       piece.positions, r.options.adapter});
   }
+  // Verification chunks (speculative rows) before the one-token rows, which attend together
+  // when they end the step (cache/routing_kv_cache.h).
+  for (Request* r : rows) {
+    if (!r->verifies()) continue;
+    const int64_t steps = static_cast<int64_t>(r->verify_ids.size());
+    r->verify_position = r->stream->next();
+    chunks.push_back({&r->cache(), at::from_blob(r->verify_ids.data(), {1, steps}, at::kLong),
+                      r->stream->Take(steps), r->options.adapter, /*all_logits=*/true,
+                      /*sequential=*/true});
+  }
   // The rows' tokens and positions live here during the pass; the chunks view them.
   std::vector<int64_t> row_ids, row_positions;
   row_ids.reserve(rows.size());
   row_positions.reserve(rows.size());
   for (Request* r : rows) {
+    if (r->verifies()) continue;
     row_ids.push_back(r->next_token());
     row_positions.push_back(r->stream->TakeOne());
     chunks.push_back({&r->cache(), at::from_blob(&row_ids.back(), {1, 1}, at::kLong),
@@ -774,7 +814,7 @@ void Scheduler::Pass(const std::vector<PrefillPiece>& pieces, const std::vector<
   };
   const int64_t prompts = static_cast<int64_t>(pieces.size());
   if (!pieces.empty()) AfterPrefill(pieces, part(0, prompts));
-  if (!rows.empty()) AfterDecode(rows, part(prompts, static_cast<int64_t>(rows.size())));
+  if (!rows.empty()) AfterDecode(rows, part(prompts, logits.ok() ? logits->size(0) - prompts : 0));
   if (pieces.empty() || rows.empty()) return;
   std::lock_guard<std::mutex> lock(mutex_);
   ++stats_.mixed_passes;
@@ -913,6 +953,10 @@ void Scheduler::SampleReady(Running& running) {
   for (auto& owned : running) {
     Request& r = *owned;
     if (r.state != RequestState::kSampling) continue;
+    if (r.verifies()) {
+      Verify(r);
+      continue;
+    }
     TokenLogprob logprob;
     absl::StatusOr<int64_t> next = r.chooser->Choose(r.logits, r.generator, &logprob);
     r.logits = at::Tensor();
@@ -930,6 +974,62 @@ void Scheduler::SampleReady(Running& running) {
   if (absl::Status status = sync_->ShareTokens(shared); !status.ok()) {
     EndServing(status);
   }
+}
+
+void Scheduler::Verify(Request& r) {
+  // Position j's logits choose the token after verify_ids[j]: proposal j while the model
+  // accepts, then one of its own (a replacement, or the bonus after every proposal). Each
+  // token is delivered as a sampled one is (on_logprob, on_token, stops).
+  const Proposal& proposal = r.proposal;
+  const int64_t proposed = static_cast<int64_t>(proposal.tokens.size());
+  int64_t emitted = 0, accepted = 0;
+  for (int64_t j = 0; j <= proposed; ++j) {
+    const at::Tensor row = r.verify_logits.narrow(0, j, 1);  // [1, V]
+    TokenLogprob logprob;
+    absl::StatusOr<NextTokenChooser::Verdict> verdict;
+    if (j < proposed) {
+      const absl::Span<const float> draft = proposal.probabilities.empty()
+                                                ? absl::Span<const float>()
+                                                : absl::MakeConstSpan(proposal.probabilities[j]);
+      verdict = r.chooser->Verify(row, proposal.tokens[j], draft, r.generator, &logprob);
+    } else {
+      absl::StatusOr<int64_t> bonus = r.chooser->Choose(row, r.generator, &logprob);
+      if (bonus.ok()) verdict = NextTokenChooser::Verdict{*bonus, false};
+      if (!bonus.ok()) verdict = bonus.status();
+    }
+    if (!verdict.ok()) {
+      r.Fail(verdict.status());
+      break;
+    }
+    if (j > 0) r.MoveTo(RequestState::kSampling);  // the next token of the block
+    if (r.options.on_logprob && r.chooser->reports_logprobs()) r.CallOnLogprob(logprob);
+    r.Deliver(verdict->token);
+    ++emitted;
+    if (verdict->accepted) ++accepted;
+    if (r.state == RequestState::kFinished || !verdict->accepted) break;
+  }
+  GenerateStats& stats = r.result.stats;
+  ++stats.verify_steps;
+  stats.proposed_tokens += proposed;
+  stats.accepted_tokens += accepted;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++stats_.speculative_steps;
+    stats_.proposed_tokens += proposed;
+    stats_.accepted_tokens += accepted;
+  }
+  r.DropProposal();
+  if (r.state == RequestState::kFinished) return;
+  // The cache keeps the fed token and the accepted proposals before the last emitted token
+  // (the next step feeds it, as without speculation).
+  const int64_t kept = r.verify_position + emitted;
+  if (absl::Status truncated = r.cache().rollback()->Truncate(kept); !truncated.ok()) {
+    r.Fail(truncated);
+    return;
+  }
+  r.stream->Rewind(kept);
+  r.fed += emitted;
+  Publish(r);
 }
 
 void Scheduler::FollowSamples(Running& running) {
@@ -976,22 +1076,96 @@ std::vector<Scheduler::Request*> Scheduler::ReserveDecodeRows(Running& running) 
       r.Fail(room);
       continue;
     }
-    if (ReserveMemory(r, 1, running)) candidates.push_back(&r);
+    candidates.push_back(&r);
   }
-  return candidates;
+  Propose(candidates);
+  std::vector<Request*> rows;
+  for (Request* r : candidates) {
+    if (r->state != RequestState::kDecoding) continue;  // preempted by an earlier row
+    if (r->verifies() && ReserveVerification(*r)) {
+      rows.push_back(r);
+    } else if (ReserveMemory(*r, 1, running)) {
+      rows.push_back(r);
+    }
+  }
+  return rows;
+}
+
+void Scheduler::Propose(const std::vector<Request*>& rows) {
+  for (Request* r : rows) {
+    r->DropProposal();
+    const int64_t k = r->ProposalBudget();
+    if (k < 1) continue;
+    // The proposer's view: earlier turns (GenerateOptions.speculative.history), the prompt and
+    // the output so far.
+    const std::vector<int64_t>& history = r->options.speculative.history;
+    std::vector<int64_t> joined;
+    if (!history.empty()) {
+      joined = history;
+      joined.insert(joined.end(), r->ids.begin(), r->ids.end());
+    }
+    const absl::Span<const int64_t> context =
+        history.empty() ? absl::MakeConstSpan(r->ids) : absl::MakeConstSpan(joined);
+    absl::StatusOr<Proposal> proposal = r->options.speculative.proposer->Propose(context, k);
+    if (!proposal.ok()) {
+      r->Fail(proposal.status());
+      continue;
+    }
+    Proposal& p = *proposal;
+    if (!p.probabilities.empty() && p.probabilities.size() != p.tokens.size()) {
+      r->Fail(absl::InternalError(absl::StrCat(r->options.speculative.proposer->DebugName(),
+                                               " proposed ", p.tokens.size(), " tokens with ",
+                                               p.probabilities.size(), " distributions")));
+      continue;
+    }
+    if (static_cast<int64_t>(p.tokens.size()) > k) {
+      p.tokens.resize(static_cast<size_t>(k));
+      if (!p.probabilities.empty()) p.probabilities.resize(static_cast<size_t>(k));
+    }
+    r->proposal = std::move(p);
+  }
+}
+
+bool Scheduler::ReserveVerification(Request& r) {
+  // A proposal only goes where memory is free: it preempts no one (its entries may be
+  // forgotten after the step), else the request decodes one token as usual.
+  const int64_t steps = 1 + static_cast<int64_t>(r.proposal.tokens.size());
+  absl::StatusOr<int64_t> room = r.stream->MakeRoom(steps);
+  if (!room.ok() || *room < steps || !memory_->Reserve(r.memory, steps).ok()) {
+    r.DropProposal();
+    return false;
+  }
+  r.verify_ids.assign(1, r.next_token());
+  r.verify_ids.insert(r.verify_ids.end(), r.proposal.tokens.begin(), r.proposal.tokens.end());
+  return true;
 }
 
 void Scheduler::AfterDecode(const std::vector<Request*>& rows,
                             const absl::StatusOr<at::Tensor>& logits) {
-  for (size_t b = 0; b < rows.size(); ++b) {
-    Request& r = *rows[b];
+  // The pass's rows: each verification chunk's, in order, then one per one-token row.
+  int64_t verify_rows = 0;
+  for (Request* r : rows) {
+    if (r->verifies()) verify_rows += static_cast<int64_t>(r->verify_ids.size());
+  }
+  int64_t next_verify = 0, next_row = verify_rows;
+  for (Request* row : rows) {
+    Request& r = *row;
     if (!logits.ok()) {
+      r.DropProposal();
       r.Fail(logits.status());
+      continue;
+    }
+    if (r.verifies()) {
+      // Sampling verifies the proposal (Verify), then the cache forgets what it rejected.
+      const int64_t steps = static_cast<int64_t>(r.verify_ids.size());
+      r.verify_logits = logits->narrow(0, next_verify, steps);
+      next_verify += steps;
+      r.MoveTo(RequestState::kSampling);
       continue;
     }
     ++r.fed;
     Publish(r);
-    r.Advance(*logits, static_cast<int64_t>(b));
+    r.Advance(*logits, next_row++);
   }
   std::lock_guard<std::mutex> lock(mutex_);
   ++stats_.decode_passes;

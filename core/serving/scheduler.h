@@ -308,8 +308,18 @@ class Scheduler {
   // computing (its prompt shares them and they are not published yet).
   bool SharesUnpublishedBlock(const Request& request, const std::vector<PrefillPiece>& batch) const;
   void SampleReady(Running& running);
-  // The requests with a token to feed this step, in admission order, their next entry reserved.
+  // The requests with a token to feed this step, in admission order, their next entry reserved
+  // (a speculative row's: its verification chunk's entries, or one entry as usual).
   std::vector<Request*> ReserveDecodeRows(Running& running);
+  // Speculative rows: each one's proposal for this step (Request::proposal; none while it
+  // replays after a preemption). A failing proposer ends its own request only.
+  void Propose(const std::vector<Request*>& rows);
+  // The memory of `request`'s verification chunk when the pool has it without preempting
+  // anyone; else drops the proposal (false) and the request decodes one token.
+  bool ReserveVerification(Request& request);
+  // After the pass, a speculative row's verification: its tokens delivered, the rejected
+  // entries forgotten (KVRollback::Truncate), its statistics counted.
+  void Verify(Request& request);
   // Counts the fed tokens, publishes blocks and keeps the logits ([rows, V]) to sample from.
   void AfterDecode(const std::vector<Request*>& rows, const absl::StatusOr<at::Tensor>& logits);
   // Takes the pool memory `request`'s next step of `steps` entries needs (KVMemory::Reserve),
