@@ -66,6 +66,11 @@
 //     options: KVForker::CheckCopyInto) prefills on its own. SchedulerStats.forked_choices and
 //     forked_tokens count the copies and the prompt tokens they did not prefill.
 //
+// Speculative requests (GenerateOptions.speculative) verify a block of proposed tokens as one
+// chunk of the step's pass, proposed only into free memory, and roll their caches back to the
+// accepted tokens (core/serving/README.md, "Speculative rows"); each equals Generate with the
+// same proposer. Not over tensor-parallel ranks (Submit refuses it there).
+//
 // Over tensor-parallel ranks (the StepSync constructor, core/serving/step_sync.h) every rank
 // runs this scheduler in lockstep: rank 0 announces each step's new requests and
 // cancellations and then the tokens it sampled, so every rank takes the same decisions and the
