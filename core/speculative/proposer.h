@@ -57,11 +57,11 @@ class Proposer {
   // forward passes. nullptr (the default): this one proposes alone.
   virtual const void* batch_key() const { return nullptr; }
 
-  // Proposes for every task at once, results in task order, each task's what its proposer's
-  // own Propose(context, k) would return (and leaving it in the state that call would): one of
-  // them, the same proposer never twice, all of them with this one's batch_key(). An error in
-  // one task fails that task only where the others can go on. ProposeAll calls it; the default
-  // runs each task's Propose in turn.
+  // Proposes for `tasks` at once, called on one of their proposers: each task's proposer
+  // distinct and with this one's batch_key(). Results in task order, each what that proposer's
+  // own Propose(context, k) would return, leaving it as that call would. An error in one task
+  // fails only that task where the others can go on. ProposeAll calls it; the default runs
+  // each task's Propose in turn.
   virtual std::vector<absl::StatusOr<Proposal>> ProposeTogether(
       absl::Span<const ProposalTask> tasks) {
     std::vector<absl::StatusOr<Proposal>> proposals;
