@@ -5,6 +5,10 @@
 // KVRollback), the rest is prefilled. Greedy by default (each proposal the draft's argmax: a
 // point mass); with sampling options it draws from its own distribution and reports it, so
 // that the model accepts with min(1, p / q).
+//
+// Draft proposers over one draft model propose together (ProposeTogether; ProposeAll in
+// core/speculative/propose_batch.h): every request's catch-up in one forward pass, then each
+// decode step one pass over all the requests still proposing, every weight read once for all.
 #ifndef LGPT_CORE_SPECULATIVE_DRAFT_MODEL_PROPOSER_H_
 #define LGPT_CORE_SPECULATIVE_DRAFT_MODEL_PROPOSER_H_
 
@@ -51,8 +55,23 @@ class DraftModelProposer : public Proposer {
       GPT draft, const Config& target, const DraftModelProposerOptions& options = {});
 
   // Up to min(k, max_k) tokens: fewer where the draft's context ends.
+  // OutOfRange naming ProposalTask.context for a token past the draft's padded vocabulary.
   absl::StatusOr<Proposal> Propose(absl::Span<const int64_t> context, int64_t k) override;
   std::string DebugName() const override;
+
+  // The draft model: proposers over the same draft propose together.
+  const void* batch_key() const override { return draft_.get(); }
+  // For DraftModelProposers over this one's draft (InvalidArgument naming ProposalTask.proposer
+  // for other proposers, and for one given twice): each task's catch-up (the common prefix
+  // kept, the cache truncated, the rest fed) as one ForwardChunks pass over every task's cache
+  // (one pass per prefill_chunk tokens where a proposer catches up in chunks), then its decode
+  // steps as ForwardChunks passes of one token per task, each task dropping out at its own k
+  // or its draft context's end. Sampled drafts draw with their own generators in the order
+  // they would alone, so each task gets what its Propose would (up to the rounding of batched
+  // matrix products: core/model/batch_forward.h). A task that fails validation fails alone; a
+  // failed pass is run again one task at a time, failing only the tasks that fail alone.
+  std::vector<absl::StatusOr<Proposal>> ProposeTogether(
+      absl::Span<const ProposalTask> tasks) override;
 
   // Tokens the draft's cache holds (the last context and the proposals fed back), for tests.
   const std::vector<int64_t>& cached() const { return cached_; }
@@ -60,12 +79,26 @@ class DraftModelProposer : public Proposer {
   int64_t draft_tokens() const { return draft_tokens_; }
 
  private:
+  struct Member;  // a task of ProposeTogether (draft_model_proposer.cc)
+
   DraftModelProposer(GPT draft, int64_t vocab, const DraftModelProposerOptions& options,
                      std::unique_ptr<DenseKVCache> cache);
+  // Readies a call: the tokens it will propose (k capped at max_k and the draft's context; 0:
+  // none, and nothing changes), with the context's tokens checked and the cache truncated to
+  // the prefix it shares with the context (all but the context's last token at most).
+  absl::StatusOr<int64_t> Begin(absl::Span<const int64_t> context, int64_t k);
   // Runs `tokens` through the draft after what it holds; returns the last one's logits [1, V].
   absl::StatusOr<at::Tensor> Feed(absl::Span<const int64_t> tokens);
   // The draft's token from logits [.., V], and its distribution when it samples.
   absl::StatusOr<int64_t> Pick(const at::Tensor& logits, std::vector<float>* probabilities);
+  // The same from a host float32 row of at least vocab_ logits.
+  absl::StatusOr<int64_t> PickRow(const float* values, std::vector<float>* probabilities);
+  // Runs members[j]'s `tokens[j]` after what its cache holds, all in one ForwardChunks pass
+  // over `draft`; sets each member's row to its last token's logits, or its status to the
+  // error. A failed pass of several runs again one member at a time, each cache first
+  // truncated back to what it held (a ring that cannot: reset, the member failed).
+  static void FeedTogether(GPTImpl& draft, absl::Span<Member* const> members,
+                           absl::Span<const absl::Span<const int64_t>> tokens);
 
   GPT draft_;
   int64_t vocab_;  // ids the draft may propose: min(its padded vocabulary, the target's)

@@ -8,6 +8,10 @@
 // catches up on what the model accepted (and forgets what it rejected) by comparing contexts.
 //
 //   ASSIGN_OR_RETURN(Proposal proposal, proposer.Propose(context, /*k=*/4));
+//
+// Proposers that share work (draft proposers over one draft model) propose for many requests
+// at once through ProposeAll (core/speculative/propose_batch.h): those with the same
+// batch_key() run as one batch, each proposing what it would alone.
 #ifndef LGPT_CORE_SPECULATIVE_PROPOSER_H_
 #define LGPT_CORE_SPECULATIVE_PROPOSER_H_
 
@@ -28,6 +32,16 @@ struct Proposal {
   std::vector<std::vector<float>> probabilities;
 };
 
+class Proposer;
+
+// One request's part of a batched call (ProposeAll, Proposer::ProposeTogether): its proposer,
+// the request's tokens so far and how many to propose, as Propose(context, k) takes them.
+struct ProposalTask {
+  Proposer* proposer = nullptr;  // not owned
+  absl::Span<const int64_t> context;
+  int64_t k = 0;
+};
+
 class Proposer {
  public:
   virtual ~Proposer() = default;
@@ -37,6 +51,26 @@ class Proposer {
   virtual absl::StatusOr<Proposal> Propose(absl::Span<const int64_t> context, int64_t k) = 0;
   // "ngram(2..4)", "draft(NAME)".
   virtual std::string DebugName() const = 0;
+
+  // Proposers with the same non-null key may propose together (ProposeTogether): a draft
+  // proposer's key is its draft model, so every request drafting with one model shares its
+  // forward passes. nullptr (the default): this one proposes alone.
+  virtual const void* batch_key() const { return nullptr; }
+
+  // Proposes for `tasks` at once, called on one of their proposers: each task's proposer
+  // distinct and with this one's batch_key(). Results in task order, each what that proposer's
+  // own Propose(context, k) would return, leaving it as that call would. An error in one task
+  // fails only that task where the others can go on. ProposeAll calls it; the default runs
+  // each task's Propose in turn.
+  virtual std::vector<absl::StatusOr<Proposal>> ProposeTogether(
+      absl::Span<const ProposalTask> tasks) {
+    std::vector<absl::StatusOr<Proposal>> proposals;
+    proposals.reserve(tasks.size());
+    for (const ProposalTask& task : tasks) {
+      proposals.push_back(task.proposer->Propose(task.context, task.k));
+    }
+    return proposals;
+  }
 };
 
 }  // namespace lgpt
