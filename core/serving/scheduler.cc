@@ -18,6 +18,7 @@
 #include "core/model/next_token.h"
 #include "core/model/sampling.h"
 #include "core/serving/request_state.h"
+#include "core/speculative/propose_batch.h"
 #include "core/speculative/proposer.h"
 
 namespace lgpt {
@@ -1092,6 +1093,12 @@ std::vector<Scheduler::Request*> Scheduler::ReserveDecodeRows(Running& running) 
 }
 
 void Scheduler::Propose(const std::vector<Request*>& rows) {
+  // One call for every speculative row, so that draft proposers over one draft model share
+  // their forward passes (core/speculative/propose_batch.h).
+  std::vector<Request*> asking;
+  std::vector<ProposalTask> tasks;
+  std::vector<std::vector<int64_t>> joined;  // contexts with earlier turns before the prompt
+  joined.reserve(rows.size());
   for (Request* r : rows) {
     r->DropProposal();
     const int64_t k = r->ProposalBudget();
@@ -1099,14 +1106,21 @@ void Scheduler::Propose(const std::vector<Request*>& rows) {
     // The proposer's view: earlier turns (GenerateOptions.speculative.history), the prompt and
     // the output so far.
     const std::vector<int64_t>& history = r->options.speculative.history;
-    std::vector<int64_t> joined;
+    absl::Span<const int64_t> context = r->ids;
     if (!history.empty()) {
-      joined = history;
-      joined.insert(joined.end(), r->ids.begin(), r->ids.end());
+      joined.push_back(history);
+      joined.back().insert(joined.back().end(), r->ids.begin(), r->ids.end());
+      context = joined.back();
     }
-    const absl::Span<const int64_t> context =
-        history.empty() ? absl::MakeConstSpan(r->ids) : absl::MakeConstSpan(joined);
-    absl::StatusOr<Proposal> proposal = r->options.speculative.proposer->Propose(context, k);
+    asking.push_back(r);
+    tasks.push_back({r->options.speculative.proposer.get(), context, k});
+  }
+  if (tasks.empty()) return;
+  std::vector<absl::StatusOr<Proposal>> proposals = ProposeAll(tasks);
+  for (size_t i = 0; i < asking.size(); ++i) {
+    Request* r = asking[i];
+    const int64_t k = tasks[i].k;
+    absl::StatusOr<Proposal>& proposal = proposals[i];
     if (!proposal.ok()) {
       r->Fail(proposal.status());
       continue;
