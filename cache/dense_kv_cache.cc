@@ -289,13 +289,23 @@ absl::Status DenseKVCache::Truncate(int64_t length) {
     const Layer& layer = layers_[i];
     if (!layer.ring) continue;
     at::Tensor positions = layer.positions.to(at::kCPU).clone();  // the check changes nothing
+    const at::Tensor held_before = (positions >= 0).any(-1).view({-1});  // [B]
     positions.masked_fill_(positions >= length, -1);
     const int64_t window = layer.spec.sliding_window, capacity = layer.capacity;
     const int64_t* slots = positions.data_ptr<int64_t>();
     for (int64_t b = 0; b < options_.batch_size; ++b) {
       const int64_t* row = slots + b * capacity;
       const int64_t newest = *std::max_element(row, row + capacity);
-      if (newest < 0) continue;
+      if (newest < 0) {
+        // Every entry the ring held is cut: fine for an empty row or a cut to nothing, else
+        // the entries before `length` that the next query sees are gone.
+        if (length == 0 || !held_before[b].item<bool>()) continue;
+        return absl::FailedPreconditionError(absl::StrCat(
+            "DenseKVCache::Truncate(", length, "): the ring of layer ", i, " (window ", window,
+            ", ", capacity - window,
+            " spare slots) holds no entry before it; give DenseKVCacheOptions.rollback_slots >= "
+            "the entries a step writes past what it keeps, minus 1"));
+      }
       // The next query, at newest + 1, sees positions newest + 2 - window .. newest.
       const int64_t oldest_seen = std::max<int64_t>(0, newest + 2 - window);
       const int64_t held = std::count_if(row, row + capacity, [&](int64_t p) {

@@ -246,6 +246,12 @@ TEST(DenseKVCacheTest, TruncateStopsWhereARingLostWhatItNeeds) {
   auto view = (*cache)->Update(1, Step(1, 9, 1), KeysFor(1, 9, 1), KeysFor(1, 9, 1));
   ASSERT_TRUE(view.ok());  // unchanged by the refusal: 6, 7, 8 and the new 9
   EXPECT_EQ((view->positions >= 6).sum().item<int64_t>(), 4);
+  // A cut below everything the ring holds (it holds 6..9) is refused too; a cut to nothing
+  // empties the cache.
+  const absl::Status below = (*cache)->Truncate(3);
+  EXPECT_EQ(below.code(), absl::StatusCode::kFailedPrecondition) << below;
+  EXPECT_NE(below.message().find("rollback_slots"), std::string::npos) << below;
+  EXPECT_TRUE((*cache)->Truncate(0).ok());
   // Without windows anything goes.
   auto global = DenseKVCache::Create(Options(1, 40, {0}));
   EXPECT_EQ((*global)->max_rollback(), KVRollback::kUnlimited);
