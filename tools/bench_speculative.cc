@@ -29,6 +29,9 @@ ABSL_FLAG(int64_t, ngram_max, 4, "prompt lookup: the longest suffix looked up");
 ABSL_FLAG(int64_t, passage_tokens, 256, "tokens of held-out text in each prompt");
 ABSL_FLAG(int64_t, max_new_tokens, 128, "tokens generated per request");
 ABSL_FLAG(int64_t, rounds, 3, "runs of each row; the fastest counts");
+ABSL_FLAG(std::string, copy_instruction, "\n\nRepeat the passage above word for word:\n\n",
+          "the copy-heavy prompt's text between the passage and its first words (a base model "
+          "that follows no instruction copies after a plain paragraph break: \"\\n\\n\")");
 
 namespace lgpt {
 namespace {
@@ -101,7 +104,7 @@ int main(int argc, char** argv) {
   // Copy-heavy: the passage, the instruction, the passage's first words.
   std::vector<int64_t> copy = passage;
   const std::vector<int64_t> instruction =
-      ValueOrDie(engine->tokenizer()->Encode("\n\nRepeat the passage above word for word:\n\n",
+      ValueOrDie(engine->tokenizer()->Encode(absl::GetFlag(FLAGS_copy_instruction),
                                              /*bos=*/false));
   copy.insert(copy.end(), instruction.begin(), instruction.end());
   copy.insert(copy.end(), passage.begin() + 1,
