@@ -584,15 +584,32 @@ bool Scheduler::Fits(const Request& request, const Running& running) const {
   for (const auto& other : running) {
     if (other->state == RequestState::kFinished) continue;
     alone = false;
-    promised += BlocksForStep(*other, other->started() ? 1 : FirstChunk(*other));
+    promised += other->memory.use() == KVLease::Use::kBytes
+                    ? BlocksToBound(*other)
+                    : BlocksForStep(*other, other->started() ? 1 : FirstChunk(*other));
   }
   if (alone) return true;
-  // A new request needs its first chunk; a preempted one all it held (resuming it sooner
-  // would only preempt it again).
-  const int64_t entries = request.result.preemptions > 0
-                              ? static_cast<int64_t>(request.ids.size()) + 1
-                              : FirstChunk(request);
-  return BlocksForStep(request, entries) + promised <= memory_->free_blocks();
+  // A cache with bounded storage of its own needs what it will hold at its end (its growth
+  // is known: admitting it on less would preempt it, or others, as it grows); a paged one its
+  // first chunk, or all it held when it was preempted (resuming it sooner would only preempt
+  // it again).
+  int64_t needed = 0;
+  if (request.memory.use() == KVLease::Use::kBytes) {
+    needed = BlocksToBound(request);
+  } else {
+    needed = BlocksForStep(request, request.result.preemptions > 0
+                                        ? static_cast<int64_t>(request.ids.size()) + 1
+                                        : FirstChunk(request));
+  }
+  return needed + promised <= memory_->free_blocks();
+}
+
+int64_t Scheduler::BlocksToBound(const Request& request) const {
+  // Every entry the request has yet to write, as one step: the storage it ends with (at most
+  // its cache's MaxBytes), beyond what it is charged now.
+  const int64_t written = request.started() ? request.prefilled + request.fed : 0;
+  const int64_t remaining = request.prompt_length + request.options.max_new_tokens - written;
+  return BlocksForStep(request, std::max<int64_t>(1, remaining));
 }
 
 int64_t Scheduler::BlocksForStep(const Request& request, int64_t steps) const {

@@ -24,8 +24,12 @@
 // before each step the scheduler reserves what the step will leave (KVStorageBound::BytesAfterStep)
 // beyond what the request is charged, and gives back what it did not use after it, so one
 // budget holds both and memory follows use for every kind of cache:
-//   - admission follows free blocks: the oldest waiting request is admitted when its first
-//     prefill chunk fits beside one block per running request (arrival order, no skipping);
+//   - admission follows free blocks: the oldest waiting request is admitted when what it needs
+//     fits beside what the running requests are promised (arrival order, no skipping): a
+//     paged request its first prefill chunk (a running one its next entry); a charged cache
+//     (bounded storage of its own) what it will hold at its end, its bound (a running one the
+//     rest of its growth), so budgeted and quantised requests are not admitted only to be
+//     preempted when they grow;
 //   - when a step needs blocks the pool lacks, the most recently admitted request is
 //     preempted: its blocks go back, it returns to the head of the queue and is recomputed
 //     when admitted again. Recomputing replays it exactly: its prompt is prefilled in the same
@@ -333,6 +337,9 @@ class Scheduler {
   bool ReserveMemory(Request& request, int64_t steps, Running& running);
   // Pool blocks `request`'s next step of `steps` entries takes beyond what it holds.
   int64_t BlocksForStep(const Request& request, int64_t steps) const;
+  // A charged request (bounded storage of its own): the pool blocks it takes from now to its
+  // end, beyond what it holds (admission by bound).
+  int64_t BlocksToBound(const Request& request) const;
   // After a forward pass: charged requests give back what their step's bound over-counted.
   void SettleCharges(Running& running);
   void Preempt(Request& request);

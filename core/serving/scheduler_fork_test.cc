@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "cache/block_pool.h"
 #include "cache/kv_cache_factory.h"
+#include "cache/paged_kv_cache.h"
 #include "core/model/generate.h"
 #include "core/model/gpt.h"
 #include "core/serving/scheduler.h"
@@ -343,9 +344,11 @@ TEST(ChoicesTest, ALeaderPreemptedBeforeItsPromptIsDoneLeavesTheLeadToTheNext) {
   EXPECT_EQ(pool->free_blocks(), pool->num_blocks());
 }
 
-// Through a pool with room for about two caches: leaders and forks are preempted (a fork's
-// charge may preempt the choices forked before it, or the leader), recompute, and no token
-// changes; every byte is given back.
+// Through a pool with room for about two caches: leaders and forks are preempted, recompute,
+// and no token changes; every byte is given back. Charged caches are admitted by their bound
+// (they never outgrow what admission counted), so the preemptions come from paged requests
+// between the groups, admitted on their first chunk, whose growth takes the memory of the
+// requests admitted after them.
 TEST(ChoicesTest, PreemptedChoicesRecomputeWithoutChangingAToken) {
   GPT model = GoldenModel("golden/llama2");
   const std::vector<KVCacheSpec> specs = {TestSpec("sink", 8, 4), TestSpec("h2o", 8, 8),
@@ -371,11 +374,28 @@ TEST(ChoicesTest, PreemptedChoicesRecomputeWithoutChangingAToken) {
   SchedulerOptions options;
   options.max_running = 16;
   Scheduler scheduler(model, options, pool);
-  for (Group& group : groups) {
+  std::vector<Job> paged_jobs;
+  std::vector<std::shared_ptr<RequestHandle>> paged_handles;
+  for (size_t s = 0; s < groups.size(); ++s) {
+    Group& group = groups[s];
     absl::StatusOr<std::vector<std::shared_ptr<RequestHandle>>> handles =
         SubmitGroup(scheduler, *model, group.job, group.n, 1);
     ASSERT_TRUE(handles.ok()) << handles.status();
     group.handles = *handles;
+    if (s % 2 == 1) continue;
+    Job paged;
+    paged.spec = TestSpec("dense", 0, 16);
+    paged.prompt = Prompt(*model, 5, 90 + s);
+    paged.options.max_new_tokens = 12;
+    paged.options.sampling = SamplingOptions{0.0, 0, 1.0};
+    paged.options.prefill_chunk = 4;
+    absl::StatusOr<std::unique_ptr<PagedKVCache>> cache = PagedKVCache::Create(pool, Length(paged));
+    ASSERT_TRUE(cache.ok()) << cache.status();
+    absl::StatusOr<std::shared_ptr<RequestHandle>> handle =
+        scheduler.Submit(paged.prompt, paged.options, *std::move(cache));
+    ASSERT_TRUE(handle.ok()) << handle.status();
+    paged_jobs.push_back(paged);
+    paged_handles.push_back(*handle);
   }
   int64_t preemptions = 0;
   for (Group& group : groups) {
@@ -387,11 +407,18 @@ TEST(ChoicesTest, PreemptedChoicesRecomputeWithoutChangingAToken) {
       preemptions += result->preemptions;
     }
   }
+  int64_t charged_preemptions = preemptions;
+  for (size_t i = 0; i < paged_jobs.size(); ++i) {
+    absl::StatusOr<RequestResult> result = paged_handles[i]->Wait();
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->tokens, Alone(*model, paged_jobs[i])) << "paged request " << i;
+    preemptions += result->preemptions;
+  }
   const SchedulerStats stats = scheduler.Stats();
-  EXPECT_GT(stats.preemptions, 0);
+  EXPECT_GT(charged_preemptions, 0);
   EXPECT_EQ(stats.preemptions, preemptions);
   EXPECT_GT(stats.forked_choices, 0);
-  EXPECT_EQ(stats.completed, 18);
+  EXPECT_EQ(stats.completed, 18 + static_cast<int64_t>(paged_jobs.size()));
   EXPECT_EQ(scheduler.memory().charged_blocks(), 0);
   EXPECT_EQ(pool->free_blocks(), pool->num_blocks());
 }

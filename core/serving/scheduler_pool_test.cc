@@ -313,6 +313,44 @@ TEST(PoolAdmissionTest, BudgetedCachesChargeTheirBytesToThePool) {
   EXPECT_EQ(scheduler.Stats().pool_blocks_used, 0);
 }
 
+// Budgeted caches whose prompts are far below their budget grow while they decode: admitted by
+// what they will hold at their bound, as many run as the pool holds at that bound, and none is
+// preempted (admitted on their first chunk, they would be, again and again, as they grow).
+TEST(PoolAdmissionTest, BudgetedCachesAreAdmittedByTheirBound) {
+  GPT model = GoldenModel("golden/llama2");
+  std::vector<Job> jobs = Jobs(*model, 10, 17);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    Job& job = jobs[i];
+    job.spec = TestSpec(i % 2 == 0 ? "sink" : "h2o", 12, 4);
+    job.prompt.resize(std::min<size_t>(job.prompt.size(), 3));
+    job.options.max_new_tokens = 24;
+  }
+  const std::unique_ptr<KVCache> probe = BatchOneCache(*model, jobs[0].spec, 64);
+  const int64_t bytes = probe->storage_bound()->MaxBytes();
+  std::shared_ptr<BlockPool> pool = Pool(*model, 1, 1);
+  const int64_t per_block = pool->BytesPerBlock();
+  pool = Pool(*model, (3 * bytes + per_block - 1) / per_block, 1);  // three at their bound
+  SchedulerOptions options;
+  options.max_running = 10;
+  Scheduler scheduler(model, options, pool);
+  std::vector<std::shared_ptr<RequestHandle>> handles;
+  for (const Job& job : jobs) {
+    handles.push_back(
+        *scheduler.Submit(job.prompt, job.options, BatchOneCache(*model, job.spec, 64, 1)));
+  }
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    absl::StatusOr<RequestResult> result = handles[i]->Wait();
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->tokens, Alone(*model, jobs[i])) << "request " << i;
+    EXPECT_EQ(result->preemptions, 0) << "request " << i;
+  }
+  const SchedulerStats stats = scheduler.Stats();
+  EXPECT_EQ(stats.preemptions, 0);
+  EXPECT_GE(stats.peak_decode_rows, 2);
+  EXPECT_LE(stats.peak_decode_rows, 3);
+  EXPECT_EQ(scheduler.memory().charged_blocks(), 0);
+}
+
 // An unbudgeted int8 cache grows a block at a time with its request: the pool's charge follows
 // the entries it holds (never all of max_new_tokens up front) and goes back at the end.
 TEST(PoolAdmissionTest, QuantisedCachesAreChargedAsTheyGrow) {
