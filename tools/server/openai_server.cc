@@ -113,7 +113,7 @@ absl::Status OpenAIServerOptions::Validate() const {
         absl::StrCat("OpenAIServerOptions.default_max_tokens must be >= 1, got ",
                      default_max_tokens));
   }
-  return absl::OkStatus();
+  return ValidateSpeculativeSpec(speculative);
 }
 
 struct OpenAIServer::Impl {
@@ -137,6 +137,7 @@ absl::StatusOr<std::unique_ptr<OpenAIServer>> OpenAIServer::Create(
     std::shared_ptr<const Engine> engine, OpenAIServerOptions options) {
   if (engine == nullptr) return absl::InvalidArgumentError("OpenAIServer::Create: no engine");
   RETURN_IF_ERROR(options.Validate());
+  RETURN_IF_ERROR(CheckServerSpeculation(options.speculative, *engine));
   // The chat framing, checked now rather than when serving begins.
   if (engine->tokenizer() != nullptr) {
     absl::StatusOr<PromptStyle> style =
@@ -221,6 +222,7 @@ absl::Status OpenAIServer::Serve(const std::string& host, int port,
   options.access_log = impl.options.access_log;
   options.cors_allow_origin = impl.options.cors_allow_origin;
   options.embedding_pooling = impl.options.embedding_pooling;
+  options.speculative = impl.options.speculative;
   absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Create(impl.engine, options);
   if (!server.ok()) return finish(server.status());
   {
