@@ -10,7 +10,10 @@
 // the same --prompt_tokens and --new_tokens. --guided_json=FILE (or object) constrains every
 // request's output; --models=a,b, makes request i name model i mod 3 (a server's LoRA adapters,
 // the empty name the base): rows against plain ones give structured outputs' and mixed
-// adapters' cost end to end.
+// adapters' cost end to end. --speculative=ngram|draft:DIR (--speculative_k, --ngram_min,
+// --ngram_max) sends every request a speculative_config and adds the round's proposed and
+// accepted tokens (summed from the usage chunks) and the acceptance rate; serving here,
+// draft:DIR loads the draft model (a --server must have loaded its own: DIR is not read then).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -31,6 +34,7 @@
 #include "nlohmann/json.hpp"
 #include "tools/bench_util.h"
 #include "tools/server/http_server.h"
+#include "tools/speculative_flags.h"
 #include "tools/tool_util.h"
 
 ABSL_FLAG(std::string, server, "",
@@ -56,7 +60,11 @@ namespace {
 
 struct Round {
   double tokens_per_s = 0, ttft_p50 = 0, ttft_p99 = 0, itl_p50 = 0, itl_p99 = 0;
+  int64_t proposed = 0, accepted = 0;  // --speculative: the usage chunks' sums
 };
+
+// Every request's speculation (--speculative); method empty or "none": none.
+SpeculativeSpec g_speculative;
 
 std::vector<std::vector<int64_t>> RandomPrompts(int64_t count, int64_t vocab,
                                                 std::mt19937_64& rng) {
@@ -107,6 +115,7 @@ struct HttpResult {
   double ttft = 0;
   std::vector<double> gaps;
   int64_t tokens = 0;
+  int64_t proposed = 0, accepted = 0;  // usage.speculative
 };
 
 // The fields --guided_json and --models add to request `index`'s body.
@@ -125,6 +134,12 @@ void AddModeFields(size_t index, nlohmann::json& body) {
       return parsed;
     }();
     body["guided_json"] = *schema;
+  }
+  if (g_speculative.enabled()) {
+    body["speculative_config"] = {{"method", g_speculative.method},
+                                  {"num_speculative_tokens", g_speculative.num_speculative_tokens},
+                                  {"prompt_lookup_min", g_speculative.prompt_lookup_min},
+                                  {"prompt_lookup_max", g_speculative.prompt_lookup_max}};
   }
   const std::vector<std::string> models = absl::StrSplit(absl::GetFlag(FLAGS_models), ',');
   if (!absl::GetFlag(FLAGS_models).empty()) {
@@ -170,7 +185,14 @@ HttpResult StreamCompletion(const HttpTarget& target, const std::vector<int64_t>
       pending.erase(0, end + 2);
       if (!absl::StartsWith(event, "data: {")) continue;
       const nlohmann::json chunk = nlohmann::json::parse(event.substr(6), nullptr, false);
-      if (chunk.contains("usage")) result.tokens = chunk["usage"].value("completion_tokens", 0);
+      if (chunk.contains("usage")) {
+        const nlohmann::json& usage = chunk["usage"];
+        result.tokens = usage.value("completion_tokens", 0);
+        if (usage.contains("speculative")) {
+          result.proposed = usage["speculative"].value("proposed_tokens", int64_t{0});
+          result.accepted = usage["speculative"].value("accepted_tokens", int64_t{0});
+        }
+      }
       if (chunk.contains("error")) result.error = chunk["error"].dump();
       if (!chunk.contains("choices") || chunk["choices"].empty()) continue;
       if (chunk["choices"][0].value("text", "").empty()) continue;
@@ -209,13 +231,15 @@ Round RunHttpRound(const HttpTarget& target, int64_t concurrency, int64_t vocab,
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::vector<double> ttft, itl;
   int64_t generated = 0;
+  Round round;
   for (const HttpResult& result : results) {
     if (!result.ok) Die(absl::UnavailableError(absl::StrCat("a request failed: ", result.error)));
     generated += result.tokens;
+    round.proposed += result.proposed;
+    round.accepted += result.accepted;
     ttft.push_back(result.ttft);
     itl.insert(itl.end(), result.gaps.begin(), result.gaps.end());
   }
-  Round round;
   round.tokens_per_s = generated / seconds;
   round.ttft_p50 = Percentile(ttft, 0.5);
   round.ttft_p99 = Percentile(ttft, 0.99);
@@ -225,8 +249,14 @@ Round RunHttpRound(const HttpTarget& target, int64_t concurrency, int64_t vocab,
 }
 
 void PrintRound(int64_t concurrency, const Round& r) {
-  std::printf("%-11lld %12.1f %9.3fs %9.3fs %8.1fms %8.1fms\n", static_cast<long long>(concurrency),
+  std::printf("%-11lld %12.1f %9.3fs %9.3fs %8.1fms %8.1fms", static_cast<long long>(concurrency),
               r.tokens_per_s, r.ttft_p50, r.ttft_p99, r.itl_p50 * 1e3, r.itl_p99 * 1e3);
+  if (g_speculative.enabled()) {
+    std::printf(" %9lld %9lld %11.3f", static_cast<long long>(r.proposed),
+                static_cast<long long>(r.accepted),
+                r.proposed > 0 ? static_cast<double>(r.accepted) / r.proposed : 0.0);
+  }
+  std::printf("\n");
   std::fflush(stdout);
 }
 
@@ -237,13 +267,18 @@ int main(int argc, char** argv) {
   using namespace lgpt;
   InitTool(argc, argv,
            "bench_http [--server=http://HOST:PORT | --checkpoint_dir=DIR] --concurrency=1,4,16 "
-           "--prompt_tokens=N --new_tokens=N");
+           "--prompt_tokens=N --new_tokens=N [--speculative=ngram|draft:DIR --speculative_k=K]");
   const std::vector<int64_t> counts =
       ValueOrDie(ParseConcurrency(absl::GetFlag(FLAGS_concurrency)));
   if (absl::GetFlag(FLAGS_prompt_tokens) < 1 || absl::GetFlag(FLAGS_new_tokens) < 1) {
     Die(absl::InvalidArgumentError("--prompt_tokens and --new_tokens must be >= 1"));
   }
   const int64_t most = *std::max_element(counts.begin(), counts.end());
+  // --speculative: the requests' speculative_config (and, serving here, the draft model).
+  RequestOptions speculative;
+  EngineOptions engine_options;
+  DieIfError(ApplySpeculativeFlags(speculative, engine_options));
+  g_speculative = speculative.speculative;
   HttpTarget target;
   // Ids below 256 exist in every vocabulary (a remote server's is not known here).
   int64_t vocab = 256;
@@ -255,7 +290,6 @@ int main(int argc, char** argv) {
   } else {
     std::string checkpoint_dir = ResolvePath(absl::GetFlag(FLAGS_checkpoint_dir));
     if (checkpoint_dir.empty()) checkpoint_dir = DefaultModelDir();
-    EngineOptions engine_options;
     engine_options.progress = PrintProgress;
     engine_options.serving.max_running = std::max<int64_t>(16, most);
     engine_options.serving.max_waiting = std::max<int64_t>(64, most);
@@ -270,8 +304,10 @@ int main(int argc, char** argv) {
     target = {"127.0.0.1", server->port(), ""};
   }
   std::mt19937_64 rng(absl::GetFlag(FLAGS_prompt_seed));
-  std::printf("%-11s %12s %10s %10s %10s %10s\n", "concurrency", "decode_tok/s", "ttft_p50",
+  std::printf("%-11s %12s %10s %10s %10s %10s", "concurrency", "decode_tok/s", "ttft_p50",
               "ttft_p99", "itl_p50", "itl_p99");
+  if (g_speculative.enabled()) std::printf(" %9s %9s %11s", "proposed", "accepted", "accept_rate");
+  std::printf("\n");
   for (int64_t concurrency : counts) {
     PrintRound(concurrency, RunHttpRound(target, concurrency, vocab, rng));
   }

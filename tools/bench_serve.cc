@@ -21,7 +21,10 @@
 // alike), a row per round, then the median of every column per concurrency and the median of
 // the rounds' own throughput ratios. --guided_json=FILE (a JSON schema) or --guided_json=object
 // constrains every request's output (core/constrain: a token mask each step), so rows compare
-// with plain requests' to give the masks' cost.
+// with plain requests' to give the masks' cost. --speculative=ngram|draft:DIR (with
+// --speculative_k=K, --ngram_min, --ngram_max: tools/speculative_flags.h) decodes every request
+// speculatively in the scheduler and adds three columns from its counters (SchedulerStats):
+// tokens proposed and accepted in the round, and the acceptance rate.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -46,6 +49,7 @@
 #include "nlohmann/json.hpp"
 #include "tools/bench_util.h"
 #include "tools/generation_flags.h"
+#include "tools/speculative_flags.h"
 #include "tools/tool_util.h"
 #include "tools/tp_flags.h"
 
@@ -82,6 +86,11 @@ struct Round {
   int64_t peak_decoding = 0;  // the most requests in one decode step (since the engine began)
   int64_t prefix_hit_tokens = 0, preemptions = 0;
   int64_t peak_rss = 0;
+  // Speculative decoding (--speculative): the scheduler's counters over the round.
+  int64_t proposed = 0, accepted = 0;
+  double acceptance_rate() const {
+    return proposed > 0 ? static_cast<double>(accepted) / proposed : 0.0;
+  }
 };
 
 // Samples the scheduler's running count and pool use until stopped.
@@ -166,6 +175,8 @@ Round RunRound(const Engine& engine, int64_t concurrency, const RequestOptions& 
   round.mean_batch =
       passes > 0 ? static_cast<double>(after.decode_rows - before.decode_rows) / passes : 0;
   round.peak_rss = PeakRssBytes();
+  round.proposed = after.proposed_tokens - before.proposed_tokens;
+  round.accepted = after.accepted_tokens - before.accepted_tokens;
   return round;
 }
 
@@ -197,18 +208,28 @@ Round MedianRound(const std::vector<Round>& rounds) {
   m.prefix_hit_tokens = count(&Round::prefix_hit_tokens);
   m.preemptions = count(&Round::preemptions);
   m.peak_rss = count(&Round::peak_rss);
+  m.proposed = count(&Round::proposed);
+  m.accepted = count(&Round::accepted);
   return m;
 }
+
+// Whether requests decode speculatively (--speculative): the rows have its columns.
+bool g_speculative = false;
 
 void PrintRow(const std::string& label, const Round& r) {
   std::printf(
       "%-11s %12.1f %8.3fs %8.3fs %10.3fs %7.1fms %7.1fms %10.1f %12lld %13lld %11lld %10lld "
-      "%7lld %7.0fMB\n",
+      "%7lld %7.0fMB",
       label.c_str(), r.tokens_per_s, r.ttft_p50, r.ttft_p99, r.later_ttft_p50, r.itl_p50 * 1e3,
       r.itl_p99 * 1e3, r.mean_batch, static_cast<long long>(r.peak_running),
       static_cast<long long>(r.peak_decoding), static_cast<long long>(r.peak_blocks),
       static_cast<long long>(r.prefix_hit_tokens), static_cast<long long>(r.preemptions),
       r.peak_rss / 1e6);
+  if (g_speculative) {
+    std::printf(" %9lld %9lld %11.3f", static_cast<long long>(r.proposed),
+                static_cast<long long>(r.accepted), r.acceptance_rate());
+  }
+  std::printf("\n");
   std::fflush(stdout);
 }
 
@@ -219,7 +240,8 @@ int main(int argc, char** argv) {
   using namespace lgpt;
   InitTool(argc, argv,
            "bench_serve [--checkpoint_dir=DIR] --concurrency=1,4,16 --prompt_tokens=N "
-           "--new_tokens=N [--shared_prefix_tokens=N] [--kv_cache=POLICY ...] [--tp=N]");
+           "--new_tokens=N [--shared_prefix_tokens=N] [--kv_cache=POLICY ...] [--tp=N] "
+           "[--speculative=ngram|draft:DIR --speculative_k=K]");
   // --tp=N: the engine serves over N local ranks (rank 0 runs the rounds, the others follow).
   if (std::optional<int> code = ValueOrDie(LaunchTensorParallel(argc, argv))) return *code;
   const std::shared_ptr<ProcessGroup> group = ValueOrDie(JoinTensorParallel());
@@ -245,6 +267,9 @@ int main(int argc, char** argv) {
   options.stop_at_eos = false;
   DieIfError(ApplyGenerationFlags(options));  // sampling as generate's flags say
   EngineOptions engine_options = ValueOrDie(EngineOptionsFromFlags());
+  // --speculative: every request's speculation; draft:DIR loads the draft model.
+  DieIfError(ApplySpeculativeFlags(options, engine_options));
+  g_speculative = options.speculative.enabled();
   engine_options.serving.max_running = absl::GetFlag(FLAGS_max_running);
   engine_options.serving.kv_pool_bytes =
       ValueOrDie(PoolBytesFromFlag(absl::GetFlag(FLAGS_pool_mb)));
@@ -297,10 +322,12 @@ int main(int argc, char** argv) {
     g_guided = &*guided;
   }
   std::mt19937_64 rng(absl::GetFlag(FLAGS_prompt_seed));
-  std::printf("%-11s %12s %9s %9s %11s %9s %9s %10s %12s %13s %11s %10s %7s %9s\n", "concurrency",
+  std::printf("%-11s %12s %9s %9s %11s %9s %9s %10s %12s %13s %11s %10s %7s %9s", "concurrency",
               "decode_tok/s", "ttft_p50", "ttft_p99", "later_ttft", "itl_p50", "itl_p99",
               "mean_batch", "peak_running", "peak_decoding", "peak_blocks", "prefix_hit", "preempt",
               "peak_rss");
+  if (g_speculative) std::printf(" %9s %9s %11s", "proposed", "accepted", "accept_rate");
+  std::printf("\n");
   if (absl::GetFlag(FLAGS_warmup)) {
     // The process's first request pays for page faults and thread start-up: kept out of the
     // rounds (its own generator, so the rounds' prompts do not change).

@@ -2,11 +2,13 @@
 // (tools/server/openai_server.h), the embedded default model when --checkpoint_dir is not given:
 //   bazel run //tools:serve -- [--checkpoint_dir=DIR] [--host=127.0.0.1 --port=8000 |
 //       --unix_socket=PATH] [--api_key=KEY] [--pool_mb=M] [--max_running=N --max_waiting=N]
-//       [--quantize=int8]
+//       [--quantize=int8] [--speculative=ngram|draft:DIR --speculative_k=K]
 // Prints "serve: listening on http://HOST:PORT" (or "unix:PATH") on stderr once it accepts
 // connections (--port=0 takes a free port), then one access-log line per request. SIGTERM or
 // SIGINT: stops accepting, lets requests in flight finish within --shutdown_s, cancels the rest,
-// exits 0.
+// exits 0. --speculative (with --speculative_k, --ngram_min, --ngram_max) is the speculative
+// decoding of requests that give no speculative_config (tools/speculative_flags.h);
+// draft:DIR loads the draft model beside the model.
 #include <pthread.h>
 #include <signal.h>
 
@@ -30,6 +32,7 @@
 #include "tools/load_flags.h"
 #include "tools/peft_flags.h"
 #include "tools/server/openai_server.h"
+#include "tools/speculative_flags.h"
 #include "tools/tool_util.h"
 #include "tools/tp_flags.h"
 
@@ -170,7 +173,7 @@ int main(int argc, char** argv) {
   InitTool(argc, argv,
            "serve [--checkpoint_dir=DIR] [--host=127.0.0.1 --port=8000 | --unix_socket=PATH] "
            "[--api_key=KEY] [--pool_mb=M] [--max_running=N --max_waiting=N] [--quantize=int8] "
-           "[--lora=NAME=DIR ...] [--tp=N]");
+           "[--lora=NAME=DIR ...] [--tp=N] [--speculative=ngram|draft:DIR --speculative_k=K]");
   // --tp=N: N local ranks of this command (or one rank of a torchrun-style world); rank 0
   // serves HTTP, the others follow its steps on their shards.
   if (std::optional<int> code = ValueOrDie(LaunchTensorParallel(argc, argv))) return *code;
@@ -182,6 +185,10 @@ int main(int argc, char** argv) {
   EngineOptions engine_options = ValueOrDie(EngineOptionsFromServeFlags(argc, argv));
   engine_options.tensor_parallel = group;
   OpenAIServerOptions server_options = ValueOrDie(ServerOptionsFromFlags());
+  // The requests' default speculation; draft:DIR loads the draft model with the engine.
+  RequestOptions speculative;
+  DieIfError(ApplySpeculativeFlags(speculative, engine_options));
+  server_options.speculative = speculative.speculative;
   std::shared_ptr<const Engine> engine = ValueOrDie(Engine::Load(checkpoint_dir, engine_options));
   if (group != nullptr && group->rank() != 0) {
     const absl::Status followed = engine->FollowServing();

@@ -208,6 +208,14 @@ bool WaitWhileConnected(Request& request, int socket) {
   return true;
 }
 
+// A finished choice's speculative decoding into the request's usage (set when it speculated).
+void AddSpeculativeUsage(const Completion& completion, Usage& usage) {
+  if (!usage.speculative) return;
+  usage.speculative->proposed_tokens += completion.stats.proposed_tokens;
+  usage.speculative->accepted_tokens += completion.stats.accepted_tokens;
+  usage.speculative->verify_steps += completion.stats.verify_steps;
+}
+
 // vLLM's truncate_prompt_tokens: the last `keep` tokens stay.
 void KeepLastTokens(std::optional<int64_t> keep, std::vector<int64_t>& ids) {
   if (keep && static_cast<int64_t>(ids.size()) > *keep) ids.erase(ids.begin(), ids.end() - *keep);
@@ -226,9 +234,29 @@ struct Prepared {
     for (const std::vector<int64_t>& prompt : prompts) tokens += prompt.size();
     return tokens;
   }
+
+  // The usage before any choice is counted: the prompts' tokens, and the speculative
+  // statistics' zeros when the request decodes speculatively.
+  Usage EmptyUsage() const {
+    Usage usage;
+    usage.prompt_tokens = PromptTokens();
+    if (api.options.speculative.enabled()) usage.speculative = SpeculativeUsage();
+    return usage;
+  }
 };
 
 }  // namespace
+
+absl::Status CheckServerSpeculation(const SpeculativeSpec& spec, const Engine& engine) {
+  RETURN_IF_ERROR(ValidateSpeculativeSpec(spec));
+  if (spec.method == "draft" && engine.draft_model() == nullptr) {
+    return FieldError(absl::StatusCode::kFailedPrecondition, "SpeculativeSpec.method",
+                      "SpeculativeSpec.method=draft needs a draft model, and the engine has none "
+                      "(EngineOptions.draft_checkpoint_dir)",
+                      {"EngineOptions.draft_checkpoint_dir"});
+  }
+  return absl::OkStatus();
+}
 
 struct HttpServer::Impl {
   std::shared_ptr<const Engine> engine;
@@ -352,6 +380,7 @@ absl::Status HttpServer::Impl::Init() {
                                                    options.max_body_bytes, ") must lie in [1, ",
                                                    kMostBodyBytes, "]"));
   }
+  RETURN_IF_ERROR(CheckServerSpeculation(options.speculative, *engine));
   model_id = options.model_id.empty() ? engine->config().name : options.model_id;
   created = static_cast<int64_t>(std::time(nullptr));
   if (const Tokenizer* tokenizer = engine->tokenizer()) {
@@ -833,6 +862,8 @@ absl::StatusOr<Prepared> HttpServer::Impl::Prepare(ApiEndpoint endpoint, const s
   ASSIGN_OR_RETURN(prepared.api, ParseApiRequest(endpoint, body));
   ApiRequest& api = prepared.api;
   RETURN_IF_ERROR(CheckModel(api.model));
+  ASSIGN_OR_RETURN(api.options.speculative,
+                   ResolveSpeculative(api, options.speculative, engine->draft_model() != nullptr));
   // vLLM's convention: a request picks a LoRA adapter by naming it as its model.
   if (api.model != model_id) api.options.adapter = api.model;
   ASSIGN_OR_RETURN(prepared.prompts, PromptIds(api));
@@ -1145,11 +1176,12 @@ void HttpServer::Impl::Reply(const Prepared& prepared, const std::vector<Choice>
                         "the server shut down before the request finished (cancelled)"));
     return;
   }
-  Usage usage{prepared.PromptTokens(), 0};
+  Usage usage = prepared.EmptyUsage();
   std::vector<ChoiceJson> json_choices;
   for (size_t i = 0; i < choices.size(); ++i) {
     const Completion& completion = *completions[i];
     usage.completion_tokens += static_cast<int64_t>(completion.tokens.size());
+    AddSpeculativeUsage(completion, usage);
     json_choices.push_back(FinishedChoice(prepared, choices[i], completion, 0));
   }
   res.set_content(prepared.api.endpoint == ApiEndpoint::kChat
@@ -1234,7 +1266,7 @@ bool HttpServer::Impl::Stream(const Prepared& prepared, const std::vector<Choice
   for (const ChoiceEvent& event : queue.Take(std::chrono::milliseconds(0))) {
     if (!send(event_chunk(event))) return leave();
   }
-  Usage usage{prepared.PromptTokens(), 0};
+  Usage usage = prepared.EmptyUsage();
   for (size_t i = 0; i < choices.size(); ++i) {
     const Choice& choice = choices[i];
     if (!completions[i].ok()) {
@@ -1244,6 +1276,7 @@ bool HttpServer::Impl::Stream(const Prepared& prepared, const std::vector<Choice
     const Completion& completion = *completions[i];
     Account(*choice.request, completion);
     usage.completion_tokens += static_cast<int64_t>(completion.tokens.size());
+    AddSpeculativeUsage(completion, usage);
     if (completion.finish_reason == FinishReason::kCancelled) {
       send(SseEvent(
           ApiErrorFromStatus(absl::UnavailableError(

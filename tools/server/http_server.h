@@ -64,7 +64,16 @@ struct ServerOptions {
   std::string cors_allow_origin;
   // How /v1/embeddings pools a sequence's final hidden states (Engine::Pooling).
   Engine::Pooling embedding_pooling = Engine::Pooling::kLast;
+  // Speculative decoding of requests that give no speculative_config (none by default); a
+  // request's speculative_config fields override it (ResolveSpeculative). "draft" needs the
+  // engine's draft model (EngineOptions.draft_checkpoint_dir).
+  SpeculativeSpec speculative;
 };
+
+// A server's default speculation (ServerOptions.speculative): one ValidateSpeculativeSpec
+// takes, and "draft" only over an engine with a draft model (FailedPrecondition naming
+// SpeculativeSpec.method otherwise).
+absl::Status CheckServerSpeculation(const SpeculativeSpec& spec, const Engine& engine);
 
 class HttpServer {
  public:

@@ -103,6 +103,16 @@ std::string ServerMetrics::Render(const SchedulerStats& stats) const {
          "prompt tokens taken from the prefix cache", stats.prefix_hit_tokens);
   Single(out, "lgpt_preemptions_total", "counter", "requests preempted and recomputed",
          stats.preemptions);
+  // Speculative decoding, in vLLM's names (vllm:spec_decode_num_*_total): acceptance rate =
+  // accepted / draft tokens; each draft (a verification step of one request) also yields one
+  // token of the model's own.
+  Single(out, "lgpt_spec_decode_num_drafts_total", "counter",
+         "speculative verification steps (one request's proposals verified at once)",
+         stats.speculative_steps);
+  Single(out, "lgpt_spec_decode_num_draft_tokens_total", "counter",
+         "tokens proposed by speculative decoding", stats.proposed_tokens);
+  Single(out, "lgpt_spec_decode_num_accepted_tokens_total", "counter",
+         "proposed tokens the model accepted", stats.accepted_tokens);
   Header(out, "lgpt_time_to_first_token_seconds", "histogram",
          "from submission to the first generated token");
   ttft_.Render("lgpt_time_to_first_token_seconds", out);

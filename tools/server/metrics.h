@@ -1,7 +1,8 @@
 // The server's Prometheus metrics (text exposition format 0.0.4): requests by endpoint and
 // status, prompt and generated tokens, histograms of time to first token, inter-token latency
 // and request duration, beside the scheduler's gauges and counters (running and waiting
-// requests, KV pool blocks, prefix-cache hits, preemptions). Thread-safe.
+// requests, KV pool blocks, prefix-cache hits, preemptions, speculative decoding's drafts and
+// proposed and accepted tokens). Thread-safe.
 #ifndef LGPT_TOOLS_SERVER_METRICS_H_
 #define LGPT_TOOLS_SERVER_METRICS_H_
 

@@ -60,5 +60,25 @@ TEST(MetricsTest, RendersRequestsTokensAndSchedulerState) {
   EXPECT_TRUE(Has(text, "# TYPE lgpt_requests_running gauge"));
 }
 
+TEST(MetricsTest, RendersSpeculativeDecodingCounters) {
+  ServerMetrics metrics;
+  SchedulerStats stats;
+  std::string text = metrics.Render(stats);
+  // Present (at zero) before any speculation, so that rates over them start from 0.
+  EXPECT_TRUE(Has(text, "lgpt_spec_decode_num_drafts_total 0")) << text;
+  EXPECT_TRUE(Has(text, "lgpt_spec_decode_num_draft_tokens_total 0")) << text;
+  EXPECT_TRUE(Has(text, "lgpt_spec_decode_num_accepted_tokens_total 0")) << text;
+  stats.speculative_steps = 7;
+  stats.proposed_tokens = 28;
+  stats.accepted_tokens = 19;
+  text = metrics.Render(stats);
+  EXPECT_TRUE(Has(text, "# TYPE lgpt_spec_decode_num_drafts_total counter")) << text;
+  EXPECT_TRUE(Has(text, "# TYPE lgpt_spec_decode_num_draft_tokens_total counter")) << text;
+  EXPECT_TRUE(Has(text, "# TYPE lgpt_spec_decode_num_accepted_tokens_total counter")) << text;
+  EXPECT_TRUE(Has(text, "lgpt_spec_decode_num_drafts_total 7")) << text;
+  EXPECT_TRUE(Has(text, "lgpt_spec_decode_num_draft_tokens_total 28")) << text;
+  EXPECT_TRUE(Has(text, "lgpt_spec_decode_num_accepted_tokens_total 19")) << text;
+}
+
 }  // namespace
 }  // namespace lgpt

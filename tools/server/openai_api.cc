@@ -498,6 +498,56 @@ absl::Status ParseStreamOptions(const json& value, ApiRequest& request) {
   return absl::OkStatus();
 }
 
+// num_speculative_tokens at most (ValidateSpeculativeSpec's bound, which ResolveSpeculative
+// applies again).
+constexpr int64_t kMostSpeculativeTokens = 64;
+
+// vLLM's speculative_config: {"method", "num_speculative_tokens", "prompt_lookup_min",
+// "prompt_lookup_max"}, each optional (null: left out).
+absl::Status ParseSpeculativeConfig(const json& value, ApiRequest& request) {
+  const std::string name = "speculative_config";
+  if (!value.is_object()) return WrongType(name, "an object", value);
+  SpeculativeConfig config;
+  for (const auto& [key, entry] : value.items()) {
+    const std::string field = absl::StrCat(name, ".", key);
+    if (entry.is_null()) continue;
+    if (key == "method") {
+      ASSIGN_OR_RETURN(config.method, String(field, entry));
+      if (*config.method != "ngram" && *config.method != "draft" && *config.method != "none") {
+        return RequestFieldError(
+            field, absl::StrCat("'", field, "' must be \"ngram\", \"draft\" or \"none\", got '",
+                                config.method->substr(0, 40), "'"));
+      }
+    } else if (key == "num_speculative_tokens") {
+      ASSIGN_OR_RETURN(const int64_t k, Integer(field, entry));
+      if (k < 1 || k > kMostSpeculativeTokens) {
+        return RequestFieldError(field, absl::StrCat("'", field, "' must be in [1, ",
+                                                     kMostSpeculativeTokens, "], got ", k));
+      }
+      config.num_speculative_tokens = k;
+    } else if (key == "prompt_lookup_min" || key == "prompt_lookup_max") {
+      ASSIGN_OR_RETURN(const int64_t n, Integer(field, entry));
+      if (n < 1)
+        return RequestFieldError(field, absl::StrCat("'", field, "' must be >= 1, got ", n));
+      (key == "prompt_lookup_min" ? config.prompt_lookup_min : config.prompt_lookup_max) = n;
+    } else {
+      return Unsupported(field,
+                         "speculative_config takes method, num_speculative_tokens, "
+                         "prompt_lookup_min and prompt_lookup_max");
+    }
+  }
+  if (config.prompt_lookup_min && config.prompt_lookup_max &&
+      *config.prompt_lookup_max < *config.prompt_lookup_min) {
+    return RequestFieldError(
+        "speculative_config.prompt_lookup_max",
+        absl::StrCat("'speculative_config.prompt_lookup_max' (", *config.prompt_lookup_max,
+                     ") must be >= 'speculative_config.prompt_lookup_min' (",
+                     *config.prompt_lookup_min, ")"));
+  }
+  request.speculative_config = std::move(config);
+  return absl::OkStatus();
+}
+
 // Fields lgpt accepts only at the value that changes nothing (n = 1, logprobs false, no tools,
 // ...): true when `value` is that value.
 bool IsNeutral(absl::string_view field, const json& value) {
@@ -596,6 +646,8 @@ absl::Status ParseField(const std::string& key, const json& value, ApiRequest& r
   } else if (key == "user") {
     // An end-user id for abuse monitoring: nothing to do with generation.
     return String(key, value).status();
+  } else if (key == "speculative_config") {
+    return ParseSpeculativeConfig(value, request);
   } else if (key == "kv_cache") {
     ASSIGN_OR_RETURN(options.kv_cache.policy, String(key, value));
   } else if (key == "kv_budget") {
@@ -822,6 +874,35 @@ absl::StatusOr<ApiRequest> ParseApiRequest(ApiEndpoint endpoint, absl::string_vi
   return request;
 }
 
+absl::StatusOr<SpeculativeSpec> ResolveSpeculative(const ApiRequest& request,
+                                                   const SpeculativeSpec& server_default,
+                                                   bool has_draft) {
+  if (!request.speculative_config) return server_default;
+  const SpeculativeConfig& given = *request.speculative_config;
+  SpeculativeSpec spec = server_default;
+  if (given.method) {
+    spec.method = *given.method;
+  } else if (!server_default.enabled() &&
+             (given.num_speculative_tokens || given.prompt_lookup_min || given.prompt_lookup_max)) {
+    return RequestFieldError("speculative_config.method",
+                             "'speculative_config.method' is required (\"ngram\" or \"draft\"): "
+                             "this server does not decode speculatively by default");
+  }
+  if (given.num_speculative_tokens) spec.num_speculative_tokens = *given.num_speculative_tokens;
+  if (given.prompt_lookup_min) spec.prompt_lookup_min = *given.prompt_lookup_min;
+  if (given.prompt_lookup_max) spec.prompt_lookup_max = *given.prompt_lookup_max;
+  // The library's checks over the merged values (a prompt_lookup_min above the server's
+  // prompt_lookup_max), its fields named as the request names them.
+  const absl::Status valid = ValidateSpeculativeSpec(spec);
+  if (!valid.ok()) return WithMessage(valid, InRequestTerms(valid));
+  if (spec.method == "draft" && !has_draft) {
+    return RequestFieldError("speculative_config.method",
+                             "'speculative_config.method' is \"draft\", but this server has no "
+                             "draft model (serve --speculative=draft:DIR loads one)");
+  }
+  return spec;
+}
+
 std::optional<std::string> RequestFieldOf(absl::string_view path) {
   static const std::pair<const char*, const char*> kFields[] = {
       {"KVCacheSpec.policy", "kv_cache"},
@@ -839,6 +920,10 @@ std::optional<std::string> RequestFieldOf(absl::string_view path) {
       {"SamplingOptions.logit_bias", "logit_bias"},
       {"RequestOptions.top_logprobs", "logprobs"},
       {"SubmitChoices.n", "n"},
+      {"SpeculativeSpec.method", "speculative_config.method"},
+      {"SpeculativeSpec.num_speculative_tokens", "speculative_config.num_speculative_tokens"},
+      {"SpeculativeSpec.prompt_lookup_min", "speculative_config.prompt_lookup_min"},
+      {"SpeculativeSpec.prompt_lookup_max", "speculative_config.prompt_lookup_max"},
   };
   for (const auto& [field, name] : kFields) {
     if (path == field) return std::string(name);
@@ -895,6 +980,7 @@ ApiError ApiErrorFromStatus(const absl::Status& status) {
   switch (status.code()) {
     case absl::StatusCode::kInvalidArgument:
     case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kUnimplemented:  // e.g. an option the serving engine lacks yet
       error.http_status = 400;
       error.type = "invalid_request_error";
       if (field) error.param = ParamOf(*field);
@@ -955,9 +1041,20 @@ json Base(const ResponseHeader& header, absl::string_view object) {
 }
 
 json UsageObject(const Usage& usage) {
-  return {{"prompt_tokens", usage.prompt_tokens},
-          {"completion_tokens", usage.completion_tokens},
-          {"total_tokens", usage.prompt_tokens + usage.completion_tokens}};
+  json object = {{"prompt_tokens", usage.prompt_tokens},
+                 {"completion_tokens", usage.completion_tokens},
+                 {"total_tokens", usage.prompt_tokens + usage.completion_tokens}};
+  if (const std::optional<SpeculativeUsage>& speculative = usage.speculative) {
+    const double rate =
+        speculative->proposed_tokens > 0
+            ? static_cast<double>(speculative->accepted_tokens) / speculative->proposed_tokens
+            : 0.0;
+    object["speculative"] = {{"proposed_tokens", speculative->proposed_tokens},
+                             {"accepted_tokens", speculative->accepted_tokens},
+                             {"acceptance_rate", rate},
+                             {"verify_steps", speculative->verify_steps}};
+  }
+  return object;
 }
 
 json FinishValue(absl::string_view finish_reason) {

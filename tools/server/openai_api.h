@@ -5,10 +5,10 @@
 //   absl::StatusOr<ApiRequest> request = ParseApiRequest(ApiEndpoint::kChat, body);
 //   if (!request.ok()) reply(ApiErrorFromStatus(request.status()));
 //
-// Beside OpenAI's fields it takes vLLM's `top_k`, `min_p`, `repetition_penalty`, `ignore_eos`
-// and `truncate_prompt_tokens`, and lgpt's KV cache fields `kv_cache`, `kv_budget`, `kv_bits`
-// (cache/kv_cache_factory.h). Fields lgpt cannot honour and fields it does not know are
-// refused, never ignored (README.md's server section lists every field).
+// Beside OpenAI's fields it takes vLLM's `top_k`, `min_p`, `repetition_penalty`, `ignore_eos`,
+// `truncate_prompt_tokens` and `speculative_config`, and lgpt's KV cache fields `kv_cache`,
+// `kv_budget`, `kv_bits` (cache/kv_cache_factory.h). Fields lgpt cannot honour and fields it does
+// not know are refused, never ignored (README.md's server section lists every field).
 #ifndef LGPT_TOOLS_SERVER_OPENAI_API_H_
 #define LGPT_TOOLS_SERVER_OPENAI_API_H_
 
@@ -53,6 +53,16 @@ struct OutputFormat {
   std::string field;                 // "response_format.json_schema.schema", "guided_regex", ...
 };
 
+// vLLM's speculative_config as a request gives it (core/speculative/README.md): {"method":
+// "ngram" | "draft" | "none", "num_speculative_tokens", "prompt_lookup_min",
+// "prompt_lookup_max"}. A field left out takes the server's default (ResolveSpeculative).
+struct SpeculativeConfig {
+  std::optional<std::string> method;
+  std::optional<int64_t> num_speculative_tokens;
+  std::optional<int64_t> prompt_lookup_min;
+  std::optional<int64_t> prompt_lookup_max;
+};
+
 struct ApiRequest {
   ApiEndpoint endpoint = ApiEndpoint::kCompletions;
   std::string model;  // empty when the request names none
@@ -86,6 +96,8 @@ struct ApiRequest {
   bool ignore_eos = false;  // vLLM's extension: no EOS or prompt-style stop ends the reply
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
+  // vLLM's speculative_config; absent or null: the server's default speculation.
+  std::optional<SpeculativeConfig> speculative_config;
   // Sampling (OpenAI's defaults: temperature 1, top_p 1, every token), seed, stop sequences
   // and KV cache; no callbacks.
   RequestOptions options;
@@ -95,6 +107,16 @@ struct ApiRequest {
 // does not support; the status carries the field (its JSON path, or the library's field behind
 // a library check: core/base/status_field.h).
 absl::StatusOr<ApiRequest> ParseApiRequest(ApiEndpoint endpoint, absl::string_view body);
+
+// The speculative decoding a request runs with: `server_default` (the server's
+// --speculative), with the fields of the request's speculative_config over it;
+// {"method": "none"} turns it off. InvalidArgument naming speculative_config's field for a
+// combination the library refuses (prompt_lookup_max below prompt_lookup_min), for fields
+// without a method on a server that does not speculate by default, and for "draft" on a server
+// without a draft model (`has_draft`: EngineOptions.draft_checkpoint_dir).
+absl::StatusOr<SpeculativeSpec> ResolveSpeculative(const ApiRequest& request,
+                                                   const SpeculativeSpec& server_default,
+                                                   bool has_draft);
 
 // vLLM's POST /tokenize: {"prompt": text} or {"messages": [...]} (with the chat framing),
 // "add_special_tokens" (default true for a prompt: BOS as the tokenizer adds it; false for
@@ -156,10 +178,12 @@ struct ApiError {
   std::string param;  // the request field at fault; empty: null
   std::string Json() const;
 };
-// InvalidArgument, OutOfRange, FailedPrecondition -> 400; Unauthenticated -> 401;
+// InvalidArgument, OutOfRange, FailedPrecondition, Unimplemented (a request asking what lgpt
+// cannot do yet) -> 400; Unauthenticated -> 401;
 // NotFound -> 404; ResourceExhausted -> 429; Unavailable -> 503; others 500. The message names
-// the fields the status carries in request terms (InRequestTerms). An InvalidArgument or
-// FailedPrecondition carrying a field a request sets has it as `param`, as OpenAI's errors do;
+// the fields the status carries in request terms (InRequestTerms). An InvalidArgument,
+// FailedPrecondition or Unimplemented carrying a field a request sets has it as `param`, as
+// OpenAI's errors do;
 // one carrying no field, whose message names one the way request errors do ("'temperature'
 // must be ...", "unknown or unsupported field 'x'"), has that.
 ApiError ApiErrorFromStatus(const absl::Status& status);
@@ -175,9 +199,20 @@ struct ResponseHeader {
   std::string model;
 };
 
+// lgpt's extension of `usage`, for requests that decoded speculatively: over all choices, the
+// tokens proposed, those accepted and the verification steps (GenerateStats).
+struct SpeculativeUsage {
+  int64_t proposed_tokens = 0;
+  int64_t accepted_tokens = 0;
+  int64_t verify_steps = 0;
+};
+
 struct Usage {
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
+  // Set for requests that speculated: "usage" then holds "speculative": {"proposed_tokens",
+  // "accepted_tokens", "acceptance_rate", "verify_steps"} (extra fields OpenAI's clients keep).
+  std::optional<SpeculativeUsage> speculative;
 };
 
 // The text of one token as the logprobs objects show it.
@@ -226,8 +261,7 @@ std::string SseEvent(absl::string_view payload);
 // GET /v1/models/{id} (`parent` empty for the model itself).
 std::string ModelsJson(absl::string_view model_id, const std::vector<std::string>& adapters,
                        int64_t created);
-std::string ModelJson(absl::string_view model_id, int64_t created,
-                      absl::string_view parent = "");
+std::string ModelJson(absl::string_view model_id, int64_t created, absl::string_view parent = "");
 
 }  // namespace lgpt
 

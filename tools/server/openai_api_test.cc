@@ -515,5 +515,183 @@ TEST(OpenAiApiTest, LogprobsInEachEndpointsShape) {
   EXPECT_EQ(chat["content"][1]["top_logprobs"].size(), 2u);
 }
 
+// vLLM's speculative_config: read field by field, each refusal naming its field; the server's
+// default fills what a request leaves out.
+TEST(OpenAiApiTest, SpeculativeConfigIsRead) {
+  const ApiRequest request = ParseOk(kCompletions, R"({"prompt": "x", "speculative_config":
+      {"method": "ngram", "num_speculative_tokens": 6, "prompt_lookup_min": 1,
+       "prompt_lookup_max": 3}})");
+  ASSERT_TRUE(request.speculative_config.has_value());
+  EXPECT_EQ(request.speculative_config->method, "ngram");
+  EXPECT_EQ(request.speculative_config->num_speculative_tokens, 6);
+  EXPECT_EQ(request.speculative_config->prompt_lookup_min, 1);
+  EXPECT_EQ(request.speculative_config->prompt_lookup_max, 3);
+  const char* user = R"("messages": [{"role": "user", "content": "x"}])";
+  const ApiRequest chat =
+      ParseOk(kChat, absl::StrCat("{", user, R"(, "speculative_config": {"method": "draft"}})"));
+  ASSERT_TRUE(chat.speculative_config.has_value());
+  EXPECT_EQ(chat.speculative_config->method, "draft");
+  EXPECT_FALSE(chat.speculative_config->num_speculative_tokens.has_value());
+  // Absent or null: the server's default; null fields inside: left out.
+  EXPECT_FALSE(ParseOk(kCompletions, R"({"prompt": "x"})").speculative_config.has_value());
+  EXPECT_FALSE(ParseOk(kCompletions, R"({"prompt": "x", "speculative_config": null})")
+                   .speculative_config.has_value());
+  const ApiRequest nulls = ParseOk(
+      kCompletions,
+      R"({"prompt": "x", "speculative_config": {"method": "none", "prompt_lookup_min": null}})");
+  ASSERT_TRUE(nulls.speculative_config.has_value());
+  EXPECT_FALSE(nulls.speculative_config->prompt_lookup_min.has_value());
+  // The request options carry no speculation until the server resolves it.
+  EXPECT_FALSE(request.options.speculative.enabled());
+}
+
+TEST(OpenAiApiTest, BadSpeculativeConfigNamesItsField) {
+  const auto error_of = [](const std::string& config) {
+    absl::StatusOr<ApiRequest> parsed = ParseApiRequest(
+        kCompletions, absl::StrCat(R"({"prompt": "x", "speculative_config": )", config, "}"));
+    EXPECT_FALSE(parsed.ok()) << config;
+    return parsed.ok() ? ApiError() : ApiErrorFromStatus(parsed.status());
+  };
+  struct Case {
+    const char* config;
+    const char* param;
+    const char* message;
+  };
+  for (const Case& bad : std::vector<Case>{
+           {R"("ngram")", "speculative_config",
+            "'speculative_config' must be an object, got string"},
+           {R"({"method": "eagle"})", "speculative_config.method",
+            "'speculative_config.method' must be \"ngram\", \"draft\" or \"none\", got 'eagle'"},
+           {R"({"method": 1})", "speculative_config.method",
+            "'speculative_config.method' must be a string, got integer"},
+           {R"({"method": "ngram", "num_speculative_tokens": 0})",
+            "speculative_config.num_speculative_tokens",
+            "'speculative_config.num_speculative_tokens' must be in [1, 64], got 0"},
+           {R"({"method": "ngram", "num_speculative_tokens": 65})",
+            "speculative_config.num_speculative_tokens",
+            "'speculative_config.num_speculative_tokens' must be in [1, 64], got 65"},
+           {R"({"method": "ngram", "num_speculative_tokens": 2.5})",
+            "speculative_config.num_speculative_tokens",
+            "'speculative_config.num_speculative_tokens' must be an integer, got number"},
+           {R"({"method": "ngram", "prompt_lookup_min": 0})",
+            "speculative_config.prompt_lookup_min",
+            "'speculative_config.prompt_lookup_min' must be >= 1, got 0"},
+           {R"({"method": "ngram", "prompt_lookup_max": -1})",
+            "speculative_config.prompt_lookup_max",
+            "'speculative_config.prompt_lookup_max' must be >= 1, got -1"},
+           {R"({"method": "ngram", "prompt_lookup_min": 4, "prompt_lookup_max": 2})",
+            "speculative_config.prompt_lookup_max",
+            "'speculative_config.prompt_lookup_max' (2) must be >= "
+            "'speculative_config.prompt_lookup_min' (4)"},
+           {R"({"method": "draft", "model": "/models/draft"})", "speculative_config.model",
+            "'speculative_config.model' is not supported by lgpt (speculative_config takes "
+            "method, num_speculative_tokens, prompt_lookup_min and prompt_lookup_max)"},
+       }) {
+    const ApiError error = error_of(bad.config);
+    EXPECT_EQ(error.http_status, 400) << bad.config;
+    EXPECT_EQ(error.type, "invalid_request_error") << bad.config;
+    EXPECT_EQ(error.param, bad.param) << bad.config;
+    EXPECT_EQ(error.message, bad.message) << bad.config;
+  }
+}
+
+TEST(OpenAiApiTest, SpeculativeConfigOverridesTheServerDefault) {
+  const auto resolve = [](const std::string& fields, const SpeculativeSpec& server_default,
+                          bool has_draft = false) {
+    absl::StatusOr<ApiRequest> parsed =
+        ParseApiRequest(kCompletions, absl::StrCat(R"({"prompt": "x")", fields, "}"));
+    EXPECT_TRUE(parsed.ok()) << parsed.status();
+    return parsed.ok() ? ResolveSpeculative(*parsed, server_default, has_draft)
+                       : absl::StatusOr<SpeculativeSpec>(parsed.status());
+  };
+  const SpeculativeSpec none;
+  SpeculativeSpec ngram;
+  ngram.method = "ngram";
+  ngram.num_speculative_tokens = 8;
+  ngram.prompt_lookup_min = 1;
+  ngram.prompt_lookup_max = 3;
+  // No speculative_config (or null, or {}): the default, whatever it is.
+  EXPECT_FALSE(resolve("", none)->enabled());
+  EXPECT_EQ(resolve("", ngram)->method, "ngram");
+  EXPECT_EQ(resolve(R"(, "speculative_config": null)", ngram)->num_speculative_tokens, 8);
+  EXPECT_EQ(resolve(R"(, "speculative_config": {})", ngram)->method, "ngram");
+  EXPECT_FALSE(resolve(R"(, "speculative_config": {})", none)->enabled());
+  // A request turns it on over no default, with the library's defaults for what it leaves out.
+  absl::StatusOr<SpeculativeSpec> on =
+      resolve(R"(, "speculative_config": {"method": "ngram", "num_speculative_tokens": 3})", none);
+  ASSERT_TRUE(on.ok()) << on.status();
+  EXPECT_EQ(on->method, "ngram");
+  EXPECT_EQ(on->num_speculative_tokens, 3);
+  EXPECT_EQ(on->prompt_lookup_min, SpeculativeSpec().prompt_lookup_min);
+  EXPECT_EQ(on->prompt_lookup_max, SpeculativeSpec().prompt_lookup_max);
+  // ... changes single fields of the default, or turns it off.
+  absl::StatusOr<SpeculativeSpec> k2 =
+      resolve(R"(, "speculative_config": {"num_speculative_tokens": 2})", ngram);
+  ASSERT_TRUE(k2.ok()) << k2.status();
+  EXPECT_EQ(k2->method, "ngram");
+  EXPECT_EQ(k2->num_speculative_tokens, 2);
+  EXPECT_EQ(k2->prompt_lookup_max, 3);
+  EXPECT_FALSE(resolve(R"(, "speculative_config": {"method": "none"})", ngram)->enabled());
+  // A draft only where the server loaded one.
+  EXPECT_EQ(resolve(R"(, "speculative_config": {"method": "draft"})", none, true)->method, "draft");
+  const auto error_of = [&](const std::string& fields, const SpeculativeSpec& server_default) {
+    absl::StatusOr<SpeculativeSpec> spec = resolve(fields, server_default);
+    EXPECT_FALSE(spec.ok()) << fields;
+    return spec.ok() ? ApiError() : ApiErrorFromStatus(spec.status());
+  };
+  ApiError error = error_of(R"(, "speculative_config": {"method": "draft"})", ngram);
+  EXPECT_EQ(error.http_status, 400);
+  EXPECT_EQ(error.param, "speculative_config.method");
+  EXPECT_NE(error.message.find("no draft model"), std::string::npos) << error.message;
+  // Fields without a method where the server does not speculate: nothing to apply them to.
+  error = error_of(R"(, "speculative_config": {"num_speculative_tokens": 2})", none);
+  EXPECT_EQ(error.param, "speculative_config.method");
+  EXPECT_NE(error.message.find("'speculative_config.method' is required"), std::string::npos)
+      << error.message;
+  // The library's check over the merged values, in the request's names.
+  error = error_of(R"(, "speculative_config": {"prompt_lookup_min": 5})", ngram);
+  EXPECT_EQ(error.http_status, 400);
+  EXPECT_EQ(error.param, "speculative_config.prompt_lookup_max");
+  EXPECT_EQ(error.message,
+            "speculative_config.prompt_lookup_max (3) must be >= "
+            "speculative_config.prompt_lookup_min (5)");
+}
+
+// The serving engine refuses what it cannot do yet with Unimplemented naming the field: the
+// request's fault to fix (400 with the param), not a server error.
+TEST(OpenAiApiTest, UnimplementedRequestOptionsAreBadRequests) {
+  const ApiError error = ApiErrorFromStatus(
+      FieldError(absl::StatusCode::kUnimplemented, "SpeculativeSpec.method",
+                 "SpeculativeSpec.method=ngram: speculative decoding runs in Engine::Generate"));
+  EXPECT_EQ(error.http_status, 400);
+  EXPECT_EQ(error.type, "invalid_request_error");
+  EXPECT_EQ(error.param, "speculative_config.method");
+  EXPECT_EQ(error.message,
+            "'speculative_config.method' (ngram): speculative decoding runs in Engine::Generate");
+}
+
+TEST(OpenAiApiTest, UsageHasSpeculativeStatisticsOnlyWhenSpeculating) {
+  const ResponseHeader header{"cmpl-1", 1700000000, "m"};
+  const json plain = json::parse(CompletionJson(header, {{0, "t", "stop", nullptr}}, {3, 4}));
+  EXPECT_FALSE(plain["usage"].contains("speculative")) << plain;
+  Usage usage{3, 9};
+  usage.speculative = SpeculativeUsage{8, 6, 3};
+  for (const json& response :
+       {json::parse(CompletionJson(header, {{0, "t", "stop", nullptr}}, usage)),
+        json::parse(ChatCompletionJson(header, {{0, "t", "stop", nullptr}}, usage)),
+        json::parse(UsageChunkJson(header, true, usage))}) {
+    const json& usage_json = response["usage"];
+    EXPECT_EQ(usage_json["total_tokens"], 12) << response;
+    EXPECT_EQ(usage_json["speculative"]["proposed_tokens"], 8) << response;
+    EXPECT_EQ(usage_json["speculative"]["accepted_tokens"], 6) << response;
+    EXPECT_EQ(usage_json["speculative"]["acceptance_rate"], 0.75) << response;
+    EXPECT_EQ(usage_json["speculative"]["verify_steps"], 3) << response;
+  }
+  // Speculation that proposed nothing: zeros, no division by zero.
+  usage.speculative = SpeculativeUsage();
+  const json empty = json::parse(CompletionJson(header, {{0, "t", "stop", nullptr}}, usage));
+  EXPECT_EQ(empty["usage"]["speculative"]["acceptance_rate"], 0.0) << empty;
+}
+
 }  // namespace
 }  // namespace lgpt

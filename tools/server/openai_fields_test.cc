@@ -1,7 +1,8 @@
 // The OpenAI API's depth over HTTP on the embedded default model: n choices (indexed, seeded as
 // separate requests, streamed per index), logprobs in both endpoints' shapes and streamed,
-// lists of prompts, truncate_prompt_tokens, vLLM's /tokenize and /detokenize, and CORS
-// (allowed origins, preflight, off by default).
+// lists of prompts, truncate_prompt_tokens, vLLM's /tokenize and /detokenize, CORS
+// (allowed origins, preflight, off by default), and speculative_config (its errors; and, in
+// SpeculativeServingTest, replies, usage and /metrics through the serving engine).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -587,6 +588,235 @@ TEST_F(OpenAIFieldsTest, CorsAllowsItsOriginAndAnswersPreflights) {
                       "GET /v1/models HTTP/1.1\r\nHost: x\r\nOrigin: https://evil.example\r\n"
                       "Authorization: Bearer k\r\nConnection: close\r\n\r\n");
   EXPECT_FALSE(absl::StrContains(other.head, "Access-Control-Allow-Origin")) << other.head;
+}
+
+// speculative_config over HTTP, what the server checks before the engine sees a request: bad
+// values are 400s naming their field, "draft" needs a draft model, "none" runs plainly.
+TEST_F(OpenAIFieldsTest, BadSpeculativeConfigsNameTheirField) {
+  Serve();
+  struct Case {
+    const char* config;
+    const char* param;
+  };
+  for (const char* path : {"/v1/completions", "/v1/chat/completions"}) {
+    const std::string input = absl::StrContains(path, "chat")
+                                  ? R"("messages": [{"role": "user", "content": "x"}])"
+                                  : R"("prompt": "x")";
+    for (const Case& bad : std::vector<Case>{
+             {R"([1])", "speculative_config"},
+             {R"({"method": "medusa"})", "speculative_config.method"},
+             {R"({"method": "ngram", "num_speculative_tokens": 0})",
+              "speculative_config.num_speculative_tokens"},
+             {R"({"method": "ngram", "num_speculative_tokens": "4"})",
+              "speculative_config.num_speculative_tokens"},
+             {R"({"method": "ngram", "prompt_lookup_min": 3, "prompt_lookup_max": 2})",
+              "speculative_config.prompt_lookup_max"},
+             {R"({"method": "ngram", "prompt_lookup_min": 9})",
+              "speculative_config.prompt_lookup_max"},  // above the default's max (4)
+             {R"({"num_speculative_tokens": 2})", "speculative_config.method"},
+             {R"({"method": "ngram", "draft_model": "x"})", "speculative_config.draft_model"},
+             // This server loaded no draft model.
+             {R"({"method": "draft"})", "speculative_config.method"},
+         }) {
+      const json error = Post(
+          path,
+          absl::StrCat("{", input, R"(, "max_tokens": 2, "speculative_config": )", bad.config, "}"),
+          400);
+      EXPECT_EQ(error["error"]["type"], "invalid_request_error") << path << " " << bad.config;
+      EXPECT_EQ(error["error"]["param"], bad.param) << path << " " << bad.config << "\n" << error;
+    }
+    // "none" is plain decoding: no speculative statistics.
+    const json plain = Post(path, absl::StrCat("{", input, R"(, "max_tokens": 2,
+                                                "speculative_config": {"method": "none"}})"));
+    EXPECT_FALSE(plain["usage"].contains("speculative")) << plain;
+  }
+  const json draft =
+      Post("/v1/completions", R"({"prompt": "x", "speculative_config": {"method": "draft"}})", 400);
+  EXPECT_TRUE(absl::StrContains(draft["error"]["message"].get<std::string>(), "no draft model"))
+      << draft;
+}
+
+TEST_F(OpenAIFieldsTest, AServerDefaultSpeculationIsChecked) {
+  ServerOptions options;
+  options.port = 0;
+  options.access_log = false;
+  options.speculative.method = "draft";  // the engine has no draft model
+  absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Create(engine(), options);
+  ASSERT_FALSE(server.ok());
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kFailedPrecondition) << server.status();
+  options.speculative.method = "ngram";
+  options.speculative.num_speculative_tokens = 0;
+  server = HttpServer::Create(engine(), options);
+  ASSERT_FALSE(server.ok());
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument) << server.status();
+}
+
+// ---------------------------------------------------------------------------------------------
+// SpeculativeServingTest: speculative decoding through the serving engine, end to end. These
+// need Engine::Submit (the continuous-batching scheduler) to accept RequestOptions.speculative;
+// until it does, it answers Unimplemented (400 here) and these tests fail. Run them alone with
+//   bazel test //tools/server:openai_fields_test --test_filter='SpeculativeServingTest.*'
+// ---------------------------------------------------------------------------------------------
+class SpeculativeServingTest : public OpenAIFieldsTest {
+ protected:
+  // A prompt that repeats itself: the n-gram proposer finds what follows.
+  static constexpr char kPrompt[] =
+      "And God said, Let there be light: and there was light. And God said, Let there be "
+      "light: and there was light. And God said, Let there be";
+  static constexpr char kNgram[] =
+      R"({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
+          "prompt_lookup_max": 3})";
+
+  // A greedy request's body on `path`, with `extra` fields (", ..." or empty).
+  static std::string Body(const std::string& path, const std::string& extra) {
+    const std::string input =
+        absl::StrContains(path, "chat")
+            ? absl::StrCat(R"("messages": [{"role": "user", "content": ")", kPrompt, R"("}])")
+            : absl::StrCat(R"("prompt": ")", kPrompt, R"(")");
+    return absl::StrCat("{", input, R"(, "max_tokens": 32, "temperature": 0)", extra, "}");
+  }
+  // Whether `reply` is a completion (not an error), with its usage.
+  static bool Replied(const json& reply) {
+    return reply.is_object() && reply.contains("choices") && reply["choices"].size() == 1 &&
+           reply.contains("usage");
+  }
+  static std::string Text(const json& reply) {
+    const json& choice = reply["choices"][0];
+    return choice.contains("message") ? choice["message"].value("content", "")
+                                      : choice.value("text", "");
+  }
+  static int64_t Stat(const json& usage, const char* name) {
+    return usage.contains("speculative") ? usage["speculative"].value(name, int64_t{-1}) : -1;
+  }
+  // The statistics of a speculative reply: present, consistent, and proposals made.
+  static void ExpectSpeculated(const json& usage) {
+    ASSERT_TRUE(usage.is_object() && usage.contains("speculative")) << usage;
+    const int64_t proposed = Stat(usage, "proposed_tokens");
+    const int64_t accepted = Stat(usage, "accepted_tokens");
+    const int64_t steps = Stat(usage, "verify_steps");
+    EXPECT_GT(proposed, 0) << usage;
+    EXPECT_GT(steps, 0) << usage;
+    EXPECT_GE(accepted, 0) << usage;
+    EXPECT_LE(accepted, proposed) << usage;
+    // Each verification step yields one token of the model's own beside those accepted.
+    EXPECT_LE(accepted + steps, usage.value("completion_tokens", int64_t{0})) << usage;
+  }
+};
+
+TEST_F(SpeculativeServingTest, GreedyRepliesEqualPlainReplies) {
+  Serve();
+  for (const std::string path : {"/v1/completions", "/v1/chat/completions"}) {
+    const json plain = Post(path, Body(path, ""));
+    ASSERT_TRUE(Replied(plain)) << plain;
+    EXPECT_FALSE(plain["usage"].contains("speculative")) << plain;
+    const json speculative =
+        Post(path, Body(path, absl::StrCat(R"(, "speculative_config": )", kNgram)));
+    ASSERT_TRUE(Replied(speculative)) << speculative;
+    EXPECT_EQ(Text(speculative), Text(plain)) << path;
+    EXPECT_EQ(speculative["usage"]["completion_tokens"], plain["usage"]["completion_tokens"]);
+    ExpectSpeculated(speculative["usage"]);
+    // Streamed, with the usage chunk: the same text, the statistics in the last chunk.
+    const StreamReply stream = HttpPostStream(
+        server_->port(), path,
+        Body(path, absl::StrCat(R"(, "stream": true, "stream_options": {"include_usage": true},
+                                   "speculative_config": )",
+                                kNgram)));
+    ASSERT_EQ(stream.status, 200) << stream.body << stream.error;
+    EXPECT_EQ(StreamedText(stream.events), Text(plain)) << path;
+    ASSERT_GE(stream.events.size(), 2u);
+    const json usage_chunk = json::parse(stream.events[stream.events.size() - 2], nullptr, false);
+    ASSERT_TRUE(usage_chunk.is_object() && usage_chunk.contains("usage")) << usage_chunk;
+    ExpectSpeculated(usage_chunk["usage"]);
+  }
+}
+
+TEST_F(SpeculativeServingTest, TheServerDefaultAppliesAndRequestsOverrideIt) {
+  ServerOptions options;
+  options.speculative.method = "ngram";
+  options.speculative.num_speculative_tokens = 4;
+  options.speculative.prompt_lookup_min = 1;
+  options.speculative.prompt_lookup_max = 3;
+  Serve(options);
+  const std::string path = "/v1/completions";
+  const json plain = Post(path, Body(path, R"(, "speculative_config": {"method": "none"})"));
+  ASSERT_TRUE(Replied(plain)) << plain;
+  EXPECT_FALSE(plain["usage"].contains("speculative")) << plain;
+  const json by_default = Post(path, Body(path, ""));
+  ASSERT_TRUE(Replied(by_default)) << by_default;
+  EXPECT_EQ(Text(by_default), Text(plain));
+  ExpectSpeculated(by_default["usage"]);
+  // One field changed: one token proposed per step at most.
+  const json one =
+      Post(path, Body(path, R"(, "speculative_config": {"num_speculative_tokens": 1})"));
+  ASSERT_TRUE(Replied(one)) << one;
+  EXPECT_EQ(Text(one), Text(plain));
+  ExpectSpeculated(one["usage"]);
+  EXPECT_LE(Stat(one["usage"], "proposed_tokens"), Stat(one["usage"], "verify_steps")) << one;
+}
+
+TEST_F(SpeculativeServingTest, MetricsCountTheRequestsProposals) {
+  Serve();
+  const auto counters = [this] {
+    const std::string metrics = HttpGet(server_->port(), "/metrics").body;
+    return std::vector<double>{MetricValue(metrics, "lgpt_spec_decode_num_drafts_total"),
+                               MetricValue(metrics, "lgpt_spec_decode_num_draft_tokens_total"),
+                               MetricValue(metrics, "lgpt_spec_decode_num_accepted_tokens_total")};
+  };
+  const std::vector<double> before = counters();
+  for (double value : before) EXPECT_GE(value, 0);  // present
+  const std::string path = "/v1/completions";
+  const json reply = Post(path, Body(path, absl::StrCat(R"(, "speculative_config": )", kNgram)));
+  ASSERT_TRUE(Replied(reply)) << reply;
+  ExpectSpeculated(reply["usage"]);
+  const std::vector<double> after = counters();
+  EXPECT_EQ(after[0] - before[0], Stat(reply["usage"], "verify_steps"));
+  EXPECT_EQ(after[1] - before[1], Stat(reply["usage"], "proposed_tokens"));
+  EXPECT_EQ(after[2] - before[2], Stat(reply["usage"], "accepted_tokens"));
+  // A plain request adds nothing.
+  EXPECT_TRUE(Replied(Post(path, Body(path, ""))));
+  EXPECT_EQ(counters(), after);
+}
+
+TEST_F(SpeculativeServingTest, ADraftModelsGreedyRepliesEqualPlainReplies) {
+  // The default model drafts for itself: same tokenizer, and its proposals are mostly right.
+  EngineOptions engine_options;
+  engine_options.draft_checkpoint_dir = kDefaultModelDir;
+  absl::StatusOr<std::shared_ptr<const Engine>> drafted =
+      Engine::Load(kDefaultModelDir, engine_options);
+  ASSERT_TRUE(drafted.ok()) << drafted.status();
+  ServerOptions options;
+  options.port = 0;
+  options.access_log = false;
+  options.speculative.method = "draft";
+  absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Create(*drafted, options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  // Every reply first, then the checks: the server thread is joined whatever they find.
+  std::thread serving([&] { (*server)->Run(); });
+  std::vector<std::string> paths, plain, by_default, ngram;
+  for (const std::string path : {"/v1/completions", "/v1/chat/completions"}) {
+    paths.push_back(path);
+    plain.push_back(
+        HttpPost(port, path, Body(path, R"(, "speculative_config": {"method": "none"})")).body);
+    by_default.push_back(HttpPost(port, path, Body(path, "")).body);
+    ngram.push_back(
+        HttpPost(port, path, Body(path, absl::StrCat(R"(, "speculative_config": )", kNgram))).body);
+  }
+  (*server)->Shutdown();
+  serving.join();
+  for (size_t i = 0; i < paths.size(); ++i) {
+    const json plain_json = json::parse(plain[i], nullptr, false);
+    const json draft_json = json::parse(by_default[i], nullptr, false);
+    const json ngram_json = json::parse(ngram[i], nullptr, false);
+    ASSERT_TRUE(Replied(plain_json)) << plain[i];
+    ASSERT_TRUE(Replied(draft_json)) << by_default[i];
+    ASSERT_TRUE(Replied(ngram_json)) << ngram[i];
+    EXPECT_EQ(Text(draft_json), Text(plain_json)) << paths[i];
+    EXPECT_EQ(Text(ngram_json), Text(plain_json)) << paths[i];
+    ExpectSpeculated(draft_json["usage"]);
+    ExpectSpeculated(ngram_json["usage"]);
+    EXPECT_GT(Stat(draft_json["usage"], "accepted_tokens"), 0) << draft_json;
+  }
 }
 
 }  // namespace

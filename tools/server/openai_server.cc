@@ -84,6 +84,17 @@ absl::Status FreeSocketPath(const std::string& path) {
   return absl::OkStatus();
 }
 
+// The library's speculation errors (SpeculativeSpec.method, ...) naming this option's fields
+// (OpenAIServerOptions.speculative.method, ...).
+absl::Status InServerOptionTerms(absl::Status status) {
+  for (const char* field :
+       {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"}) {
+    status = RenameField(status, absl::StrCat("SpeculativeSpec.", field),
+                         absl::StrCat("OpenAIServerOptions.speculative.", field));
+  }
+  return status;
+}
+
 }  // namespace
 
 absl::Status OpenAIServerOptions::Validate() const {
@@ -113,7 +124,7 @@ absl::Status OpenAIServerOptions::Validate() const {
         absl::StrCat("OpenAIServerOptions.default_max_tokens must be >= 1, got ",
                      default_max_tokens));
   }
-  return absl::OkStatus();
+  return InServerOptionTerms(ValidateSpeculativeSpec(speculative));
 }
 
 struct OpenAIServer::Impl {
@@ -137,6 +148,7 @@ absl::StatusOr<std::unique_ptr<OpenAIServer>> OpenAIServer::Create(
     std::shared_ptr<const Engine> engine, OpenAIServerOptions options) {
   if (engine == nullptr) return absl::InvalidArgumentError("OpenAIServer::Create: no engine");
   RETURN_IF_ERROR(options.Validate());
+  RETURN_IF_ERROR(InServerOptionTerms(CheckServerSpeculation(options.speculative, *engine)));
   // The chat framing, checked now rather than when serving begins.
   if (engine->tokenizer() != nullptr) {
     absl::StatusOr<PromptStyle> style =
@@ -221,6 +233,7 @@ absl::Status OpenAIServer::Serve(const std::string& host, int port,
   options.access_log = impl.options.access_log;
   options.cors_allow_origin = impl.options.cors_allow_origin;
   options.embedding_pooling = impl.options.embedding_pooling;
+  options.speculative = impl.options.speculative;
   absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Create(impl.engine, options);
   if (!server.ok()) return finish(server.status());
   {

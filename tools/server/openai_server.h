@@ -47,6 +47,11 @@ struct OpenAIServerOptions {
   std::string cors_allow_origin;
   // How /v1/embeddings pools a sequence's final hidden states.
   Engine::Pooling embedding_pooling = Engine::Pooling::kLast;
+  // Speculative decoding (core/speculative/README.md) of requests that give no
+  // speculative_config: none by default, or "ngram" / "draft" (the engine's draft model,
+  // EngineOptions.draft_checkpoint_dir) with its num_speculative_tokens and n-gram sizes. A
+  // request's speculative_config fields override it; {"method": "none"} turns it off.
+  SpeculativeSpec speculative;
   // Called once, on the thread of the Serve call, when the server listens (connections queue
   // from then on), before it answers any: `address` is "http://HOST:PORT" (the port bound) or
   // "unix:PATH".
@@ -59,8 +64,9 @@ struct OpenAIServerOptions {
 
 class OpenAIServer {
  public:
-  // Checks the options and the engine (the chat prompt style, when it has a tokenizer); binds
-  // nothing yet. The engine needs a tokenizer for text prompts and chat.
+  // Checks the options and the engine (the chat prompt style, when it has a tokenizer; the
+  // draft model of a "draft" speculative default); binds nothing yet. The engine needs a tokenizer
+  // for text prompts and chat.
   static absl::StatusOr<std::unique_ptr<OpenAIServer>> Create(std::shared_ptr<const Engine> engine,
                                                               OpenAIServerOptions options = {});
   // Stops (as Stop) and waits for a Serve call in flight on another thread to return.

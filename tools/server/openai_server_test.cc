@@ -328,6 +328,21 @@ TEST_F(OpenAIServerTest, BadOptionsAndAddressesAreErrorsNamingTheField) {
   options = {};
   options.prompt_style = "no-such-style";
   refused("prompt_style", options);
+  options = {};
+  options.speculative.method = "ngram";
+  options.speculative.num_speculative_tokens = 0;
+  refused("speculative.num_speculative_tokens", options);
+  options = {};
+  options.speculative.method = "lookahead";
+  refused("speculative.method", options);
+  // A draft default needs the engine's draft model: the options alone are fine.
+  options = {};
+  options.speculative.method = "draft";
+  EXPECT_TRUE(options.Validate().ok());
+  const absl::Status no_draft = OpenAIServer::Create(engine(), options).status();
+  EXPECT_EQ(no_draft.code(), absl::StatusCode::kFailedPrecondition) << no_draft;
+  EXPECT_TRUE(absl::StrContains(no_draft.message(), "OpenAIServerOptions.speculative.method"))
+      << no_draft;
 
   std::unique_ptr<OpenAIServer> server = NewServer();
   ASSERT_NE(server, nullptr);

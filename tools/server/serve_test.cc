@@ -407,8 +407,9 @@ TEST(ServeTest, UnixSocketExcludesPortAndHostAndChecksItsPath) {
 TEST(ServeTest, BadFlagsAreOneLine) {
   for (const std::string flag :
        {"--port=70000", "--max_running=0", "--max_waiting=-1", "--max_waiting=0", "--quantize=int3",
-        "--pool_mb=-1", "--pool_mb=99999999999999", "--http_threads=-1",
-        "--http_threads=100000000"}) {
+        "--pool_mb=-1", "--pool_mb=99999999999999", "--http_threads=-1", "--http_threads=100000000",
+        "--speculative=eagle", "--speculative=draft", "--speculative_k=0", "--speculative_k=65",
+        "--ngram_min=0"}) {
     const std::string err = TempPath("bad_flag.err");
     const int status =
         std::system(absl::StrCat("tools/serve ", flag, " 2>", err, " >/dev/null").c_str());
