@@ -5,13 +5,6 @@
 
 #include "core/ops/block_quant.h"
 
-#include <algorithm>
-#include <cmath>
-#include <cstdlib>
-#include <cstring>
-#include <string>
-#include <vector>
-
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
@@ -19,13 +12,27 @@
 #include <c10/util/Exception.h>
 #include <c10/util/Half.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/ops/gemv.h"
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define LGPT_BLOCK_QUANT_X86 1
+#endif
+#if defined(__x86_64__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define LGPT_BLOCK_QUANT_AMX 1
 #endif
 
 namespace lgpt {
@@ -45,6 +52,24 @@ constexpr int kQ4Offset = 8;
 // Blocks whose largest magnitude is below this quantise to zeros (their inverse scale would
 // overflow to infinity).
 constexpr float kTinyScale = 1e-30f;
+// Activation rows from which the AMX kernel takes over from VNNI.
+constexpr int64_t kAmxMinRows = 4;
+
+// AMX-TILE and AMX-INT8 (CPUID leaf 7: EDX bits 24 and 25), and the kernel's permission
+// to use the tile state: Linux gives it per process on request (arch_prctl
+// ARCH_REQ_XCOMP_PERM for XTILEDATA), once.
+bool CpuHasAmxInt8() {
+#ifdef LGPT_BLOCK_QUANT_AMX
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  if ((edx & (1u << 24)) == 0 || (edx & (1u << 25)) == 0) return false;
+  constexpr long kArchReqXcompPerm = 0x1023;
+  constexpr long kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
+}
 
 int64_t TileBytes(BlockFormat format) {
   return format == BlockFormat::kQ4_0 ? kQ4TileBytes : kQ8TileBytes;
@@ -63,13 +88,13 @@ inline int64_t Q4ByteInTile(int64_t lane, int64_t e, bool* high) {
 
 // Everything a kernel reads; pointers stay valid for the whole call.
 struct GemvArgs {
-  const uint8_t* w;       // tiles [groups, blocks, tile bytes]
-  const uint16_t* ws;     // weight scales, IEEE half [groups, blocks, 16]
-  const int8_t* xq;       // activation values [rows, K]
-  const float* xs;        // activation scales [rows, blocks]
-  const int32_t* xsum;    // activation block sums [rows, blocks]
-  const float* bias;      // [N] or null
-  float* y;               // [rows, N]
+  const uint8_t* w;     // tiles [groups, blocks, tile bytes]
+  const uint16_t* ws;   // weight scales, IEEE half [groups, blocks, 16]
+  const int8_t* xq;     // activation values [rows, K]
+  const float* xs;      // activation scales [rows, blocks]
+  const int32_t* xsum;  // activation block sums [rows, blocks]
+  const float* bias;    // [N] or null
+  float* y;             // [rows, N]
   int64_t n_out, k, blocks;
 
   const uint8_t* Tile(int64_t group, int64_t b, int64_t tile_bytes) const {
@@ -198,8 +223,8 @@ LGPT_AVX512VNNI void TileVnni(const GemvArgs& a, int64_t g) {
     }
 #pragma GCC unroll 4
     for (int r = 0; r < RG; ++r) {
-      const __m512 scales = _mm512_cvtph_ps(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.Scales(g + r, b))));
+      const __m512 scales =
+          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.Scales(g + r, b))));
 #pragma GCC unroll 4
       for (int m = 0; m < M; ++m) {
         const __m512 step = _mm512_mul_ps(scales, _mm512_set1_ps(a.xs[m * a.blocks + b]));
@@ -244,8 +269,7 @@ LGPT_AVX2 void TileAvx2(const GemvArgs& a, int64_t g) {
     __m256i dot[2][M];
 #pragma GCC unroll 4
     for (int m = 0; m < M; ++m) {
-      const __m256i start =
-          _mm256_set1_epi32(kQ4 ? -kQ4Offset * a.xsum[m * a.blocks + b] : 0);
+      const __m256i start = _mm256_set1_epi32(kQ4 ? -kQ4Offset * a.xsum[m * a.blocks + b] : 0);
       dot[0][m] = dot[1][m] = start;
     }
     const int8_t* xb = a.xq + b * kQuantBlock;
@@ -255,8 +279,7 @@ LGPT_AVX2 void TileAvx2(const GemvArgs& a, int64_t g) {
       const uint8_t* chunk = tile + (kQ4 ? c / 2 : c) * kChunkBytes;
 #pragma GCC unroll 2
       for (int h = 0; h < 2; ++h) {
-        const __m256i raw =
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + h * 32));
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + h * 32));
         __m256i w, w_signed;
         if constexpr (kQ4) {
           w = _mm256_and_si256(c % 2 == 0 ? raw : _mm256_srli_epi16(raw, 4), low_nibbles);
@@ -323,8 +346,7 @@ void Groups(QuantKernel kernel, const GemvArgs& a, int64_t begin, int64_t end) {
 }
 
 template <bool kQ4>
-void GemvSimd(QuantKernel kernel, const GemvArgs& a, int64_t rows, int64_t begin,
-              int64_t end) {
+void GemvSimd(QuantKernel kernel, const GemvArgs& a, int64_t rows, int64_t begin, int64_t end) {
   if (rows > 4) {
     // Per pair of groups (their tiles stay in L1/L2), every group of four activation rows.
     for (int64_t g = begin; g < end; g += 2) {
@@ -354,8 +376,195 @@ void GemvSimd(QuantKernel kernel, const GemvArgs& a, int64_t rows, int64_t begin
 
 #endif  // LGPT_BLOCK_QUANT_X86
 
+#ifdef LGPT_BLOCK_QUANT_AMX
+
+#define LGPT_AMX \
+  __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vnni,amx-tile,amx-int8")))
+
+// ---------------------------------------------------------------------------------------
+// AMX-INT8. A stored tile is already what tdpbsud takes as its second operand: 8 rows of
+// 64 bytes, each 4 consecutive elements of each of the group's 16 weight rows (q4 tiles
+// are unpacked to that first, low nibbles of a chunk pair then its high ones). One tdpbsud
+// of the block's M activation rows (M x 32 signed bytes) against it gives the M x 16 exact
+// int32 sums of the block; they are stored to L1 and scaled exactly as the VNNI kernel
+// scales its dot products (the same float operations in the same order), so every row's
+// result is bit for bit the other kernels', whatever the batch.
+
+// Tile registers, two sets (C the block's sums, A its activations, B its weights) so that one
+// block's products run while the previous block's are scaled. Literal numbers: GCC's tile
+// intrinsics paste them into the instructions' register names.
+#define LGPT_AMX_TILE_C0 0
+#define LGPT_AMX_TILE_A0 1
+#define LGPT_AMX_TILE_B0 2
+#define LGPT_AMX_TILE_C1 3
+#define LGPT_AMX_TILE_A1 4
+#define LGPT_AMX_TILE_B1 5
+// Activation rows per tile (the most a tile register holds).
+constexpr int kAmxRows = 16;
+// Row groups per pass over the activation rows (their tiles stay in L1/L2 between passes).
+constexpr int64_t kAmxGroupsPerPass = 8;
+
+struct alignas(64) AmxTileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t bytes_per_row[16] = {};
+  uint8_t rows[16] = {};
+};
+
+LGPT_AMX void ConfigureAmx(int m) {
+  AmxTileConfig config;
+  for (int set = 0; set < 2; ++set) {
+    const int c = set * 3, a = c + 1, b = c + 2;
+    config.rows[c] = static_cast<uint8_t>(m);
+    config.bytes_per_row[c] = kGroup * sizeof(int32_t);
+    config.rows[a] = static_cast<uint8_t>(m);
+    config.bytes_per_row[a] = kQuantBlock;
+    config.rows[b] = kQuantBlock / kLaneBytes;
+    config.bytes_per_row[b] = kChunkBytes;
+  }
+  _tile_loadconfig(&config);
+}
+
+// A q4 group's tiles as tdpbsud reads bytes: per block 8 rows of 64 bytes, the low nibbles of
+// each chunk pair then its high ones. All blocks at once, before the first tile load (a tile
+// load right after the stores that wrote its bytes would wait for them to reach L1).
+LGPT_AMX void UnpackQ4Group(const GemvArgs& a, int64_t g, uint8_t* out) {
+  const __m512i low_nibbles = _mm512_set1_epi8(15);
+  for (int64_t b = 0; b < a.blocks; ++b) {
+    const uint8_t* tile = a.Tile(g, b, kQ4TileBytes);
+    uint8_t* unpacked = out + b * kQ8TileBytes;
+#pragma GCC unroll 4
+    for (int p = 0; p < 4; ++p) {
+      const __m512i raw = _mm512_loadu_si512(tile + p * kChunkBytes);
+      _mm512_store_si512(unpacked + 2 * p * kChunkBytes, _mm512_and_si512(raw, low_nibbles));
+      _mm512_store_si512(unpacked + (2 * p + 1) * kChunkBytes,
+                         _mm512_and_si512(_mm512_srli_epi16(raw, 4), low_nibbles));
+    }
+  }
+}
+
+// Block b's exact int32 sums [M, 16] into `sums`, through tile set kSet; q4 weights from the
+// group's unpacked tiles.
+template <bool kQ4, int kSet>
+LGPT_AMX inline void AmxBlockSums(const GemvArgs& a, int64_t g, int64_t b, const uint8_t* unpacked,
+                                  int32_t* sums) {
+  const uint8_t* tile = kQ4 ? unpacked + b * kQ8TileBytes : a.Tile(g, b, kQ8TileBytes);
+  const int8_t* x = a.xq + b * kQuantBlock;
+  constexpr int kSumsStride = kGroup * sizeof(int32_t);
+  if constexpr (kSet == 0) {
+    _tile_loadd(LGPT_AMX_TILE_A0, x, a.k);
+    _tile_loadd(LGPT_AMX_TILE_B0, tile, kChunkBytes);
+    _tile_zero(LGPT_AMX_TILE_C0);
+    _tile_dpbsud(LGPT_AMX_TILE_C0, LGPT_AMX_TILE_A0, LGPT_AMX_TILE_B0);
+    _tile_stored(LGPT_AMX_TILE_C0, sums, kSumsStride);
+  } else {
+    _tile_loadd(LGPT_AMX_TILE_A1, x, a.k);
+    _tile_loadd(LGPT_AMX_TILE_B1, tile, kChunkBytes);
+    _tile_zero(LGPT_AMX_TILE_C1);
+    _tile_dpbsud(LGPT_AMX_TILE_C1, LGPT_AMX_TILE_A1, LGPT_AMX_TILE_B1);
+    _tile_stored(LGPT_AMX_TILE_C1, sums, kSumsStride);
+  }
+}
+
+template <bool kQ4, int M>
+LGPT_AMX void TileAmx(const GemvArgs& a, int64_t g) {
+  constexpr int kOffset = kQ4 ? kQ4Offset : kQ8Offset;
+  alignas(64) int32_t sums[2][M][kGroup];
+  // q4: the group's unpacked tiles, reused by every call of this thread.
+  thread_local std::vector<uint8_t> unpacked_storage;
+  const uint8_t* unpacked = nullptr;
+  if constexpr (kQ4) {
+    // 64 bytes of slack to align the start to a cache line (aligned vector stores).
+    unpacked_storage.resize(static_cast<size_t>(a.blocks * kQ8TileBytes + 64));
+    uint8_t* aligned = unpacked_storage.data() +
+                       (64 - reinterpret_cast<uintptr_t>(unpacked_storage.data()) % 64) % 64;
+    UnpackQ4Group(a, g, aligned);
+    unpacked = aligned;
+  }
+  __m512 acc[M];
+#pragma GCC unroll 16
+  for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
+  AmxBlockSums<kQ4, 0>(a, g, 0, unpacked, sums[0][0]);
+  for (int64_t b = 0; b < a.blocks; ++b) {
+    const int set = static_cast<int>(b & 1);
+    // The next block's products first: the tile unit works while this block is scaled.
+    if (b + 1 < a.blocks) {
+      if (set == 0) {
+        AmxBlockSums<kQ4, 1>(a, g, b + 1, unpacked, sums[1][0]);
+      } else {
+        AmxBlockSums<kQ4, 0>(a, g, b + 1, unpacked, sums[0][0]);
+      }
+    }
+    const __m512 scales =
+        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.Scales(g, b))));
+#pragma GCC unroll 16
+    for (int m = 0; m < M; ++m) {
+      const __m512i dot = _mm512_add_epi32(_mm512_set1_epi32(-kOffset * a.xsum[m * a.blocks + b]),
+                                           _mm512_load_si512(sums[set][m]));
+      const __m512 step = _mm512_mul_ps(scales, _mm512_set1_ps(a.xs[m * a.blocks + b]));
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), step, acc[m]);
+    }
+  }
+  const int64_t n = g * kGroup;
+  const int64_t valid = std::min<int64_t>(kGroup, a.n_out - n);
+  const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
+  const __m512 bias =
+      a.bias != nullptr ? _mm512_maskz_loadu_ps(mask, a.bias + n) : _mm512_setzero_ps();
+#pragma GCC unroll 16
+  for (int m = 0; m < M; ++m) {
+    _mm512_mask_storeu_ps(a.y + m * a.n_out + n, mask, _mm512_add_ps(acc[m], bias));
+  }
+}
+
+template <bool kQ4, int M>
+void GroupsAmx(const GemvArgs& a, int64_t begin, int64_t end) {
+  for (int64_t g = begin; g < end; ++g) TileAmx<kQ4, M>(a, g);
+}
+
+template <bool kQ4, int... Ms>
+void GroupsAmxFor(int m, const GemvArgs& a, int64_t begin, int64_t end,
+                  std::integer_sequence<int, Ms...>) {
+  ((m == Ms + 1 ? GroupsAmx<kQ4, Ms + 1>(a, begin, end) : void()), ...);
+}
+
+// Per pass of up to kAmxGroupsPerPass groups, every tile of up to 16 activation rows (the
+// tile configuration changes only for a last, shorter one).
+template <bool kQ4>
+LGPT_AMX void GemvAmx(const GemvArgs& a, int64_t rows, int64_t begin, int64_t end) {
+  int configured = 0;
+  for (int64_t g = begin; g < end; g += kAmxGroupsPerPass) {
+    const int64_t stop = std::min<int64_t>(g + kAmxGroupsPerPass, end);
+    for (int64_t m = 0; m < rows; m += kAmxRows) {
+      const int tile_rows = static_cast<int>(std::min<int64_t>(kAmxRows, rows - m));
+      if (tile_rows != configured) {
+        ConfigureAmx(tile_rows);
+        configured = tile_rows;
+      }
+      GemvArgs part = a;
+      part.xq += m * a.k;
+      part.xs += m * a.blocks;
+      part.xsum += m * a.blocks;
+      part.y += m * a.n_out;
+      GroupsAmxFor<kQ4>(tile_rows, part, g, stop, std::make_integer_sequence<int, kAmxRows>());
+    }
+  }
+  _tile_release();
+}
+
+#endif  // LGPT_BLOCK_QUANT_AMX
+
 void GemvRange(QuantKernel kernel, bool q4, const GemvArgs& a, int64_t rows, int64_t begin,
                int64_t end) {
+#ifdef LGPT_BLOCK_QUANT_AMX
+  if (kernel == QuantKernel::kAmx) {
+    // Below a few rows a tile is mostly empty: VNNI (which every AMX CPU has) is faster.
+    if (rows >= kAmxMinRows) {
+      return q4 ? GemvAmx<true>(a, rows, begin, end) : GemvAmx<false>(a, rows, begin, end);
+    }
+    kernel = QuantKernel::kAvx512Vnni;
+  }
+#endif
 #ifdef LGPT_BLOCK_QUANT_X86
   if (kernel != QuantKernel::kPortable) {
     return q4 ? GemvSimd<true>(kernel, a, rows, begin, end)
@@ -422,8 +631,8 @@ LGPT_AVX2 void QuantizeBlocksOfRowAvx2(const float* x, int64_t blocks, int8_t* v
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
     // Packing interleaves 4-byte groups across the two 128-bit lanes; `order` undoes it.
-    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
-                                             _mm256_packs_epi32(q[2], q[3]));
+    const __m256i bytes =
+        _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(values + i * kQuantBlock),
                         _mm256_permutevar8x32_epi32(bytes, order));
     scales[i] = amax / 127.0f;
@@ -436,7 +645,8 @@ LGPT_AVX2 void QuantizeBlocksOfRowAvx2(const float* x, int64_t blocks, int8_t* v
 // so no element of its block lands beyond the top level.
 at::Half HalfAtLeast(float v) {
   at::Half h(v);
-  if (static_cast<float>(h) < v) h = at::Half(static_cast<uint16_t>(h.x + 1), at::Half::from_bits());
+  if (static_cast<float>(h) < v)
+    h = at::Half(static_cast<uint16_t>(h.x + 1), at::Half::from_bits());
   return h;
 }
 
@@ -465,8 +675,8 @@ at::Half QuantizeWeightBlock(const float* block, bool q4, int* q) {
   for (int64_t j = 0; j < kQuantBlock; ++j) {
     if (std::fabs(block[j]) > std::fabs(extreme)) extreme = block[j];
   }
-  const at::Half scale = HalfAtLeast(
-      q4 ? (extreme < 0 ? -extreme / 8.0f : extreme / 7.0f) : std::fabs(extreme) / 127.0f);
+  const at::Half scale = HalfAtLeast(q4 ? (extreme < 0 ? -extreme / 8.0f : extreme / 7.0f)
+                                        : std::fabs(extreme) / 127.0f);
   const float inverse = static_cast<float>(scale) > 0 ? 1.0f / static_cast<float>(scale) : 0.0f;
   for (int64_t j = 0; j < kQuantBlock; ++j) {
     q[j] = q4 ? std::clamp(RoundToInt(block[j] * inverse), -8, 7)
@@ -485,7 +695,8 @@ at::Tensor DecodeRows(const at::Tensor& bytes, const at::Tensor& scales, BlockFo
     const at::Tensor packed = bytes.unsqueeze(3);  // [R, blocks, pair, 1, 4]
     q = at::cat({at::bitwise_and(packed, 15), at::bitwise_right_shift(packed, 4)}, 3)
             .reshape({rows, blocks, kQuantBlock})
-            .to(at::kFloat) - kQ4Offset;
+            .to(at::kFloat) -
+        kQ4Offset;
   } else {
     q = bytes.reshape({rows, blocks, kQuantBlock}).to(at::kFloat) - kQ8Offset;
   }
@@ -531,8 +742,8 @@ at::Tensor DecodeFewRows(const BlockQuantWeight& weight, const at::Tensor& index
 // Tiles [groups, blocks, tile bytes] as [groups, blocks, chunks, 16 lanes, 4].
 at::Tensor LaneView(const BlockQuantWeight& weight) {
   const int64_t chunks = TileBytes(weight.format) / kChunkBytes;
-  return weight.values.view({weight.values.size(0), weight.values.size(1), chunks, kGroup,
-                             kLaneBytes});
+  return weight.values.view(
+      {weight.values.size(0), weight.values.size(1), chunks, kGroup, kLaneBytes});
 }
 
 }  // namespace
@@ -584,8 +795,7 @@ absl::StatusOr<BlockQuantWeight> QuantizeBlocks(const at::Tensor& weight, BlockF
   out.in_features = k;
   // Padding rows: the stored zero and scale 0.
   out.scales = at::zeros({groups, blocks, kGroup}, at::kHalf);
-  out.values = at::full({groups, blocks, tile_bytes},
-                        q4 ? kQ4Offset * 17 : kQ8Offset, at::kByte);
+  out.values = at::full({groups, blocks, tile_bytes}, q4 ? kQ4Offset * 17 : kQ8Offset, at::kByte);
   at::Half* scales = out.scales.data_ptr<at::Half>();
   uint8_t* tiles = out.values.data_ptr<uint8_t>();
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
@@ -617,22 +827,21 @@ absl::StatusOr<BlockQuantWeight> QuantizeBlocks(const at::Tensor& weight, BlockF
 absl::Status CheckBlockQuantWeight(const BlockQuantWeight& w) {
   const int64_t n = w.out_features, k = w.in_features;
   if (n <= 0 || k <= 0 || k % kQuantBlock != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "quantised weight shape [", n, ", ", k, "] needs positive sizes, K a multiple of 32"));
+    return absl::InvalidArgumentError(absl::StrCat("quantised weight shape [", n, ", ", k,
+                                                   "] needs positive sizes, K a multiple of 32"));
   }
   const int64_t groups = (n + kGroup - 1) / kGroup, blocks = k / kQuantBlock;
   const std::vector<int64_t> values_shape = {groups, blocks, TileBytes(w.format)};
   const std::vector<int64_t> scales_shape = {groups, blocks, kGroup};
-  const auto ok = [](const at::Tensor& t, at::ScalarType dtype,
-                     const std::vector<int64_t>& shape) {
+  const auto ok = [](const at::Tensor& t, at::ScalarType dtype, const std::vector<int64_t>& shape) {
     return t.defined() && t.scalar_type() == dtype && t.sizes() == at::IntArrayRef(shape) &&
            t.is_contiguous() && t.device().is_cpu();
   };
   if (!ok(w.values, at::kByte, values_shape) || !ok(w.scales, at::kHalf, scales_shape)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        BlockFormatName(w.format), " weight [", n, ", ", k, "] must be uint8 values [",
-        absl::StrJoin(values_shape, ", "), "] and float16 scales [",
-        absl::StrJoin(scales_shape, ", "), "], contiguous, on the CPU"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(BlockFormatName(w.format), " weight [", n, ", ", k, "] must be uint8 values [",
+                     absl::StrJoin(values_shape, ", "), "] and float16 scales [",
+                     absl::StrJoin(scales_shape, ", "), "], contiguous, on the CPU"));
   }
   return absl::OkStatus();
 }
@@ -667,6 +876,8 @@ const char* QuantKernelName(QuantKernel kernel) {
       return "avx2";
     case QuantKernel::kAvx512Vnni:
       return "avx512vnni";
+    case QuantKernel::kAmx:
+      return "amx";
   }
   return "?";
 }
@@ -679,15 +890,19 @@ bool QuantKernelAvailable(QuantKernel kernel) {
       return CpuHasAvx2Fma();  // every AVX2 CPU also has F16C (half scales)
     case QuantKernel::kAvx512Vnni:
 #ifdef LGPT_BLOCK_QUANT_X86
-      {
-        static const bool has = CpuHasAvx2Fma() && __builtin_cpu_supports("avx512f") &&
-                                __builtin_cpu_supports("avx512bw") &&
-                                __builtin_cpu_supports("avx512vnni");
-        return has;
-      }
+    {
+      static const bool has = CpuHasAvx2Fma() && __builtin_cpu_supports("avx512f") &&
+                              __builtin_cpu_supports("avx512bw") &&
+                              __builtin_cpu_supports("avx512vnni");
+      return has;
+    }
 #else
       return false;
 #endif
+    case QuantKernel::kAmx: {
+      static const bool has = QuantKernelAvailable(QuantKernel::kAvx512Vnni) && CpuHasAmxInt8();
+      return has;
+    }
   }
   return false;
 }
@@ -695,12 +910,12 @@ bool QuantKernelAvailable(QuantKernel kernel) {
 QuantKernel BestQuantKernel() {
   static const QuantKernel best = [] {
     QuantKernel kernel = QuantKernel::kPortable;
-    for (QuantKernel k : {QuantKernel::kAvx2, QuantKernel::kAvx512Vnni}) {
+    for (QuantKernel k : {QuantKernel::kAvx2, QuantKernel::kAvx512Vnni, QuantKernel::kAmx}) {
       if (QuantKernelAvailable(k)) kernel = k;
     }
     if (const char* forced = std::getenv("LGPT_QUANT_KERNEL")) {
-      for (QuantKernel k :
-           {QuantKernel::kPortable, QuantKernel::kAvx2, QuantKernel::kAvx512Vnni}) {
+      for (QuantKernel k : {QuantKernel::kPortable, QuantKernel::kAvx2, QuantKernel::kAvx512Vnni,
+                            QuantKernel::kAmx}) {
         if (std::string(forced) == QuantKernelName(k) && QuantKernelAvailable(k)) kernel = k;
       }
     }
@@ -709,8 +924,7 @@ QuantKernel BestQuantKernel() {
   return best;
 }
 
-void QuantizeRows(const float* x, int64_t rows, int64_t k, QuantizedRows* out,
-                  QuantKernel kernel) {
+void QuantizeRows(const float* x, int64_t rows, int64_t k, QuantizedRows* out, QuantKernel kernel) {
   const int64_t blocks = rows * (k / kQuantBlock);
   out->values.resize(rows * k);
   out->scales.resize(blocks);
@@ -728,8 +942,8 @@ void BlockQuantGemv(const BlockQuantWeight& weight, const float* bias, const flo
                     int64_t rows, QuantKernel kernel) {
   TORCH_CHECK(weight.defined() && weight.in_features % kQuantBlock == 0,
               "BlockQuantGemv: bad weight");
-  TORCH_CHECK(QuantKernelAvailable(kernel), "BlockQuantGemv: kernel ",
-              QuantKernelName(kernel), " is not available on this CPU");
+  TORCH_CHECK(QuantKernelAvailable(kernel), "BlockQuantGemv: kernel ", QuantKernelName(kernel),
+              " is not available on this CPU");
   const int64_t k = weight.in_features;
   // Reused across calls of this thread: no allocation per decoding step.
   thread_local QuantizedRows xq;

@@ -9,11 +9,14 @@
 // 0.5625 (q4_0), as llama.cpp's formats, against 4 for float32; decoding is bound by them.
 //
 // Weights are stored in tiles of 16 rows x one 32-block, rows interleaved by 4 bytes (the
-// order int8 dot-product instructions consume; llama.cpp repacks its CPU weights alike): one 64-byte load
-// holds 4 consecutive weights of 16 rows, so an int8 dot-product instruction advances 16
-// rows at once against 4 broadcast activations, and a block ends with 16 finished row sums
-// in one register (no horizontal sums, no per-row shuffles). Kernels, chosen at run time
-// (the target builds and runs on any CPU):
+// order int8 dot-product instructions consume; llama.cpp repacks its CPU weights alike): one
+// 64-byte load holds 4 consecutive weights of 16 rows, so an int8 dot-product instruction advances
+// 16 rows at once against 4 broadcast activations, and a block ends with 16 finished row sums in
+// one register (no horizontal sums, no per-row shuffles). Kernels, chosen at run time (the target
+// builds and runs on any CPU):
+//   kAmx         _tile_dpbsud (AMX-TILE + AMX-INT8, Linux's tile permission), from
+//                4 activation rows (fewer: VNNI): one instruction per 32-block multiplies
+//                up to 16 rows by a group's 16 weight rows
 //   kAvx512Vnni  _mm512_dpbusd_epi32 (AVX-512 F/BW + VNNI)
 //   kAvx2        _mm256_maddubs_epi16 + _mm256_madd_epi16 (AVX2 + FMA)
 //   kPortable    scalar loops
@@ -52,7 +55,7 @@ struct BlockQuantWeight {
   //   kQ4_0 (T = 256): byte [c * 64 + l * 4 + j] holds q + 8 of element 8c + j in its low
   //                    nibble and of element 8c + 4 + j in its high nibble.
   at::Tensor values;
-  at::Tensor scales;  // IEEE half [G, K / 32, 16]: per tile, one scale per row lane
+  at::Tensor scales;         // IEEE half [G, K / 32, 16]: per tile, one scale per row lane
   int64_t out_features = 0;  // N
   int64_t in_features = 0;   // K, a multiple of kQuantBlock
 
@@ -76,12 +79,12 @@ absl::Status CheckBlockQuantWeight(const BlockQuantWeight& weight);
 at::Tensor DequantizeBlocks(const BlockQuantWeight& weight);
 at::Tensor DequantizeBlockRows(const BlockQuantWeight& weight, const at::Tensor& rows);
 
-enum class QuantKernel { kPortable, kAvx2, kAvx512Vnni };
+enum class QuantKernel { kPortable, kAvx2, kAvx512Vnni, kAmx };
 const char* QuantKernelName(QuantKernel kernel);
 // Whether this CPU (and OS) runs `kernel`.
 bool QuantKernelAvailable(QuantKernel kernel);
 // The fastest available kernel; the environment variable LGPT_QUANT_KERNEL (portable, avx2,
-// avx512vnni) picks a slower one for comparisons.
+// avx512vnni, amx) picks a slower one for comparisons.
 QuantKernel BestQuantKernel();
 
 // Activation rows quantised per 32-block (symmetric int8, scale = amax / 127, ties to even);

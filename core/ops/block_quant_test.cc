@@ -1,13 +1,13 @@
 #include "core/ops/block_quant.h"
 
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstring>
 #include <string>
 #include <tuple>
 #include <vector>
-
-#include <ATen/ATen.h>
-#include <gtest/gtest.h>
 
 #include "core/ops/gemv.h"
 
@@ -18,7 +18,8 @@ constexpr BlockFormat kFormats[] = {BlockFormat::kQ8_0, BlockFormat::kQ4_0};
 
 std::vector<QuantKernel> AvailableKernels() {
   std::vector<QuantKernel> kernels;
-  for (QuantKernel k : {QuantKernel::kPortable, QuantKernel::kAvx2, QuantKernel::kAvx512Vnni}) {
+  for (QuantKernel k :
+       {QuantKernel::kPortable, QuantKernel::kAvx2, QuantKernel::kAvx512Vnni, QuantKernel::kAmx}) {
     if (QuantKernelAvailable(k)) kernels.push_back(k);
   }
   return kernels;
@@ -51,7 +52,7 @@ at::Tensor RowScales(const BlockQuantWeight& q) {
 }
 
 at::Tensor RunGemv(const BlockQuantWeight& q, const at::Tensor& x, const at::Tensor& bias,
-               QuantKernel kernel) {
+                   QuantKernel kernel) {
   at::Tensor y = at::empty({x.size(0), q.out_features});
   BlockQuantGemv(q, bias.defined() ? bias.data_ptr<float>() : nullptr, x.data_ptr<float>(),
                  y.data_ptr<float>(), x.size(0), kernel);
@@ -129,8 +130,7 @@ TEST(QuantizeBlocks, ZeroBlocksRowsAndErrors) {
       odd[2][37] = v;
       const absl::StatusOr<BlockQuantWeight> refused = QuantizeBlocks(odd, format);
       EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << v;
-      EXPECT_NE(refused.status().message().find("[2, 37]"), std::string::npos)
-          << refused.status();
+      EXPECT_NE(refused.status().message().find("[2, 37]"), std::string::npos) << refused.status();
     }
   }
 }
@@ -245,18 +245,17 @@ TEST_P(BlockQuantGemvShapes, KernelsMatchReferences) {
         at::from_blob(qx.scales.data(), {rows, k / kQuantBlock, 1}, at::kFloat)
             .expand({rows, k / kQuantBlock, kQuantBlock})
             .reshape({rows, k})
-            .to(at::kDouble) * 0.5;
+            .to(at::kDouble) *
+        0.5;
     const at::Tensor rounding = at::matmul(half_steps, wd.abs().t());
     at::Tensor portable;
     for (QuantKernel kernel : AvailableKernels()) {
       const at::Tensor y = RunGemv(q, x, bias, kernel).to(at::kDouble);
-      const std::string what =
-          std::string(BlockFormatName(format)) + " " + QuantKernelName(kernel);
+      const std::string what = std::string(BlockFormatName(format)) + " " + QuantKernelName(kernel);
       EXPECT_TRUE(((y - exact).abs() <= magnitude * 1e-5 + 1e-6).all().item<bool>())
           << what << " max diff " << (y - exact).abs().max().item<double>();
-      EXPECT_TRUE(((y - unquantised_x).abs() <= rounding + magnitude * 1e-5 + 1e-6)
-                      .all()
-                      .item<bool>())
+      EXPECT_TRUE(
+          ((y - unquantised_x).abs() <= rounding + magnitude * 1e-5 + 1e-6).all().item<bool>())
           << what;
       if (kernel == QuantKernel::kPortable) {
         portable = y;
@@ -270,10 +269,9 @@ TEST_P(BlockQuantGemvShapes, KernelsMatchReferences) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, BlockQuantGemvShapes,
-                         ::testing::Combine(::testing::Values(1, 2, 3, 4, 5, 9, 32),
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4, 5, 9, 16, 17, 32, 67),
                                             ::testing::Values(1, 7, 64, 301),
-                                            ::testing::Values(32, 96, 1024),
-                                            ::testing::Bool()));
+                                            ::testing::Values(32, 96, 1024), ::testing::Bool()));
 
 // The serving engine batches decoding rows: a row's output must be bit-identical whatever
 // rows share its call (and however many), for every kernel and format.
@@ -287,7 +285,7 @@ TEST(BlockQuantGemv, RowResultsDoNotDependOnTheBatch) {
     const BlockQuantWeight q = Quantize(w, format);
     for (QuantKernel kernel : AvailableKernels()) {
       const at::Tensor full = RunGemv(q, x, bias, kernel);
-      for (int64_t rows : {1, 2, 3, 4, 5, 7, 8, 13, 31}) {
+      for (int64_t rows : {1, 2, 3, 4, 5, 7, 8, 13, 16, 17, 31}) {
         for (int64_t start : {int64_t{0}, kGemvMaxRows - rows}) {
           const at::Tensor part = RunGemv(q, x.narrow(0, start, rows).contiguous(), bias, kernel);
           ASSERT_EQ(std::memcmp(part.data_ptr<float>(), full[start].data_ptr<float>(),
@@ -303,6 +301,16 @@ TEST(BlockQuantGemv, RowResultsDoNotDependOnTheBatch) {
       EXPECT_TRUE(at::equal(RunGemv(q, other, bias, kernel)[5], full[5]));
     }
   }
+}
+
+// The AMX kernel runs in the tests above (every available kernel against the portable one,
+// bit for bit); where the CPU or the OS lacks it, this says so.
+TEST(BlockQuantKernels, AmxWhereTheCpuHasIt) {
+  if (!QuantKernelAvailable(QuantKernel::kAmx)) {
+    GTEST_SKIP() << "this CPU (or its kernel) has no AMX-INT8: the AMX kernel is not tested here";
+  }
+  EXPECT_EQ(BestQuantKernel(), QuantKernel::kAmx);
+  EXPECT_STREQ(QuantKernelName(QuantKernel::kAmx), "amx");
 }
 
 TEST(BlockQuantKernels, DispatchPicksAnAvailableKernel) {

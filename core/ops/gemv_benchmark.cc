@@ -41,9 +41,9 @@ void BM_Gemv(benchmark::State& state, GemvKernel kernel) {
     benchmark::DoNotOptimize(y.data_ptr<float>());
   }
   SetBytes(state, n_out * k * 4);
-  state.counters["GFLOP_per_s"] = benchmark::Counter(
-      static_cast<double>(2 * rows * n_out * k), benchmark::Counter::kIsIterationInvariantRate,
-      benchmark::Counter::kIs1000);
+  state.counters["GFLOP_per_s"] = benchmark::Counter(static_cast<double>(2 * rows * n_out * k),
+                                                     benchmark::Counter::kIsIterationInvariantRate,
+                                                     benchmark::Counter::kIs1000);
 }
 
 // BM_Gemv with the weights read from memory, as in a model's decoding step: the product runs
@@ -62,9 +62,9 @@ void BM_GemvFromMemory(benchmark::State& state) {
     benchmark::DoNotOptimize(y.data_ptr<float>());
   }
   SetBytes(state, n_out * k * 4);
-  state.counters["GFLOP_per_s"] = benchmark::Counter(
-      static_cast<double>(2 * rows * n_out * k), benchmark::Counter::kIsIterationInvariantRate,
-      benchmark::Counter::kIs1000);
+  state.counters["GFLOP_per_s"] = benchmark::Counter(static_cast<double>(2 * rows * n_out * k),
+                                                     benchmark::Counter::kIsIterationInvariantRate,
+                                                     benchmark::Counter::kIs1000);
 }
 
 void BM_AtLinear(benchmark::State& state) {
@@ -73,9 +73,9 @@ void BM_AtLinear(benchmark::State& state) {
   const at::Tensor x = at::randn({1, rows, k});
   for (auto _ : state) benchmark::DoNotOptimize(at::linear(x, w));
   SetBytes(state, n_out * k * 4);
-  state.counters["GFLOP_per_s"] = benchmark::Counter(
-      static_cast<double>(2 * rows * n_out * k), benchmark::Counter::kIsIterationInvariantRate,
-      benchmark::Counter::kIs1000);
+  state.counters["GFLOP_per_s"] = benchmark::Counter(static_cast<double>(2 * rows * n_out * k),
+                                                     benchmark::Counter::kIsIterationInvariantRate,
+                                                     benchmark::Counter::kIs1000);
 }
 
 void BM_Int8Gemv(benchmark::State& state) {
@@ -128,7 +128,7 @@ void BM_StreamRead(benchmark::State& state) {
 }
 
 void Shapes(benchmark::internal::Benchmark* b) {
-  for (const int64_t rows : {1, 4}) {
+  for (const int64_t rows : {1, 4, 16}) {
     b->Args({rows, 2304, 768});   // qkv
     b->Args({rows, 2048, 768});   // fc_1 / fc_2
     b->Args({rows, 768, 2048});   // proj
@@ -172,9 +172,13 @@ BENCHMARK_CAPTURE(BM_Gemv, serving_avx2, GemvKernel::kAvx2)->Apply(ServingShapes
 BENCHMARK(BM_GemvFromMemory)->Apply(ServingShapes);
 BENCHMARK(BM_AtLinear)->Apply(Shapes);
 BENCHMARK(BM_Int8Gemv)->Apply(Shapes);
+BENCHMARK_CAPTURE(BM_BlockQuantGemv, q8_0_amx, BlockFormat::kQ8_0, QuantKernel::kAmx)
+    ->Apply(Shapes);
 BENCHMARK_CAPTURE(BM_BlockQuantGemv, q8_0_vnni, BlockFormat::kQ8_0, QuantKernel::kAvx512Vnni)
     ->Apply(Shapes);
 BENCHMARK_CAPTURE(BM_BlockQuantGemv, q8_0_avx2, BlockFormat::kQ8_0, QuantKernel::kAvx2)
+    ->Apply(Shapes);
+BENCHMARK_CAPTURE(BM_BlockQuantGemv, q4_0_amx, BlockFormat::kQ4_0, QuantKernel::kAmx)
     ->Apply(Shapes);
 BENCHMARK_CAPTURE(BM_BlockQuantGemv, q4_0_vnni, BlockFormat::kQ4_0, QuantKernel::kAvx512Vnni)
     ->Apply(Shapes);
