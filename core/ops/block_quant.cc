@@ -13,6 +13,7 @@
 #include <c10/util/Half.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -52,8 +53,9 @@ constexpr int kQ4Offset = 8;
 // Blocks whose largest magnitude is below this quantise to zeros (their inverse scale would
 // overflow to infinity).
 constexpr float kTinyScale = 1e-30f;
-// Activation rows from which the AMX kernel takes over from VNNI.
-constexpr int64_t kAmxMinRows = 4;
+// Where the AMX kernel takes over from VNNI (AmxDispatch).
+std::atomic<int64_t> amx_min_rows{AmxDispatch().min_rows};
+std::atomic<int64_t> amx_q4_min_outputs{AmxDispatch().q4_min_outputs};
 
 // AMX-TILE and AMX-INT8 (CPUID leaf 7: EDX bits 24 and 25), and the kernel's permission
 // to use the tile state: Linux gives it per process on request (arch_prctl
@@ -558,8 +560,9 @@ void GemvRange(QuantKernel kernel, bool q4, const GemvArgs& a, int64_t rows, int
                int64_t end) {
 #ifdef LGPT_BLOCK_QUANT_AMX
   if (kernel == QuantKernel::kAmx) {
-    // Below a few rows a tile is mostly empty: VNNI (which every AMX CPU has) is faster.
-    if (rows >= kAmxMinRows) {
+    // Where tiles do not pay, VNNI (which every AMX CPU has) gives the same bits faster.
+    if (rows >= amx_min_rows.load(std::memory_order_relaxed) &&
+        (!q4 || a.n_out >= amx_q4_min_outputs.load(std::memory_order_relaxed))) {
       return q4 ? GemvAmx<true>(a, rows, begin, end) : GemvAmx<false>(a, rows, begin, end);
     }
     kernel = QuantKernel::kAvx512Vnni;
@@ -905,6 +908,13 @@ bool QuantKernelAvailable(QuantKernel kernel) {
     }
   }
   return false;
+}
+
+AmxDispatch SetAmxDispatchForTesting(AmxDispatch dispatch) {
+  AmxDispatch previous;
+  previous.min_rows = amx_min_rows.exchange(dispatch.min_rows);
+  previous.q4_min_outputs = amx_q4_min_outputs.exchange(dispatch.q4_min_outputs);
+  return previous;
 }
 
 QuantKernel BestQuantKernel() {

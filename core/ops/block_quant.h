@@ -87,6 +87,17 @@ bool QuantKernelAvailable(QuantKernel kernel);
 // avx512vnni, amx) picks a slower one for comparisons.
 QuantKernel BestQuantKernel();
 
+// Where kAmx runs its tiles; elsewhere it runs the AVX-512 VNNI kernel (the same bits). Measured
+// on a 2-core Xeon with AMX (core/ops/AMX_NOTES.md): below 16 rows a tile is mostly empty and
+// VNNI wins; at 16 rows q8 gains 14% on layer shapes and 35% on a 32k-wide head, q4 only on
+// wide matrices (its per-group unpack costs what the tiles save on layer shapes).
+struct AmxDispatch {
+  int64_t min_rows = 16;
+  int64_t q4_min_outputs = 8192;
+};
+// Tests run the tiles on every shape: {1, 0}. Returns the previous setting.
+AmxDispatch SetAmxDispatchForTesting(AmxDispatch dispatch);
+
 // Activation rows quantised per 32-block (symmetric int8, scale = amax / 127, ties to even);
 // every kernel gives the same bytes (kPortable: scalar; the others: AVX2).
 struct QuantizedRows {

@@ -59,6 +59,23 @@ at::Tensor RunGemv(const BlockQuantWeight& q, const at::Tensor& x, const at::Ten
   return y;
 }
 
+// The AMX kernel on every shape, not only where it pays (AmxDispatch), so that its partial
+// tiles and q4 over narrow matrices are compared with the other kernels too.
+class AmxEverywhere : public ::testing::Environment {
+ public:
+  void SetUp() override { SetAmxDispatchForTesting({1, 0}); }
+};
+::testing::Environment* const kAmxEverywhere =
+    ::testing::AddGlobalTestEnvironment(new AmxEverywhere);
+
+TEST(BlockQuantKernels, AmxDispatchDefaultsToWhereTilesPay) {
+  const AmxDispatch everywhere = SetAmxDispatchForTesting(AmxDispatch());
+  EXPECT_EQ(everywhere.min_rows, 1);
+  const AmxDispatch defaults = SetAmxDispatchForTesting(everywhere);
+  EXPECT_EQ(defaults.min_rows, 16);
+  EXPECT_EQ(defaults.q4_min_outputs, 8192);
+}
+
 TEST(QuantizeBlocks, RoundingErrorAndExtremes) {
   at::manual_seed(0);
   const at::Tensor w = at::randn({9, 128}) * 0.05;
