@@ -563,7 +563,7 @@ namespace {
 
 // Serving over ranks: a request's cache as the other ranks make it (its spec and length), one
 // `key=value` line a field.
-std::string EncodeCacheRecipe(const KVCacheSpec& spec, int64_t length) {
+std::string EncodeCacheRecipe(const KVCacheSpec& spec, int64_t length, int64_t rollback_slots) {
   return absl::StrCat("policy=", spec.policy, "\nbudget=", spec.budget, "\nbits=", spec.bits,
                       "\nsink_tokens=", spec.sink_tokens,
                       "\nrecent_fraction=", absl::StrFormat("%.17g", spec.recent_fraction),
@@ -572,10 +572,12 @@ std::string EncodeCacheRecipe(const KVCacheSpec& spec, int64_t length) {
                       "\nquant_weight=", absl::StrFormat("%.17g", spec.quant_weight),
                       "\nbudget_rule=", spec.budget_rule, "\nresidual=", spec.residual,
                       "\ngroup_size=", spec.group_size, "\nread_chunk=", spec.read_chunk,
-                      "\npositions=", spec.positions, "\nlength=", length);
+                      "\npositions=", spec.positions, "\nlength=", length,
+                      "\nrollback_slots=", rollback_slots);
 }
 
-absl::Status DecodeCacheRecipe(absl::string_view recipe, KVCacheSpec* spec, int64_t* length) {
+absl::Status DecodeCacheRecipe(absl::string_view recipe, KVCacheSpec* spec, int64_t* length,
+                               int64_t* rollback_slots) {
   int fields = 0;
   for (absl::string_view line : absl::StrSplit(recipe, '\n')) {
     const std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(line, '=');
@@ -611,14 +613,16 @@ absl::Status DecodeCacheRecipe(absl::string_view recipe, KVCacheSpec* spec, int6
       spec->positions = std::string(value);
     } else if (key == "length") {
       ok = absl::SimpleAtoi(value, length);
+    } else if (key == "rollback_slots") {
+      ok = absl::SimpleAtoi(value, rollback_slots);
     } else {
       ok = false;
     }
     if (!ok) return absl::InvalidArgumentError(absl::StrCat("cache recipe: bad line '", line, "'"));
     ++fields;
   }
-  if (fields != 14) {
-    return absl::InvalidArgumentError(absl::StrCat("cache recipe: ", fields, " fields, not 14"));
+  if (fields != 15) {
+    return absl::InvalidArgumentError(absl::StrCat("cache recipe: ", fields, " fields, not 15"));
   }
   return absl::OkStatus();
 }
@@ -644,9 +648,9 @@ Scheduler& Engine::scheduler() const {
         [geometry](const ReplicaRequest& request,
                    const KVMemory& memory) -> absl::StatusOr<std::unique_ptr<KVCache>> {
       KVCacheSpec spec;
-      int64_t length = 0;
-      RETURN_IF_ERROR(DecodeCacheRecipe(request.cache_recipe, &spec, &length));
-      return memory.NewCache(spec, geometry, length);
+      int64_t length = 0, rollback_slots = 0;
+      RETURN_IF_ERROR(DecodeCacheRecipe(request.cache_recipe, &spec, &length, &rollback_slots));
+      return memory.NewCache(spec, geometry, length, rollback_slots);
     };
     scheduler_ =
         std::make_unique<Scheduler>(model_, serving_, *std::move(memory),
@@ -706,7 +710,10 @@ absl::StatusOr<Engine::Prepared> Engine::Prepare(const std::vector<int64_t>& pro
   const int64_t length = CacheLength(prompt, options);
   ASSIGN_OR_RETURN(prepared.cache, memory.NewCache(options.kv_cache, CacheGeometry(), length,
                                                    SpeculativeTokens(options)));
-  if (ServesOverRanks()) prepared.cache_recipe = EncodeCacheRecipe(options.kv_cache, length);
+  if (ServesOverRanks()) {
+    prepared.cache_recipe =
+        EncodeCacheRecipe(options.kv_cache, length, SpeculativeTokens(options));
+  }
   ASSIGN_OR_RETURN(const int64_t adapter, AdapterSlot(options));
   auto text = std::make_shared<RequestText>(tokenizer_, options, StopTokens(options), adapter);
   prepared.request.reset(new Request());

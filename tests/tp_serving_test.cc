@@ -39,6 +39,7 @@ TEST(TpServingTest, MixedRequestsOverTwoRanksEqualOneProcess) {
   EXPECT_THAT(run->out, Not(HasSubstr("prefix_hits=0 ")));
   EXPECT_THAT(run->out, Not(HasSubstr("forked_choices=0")));
   EXPECT_THAT(run->out, Not(HasSubstr("preemptions=0 ")));
+  EXPECT_THAT(run->out, Not(HasSubstr("accepted_tokens=0\n")));  // speculative rows verified
   EXPECT_THAT(run->err, HasSubstr("follower: OK"));
 }
 

@@ -47,8 +47,8 @@ struct Case {
   int64_t n = 1;
 };
 
-// Prompts of ids below `vocab`.
-std::vector<Case> Cases(int64_t vocab) {
+// Prompts of ids below `vocab`; `windowed`: the model has sliding-window layers.
+std::vector<Case> Cases(int64_t vocab, bool windowed) {
   std::vector<Case> cases;
   auto prompt = [vocab](int64_t length, int64_t salt) {
     std::vector<int64_t> ids;
@@ -93,13 +93,37 @@ std::vector<Case> Cases(int64_t vocab) {
   // Ends itself after 4 tokens (rank 0's callback decides; the others hear it).
   Case stopped{"callback stop", prompt(9, 9), greedy(50)};
   cases.push_back(stopped);
+  // Speculative rows: rank 0 proposes (prompt lookup over a prompt that repeats itself), every
+  // rank verifies the same tokens, rank 0 decides how many are kept.
+  const auto repeating = [&prompt](int64_t salt) {
+    std::vector<int64_t> ids = prompt(8, salt);
+    for (int i = 0; i < 3; ++i) ids.insert(ids.end(), ids.begin(), ids.begin() + 8);
+    return ids;
+  };
+  Case lookup{"ngram", repeating(10), greedy(30)};
+  lookup.options.speculative.method = "ngram";
+  lookup.options.speculative.num_speculative_tokens = 4;
+  lookup.options.speculative.prompt_lookup_min = 1;
+  cases.push_back(lookup);
+  // (Sampled speculative requests are left out: a step proposes only where the pool has room,
+  // and a rank's pool, half the groups, has more blocks than one process's, so their proposals
+  // and hence their draws differ; their distribution is the model's either way.)
+  if (!windowed) {  // quantised storage of a windowed layer cannot roll back
+    Case lookup_int8 = lookup;
+    lookup_int8.name = "ngram int8";
+    lookup_int8.prompt = repeating(12);
+    lookup_int8.options.kv_cache.bits = 8;
+    lookup_int8.options.speculative.num_speculative_tokens = 6;
+    cases.push_back(lookup_int8);
+  }
   return cases;
 }
 
 // Every case submitted at once; each choice's tokens.
 absl::StatusOr<std::vector<std::vector<int64_t>>> RunAll(const Engine& engine) {
   std::vector<std::shared_ptr<Request>> requests;
-  for (Case c : Cases(engine.config().vocab_size)) {
+  for (Case c :
+       Cases(engine.config().vocab_size, engine.config().sliding_window_size.has_value())) {
     if (c.name == "callback stop") {
       auto count = std::make_shared<int>(0);
       c.options.on_token = [count](int64_t) { return ++*count < 4; };
@@ -146,9 +170,11 @@ int Serving(const std::shared_ptr<ProcessGroup>& group, const std::string& dir) 
     all = all && same;
     std::cout << "request " << i << (same ? " equal" : " DIFFERENT") << ": "
               << absl::StrJoin((*over_ranks)[i], " ") << "\n";
+    if (!same) std::cout << "  one process: " << absl::StrJoin((*one_process)[i], " ") << "\n";
   }
   std::cout << "preemptions=" << stats.preemptions << " prefix_hits=" << stats.prefix_hits
-            << " forked_choices=" << stats.forked_choices << "\n";
+            << " forked_choices=" << stats.forked_choices
+            << " accepted_tokens=" << stats.accepted_tokens << "\n";
   std::cout << dir << (all ? " serving equal" : " serving DIFFERENT") << std::endl;
   return all ? 0 : 1;  // the engine goes here: the followers' FollowServing returns OK
 }

@@ -264,12 +264,6 @@ absl::StatusOr<std::unique_ptr<Scheduler::Request>> Scheduler::MakeRequest(
   }
   RETURN_IF_ERROR(
       CheckGenerateRequest(*model_, *cache, static_cast<int64_t>(prompt.size()), options));
-  if (sync_ != nullptr && options.speculative.proposer != nullptr) {
-    // Followers would need each step's accepted tokens (several per request) in StepTokens.
-    return FieldError(absl::StatusCode::kUnimplemented, "GenerateOptions.speculative",
-                      "GenerateOptions.speculative: speculative decoding is not served over "
-                      "tensor-parallel ranks yet");
-  }
   for (size_t i = 0; i < prompt.size(); ++i) {
     if (prompt[i] < 0 || prompt[i] >= model_->config().PaddedVocabSize()) {
       return absl::OutOfRangeError(absl::StrCat("prompt token ", i, " (", prompt[i],
@@ -470,11 +464,30 @@ bool Scheduler::LeadPlan(Running& running) {
     }
     plan.stop = stopping_;
   }
+  ProposeForPlan(running, plan);
   if (absl::Status shared = sync_->SharePlan(plan); !shared.ok()) {
     EndServing(shared);
     return false;
   }
   return !plan.stop;
+}
+
+void Scheduler::ProposeForPlan(Running& running, StepPlan& plan) {
+  // The speculative rows' proposals go with the plan: the followers verify the same tokens (a
+  // draft model runs on this rank only). A proposer that fails ends its request on every rank.
+  std::vector<Request*> decoding;
+  for (auto& owned : running) {
+    if (owned->state == RequestState::kDecoding) decoding.push_back(owned.get());
+  }
+  Propose(decoding);
+  for (Request* r : decoding) {
+    if (r->state == RequestState::kFinished) {
+      if (!r->cancel_announced) plan.cancelled.push_back(r->arrival);
+      r->cancel_announced = true;
+    } else if (r->verifies()) {
+      plan.proposals.push_back({r->arrival, r->proposal.tokens});
+    }
+  }
 }
 
 ReplicaRequest Scheduler::ReplicaOf(const Request& r) {
@@ -500,6 +513,19 @@ bool Scheduler::FollowPlan(Running& running) {
   if (!status.ok()) {
     EndServing(status);
     return false;
+  }
+  for (auto& request : running) request->DropProposal();
+  for (const StepProposal& proposal : plan.proposals) {
+    auto it = std::find_if(running.begin(), running.end(), [&](const auto& r) {
+      return r->arrival == proposal.id && r->state == RequestState::kDecoding;
+    });
+    if (it == running.end()) {
+      EndServing(absl::InternalError(
+          absl::StrCat("serving over ranks diverged: rank 0 proposed tokens for request ",
+                       proposal.id, ", which is not decoding on this rank")));
+      return false;
+    }
+    (*it)->proposal.tokens = proposal.tokens;
   }
   std::lock_guard<std::mutex> lock(mutex_);
   for (uint64_t id : plan.cancelled) {
@@ -972,7 +998,14 @@ void Scheduler::SampleReady(Running& running) {
     Request& r = *owned;
     if (r.state != RequestState::kSampling) continue;
     if (r.verifies()) {
-      Verify(r);
+      const int64_t before = static_cast<int64_t>(r.ids.size());
+      const bool failed = !Verify(r);
+      // Over ranks: the block's tokens, and -1 after them when the verification failed.
+      shared.ids.push_back(r.arrival);
+      shared.tokens.insert(shared.tokens.end(), r.ids.begin() + before, r.ids.end());
+      if (failed) shared.tokens.push_back(-1);
+      shared.counts.push_back(static_cast<int64_t>(r.ids.size()) - before + (failed ? 1 : 0));
+      shared.done.push_back(r.state == RequestState::kFinished ? 1 : 0);
       continue;
     }
     TokenLogprob logprob;
@@ -986,6 +1019,7 @@ void Scheduler::SampleReady(Running& running) {
     }
     shared.ids.push_back(r.arrival);
     shared.tokens.push_back(next.ok() ? *next : -1);
+    shared.counts.push_back(1);
     shared.done.push_back(r.state == RequestState::kFinished ? 1 : 0);
   }
   if (sync_ == nullptr) return;
@@ -994,13 +1028,14 @@ void Scheduler::SampleReady(Running& running) {
   }
 }
 
-void Scheduler::Verify(Request& r) {
+bool Scheduler::Verify(Request& r) {
   // Position j's logits choose the token after verify_ids[j]: proposal j while the model
   // accepts, then one of its own (a replacement, or the bonus after every proposal). Each
   // token is delivered as a sampled one is (on_logprob, on_token, stops).
   const Proposal& proposal = r.proposal;
   const int64_t proposed = static_cast<int64_t>(proposal.tokens.size());
   int64_t emitted = 0, accepted = 0;
+  bool verified = true;
   for (int64_t j = 0; j <= proposed; ++j) {
     const at::Tensor row = r.verify_logits.narrow(0, j, 1);  // [1, V]
     TokenLogprob logprob;
@@ -1017,6 +1052,7 @@ void Scheduler::Verify(Request& r) {
     }
     if (!verdict.ok()) {
       r.Fail(verdict.status());
+      verified = false;
       break;
     }
     if (j > 0) r.MoveTo(RequestState::kSampling);  // the next token of the block
@@ -1036,8 +1072,12 @@ void Scheduler::Verify(Request& r) {
     stats_.proposed_tokens += proposed;
     stats_.accepted_tokens += accepted;
   }
+  if (r.state != RequestState::kFinished) KeepVerified(r, emitted);
   r.DropProposal();
-  if (r.state == RequestState::kFinished) return;
+  return verified;
+}
+
+void Scheduler::KeepVerified(Request& r, int64_t emitted) {
   // The cache keeps the fed token and the accepted proposals before the last emitted token
   // (the next step feeds it, as without speculation).
   const int64_t kept = r.verify_position + emitted;
@@ -1054,6 +1094,7 @@ void Scheduler::FollowSamples(Running& running) {
   StepTokens shared;
   absl::Status status = sync_->ShareTokens(shared);
   size_t next = 0;
+  int64_t token_offset = 0;
   for (auto& owned : running) {
     Request& r = *owned;
     if (r.state != RequestState::kSampling) continue;
@@ -1065,14 +1106,28 @@ void Scheduler::FollowSamples(Running& running) {
           next < shared.ids.size() ? absl::StrCat(shared.ids[next]) : std::string("none")));
     }
     if (!status.ok()) break;
-    const int64_t token = shared.tokens[next];
+    const int64_t count = shared.counts[next];
     const bool done = shared.done[next] != 0;
     ++next;
-    if (token < 0) {  // rank 0's sampling failed: the request ends there
+    if (!r.verifies() && count != 1) {
+      status = absl::InternalError(absl::StrCat("serving over ranks diverged: rank 0 sampled ",
+                                                count, " tokens for request ", r.arrival,
+                                                ", which verifies no proposal on this rank"));
+      break;
+    }
+    const int64_t* tokens = shared.tokens.data() + token_offset;
+    token_offset += count;
+    if (tokens[count - 1] < 0) {  // rank 0's sampling failed: the request ends there
+      r.DropProposal();
       r.Cancel();
       continue;
     }
-    r.ids.push_back(token);
+    r.ids.insert(r.ids.end(), tokens, tokens + count);
+    if (r.verifies()) {
+      if (!done) KeepVerified(r, count);
+      r.DropProposal();
+      if (r.state == RequestState::kFinished) continue;  // a failed truncation
+    }
     r.MoveTo(done ? RequestState::kFinished : RequestState::kDecoding);
   }
   if (status.ok() && next != shared.ids.size()) {
@@ -1096,7 +1151,8 @@ std::vector<Scheduler::Request*> Scheduler::ReserveDecodeRows(Running& running) 
     }
     candidates.push_back(&r);
   }
-  Propose(candidates);
+  // Over ranks the proposals came with the plan (ProposeForPlan, FollowPlan).
+  if (sync_ == nullptr) Propose(candidates);
   std::vector<Request*> rows;
   for (Request* r : candidates) {
     if (r->state != RequestState::kDecoding) continue;  // preempted by an earlier row

@@ -72,8 +72,11 @@
 //
 // Speculative requests (GenerateOptions.speculative) verify a block of proposed tokens as one
 // chunk of the step's pass, proposed only into free memory, and roll their caches back to the
-// accepted tokens (core/serving/README.md, "Speculative rows"); each equals Generate with the
-// same proposer. Not over tensor-parallel ranks (Submit refuses it there).
+// accepted tokens (core/serving/README.md, "Speculative rows"): greedy ones give plain greedy's
+// tokens; sampled ones Generate's draws with the same proposer where every step could verify
+// its proposal (a step short of memory decodes one token instead, which draws differently;
+// the distribution is the model's either way). Over tensor-parallel ranks rank 0 proposes and
+// the plan carries the proposals.
 //
 // Over tensor-parallel ranks (the StepSync constructor, core/serving/step_sync.h) every rank
 // runs this scheduler in lockstep: rank 0 announces each step's new requests and
@@ -327,8 +330,15 @@ class Scheduler {
   // anyone; else drops the proposal (false) and the request decodes one token.
   bool ReserveVerification(Request& request);
   // After the pass, a speculative row's verification: its tokens delivered, the rejected
-  // entries forgotten (KVRollback::Truncate), its statistics counted.
-  void Verify(Request& request);
+  // entries forgotten (KeepVerified), its statistics counted; false when it failed (the
+  // request ends with the error).
+  bool Verify(Request& request);
+  // The cache and stream keep the fed token and the first `emitted` - 1 proposals (the last
+  // emitted token is fed next); the full blocks are published.
+  void KeepVerified(Request& request, int64_t emitted);
+  // Over ranks, the leader: the speculative rows' proposals, into the plan the followers
+  // verify the same tokens from (a failing proposer cancels its request on every rank).
+  void ProposeForPlan(Running& running, StepPlan& plan);
   // Counts the fed tokens, publishes blocks and keeps the logits ([rows, V]) to sample from.
   void AfterDecode(const std::vector<Request*>& rows, const absl::StatusOr<at::Tensor>& logits);
   // Takes the pool memory `request`'s next step of `steps` entries needs (KVMemory::Reserve),

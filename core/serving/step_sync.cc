@@ -137,6 +137,11 @@ std::string EncodeStepPlan(const StepPlan& plan) {
     w.Int(r.adapter);
     w.Bytes(r.cache_recipe);
   }
+  w.Int(static_cast<int64_t>(plan.proposals.size()));
+  for (const StepProposal& p : plan.proposals) {
+    w.Int(static_cast<int64_t>(p.id));
+    w.Ints(p.tokens);
+  }
   return w.Take();
 }
 
@@ -161,6 +166,14 @@ absl::StatusOr<StepPlan> DecodeStepPlan(const std::string& bytes) {
     ASSIGN_OR_RETURN(a.cache_recipe, r.Bytes());
     plan.arrivals.push_back(std::move(a));
   }
+  ASSIGN_OR_RETURN(const int64_t proposals, r.Count(2 * sizeof(int64_t)));
+  for (int64_t i = 0; i < proposals; ++i) {
+    StepProposal p;
+    ASSIGN_OR_RETURN(const int64_t id, r.Int());
+    p.id = static_cast<uint64_t>(id);
+    ASSIGN_OR_RETURN(p.tokens, r.Ints());
+    plan.proposals.push_back(std::move(p));
+  }
   RETURN_IF_ERROR(r.End());
   return plan;
 }
@@ -169,6 +182,7 @@ std::string EncodeStepTokens(const StepTokens& tokens) {
   Writer w;
   w.Ints(AsInts(tokens.ids));
   w.Ints(tokens.tokens);
+  w.Ints(tokens.counts.empty() ? std::vector<int64_t>(tokens.ids.size(), 1) : tokens.counts);
   w.Ints(std::vector<int64_t>(tokens.done.begin(), tokens.done.end()));
   return w.Take();
 }
@@ -178,12 +192,21 @@ absl::StatusOr<StepTokens> DecodeStepTokens(const std::string& bytes) {
   StepTokens out;
   ASSIGN_OR_RETURN(const std::vector<int64_t> ids, r.Ints());
   ASSIGN_OR_RETURN(out.tokens, r.Ints());
+  ASSIGN_OR_RETURN(out.counts, r.Ints());
   ASSIGN_OR_RETURN(const std::vector<int64_t> done, r.Ints());
   RETURN_IF_ERROR(r.End());
-  if (out.tokens.size() != ids.size() || done.size() != ids.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("step tokens: ", ids.size(), " ids, ",
-                                                   out.tokens.size(), " tokens, ", done.size(),
-                                                   " end flags"));
+  int64_t counted = 0;
+  for (const int64_t count : out.counts) {
+    if (count < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("step tokens: a count of ", count));
+    }
+    counted += count;
+  }
+  if (out.counts.size() != ids.size() || counted != static_cast<int64_t>(out.tokens.size()) ||
+      done.size() != ids.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step tokens: ", ids.size(), " ids, ", out.counts.size(), " counts of ", counted,
+        " tokens, ", out.tokens.size(), " tokens, ", done.size(), " end flags"));
   }
   out.ids.assign(ids.begin(), ids.end());
   out.done.assign(done.begin(), done.end());

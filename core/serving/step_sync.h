@@ -38,16 +38,27 @@ struct ReplicaRequest {
   std::string cache_recipe;  // the engine's description of its KV cache (Engine: spec, length)
 };
 
+// A speculative request's proposal for this step (the leader's proposer made it; the
+// followers verify the same tokens).
+struct StepProposal {
+  uint64_t id = 0;  // the request's arrival number
+  std::vector<int64_t> tokens;
+};
+
 struct StepPlan {
   std::vector<ReplicaRequest> arrivals;
   std::vector<uint64_t> cancelled;  // arrival numbers, waiting or running
   bool stop = false;                // serving ends: every request still here is cancelled
+  std::vector<StepProposal> proposals;
 };
 
 struct StepTokens {
   std::vector<uint64_t> ids;  // the requests sampled this step, in the order they were
+  // Per request the tokens it got, end to end: one, or a speculative request's verified block
+  // (counts[i] of them; counts empty: one each).
   std::vector<int64_t> tokens;
-  std::vector<uint8_t> done;  // 1: the request ended with this token
+  std::vector<int64_t> counts;
+  std::vector<uint8_t> done;  // 1: the request ended with its last token
 };
 
 class StepSync {

@@ -25,6 +25,7 @@ StepPlan SamplePlan() {
   ReplicaRequest b;
   b.id = 8;
   plan.arrivals = {a, b};
+  plan.proposals = {{8, {4, 5, 6}}, {3, {}}};
   return plan;
 }
 
@@ -46,16 +47,35 @@ TEST(StepSyncTest, PlansAndTokensRoundTrip) {
   EXPECT_EQ(a.cache_recipe, plan.arrivals[0].cache_recipe);
   EXPECT_EQ(back->arrivals[1].id, 8u);
   EXPECT_EQ(back->arrivals[1].group, -1);
+  ASSERT_EQ(back->proposals.size(), 2u);
+  EXPECT_EQ(back->proposals[0].id, 8u);
+  EXPECT_EQ(back->proposals[0].tokens, (std::vector<int64_t>{4, 5, 6}));
+  EXPECT_EQ(back->proposals[1].id, 3u);
+  EXPECT_TRUE(back->proposals[1].tokens.empty());
 
   StepTokens tokens;
-  tokens.ids = {7, 8};
-  tokens.tokens = {11, -1};
-  tokens.done = {0, 1};
+  tokens.ids = {7, 8, 9};
+  tokens.tokens = {11, -1, 4, 5, 6};
+  tokens.counts = {1, 1, 3};  // a speculative request's verified block of three
+  tokens.done = {0, 1, 0};
   absl::StatusOr<StepTokens> tokens_back = DecodeStepTokens(EncodeStepTokens(tokens));
   ASSERT_TRUE(tokens_back.ok()) << tokens_back.status();
   EXPECT_EQ(tokens_back->ids, tokens.ids);
   EXPECT_EQ(tokens_back->tokens, tokens.tokens);
   EXPECT_EQ(tokens_back->done, tokens.done);
+  EXPECT_EQ(tokens_back->counts, tokens.counts);
+  // Without counts: one token each.
+  StepTokens plain;
+  plain.ids = {1, 2};
+  plain.tokens = {5, 6};
+  plain.done = {0, 0};
+  absl::StatusOr<StepTokens> plain_back = DecodeStepTokens(EncodeStepTokens(plain));
+  ASSERT_TRUE(plain_back.ok()) << plain_back.status();
+  EXPECT_EQ(plain_back->counts, (std::vector<int64_t>{1, 1}));
+  // Counts that do not add up to the tokens are refused.
+  StepTokens miscounted = tokens;
+  miscounted.counts = {1, 1, 2};
+  EXPECT_FALSE(DecodeStepTokens(EncodeStepTokens(miscounted)).ok());
 }
 
 TEST(StepSyncTest, MalformedMessagesAreRefused) {
