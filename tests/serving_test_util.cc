@@ -1,6 +1,7 @@
 #include "tests/serving_test_util.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <functional>
 #include <utility>
@@ -45,10 +46,40 @@ KVCacheSpec TestSpec(const std::string& policy, int64_t budget, int bits) {
   return spec;
 }
 
-GPT GoldenModel(const std::string& name) {
-  absl::StatusOr<LoadedModel> loaded = LoadCheckpoint("tests/testdata/" + name);
+GPT GoldenModel(const std::string& name) { return LoadModel("tests/testdata/" + name); }
+
+GPT LoadModel(const std::string& dir) {
+  absl::StatusOr<LoadedModel> loaded = LoadCheckpoint(dir);
   EXPECT_TRUE(loaded.ok()) << loaded.status();
   return loaded->model;
+}
+
+GPT NoisyCopy(const GPTImpl& model) {
+  absl::StatusOr<GPT> copy = GPTImpl::Create(model.config());
+  EXPECT_TRUE(copy.ok()) << copy.status();
+  at::NoGradGuard no_grad;
+  at::manual_seed(77);
+  const auto source = model.named_parameters();
+  for (auto& item : (*copy)->named_parameters()) {
+    const at::Tensor& original = source[item.key()];
+    item.value().copy_(original);
+    if (original.numel() > 1) {
+      item.value().add_(at::randn_like(original) * original.std().item<double>() * 0.1);
+    }
+  }
+  (*copy)->eval();
+  return *copy;
+}
+
+std::shared_ptr<BlockPool> TestPool(GPTImpl& model, int64_t blocks, int64_t entries_per_block) {
+  KVCacheGeometry geometry;
+  geometry.layers = model.CacheLayout();
+  BlockPoolOptions options;
+  options.entries_per_block = entries_per_block;
+  options.num_blocks = blocks;
+  absl::StatusOr<std::shared_ptr<BlockPool>> pool = BlockPool::Create(geometry, options);
+  EXPECT_TRUE(pool.ok()) << pool.status();
+  return pool.ok() ? *pool : nullptr;
 }
 
 std::vector<Job> Jobs(GPTImpl& model, int count, uint64_t seed) {

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "cache/block_pool.h"
 #include "cache/kv_cache.h"
 #include "cache/kv_cache_factory.h"
 #include "core/model/generate.h"
@@ -27,6 +28,16 @@ KVCacheSpec TestSpec(const std::string& policy, int64_t budget, int bits);
 
 // A checkpoint of tests/testdata ("golden/llama2").
 GPT GoldenModel(const std::string& name);
+
+// The checkpoint in `dir` (relative to the runfiles: "tools/default_model").
+GPT LoadModel(const std::string& dir);
+
+// The model with noise on its weights (10% of each tensor's spread, fixed seed): a draft that
+// agrees with it often but not always (speculative decoding's blocks end at every position).
+GPT NoisyCopy(const GPTImpl& model);
+
+// A block pool of `blocks` blocks of `entries_per_block` entries for the model's cache layout.
+std::shared_ptr<BlockPool> TestPool(GPTImpl& model, int64_t blocks, int64_t entries_per_block);
 
 // A request of the serving tests.
 struct Job {

@@ -26,17 +26,6 @@
 namespace lgpt {
 namespace {
 
-std::shared_ptr<BlockPool> Pool(GPTImpl& model, int64_t blocks, int64_t entries_per_block) {
-  KVCacheGeometry geometry;
-  geometry.layers = model.CacheLayout();
-  BlockPoolOptions options;
-  options.entries_per_block = entries_per_block;
-  options.num_blocks = blocks;
-  absl::StatusOr<std::shared_ptr<BlockPool>> pool = BlockPool::Create(geometry, options);
-  EXPECT_TRUE(pool.ok()) << pool.status();
-  return *pool;
-}
-
 std::vector<int64_t> Prompt(GPTImpl& model, int64_t length, uint64_t seed) {
   at::manual_seed(seed);
   const at::Tensor ids =
@@ -114,7 +103,7 @@ TEST_P(ForkTest, ChoicesPrefillThePromptOnceAndEqualEachAlone) {
   }
   SchedulerOptions options;
   options.max_running = 64;
-  std::shared_ptr<BlockPool> pool = with_pool ? Pool(*model, 2048, 4) : nullptr;
+  std::shared_ptr<BlockPool> pool = with_pool ? TestPool(*model, 2048, 4) : nullptr;
   Scheduler scheduler(model, options, pool);
   const int64_t growth_step = with_pool ? 4 : 0;
   for (Group& group : groups) {
@@ -273,7 +262,7 @@ TEST(ChoicesTest, ALeaderPreemptedBeforeItsPromptIsDoneLeavesTheLeadToTheNext) {
   group.options.sampling = {1.0, 20, 1.0};
   group.options.seed = 60;
   group.options.prefill_chunk = 4;  // six steps of prompt
-  std::shared_ptr<BlockPool> pool = Pool(*model, 64, 1);
+  std::shared_ptr<BlockPool> pool = TestPool(*model, 64, 1);
   const int64_t pool_bytes = pool->num_blocks() * pool->BytesPerBlock();
   // What a choice's first chunk reserves, and what the leader holds after five chunks.
   const int64_t first_chunk = CacheOf(*model, group, 1)->storage_bound()->BytesAfterStep(4);
@@ -369,8 +358,8 @@ TEST(ChoicesTest, PreemptedChoicesRecomputeWithoutChangingAToken) {
     groups.push_back(group);
   }
   // Blocks of one entry: a budget in bytes of about two and a half caches.
-  std::shared_ptr<BlockPool> pool = Pool(*model, 1, 1);
-  pool = Pool(*model, 5 * most_bytes / 2 / pool->BytesPerBlock() + 1, 1);
+  std::shared_ptr<BlockPool> pool = TestPool(*model, 1, 1);
+  pool = TestPool(*model, 5 * most_bytes / 2 / pool->BytesPerBlock() + 1, 1);
   SchedulerOptions options;
   options.max_running = 16;
   Scheduler scheduler(model, options, pool);

@@ -27,17 +27,6 @@
 namespace lgpt {
 namespace {
 
-std::shared_ptr<BlockPool> Pool(GPTImpl& model, int64_t blocks, int64_t entries_per_block) {
-  KVCacheGeometry geometry;
-  geometry.layers = model.CacheLayout();
-  BlockPoolOptions options;
-  options.entries_per_block = entries_per_block;
-  options.num_blocks = blocks;
-  absl::StatusOr<std::shared_ptr<BlockPool>> pool = BlockPool::Create(geometry, options);
-  EXPECT_TRUE(pool.ok()) << pool.status();
-  return *pool;
-}
-
 int64_t Length(const Job& job) {
   return static_cast<int64_t>(job.prompt.size()) + job.options.max_new_tokens;
 }
@@ -99,7 +88,7 @@ TEST_P(PreemptionTest, NeverChangesAToken) {
   options.prefill_chunk = 6;
   options.prefix_caching = GetParam();
   // 9 blocks of 4 entries hold the longest request (19 + 24 tokens) alone, far from all.
-  std::shared_ptr<BlockPool> pool = Pool(*model, 14, 4);
+  std::shared_ptr<BlockPool> pool = TestPool(*model, 14, 4);
   std::vector<std::vector<int64_t>> expected;
   for (Job& job : jobs) {
     job.options.prefill_chunk = job.options.prefill_chunk > 0 ? job.options.prefill_chunk : 6;
@@ -147,7 +136,7 @@ TEST(PrefixReuseTest, SharedPrefixIsComputedOnce) {
     job.spec = TestSpec("dense", 0, 16);
     jobs.push_back(job);
   }
-  std::shared_ptr<BlockPool> pool = Pool(*model, 64, 4);
+  std::shared_ptr<BlockPool> pool = TestPool(*model, 64, 4);
   const auto prefixes = std::make_shared<PrefixCache>(pool);
   SchedulerOptions options;
   options.prefill_chunk = 8;
@@ -203,7 +192,7 @@ TEST(PrefixReuseTest, HitsAndMissesShareAPrefillPass) {
   options.max_running = 12;
   options.prefill_chunk = 6;
   options.step_prefill_tokens = 24;
-  std::shared_ptr<BlockPool> pool = Pool(*model, 160, 4);
+  std::shared_ptr<BlockPool> pool = TestPool(*model, 160, 4);
   const Outcome outcome = Serve(model, jobs, options, pool);
   ASSERT_EQ(outcome.results.size(), jobs.size());
   int64_t hits = 0;
@@ -227,7 +216,7 @@ TEST(PrefixReuseTest, LogitsOfAPrefixHitMatchAFreshPrefill) {
   at::manual_seed(4);
   const at::Tensor ids = at::randint(0, vocab, {21}, at::kLong);
   const std::vector<int64_t> prompt(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + 21);
-  std::shared_ptr<BlockPool> pool = Pool(*model, 32, 4);
+  std::shared_ptr<BlockPool> pool = TestPool(*model, 32, 4);
   PrefixCache prefixes(pool);
   at::NoGradGuard no_grad;
   auto last_logits = [&](PagedKVCache& cache, int64_t from) {
@@ -249,7 +238,7 @@ TEST(PrefixReuseTest, LogitsOfAPrefixHitMatchAFreshPrefill) {
 
 TEST(PoolAdmissionTest, RequestLargerThanThePoolIsRefused) {
   GPT model = GoldenModel("golden/llama2");
-  std::shared_ptr<BlockPool> pool = Pool(*model, 4, 4);
+  std::shared_ptr<BlockPool> pool = TestPool(*model, 4, 4);
   Scheduler scheduler(model, {}, pool);
   GenerateOptions options;
   options.max_new_tokens = 10;
@@ -275,7 +264,7 @@ TEST(PoolAdmissionTest, BudgetedCachesChargeTheirBytesToThePool) {
   const std::unique_ptr<KVCache> probe = BatchOneCache(*model, jobs[0].spec, 64);
   const int64_t bytes = probe->storage_bound()->MaxBytes();
   // Blocks of 1 entry: the pool's budget in bytes is close to what three caches need.
-  std::shared_ptr<BlockPool> pool = Pool(*model, 1, 1);
+  std::shared_ptr<BlockPool> pool = TestPool(*model, 1, 1);
   const int64_t per_block = pool->BytesPerBlock();
   {
     Scheduler too_small(model, {}, pool);
@@ -285,7 +274,7 @@ TEST(PoolAdmissionTest, BudgetedCachesChargeTheirBytesToThePool) {
             .code(),
         absl::StatusCode::kResourceExhausted);
   }
-  pool = Pool(*model, (3 * bytes + per_block - 1) / per_block, 1);  // room for three at once
+  pool = TestPool(*model, (3 * bytes + per_block - 1) / per_block, 1);  // room for three at once
   SchedulerOptions options;
   options.max_running = 8;
   Scheduler scheduler(model, options, pool);
@@ -327,9 +316,9 @@ TEST(PoolAdmissionTest, BudgetedCachesAreAdmittedByTheirBound) {
   }
   const std::unique_ptr<KVCache> probe = BatchOneCache(*model, jobs[0].spec, 64);
   const int64_t bytes = probe->storage_bound()->MaxBytes();
-  std::shared_ptr<BlockPool> pool = Pool(*model, 1, 1);
+  std::shared_ptr<BlockPool> pool = TestPool(*model, 1, 1);
   const int64_t per_block = pool->BytesPerBlock();
-  pool = Pool(*model, (3 * bytes + per_block - 1) / per_block, 1);  // three at their bound
+  pool = TestPool(*model, (3 * bytes + per_block - 1) / per_block, 1);  // three at their bound
   SchedulerOptions options;
   options.max_running = 10;
   Scheduler scheduler(model, options, pool);
@@ -359,7 +348,7 @@ TEST(PoolAdmissionTest, QuantisedCachesAreChargedAsTheyGrow) {
   Job& job = jobs[0];
   job.spec = TestSpec("dense", 0, 8);
   job.options.max_new_tokens = 40;
-  std::shared_ptr<BlockPool> pool = Pool(*model, 64, 4);
+  std::shared_ptr<BlockPool> pool = TestPool(*model, 64, 4);
   Scheduler scheduler(model, {}, pool);
   std::vector<int64_t> reserved;  // blocks charged when each token arrives
   GenerateOptions options = job.options;

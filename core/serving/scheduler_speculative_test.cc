@@ -31,41 +31,6 @@
 namespace lgpt {
 namespace {
 
-GPT Load(const std::string& dir) {
-  absl::StatusOr<LoadedModel> loaded = LoadCheckpoint(dir);
-  EXPECT_TRUE(loaded.ok()) << loaded.status();
-  return loaded->model;
-}
-
-// The model with noise on its weights: a draft that agrees with it often but not always.
-GPT NoisyCopy(const GPTImpl& model) {
-  absl::StatusOr<GPT> copy = GPTImpl::Create(model.config());
-  EXPECT_TRUE(copy.ok()) << copy.status();
-  at::NoGradGuard no_grad;
-  at::manual_seed(77);
-  const auto source = model.named_parameters();
-  for (auto& item : (*copy)->named_parameters()) {
-    const at::Tensor& original = source[item.key()];
-    item.value().copy_(original);
-    if (original.numel() > 1) {
-      item.value().add_(at::randn_like(original) * original.std().item<double>() * 0.1);
-    }
-  }
-  (*copy)->eval();
-  return *copy;
-}
-
-std::shared_ptr<BlockPool> Pool(GPTImpl& model, int64_t blocks, int64_t entries_per_block) {
-  KVCacheGeometry geometry;
-  geometry.layers = model.CacheLayout();
-  BlockPoolOptions options;
-  options.entries_per_block = entries_per_block;
-  options.num_blocks = blocks;
-  absl::StatusOr<std::shared_ptr<BlockPool>> pool = BlockPool::Create(geometry, options);
-  EXPECT_TRUE(pool.ok()) << pool.status();
-  return *pool;
-}
-
 // A request of these tests: its cache kind (dense, paged, int8, int4, or a budgeted policy),
 // its proposer kind (none, ngram, self, other) and options.
 struct Case {
@@ -122,7 +87,7 @@ std::vector<int64_t> Alone(const GPT& model, const GPT& other, Case c, bool plai
       plain ? nullptr : NewProposer(c.proposer, model, other, c.options.sampling);
   // A paged case alone: a pool of its own.
   std::shared_ptr<BlockPool> pool =
-      c.cache == "paged" ? Pool(*model, Length(c) / 4 + 4, 4) : nullptr;
+      c.cache == "paged" ? TestPool(*model, Length(c) / 4 + 4, 4) : nullptr;
   std::unique_ptr<KVCache> cache = CacheOf(*model, c, pool);
   absl::StatusOr<std::vector<int64_t>> tokens = Generate(*model, *cache, c.prompt, c.options);
   EXPECT_TRUE(tokens.ok()) << tokens.status();
@@ -194,7 +159,7 @@ struct Family {
 class SchedulerSpeculativeTest : public ::testing::TestWithParam<Family> {};
 
 TEST_P(SchedulerSpeculativeTest, GreedyRowsEqualPlainGreedy) {
-  GPT model = Load(GetParam().dir);
+  GPT model = LoadModel(GetParam().dir);
   GPT other = NoisyCopy(*model);
   const bool windowed = model->config().sliding_window_size.has_value();
   for (const std::string cache_kind : {"dense", "paged", "int8", "int4"}) {
@@ -205,7 +170,7 @@ TEST_P(SchedulerSpeculativeTest, GreedyRowsEqualPlainGreedy) {
     options.max_running = 6;
     options.prefill_chunk = 5;
     options.step_prefill_tokens = 8;
-    std::shared_ptr<BlockPool> pool = Pool(*model, 400, 4);
+    std::shared_ptr<BlockPool> pool = TestPool(*model, 400, 4);
     const Served served = Serve(model, other, cases, options, pool);
     ASSERT_EQ(served.results.size(), cases.size());
     int64_t verify_steps = 0, proposed = 0, accepted = 0;
@@ -239,7 +204,7 @@ TEST_P(SchedulerSpeculativeTest, GreedyRowsEqualPlainGreedy) {
 }
 
 TEST_P(SchedulerSpeculativeTest, QuantisedWindowsAndEvictingCachesAreRefused) {
-  GPT model = Load(GetParam().dir);
+  GPT model = LoadModel(GetParam().dir);
   const bool windowed = model->config().sliding_window_size.has_value();
   Scheduler scheduler(model, SchedulerOptions());
   for (const std::string cache_kind : {"sink", "h2o", "int8"}) {
@@ -270,7 +235,7 @@ INSTANTIATE_TEST_SUITE_P(Families, SchedulerSpeculativeTest,
 // penalties) draw what Generate with the same proposer and seed draws; plain sampled requests
 // beside them what plain Generate draws.
 TEST(SchedulerSpeculativeSampling, EqualsSpeculativeGenerateSeedForSeed) {
-  GPT model = Load("tools/default_model");
+  GPT model = LoadModel("tools/default_model");
   GPT other = NoisyCopy(*model);
   std::vector<Case> cases;
   const char* kinds[] = {"ngram", "other", "none"};
@@ -304,7 +269,7 @@ TEST(SchedulerSpeculativeSampling, EqualsSpeculativeGenerateSeedForSeed) {
 // A pool too small for every request at once: speculative rows propose only into free blocks
 // and are preempted like any other, recomputed by plain replay, and no token changes.
 TEST(SchedulerSpeculativePool, PreemptionNeverChangesAToken) {
-  GPT model = Load("tools/default_model");
+  GPT model = LoadModel("tools/default_model");
   GPT other = NoisyCopy(*model);
   std::vector<Case> cases;
   for (const std::string cache_kind : {"paged", "int8"}) {
@@ -315,7 +280,7 @@ TEST(SchedulerSpeculativePool, PreemptionNeverChangesAToken) {
   }
   SchedulerOptions options;
   options.max_running = 12;
-  std::shared_ptr<BlockPool> pool = Pool(*model, 40, 4);
+  std::shared_ptr<BlockPool> pool = TestPool(*model, 40, 4);
   const Served served = Serve(model, other, cases, options, pool);
   for (size_t i = 0; i < cases.size(); ++i) {
     SCOPED_TRACE(absl::StrCat("request ", i, " ", cases[i].cache, " ", cases[i].proposer));
@@ -329,7 +294,7 @@ TEST(SchedulerSpeculativePool, PreemptionNeverChangesAToken) {
 // Stops inside a verified block end the request where plain decoding ends it: a stop token, an
 // on_token that says no, max_new_tokens; on_logprob sees each delivered token once.
 TEST(SchedulerSpeculativeStops, EndWhereThePlainRequestEnds) {
-  GPT model = Load("tools/default_model");
+  GPT model = LoadModel("tools/default_model");
   Case base;
   base.prompt = Prompt(model->config().vocab_size, 1, 3);
   base.options.max_new_tokens = 20;

@@ -26,14 +26,8 @@
 namespace lgpt {
 namespace {
 
-GPT Load(const std::string& dir) {
-  absl::StatusOr<LoadedModel> loaded = LoadCheckpoint(dir);
-  EXPECT_TRUE(loaded.ok()) << loaded.status();
-  return loaded->model;
-}
-
 GPT ModelNamed(const std::string& name) {
-  return name == "default_model" ? Load("tools/default_model") : RandomModel(name, 5);
+  return name == "default_model" ? LoadModel("tools/default_model") : RandomModel(name, 5);
 }
 
 std::unique_ptr<DraftModelProposer> Draft(GPT draft, const DraftModelProposerOptions& options) {
@@ -191,7 +185,7 @@ INSTANTIATE_TEST_SUITE_P(Models, ProposeBatchTest, ::testing::Values("default_mo
 // After one batched call, every proposer's cache holds what the same call alone leaves: fresh
 // proposers, ones with rejected proposals to forget, ones with accepted tokens to catch up on.
 TEST(ProposeBatchCacheTest, EachCacheHoldsWhatItWouldAlone) {
-  GPT model = Load("tools/default_model");
+  GPT model = LoadModel("tools/default_model");
   const int64_t vocab = model->config().vocab_size;
   const std::vector<int64_t> prompt = Tokens(7, 30, vocab);
   std::vector<std::unique_ptr<DraftModelProposer>> batched, alone;
@@ -234,7 +228,7 @@ TEST(ProposeBatchCacheTest, EachCacheHoldsWhatItWouldAlone) {
 // vocabulary (OutOfRange for that task), k = 0, n-gram tasks, a proposer given twice and a null
 // one (InvalidArgument naming ProposalTask.proposer): the other tasks propose as alone.
 TEST(ProposeBatchCacheTest, ATasksErrorFailsOnlyThatTask) {
-  GPT model = Load("tools/default_model");
+  GPT model = LoadModel("tools/default_model");
   const int64_t vocab = model->config().vocab_size;
   const int64_t block = model->config().block_size;
   absl::StatusOr<std::unique_ptr<NgramProposer>> ngram = NgramProposer::Create({});
@@ -293,8 +287,8 @@ TEST(ProposeBatchCacheTest, ATasksErrorFailsOnlyThatTask) {
 // proposers: each draft model batches its own, a repeated proposer proposes nothing, and a
 // ProposeTogether called directly refuses proposers it cannot batch with.
 TEST(ProposeBatchCacheTest, GroupsByDraftModelAndRefusesStrangers) {
-  GPT model = Load("tools/default_model");
-  GPT other = Load("tools/default_model");  // the same weights, another draft model
+  GPT model = LoadModel("tools/default_model");
+  GPT other = LoadModel("tools/default_model");  // the same weights, another draft model
   const int64_t vocab = model->config().vocab_size;
   std::unique_ptr<DraftModelProposer> a = Draft(model, {}), b = Draft(other, {}),
                                       c = Draft(model, OptionsOf(1)), d = Draft(other, {});

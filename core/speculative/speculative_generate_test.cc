@@ -64,31 +64,6 @@ std::unique_ptr<KVCache> CacheOf(GPTImpl& model, const std::string& kind, int64_
   return *std::move(cache);
 }
 
-GPT Load(const std::string& dir) {
-  absl::StatusOr<LoadedModel> loaded = LoadCheckpoint(dir);
-  EXPECT_TRUE(loaded.ok()) << loaded.status();
-  return loaded->model;
-}
-
-// The model with noise on its weights (10% of each tensor's spread): a draft that agrees with
-// it often but not always, so blocks end at every position.
-GPT NoisyCopy(const GPTImpl& model) {
-  absl::StatusOr<GPT> copy = GPTImpl::Create(model.config());
-  EXPECT_TRUE(copy.ok()) << copy.status();
-  at::NoGradGuard no_grad;
-  at::manual_seed(77);
-  const auto source = model.named_parameters();
-  for (auto& item : (*copy)->named_parameters()) {
-    const at::Tensor& original = source[item.key()];
-    item.value().copy_(original);
-    if (original.numel() > 1) {
-      item.value().add_(at::randn_like(original) * original.std().item<double>() * 0.1);
-    }
-  }
-  (*copy)->eval();
-  return *copy;
-}
-
 // A prompt that repeats itself, so prompt lookup finds matches.
 std::vector<int64_t> Prompt(int64_t vocab) {
   std::vector<int64_t> prompt;
@@ -136,7 +111,7 @@ class SpeculativeGreedyTest : public ::testing::TestWithParam<Family> {};
 
 TEST_P(SpeculativeGreedyTest, EqualsPlainGreedyTokenForToken) {
   const Family& family = GetParam();
-  GPT model = Load(family.dir);
+  GPT model = LoadModel(family.dir);
   GPT other = NoisyCopy(*model);
   const std::vector<int64_t> prompt = Prompt(model->config().vocab_size);
   const bool windowed = model->config().sliding_window_size.has_value();
@@ -223,7 +198,7 @@ class ModuloConstraint : public TokenConstraint {
 };
 
 TEST(SpeculativeGenerateTest, PenaltiesBiasesConstraintsAndLogprobsCompose) {
-  GPT model = Load("tests/testdata/golden/llama2");
+  GPT model = LoadModel("tests/testdata/golden/llama2");
   const std::vector<int64_t> prompt = Prompt(model->config().vocab_size);
   for (const bool constrained : {false, true}) {
     GenerateOptions options = Greedy();
@@ -259,7 +234,7 @@ TEST(SpeculativeGenerateTest, PenaltiesBiasesConstraintsAndLogprobsCompose) {
 // Stops inside a verified block (a stop token, on_token's false) leave the cache as plain
 // decoding does: a session's next turn continues both alike.
 TEST(SpeculativeGenerateTest, StopsMidBlockAndTheNextTurnContinuesAlike) {
-  GPT model = Load("tools/default_model");
+  GPT model = LoadModel("tools/default_model");
   const std::vector<int64_t> prompt = Prompt(model->config().vocab_size);
   const Outcome reference = GenerateWith(*model, "dense", prompt, Greedy());
   for (const std::string cache_kind : {"dense", "paged", "int8"}) {
@@ -305,7 +280,7 @@ TEST(SpeculativeGenerateTest, StopsMidBlockAndTheNextTurnContinuesAlike) {
 }
 
 TEST(SpeculativeGenerateTest, CachesThatEvictAreRefusedSayingWhy) {
-  GPT model = Load("tests/testdata/golden/llama2");
+  GPT model = LoadModel("tests/testdata/golden/llama2");
   const std::vector<int64_t> prompt = Prompt(model->config().vocab_size);
   GenerateOptions options = Greedy();
   options.speculative.proposer = *NgramProposer::Create({1, 3});
@@ -319,7 +294,7 @@ TEST(SpeculativeGenerateTest, CachesThatEvictAreRefusedSayingWhy) {
 }
 
 TEST(SpeculativeGenerateTest, BadSpeculationIsRefusedNamingTheField) {
-  GPT model = Load("tests/testdata/golden_extra/gemma2");  // sliding windows
+  GPT model = LoadModel("tests/testdata/golden_extra/gemma2");  // sliding windows
   const std::vector<int64_t> prompt = Prompt(model->config().vocab_size);
   GenerateOptions options = Greedy();
   options.speculative.proposer = *NgramProposer::Create({1, 3});
