@@ -20,7 +20,7 @@
 #   lgpt). Every request: 128 random prompt tokens, 128 new tokens; STREAMS (default 1,4,16)
 #   requests at once. A round is, for each precision, one llama.cpp run then one lgpt run:
 #     llama.cpp: llama-batched-bench -npp 128 -ntg 128 -npl 1,4,16 -t $THREADS
-#       -c 16*(128+128): a static batch (all streams prefilled in one batch, then decoded in
+#       -c max(STREAMS)*(128+128): a static batch (all streams prefilled in one batch, then decoded in
 #       lock step, no sampling), its most favourable case. Its columns: S_PP = B*PP / T_PP
 #       (prompt tokens over the prefill time), S_TG = B*TG / T_TG (generated tokens over the
 #       generation time alone, prefill left out), S = (B*PP + B*TG) / T (prompt and generated
