@@ -52,6 +52,9 @@ ABSL_FLAG(std::string, prompt_style, "",
 ABSL_FLAG(int64_t, pool_mb, 0, "shared paged KV pool in MiB; 0: each request its own cache");
 ABSL_FLAG(int64_t, max_running, 16, "requests decoding at once (rows of a decode step)");
 ABSL_FLAG(int64_t, max_waiting, 64, "queued requests; beyond, 429 with Retry-After");
+ABSL_FLAG(int64_t, speculative_max_rows, 0,
+          "with --speculative: speculate only in steps of at most this many decode rows "
+          "(vLLM's speculative_disable_by_batch_size); 0: any number");
 ABSL_FLAG(int64_t, max_body_bytes, 1 << 20, "largest request body; beyond, 413");
 ABSL_FLAG(int32_t, http_threads, 0,
           "connections served at once, at most 1024; 0: --max_running + --max_waiting + 8 "
@@ -88,6 +91,7 @@ absl::StatusOr<EngineOptions> EngineOptionsFromServeFlags(int argc, char** argv)
   ASSIGN_OR_RETURN(options.serving.kv_pool_bytes, PoolBytesFromFlag(absl::GetFlag(FLAGS_pool_mb)));
   options.serving.max_running = absl::GetFlag(FLAGS_max_running);
   options.serving.max_waiting = absl::GetFlag(FLAGS_max_waiting);
+  options.serving.speculative_max_rows = absl::GetFlag(FLAGS_speculative_max_rows);
   // Every request waits for the scheduler's next step: with no room to wait, all are 429s.
   if (options.serving.max_waiting < 1) {
     return absl::InvalidArgumentError(

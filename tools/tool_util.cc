@@ -144,6 +144,7 @@ std::optional<std::string> FlagOfField(absl::string_view path) {
       {"SchedulerOptions.step_prefill_tokens", "--step_prefill_tokens"},
       {"SchedulerOptions.kv_block_size", "--kv_block_size"},
       {"SchedulerOptions.prefix_caching", "--prefix_caching"},
+      {"SchedulerOptions.speculative_max_rows", "--speculative_max_rows"},
       {"OpenAIServerOptions.max_body_bytes", "--max_body_bytes"},
       {"OpenAIServerOptions.http_threads", "--http_threads"},
       {"OpenAIServerOptions.prompt_style", "--prompt_style"},

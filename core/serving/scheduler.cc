@@ -48,6 +48,9 @@ absl::Status SchedulerOptions::Validate() const {
   if (step_prefill_tokens < 1) return invalid("step_prefill_tokens", ">= 1", step_prefill_tokens);
   if (kv_pool_bytes < 0) return invalid("kv_pool_bytes", ">= 0", kv_pool_bytes);
   if (kv_block_size < 1) return invalid("kv_block_size", ">= 1", kv_block_size);
+  if (speculative_max_rows < 0) {
+    return invalid("speculative_max_rows", ">= 0 (0: any number)", speculative_max_rows);
+  }
   return absl::OkStatus();
 }
 
@@ -1172,9 +1175,12 @@ void Scheduler::Propose(const std::vector<Request*>& rows) {
   std::vector<ProposalTask> tasks;
   std::vector<std::vector<int64_t>> joined;  // contexts with earlier turns before the prompt
   joined.reserve(rows.size());
+  // Above speculative_max_rows decode rows no step speculates (the requests decode one token).
+  const int64_t limit = options_.speculative_max_rows;
+  const bool speculates = limit == 0 || static_cast<int64_t>(rows.size()) <= limit;
   for (Request* r : rows) {
     r->DropProposal();
-    const int64_t k = r->ProposalBudget();
+    const int64_t k = speculates ? r->ProposalBudget() : 0;
     if (k < 1) continue;
     // The proposer's view: earlier turns (GenerateOptions.speculative.history), the prompt and
     // the output so far.

@@ -334,5 +334,44 @@ TEST(SchedulerSpeculativeStops, EndWhereThePlainRequestEnds) {
   for (const RequestResult& result : served.results) EXPECT_GT(result.stats.accepted_tokens, 0);
 }
 
+// SchedulerOptions.speculative_max_rows: three choices of one prompt decode together in every
+// step, so a limit of two rows stops all speculation and a limit of three allows it; the tokens
+// are plain greedy's either way.
+TEST(SchedulerSpeculativeLimit, NoStepSpeculatesAboveTheRowLimit) {
+  GPT model = LoadModel("tools/default_model");
+  Case c;
+  c.prompt = Prompt(model->config().vocab_size, 2, 3);
+  c.options.max_new_tokens = 16;
+  c.options.sampling.temperature = 0;
+  c.options.speculative.k = 4;
+  c.proposer = "ngram";
+  const std::vector<int64_t> plain = Alone(model, model, c, /*plain=*/true);
+  for (const int64_t limit : {2, 3}) {
+    SchedulerOptions options;
+    options.speculative_max_rows = limit;
+    Scheduler scheduler(model, options);
+    std::vector<GenerateOptions> choices(3, c.options);
+    std::vector<std::unique_ptr<KVCache>> caches;
+    for (GenerateOptions& choice : choices) {
+      choice.speculative.proposer = NewProposer("ngram", model, model);
+      caches.push_back(CacheOf(*model, c, nullptr));
+    }
+    absl::StatusOr<std::vector<std::shared_ptr<RequestHandle>>> handles =
+        scheduler.SubmitChoices(c.prompt, choices, std::move(caches));
+    ASSERT_TRUE(handles.ok()) << handles.status();
+    for (const auto& handle : *handles) EXPECT_EQ(handle->Wait()->tokens, plain) << limit;
+    const SchedulerStats stats = scheduler.Stats();
+    EXPECT_EQ(stats.forked_choices, 2) << limit;  // the three decode from the same step
+    if (limit == 2) {
+      EXPECT_EQ(stats.speculative_steps, 0);
+    } else {
+      EXPECT_GT(stats.speculative_steps, 0);
+    }
+  }
+  SchedulerOptions negative;
+  negative.speculative_max_rows = -1;
+  EXPECT_EQ(ErrorField(negative.Validate()), "SchedulerOptions.speculative_max_rows");
+}
+
 }  // namespace
 }  // namespace lgpt
