@@ -603,7 +603,7 @@ TEST(ToolErrorsTest, BenchServeNamesTheFlagNotTheOptionsField) {
   const std::string base = "--concurrency=1 --prompt_tokens=8 --new_tokens=2 ";
   for (const std::string flag :
        {"--kv_block_size=0", "--step_prefill_tokens=0", "--prefill_chunk=-1", "--max_running=0",
-        "--pool_mb=-1", "--pool_mb=99999999999999", "--pool_mb=100000000",
+        "--pool_mb=-1", "--pool_mb=99999999999999", "--pool_mb=100000000", "--kv_pool_dtype=int8",
         "--shared_prefix_tokens=-1", "--shared_prefix_tokens=9", "--concurrency=0",
         "--concurrency=1,,2", "--concurrency=", "--concurrency=99999999999", "--rounds=0"}) {
     const ToolRun run = Execute("bench_serve", base + flag);
