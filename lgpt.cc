@@ -180,6 +180,9 @@ Engine::~Engine() = default;
 absl::StatusOr<std::shared_ptr<const Engine>> Engine::Load(const std::string& checkpoint_dir,
                                                            const EngineOptions& options) {
   RETURN_IF_ERROR(options.serving.Validate());  // before the expensive part
+  ASSIGN_OR_RETURN(const c10::ScalarType kv_pool_dtype,
+                   KVPoolDtype(options.kv_pool_dtype, options.dtype, options.device,
+                               "EngineOptions.kv_pool_dtype"));
   LoadOptions load;
   load.dtype = options.dtype;
   load.device = options.device;
@@ -283,6 +286,7 @@ absl::StatusOr<std::shared_ptr<const Engine>> Engine::Load(const std::string& ch
       new Engine(std::move(loaded.model), std::move(tokenizer), checkpoint_dir, options.serving));
   engine->draft_ = std::move(draft);
   engine->tensor_parallel_ = options.tensor_parallel;
+  engine->kv_pool_dtype_ = kv_pool_dtype;
   engine->warnings_ = std::move(loaded.warnings);
   engine->adapter_names_ = std::move(adapter_names);
   if (options.serving.kv_pool_bytes > 0) {
@@ -690,6 +694,7 @@ KVMemoryOptions Engine::MemoryOptions() const {
   options.pool_bytes = serving_.kv_pool_bytes;
   options.entries_per_block = serving_.kv_block_size;
   options.prefix_caching = serving_.prefix_caching;
+  options.entry_dtype = kv_pool_dtype_;
   return options;
 }
 

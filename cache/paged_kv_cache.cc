@@ -13,6 +13,7 @@
 #include "core/ops/attention.h"
 #include "core/ops/decode_attention.h"
 #include "core/ops/flash_attention.h"
+#include "core/ops/kv_entry.h"
 #include "glog/logging.h"
 
 namespace lgpt {
@@ -20,9 +21,24 @@ namespace {
 
 // Entries [from, from + n) of src [1, G, T, hs] into slots [slot, slot + n) of a pool block
 // [G, bs, hs]. Rows are copied directly on the CPU (a decoding step writes one entry per layer:
-// the views and copy_ of the tensor path cost ten dispatched operations for 2 x 128 bytes).
+// the views and copy_ of the tensor path cost ten dispatched operations for 2 x 128 bytes);
+// float32 rows into a 16-bit pool are rounded as ATen's conversion rounds (to nearest even).
 void CopyEntries(const at::Tensor& src, int64_t from, int64_t n, const at::Tensor& block,
                  int64_t slot) {
+  const std::optional<KVEntryType> narrow = KVEntryTypeOf(block.scalar_type());
+  if (src.device().is_cpu() && block.device().is_cpu() && src.scalar_type() == at::kFloat &&
+      narrow && *narrow != KVEntryType::kFloat32 && src.stride(3) == 1 && block.is_contiguous()) {
+    const int64_t groups = block.size(0), block_entries = block.size(1), hs = block.size(2);
+    char* dst = static_cast<char*>(block.data_ptr());
+    const float* from_data = src.data_ptr<float>();
+    for (int64_t g = 0; g < groups; ++g) {
+      for (int64_t t = 0; t < n; ++t) {
+        FloatToKVEntries(from_data + g * src.stride(1) + (from + t) * src.stride(2), hs, *narrow,
+                         dst + ((g * block_entries + slot + t) * hs) * 2);
+      }
+    }
+    return;
+  }
   if (src.device().is_cpu() && block.device().is_cpu() &&
       src.scalar_type() == block.scalar_type() && src.stride(3) == 1 && block.is_contiguous()) {
     const int64_t groups = block.size(0), block_entries = block.size(1), hs = block.size(2);
@@ -224,9 +240,10 @@ absl::StatusOr<KVView> PagedKVCache::Update(int64_t layer, const KVStep& step,
                                             const at::Tensor& keys, const at::Tensor& values) {
   ASSIGN_OR_RETURN(const int64_t length, Write(layer, step, keys, values));
   const BlockList blocks = Blocks(layer, length);
-  // [G, bs, hs] blocks -> [1, G, blocks * bs, hs] -> the filled part.
+  // [G, bs, hs] blocks -> [1, G, blocks * bs, hs] -> the filled part, in the step's dtype
+  // (16-bit pool entries widened).
   auto join = [&](const std::vector<at::Tensor>& parts) {
-    return at::cat(parts, 1).unsqueeze(0).narrow(2, 0, length);
+    return at::cat(parts, 1).unsqueeze(0).narrow(2, 0, length).to(keys.scalar_type());
   };
   return KVView{join(blocks.keys), join(blocks.values), Positions(0, length)};
 }
@@ -257,31 +274,55 @@ absl::StatusOr<at::Tensor> PagedKVCache::UpdateAndAttend(int64_t layer, const KV
       segments(b, g, &parts);
       int64_t begin = 0;
       for (const KVSegment& part : parts) {
-        out->push_back(
-            {part.keys, part.values, KeyPositionRun(positions + begin, 1), part.entries});
+        KVRun run;
+        run.positions = KeyPositionRun(positions + begin, 1);
+        run.entries = part.entries;
+        run.type = part.type;
+        if (part.type == KVEntryType::kFloat32) {
+          run.keys = static_cast<const float*>(part.keys);
+          run.values = static_cast<const float*>(part.values);
+        } else {
+          run.keys16 = part.keys;
+          run.values16 = part.values;
+        }
+        out->push_back(run);
         begin += part.entries;
       }
     };
     return FlashAttention(q, keys.size(1), runs, step.positions, params);
   }
   std::vector<KVBlockSource> sources;
+  const c10::ScalarType dtype = q.scalar_type();
   for (int64_t begin = 0; begin < length; begin += block_entries) {
     const int64_t block = table_[begin / block_entries];
     const int64_t n = std::min(block_entries, length - begin);
     // Views of the pool block: [1, G, n, hs].
-    sources.push_back(TensorSource(pool_->keys(block, layer).unsqueeze(0).narrow(2, 0, n),
-                                   pool_->values(block, layer).unsqueeze(0).narrow(2, 0, n),
-                                   Positions(begin, n)));
+    const at::Tensor block_keys = pool_->keys(block, layer).unsqueeze(0).narrow(2, 0, n);
+    const at::Tensor block_values = pool_->values(block, layer).unsqueeze(0).narrow(2, 0, n);
+    if (pool_->dtype() == dtype) {
+      sources.push_back(TensorSource(block_keys, block_values, Positions(begin, n)));
+      continue;
+    }
+    // 16-bit entries of a wider model: each block widened to the queries' dtype as it is read.
+    KVBlockSource source;
+    source.size = n;
+    source.positions = Positions(begin, n);
+    source.read = [block_keys, block_values, dtype](int64_t from, int64_t count, at::Tensor* k,
+                                                    at::Tensor* v) {
+      if (k != nullptr) *k = block_keys.narrow(2, from, count).to(dtype);
+      if (v != nullptr) *v = block_values.narrow(2, from, count).to(dtype);
+    };
+    sources.push_back(std::move(source));
   }
   return AttendBlockwise(q, keys.size(1), sources, step.positions, params);
 }
 
 bool PagedKVCache::FlashOverBlocksApplies(const at::Tensor& q, const KVStep& step) const {
   // AttendBlockwise's conditions for FlashAttention (attention.cc's TryFlash), for float32
-  // blocks on the CPU.
-  return pool_->device().is_cpu() && pool_->dtype() == at::kFloat && q.device().is_cpu() &&
-         q.scalar_type() == at::kFloat && q.size(2) >= kFlashMinSteps && !q.requires_grad() &&
-         !at::GradMode::is_enabled() && step.positions.device().is_cpu() &&
+  // blocks on the CPU, and for 16-bit blocks (widened a tile at a time).
+  return pool_->device().is_cpu() && KVEntryTypeOf(pool_->dtype()).has_value() &&
+         q.device().is_cpu() && q.scalar_type() == at::kFloat && q.size(2) >= kFlashMinSteps &&
+         !q.requires_grad() && !at::GradMode::is_enabled() && step.positions.device().is_cpu() &&
          step.positions.scalar_type() == at::kLong;
 }
 
@@ -289,7 +330,11 @@ absl::StatusOr<std::optional<DecodeRow>> PagedKVCache::UpdateForDecode(int64_t l
                                                                        const KVStep& step,
                                                                        const at::Tensor& keys,
                                                                        const at::Tensor& values) {
-  if (!pool_->device().is_cpu() || pool_->dtype() != at::kFloat) return std::nullopt;
+  // Float32 pools, and 16-bit pools of float32 models (read in place, widened in registers).
+  if (!pool_->device().is_cpu() || keys.scalar_type() != at::kFloat ||
+      !KVEntryTypeOf(pool_->dtype()).has_value()) {
+    return std::nullopt;
+  }
   ASSIGN_OR_RETURN(const int64_t length, Write(layer, step, keys, values));
   BlockList blocks = Blocks(layer, length);
   DecodeRow row;

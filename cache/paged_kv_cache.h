@@ -6,7 +6,11 @@
 // per block), so no contiguous copy of the request's cache is made per step.
 //
 // Batch size 1; entries are appended in position order (a step continues where the last one
-// ended), as generation and the serving scheduler feed them. Full precision (the pool's dtype).
+// ended), as generation and the serving scheduler feed them. Entries in the pool's dtype: the
+// model's, or 16-bit entries of a float32 model (bfloat16, float16: the step's keys and values
+// rounded to nearest even as they are written, widened exactly as attention reads them, a
+// block or a tile at a time, or in registers by the decode kernel; the plain contract's copy
+// is widened to the step's dtype).
 //
 // Prefix reuse: the entries of a block depend only on the tokens up to and including it, so
 // PublishPrefix offers the cache's full blocks to a prefix cache (cache/prefix_cache.h) over
@@ -54,7 +58,7 @@ class PagedKVCache : public KVCache, public KVDecodeRows, public KVRollback {
   absl::StatusOr<at::Tensor> UpdateAndAttend(int64_t layer, const KVStep& step, const at::Tensor& q,
                                              const at::Tensor& keys, const at::Tensor& values,
                                              const AttentionParams& params) override;
-  // The blocks as they lie (float32 pools on the CPU).
+  // The blocks as they lie (CPU pools of float32 entries, or 16-bit entries of a float32 model).
   absl::StatusOr<std::optional<DecodeRow>> UpdateForDecode(int64_t layer, const KVStep& step,
                                                            const at::Tensor& keys,
                                                            const at::Tensor& values) override;

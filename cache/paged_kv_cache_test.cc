@@ -17,6 +17,7 @@
 #include "cache/dense_kv_cache.h"
 #include "cache/rollback_test_util.h"
 #include "cache/test_pools.h"
+#include "core/ops/decode_attention.h"
 #include "gtest/gtest.h"
 
 namespace lgpt {
@@ -208,6 +209,115 @@ TEST(PagedKVCacheTest, TruncatingIntoAPublishedBlockCopiesItBeforeTheNextWrite) 
   ASSERT_EQ(reader->AttachPrefix(prefixes, ids), 7);
   const at::Tensor seen = Fill(*reader, 1);
   EXPECT_TRUE(at::equal(seen.narrow(2, 0, 7), before.narrow(2, 0, 7)));
+}
+
+// TestPool's geometry with entries of `dtype` (a float32 model's 16-bit pool).
+std::shared_ptr<BlockPool> PoolOf(at::ScalarType dtype, int64_t blocks,
+                                  int64_t entries_per_block = 4) {
+  KVCacheGeometry geometry = TestPoolGeometry();
+  geometry.dtype = dtype;
+  BlockPoolOptions options;
+  options.entries_per_block = entries_per_block;
+  options.num_blocks = blocks;
+  absl::StatusOr<std::shared_ptr<BlockPool>> pool = BlockPool::Create(geometry, options);
+  EXPECT_TRUE(pool.ok()) << pool.status();
+  return pool.ok() ? *pool : nullptr;
+}
+
+// A float32 model's keys and values written into a 16-bit pool are rounded as ATen rounds them,
+// and every read path (the decode kernel over the blocks, a batched step's rows, FlashAttention
+// over the blocks a tile at a time, the generic blockwise path, the plain contract's copy)
+// gives what a float32 pool of the rounded entries gives, to the bit.
+TEST(PagedKVCacheTest, SixteenBitPoolAttendsAsAFloat32PoolOfItsRoundedEntries) {
+  for (const at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
+    for (const bool grad_mode : {false, true}) {  // with grad mode on: the generic path
+      at::AutoGradMode mode(grad_mode);
+      std::shared_ptr<BlockPool> narrow_pool = PoolOf(dtype, 16);
+      EXPECT_EQ(narrow_pool->BytesPerBlock() * 2, TestPool(1)->BytesPerBlock());
+      std::unique_ptr<PagedKVCache> narrow = *PagedKVCache::Create(narrow_pool, 64);
+      std::unique_ptr<PagedKVCache> wide = *PagedKVCache::Create(TestPool(16), 64);
+      at::manual_seed(5);
+      int64_t position = 0;
+      for (const int64_t length : {3, 1, 6, 1, 1, 9, 1, 7, 2}) {  // prefill steps >= 5: flash
+        const KVStep step = Step(position, length);
+        ASSERT_TRUE(narrow->CheckStep(step, 1).ok());
+        ASSERT_TRUE(wide->CheckStep(step, 1).ok());
+        for (int64_t layer = 0; layer < 2; ++layer) {
+          const at::Tensor k = at::randn({1, 2, length, 8}), v = at::randn({1, 2, length, 8});
+          const at::Tensor q = at::randn({1, 6, length, 8});
+          const at::Tensor k_rounded = k.to(dtype).to(at::kFloat);
+          const at::Tensor v_rounded = v.to(dtype).to(at::kFloat);
+          AttentionParams params;
+          params.scale = 0.35;
+          params.sliding_window = TestPoolGeometry().layers[layer].sliding_window;
+          if (length == 1 && layer == 0 && !grad_mode) {
+            // A batched step's row: read in place by DecodeAttentionRows.
+            std::optional<DecodeRow> a = *narrow->UpdateForDecode(layer, step, k, v);
+            std::optional<DecodeRow> b = *wide->UpdateForDecode(layer, step, k_rounded, v_rounded);
+            ASSERT_TRUE(a.has_value() && b.has_value());
+            EXPECT_TRUE(at::equal(DecodeAttentionRows(q, 2, {*a}, step.positions, params),
+                                  DecodeAttentionRows(q, 2, {*b}, step.positions, params)))
+                << dtype << " at " << position;
+            continue;
+          }
+          const at::Tensor a = *narrow->UpdateAndAttend(layer, step, q, k, v, params);
+          const at::Tensor b = *wide->UpdateAndAttend(layer, step, q, k_rounded, v_rounded, params);
+          EXPECT_EQ(a.scalar_type(), at::kFloat);
+          EXPECT_TRUE(at::equal(a, b))
+              << dtype << " grad mode " << grad_mode << " layer " << layer << " at " << position
+              << ": " << (a - b).abs().max().item<double>();
+        }
+        position += length;
+      }
+      const KVStep last = Step(position, 1);
+      ASSERT_TRUE(narrow->CheckStep(last, 1).ok());
+      ASSERT_TRUE(wide->CheckStep(last, 1).ok());
+      const at::Tensor k = at::randn({1, 2, 1, 8}), v = at::randn({1, 2, 1, 8});
+      const KVView nv = *narrow->Update(0, last, k, v);
+      const KVView wv =
+          *wide->Update(0, last, k.to(dtype).to(at::kFloat), v.to(dtype).to(at::kFloat));
+      EXPECT_EQ(nv.keys.scalar_type(), at::kFloat);
+      EXPECT_TRUE(at::equal(nv.keys, wv.keys));
+      EXPECT_TRUE(at::equal(nv.values, wv.values));
+      EXPECT_EQ(narrow->AllocatedBytes() * 2, wide->AllocatedBytes());
+    }
+  }
+}
+
+// Prefix reuse, copy-on-write and Truncate over a 16-bit pool.
+TEST(PagedKVCacheTest, SixteenBitPoolSharesPrefixesCopiesOnWriteAndTruncates) {
+  std::shared_ptr<BlockPool> pool = PoolOf(at::kBFloat16, 16);
+  PrefixCache prefixes(pool);
+  const std::vector<int64_t> ids = {1, 2, 3, 4, 5, 6, 7, 8};
+  std::unique_ptr<PagedKVCache> writer = *PagedKVCache::Create(pool, 64);
+  const at::Tensor before = Fill(*writer, 8);  // [1, G, 8, hs] float32 (widened)
+  EXPECT_EQ(before.scalar_type(), at::kFloat);
+  EXPECT_TRUE(at::equal(before, before.to(at::kBFloat16).to(at::kFloat)));
+  writer->PublishPrefix(prefixes, ids);
+  std::unique_ptr<PagedKVCache> reader = *PagedKVCache::Create(pool, 64);
+  ASSERT_EQ(reader->AttachPrefix(prefixes, ids), 7);
+  EXPECT_EQ(reader->BlocksNeeded(1), 1);  // a copy of the shared second block
+  const at::Tensor mine = Fill(*reader, 1);
+  EXPECT_TRUE(at::equal(mine.narrow(2, 0, 7), before.narrow(2, 0, 7)));
+  EXPECT_TRUE(at::equal(Fill(*writer, 1).narrow(2, 0, 8), before));
+  ASSERT_TRUE(writer->Truncate(6).ok());
+  EXPECT_EQ(writer->BlocksNeeded(1), 1);  // the published block is copied, not written
+  Fill(*writer, 2);
+  std::unique_ptr<PagedKVCache> late = *PagedKVCache::Create(pool, 64);
+  ASSERT_EQ(late->AttachPrefix(prefixes, ids), 7);
+  EXPECT_TRUE(at::equal(Fill(*late, 1).narrow(2, 0, 7), before.narrow(2, 0, 7)));
+  for (int64_t step = 1; step <= 6; step += 5) {
+    std::shared_ptr<BlockPool> spec_pool = PoolOf(at::kBFloat16, 32);
+    std::unique_ptr<PagedKVCache> speculating = *PagedKVCache::Create(spec_pool, 64);
+    std::unique_ptr<PagedKVCache> plain = *PagedKVCache::Create(spec_pool, 64);
+    RollbackStream stream;
+    stream.geometry = TestPoolGeometry();
+    stream.begin = 11;
+    stream.step = step;
+    stream.keep = 1;
+    EXPECT_LT(RollbackDifference(*speculating, *plain, stream), 1e-5) << "step " << step;
+    EXPECT_EQ(speculating->blocks_held(), plain->blocks_held());
+  }
 }
 
 }  // namespace

@@ -2,7 +2,7 @@
 //   bazel run //tools:bench_serve -- [--checkpoint_dir=DIR] --concurrency=1,4,16,64
 //       --prompt_tokens=128 --new_tokens=128 [--shared_prefix_tokens=N]
 //       [--kv_cache=POLICY --kv_budget=N --kv_bits=B] [--max_running=N]
-//       [--pool_mb=M --kv_block_size=16 --prefix_caching=true]
+//       [--pool_mb=M --kv_block_size=16 --prefix_caching=true --kv_pool_dtype=auto]
 // For each concurrency C, submits C requests at once (random prompts of --prompt_tokens ids, the
 // first --shared_prefix_tokens of them common to all; --new_tokens each, no EOS stop, sampled
 // as generate samples: --temperature=0.8 --top_k=50 unless given, request i seeded --seed + i) and
@@ -16,12 +16,14 @@
 // preemptions, peak RSS; then `throughput_ratio_16_vs_1=X` when both were measured. An unmeasured
 // warm-up request runs first (--warmup=false skips it). With --pool_mb, dense requests draw their
 // KV entries from one pool of that size (SchedulerOptions.kv_pool_bytes), so `peak_running` is how
-// many requests that memory holds at once. With --rounds=N the concurrency list runs N times in
-// turns (1, 4, 16, 1, 4, 16, ...: a slow spell of a shared machine hits every concurrency
-// alike), a row per round, then the median of every column per concurrency and the median of
-// the rounds' own throughput ratios. --guided_json=FILE (a JSON schema) or --guided_json=object
-// constrains every request's output (core/constrain: a token mask each step), so rows compare
-// with plain requests' to give the masks' cost. --speculative=ngram|draft:DIR (with
+// many requests that memory holds at once; --kv_pool_dtype (EngineOptions.kv_pool_dtype) picks
+// its entries' dtype (auto: bfloat16 for a float32 model on the CPU, twice the blocks of
+// float32), and the pool's blocks and bytes a block are printed first. With --rounds=N the
+// concurrency list runs N times in turns (1, 4, 16, 1, 4, 16, ...: a slow spell of a shared machine
+// hits every concurrency alike), a row per round, then the median of every column per concurrency
+// and the median of the rounds' own throughput ratios. --guided_json=FILE (a JSON schema) or
+// --guided_json=object constrains every request's output (core/constrain: a token mask each step),
+// so rows compare with plain requests' to give the masks' cost. --speculative=ngram|draft:DIR (with
 // --speculative_k=K, --ngram_min, --ngram_max: tools/speculative_flags.h) decodes every request
 // speculatively in the scheduler and adds three columns from its counters (SchedulerStats):
 // tokens proposed and accepted in the round, and the acceptance rate.
@@ -71,6 +73,9 @@ ABSL_FLAG(int64_t, prefill_chunk, 256,
 ABSL_FLAG(int64_t, step_prefill_tokens, 256,
           "SchedulerOptions.step_prefill_tokens: prompt tokens prefilled per step");
 ABSL_FLAG(bool, prefix_caching, true, "reuse cached prompt blocks (with --pool_mb)");
+ABSL_FLAG(std::string, kv_pool_dtype, "auto",
+          "dtype of the pool's KV entries: auto (bfloat16 for float32 models on the CPU), model, "
+          "float32, bfloat16 or float16");
 ABSL_FLAG(std::string, guided_json, "",
           "structured outputs: every request constrained to a JSON schema (a file's path), or "
           "\"object\" for any JSON object; the cost of the token masks against plain requests");
@@ -281,6 +286,7 @@ int main(int argc, char** argv) {
   engine_options.serving.step_prefill_tokens = absl::GetFlag(FLAGS_step_prefill_tokens);
   engine_options.serving.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
   engine_options.serving.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
+  engine_options.kv_pool_dtype = absl::GetFlag(FLAGS_kv_pool_dtype);
   DieIfError(engine_options.serving.Validate());
   engine_options.serving.max_waiting = std::max<int64_t>(
       engine_options.serving.max_waiting, *std::max_element(counts.begin(), counts.end()));
@@ -324,6 +330,13 @@ int main(int argc, char** argv) {
     guided.emplace(grammar,
                    ValueOrDie(TokenVocabulary::Create(tokenizer->VocabularyBytes(), ends)));
     g_guided = &*guided;
+  }
+  if (engine_options.serving.kv_pool_bytes > 0) {
+    const SchedulerStats pool = engine->ServingStats();
+    std::printf("kv_pool: %lld blocks of %lld bytes (--kv_pool_dtype=%s)\n",
+                static_cast<long long>(pool.pool_blocks),
+                static_cast<long long>(pool.pool_block_bytes),
+                engine_options.kv_pool_dtype.c_str());
   }
   std::mt19937_64 rng(absl::GetFlag(FLAGS_prompt_seed));
   std::printf("%-11s %12s %9s %9s %11s %9s %9s %10s %12s %13s %11s %10s %7s %9s", "concurrency",

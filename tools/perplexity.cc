@@ -3,6 +3,12 @@
 //   bazel run //tools:perplexity -- --text_file=/tmp/rev.txt --lines_bos_eos --quantize=int8
 // The tokens are scored in consecutive windows of the model's block size (each window on
 // its own, as in training); prints tokens, mean negative log-likelihood and perplexity.
+// --kv_pool_dtype=float32|bfloat16|float16 feeds each window through a serving engine's paged
+// KV cache instead, over a block pool of entries of that dtype (the keys and values every query
+// reads are the pool's, as in `serve --pool_mb --kv_pool_dtype`), --chunk tokens a step (0: the
+// whole window in one step; 1: token by token, every step a decoding step):
+//   bazel run //tools:perplexity -- --text_file=tools/eval_data/kjv_heldout.txt --lines_bos_eos
+//       --kv_pool_dtype=bfloat16
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
@@ -17,9 +23,12 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "cache/block_pool.h"
+#include "cache/paged_kv_cache.h"
 #include "core/base/file_util.h"
 #include "core/model/checkpoint.h"
 #include "core/model/quantize_model.h"
+#include "core/serving/kv_memory.h"
 #include "core/text/tokenizer.h"
 #include "tools/load_flags.h"
 #include "tools/peft_flags.h"
@@ -39,11 +48,16 @@ ABSL_FLAG(bool, agreement, false,
           "model's most likely next token is the float model's (top1_agreement)");
 ABSL_FLAG(int64_t, group_size, 0,
           "int8_channel: input features per scale; 0: one per output channel");
+ABSL_FLAG(std::string, kv_pool_dtype, "",
+          "score through a paged KV cache over a pool of entries of this dtype (auto, model, "
+          "float32, bfloat16, float16); empty: uncached windows");
+ABSL_FLAG(int64_t, chunk, 0, "with --kv_pool_dtype: tokens a step; 0: the whole window");
 
 int main(int argc, char** argv) {
   using namespace lgpt;
   InitTool(argc, argv,
-           "perplexity --text_file=FILE [--lines_bos_eos] [--quantize=int8|int4|int8_channel]");
+           "perplexity --text_file=FILE [--lines_bos_eos] [--quantize=int8|int4|int8_channel] "
+           "[--kv_pool_dtype=bfloat16 --chunk=N]");
   std::string checkpoint_dir = ResolvePath(absl::GetFlag(FLAGS_checkpoint_dir));
   if (checkpoint_dir.empty()) checkpoint_dir = DefaultModelDir();
   const std::string quantize = absl::GetFlag(FLAGS_quantize);
@@ -95,6 +109,39 @@ int main(int argc, char** argv) {
   }
   at::NoGradGuard no_grad;
   const int64_t window = loaded.config.block_size;
+  // --kv_pool_dtype: one request's paged cache over a pool of a window's blocks.
+  const std::string pool_dtype_name = absl::GetFlag(FLAGS_kv_pool_dtype);
+  const int64_t chunk = absl::GetFlag(FLAGS_chunk);
+  if (chunk < 0) Die(absl::InvalidArgumentError(absl::StrCat("--chunk must be >= 0, got ", chunk)));
+  std::unique_ptr<PagedKVCache> paged;
+  if (!pool_dtype_name.empty()) {
+    KVCacheGeometry geometry;
+    geometry.layers = loaded.model->CacheLayout();
+    geometry.device = loaded.model->device();
+    geometry.dtype = ValueOrDie(
+        KVPoolDtype(pool_dtype_name, loaded.model->dtype(), geometry.device, "--kv_pool_dtype"));
+    BlockPoolOptions pool_options;
+    pool_options.num_blocks =
+        (window + pool_options.entries_per_block - 1) / pool_options.entries_per_block;
+    paged = ValueOrDie(
+        PagedKVCache::Create(ValueOrDie(BlockPool::Create(geometry, pool_options)), window));
+  }
+  // Logits [1, T, V] of one window: uncached, or step by step through the paged cache.
+  auto window_logits = [&](const at::Tensor& tokens) -> at::Tensor {
+    if (paged == nullptr) return ValueOrDie(loaded.model->Forward(tokens));
+    paged->Reset();
+    const int64_t length = tokens.size(1);
+    const int64_t step = chunk > 0 ? chunk : length;
+    std::vector<at::Tensor> parts;
+    for (int64_t position = 0; position < length; position += step) {
+      const int64_t n = std::min(step, length - position);
+      ForwardOptions options;
+      options.positions = at::arange(position, position + n, at::kLong).unsqueeze(0);
+      parts.push_back(
+          ValueOrDie(loaded.model->Forward(tokens.narrow(1, position, n), paged.get(), options)));
+    }
+    return at::cat(parts, 1);
+  };
   const at::Tensor all = at::tensor(ids, at::kLong);
   double nll = 0;
   int64_t scored = 0, agreed = 0;
@@ -102,7 +149,7 @@ int main(int argc, char** argv) {
     const int64_t length = std::min<int64_t>(window, ids.size() - begin);
     if (length < 2) break;
     const at::Tensor tokens = all.narrow(0, begin, length).unsqueeze(0);
-    const at::Tensor logits = ValueOrDie(loaded.model->Forward(tokens));  // [1, T, V]
+    const at::Tensor logits = window_logits(tokens);  // [1, T, V]
     const at::Tensor logp = at::log_softmax(logits[0].narrow(0, 0, length - 1).to(at::kDouble), -1);
     const at::Tensor target = tokens[0].narrow(0, 1, length - 1).unsqueeze(1);
     nll -= logp.gather(1, target).sum().item<double>();
@@ -115,8 +162,12 @@ int main(int argc, char** argv) {
     }
     scored += length - 1;
   }
-  std::printf("weights=%s tokens=%lld nll=%.5f perplexity=%.3f", quantize.c_str(),
-              static_cast<long long>(scored), nll / scored, std::exp(nll / scored));
+  std::printf("weights=%s", quantize.c_str());
+  if (paged != nullptr) {
+    std::printf(" kv_pool_dtype=%s", c10::toString(paged->pool()->dtype()));
+  }
+  std::printf(" tokens=%lld nll=%.5f perplexity=%.3f", static_cast<long long>(scored), nll / scored,
+              std::exp(nll / scored));
   if (reference) std::printf(" top1_agreement=%.4f", static_cast<double>(agreed) / scored);
   std::printf("\n");
   return 0;

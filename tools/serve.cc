@@ -1,8 +1,9 @@
 // An OpenAI-compatible HTTP server over the engine's continuous batching
 // (tools/server/openai_server.h), the embedded default model when --checkpoint_dir is not given:
 //   bazel run //tools:serve -- [--checkpoint_dir=DIR] [--host=127.0.0.1 --port=8000 |
-//       --unix_socket=PATH] [--api_key=KEY] [--pool_mb=M] [--max_running=N --max_waiting=N]
-//       [--quantize=int8] [--speculative=ngram|draft:DIR --speculative_k=K]
+//       --unix_socket=PATH] [--api_key=KEY] [--pool_mb=M --kv_pool_dtype=auto]
+//       [--max_running=N --max_waiting=N] [--quantize=int8]
+//       [--speculative=ngram|draft:DIR --speculative_k=K --speculative_max_rows=N]
 // Prints "serve: listening on http://HOST:PORT" (or "unix:PATH") on stderr once it accepts
 // connections (--port=0 takes a free port), then one access-log line per request. SIGTERM or
 // SIGINT: stops accepting, lets requests in flight finish within --shutdown_s, cancels the rest,
@@ -50,6 +51,9 @@ ABSL_FLAG(std::string, served_model_name, "",
 ABSL_FLAG(std::string, prompt_style, "",
           "how chat messages are framed (llama3, chatml, ...); empty: the checkpoint's own");
 ABSL_FLAG(int64_t, pool_mb, 0, "shared paged KV pool in MiB; 0: each request its own cache");
+ABSL_FLAG(std::string, kv_pool_dtype, "auto",
+          "dtype of the pool's KV entries: auto (bfloat16 for float32 models on the CPU), model, "
+          "float32, bfloat16 or float16");
 ABSL_FLAG(int64_t, max_running, 16, "requests decoding at once (rows of a decode step)");
 ABSL_FLAG(int64_t, max_waiting, 64, "queued requests; beyond, 429 with Retry-After");
 ABSL_FLAG(int64_t, speculative_max_rows, 0,
@@ -89,6 +93,7 @@ absl::StatusOr<EngineOptions> EngineOptionsFromServeFlags(int argc, char** argv)
   options.verify_checksums = VerifyChecksumsFlag();
   options.progress = PrintProgress;
   ASSIGN_OR_RETURN(options.serving.kv_pool_bytes, PoolBytesFromFlag(absl::GetFlag(FLAGS_pool_mb)));
+  options.kv_pool_dtype = absl::GetFlag(FLAGS_kv_pool_dtype);
   options.serving.max_running = absl::GetFlag(FLAGS_max_running);
   options.serving.max_waiting = absl::GetFlag(FLAGS_max_waiting);
   options.serving.speculative_max_rows = absl::GetFlag(FLAGS_speculative_max_rows);
@@ -176,8 +181,14 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   InitTool(argc, argv,
            "serve [--checkpoint_dir=DIR] [--host=127.0.0.1 --port=8000 | --unix_socket=PATH] "
+<<<<<<< HEAD
            "[--api_key=KEY] [--pool_mb=M] [--max_running=N --max_waiting=N] [--quantize=int8] "
            "[--lora=NAME=DIR ...] [--tp=N] [--speculative=ngram|draft:DIR --speculative_k=K]");
+=======
+           "[--api_key=KEY] [--pool_mb=M --kv_pool_dtype=auto] [--max_running=N --max_waiting=N] "
+           "[--quantize=int8] "
+           "[--lora=NAME=DIR ...] [--tp=N]");
+>>>>>>> kv16
   // --tp=N: N local ranks of this command (or one rank of a torchrun-style world); rank 0
   // serves HTTP, the others follow its steps on their shards.
   if (std::optional<int> code = ValueOrDie(LaunchTensorParallel(argc, argv))) return *code;

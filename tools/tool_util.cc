@@ -138,6 +138,7 @@ std::optional<std::string> FlagOfField(absl::string_view path) {
       {"EngineOptions.dtype", "--precision"},
       {"EngineOptions.device", "--device"},
       {"SchedulerOptions.kv_pool_bytes", "--pool_mb"},
+      {"EngineOptions.kv_pool_dtype", "--kv_pool_dtype"},
       {"SchedulerOptions.max_running", "--max_running"},
       {"SchedulerOptions.max_waiting", "--max_waiting"},
       {"SchedulerOptions.prefill_chunk", "--prefill_chunk"},

@@ -73,6 +73,7 @@ TEST(InFlagTermsTest, OnlyTheCarriedFieldIsRenamed) {
       InFlagTerms(InvalidFieldError("PolicyKVCacheOptions.bits", "PolicyKVCacheOptions.bits")),
       "PolicyKVCacheOptions.bits");
   EXPECT_EQ(FlagOfField("SchedulerOptions.kv_pool_bytes"), "--pool_mb");
+  EXPECT_EQ(FlagOfField("EngineOptions.kv_pool_dtype"), "--kv_pool_dtype");
   EXPECT_EQ(FlagOfField("KVCacheSpec.sink_tokens"), "--kv_sink");
   EXPECT_EQ(FlagOfField("KVCacheSpec.recent_fraction"), std::nullopt);
 }

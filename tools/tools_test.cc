@@ -202,6 +202,35 @@ TEST(PerplexityTest, AgreementComparesTheQuantisedModelWithTheFloatOne) {
   EXPECT_EQ(plain.out.find("top1_agreement"), std::string::npos) << plain.out;
 }
 
+// --kv_pool_dtype scores through a paged cache over a pool of that dtype: float32 entries give
+// the uncached windows' perplexity (to the printed digits), bfloat16 ones are named and close.
+TEST(PerplexityTest, KVPoolDtypeScoresThroughAPagedCache) {
+  const std::string text = TempDir() + "/kv_pool.txt";
+  std::ofstream(text) << "And God said, Let there be light: and there was light.\n"
+                         "And God saw the light, that it was good.\n";
+  auto perplexity = [](const std::string& out) {
+    const size_t at = out.find("perplexity=");
+    return at == std::string::npos ? -1.0 : std::atof(out.c_str() + at + 11);
+  };
+  const ToolRun plain = Execute("perplexity", "--lines_bos_eos --text_file=" + text);
+  ASSERT_EQ(plain.status, 0) << plain.err;
+  for (const std::string dtype : {"float32", "bfloat16"}) {
+    const ToolRun paged =
+        Execute("perplexity",
+                "--lines_bos_eos --chunk=3 --kv_pool_dtype=" + dtype + " --text_file=" + text);
+    ASSERT_EQ(paged.status, 0) << paged.err;
+    EXPECT_NE(
+        paged.out.find(dtype == "float32" ? "kv_pool_dtype=Float " : "kv_pool_dtype=BFloat16"),
+        std::string::npos)
+        << paged.out;
+    EXPECT_NEAR(perplexity(paged.out), perplexity(plain.out),
+                dtype == "float32" ? 0.002 : 0.05 * perplexity(plain.out))
+        << paged.out << plain.out;
+  }
+  ExpectCleanFailure(Execute("perplexity", "--kv_pool_dtype=int8 --text_file=" + text),
+                     "--kv_pool_dtype");
+}
+
 // A text of fewer than two tokens, or a directory, has nothing to score: one line and status
 // 1 (it printed tokens=0 and a NaN perplexity with status 0).
 TEST(PerplexityTest, NothingToScoreIsAnError) {
@@ -603,7 +632,7 @@ TEST(ToolErrorsTest, BenchServeNamesTheFlagNotTheOptionsField) {
   const std::string base = "--concurrency=1 --prompt_tokens=8 --new_tokens=2 ";
   for (const std::string flag :
        {"--kv_block_size=0", "--step_prefill_tokens=0", "--prefill_chunk=-1", "--max_running=0",
-        "--pool_mb=-1", "--pool_mb=99999999999999", "--pool_mb=100000000",
+        "--pool_mb=-1", "--pool_mb=99999999999999", "--pool_mb=100000000", "--kv_pool_dtype=int8",
         "--shared_prefix_tokens=-1", "--shared_prefix_tokens=9", "--concurrency=0",
         "--concurrency=1,,2", "--concurrency=", "--concurrency=99999999999", "--rounds=0",
         "--speculative=eagle", "--speculative_k=0", "--ngram_min=0"}) {

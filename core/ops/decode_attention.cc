@@ -4,13 +4,19 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <vector>
 
 #include "core/ops/gemv.h"
+#include "core/ops/kv_entry.h"
 #include "core/ops/score_row.h"
 #include "core/ops/simd_avx2.h"
+
+#ifdef LGPT_SIMD_AVX2
+#include <cpuid.h>
+#endif
 
 namespace lgpt {
 
@@ -24,8 +30,19 @@ constexpr int64_t kMaxSteps = 4;
 
 using Segments = std::vector<KVSegment>;
 
+// Element i of 16-bit or float32 entries as float32 (exact).
+template <KVEntryType T>
+inline float Widen(const void* data, int64_t i) {
+  if constexpr (T == KVEntryType::kFloat32) {
+    return static_cast<const float*>(data)[i];
+  } else {
+    return KVEntryAt(data, T, i);
+  }
+}
+
 // out_r = inv_r * sum_e w_r[e] v[e] for each of `rows` weight rows, v the segments' values
-// in order (e counts across segments).
+// in order (e counts across segments), all of entry type T.
+template <KVEntryType T>
 void WeightedValuesPortable(const float* const* w, const Segments& v, int64_t rows, int64_t hs,
                             const float* inv, float* const* out, float* acc) {
   for (int64_t r = 0; r < rows; ++r) {
@@ -35,21 +52,33 @@ void WeightedValuesPortable(const float* const* w, const Segments& v, int64_t ro
       for (int64_t i = 0; i < segment.entries; ++i, ++e) {
         const float we = w[r][e];
         if (we == 0.0f) continue;
-        const float* ve = segment.values + i * hs;
-        for (int64_t j = 0; j < hs; ++j) acc[j] += we * ve[j];
+        for (int64_t j = 0; j < hs; ++j) acc[j] += we * Widen<T>(segment.values, i * hs + j);
       }
     }
     for (int64_t j = 0; j < hs; ++j) out[r][j] = acc[j] * inv[r];
   }
 }
 
-// Asks the cache hierarchy for the floats [p, p + floats) ahead of use. A request's entries lie in
+// Whether the CPU converts float16 to float32 in vectors (F16C; every AVX2 CPU so far).
+bool CpuHasF16c() {
+#ifdef LGPT_SIMD_AVX2
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
+
+// Asks the cache hierarchy for the bytes [p, p + bytes) ahead of use. A request's entries lie in
 // blocks of a few KiB each (a pool block's [entries_per_block, hs] of one group), too short for the
 // hardware prefetcher to ramp up on before the next block, elsewhere in memory, begins.
-void Prefetch(const float* p, int64_t floats, bool to_l1) {
+void Prefetch(const void* p, int64_t bytes, bool to_l1) {
 #ifdef LGPT_SIMD_AVX2
-  const char* begin = reinterpret_cast<const char*>(p);
-  const char* end = reinterpret_cast<const char*>(p + floats);
+  const char* begin = static_cast<const char*>(p);
+  const char* end = begin + bytes;
   for (const char* line = begin; line < end; line += 64) {
     if (to_l1) {
       _mm_prefetch(line, _MM_HINT_T0);
@@ -58,20 +87,104 @@ void Prefetch(const float* p, int64_t floats, bool to_l1) {
     }
   }
 #else
-  (void)p, (void)floats, (void)to_l1;
+  (void)p, (void)bytes, (void)to_l1;
 #endif
 }
 
 #ifdef LGPT_SIMD_AVX2
 
+// 8 entries' elements [i, i + 8) of `data` (of type T) as float32: bfloat16 widened by a 16-bit
+// shift of the zero-extended words, float16 by F16C; exact.
+template <KVEntryType T>
+__attribute__((target("avx2,fma,f16c"))) inline __m256 Load8(const void* data, int64_t i) {
+  if constexpr (T == KVEntryType::kFloat32) {
+    return _mm256_loadu_ps(static_cast<const float*>(data) + i);
+  } else {
+    const __m128i words =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(data) + i));
+    if constexpr (T == KVEntryType::kBFloat16) {
+      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(words), 16));
+    } else {
+      return _mm256_cvtph_ps(words);
+    }
+  }
+}
+
+// The first `count` (< 8) of them, the other lanes 0 (as a masked load).
+template <KVEntryType T>
+__attribute__((target("avx2,fma,f16c"))) inline __m256 Load8Tail(const void* data, int64_t i,
+                                                                 int64_t count) {
+  if constexpr (T == KVEntryType::kFloat32) {
+    return _mm256_maskload_ps(static_cast<const float*>(data) + i, simd::TailMask(count));
+  } else {
+    uint16_t words[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    std::memcpy(words, static_cast<const uint16_t*>(data) + i, count * sizeof(uint16_t));
+    return Load8<T>(words, 0);
+  }
+}
+
+// Scores y[m · n_keys + e] = keys[e] · x[m] of M query rows x [M, hs] against key row e of
+// type T: GemvBlockAvx2's sums (8 lanes of FMAs along hs, then the horizontal sum, plus a zero
+// bias), so 16-bit keys score exactly as their float32 copies do through GemvF32Serial.
+template <KVEntryType T, int M>
+__attribute__((target("avx2,fma,f16c"))) void ScoresRowAvx2(const void* keys, const float* x,
+                                                            float* y, int64_t n_keys, int64_t hs,
+                                                            int64_t e) {
+  __m256 acc[M];
+#pragma GCC unroll 4
+  for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
+  const int64_t k8 = hs & ~int64_t{7};
+  for (int64_t i = 0; i < k8; i += 8) {
+    const __m256 wv = Load8<T>(keys, e * hs + i);
+#pragma GCC unroll 4
+    for (int m = 0; m < M; ++m) {
+      acc[m] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + m * hs + i), acc[m]);
+    }
+  }
+  if (k8 < hs) {
+    const __m256i mask = simd::TailMask(hs - k8);
+    const __m256 wv = Load8Tail<T>(keys, e * hs + k8, hs - k8);
+#pragma GCC unroll 4
+    for (int m = 0; m < M; ++m) {
+      acc[m] = _mm256_fmadd_ps(wv, _mm256_maskload_ps(x + m * hs + k8, mask), acc[m]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int m = 0; m < M; ++m) y[m * n_keys + e] = simd::HorizontalSum(acc[m]) + 0.0f;
+}
+
+template <KVEntryType T>
+void ScoresAvx2(const void* keys, const float* x, float* y, int64_t rows, int64_t n_keys,
+                int64_t hs) {
+  for (int64_t m = 0; m < rows; m += 4) {
+    const float* xm = x + m * hs;
+    float* ym = y + m * n_keys;
+    for (int64_t e = 0; e < n_keys; ++e) {
+      switch (std::min<int64_t>(4, rows - m)) {
+        case 1:
+          ScoresRowAvx2<T, 1>(keys, xm, ym, n_keys, hs, e);
+          break;
+        case 2:
+          ScoresRowAvx2<T, 2>(keys, xm, ym, n_keys, hs, e);
+          break;
+        case 3:
+          ScoresRowAvx2<T, 3>(keys, xm, ym, n_keys, hs, e);
+          break;
+        default:
+          ScoresRowAvx2<T, 4>(keys, xm, ym, n_keys, hs, e);
+      }
+    }
+  }
+}
+
 // R weight rows against V vectors (8·V columns from `col`) of every value row: R·V
 // accumulators stay in registers while the entries stream by, so each value row is read
 // once for all R queries.
-template <int R, int V>
-__attribute__((target("avx2,fma"))) void WeightedValuesBlockAvx2(const float* const* w,
-                                                                 const Segments& v, int64_t hs,
-                                                                 int64_t col, const float* inv,
-                                                                 float* const* out) {
+template <KVEntryType T, int R, int V>
+__attribute__((target("avx2,fma,f16c"))) void WeightedValuesBlockAvx2(const float* const* w,
+                                                                      const Segments& v, int64_t hs,
+                                                                      int64_t col, const float* inv,
+                                                                      float* const* out) {
   // Loops unrolled in full keep acc and values in registers (GCC otherwise leaves the loop
   // over 8 vectors rolled and the arrays on the stack: a load and a store around each FMA,
   // a third of the speed).
@@ -84,11 +197,11 @@ __attribute__((target("avx2,fma"))) void WeightedValuesBlockAvx2(const float* co
   // The accumulators carry across segments: the sums are those of one contiguous pass.
   int64_t e = 0;
   for (const KVSegment& segment : v) {
-    const float* ve = segment.values + col;
-    for (int64_t i = 0; i < segment.entries; ++i, ++e, ve += hs) {
+    int64_t at = col;  // element of entry i, column col
+    for (int64_t i = 0; i < segment.entries; ++i, ++e, at += hs) {
       __m256 values[V];
 #pragma GCC unroll 8
-      for (int j = 0; j < V; ++j) values[j] = _mm256_loadu_ps(ve + 8 * j);
+      for (int j = 0; j < V; ++j) values[j] = Load8<T>(segment.values, at + 8 * j);
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
         const __m256 we = _mm256_broadcast_ss(w[r] + e);
@@ -108,27 +221,79 @@ __attribute__((target("avx2,fma"))) void WeightedValuesBlockAvx2(const float* co
 }
 
 // Column chunks of 8·V for R rows; hs must be a multiple of 8.
-template <int R, int V>
+template <KVEntryType T, int R, int V>
 void WeightedValuesRowsAvx2(const float* const* w, const Segments& v, int64_t hs, const float* inv,
                             float* const* out) {
   int64_t col = 0;
-  for (; col + 8 * V <= hs; col += 8 * V) WeightedValuesBlockAvx2<R, V>(w, v, hs, col, inv, out);
-  for (; col < hs; col += 8) WeightedValuesBlockAvx2<R, 1>(w, v, hs, col, inv, out);
+  for (; col + 8 * V <= hs; col += 8 * V) {
+    WeightedValuesBlockAvx2<T, R, V>(w, v, hs, col, inv, out);
+  }
+  for (; col < hs; col += 8) WeightedValuesBlockAvx2<T, R, 1>(w, v, hs, col, inv, out);
 }
 
 // Up to 4 rows share each pass over the values (16 accumulators would spill: 8 at most).
+template <KVEntryType T>
 void WeightedValuesAvx2(const float* const* w, const Segments& v, int64_t rows, int64_t hs,
                         const float* inv, float* const* out) {
   int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) WeightedValuesRowsAvx2<4, 2>(w + r, v, hs, inv + r, out + r);
+  for (; r + 4 <= rows; r += 4) WeightedValuesRowsAvx2<T, 4, 2>(w + r, v, hs, inv + r, out + r);
   if (rows - r >= 2) {
-    WeightedValuesRowsAvx2<2, 4>(w + r, v, hs, inv + r, out + r);
+    WeightedValuesRowsAvx2<T, 2, 4>(w + r, v, hs, inv + r, out + r);
     r += 2;
   }
-  if (r < rows) WeightedValuesRowsAvx2<1, 8>(w + r, v, hs, inv + r, out + r);
+  if (r < rows) WeightedValuesRowsAvx2<T, 1, 8>(w + r, v, hs, inv + r, out + r);
 }
 
 #endif  // LGPT_SIMD_AVX2
+
+// Scores y [rows, n_keys] (rows n_keys apart) of query rows x [rows, hs] against a segment's
+// keys: GemvF32Serial's sums, the same bits for 16-bit keys as for their float32 copies (the
+// AVX2 kernel reads them in place; elsewhere they are widened into a buffer first).
+void SegmentScores(const KVSegment& segment, const float* x, float* y, int64_t rows, int64_t hs) {
+  const int64_t n_keys = segment.entries;
+  if (segment.type == KVEntryType::kFloat32) {
+    GemvF32Serial(static_cast<const float*>(segment.keys), nullptr, x, y, rows, n_keys, hs);
+    return;
+  }
+#ifdef LGPT_SIMD_AVX2
+  if (BestGemvKernel() != GemvKernel::kPortable && CpuHasF16c()) {
+    if (segment.type == KVEntryType::kBFloat16) {
+      return ScoresAvx2<KVEntryType::kBFloat16>(segment.keys, x, y, rows, n_keys, hs);
+    }
+    return ScoresAvx2<KVEntryType::kFloat16>(segment.keys, x, y, rows, n_keys, hs);
+  }
+#endif
+  thread_local std::vector<float> widened;
+  widened.resize(n_keys * hs);
+  KVEntriesToFloat(segment.keys, segment.type, n_keys * hs, widened.data());
+  GemvF32Serial(widened.data(), nullptr, x, y, rows, n_keys, hs);
+}
+
+// The weighted values of the segments (all of one entry type), AVX2 or portable.
+void WeightedValues(const float* const* w, const Segments& v, int64_t rows, int64_t hs,
+                    const float* inv, float* const* out, float* acc, bool avx2) {
+  const KVEntryType type = v.empty() ? KVEntryType::kFloat32 : v[0].type;
+#ifdef LGPT_SIMD_AVX2
+  if (avx2) {
+    switch (type) {
+      case KVEntryType::kFloat32:
+        return WeightedValuesAvx2<KVEntryType::kFloat32>(w, v, rows, hs, inv, out);
+      case KVEntryType::kBFloat16:
+        return WeightedValuesAvx2<KVEntryType::kBFloat16>(w, v, rows, hs, inv, out);
+      case KVEntryType::kFloat16:
+        return WeightedValuesAvx2<KVEntryType::kFloat16>(w, v, rows, hs, inv, out);
+    }
+  }
+#endif
+  switch (type) {
+    case KVEntryType::kFloat32:
+      return WeightedValuesPortable<KVEntryType::kFloat32>(w, v, rows, hs, inv, out, acc);
+    case KVEntryType::kBFloat16:
+      return WeightedValuesPortable<KVEntryType::kBFloat16>(w, v, rows, hs, inv, out, acc);
+    case KVEntryType::kFloat16:
+      return WeightedValuesPortable<KVEntryType::kFloat16>(w, v, rows, hs, inv, out, acc);
+  }
+}
 
 // One query's scores s[0, entries) -> unnormalised softmax weights in place (MaskScores,
 // then ExpAndSum against the row maximum). Returns their sum. A row with no allowed key gets
@@ -188,7 +353,8 @@ at::Tensor DecodeAttentionOver(const at::Tensor& q, int64_t groups, int64_t max_
   float* out_data = out.data_ptr<float>();
   const int64_t* qp_data = qpos.data_ptr<int64_t>();
 #ifdef LGPT_SIMD_AVX2
-  const bool avx2 = use_avx2 && hs % 8 == 0;
+  // (The 16-bit value kernels widen float16 with F16C, which every AVX2 CPU has.)
+  const bool avx2 = use_avx2 && hs % 8 == 0 && CpuHasF16c();
 #else
   const bool avx2 = false;
 #endif
@@ -221,15 +387,15 @@ at::Tensor DecodeAttentionOver(const at::Tensor& q, int64_t groups, int64_t max_
         // segment also asks for the second), and these values for the weighted sum after the
         // softmax. Into L1 the burst waited on full miss buffers (decode_attention_benchmark
         // Rows/16/192/16: 1.6x against no prefetch, 1.25x against next keys into L1).
-        if (i == 0 && kv.size() > 1) Prefetch(kv[1].keys, kv[1].entries * hs, false);
-        if (i + 2 < kv.size()) Prefetch(kv[i + 2].keys, kv[i + 2].entries * hs, false);
-        Prefetch(segment.values, segment.entries * hs, false);
+        const int64_t row_bytes = hs * KVEntryBytes(segment.type);
+        if (i == 0 && kv.size() > 1) Prefetch(kv[1].keys, kv[1].entries * row_bytes, false);
+        if (i + 2 < kv.size()) Prefetch(kv[i + 2].keys, kv[i + 2].entries * row_bytes, false);
+        Prefetch(segment.values, segment.entries * row_bytes, false);
         part.resize(rows * segment.entries);
         float* dst = whole ? scores.data() : part.data();
         for (int64_t r = 0; r < rows; r += kGemvMaxRows) {
           const int64_t n = std::min(kGemvMaxRows, rows - r);
-          GemvF32Serial(segment.keys, nullptr, qg + r * hs, dst + r * segment.entries, n,
-                        segment.entries, hs);
+          SegmentScores(segment, qg + r * hs, dst + r * segment.entries, n, hs);
         }
         if (!whole) {
           for (int64_t r = 0; r < rows; ++r) {
@@ -251,14 +417,8 @@ at::Tensor DecodeAttentionOver(const at::Tensor& q, int64_t groups, int64_t max_
           for (int64_t e = 0; e < entries; ++e) w[e] = s[e] * inv[r];
         }
       }
-#ifdef LGPT_SIMD_AVX2
-      if (avx2) {
-        WeightedValuesAvx2(weight_rows.data(), kv, rows, hs, inv.data(), out_rows.data());
-        continue;
-      }
-#endif
-      WeightedValuesPortable(weight_rows.data(), kv, rows, hs, inv.data(), out_rows.data(),
-                             acc.data());
+      WeightedValues(weight_rows.data(), kv, rows, hs, inv.data(), out_rows.data(), acc.data(),
+                     avx2);
     }
   });
   return out;
@@ -284,7 +444,7 @@ at::Tensor DecodeAttention(const at::Tensor& q, const at::Tensor& keys, const at
                            const at::Tensor& query_positions, const at::Tensor& key_positions,
                            const AttentionParams& params, bool use_avx2, float* weights_out) {
   const int64_t entries = keys.size(2);
-  const float* k_data = keys.data_ptr<float>();
+  const float* k_data = keys.data_ptr<float>();  // [B, G, S, hs]
   const float* v_data = values.data_ptr<float>();
   auto segments = [&](int64_t b, int64_t g, Segments* out) {
     out->push_back({k_data + b * keys.stride(0) + g * keys.stride(1),
@@ -309,9 +469,10 @@ bool DecodeAttentionBlocksApplies(const at::Tensor& q, const std::vector<at::Ten
       static_cast<int64_t>(block_keys.size()) * first.size(1) < entries) {
     return false;
   }
+  if (!KVEntryTypeOf(first.scalar_type())) return false;
   for (size_t i = 0; i < block_keys.size(); ++i) {
     for (const at::Tensor* t : {&block_keys[i], &block_values[i]}) {
-      if (!t->device().is_cpu() || t->scalar_type() != at::kFloat || !t->is_contiguous() ||
+      if (!t->device().is_cpu() || t->scalar_type() != first.scalar_type() || !t->is_contiguous() ||
           t->sizes() != first.sizes() || t->requires_grad()) {
         return false;
       }
@@ -325,12 +486,14 @@ KVSegmentsOf BlockSegments(std::vector<at::Tensor> block_keys, std::vector<at::T
   return [keys = std::move(block_keys), values = std::move(block_values), entries](
              int64_t, int64_t g, Segments* out) {
     const int64_t entries_per_block = keys[0].size(1), hs = keys[0].size(2);
+    const KVEntryType type = *KVEntryTypeOf(keys[0].scalar_type());
+    const int64_t group_bytes = g * entries_per_block * hs * KVEntryBytes(type);
     for (size_t i = 0; i < keys.size(); ++i) {
       const int64_t begin = static_cast<int64_t>(i) * entries_per_block;
       if (begin >= entries) break;
-      out->push_back({keys[i].data_ptr<float>() + g * entries_per_block * hs,
-                      values[i].data_ptr<float>() + g * entries_per_block * hs,
-                      std::min(entries_per_block, entries - begin)});
+      out->push_back({static_cast<const char*>(keys[i].data_ptr()) + group_bytes,
+                      static_cast<const char*>(values[i].data_ptr()) + group_bytes,
+                      std::min(entries_per_block, entries - begin), type});
     }
   };
 }

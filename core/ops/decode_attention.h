@@ -14,6 +14,7 @@
 
 #include "core/ops/attention_mask.h"
 #include "core/ops/gemv.h"
+#include "core/ops/kv_entry.h"
 
 namespace lgpt {
 
@@ -39,12 +40,14 @@ at::Tensor DecodeAttention(const at::Tensor& q, const at::Tensor& keys, const at
                            const AttentionParams& params, bool use_avx2 = CpuHasAvx2Fma(),
                            float* weights_out = nullptr);
 
-// Consecutive cache entries of one (batch row, key group): [entries, hs] float32 keys and
-// values. A contiguous cache is one segment; a paged one, one per block.
+// Consecutive cache entries of one (batch row, key group): [entries, hs] keys and values of
+// `type` (float32, or the 16-bit entries of a float32 model's KV pool, widened in registers as
+// they are read). A contiguous cache is one segment; a paged one, one per block.
 struct KVSegment {
-  const float* keys;
-  const float* values;
+  const void* keys;
+  const void* values;
   int64_t entries;
+  KVEntryType type = KVEntryType::kFloat32;
 };
 // Lists the entries of (batch row b, key group g) in order. Called once per (b, g), possibly
 // from several threads at once; the pointers must stay valid until the (b, g)'s attention is
@@ -61,17 +64,18 @@ at::Tensor DecodeAttentionSegments(const at::Tensor& q, int64_t groups, int64_t 
                                    const at::Tensor& key_positions, const AttentionParams& params,
                                    bool use_avx2 = CpuHasAvx2Fma(), float* weights_out = nullptr);
 
-// The segments of blocks [G, entries_per_block, hs] (contiguous, keys and values alike) holding
-// `entries` entries in order: per key group, a run of each block's rows. The blocks are kept
-// alive by the returned function.
+// The segments of blocks [G, entries_per_block, hs] (contiguous, keys and values alike, float32,
+// bfloat16 or float16) holding `entries` entries in order: per key group, a run of each block's
+// rows. The blocks are kept alive by the returned function.
 KVSegmentsOf BlockSegments(std::vector<at::Tensor> block_keys, std::vector<at::Tensor> block_values,
                            int64_t entries);
 
 // The same over a cache stored in blocks (the paged KV pool) without gathering them: one
 // batch row whose first `entries` entries are those of blocks 0, 1, ... in order, each block
 // [G, entries_per_block, hs] (keys and values alike); key_positions [1, 1 or G, entries]. The
-// arithmetic is DecodeAttention's on the concatenated blocks, to the bit. Applies to CPU
-// float32 contiguous blocks of one shape and up to 4 query steps.
+// arithmetic is DecodeAttention's on the concatenated blocks, to the bit (16-bit blocks: on
+// their float32 copies, to the bit). Applies to CPU contiguous blocks of one shape and one
+// dtype (float32, bfloat16, float16) and up to 4 float32 query steps.
 bool DecodeAttentionBlocksApplies(const at::Tensor& q, const std::vector<at::Tensor>& block_keys,
                                   const std::vector<at::Tensor>& block_values, int64_t entries,
                                   const at::Tensor& query_positions,

@@ -2,7 +2,8 @@
 // query against its own blocks (a call per request, or one DecodeAttentionRows call for all),
 // one layer an iteration, the layers' blocks together larger than
 // the last-level cache (so entries come from memory, as in a model step). GB_per_s counts the
-// key and value bytes read.
+// key and value bytes read. BM_DecodeAttentionRowsBfloat16: the batched step over a bfloat16
+// pool's blocks (a float32 model's 16-bit entries, widened in registers).
 //
 //   bazel run -c opt //core/ops:decode_attention_benchmark -- [--threads=N]
 #include <ATen/ATen.h>
@@ -32,9 +33,11 @@ struct Layers {
   std::vector<std::vector<std::vector<at::Tensor>>> keys, values;
 };
 
-Layers MakeLayers(int64_t requests, int64_t entries, int64_t block, bool from_memory) {
+Layers MakeLayers(int64_t requests, int64_t entries, int64_t block, bool from_memory,
+                  at::ScalarType dtype = at::kFloat) {
   const int64_t blocks = (entries + block - 1) / block;
-  const int64_t layer_bytes = requests * blocks * 2 * kGroups * block * kHeadSize * 4;
+  const int64_t layer_bytes =
+      requests * blocks * 2 * kGroups * block * kHeadSize * at::elementSize(dtype);
   const int64_t layers = from_memory ? std::max<int64_t>(2, (int64_t{256} << 20) / layer_bytes) : 1;
   Layers data;
   data.keys.resize(layers);
@@ -44,8 +47,8 @@ Layers MakeLayers(int64_t requests, int64_t entries, int64_t block, bool from_me
     data.values[l].resize(requests);
     for (int64_t r = 0; r < requests; ++r) {
       for (int64_t b = 0; b < blocks; ++b) {
-        data.keys[l][r].push_back(at::randn({kGroups, block, kHeadSize}));
-        data.values[l][r].push_back(at::randn({kGroups, block, kHeadSize}));
+        data.keys[l][r].push_back(at::randn({kGroups, block, kHeadSize}).to(dtype));
+        data.values[l][r].push_back(at::randn({kGroups, block, kHeadSize}).to(dtype));
       }
     }
   }
@@ -81,10 +84,10 @@ void BM_DecodeAttentionBlocks(benchmark::State& state) {
 }
 
 // The same step as one DecodeAttentionRows call (a serving batch's path): every request's
-// (row, key group) tasks in one fork. Args as BM_DecodeAttentionBlocks.
-void BM_DecodeAttentionRows(benchmark::State& state) {
+// (row, key group) tasks in one fork, over entries of `dtype`. Args as BM_DecodeAttentionBlocks.
+void DecodeAttentionRowsOf(benchmark::State& state, at::ScalarType dtype) {
   const int64_t requests = state.range(0), entries = state.range(1), block = state.range(2);
-  const Layers data = MakeLayers(requests, entries, block, state.range(3) == 1);
+  const Layers data = MakeLayers(requests, entries, block, state.range(3) == 1, dtype);
   const at::Tensor q = at::randn({requests, kHeads, 1, kHeadSize});
   const at::Tensor query_positions = at::full({requests, 1}, entries - 1, at::kLong);
   const at::Tensor key_positions = at::arange(entries, at::kLong).view({1, 1, entries});
@@ -104,7 +107,12 @@ void BM_DecodeAttentionRows(benchmark::State& state) {
     benchmark::DoNotOptimize(DecodeAttentionRows(q, kGroups, rows[layer], query_positions, params));
     layer = (layer + 1) % rows.size();
   }
-  SetBytes(state, requests * 2 * kGroups * entries * kHeadSize * 4);
+  SetBytes(state, requests * 2 * kGroups * entries * kHeadSize * at::elementSize(dtype));
+}
+
+void BM_DecodeAttentionRows(benchmark::State& state) { DecodeAttentionRowsOf(state, at::kFloat); }
+void BM_DecodeAttentionRowsBfloat16(benchmark::State& state) {
+  DecodeAttentionRowsOf(state, at::kBFloat16);
 }
 
 void Shapes(benchmark::internal::Benchmark* b) {
@@ -123,6 +131,7 @@ void Shapes(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_DecodeAttentionBlocks)->Apply(Shapes);
 BENCHMARK(BM_DecodeAttentionRows)->Apply(Shapes);
+BENCHMARK(BM_DecodeAttentionRowsBfloat16)->Apply(Shapes);
 
 }  // namespace
 }  // namespace lgpt

@@ -180,7 +180,7 @@ TEST(DecodeAttentionRows, EachRowEqualsItsOwnDecodeAttention) {
               vb.push_back(at::randn({groups, entries_per_block, hs}));
             }
             row.segments = [kb, vb, length, entries_per_block, hs](int64_t, int64_t g,
-                                                            std::vector<KVSegment>* out) {
+                                                                   std::vector<KVSegment>* out) {
               for (size_t i = 0; i < kb.size(); ++i) {
                 const int64_t begin = static_cast<int64_t>(i) * entries_per_block;
                 out->push_back({kb[i].data_ptr<float>() + g * entries_per_block * hs,
@@ -222,6 +222,125 @@ TEST(DecodeAttentionRows, EachRowEqualsItsOwnDecodeAttention) {
   EXPECT_FALSE(DecodeAttentionRowsApplies(at::randn({2, 4, 1, 8}), 3, positions));
   EXPECT_FALSE(
       DecodeAttentionRowsApplies(at::randn({2, 4, 1, 8}), 2, at::zeros({3, 1}, at::kLong)));
+}
+
+// 16-bit blocks (a float32 model's bfloat16 or float16 KV pool) read in place give the float32
+// kernel's bits on their widened copies, on random shapes: odd head sizes, MHA, GQA and MQA,
+// blocks out of pool order, partial last blocks, single-entry rows.
+TEST(DecodeAttentionBlocks, SixteenBitBlocksEqualTheFloat32KernelOnTheirWidenedCopies) {
+  at::manual_seed(41);
+  int64_t cases = 0;
+  for (const at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
+    for (const int64_t hs : {int64_t{7}, int64_t{20}, int64_t{64}, int64_t{72}, int64_t{128}}) {
+      for (const int64_t groups : {int64_t{6}, int64_t{2}, int64_t{1}}) {
+        for (int trial = 0; trial < 3; ++trial) {
+          const int64_t n_head = 6;
+          const int64_t steps = 1 + at::randint(4, {1}).item<int64_t>();
+          const int64_t entries_per_block = std::vector<int64_t>{1, 5, 16}[trial];
+          const int64_t entries = trial == 0 ? 1 : 1 + at::randint(70, {1}).item<int64_t>();
+          const int64_t blocks = (entries + entries_per_block - 1) / entries_per_block;
+          // A pool of blocks [num_blocks, G, bs, hs]; the row's blocks in a shuffled order.
+          const int64_t num_blocks = blocks + 3;
+          const at::Tensor pool_keys =
+              at::randn({num_blocks, groups, entries_per_block, hs}).to(dtype);
+          const at::Tensor pool_values =
+              at::randn({num_blocks, groups, entries_per_block, hs}).to(dtype);
+          const at::Tensor order = at::randperm(num_blocks, at::kLong);
+          std::vector<at::Tensor> keys16, values16, keys32, values32;  // [G, bs, hs] each
+          for (int64_t i = 0; i < blocks; ++i) {
+            const int64_t block = order[i].item<int64_t>();
+            keys16.push_back(pool_keys.select(0, block));
+            values16.push_back(pool_values.select(0, block));
+            keys32.push_back(keys16.back().to(at::kFloat));
+            values32.push_back(values16.back().to(at::kFloat));
+          }
+          const at::Tensor q = at::randn({1, n_head, steps, hs});
+          const at::Tensor key_positions = at::arange(entries, at::kLong).view({1, 1, -1});
+          const at::Tensor query_positions =
+              at::arange(entries - 1, entries - 1 + steps, at::kLong).view({1, -1});
+          AttentionParams params;
+          params.scale = 0.3;
+          params.sliding_window = trial == 2 ? 11 : 0;
+          if (trial == 1) params.softcap = 4.0;
+          ASSERT_TRUE(DecodeAttentionBlocksApplies(q, keys16, values16, entries, query_positions,
+                                                   key_positions));
+          for (const bool use_avx2 : {false, CpuHasAvx2Fma()}) {
+            const at::Tensor expected = DecodeAttentionBlocks(
+                q, keys32, values32, entries, query_positions, key_positions, params, use_avx2);
+            const at::Tensor actual = DecodeAttentionBlocks(
+                q, keys16, values16, entries, query_positions, key_positions, params, use_avx2);
+            EXPECT_TRUE(at::equal(actual, expected))
+                << dtype << " hs " << hs << " groups " << groups << " steps " << steps << " block "
+                << entries_per_block << " entries " << entries << " avx2 " << use_avx2 << ": "
+                << (actual - expected).abs().max().item<float>();
+          }
+          ++cases;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(cases, 90);
+  // Blocks of mixed dtypes are not taken.
+  const std::vector<at::Tensor> bf16 = {at::randn({2, 4, 8}).to(at::kBFloat16)};
+  const std::vector<at::Tensor> fp32 = {at::randn({2, 4, 8})};
+  EXPECT_FALSE(DecodeAttentionBlocksApplies(at::randn({1, 4, 1, 8}), bf16, fp32, 4,
+                                            at::zeros({1, 1}, at::kLong),
+                                            at::arange(4, at::kLong).view({1, 1, -1})));
+}
+
+// A batched step over 16-bit pool blocks: each row's result is its batch-1 run's, to the bit,
+// whatever the batch (the serving engine's exactness guarantee), and the float32 kernel's on
+// the widened blocks.
+TEST(DecodeAttentionRows, SixteenBitRowsEqualTheirBatchOneRun) {
+  for (const at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
+    for (const int64_t hs : {int64_t{20}, int64_t{64}}) {
+      const int64_t groups = 2, n_head = 6, entries_per_block = 16, steps = 1;
+      const std::vector<int64_t> lengths = {1, 40, 16, 17, 129, 3};
+      const int64_t batch = static_cast<int64_t>(lengths.size());
+      at::manual_seed(hs + (dtype == at::kHalf ? 1 : 0));
+      const at::Tensor q = at::randn({batch, n_head, steps, hs});
+      at::Tensor query_positions = at::empty({batch, steps}, at::kLong);
+      std::vector<DecodeRow> rows;
+      std::vector<std::vector<at::Tensor>> row_keys, row_values;  // [G, bs, hs] blocks
+      for (int64_t b = 0; b < batch; ++b) {
+        const int64_t length = lengths[b];
+        query_positions[b][0] = length - 1;
+        std::vector<at::Tensor> kb, vb;
+        for (int64_t begin = 0; begin < length; begin += entries_per_block) {
+          kb.push_back(at::randn({groups, entries_per_block, hs}).to(dtype));
+          vb.push_back(at::randn({groups, entries_per_block, hs}).to(dtype));
+        }
+        DecodeRow row;
+        row.entries = length;
+        row.key_positions = at::arange(length, at::kLong).view({1, 1, -1});
+        row.segments = BlockSegments(kb, vb, length);
+        rows.push_back(std::move(row));
+        row_keys.push_back(kb);
+        row_values.push_back(vb);
+      }
+      AttentionParams params;
+      params.scale = 0.125;
+      for (const bool use_avx2 : {false, CpuHasAvx2Fma()}) {
+        const at::Tensor actual =
+            DecodeAttentionRows(q, groups, rows, query_positions, params, use_avx2);
+        for (int64_t b = 0; b < batch; ++b) {
+          const at::Tensor alone = DecodeAttentionBlocks(
+              q.narrow(0, b, 1), row_keys[b], row_values[b], lengths[b],
+              query_positions.narrow(0, b, 1), rows[b].key_positions, params, use_avx2);
+          EXPECT_TRUE(at::equal(actual.narrow(0, b, 1), alone))
+              << dtype << " row " << b << " hs " << hs << " avx2 " << use_avx2;
+          const at::Tensor keys32 =
+              at::cat(row_keys[b], 1).narrow(1, 0, lengths[b]).unsqueeze(0).to(at::kFloat);
+          const at::Tensor values32 =
+              at::cat(row_values[b], 1).narrow(1, 0, lengths[b]).unsqueeze(0).to(at::kFloat);
+          EXPECT_TRUE(at::equal(alone, DecodeAttention(q.narrow(0, b, 1), keys32, values32,
+                                                       query_positions.narrow(0, b, 1),
+                                                       rows[b].key_positions, params, use_avx2)))
+              << dtype << " row " << b << " hs " << hs << " avx2 " << use_avx2;
+        }
+      }
+    }
+  }
 }
 
 TEST(DecodeAttention, RowWithNoAllowedKeyGetsUniformWeights) {

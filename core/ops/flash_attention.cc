@@ -136,14 +136,28 @@ struct TileArgs {
   bool avx2;
 };
 
-// One key/value tile against the query tile: scores, mask, online softmax update.
+// One key/value tile against the query tile: scores, mask, online softmax update. `wide` holds
+// a 16-bit run's tile widened to float32 ([n, hs] keys, then values).
 void ProcessTile(const TileArgs& t, const KVRun& run, int64_t begin, int64_t n,
-                 std::vector<float>& scores, RowState& state) {
+                 std::vector<float>& scores, std::vector<float>& wide, RowState& state) {
+  const float* keys = nullptr;  // [n, hs]
+  const float* values = nullptr;
+  if (run.type == KVEntryType::kFloat32) {
+    keys = run.keys + begin * t.hs;
+    values = run.values + begin * t.hs;
+  } else {
+    const int64_t bytes = KVEntryBytes(run.type) * begin * t.hs;
+    wide.resize(2 * n * t.hs);
+    KVEntriesToFloat(static_cast<const char*>(run.keys16) + bytes, run.type, n * t.hs, wide.data());
+    KVEntriesToFloat(static_cast<const char*>(run.values16) + bytes, run.type, n * t.hs,
+                     wide.data() + n * t.hs);
+    keys = wide.data();
+    values = wide.data() + n * t.hs;
+  }
   scores.resize(t.rows * n);
   for (int64_t r = 0; r < t.rows; r += kGemvMaxRows) {
     const int64_t m = std::min(kGemvMaxRows, t.rows - r);
-    GemvF32Serial(run.keys + begin * t.hs, nullptr, t.q + r * t.hs, scores.data() + r * n, m, n,
-                  t.hs);
+    GemvF32Serial(keys, nullptr, t.q + r * t.hs, scores.data() + r * n, m, n, t.hs);
   }
   std::vector<float>& alpha = state.alpha;
   for (int64_t r = 0; r < t.rows; ++r) {
@@ -160,8 +174,7 @@ void ProcessTile(const TileArgs& t, const KVRun& run, int64_t begin, int64_t n,
     state.sum[r] = state.sum[r] * alpha[r] + total;
     state.max[r] = new_max;
   }
-  Accumulate(scores.data(), n, run.values + begin * t.hs, t.rows, t.hs, alpha.data(),
-             state.acc.data(), t.avx2);
+  Accumulate(scores.data(), n, values, t.rows, t.hs, alpha.data(), state.acc.data(), t.avx2);
 }
 
 }  // namespace
@@ -194,7 +207,7 @@ at::Tensor FlashAttention(const at::Tensor& q, int64_t groups, const KVRunsOf& r
   const int64_t tasks = batch * groups * tiles;
   ParallelForRows(tasks, 1, 1, [&](int64_t begin, int64_t end) {
     std::vector<KVRun> runs;
-    std::vector<float> scores;
+    std::vector<float> scores, wide;
     std::vector<int64_t> positions(kQueryTile);
     RowState state;
     for (int64_t task = begin; task < end; ++task) {
@@ -221,7 +234,7 @@ at::Tensor FlashAttention(const at::Tensor& q, int64_t groups, const KVRunsOf& r
         for (int64_t k = 0; k < run.entries; k += kKeyTile) {
           const int64_t n = std::min(kKeyTile, run.entries - k);
           if (!TileVisible(run, k, n, q_min, q_max, params.sliding_window)) continue;
-          ProcessTile(args, run, k, n, scores, state);
+          ProcessTile(args, run, k, n, scores, wide, state);
         }
       }
       for (int64_t r = 0; r < n_rows; ++r) {
@@ -241,7 +254,11 @@ at::Tensor FlashAttention(const at::Tensor& q, int64_t groups, const KVRunsOf& r
         int64_t count = 0;
         for (const KVRun& run : runs) {
           for (int64_t e = 0; e < run.entries; ++e, ++count) {
-            for (int64_t j = 0; j < hs; ++j) y[j] += run.values[e * hs + j];
+            for (int64_t j = 0; j < hs; ++j) {
+              y[j] += run.type == KVEntryType::kFloat32
+                          ? run.values[e * hs + j]
+                          : KVEntryAt(run.values16, run.type, e * hs + j);
+            }
           }
         }
         for (int64_t j = 0; j < hs; ++j) y[j] /= static_cast<float>(std::max<int64_t>(count, 1));

@@ -26,6 +26,7 @@
 
 #include "core/ops/attention_mask.h"
 #include "core/ops/gemv.h"
+#include "core/ops/kv_entry.h"
 
 namespace lgpt {
 
@@ -40,6 +41,12 @@ struct KVRun {
   const float* values = nullptr;  // [entries, hs]
   KeyPositionRun positions;       // entry e at positions[e]
   int64_t entries = 0;
+  // 16-bit entries instead (a float32 model's KV pool; keys and values above null):
+  // [entries, hs] of `type`, widened to float32 one key tile at a time, so the results are those
+  // of their float32 copies, to the bit. Forward only.
+  KVEntryType type = KVEntryType::kFloat32;
+  const void* keys16 = nullptr;
+  const void* values16 = nullptr;
 };
 
 // Fills `runs` with the entries of (batch row b, key group g), in order.

@@ -12,8 +12,33 @@
 
 namespace lgpt {
 
-absl::StatusOr<BlockPoolOptions> KVMemory::PoolFor(const KVCacheGeometry& geometry,
+namespace {
+
+// The geometry of the pool's blocks: the model's, with the entries' dtype.
+KVCacheGeometry PoolGeometry(const KVCacheGeometry& geometry, const KVMemoryOptions& options) {
+  KVCacheGeometry pool = geometry;
+  if (options.entry_dtype != c10::ScalarType::Undefined) pool.dtype = options.entry_dtype;
+  return pool;
+}
+
+}  // namespace
+
+absl::StatusOr<c10::ScalarType> KVPoolDtype(absl::string_view name, c10::ScalarType model_dtype,
+                                            c10::Device device, absl::string_view field) {
+  if (name == "model") return model_dtype;
+  if (name == "auto") {
+    return model_dtype == c10::kFloat && device.is_cpu() ? c10::kBFloat16 : model_dtype;
+  }
+  if (name == "float32") return c10::kFloat;
+  if (name == "bfloat16") return c10::kBFloat16;
+  if (name == "float16") return c10::kHalf;
+  return InvalidFieldError(field, absl::StrCat(field, " must be auto, model, float32, bfloat16 or ",
+                                               "float16, got '", name, "'"));
+}
+
+absl::StatusOr<BlockPoolOptions> KVMemory::PoolFor(const KVCacheGeometry& model_geometry,
                                                    const KVMemoryOptions& options) {
+  const KVCacheGeometry geometry = PoolGeometry(model_geometry, options);
   // Per entry first: entries_per_block times the bytes of an entry may overflow int64 (a block of
   // 2^52 entries wrapped to a size the pool accepted, and its first block threw).
   const int64_t bytes_per_entry = std::max<int64_t>(BlockPool::BytesPerBlock(geometry, 1), 1);
@@ -45,7 +70,7 @@ absl::StatusOr<std::unique_ptr<KVMemory>> KVMemory::Create(const KVCacheGeometry
   std::shared_ptr<BlockPool> pool;
   if (options.pool_bytes > 0) {
     ASSIGN_OR_RETURN(const BlockPoolOptions pool_options, PoolFor(geometry, options));
-    ASSIGN_OR_RETURN(pool, BlockPool::Create(geometry, pool_options));
+    ASSIGN_OR_RETURN(pool, BlockPool::Create(PoolGeometry(geometry, options), pool_options));
   }
   return std::make_unique<KVMemory>(std::move(pool), options.prefix_caching);
 }

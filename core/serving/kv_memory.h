@@ -26,6 +26,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "cache/block_pool.h"
 #include "cache/kv_cache.h"
@@ -39,7 +40,19 @@ struct KVMemoryOptions {
   int64_t pool_bytes = 0;  // 0: no pool (each request allocates its own cache as it grows)
   int64_t entries_per_block = 16;
   bool prefix_caching = true;  // paged requests from position 0 share cached prompt blocks
+  // The dtype of the pool's entries: Undefined = the model's (the geometry's). A float32 model
+  // may keep bfloat16 or float16 entries (rounded to nearest even as they are written, widened
+  // as attention reads them): twice the blocks in the same bytes, and half the bytes each
+  // decoding step reads. KVPoolDtype parses the serving option.
+  c10::ScalarType entry_dtype = c10::ScalarType::Undefined;
 };
+
+// The pool entry dtype that the serving option `name` asks for a model of `model_dtype` on
+// `device`: "model" (the model's dtype), "auto" (the serving default: bfloat16 for float32 models
+// on the CPU, the model's dtype otherwise), "float32", "bfloat16" or "float16". InvalidArgument
+// naming `field` otherwise.
+absl::StatusOr<c10::ScalarType> KVPoolDtype(absl::string_view name, c10::ScalarType model_dtype,
+                                            c10::Device device, absl::string_view field);
 
 struct KVMemoryStats {
   // Blocks in all, held by requests (or reserved for their own storage), and unreferenced
@@ -75,12 +88,13 @@ class KVLease {
 
 class KVMemory {
  public:
-  // The pool options `pool_bytes` buys for caches of `geometry` (its layers, dtype, device):
-  // InvalidArgument below one block of `entries_per_block` entries, ResourceExhausted beyond the
-  // memory available on the CPU.
+  // The pool options `pool_bytes` buys for caches of `geometry` (its layers, dtype, device) with
+  // entries of options.entry_dtype: InvalidArgument below one block of `entries_per_block`
+  // entries, ResourceExhausted beyond the memory available on the CPU.
   static absl::StatusOr<BlockPoolOptions> PoolFor(const KVCacheGeometry& geometry,
                                                   const KVMemoryOptions& options);
-  // Memory for caches of `geometry`: a pool of options.pool_bytes (PoolFor), or none.
+  // Memory for caches of `geometry`: a pool of options.pool_bytes (PoolFor) with entries of
+  // options.entry_dtype, or none.
   static absl::StatusOr<std::unique_ptr<KVMemory>> Create(const KVCacheGeometry& geometry,
                                                           const KVMemoryOptions& options);
   // Over an existing pool (null: none), with a prefix cache of its own when prefix_caching.

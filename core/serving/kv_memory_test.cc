@@ -74,6 +74,57 @@ TEST(KVMemoryTest, PoolSizedFromBytes) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// A float32 model's pool of 16-bit entries: the same bytes buy twice the blocks, and the pool's
+// blocks, statistics and dense caches follow; caches with storage of their own keep the
+// model's dtype.
+TEST(KVMemoryTest, SixteenBitEntriesDoubleThePoolsBlocks) {
+  for (const c10::ScalarType dtype : {c10::kBFloat16, c10::kHalf}) {
+    KVMemoryOptions options;
+    options.entries_per_block = kBlock;
+    options.pool_bytes = 10 * kBlockBytes;
+    options.entry_dtype = dtype;
+    absl::StatusOr<BlockPoolOptions> sized = KVMemory::PoolFor(Geometry(), options);
+    ASSERT_TRUE(sized.ok()) << sized.status();
+    EXPECT_EQ(sized->num_blocks, 20);
+    options.pool_bytes = kBlockBytes / 2 - 1;  // less than one 16-bit block
+    EXPECT_EQ(KVMemory::PoolFor(Geometry(), options).status().code(),
+              absl::StatusCode::kInvalidArgument);
+    options.pool_bytes = 10 * kBlockBytes;
+    std::unique_ptr<KVMemory> memory = *KVMemory::Create(Geometry(), options);
+    ASSERT_NE(memory->pool(), nullptr);
+    EXPECT_EQ(memory->pool()->dtype(), dtype);
+    const KVMemoryStats stats = memory->Stats();
+    EXPECT_EQ(stats.blocks, 20);
+    EXPECT_EQ(stats.block_bytes, kBlockBytes / 2);
+    std::unique_ptr<KVCache> dense = *memory->NewCache(KVCacheSpec(), Geometry(), 32);
+    auto* paged = dynamic_cast<PagedKVCache*>(dense.get());
+    ASSERT_NE(paged, nullptr);
+    EXPECT_EQ(paged->pool()->dtype(), dtype);
+    KVLease lease = *memory->Lease(std::move(dense), 32, true);
+    Fill(*lease.cache(), 0, 9);  // 3 blocks
+    EXPECT_EQ(lease.cache()->AllocatedBytes(), 3 * kBlockBytes / 2);
+    EXPECT_EQ(memory->Stats().blocks_used, 3);
+    memory->Close(lease);
+    EXPECT_EQ(memory->free_blocks(), 20);
+  }
+}
+
+TEST(KVMemoryTest, PoolDtypeOptionNamesTheField) {
+  const c10::Device cpu(c10::kCPU), cuda(c10::kCUDA);
+  EXPECT_EQ(*KVPoolDtype("auto", c10::kFloat, cpu, "f"), c10::kBFloat16);
+  EXPECT_EQ(*KVPoolDtype("auto", c10::kBFloat16, cpu, "f"), c10::kBFloat16);
+  EXPECT_EQ(*KVPoolDtype("auto", c10::kFloat, cuda, "f"), c10::kFloat);
+  EXPECT_EQ(*KVPoolDtype("model", c10::kFloat, cpu, "f"), c10::kFloat);
+  EXPECT_EQ(*KVPoolDtype("float32", c10::kBFloat16, cpu, "f"), c10::kFloat);
+  EXPECT_EQ(*KVPoolDtype("bfloat16", c10::kFloat, cpu, "f"), c10::kBFloat16);
+  EXPECT_EQ(*KVPoolDtype("float16", c10::kFloat, cpu, "f"), c10::kHalf);
+  const absl::Status bad =
+      KVPoolDtype("int8", c10::kFloat, cpu, "EngineOptions.kv_pool_dtype").status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("EngineOptions.kv_pool_dtype"), std::string::npos) << bad;
+  EXPECT_NE(bad.message().find("int8"), std::string::npos) << bad;
+}
+
 TEST(KVMemoryTest, WithoutAPoolRequestsKeepTheirOwnCaches) {
   absl::StatusOr<std::unique_ptr<KVMemory>> memory = KVMemory::Create(Geometry(), {});
   ASSERT_TRUE(memory.ok()) << memory.status();
@@ -150,8 +201,7 @@ TEST(KVMemoryTest, ChargedLeaseReservesItsGrowthAndSettles) {
   memory->Settle(lease);  // at most what the cache holds now
   const int64_t used = lease.cache()->AllocatedBytes() + lease.cache()->IndexBytes();
   EXPECT_EQ(lease.charged_bytes(), std::min(step_bound, used));
-  EXPECT_EQ(memory->charged_blocks(),
-            memory->pool()->BlocksForBytes(lease.charged_bytes()));
+  EXPECT_EQ(memory->charged_blocks(), memory->pool()->BlocksForBytes(lease.charged_bytes()));
   memory->Release(lease);
   EXPECT_EQ(lease.charged_bytes(), 0);
   EXPECT_EQ(lease.cache()->AllocatedBytes(), 0);
