@@ -181,14 +181,9 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   InitTool(argc, argv,
            "serve [--checkpoint_dir=DIR] [--host=127.0.0.1 --port=8000 | --unix_socket=PATH] "
-<<<<<<< HEAD
-           "[--api_key=KEY] [--pool_mb=M] [--max_running=N --max_waiting=N] [--quantize=int8] "
-           "[--lora=NAME=DIR ...] [--tp=N] [--speculative=ngram|draft:DIR --speculative_k=K]");
-=======
            "[--api_key=KEY] [--pool_mb=M --kv_pool_dtype=auto] [--max_running=N --max_waiting=N] "
-           "[--quantize=int8] "
-           "[--lora=NAME=DIR ...] [--tp=N]");
->>>>>>> kv16
+           "[--quantize=int8] [--lora=NAME=DIR ...] [--tp=N] "
+           "[--speculative=ngram|draft:DIR --speculative_k=K --speculative_max_rows=N]");
   // --tp=N: N local ranks of this command (or one rank of a torchrun-style world); rank 0
   // serves HTTP, the others follow its steps on their shards.
   if (std::optional<int> code = ValueOrDie(LaunchTensorParallel(argc, argv))) return *code;
