@@ -429,6 +429,9 @@ int Refuse(const std::shared_ptr<ProcessGroup>& group) {
   absl::StatusOr<LoadedModel> sharded = LoadCheckpoint(kDefaultModel, options);
   if (sharded.ok()) return Fail("the sharded load succeeded");
   if (group->rank() == 0) std::cout << "refused: " << sharded.status() << std::endl;
+  // Every rank refuses at once: wait for all, so that no rank leaves while another is still
+  // finishing its connections (it would see the connection closed by its peer).
+  if (absl::Status all = group->Barrier(); !all.ok()) return Fail(all.ToString());
   return 0;
 }
 
