@@ -7,6 +7,7 @@
 #include "cache/paged_kv_cache.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 
 #include <cstdint>
 #include <memory>
@@ -231,7 +232,7 @@ std::shared_ptr<BlockPool> PoolOf(at::ScalarType dtype, int64_t blocks,
 TEST(PagedKVCacheTest, SixteenBitPoolAttendsAsAFloat32PoolOfItsRoundedEntries) {
   for (const at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
     for (const bool grad_mode : {false, true}) {  // with grad mode on: the generic path
-      at::AutoGradMode mode(grad_mode);
+      c10::AutoGradMode mode(grad_mode);
       std::shared_ptr<BlockPool> narrow_pool = PoolOf(dtype, 16);
       EXPECT_EQ(narrow_pool->BytesPerBlock() * 2, TestPool(1)->BytesPerBlock());
       std::unique_ptr<PagedKVCache> narrow = *PagedKVCache::Create(narrow_pool, 64);
