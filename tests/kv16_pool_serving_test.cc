@@ -25,19 +25,6 @@
 namespace lgpt {
 namespace {
 
-std::shared_ptr<BlockPool> Pool(GPTImpl& model, at::ScalarType dtype, int64_t blocks,
-                                int64_t entries_per_block) {
-  KVCacheGeometry geometry;
-  geometry.layers = model.CacheLayout();
-  geometry.dtype = dtype;
-  BlockPoolOptions options;
-  options.entries_per_block = entries_per_block;
-  options.num_blocks = blocks;
-  absl::StatusOr<std::shared_ptr<BlockPool>> pool = BlockPool::Create(geometry, options);
-  EXPECT_TRUE(pool.ok()) << pool.status();
-  return *pool;
-}
-
 int64_t Length(const Job& job) {
   return static_cast<int64_t>(job.prompt.size()) + job.options.max_new_tokens;
 }
@@ -45,7 +32,7 @@ int64_t Length(const Job& job) {
 // The job's tokens from lgpt::Generate with a paged cache of its own over a pool of `dtype`.
 std::vector<int64_t> AlonePaged(GPTImpl& model, const Job& job, at::ScalarType dtype) {
   std::unique_ptr<PagedKVCache> cache =
-      *PagedKVCache::Create(Pool(model, dtype, (Length(job) + 3) / 4, 4), Length(job));
+      *PagedKVCache::Create(TestPool(model, (Length(job) + 3) / 4, 4, dtype), Length(job));
   absl::StatusOr<std::vector<int64_t>> tokens = Generate(model, *cache, job.prompt, job.options);
   EXPECT_TRUE(tokens.ok()) << tokens.status();
   return tokens.ok() ? *tokens : std::vector<int64_t>();

@@ -71,9 +71,11 @@ GPT NoisyCopy(const GPTImpl& model) {
   return *copy;
 }
 
-std::shared_ptr<BlockPool> TestPool(GPTImpl& model, int64_t blocks, int64_t entries_per_block) {
+std::shared_ptr<BlockPool> TestPool(GPTImpl& model, int64_t blocks, int64_t entries_per_block,
+                                    at::ScalarType dtype) {
   KVCacheGeometry geometry;
   geometry.layers = model.CacheLayout();
+  geometry.dtype = dtype;
   BlockPoolOptions options;
   options.entries_per_block = entries_per_block;
   options.num_blocks = blocks;

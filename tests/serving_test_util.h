@@ -36,8 +36,10 @@ GPT LoadModel(const std::string& dir);
 // agrees with it often but not always (speculative decoding's blocks end at every position).
 GPT NoisyCopy(const GPTImpl& model);
 
-// A block pool of `blocks` blocks of `entries_per_block` entries for the model's cache layout.
-std::shared_ptr<BlockPool> TestPool(GPTImpl& model, int64_t blocks, int64_t entries_per_block);
+// A block pool of `blocks` blocks of `entries_per_block` entries of `dtype` for the model's
+// cache layout (a float32 model's pool may hold 16-bit entries).
+std::shared_ptr<BlockPool> TestPool(GPTImpl& model, int64_t blocks, int64_t entries_per_block,
+                                    at::ScalarType dtype = at::kFloat);
 
 // A request of the serving tests.
 struct Job {
