@@ -20,11 +20,13 @@ cd "$ROOT"
 TESTS=(
   //core/ops:cuda_build_test
   //core/ops:kv_slot_write_test
+  //core/ops:paged_attention_test
   //core/base:device_test
   //tests:golden_test
 )
 BENCHMARKS=(
   //core/ops:kv_slot_write_benchmark
+  //core/ops:paged_attention_benchmark
   //core/model:gpt_benchmark
 )
 DATA=(tests/testdata/golden tests/testdata/golden_extra)

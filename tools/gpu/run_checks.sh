@@ -63,6 +63,10 @@ done
 echo "== kernels"
 timeout 120 bin/kv_slot_write_benchmark --benchmark_min_time=0.2 >"$results/kv_slot_write_benchmark.txt" 2>&1
 grep -E '^BM_' "$results/kv_slot_write_benchmark.txt"
+echo "== paged decode attention (1B Llama layer; GB_per_s of KV read, H200 peak ~4800)"
+timeout 150 bin/paged_attention_benchmark --benchmark_filter=cuda --benchmark_min_time=0.2 \
+  >"$results/paged_attention_benchmark.txt" 2>&1
+grep -E '^BM_' "$results/paged_attention_benchmark.txt" || tail -5 "$results/paged_attention_benchmark.txt"
 echo "== model (float32, random weights)"
 timeout 180 bin/gpt_benchmark --benchmark_filter='(Prefill/llama-110m/512|Decode/llama-110m/(128|512))' \
   --benchmark_min_time=0.5 >"$results/gpt_benchmark.txt" 2>&1
