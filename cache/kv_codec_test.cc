@@ -2,6 +2,10 @@
 
 #include <ATen/ATen.h>
 
+#include <cstring>
+#include <vector>
+
+#include "core/ops/paged_attention_layout.h"
 #include "gtest/gtest.h"
 
 namespace lgpt {
@@ -58,6 +62,37 @@ TEST(KVCodecTest, HostRowsAreTheTensorCodecsBits) {
       EXPECT_TRUE(at::equal(data, q.data)) << bits << " bits, groups of " << group;
       EXPECT_TRUE(at::equal(scales, q.scales)) << bits << " bits, groups of " << group;
       EXPECT_TRUE(at::equal(back, expected)) << bits << " bits, groups of " << group;
+    }
+  }
+}
+
+// The pool block layout's encoder and reader (core/ops/paged_attention_layout.h, shared with
+// the CUDA kernel) are QuantizeRow / DequantizeRow bit for bit: codes, then the scales.
+TEST(KVCodecTest, PagedEntriesAreQuantizeRowsBitForBit) {
+  at::Tensor x = Entries(9, 64).reshape({-1, 64});
+  x[0].fill_(0.0f);
+  x[1].copy_(at::arange(64, at::kFloat).sub_(32).mul_(0.5f));
+  x[2].fill_(1e6f);
+  for (int bits : {8, 4}) {
+    for (int32_t group : {32, 16, 64}) {
+      const paged::EntryFormat format{bits == 8 ? paged::EntryKind::kInt8 : paged::EntryKind::kInt4,
+                                      64, group};
+      const QuantizedGroups q = QuantizeGroups(x, bits, group);
+      const at::Tensor expected = DequantizeGroups(q.data, q.scales, bits, group, at::kFloat);
+      std::vector<uint8_t> entry(paged::EntryBytes(format));
+      for (int64_t r = 0; r < x.size(0); ++r) {
+        paged::QuantizeEntry(x[r].data_ptr<float>(), format, entry.data());
+        const int64_t code_bytes = q.data.size(-1);
+        ASSERT_EQ(std::memcmp(entry.data(), q.data[r].data_ptr(), code_bytes), 0) << r;
+        ASSERT_EQ(std::memcmp(entry.data() + paged::CodeBytes(format), q.scales[r].data_ptr(),
+                              2 * (64 / group)),
+                  0)
+            << r;
+        for (int64_t d = 0; d < 64; ++d) {
+          ASSERT_EQ(paged::EntryElement(entry.data(), format, d), expected[r][d].item<float>())
+              << bits << " bits, row " << r << ", channel " << d;
+        }
+      }
     }
   }
 }
