@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <numeric>
 #include <stdexcept>
 #include <utility>
 
@@ -22,21 +23,53 @@ absl::Status BlockPoolOptions::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("BlockPoolOptions.num_blocks must be >= 1, got ", num_blocks));
   }
+  if (entry_bits != 16 && entry_bits != 8 && entry_bits != 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("BlockPoolOptions.entry_bits must be 16, 8 or 4, got ", entry_bits));
+  }
+  if (group_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("BlockPoolOptions.group_size must be >= 1, got ", group_size));
+  }
   return absl::OkStatus();
 }
 
+namespace {
+
+// The quantised entry layout of a layer (entry_bits 8 or 4).
+paged::EntryFormat QuantisedFormat(const KVLayerSpec& layer, int entry_bits, int64_t group_size) {
+  paged::EntryFormat format;
+  format.kind = entry_bits == 8 ? paged::EntryKind::kInt8 : paged::EntryKind::kInt4;
+  format.head_size = static_cast<int32_t>(layer.head_size);
+  format.group_size = static_cast<int32_t>(std::gcd(group_size, layer.head_size));
+  return format;
+}
+
+// Bytes of one entry (keys or values) of `layer`.
+int64_t EntryBytesOf(const KVLayerSpec& layer, c10::ScalarType dtype, int entry_bits,
+                     int64_t group_size) {
+  if (entry_bits == 16) return layer.head_size * static_cast<int64_t>(c10::elementSize(dtype));
+  return paged::EntryBytes(QuantisedFormat(layer, entry_bits, group_size));
+}
+
+}  // namespace
+
 BlockPool::BlockPool(std::vector<KVLayerSpec> layers, int64_t entries_per_block, int64_t num_blocks,
-                     at::TensorOptions tensor_options)
+                     at::TensorOptions tensor_options, int entry_bits,
+                     std::vector<paged::EntryFormat> formats)
     : layers_(std::move(layers)),
       entries_per_block_(entries_per_block),
       num_blocks_(num_blocks),
-      tensor_options_(tensor_options) {}
+      tensor_options_(tensor_options),
+      entry_bits_(entry_bits),
+      formats_(std::move(formats)) {}
 
-int64_t BlockPool::BytesPerBlock(const KVCacheGeometry& geometry, int64_t entries_per_block) {
+int64_t BlockPool::BytesPerBlock(const KVCacheGeometry& geometry, int64_t entries_per_block,
+                                 int entry_bits, int64_t group_size) {
   int64_t bytes = 0;
   for (const KVLayerSpec& layer : geometry.layers) {
-    bytes += 2 * layer.n_query_groups * entries_per_block * layer.head_size *
-             static_cast<int64_t>(c10::elementSize(geometry.dtype));
+    bytes += 2 * layer.n_query_groups * entries_per_block *
+             EntryBytesOf(layer, geometry.dtype, entry_bits, group_size);
   }
   return bytes;
 }
@@ -48,11 +81,27 @@ absl::StatusOr<std::shared_ptr<BlockPool>> BlockPool::Create(const KVCacheGeomet
   checked.batch_size = std::max<int64_t>(checked.batch_size, 1);
   checked.max_sequence_length = std::max<int64_t>(checked.max_sequence_length, 1);
   RETURN_IF_ERROR(CheckCacheGeometry("BlockPool", checked));
+  std::vector<paged::EntryFormat> formats;
+  if (options.entry_bits != 16) {
+    for (const KVLayerSpec& layer : geometry.layers) {
+      formats.push_back(QuantisedFormat(layer, options.entry_bits, options.group_size));
+      if (options.entry_bits == 4 && formats.back().group_size % 2 != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "BlockPoolOptions.entry_bits 4 needs an even group of channels; head_size ",
+            layer.head_size, " and group_size ", options.group_size, " share ",
+            formats.back().group_size));
+      }
+    }
+  }
   const at::TensorOptions tensor_options =
-      at::TensorOptions().dtype(geometry.dtype).device(geometry.device);
+      at::TensorOptions()
+          .dtype(options.entry_bits == 16 ? geometry.dtype : c10::kByte)
+          .device(geometry.device);
   std::shared_ptr<BlockPool> pool(new BlockPool(geometry.layers, options.entries_per_block,
-                                                options.num_blocks, tensor_options));
-  pool->bytes_per_block_ = BytesPerBlock(geometry, options.entries_per_block);
+                                                options.num_blocks, tensor_options,
+                                                options.entry_bits, std::move(formats)));
+  pool->bytes_per_block_ =
+      BytesPerBlock(geometry, options.entries_per_block, options.entry_bits, options.group_size);
   try {  // ~60 bytes of bookkeeping a block, allocated now
     pool->storage_.resize(options.num_blocks);
     pool->blocks_.resize(options.num_blocks);
@@ -63,11 +112,14 @@ absl::StatusOr<std::shared_ptr<BlockPool>> BlockPool::Create(const KVCacheGeomet
                      ") is too many: their bookkeeping alone does not fit in memory"));
   }
   try {
-    for (const KVLayerSpec& layer : geometry.layers) {
+    for (size_t i = 0; i < geometry.layers.size(); ++i) {
+      const KVLayerSpec& layer = geometry.layers[i];
+      const int64_t last =
+          options.entry_bits == 16 ? layer.head_size : paged::EntryBytes(pool->formats_[i]);
       for (int kv = 0; kv < 2; ++kv) {
-        pool->arena_.push_back(at::empty(
-            {options.num_blocks, layer.n_query_groups, options.entries_per_block, layer.head_size},
-            tensor_options));
+        pool->arena_.push_back(
+            at::empty({options.num_blocks, layer.n_query_groups, options.entries_per_block, last},
+                      tensor_options));
       }
     }
   } catch (const std::exception& e) {  // c10::Error: the allocator could not reserve it

@@ -29,12 +29,22 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "cache/kv_cache.h"
+#include "core/ops/paged_attention_layout.h"
 
 namespace lgpt {
 
 struct BlockPoolOptions {
   int64_t entries_per_block = 16;
   int64_t num_blocks = 0;  // blocks in the pool (>= 1)
+  // 16: entries in the geometry's dtype. 8 or 4: quantised entries, each one token's channels of
+  // one group as int8 / int4 codes followed by float16 scales per `group_size` channels (the
+  // layout core/ops/paged_attention_layout.h defines, shared with the CUDA kernel; the codes of
+  // cache/kv_codec.h's QuantizeRow). A layer's storage is then uint8 [num_blocks,
+  // n_query_groups, entries_per_block, entry_bytes].
+  int entry_bits = 16;
+  // Channels per scale (reduced to its greatest common divisor with each layer's head size, as
+  // cache/kv_codec.h's codecs do; int4 needs it even).
+  int64_t group_size = 32;
 
   absl::Status Validate() const;
 };
@@ -80,8 +90,15 @@ class BlockPool {
   int64_t entries_per_block() const { return entries_per_block_; }
   // Key and value bytes of one block over all layers.
   int64_t BytesPerBlock() const { return bytes_per_block_; }
-  // The same for a geometry not yet made into a pool (sizing a pool by bytes).
-  static int64_t BytesPerBlock(const KVCacheGeometry& geometry, int64_t entries_per_block);
+  // The same for a geometry not yet made into a pool (sizing a pool by bytes), with entries of
+  // `entry_bits` bits (BlockPoolOptions).
+  static int64_t BytesPerBlock(const KVCacheGeometry& geometry, int64_t entries_per_block,
+                               int entry_bits = 16, int64_t group_size = 32);
+  // 16, or 8 / 4 for quantised entries (BlockPoolOptions.entry_bits).
+  int entry_bits() const { return entry_bits_; }
+  bool quantised() const { return entry_bits_ != 16; }
+  // The layout of `layer`'s quantised entries (quantised pools).
+  const paged::EntryFormat& entry_format(int64_t layer) const { return formats_[layer]; }
   // Blocks that hold `entries` entries, and blocks that cover `bytes` bytes (rounded up).
   int64_t BlocksFor(int64_t entries) const {
     return (entries + entries_per_block_ - 1) / entries_per_block_;
@@ -91,9 +108,10 @@ class BlockPool {
   }
   const std::vector<KVLayerSpec>& layers() const { return layers_; }
   c10::Device device() const { return tensor_options_.device(); }
+  // The entries' dtype (uint8 for quantised entries).
   c10::ScalarType dtype() const { return c10::typeMetaToScalarType(tensor_options_.dtype()); }
-  // [n_query_groups, entries_per_block, head_size]: the keys or values of `layer` in a taken
-  // block.
+  // [n_query_groups, entries_per_block, head_size] (quantised: [.., entry_bytes] uint8): the
+  // keys or values of `layer` in a taken block.
   const at::Tensor& keys(int64_t block, int64_t layer) const { return storage_[block][2 * layer]; }
   const at::Tensor& values(int64_t block, int64_t layer) const {
     return storage_[block][2 * layer + 1];
@@ -101,7 +119,8 @@ class BlockPool {
 
  private:
   BlockPool(std::vector<KVLayerSpec> layers, int64_t entries_per_block, int64_t num_blocks,
-            at::TensorOptions tensor_options);
+            at::TensorOptions tensor_options, int entry_bits,
+            std::vector<paged::EntryFormat> formats);
   // Takes a free block id with fresh storage, or recycles the longest idle kept block
   // (mutex_ held); -1 when every block is referenced.
   int64_t TakeBlock();
@@ -114,6 +133,8 @@ class BlockPool {
   const int64_t entries_per_block_;
   const int64_t num_blocks_;
   const at::TensorOptions tensor_options_;
+  const int entry_bits_;
+  const std::vector<paged::EntryFormat> formats_;  // per layer, quantised pools
   int64_t bytes_per_block_ = 0;
 
   // Per layer: keys and values [num_blocks, n_query_groups, entries_per_block, head_size].

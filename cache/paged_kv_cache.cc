@@ -9,11 +9,13 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "cache/kv_codec.h"
 #include "core/base/status_macros.h"
 #include "core/ops/attention.h"
 #include "core/ops/decode_attention.h"
 #include "core/ops/flash_attention.h"
 #include "core/ops/kv_entry.h"
+#include "core/ops/paged_attention_layout.h"
 #include "glog/logging.h"
 
 namespace lgpt {
@@ -54,6 +56,72 @@ void CopyEntries(const at::Tensor& src, int64_t from, int64_t n, const at::Tenso
     return;
   }
   block.narrow(1, slot, n).copy_(src.select(0, 0).narrow(1, from, n));
+}
+
+// Entries [from, from + n) of src [1, G, T, hs] encoded into slots [slot, slot + n) of a
+// quantised pool block [G, bs, entry_bytes] (core/ops/paged_attention_layout.h's entries): on
+// the CPU an entry at a time, elsewhere with tensor operations (the same codes:
+// kv_codec_test's PagedEntriesAreQuantizeRowsBitForBit).
+void QuantiseEntries(const at::Tensor& src, int64_t from, int64_t n, const at::Tensor& block,
+                     int64_t slot, const paged::EntryFormat& format) {
+  const int64_t groups = block.size(0), block_entries = block.size(1), entry_bytes = block.size(2);
+  if (src.device().is_cpu() && block.device().is_cpu() && src.scalar_type() == at::kFloat &&
+      src.stride(3) == 1 && block.is_contiguous()) {
+    uint8_t* dst = block.data_ptr<uint8_t>();
+    const float* x = src.data_ptr<float>();
+    for (int64_t g = 0; g < groups; ++g) {
+      for (int64_t t = 0; t < n; ++t) {
+        paged::QuantizeEntry(x + g * src.stride(1) + (from + t) * src.stride(2), format,
+                             dst + (g * block_entries + slot + t) * entry_bytes);
+      }
+    }
+    return;
+  }
+  const int bits = format.kind == paged::EntryKind::kInt8 ? 8 : 4;
+  const QuantizedGroups q =
+      QuantizeGroups(src.select(0, 0).narrow(1, from, n), bits, format.group_size);
+  const at::Tensor entries = block.narrow(1, slot, n);  // [G, n, entry_bytes]
+  entries.narrow(2, 0, q.data.size(-1)).copy_(q.data.view(at::kByte));
+  entries.narrow(2, paged::CodeBytes(format), 2 * q.scales.size(-1))
+      .view(at::kHalf)
+      .copy_(q.scales);
+}
+
+// The first n entries of a quantised pool block [G, bs, entry_bytes], decoded: [G, n, hs].
+at::Tensor DecodeEntries(const at::Tensor& block, int64_t n, const paged::EntryFormat& format,
+                         c10::ScalarType dtype) {
+  const int bits = format.kind == paged::EntryKind::kInt8 ? 8 : 4;
+  const at::Tensor entries = block.narrow(1, 0, n);
+  at::Tensor codes = entries.narrow(2, 0, format.head_size * bits / 8);
+  if (bits == 8) codes = codes.view(at::kChar);
+  const at::Tensor scales =
+      entries.narrow(2, paged::CodeBytes(format), 2 * (format.head_size / format.group_size))
+          .view(at::kHalf);
+  return DequantizeGroups(codes, scales, bits, format.group_size, dtype);
+}
+
+// The decode kernel's segments over quantised blocks [G, bs, entry_bytes] holding `entries`
+// entries: a (row, group)'s entries decoded into this thread's buffers, float32 (the kernel's
+// contract allows a decoding source to fill thread_local buffers). Blocks kept alive.
+KVSegmentsOf QuantisedSegments(std::vector<at::Tensor> key_blocks,
+                               std::vector<at::Tensor> value_blocks, int64_t entries,
+                               const paged::EntryFormat& format) {
+  return [keys = std::move(key_blocks), values = std::move(value_blocks), entries, format](
+             int64_t, int64_t g, std::vector<KVSegment>* out) {
+    thread_local std::vector<float> key_buffer, value_buffer;
+    const int64_t hs = format.head_size;
+    key_buffer.resize(static_cast<size_t>(entries * hs));
+    value_buffer.resize(static_cast<size_t>(entries * hs));
+    const int64_t block_entries = keys[0].size(1), entry_bytes = keys[0].size(2);
+    for (int64_t e = 0; e < entries; ++e) {
+      const int64_t offset = (g * block_entries + e % block_entries) * entry_bytes;
+      paged::DecodeEntry(keys[e / block_entries].data_ptr<uint8_t>() + offset, format,
+                         key_buffer.data() + e * hs);
+      paged::DecodeEntry(values[e / block_entries].data_ptr<uint8_t>() + offset, format,
+                         value_buffer.data() + e * hs);
+    }
+    out->push_back({key_buffer.data(), value_buffer.data(), entries, KVEntryType::kFloat32});
+  };
 }
 
 }  // namespace
@@ -197,13 +265,23 @@ absl::StatusOr<int64_t> PagedKVCache::Write(int64_t layer, const KVStep& step,
     return absl::FailedPreconditionError(
         absl::StrCat("PagedKVCache layer ", layer, " written without its step's CheckStep"));
   }
-  // [1, G, T, hs] -> slots of consecutive blocks, each [G, bs, hs].
+  // Quantised entries are encoded from float32 rows.
+  const bool quantised = pool_->quantised();
+  const bool widen = quantised && keys.device().is_cpu() && keys.scalar_type() != at::kFloat;
+  const at::Tensor k = widen ? keys.to(at::kFloat) : keys;
+  const at::Tensor v = widen ? values.to(at::kFloat) : values;
+  // [1, G, T, hs] -> slots of consecutive blocks, each [G, bs, hs] (or [G, bs, entry_bytes]).
   for (int64_t done = 0; done < steps;) {
     const int64_t position = begin + done;
     const int64_t block = table_[position / block_entries], slot = position % block_entries;
     const int64_t n = std::min(steps - done, block_entries - slot);
-    CopyEntries(keys, done, n, pool_->keys(block, layer), slot);
-    CopyEntries(values, done, n, pool_->values(block, layer), slot);
+    if (quantised) {
+      QuantiseEntries(k, done, n, pool_->keys(block, layer), slot, pool_->entry_format(layer));
+      QuantiseEntries(v, done, n, pool_->values(block, layer), slot, pool_->entry_format(layer));
+    } else {
+      CopyEntries(k, done, n, pool_->keys(block, layer), slot);
+      CopyEntries(v, done, n, pool_->values(block, layer), slot);
+    }
     done += n;
   }
   layer_length_[layer] = begin + steps;
@@ -241,9 +319,18 @@ absl::StatusOr<KVView> PagedKVCache::Update(int64_t layer, const KVStep& step,
   ASSIGN_OR_RETURN(const int64_t length, Write(layer, step, keys, values));
   const BlockList blocks = Blocks(layer, length);
   // [G, bs, hs] blocks -> [1, G, blocks * bs, hs] -> the filled part, in the step's dtype
-  // (16-bit pool entries widened).
+  // (16-bit pool entries widened, quantised ones decoded).
   auto join = [&](const std::vector<at::Tensor>& parts) {
-    return at::cat(parts, 1).unsqueeze(0).narrow(2, 0, length).to(keys.scalar_type());
+    if (!pool_->quantised()) {
+      return at::cat(parts, 1).unsqueeze(0).narrow(2, 0, length).to(keys.scalar_type());
+    }
+    std::vector<at::Tensor> decoded;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const int64_t n = std::min(pool_->entries_per_block(),
+                                 length - static_cast<int64_t>(i) * pool_->entries_per_block());
+      decoded.push_back(DecodeEntries(parts[i], n, pool_->entry_format(layer), keys.scalar_type()));
+    }
+    return at::cat(decoded, 1).unsqueeze(0);
   };
   return KVView{join(blocks.keys), join(blocks.values), Positions(0, length)};
 }
@@ -254,6 +341,7 @@ absl::StatusOr<at::Tensor> PagedKVCache::UpdateAndAttend(int64_t layer, const KV
                                                          const at::Tensor& values,
                                                          const AttentionParams& params) {
   RETURN_IF_ERROR(CheckQueries(layer, q, keys));
+  if (pool_->quantised()) return AttendQuantised(layer, step, q, keys, values, params);
   ASSIGN_OR_RETURN(const int64_t length, Write(layer, step, keys, values));
   const int64_t block_entries = pool_->entries_per_block();
   // Decoding steps read the blocks in place (no gather of the request's cache).
@@ -317,6 +405,50 @@ absl::StatusOr<at::Tensor> PagedKVCache::UpdateAndAttend(int64_t layer, const KV
   return AttendBlockwise(q, keys.size(1), sources, step.positions, params);
 }
 
+absl::StatusOr<at::Tensor> PagedKVCache::AttendQuantised(int64_t layer, const KVStep& step,
+                                                         const at::Tensor& q,
+                                                         const at::Tensor& keys,
+                                                         const at::Tensor& values,
+                                                         const AttentionParams& params) {
+  const int64_t begin = layer_length_[layer], steps = keys.size(2);
+  ASSIGN_OR_RETURN(const int64_t length, Write(layer, step, keys, values));
+  const paged::EntryFormat& format = pool_->entry_format(layer);
+  const at::Tensor key_positions = Positions(0, length);  // [1, 1, length]
+  // A decoding step (one token, or a sequential one) reads its own entries as they were
+  // stored, as the quantised policy caches do; a prompt chunk attends to the entries before
+  // it decoded block by block and to its own in full precision.
+  const bool own_encoded = steps == 1 || step.sequential;
+  if (own_encoded && DecodeAttentionRowsApplies(q, keys.size(1), step.positions)) {
+    BlockList blocks = Blocks(layer, length);
+    return DecodeAttentionSegments(
+        q, keys.size(1), length,
+        QuantisedSegments(std::move(blocks.keys), std::move(blocks.values), length, format),
+        step.positions, key_positions, params);
+  }
+  const int64_t stored = own_encoded ? length : begin;
+  const int64_t block_entries = pool_->entries_per_block();
+  const c10::ScalarType dtype = q.scalar_type();
+  std::vector<KVBlockSource> sources;
+  for (int64_t from = 0; from < stored; from += block_entries) {
+    const at::Tensor key_block = pool_->keys(table_[from / block_entries], layer);
+    const at::Tensor value_block = pool_->values(table_[from / block_entries], layer);
+    KVBlockSource source;
+    source.size = std::min(block_entries, stored - from);
+    source.positions = Positions(from, source.size);
+    source.read = [key_block, value_block, format, dtype](int64_t first, int64_t count,
+                                                          at::Tensor* k, at::Tensor* v) {
+      const int64_t n = first + count;
+      if (k != nullptr)
+        *k = DecodeEntries(key_block, n, format, dtype).narrow(1, first, count).unsqueeze(0);
+      if (v != nullptr)
+        *v = DecodeEntries(value_block, n, format, dtype).narrow(1, first, count).unsqueeze(0);
+    };
+    sources.push_back(std::move(source));
+  }
+  if (!own_encoded) sources.push_back(TensorSource(keys, values, Positions(begin, steps)));
+  return AttendBlockwise(q, keys.size(1), sources, step.positions, params);
+}
+
 bool PagedKVCache::FlashOverBlocksApplies(const at::Tensor& q, const KVStep& step) const {
   // AttendBlockwise's conditions for FlashAttention (attention.cc's TryFlash), for float32
   // blocks on the CPU, and for 16-bit blocks (widened a tile at a time).
@@ -330,9 +462,12 @@ absl::StatusOr<std::optional<DecodeRow>> PagedKVCache::UpdateForDecode(int64_t l
                                                                        const KVStep& step,
                                                                        const at::Tensor& keys,
                                                                        const at::Tensor& values) {
-  // Float32 pools, and 16-bit pools of float32 models (read in place, widened in registers).
+  // Float32 pools, 16-bit pools of float32 models (read in place, widened in registers) and
+  // quantised pools (each (row, group) decoded for the step).
+  // (A quantised pool's prompt chunk reads its own entries in full precision: not here.)
   if (!pool_->device().is_cpu() || keys.scalar_type() != at::kFloat ||
-      !KVEntryTypeOf(pool_->dtype()).has_value()) {
+      (!pool_->quantised() && !KVEntryTypeOf(pool_->dtype()).has_value()) ||
+      (pool_->quantised() && keys.size(2) > 1 && !step.sequential)) {
     return std::nullopt;
   }
   ASSIGN_OR_RETURN(const int64_t length, Write(layer, step, keys, values));
@@ -341,7 +476,10 @@ absl::StatusOr<std::optional<DecodeRow>> PagedKVCache::UpdateForDecode(int64_t l
   row.entries = length;
   EnsureRamp(length);
   row.key_positions = ramp_;  // [1, 1, >= length]: the first `length` are read
-  row.segments = BlockSegments(std::move(blocks.keys), std::move(blocks.values), length);
+  row.segments = pool_->quantised()
+                     ? QuantisedSegments(std::move(blocks.keys), std::move(blocks.values), length,
+                                         pool_->entry_format(layer))
+                     : BlockSegments(std::move(blocks.keys), std::move(blocks.values), length);
   return row;
 }
 

@@ -114,6 +114,10 @@ class PagedKVCache : public KVCache, public KVDecodeRows, public KVRollback {
   at::Tensor Positions(int64_t begin, int64_t length) const;
   // Grows ramp_ to at least `length` entries.
   void EnsureRamp(int64_t length) const;
+  // UpdateAndAttend over a quantised pool.
+  absl::StatusOr<at::Tensor> AttendQuantised(int64_t layer, const KVStep& step, const at::Tensor& q,
+                                             const at::Tensor& keys, const at::Tensor& values,
+                                             const AttentionParams& params);
   // Whether a step of queries `q` attends through FlashAttention over the blocks directly.
   bool FlashOverBlocksApplies(const at::Tensor& q, const KVStep& step) const;
   // TakeBlocks' work; CheckStep (const in the KVCache contract) calls it too.

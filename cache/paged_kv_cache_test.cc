@@ -12,10 +12,13 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "cache/dense_kv_cache.h"
+#include "cache/kv_cache_factory.h"
+#include "cache/kv_codec.h"
 #include "cache/rollback_test_util.h"
 #include "cache/test_pools.h"
 #include "core/ops/decode_attention.h"
@@ -319,6 +322,144 @@ TEST(PagedKVCacheTest, SixteenBitPoolSharesPrefixesCopiesOnWriteAndTruncates) {
     EXPECT_LT(RollbackDifference(*speculating, *plain, stream), 1e-5) << "step " << step;
     EXPECT_EQ(speculating->blocks_held(), plain->blocks_held());
   }
+}
+
+// A pool of int8 or int4 entries over TestPoolGeometry() (head size 8: one scale an entry).
+std::shared_ptr<BlockPool> QuantisedPool(int bits, int64_t blocks) {
+  BlockPoolOptions options;
+  options.entries_per_block = 4;
+  options.num_blocks = blocks;
+  options.entry_bits = bits;
+  absl::StatusOr<std::shared_ptr<BlockPool>> pool = BlockPool::Create(TestPoolGeometry(), options);
+  EXPECT_TRUE(pool.ok()) << pool.status();
+  return pool.ok() ? *pool : nullptr;
+}
+
+// int8 and int4 entries in pool blocks (codes and scales inside the block): the paged cache
+// attends as the quantised policy cache without a full-precision residual, which keeps the same
+// codes: decoding steps to the bit (the batched row too), prompt chunks (their own entries in
+// full precision, the earlier ones decoded block by block) within float32 rounding.
+TEST(PagedKVCacheTest, QuantisedPoolAttendsAsTheQuantisedCacheWithoutResidual) {
+  for (const int bits : {8, 4}) {
+    std::shared_ptr<BlockPool> pool = QuantisedPool(bits, 16);
+    // 2 layers x keys and values x 2 groups x 4 entries x (8 or 4 code bytes + 2 scale bytes).
+    EXPECT_EQ(pool->BytesPerBlock(), 2 * 2 * 2 * 4 * (bits + 2));
+    EXPECT_EQ(pool->dtype(), at::kByte);
+    std::unique_ptr<PagedKVCache> paged = *PagedKVCache::Create(pool, 64);
+    std::unique_ptr<PagedKVCache> rows = *PagedKVCache::Create(pool, 64);
+    KVCacheSpec spec;
+    spec.bits = bits;
+    spec.residual = 0;
+    KVCacheShape shape;
+    static_cast<KVCacheGeometry&>(shape) = TestPoolGeometry();
+    std::unique_ptr<KVCache> policy = *MakeKVCache(spec, shape);
+    DenseKVCacheOptions dense_options;
+    static_cast<KVCacheGeometry&>(dense_options) = TestPoolGeometry();
+    std::unique_ptr<DenseKVCache> dense = *DenseKVCache::Create(dense_options);
+    at::manual_seed(17);
+    int64_t position = 0;
+    for (const int64_t length : {5, 1, 1, 7, 1, 2, 1, 9, 1}) {
+      const KVStep step = Step(position, length);
+      for (KVCache* cache : {static_cast<KVCache*>(paged.get()), static_cast<KVCache*>(rows.get()),
+                             policy.get(), static_cast<KVCache*>(dense.get())}) {
+        ASSERT_TRUE(cache->CheckStep(step, 1).ok());
+      }
+      for (int64_t layer = 0; layer < 2; ++layer) {
+        const at::Tensor k = at::randn({1, 2, length, 8}), v = at::randn({1, 2, length, 8});
+        const at::Tensor q = at::randn({1, 6, length, 8});
+        AttentionParams params;
+        params.scale = 0.35;
+        params.sliding_window = TestPoolGeometry().layers[layer].sliding_window;
+        const at::Tensor a = *paged->UpdateAndAttend(layer, step, q, k, v, params);
+        const at::Tensor b = *policy->UpdateAndAttend(layer, step, q, k, v, params);
+        const at::Tensor exact = *dense->UpdateAndAttend(layer, step, q, k, v, params);
+        SCOPED_TRACE(testing::Message() << bits << " bits, layer " << layer << " at " << position);
+        if (length == 1) {
+          // (The policy cache keeps only a window layer's window: the same weights, summed in
+          // another grouping.)
+          if (params.sliding_window == 0) {
+            EXPECT_TRUE(at::equal(a, b)) << (a - b).abs().max().item<double>();
+          } else {
+            EXPECT_TRUE(at::allclose(a, b, 1e-5, 1e-6)) << (a - b).abs().max().item<double>();
+          }
+          std::optional<DecodeRow> row = *rows->UpdateForDecode(layer, step, k, v);
+          ASSERT_TRUE(row.has_value());
+          EXPECT_TRUE(at::equal(DecodeAttentionRows(q, 2, {*row}, step.positions, params), a));
+        } else {
+          EXPECT_TRUE(at::allclose(a, b, 1e-5, 1e-6)) << (a - b).abs().max().item<double>();
+          // A prompt chunk is no batched row: nothing stored, UpdateAndAttend instead.
+          EXPECT_FALSE(rows->UpdateForDecode(layer, step, k, v)->has_value());
+          ASSERT_TRUE(rows->UpdateAndAttend(layer, step, q, k, v, params).ok());
+        }
+        // Quantised (a first prompt chunk reads only its own entries, in full precision), but
+        // close to the full-precision result.
+        const double error = (a - exact).abs().max().item<double>();
+        if (position > 0) {
+          EXPECT_GT(error, 0.0);
+        }
+        EXPECT_LT(error, bits == 8 ? 0.05 : 0.6);
+      }
+      position += length;
+    }
+    EXPECT_EQ(paged->AllocatedBytes(), paged->blocks_held() * pool->BytesPerBlock());
+    // The plain contract's view: the entries decoded, the codes' round trip.
+    const KVStep last = Step(position, 1);
+    ASSERT_TRUE(paged->CheckStep(last, 1).ok());
+    const at::Tensor k = at::randn({1, 2, 1, 8}), v = at::randn({1, 2, 1, 8});
+    const KVView view = *paged->Update(0, last, k, v);
+    ASSERT_EQ(view.keys.sizes(), (std::vector<int64_t>{1, 2, position + 1, 8}));
+    const QuantizedGroups codes = QuantizeGroups(k, bits, 8);
+    EXPECT_TRUE(at::equal(view.keys.narrow(2, position, 1),
+                          DequantizeGroups(codes.data, codes.scales, bits, 8, at::kFloat)));
+  }
+}
+
+// Prefix reuse, copy-on-write and Truncate over quantised pools (blocks copied as bytes).
+TEST(PagedKVCacheTest, QuantisedPoolSharesPrefixesCopiesOnWriteAndTruncates) {
+  for (const int bits : {8, 4}) {
+    std::shared_ptr<BlockPool> pool = QuantisedPool(bits, 16);
+    PrefixCache prefixes(pool);
+    const std::vector<int64_t> ids = {1, 2, 3, 4, 5, 6, 7, 8};
+    std::unique_ptr<PagedKVCache> writer = *PagedKVCache::Create(pool, 64);
+    const at::Tensor before = Fill(*writer, 8);
+    writer->PublishPrefix(prefixes, ids);
+    std::unique_ptr<PagedKVCache> reader = *PagedKVCache::Create(pool, 64);
+    ASSERT_EQ(reader->AttachPrefix(prefixes, ids), 7);
+    EXPECT_EQ(reader->BlocksNeeded(1), 1);
+    const at::Tensor mine = Fill(*reader, 1);
+    EXPECT_TRUE(at::equal(mine.narrow(2, 0, 7), before.narrow(2, 0, 7)));
+    EXPECT_TRUE(at::equal(Fill(*writer, 1).narrow(2, 0, 8), before));
+    for (int64_t step = 1; step <= 6; step += 5) {
+      std::shared_ptr<BlockPool> spec_pool = QuantisedPool(bits, 32);
+      std::unique_ptr<PagedKVCache> speculating = *PagedKVCache::Create(spec_pool, 64);
+      std::unique_ptr<PagedKVCache> plain = *PagedKVCache::Create(spec_pool, 64);
+      RollbackStream stream;
+      stream.geometry = TestPoolGeometry();
+      stream.begin = 11;
+      stream.step = step;
+      stream.keep = 1;
+      EXPECT_LT(RollbackDifference(*speculating, *plain, stream), 1e-5) << "step " << step;
+      EXPECT_EQ(speculating->blocks_held(), plain->blocks_held());
+    }
+  }
+}
+
+TEST(PagedKVCacheTest, QuantisedPoolOptionsAreChecked) {
+  BlockPoolOptions options;
+  options.num_blocks = 4;
+  options.entry_bits = 6;
+  EXPECT_NE(BlockPool::Create(TestPoolGeometry(), options).status().message().find("entry_bits"),
+            std::string::npos);
+  options.entry_bits = 4;
+  options.group_size = 0;
+  EXPECT_NE(BlockPool::Create(TestPoolGeometry(), options).status().message().find("group_size"),
+            std::string::npos);
+  KVCacheGeometry odd = TestPoolGeometry();
+  odd.layers[0].head_size = 9;  // int4 needs pairs of channels
+  options.group_size = 32;
+  EXPECT_EQ(BlockPool::Create(odd, options).status().code(), absl::StatusCode::kInvalidArgument);
+  options.entry_bits = 8;
+  EXPECT_TRUE(BlockPool::Create(odd, options).ok());
 }
 
 }  // namespace

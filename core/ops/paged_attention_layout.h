@@ -207,6 +207,25 @@ LGPT_HOST_DEVICE inline float EntryElement(const uint8_t* entry, const EntryForm
   return 0.0f;
 }
 
+// The whole entry as float32 into out[0, head_size): EntryElement for every channel, one scale
+// load per group.
+LGPT_HOST_DEVICE inline void DecodeEntry(const uint8_t* entry, const EntryFormat& f, float* out) {
+  if (!IsQuantised(f.kind)) {
+    for (int64_t d = 0; d < f.head_size; ++d) out[d] = EntryElement(entry, f, d);
+    return;
+  }
+  const uint8_t* scales = entry + CodeBytes(f);
+  for (int64_t begin = 0; begin < f.head_size; begin += f.group_size) {
+    const float scale = HalfToFloat(LoadAligned<uint16_t>(scales + 2 * (begin / f.group_size)));
+    for (int64_t d = begin; d < begin + f.group_size; ++d) {
+      const int code = f.kind == EntryKind::kInt8
+                           ? static_cast<int>(static_cast<int8_t>(entry[d]))
+                           : static_cast<int>((entry[d / 2] >> (4 * (d % 2))) & 15) - 8;
+      out[d] = static_cast<float>(code) * scale;
+    }
+  }
+}
+
 // One layer's pool: [num_blocks, groups, entries_per_block] entries of entry_bytes bytes.
 struct PoolShape {
   int64_t num_blocks = 0;

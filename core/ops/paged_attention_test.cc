@@ -104,6 +104,28 @@ TEST(PagedLayout, EntryBytesHoldCodesAndAlignedScales) {
   EXPECT_EQ(paged::EntryBytes({EntryKind::kInt4, 6, 2}), 4 + 6);
 }
 
+TEST(PagedLayout, DecodeEntryIsEveryEntryElement) {
+  std::mt19937 random(8);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  for (const EntryFormat format : {EntryFormat{EntryKind::kInt8, 48, 16},
+                                   EntryFormat{EntryKind::kInt4, 64, 32},
+                                   EntryFormat{EntryKind::kFloat32, 5, 32}}) {
+    std::vector<float> x(format.head_size), out(format.head_size);
+    for (float& v : x) v = normal(random);
+    std::vector<uint8_t> entry(paged::EntryBytes(format));
+    if (paged::IsQuantised(format.kind)) {
+      paged::QuantizeEntry(x.data(), format, entry.data());
+    } else {
+      std::memcpy(entry.data(), x.data(), entry.size());
+    }
+    paged::DecodeEntry(entry.data(), format, out.data());
+    for (int64_t d = 0; d < format.head_size; ++d) {
+      EXPECT_EQ(out[d], paged::EntryElement(entry.data(), format, d));
+      EXPECT_NEAR(out[d], x[d], 0.6f);  // half a step of int4 (absmax of 32 normals / 7)
+    }
+  }
+}
+
 // Splitting a softmax and merging it by MergeFactors equals the softmax over everything.
 TEST(PagedLayout, MergedSplitsEqualOneSoftmax) {
   std::mt19937 random(5);
