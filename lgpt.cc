@@ -180,9 +180,9 @@ Engine::~Engine() = default;
 absl::StatusOr<std::shared_ptr<const Engine>> Engine::Load(const std::string& checkpoint_dir,
                                                            const EngineOptions& options) {
   RETURN_IF_ERROR(options.serving.Validate());  // before the expensive part
-  ASSIGN_OR_RETURN(const c10::ScalarType kv_pool_dtype,
-                   KVPoolDtype(options.kv_pool_dtype, options.dtype, options.device,
-                               "EngineOptions.kv_pool_dtype"));
+  ASSIGN_OR_RETURN(const KVPoolEntries kv_pool_entries,
+                   KVPoolEntriesFor(options.kv_pool_dtype, options.dtype, options.device,
+                                    "EngineOptions.kv_pool_dtype"));
   LoadOptions load;
   load.dtype = options.dtype;
   load.device = options.device;
@@ -286,7 +286,7 @@ absl::StatusOr<std::shared_ptr<const Engine>> Engine::Load(const std::string& ch
       new Engine(std::move(loaded.model), std::move(tokenizer), checkpoint_dir, options.serving));
   engine->draft_ = std::move(draft);
   engine->tensor_parallel_ = options.tensor_parallel;
-  engine->kv_pool_dtype_ = kv_pool_dtype;
+  engine->kv_pool_entries_ = kv_pool_entries;
   engine->warnings_ = std::move(loaded.warnings);
   engine->adapter_names_ = std::move(adapter_names);
   if (options.serving.kv_pool_bytes > 0) {
@@ -568,16 +568,15 @@ namespace {
 // Serving over ranks: a request's cache as the other ranks make it (its spec and length), one
 // `key=value` line a field.
 std::string EncodeCacheRecipe(const KVCacheSpec& spec, int64_t length, int64_t rollback_slots) {
-  return absl::StrCat("policy=", spec.policy, "\nbudget=", spec.budget, "\nbits=", spec.bits,
-                      "\nsink_tokens=", spec.sink_tokens,
-                      "\nrecent_fraction=", absl::StrFormat("%.17g", spec.recent_fraction),
-                      "\ngrace_period=", spec.grace_period,
-                      "\nnormalize_scores=", spec.normalize_scores ? 1 : 0,
-                      "\nquant_weight=", absl::StrFormat("%.17g", spec.quant_weight),
-                      "\nbudget_rule=", spec.budget_rule, "\nresidual=", spec.residual,
-                      "\ngroup_size=", spec.group_size, "\nread_chunk=", spec.read_chunk,
-                      "\npositions=", spec.positions, "\nlength=", length,
-                      "\nrollback_slots=", rollback_slots);
+  return absl::StrCat(
+      "policy=", spec.policy, "\nbudget=", spec.budget, "\nbits=", spec.bits,
+      "\nsink_tokens=", spec.sink_tokens,
+      "\nrecent_fraction=", absl::StrFormat("%.17g", spec.recent_fraction),
+      "\ngrace_period=", spec.grace_period, "\nnormalize_scores=", spec.normalize_scores ? 1 : 0,
+      "\nquant_weight=", absl::StrFormat("%.17g", spec.quant_weight),
+      "\nbudget_rule=", spec.budget_rule, "\nresidual=", spec.residual,
+      "\ngroup_size=", spec.group_size, "\nread_chunk=", spec.read_chunk,
+      "\npositions=", spec.positions, "\nlength=", length, "\nrollback_slots=", rollback_slots);
 }
 
 absl::Status DecodeCacheRecipe(absl::string_view recipe, KVCacheSpec* spec, int64_t* length,
@@ -694,7 +693,8 @@ KVMemoryOptions Engine::MemoryOptions() const {
   options.pool_bytes = serving_.kv_pool_bytes;
   options.entries_per_block = serving_.kv_block_size;
   options.prefix_caching = serving_.prefix_caching;
-  options.entry_dtype = kv_pool_dtype_;
+  options.entry_dtype = kv_pool_entries_.dtype;
+  options.entry_bits = kv_pool_entries_.bits;
   return options;
 }
 
@@ -716,8 +716,7 @@ absl::StatusOr<Engine::Prepared> Engine::Prepare(const std::vector<int64_t>& pro
   ASSIGN_OR_RETURN(prepared.cache, memory.NewCache(options.kv_cache, CacheGeometry(), length,
                                                    SpeculativeTokens(options)));
   if (ServesOverRanks()) {
-    prepared.cache_recipe =
-        EncodeCacheRecipe(options.kv_cache, length, SpeculativeTokens(options));
+    prepared.cache_recipe = EncodeCacheRecipe(options.kv_cache, length, SpeculativeTokens(options));
   }
   ASSIGN_OR_RETURN(const int64_t adapter, AdapterSlot(options));
   auto text = std::make_shared<RequestText>(tokenizer_, options, StopTokens(options), adapter);

@@ -77,11 +77,14 @@ struct EngineOptions {
   std::string draft_checkpoint_dir;
   // Continuous batching of the requests given to Engine::Submit.
   SchedulerOptions serving;
-  // The dtype of the KV pool's entries (with serving.kv_pool_bytes; KVPoolDtype in
-  // core/serving/kv_memory.h): "model" (the model's: pooled requests give Generate's tokens),
-  // "auto" (`serve`'s default: bfloat16 for float32 models on the CPU), "float32", "bfloat16"
-  // or "float16". A float32 model's 16-bit entries fit twice the blocks in the pool and halve
-  // what each decoding step reads; their cost in perplexity is in README.md.
+  // The KV pool's entries (with serving.kv_pool_bytes; KVPoolEntriesFor in
+  // core/serving/kv_memory.h): "model" (the model's dtype: pooled requests give Generate's
+  // tokens), "auto" (`serve`'s default: bfloat16 for float32 models on the CPU), "float32",
+  // "bfloat16", "float16", or "int8" / "int4" (codes and a float16 scale per 32 channels inside
+  // the block: a dense request then decodes as Generate with KVCacheSpec{bits, residual 0}).
+  // A float32 model's 16-bit entries fit twice the blocks in the pool and halve what each
+  // decoding step reads, int8 ~3.8x and int4 ~7.1x the blocks; their cost in perplexity is in
+  // README.md.
   std::string kv_pool_dtype = "model";
   // Check lit_model.pth's records against their CRC-32s (LoadOptions::verify_checksums): a
   // corrupt file fails to load, naming the tensor. Off only for trusted storage.
@@ -346,7 +349,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::vector<std::string> warnings_;
   std::vector<std::string> adapter_names_;
   SchedulerOptions serving_;
-  c10::ScalarType kv_pool_dtype_ = c10::ScalarType::Undefined;  // Undefined: the model's
+  KVPoolEntries kv_pool_entries_;  // dtype Undefined: the model's
   mutable std::once_flag scheduler_once_;
   mutable absl::Status pool_error_;  // why the pool could not be made (Submit returns it)
   mutable std::unique_ptr<Scheduler> scheduler_;  // last: stopped before the rest goes

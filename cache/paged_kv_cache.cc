@@ -410,42 +410,39 @@ absl::StatusOr<at::Tensor> PagedKVCache::AttendQuantised(int64_t layer, const KV
                                                          const at::Tensor& keys,
                                                          const at::Tensor& values,
                                                          const AttentionParams& params) {
-  const int64_t begin = layer_length_[layer], steps = keys.size(2);
+  // Every query reads the entries as stored, its step's own too (llama.cpp's quantised KV
+  // cache does the same), so what a request attends to does not depend on how its prompt was
+  // chunked or whether its first blocks came from the prefix cache.
   ASSIGN_OR_RETURN(const int64_t length, Write(layer, step, keys, values));
   const paged::EntryFormat& format = pool_->entry_format(layer);
-  const at::Tensor key_positions = Positions(0, length);  // [1, 1, length]
-  // A decoding step (one token, or a sequential one) reads its own entries as they were
-  // stored, as the quantised policy caches do; a prompt chunk attends to the entries before
-  // it decoded block by block and to its own in full precision.
-  const bool own_encoded = steps == 1 || step.sequential;
-  if (own_encoded && DecodeAttentionRowsApplies(q, keys.size(1), step.positions)) {
-    BlockList blocks = Blocks(layer, length);
+  BlockList blocks = Blocks(layer, length);
+  if (DecodeAttentionRowsApplies(q, keys.size(1), step.positions)) {
     return DecodeAttentionSegments(
         q, keys.size(1), length,
         QuantisedSegments(std::move(blocks.keys), std::move(blocks.values), length, format),
-        step.positions, key_positions, params);
+        step.positions, Positions(0, length), params);
   }
-  const int64_t stored = own_encoded ? length : begin;
+  // Prompt chunks (and other devices): block by block, each decoded as it is read.
   const int64_t block_entries = pool_->entries_per_block();
   const c10::ScalarType dtype = q.scalar_type();
   std::vector<KVBlockSource> sources;
-  for (int64_t from = 0; from < stored; from += block_entries) {
-    const at::Tensor key_block = pool_->keys(table_[from / block_entries], layer);
-    const at::Tensor value_block = pool_->values(table_[from / block_entries], layer);
+  for (size_t i = 0; i < blocks.keys.size(); ++i) {
+    const int64_t from = static_cast<int64_t>(i) * block_entries;
     KVBlockSource source;
-    source.size = std::min(block_entries, stored - from);
+    source.size = std::min(block_entries, length - from);
     source.positions = Positions(from, source.size);
-    source.read = [key_block, value_block, format, dtype](int64_t first, int64_t count,
-                                                          at::Tensor* k, at::Tensor* v) {
-      const int64_t n = first + count;
-      if (k != nullptr)
-        *k = DecodeEntries(key_block, n, format, dtype).narrow(1, first, count).unsqueeze(0);
-      if (v != nullptr)
-        *v = DecodeEntries(value_block, n, format, dtype).narrow(1, first, count).unsqueeze(0);
+    source.read = [key_block = blocks.keys[i], value_block = blocks.values[i], format, dtype](
+                      int64_t first, int64_t count, at::Tensor* k, at::Tensor* v) {
+      const auto decoded = [&](const at::Tensor& block) {
+        return DecodeEntries(block, first + count, format, dtype)
+            .narrow(1, first, count)
+            .unsqueeze(0);  // [1, G, count, hs]
+      };
+      if (k != nullptr) *k = decoded(key_block);
+      if (v != nullptr) *v = decoded(value_block);
     };
     sources.push_back(std::move(source));
   }
-  if (!own_encoded) sources.push_back(TensorSource(keys, values, Positions(begin, steps)));
   return AttendBlockwise(q, keys.size(1), sources, step.positions, params);
 }
 
@@ -464,10 +461,8 @@ absl::StatusOr<std::optional<DecodeRow>> PagedKVCache::UpdateForDecode(int64_t l
                                                                        const at::Tensor& values) {
   // Float32 pools, 16-bit pools of float32 models (read in place, widened in registers) and
   // quantised pools (each (row, group) decoded for the step).
-  // (A quantised pool's prompt chunk reads its own entries in full precision: not here.)
   if (!pool_->device().is_cpu() || keys.scalar_type() != at::kFloat ||
-      (!pool_->quantised() && !KVEntryTypeOf(pool_->dtype()).has_value()) ||
-      (pool_->quantised() && keys.size(2) > 1 && !step.sequential)) {
+      (!pool_->quantised() && !KVEntryTypeOf(pool_->dtype()).has_value())) {
     return std::nullopt;
   }
   ASSIGN_OR_RETURN(const int64_t length, Write(layer, step, keys, values));

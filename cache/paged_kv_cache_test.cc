@@ -335,11 +335,12 @@ std::shared_ptr<BlockPool> QuantisedPool(int bits, int64_t blocks) {
   return pool.ok() ? *pool : nullptr;
 }
 
-// int8 and int4 entries in pool blocks (codes and scales inside the block): the paged cache
-// attends as the quantised policy cache without a full-precision residual, which keeps the same
-// codes: decoding steps to the bit (the batched row too), prompt chunks (their own entries in
-// full precision, the earlier ones decoded block by block) within float32 rounding.
-TEST(PagedKVCacheTest, QuantisedPoolAttendsAsTheQuantisedCacheWithoutResidual) {
+// int8 and int4 entries in pool blocks (codes and scales inside the block), every query
+// reading them as stored: the paged cache attends as a dense cache of the entries' round trip
+// (prompt chunks and decoding steps alike, within float32 rounding), decoding steps as the
+// quantised policy cache without a full-precision residual (the same codes) to the bit, and
+// the batched decode row as UpdateAndAttend to the bit.
+TEST(PagedKVCacheTest, QuantisedPoolAttendsToItsEntriesAsStored) {
   for (const int bits : {8, 4}) {
     std::shared_ptr<BlockPool> pool = QuantisedPool(bits, 16);
     // 2 layers x keys and values x 2 groups x 4 entries x (8 or 4 code bytes + 2 scale bytes).
@@ -355,13 +356,19 @@ TEST(PagedKVCacheTest, QuantisedPoolAttendsAsTheQuantisedCacheWithoutResidual) {
     std::unique_ptr<KVCache> policy = *MakeKVCache(spec, shape);
     DenseKVCacheOptions dense_options;
     static_cast<KVCacheGeometry&>(dense_options) = TestPoolGeometry();
-    std::unique_ptr<DenseKVCache> dense = *DenseKVCache::Create(dense_options);
+    std::unique_ptr<DenseKVCache> round_trip = *DenseKVCache::Create(dense_options);
+    std::unique_ptr<DenseKVCache> exact = *DenseKVCache::Create(dense_options);
+    const auto stored = [&](const at::Tensor& x) {
+      const QuantizedGroups codes = QuantizeGroups(x, bits, 8);
+      return DequantizeGroups(codes.data, codes.scales, bits, 8, at::kFloat);
+    };
     at::manual_seed(17);
     int64_t position = 0;
     for (const int64_t length : {5, 1, 1, 7, 1, 2, 1, 9, 1}) {
       const KVStep step = Step(position, length);
-      for (KVCache* cache : {static_cast<KVCache*>(paged.get()), static_cast<KVCache*>(rows.get()),
-                             policy.get(), static_cast<KVCache*>(dense.get())}) {
+      for (KVCache* cache :
+           {static_cast<KVCache*>(paged.get()), static_cast<KVCache*>(rows.get()), policy.get(),
+            static_cast<KVCache*>(round_trip.get()), static_cast<KVCache*>(exact.get())}) {
         ASSERT_TRUE(cache->CheckStep(step, 1).ok());
       }
       for (int64_t layer = 0; layer < 2; ++layer) {
@@ -370,47 +377,41 @@ TEST(PagedKVCacheTest, QuantisedPoolAttendsAsTheQuantisedCacheWithoutResidual) {
         AttentionParams params;
         params.scale = 0.35;
         params.sliding_window = TestPoolGeometry().layers[layer].sliding_window;
-        const at::Tensor a = *paged->UpdateAndAttend(layer, step, q, k, v, params);
-        const at::Tensor b = *policy->UpdateAndAttend(layer, step, q, k, v, params);
-        const at::Tensor exact = *dense->UpdateAndAttend(layer, step, q, k, v, params);
         SCOPED_TRACE(testing::Message() << bits << " bits, layer " << layer << " at " << position);
+        const at::Tensor a = *paged->UpdateAndAttend(layer, step, q, k, v, params);
+        const at::Tensor reference =
+            *round_trip->UpdateAndAttend(layer, step, q, stored(k), stored(v), params);
+        EXPECT_TRUE(at::allclose(a, reference, 1e-5, 1e-6))
+            << (a - reference).abs().max().item<double>();
+        const at::Tensor b = *policy->UpdateAndAttend(layer, step, q, k, v, params);
+        // (The policy cache keeps only a window layer's window, and attends to a prompt
+        // chunk's own entries in full precision.)
+        if (length == 1 && params.sliding_window == 0) {
+          EXPECT_TRUE(at::equal(a, b)) << (a - b).abs().max().item<double>();
+        }
         if (length == 1) {
-          // (The policy cache keeps only a window layer's window: the same weights, summed in
-          // another grouping.)
-          if (params.sliding_window == 0) {
-            EXPECT_TRUE(at::equal(a, b)) << (a - b).abs().max().item<double>();
-          } else {
-            EXPECT_TRUE(at::allclose(a, b, 1e-5, 1e-6)) << (a - b).abs().max().item<double>();
-          }
           std::optional<DecodeRow> row = *rows->UpdateForDecode(layer, step, k, v);
           ASSERT_TRUE(row.has_value());
           EXPECT_TRUE(at::equal(DecodeAttentionRows(q, 2, {*row}, step.positions, params), a));
         } else {
-          EXPECT_TRUE(at::allclose(a, b, 1e-5, 1e-6)) << (a - b).abs().max().item<double>();
-          // A prompt chunk is no batched row: nothing stored, UpdateAndAttend instead.
-          EXPECT_FALSE(rows->UpdateForDecode(layer, step, k, v)->has_value());
-          ASSERT_TRUE(rows->UpdateAndAttend(layer, step, q, k, v, params).ok());
+          EXPECT_TRUE(at::equal(*rows->UpdateAndAttend(layer, step, q, k, v, params), a));
         }
-        // Quantised (a first prompt chunk reads only its own entries, in full precision), but
-        // close to the full-precision result.
-        const double error = (a - exact).abs().max().item<double>();
-        if (position > 0) {
-          EXPECT_GT(error, 0.0);
-        }
+        // Quantised, but close to the full-precision result.
+        const at::Tensor full = *exact->UpdateAndAttend(layer, step, q, k, v, params);
+        const double error = (a - full).abs().max().item<double>();
+        EXPECT_GT(error, 0.0);
         EXPECT_LT(error, bits == 8 ? 0.05 : 0.6);
       }
       position += length;
     }
     EXPECT_EQ(paged->AllocatedBytes(), paged->blocks_held() * pool->BytesPerBlock());
-    // The plain contract's view: the entries decoded, the codes' round trip.
+    // The plain contract's view: the entries as stored.
     const KVStep last = Step(position, 1);
     ASSERT_TRUE(paged->CheckStep(last, 1).ok());
     const at::Tensor k = at::randn({1, 2, 1, 8}), v = at::randn({1, 2, 1, 8});
     const KVView view = *paged->Update(0, last, k, v);
     ASSERT_EQ(view.keys.sizes(), (std::vector<int64_t>{1, 2, position + 1, 8}));
-    const QuantizedGroups codes = QuantizeGroups(k, bits, 8);
-    EXPECT_TRUE(at::equal(view.keys.narrow(2, position, 1),
-                          DequantizeGroups(codes.data, codes.scales, bits, 8, at::kFloat)));
+    EXPECT_TRUE(at::equal(view.keys.narrow(2, position, 1), stored(k)));
   }
 }
 

@@ -72,13 +72,14 @@ GPT NoisyCopy(const GPTImpl& model) {
 }
 
 std::shared_ptr<BlockPool> TestPool(GPTImpl& model, int64_t blocks, int64_t entries_per_block,
-                                    at::ScalarType dtype) {
+                                    at::ScalarType dtype, int entry_bits) {
   KVCacheGeometry geometry;
   geometry.layers = model.CacheLayout();
   geometry.dtype = dtype;
   BlockPoolOptions options;
   options.entries_per_block = entries_per_block;
   options.num_blocks = blocks;
+  options.entry_bits = entry_bits;
   absl::StatusOr<std::shared_ptr<BlockPool>> pool = BlockPool::Create(geometry, options);
   EXPECT_TRUE(pool.ok()) << pool.status();
   return pool.ok() ? *pool : nullptr;

@@ -37,9 +37,10 @@ GPT LoadModel(const std::string& dir);
 GPT NoisyCopy(const GPTImpl& model);
 
 // A block pool of `blocks` blocks of `entries_per_block` entries of `dtype` for the model's
-// cache layout (a float32 model's pool may hold 16-bit entries).
+// cache layout (a float32 model's pool may hold 16-bit entries), or int8 / int4 entries
+// (`entry_bits` 8 or 4, BlockPoolOptions).
 std::shared_ptr<BlockPool> TestPool(GPTImpl& model, int64_t blocks, int64_t entries_per_block,
-                                    at::ScalarType dtype = at::kFloat);
+                                    at::ScalarType dtype = at::kFloat, int entry_bits = 16);
 
 // A request of the serving tests.
 struct Job {

@@ -74,8 +74,8 @@ ABSL_FLAG(int64_t, step_prefill_tokens, 256,
           "SchedulerOptions.step_prefill_tokens: prompt tokens prefilled per step");
 ABSL_FLAG(bool, prefix_caching, true, "reuse cached prompt blocks (with --pool_mb)");
 ABSL_FLAG(std::string, kv_pool_dtype, "auto",
-          "dtype of the pool's KV entries: auto (bfloat16 for float32 models on the CPU), model, "
-          "float32, bfloat16 or float16");
+          "the pool's KV entries: auto (bfloat16 for float32 models on the CPU), model, float32, "
+          "bfloat16, float16, int8 or int4 (codes and a float16 scale per 32 channels)");
 ABSL_FLAG(std::string, guided_json, "",
           "structured outputs: every request constrained to a JSON schema (a file's path), or "
           "\"object\" for any JSON object; the cost of the token masks against plain requests");

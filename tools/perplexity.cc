@@ -3,10 +3,10 @@
 //   bazel run //tools:perplexity -- --text_file=/tmp/rev.txt --lines_bos_eos --quantize=int8
 // The tokens are scored in consecutive windows of the model's block size (each window on
 // its own, as in training); prints tokens, mean negative log-likelihood and perplexity.
-// --kv_pool_dtype=float32|bfloat16|float16 feeds each window through a serving engine's paged
-// KV cache instead, over a block pool of entries of that dtype (the keys and values every query
-// reads are the pool's, as in `serve --pool_mb --kv_pool_dtype`), --chunk tokens a step (0: the
-// whole window in one step; 1: token by token, every step a decoding step):
+// --kv_pool_dtype=float32|bfloat16|float16|int8|int4 feeds each window through a serving
+// engine's paged KV cache instead, over a block pool of such entries (the keys and values every
+// query reads are the pool's, as in `serve --pool_mb --kv_pool_dtype`), --chunk tokens a step (0:
+// the whole window in one step; 1: token by token, every step a decoding step):
 //   bazel run //tools:perplexity -- --text_file=tools/eval_data/kjv_heldout.txt --lines_bos_eos
 //       --kv_pool_dtype=bfloat16
 #include <ATen/ATen.h>
@@ -49,8 +49,8 @@ ABSL_FLAG(bool, agreement, false,
 ABSL_FLAG(int64_t, group_size, 0,
           "int8_channel: input features per scale; 0: one per output channel");
 ABSL_FLAG(std::string, kv_pool_dtype, "",
-          "score through a paged KV cache over a pool of entries of this dtype (auto, model, "
-          "float32, bfloat16, float16); empty: uncached windows");
+          "score through a paged KV cache over a pool of such entries (auto, model, float32, "
+          "bfloat16, float16, int8, int4); empty: uncached windows");
 ABSL_FLAG(int64_t, chunk, 0, "with --kv_pool_dtype: tokens a step; 0: the whole window");
 
 int main(int argc, char** argv) {
@@ -118,9 +118,11 @@ int main(int argc, char** argv) {
     KVCacheGeometry geometry;
     geometry.layers = loaded.model->CacheLayout();
     geometry.device = loaded.model->device();
-    geometry.dtype = ValueOrDie(
-        KVPoolDtype(pool_dtype_name, loaded.model->dtype(), geometry.device, "--kv_pool_dtype"));
+    const KVPoolEntries entries = ValueOrDie(KVPoolEntriesFor(
+        pool_dtype_name, loaded.model->dtype(), geometry.device, "--kv_pool_dtype"));
+    geometry.dtype = entries.dtype;
     BlockPoolOptions pool_options;
+    pool_options.entry_bits = entries.bits;
     pool_options.num_blocks =
         (window + pool_options.entries_per_block - 1) / pool_options.entries_per_block;
     paged = ValueOrDie(
@@ -164,7 +166,11 @@ int main(int argc, char** argv) {
   }
   std::printf("weights=%s", quantize.c_str());
   if (paged != nullptr) {
-    std::printf(" kv_pool_dtype=%s", c10::toString(paged->pool()->dtype()));
+    if (paged->pool()->quantised()) {
+      std::printf(" kv_pool_dtype=int%d", paged->pool()->entry_bits());
+    } else {
+      std::printf(" kv_pool_dtype=%s", c10::toString(paged->pool()->dtype()));
+    }
   }
   std::printf(" tokens=%lld nll=%.5f perplexity=%.3f", static_cast<long long>(scored), nll / scored,
               std::exp(nll / scored));

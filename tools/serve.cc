@@ -52,8 +52,8 @@ ABSL_FLAG(std::string, prompt_style, "",
           "how chat messages are framed (llama3, chatml, ...); empty: the checkpoint's own");
 ABSL_FLAG(int64_t, pool_mb, 0, "shared paged KV pool in MiB; 0: each request its own cache");
 ABSL_FLAG(std::string, kv_pool_dtype, "auto",
-          "dtype of the pool's KV entries: auto (bfloat16 for float32 models on the CPU), model, "
-          "float32, bfloat16 or float16");
+          "the pool's KV entries: auto (bfloat16 for float32 models on the CPU), model, float32, "
+          "bfloat16, float16, int8 or int4 (codes and a float16 scale per 32 channels)");
 ABSL_FLAG(int64_t, max_running, 16, "requests decoding at once (rows of a decode step)");
 ABSL_FLAG(int64_t, max_waiting, 64, "queued requests; beyond, 429 with Retry-After");
 ABSL_FLAG(int64_t, speculative_max_rows, 0,

@@ -23,17 +23,20 @@ KVCacheGeometry PoolGeometry(const KVCacheGeometry& geometry, const KVMemoryOpti
 
 }  // namespace
 
-absl::StatusOr<c10::ScalarType> KVPoolDtype(absl::string_view name, c10::ScalarType model_dtype,
-                                            c10::Device device, absl::string_view field) {
-  if (name == "model") return model_dtype;
+absl::StatusOr<KVPoolEntries> KVPoolEntriesFor(absl::string_view name, c10::ScalarType model_dtype,
+                                               c10::Device device, absl::string_view field) {
+  const auto dtype = [](c10::ScalarType d) { return KVPoolEntries{d, 16}; };
+  if (name == "model") return dtype(model_dtype);
   if (name == "auto") {
-    return model_dtype == c10::kFloat && device.is_cpu() ? c10::kBFloat16 : model_dtype;
+    return dtype(model_dtype == c10::kFloat && device.is_cpu() ? c10::kBFloat16 : model_dtype);
   }
-  if (name == "float32") return c10::kFloat;
-  if (name == "bfloat16") return c10::kBFloat16;
-  if (name == "float16") return c10::kHalf;
-  return InvalidFieldError(field, absl::StrCat(field, " must be auto, model, float32, bfloat16 or ",
-                                               "float16, got '", name, "'"));
+  if (name == "float32") return dtype(c10::kFloat);
+  if (name == "bfloat16") return dtype(c10::kBFloat16);
+  if (name == "float16") return dtype(c10::kHalf);
+  if (name == "int8") return KVPoolEntries{model_dtype, 8};
+  if (name == "int4") return KVPoolEntries{model_dtype, 4};
+  return InvalidFieldError(field, absl::StrCat(field, " must be auto, model, float32, bfloat16, ",
+                                               "float16, int8 or int4, got '", name, "'"));
 }
 
 absl::StatusOr<BlockPoolOptions> KVMemory::PoolFor(const KVCacheGeometry& model_geometry,
@@ -41,7 +44,8 @@ absl::StatusOr<BlockPoolOptions> KVMemory::PoolFor(const KVCacheGeometry& model_
   const KVCacheGeometry geometry = PoolGeometry(model_geometry, options);
   // Per entry first: entries_per_block times the bytes of an entry may overflow int64 (a block of
   // 2^52 entries wrapped to a size the pool accepted, and its first block threw).
-  const int64_t bytes_per_entry = std::max<int64_t>(BlockPool::BytesPerBlock(geometry, 1), 1);
+  const int64_t bytes_per_entry = std::max<int64_t>(
+      BlockPool::BytesPerBlock(geometry, 1, options.entry_bits, options.entry_group_size), 1);
   if (options.entries_per_block > options.pool_bytes / bytes_per_entry) {
     return InvalidFieldError(
         "SchedulerOptions.kv_pool_bytes",
@@ -51,6 +55,8 @@ absl::StatusOr<BlockPoolOptions> KVMemory::PoolFor(const KVCacheGeometry& model_
   }
   BlockPoolOptions pool;
   pool.entries_per_block = options.entries_per_block;
+  pool.entry_bits = options.entry_bits;
+  pool.group_size = options.entry_group_size;
   pool.num_blocks = options.pool_bytes / (bytes_per_entry * options.entries_per_block);
   // The pool takes memory as requests fill it: one the machine cannot back would end in the
   // OOM killer instead of admission control (device pools are not checked here).
@@ -98,6 +104,9 @@ absl::StatusOr<std::unique_ptr<KVCache>> KVMemory::NewCache(const KVCacheSpec& s
   shape.max_sequence_length = length;
   shape.rollback_slots = rollback_slots;
   if (pool_ == nullptr) return MakeKVCache(spec, shape);
+  // Dense requests are paged in the pool's entries, whatever they are (16-bit or quantised:
+  // the server's choice); the others keep caches of their own, so that an explicit cache spec
+  // decodes as lgpt::Generate with that spec does.
   if (spec.policy != "dense" || spec.bits != 16) {
     // Own storage, grown a pool block at a time and charged to the pool as it grows.
     shape.growth_step = pool_->entries_per_block();

@@ -43,16 +43,29 @@ struct KVMemoryOptions {
   // The dtype of the pool's entries: Undefined = the model's (the geometry's). A float32 model
   // may keep bfloat16 or float16 entries (rounded to nearest even as they are written, widened
   // as attention reads them): twice the blocks in the same bytes, and half the bytes each
-  // decoding step reads. KVPoolDtype parses the serving option.
+  // decoding step reads. KVPoolEntriesFor parses the serving option.
   c10::ScalarType entry_dtype = c10::ScalarType::Undefined;
+  // 8 or 4: int8 / int4 entries instead (codes and float16 scales per entry_group_size channels
+  // inside the block, BlockPoolOptions.entry_bits): dense requests' entries are written
+  // quantised, and their full blocks join prefix reuse as 16-bit ones do (requests with a
+  // quantised KVCacheSpec keep their policy caches, whose recent entries stay in full
+  // precision).
+  int entry_bits = 16;
+  int64_t entry_group_size = 32;
 };
 
-// The pool entry dtype that the serving option `name` asks for a model of `model_dtype` on
+// What the pool's entries are: a dtype, or int8 / int4 codes.
+struct KVPoolEntries {
+  c10::ScalarType dtype = c10::ScalarType::Undefined;  // with bits 16
+  int bits = 16;
+};
+
+// The pool entries that the serving option `name` asks for a model of `model_dtype` on
 // `device`: "model" (the model's dtype), "auto" (the serving default: bfloat16 for float32 models
-// on the CPU, the model's dtype otherwise), "float32", "bfloat16" or "float16". InvalidArgument
-// naming `field` otherwise.
-absl::StatusOr<c10::ScalarType> KVPoolDtype(absl::string_view name, c10::ScalarType model_dtype,
-                                            c10::Device device, absl::string_view field);
+// on the CPU, the model's dtype otherwise), "float32", "bfloat16", "float16", "int8" or "int4".
+// InvalidArgument naming `field` otherwise.
+absl::StatusOr<KVPoolEntries> KVPoolEntriesFor(absl::string_view name, c10::ScalarType model_dtype,
+                                               c10::Device device, absl::string_view field);
 
 struct KVMemoryStats {
   // Blocks in all, held by requests (or reserved for their own storage), and unreferenced
