@@ -116,6 +116,10 @@ class BlockPool {
   const at::Tensor& values(int64_t block, int64_t layer) const {
     return storage_[block][2 * layer + 1];
   }
+  // The whole pool's keys or values of `layer`, [num_blocks, n_query_groups, entries_per_block,
+  // head_size or entry_bytes]: what a paged kernel reads through block tables.
+  const at::Tensor& layer_keys(int64_t layer) const { return arena_[2 * layer]; }
+  const at::Tensor& layer_values(int64_t layer) const { return arena_[2 * layer + 1]; }
 
  private:
   BlockPool(std::vector<KVLayerSpec> layers, int64_t entries_per_block, int64_t num_blocks,

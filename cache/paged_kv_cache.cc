@@ -15,6 +15,7 @@
 #include "core/ops/decode_attention.h"
 #include "core/ops/flash_attention.h"
 #include "core/ops/kv_entry.h"
+#include "core/ops/paged_attention.h"
 #include "core/ops/paged_attention_layout.h"
 #include "glog/logging.h"
 
@@ -341,6 +342,7 @@ absl::StatusOr<at::Tensor> PagedKVCache::UpdateAndAttend(int64_t layer, const KV
                                                          const at::Tensor& values,
                                                          const AttentionParams& params) {
   RETURN_IF_ERROR(CheckQueries(layer, q, keys));
+  if (PagedKernelApplies(q)) return AttendThroughTable(layer, step, q, keys, values, params);
   if (pool_->quantised()) return AttendQuantised(layer, step, q, keys, values, params);
   ASSIGN_OR_RETURN(const int64_t length, Write(layer, step, keys, values));
   const int64_t block_entries = pool_->entries_per_block();
@@ -403,6 +405,43 @@ absl::StatusOr<at::Tensor> PagedKVCache::UpdateAndAttend(int64_t layer, const KV
     sources.push_back(std::move(source));
   }
   return AttendBlockwise(q, keys.size(1), sources, step.positions, params);
+}
+
+bool PagedKVCache::PagedKernelApplies(const at::Tensor& q) const {
+  return pool_->device().is_cuda() && PagedAttentionHasCudaKernel() &&
+         q.device() == pool_->device() && q.size(0) == 1 && q.size(2) == 1 &&
+         !(q.requires_grad() && at::GradMode::is_enabled());
+}
+
+absl::StatusOr<at::Tensor> PagedKVCache::AttendThroughTable(int64_t layer, const KVStep& step,
+                                                            const at::Tensor& q,
+                                                            const at::Tensor& keys,
+                                                            const at::Tensor& values,
+                                                            const AttentionParams& params) {
+  ASSIGN_OR_RETURN(const int64_t length, Write(layer, step, keys, values));
+  PagedKVLayer entries;
+  entries.keys = pool_->layer_keys(layer);
+  entries.values = pool_->layer_values(layer);
+  if (pool_->quantised()) {
+    entries.bits = pool_->entry_bits();
+    entries.group_size = pool_->entry_format(layer).group_size;
+  }
+  // The block table, length and query position as plain data on the device (a few bytes a
+  // layer and step; the kernel reads them there).
+  const auto on_device = at::TensorOptions().dtype(at::kInt);
+  const int64_t blocks = pool_->BlocksFor(length);
+  std::vector<int32_t> table(table_.begin(), table_.begin() + blocks);
+  table.push_back(static_cast<int32_t>(length));
+  table.push_back(static_cast<int32_t>(step.max_position));
+  const at::Tensor data = at::tensor(table, on_device).to(pool_->device(), /*non_blocking=*/true);
+  PagedDecodeBatch batch;
+  batch.block_tables = data.narrow(0, 0, blocks).view({1, blocks});
+  batch.lengths = data.narrow(0, blocks, 1);
+  batch.query_positions = data.narrow(0, blocks + 1, 1);
+  batch.max_length = length;
+  ASSIGN_OR_RETURN(const at::Tensor y,
+                   PagedDecodeAttention(q.select(2, 0), entries, batch, params));
+  return y.unsqueeze(2);  // [1, n_head, 1, hs]
 }
 
 absl::StatusOr<at::Tensor> PagedKVCache::AttendQuantised(int64_t layer, const KVStep& step,

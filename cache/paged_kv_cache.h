@@ -114,6 +114,14 @@ class PagedKVCache : public KVCache, public KVDecodeRows, public KVRollback {
   at::Tensor Positions(int64_t begin, int64_t length) const;
   // Grows ramp_ to at least `length` entries.
   void EnsureRamp(int64_t length) const;
+  // Whether a step of queries `q` attends through the CUDA paged decode kernel (a device pool,
+  // one query, no autograd).
+  bool PagedKernelApplies(const at::Tensor& q) const;
+  // UpdateAndAttend's step through core/ops/paged_attention.h over the block table.
+  absl::StatusOr<at::Tensor> AttendThroughTable(int64_t layer, const KVStep& step,
+                                                const at::Tensor& q, const at::Tensor& keys,
+                                                const at::Tensor& values,
+                                                const AttentionParams& params);
   // UpdateAndAttend over a quantised pool.
   absl::StatusOr<at::Tensor> AttendQuantised(int64_t layer, const KVStep& step, const at::Tensor& q,
                                              const at::Tensor& keys, const at::Tensor& values,
