@@ -14,6 +14,7 @@
 #include "core/ops/attention.h"
 #include "core/ops/decode_attention.h"
 #include "core/ops/flash_attention.h"
+#include "core/ops/kv_dequant.h"
 #include "core/ops/kv_entry.h"
 #include "core/ops/paged_attention.h"
 #include "core/ops/paged_attention_layout.h"
@@ -114,12 +115,13 @@ KVSegmentsOf QuantisedSegments(std::vector<at::Tensor> key_blocks,
     key_buffer.resize(static_cast<size_t>(entries * hs));
     value_buffer.resize(static_cast<size_t>(entries * hs));
     const int64_t block_entries = keys[0].size(1), entry_bytes = keys[0].size(2);
-    for (int64_t e = 0; e < entries; ++e) {
-      const int64_t offset = (g * block_entries + e % block_entries) * entry_bytes;
-      paged::DecodeEntry(keys[e / block_entries].data_ptr<uint8_t>() + offset, format,
-                         key_buffer.data() + e * hs);
-      paged::DecodeEntry(values[e / block_entries].data_ptr<uint8_t>() + offset, format,
-                         value_buffer.data() + e * hs);
+    for (int64_t begin = 0; begin < entries; begin += block_entries) {
+      const int64_t block = begin / block_entries, n = std::min(block_entries, entries - begin);
+      const int64_t offset = g * block_entries * entry_bytes;
+      DecodeQuantisedEntries(keys[block].data_ptr<uint8_t>() + offset, n, entry_bytes, format,
+                             key_buffer.data() + begin * hs);
+      DecodeQuantisedEntries(values[block].data_ptr<uint8_t>() + offset, n, entry_bytes, format,
+                             value_buffer.data() + begin * hs);
     }
     out->push_back({key_buffer.data(), value_buffer.data(), entries, KVEntryType::kFloat32});
   };
