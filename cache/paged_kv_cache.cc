@@ -430,12 +430,12 @@ absl::StatusOr<at::Tensor> PagedKVCache::AttendThroughTable(int64_t layer, const
   }
   // The block table, length and query position as plain data on the device (a few bytes a
   // layer and step; the kernel reads them there).
-  const auto on_device = at::TensorOptions().dtype(at::kInt);
+  const auto host = at::TensorOptions().dtype(at::kInt);
   const int64_t blocks = pool_->BlocksFor(length);
   std::vector<int32_t> table(table_.begin(), table_.begin() + blocks);
   table.push_back(static_cast<int32_t>(length));
   table.push_back(static_cast<int32_t>(step.max_position));
-  const at::Tensor data = at::tensor(table, on_device).to(pool_->device(), /*non_blocking=*/true);
+  const at::Tensor data = at::tensor(table, host).to(pool_->device(), /*non_blocking=*/true);
   PagedDecodeBatch batch;
   batch.block_tables = data.narrow(0, 0, blocks).view({1, blocks});
   batch.lengths = data.narrow(0, blocks, 1);

@@ -287,6 +287,12 @@ absl::StatusOr<at::Tensor> AttendOnCuda(const at::Tensor& q32, const Checked& c,
   a.heads = c.heads;
   a.entries_per_split = entries_per_split;
   a.max_splits = std::max<int64_t>(1, paged::SplitCount(batch.max_length, entries_per_split));
+  if (a.max_splits > 65535) {  // a grid dimension's limit
+    return Invalid("batch.max_length", absl::StrCat(batch.max_length, " needs ", a.max_splits,
+                                                    " splits of ", entries_per_split,
+                                                    " entries; at most 65535 (raise "
+                                                    "PagedDecodeOptions.entries_per_split)"));
+  }
   a.scale = static_cast<float>(params.scale);
   a.softcap = params.softcap ? static_cast<float>(*params.softcap) : 0.0f;
   a.sliding_window = params.sliding_window;
