@@ -12,6 +12,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/base/device.h"
@@ -107,9 +108,9 @@ TEST(PagedLayout, EntryBytesHoldCodesAndAlignedScales) {
 TEST(PagedLayout, DecodeEntryIsEveryEntryElement) {
   std::mt19937 random(8);
   std::normal_distribution<float> normal(0.0f, 2.0f);
-  for (const EntryFormat format : {EntryFormat{EntryKind::kInt8, 48, 16},
-                                   EntryFormat{EntryKind::kInt4, 64, 32},
-                                   EntryFormat{EntryKind::kFloat32, 5, 32}}) {
+  for (const EntryFormat format :
+       {EntryFormat{EntryKind::kInt8, 48, 16}, EntryFormat{EntryKind::kInt4, 64, 32},
+        EntryFormat{EntryKind::kFloat32, 5, 32}}) {
     std::vector<float> x(format.head_size), out(format.head_size);
     for (float& v : x) v = normal(random);
     std::vector<uint8_t> entry(paged::EntryBytes(format));
@@ -411,6 +412,19 @@ TEST(PagedDecodeAttention, EntriesPerSplitFitSharedMemory) {
 
 // ---- CUDA kernel against its twin ----
 
+// The fixture's pool and batch on `device`.
+std::pair<PagedKVLayer, PagedDecodeBatch> OnDevice(const Fixture& f, const c10::Device& device) {
+  PagedKVLayer layer = f.layer;
+  layer.keys = layer.keys.to(device);
+  layer.values = layer.values.to(device);
+  if (layer.slot_positions.defined()) layer.slot_positions = layer.slot_positions.to(device);
+  PagedDecodeBatch batch = f.batch;
+  batch.block_tables = batch.block_tables.to(device);
+  batch.lengths = batch.lengths.to(device);
+  batch.query_positions = batch.query_positions.to(device);
+  return {layer, batch};
+}
+
 TEST(PagedDecodeAttention, CudaMatchesTheCpuTwin) {
   if (!PagedAttentionHasCudaKernel()) GTEST_SKIP() << "skipped: built against a CPU-only LibTorch";
   if (!CudaAvailable()) GTEST_SKIP() << "skipped: no CUDA device";
@@ -424,14 +438,7 @@ TEST(PagedDecodeAttention, CudaMatchesTheCpuTwin) {
       options.entries_per_split = c.entries_per_split;
       const absl::StatusOr<at::Tensor> cpu =
           PagedDecodeAttention(f.q, f.layer, f.batch, c.params, options);
-      PagedKVLayer layer = f.layer;
-      layer.keys = layer.keys.to(cuda);
-      layer.values = layer.values.to(cuda);
-      if (layer.slot_positions.defined()) layer.slot_positions = layer.slot_positions.to(cuda);
-      PagedDecodeBatch batch = f.batch;
-      batch.block_tables = batch.block_tables.to(cuda);
-      batch.lengths = batch.lengths.to(cuda);
-      batch.query_positions = batch.query_positions.to(cuda);
+      const auto [layer, batch] = OnDevice(f, cuda);
       const absl::StatusOr<at::Tensor> gpu =
           PagedDecodeAttention(f.q.to(cuda), layer, batch, c.params, options);
       ASSERT_TRUE(cpu.ok() && gpu.ok()) << cpu.status() << " " << gpu.status();
@@ -447,13 +454,7 @@ TEST(PagedDecodeAttention, CudaOverlongRequestsReadNaN) {
   const c10::Device cuda(c10::kCUDA, 0);
   const Case c = Cases()[0];
   const Fixture f = Build(c, {EntryKind::kFloat32, 64, 32}, 21);
-  PagedKVLayer layer = f.layer;
-  layer.keys = layer.keys.to(cuda);
-  layer.values = layer.values.to(cuda);
-  PagedDecodeBatch batch = f.batch;
-  batch.block_tables = batch.block_tables.to(cuda);
-  batch.lengths = batch.lengths.to(cuda);
-  batch.query_positions = batch.query_positions.to(cuda);
+  auto [layer, batch] = OnDevice(f, cuda);
   batch.max_length = 16;
   const absl::StatusOr<at::Tensor> y = PagedDecodeAttention(f.q.to(cuda), layer, batch, c.params);
   ASSERT_TRUE(y.ok());

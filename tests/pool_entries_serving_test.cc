@@ -1,9 +1,12 @@
-// Serving over a pool of 16-bit KV entries for a float32 model (KVMemoryOptions.entry_dtype,
-// EngineOptions.kv_pool_dtype): every request's tokens equal lgpt::Generate's alone with a
-// paged cache over a pool of the same dtype (batched rows read the blocks as a batch-1 step
-// does), greedy and sampled, through preemption and prefix reuse; on the default model the
-// engine's greedy tokens over a bfloat16 pool are those of Generate over one, and are compared
-// with the float32 pool's (the agreement is printed, not asserted equal).
+// Serving over a pool whose KV entries are narrower than a float32 model's: bfloat16 / float16
+// entries (KVMemoryOptions.entry_dtype) and int8 / int4 codes with float16 scales inside the
+// blocks (KVMemoryOptions.entry_bits), as EngineOptions.kv_pool_dtype asks. Every paged
+// request's tokens equal lgpt::Generate's alone with a paged cache over a pool of the same
+// entries (batched rows read the blocks as a batch-1 step does), greedy and sampled, through
+// preemption and prefix reuse; requests whose caches keep storage of their own beside the pool
+// give theirs. On the default model the engine's greedy tokens over a bfloat16 / int8 / int4
+// pool are Generate's over one, and are compared with the float32 pool's (the agreement is
+// printed, not asserted equal).
 #include <ATen/ATen.h>
 
 #include <cstdio>
@@ -25,14 +28,21 @@
 namespace lgpt {
 namespace {
 
+// A pool's entries: `kv_pool_dtype`'s name, and what KVPoolEntriesFor makes of it.
+struct Entries {
+  std::string name;
+  at::ScalarType dtype;
+  int bits;
+};
+
 int64_t Length(const Job& job) {
   return static_cast<int64_t>(job.prompt.size()) + job.options.max_new_tokens;
 }
 
-// The job's tokens from lgpt::Generate with a paged cache of its own over a pool of `dtype`.
-std::vector<int64_t> AlonePaged(GPTImpl& model, const Job& job, at::ScalarType dtype) {
-  std::unique_ptr<PagedKVCache> cache =
-      *PagedKVCache::Create(TestPool(model, (Length(job) + 3) / 4, 4, dtype), Length(job));
+// The job's tokens from lgpt::Generate with a paged cache of its own over a pool of `entries`.
+std::vector<int64_t> AlonePaged(GPTImpl& model, const Job& job, const Entries& entries) {
+  std::unique_ptr<PagedKVCache> cache = *PagedKVCache::Create(
+      TestPool(model, (Length(job) + 3) / 4, 4, entries.dtype, entries.bits), Length(job));
   absl::StatusOr<std::vector<int64_t>> tokens = Generate(model, *cache, job.prompt, job.options);
   EXPECT_TRUE(tokens.ok()) << tokens.status();
   return tokens.ok() ? *tokens : std::vector<int64_t>();
@@ -43,19 +53,22 @@ struct Outcome {
   SchedulerStats stats;
 };
 
-// The jobs through a scheduler over KVMemory::Create with entries of `dtype` (dense requests
-// paged in its pool, the others charged to it).
+// The jobs through a scheduler over KVMemory::Create with `blocks` blocks of 4 `entries` (dense
+// requests paged in its pool, the others charged to it).
 Outcome Serve(GPT model, const std::vector<Job>& jobs, const SchedulerOptions& options,
-              int64_t pool_bytes, at::ScalarType dtype) {
+              int64_t blocks, const Entries& entries) {
   KVCacheGeometry geometry;
   geometry.layers = model->CacheLayout();
   KVMemoryOptions memory_options;
-  memory_options.pool_bytes = pool_bytes;
   memory_options.entries_per_block = 4;
   memory_options.prefix_caching = options.prefix_caching;
-  memory_options.entry_dtype = dtype;
+  memory_options.entry_dtype = entries.dtype;
+  memory_options.entry_bits = entries.bits;
+  KVCacheGeometry pool_geometry = geometry;
+  pool_geometry.dtype = entries.dtype;
+  memory_options.pool_bytes = blocks * BlockPool::BytesPerBlock(pool_geometry, 4, entries.bits);
   std::unique_ptr<KVMemory> memory = *KVMemory::Create(geometry, memory_options);
-  EXPECT_EQ(memory->pool()->dtype(), dtype);
+  EXPECT_EQ(memory->pool()->entry_bits(), entries.bits);
   const KVMemory& pool = *memory;
   Scheduler scheduler(model, options, std::move(memory));
   std::vector<std::shared_ptr<RequestHandle>> handles;
@@ -76,22 +89,15 @@ Outcome Serve(GPT model, const std::vector<Job>& jobs, const SchedulerOptions& o
   return outcome;
 }
 
-// Bytes of `blocks` blocks of 4 entries of `dtype` for `model`.
-int64_t PoolBytes(GPTImpl& model, at::ScalarType dtype, int64_t blocks) {
-  KVCacheGeometry geometry;
-  geometry.layers = model.CacheLayout();
-  geometry.dtype = dtype;
-  return blocks * BlockPool::BytesPerBlock(geometry, 4);
-}
+bool Pooled(const KVCacheSpec& spec) { return spec.policy == "dense" && spec.bits == 16; }
 
-class SixteenBitPoolTest : public ::testing::TestWithParam<at::ScalarType> {};
+class PoolEntriesTest : public ::testing::TestWithParam<Entries> {};
 
 // A pool far too small for every request at once: preempted dense requests recompute over the
-// 16-bit pool, batched with others, and still give Generate's tokens alone over such a pool;
-// budgeted and quantised requests beside them (their own float32 storage, charged to the
-// pool) give theirs.
-TEST_P(SixteenBitPoolTest, BatchedAndPreemptedRequestsEqualGenerateAlone) {
-  const at::ScalarType dtype = GetParam();
+// pool, batched with others, and still give Generate's tokens alone over such a pool; budgeted
+// and quantised requests beside them (their own storage, charged to the pool) give theirs.
+TEST_P(PoolEntriesTest, BatchedAndPreemptedRequestsEqualGenerateAlone) {
+  const Entries entries = GetParam();
   GPT model = GoldenModel("golden/llama2");
   std::vector<Job> jobs = Jobs(*model, 18, 7);
   for (size_t i = 0; i < jobs.size(); ++i) {
@@ -105,11 +111,11 @@ TEST_P(SixteenBitPoolTest, BatchedAndPreemptedRequestsEqualGenerateAlone) {
   options.prefix_caching = false;
   std::vector<std::vector<int64_t>> expected;
   for (const Job& job : jobs) {
-    expected.push_back(job.spec.policy == "dense" && job.spec.bits == 16
-                           ? AlonePaged(*model, job, dtype)
-                           : Alone(*model, job));
+    expected.push_back(Pooled(job.spec) ? AlonePaged(*model, job, entries) : Alone(*model, job));
   }
-  const Outcome outcome = Serve(model, jobs, options, PoolBytes(*model, dtype, 16), dtype);
+  // (16 int4 blocks are fewer bytes than one of these jobs' int8 policy caches needs.)
+  const int64_t blocks = entries.bits == 4 ? 24 : 16;
+  const Outcome outcome = Serve(model, jobs, options, blocks, entries);
   ASSERT_EQ(outcome.results.size(), jobs.size());
   int64_t sampled = 0;
   for (size_t i = 0; i < jobs.size(); ++i) {
@@ -120,14 +126,15 @@ TEST_P(SixteenBitPoolTest, BatchedAndPreemptedRequestsEqualGenerateAlone) {
   EXPECT_GT(sampled, 0);
   EXPECT_GT(outcome.stats.preemptions, 0);
   EXPECT_GT(outcome.stats.peak_decode_rows, 1);
-  EXPECT_EQ(outcome.stats.pool_blocks, 16);
+  EXPECT_EQ(outcome.stats.pool_blocks, blocks);
   EXPECT_EQ(outcome.stats.pool_blocks_used, 0);
 }
 
-// Prompts sharing a prefix: later requests attach the first one's 16-bit blocks (copy-on-write
-// of a shared last block) and give Generate's tokens alone.
-TEST_P(SixteenBitPoolTest, SharedPrefixBlocksAreReused) {
-  const at::ScalarType dtype = GetParam();
+// Prompts sharing a prefix: later requests attach the first one's blocks (copy-on-write of a
+// shared last block) and give Generate's tokens alone (quantised entries are read as stored,
+// so a prefix hit changes nothing).
+TEST_P(PoolEntriesTest, SharedPrefixBlocksAreReused) {
+  const Entries entries = GetParam();
   GPT model = GoldenModel("golden/llama2");
   std::vector<Job> jobs = Jobs(*model, 6, 11);
   const std::vector<int64_t> shared = {5, 9, 2, 7, 1, 8, 3, 6, 4, 10, 12, 11};  // 3 blocks
@@ -144,11 +151,11 @@ TEST_P(SixteenBitPoolTest, SharedPrefixBlocksAreReused) {
   options.prefill_chunk = 64;
   options.prefix_caching = true;
   std::vector<std::vector<int64_t>> expected;
-  for (const Job& job : jobs) expected.push_back(AlonePaged(*model, job, dtype));
+  for (const Job& job : jobs) expected.push_back(AlonePaged(*model, job, entries));
   // The first request alone first, so that the others find its blocks published.
-  const Outcome first = Serve(model, {jobs[0]}, options, PoolBytes(*model, dtype, 64), dtype);
+  const Outcome first = Serve(model, {jobs[0]}, options, 64, entries);
   EXPECT_EQ(first.results[0].tokens, expected[0]);
-  const Outcome outcome = Serve(model, jobs, options, PoolBytes(*model, dtype, 64), dtype);
+  const Outcome outcome = Serve(model, jobs, options, 64, entries);
   int64_t hits = 0;
   for (size_t i = 0; i < jobs.size(); ++i) {
     SCOPED_TRACE(absl::StrCat("request ", i));
@@ -159,10 +166,15 @@ TEST_P(SixteenBitPoolTest, SharedPrefixBlocksAreReused) {
   EXPECT_GT(outcome.stats.prefix_hits, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Dtypes, SixteenBitPoolTest, ::testing::Values(at::kBFloat16, at::kHalf),
-                         [](const ::testing::TestParamInfo<at::ScalarType>& info) {
-                           return std::string(info.param == at::kBFloat16 ? "bfloat16" : "float16");
-                         });
+const Entries kBfloat16{"bfloat16", at::kBFloat16, 16};
+const Entries kFloat16{"float16", at::kHalf, 16};
+const Entries kInt8{"int8", at::kFloat, 8};
+const Entries kInt4{"int4", at::kFloat, 4};
+
+std::string EntriesName(const ::testing::TestParamInfo<Entries>& info) { return info.param.name; }
+
+INSTANTIATE_TEST_SUITE_P(Entries, PoolEntriesTest,
+                         ::testing::Values(kBfloat16, kFloat16, kInt8, kInt4), EntriesName);
 
 constexpr char kDefaultModel[] = "tools/default_model";
 
@@ -176,13 +188,17 @@ std::shared_ptr<const Engine> LoadEngine(const std::string& kv_pool_dtype) {
   return engine.ok() ? *engine : nullptr;
 }
 
-// The default model served over a bfloat16 pool: twice the float32 pool's blocks in the same
-// bytes; each request's greedy tokens are Generate's with a bfloat16 paged cache alone, and
-// mostly the float32 pool's (the share of equal tokens is printed).
-TEST(SixteenBitPoolEngineTest, DefaultModelOverABfloat16Pool) {
-  std::shared_ptr<const Engine> bf16 = LoadEngine("bfloat16");
+class PoolEntriesEngineTest : public ::testing::TestWithParam<Entries> {};
+
+// The default model served over a pool of narrower entries: more blocks in the same bytes (2x
+// for 16-bit entries, ~3.8x int8, ~7.1x int4 at head size 32); each request's greedy tokens are
+// Generate's with such a paged cache alone, and mostly the float32 pool's (the share of equal
+// tokens is printed).
+TEST_P(PoolEntriesEngineTest, DefaultModelOverThePool) {
+  const Entries entries = GetParam();
+  std::shared_ptr<const Engine> narrow = LoadEngine(entries.name);
   std::shared_ptr<const Engine> fp32 = LoadEngine("model");
-  ASSERT_NE(bf16, nullptr);
+  ASSERT_NE(narrow, nullptr);
   ASSERT_NE(fp32, nullptr);
   const std::vector<std::string> prompts = {
       "In the beginning God created the heaven and the earth.",
@@ -196,26 +212,23 @@ TEST(SixteenBitPoolEngineTest, DefaultModelOverABfloat16Pool) {
   options.max_new_tokens = 32;
   options.sampling = {0.0, 0, 1.0};
   options.stop_at_eos = false;
-  std::vector<std::shared_ptr<Request>> over_bf16, over_fp32;
+  std::vector<std::shared_ptr<Request>> over_narrow, over_fp32;
   for (const std::string& prompt : prompts) {
-    over_bf16.push_back(*bf16->Submit(prompt, options));
+    over_narrow.push_back(*narrow->Submit(prompt, options));
     over_fp32.push_back(*fp32->Submit(prompt, options));
   }
   int64_t equal = 0, total = 0, equal_requests = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
     SCOPED_TRACE(prompts[i]);
-    absl::StatusOr<Completion> a = over_bf16[i]->Wait();
+    absl::StatusOr<Completion> a = over_narrow[i]->Wait();
     absl::StatusOr<Completion> b = over_fp32[i]->Wait();
     ASSERT_TRUE(a.ok()) << a.status();
     ASSERT_TRUE(b.ok()) << b.status();
-    // Generate alone with a bfloat16 paged cache.
-    const std::vector<int64_t> ids = *bf16->Encode(prompts[i]);
     Job job;
-    job.prompt = ids;
+    job.prompt = *narrow->Encode(prompts[i]);
     job.options.max_new_tokens = options.max_new_tokens;
     job.options.sampling = options.sampling;
-    const std::vector<int64_t> alone = AlonePaged(bf16->model(), job, at::kBFloat16);
-    EXPECT_EQ(a->tokens, alone);
+    EXPECT_EQ(a->tokens, AlonePaged(narrow->model(), job, entries));
     ASSERT_EQ(a->tokens.size(), b->tokens.size());
     bool same = true;
     for (size_t t = 0; t < a->tokens.size(); ++t) {
@@ -226,17 +239,24 @@ TEST(SixteenBitPoolEngineTest, DefaultModelOverABfloat16Pool) {
     equal_requests += a->tokens == b->tokens ? 1 : 0;
   }
   std::printf(
-      "bfloat16 pool vs float32 pool, greedy: %lld of %lld tokens before the first "
-      "difference, %lld of %zu requests identical\n",
-      static_cast<long long>(equal), static_cast<long long>(total),
+      "%s pool vs float32 pool, greedy: %lld of %lld tokens before the first difference, %lld "
+      "of %zu requests identical\n",
+      entries.name.c_str(), static_cast<long long>(equal), static_cast<long long>(total),
       static_cast<long long>(equal_requests), prompts.size());
   EXPECT_GT(equal, 0);
-  const SchedulerStats a = bf16->ServingStats(), b = fp32->ServingStats();
-  EXPECT_EQ(a.pool_blocks, 2 * b.pool_blocks);
-  EXPECT_EQ(2 * a.pool_block_bytes, b.pool_block_bytes);
-  // A bad name is refused at load, naming the field.
+  const SchedulerStats a = narrow->ServingStats(), b = fp32->ServingStats();
+  const double ratio = static_cast<double>(b.pool_block_bytes) / a.pool_block_bytes;
+  EXPECT_GE(ratio, entries.bits == 16 ? 2.0 : 3.5);
+  EXPECT_EQ(a.pool_blocks, b.pool_blocks * b.pool_block_bytes / a.pool_block_bytes);
+}
+
+INSTANTIATE_TEST_SUITE_P(Entries, PoolEntriesEngineTest, ::testing::Values(kBfloat16, kInt8, kInt4),
+                         EntriesName);
+
+// A bad name is refused at load, naming the field.
+TEST(PoolEntriesEngineErrors, BadNamesAreRefusedAtLoad) {
   EngineOptions bad;
-  bad.kv_pool_dtype = "int8";
+  bad.kv_pool_dtype = "int2";
   const absl::Status refused = Engine::Load(kDefaultModel, bad).status();
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(refused.message().find("EngineOptions.kv_pool_dtype"), std::string::npos) << refused;
