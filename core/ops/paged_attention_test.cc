@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <random>
 #include <string>
@@ -350,24 +351,31 @@ std::string KindName(EntryKind kind) {
   return names[static_cast<int>(kind)];
 }
 
-TEST(PagedDecodeAttention, CpuTwinEqualsAttendByPositions) {
-  uint32_t seed = 1;
+// Calls check(case, fixture, options) for every case and entry format (seeds from `seed` on).
+void ForEveryCase(
+    uint32_t seed,
+    const std::function<void(const Case&, const Fixture&, const PagedDecodeOptions&)>& check) {
   for (const Case& c : Cases()) {
     for (const EntryFormat& format : Formats(c.head_size)) {
       SCOPED_TRACE(c.name + " " + KindName(format.kind));
-      const Fixture f = Build(c, format, seed++);
       PagedDecodeOptions options;
       options.entries_per_split = c.entries_per_split;
-      const absl::StatusOr<at::Tensor> y =
-          PagedDecodeAttention(f.q, f.layer, f.batch, c.params, options);
-      ASSERT_TRUE(y.ok()) << y.status();
-      ASSERT_EQ(y->sizes(), f.q.sizes());
-      for (int64_t r = 0; r < f.q.size(0); ++r) {
-        const at::Tensor expected = Reference(f, c, r);
-        EXPECT_LT((y.value()[r] - expected).abs().max().item<float>(), 2e-5f) << "request " << r;
-      }
+      check(c, Build(c, format, seed++), options);
     }
   }
+}
+
+TEST(PagedDecodeAttention, CpuTwinEqualsAttendByPositions) {
+  ForEveryCase(1, [](const Case& c, const Fixture& f, const PagedDecodeOptions& options) {
+    const absl::StatusOr<at::Tensor> y =
+        PagedDecodeAttention(f.q, f.layer, f.batch, c.params, options);
+    ASSERT_TRUE(y.ok()) << y.status();
+    ASSERT_EQ(y->sizes(), f.q.sizes());
+    for (int64_t r = 0; r < f.q.size(0); ++r) {
+      const at::Tensor expected = Reference(f, c, r);
+      EXPECT_LT((y.value()[r] - expected).abs().max().item<float>(), 2e-5f) << "request " << r;
+    }
+  });
 }
 
 // Query dtypes: the output comes back in q's dtype, computed from its float32 value.
@@ -429,22 +437,15 @@ TEST(PagedDecodeAttention, CudaMatchesTheCpuTwin) {
   if (!PagedAttentionHasCudaKernel()) GTEST_SKIP() << "skipped: built against a CPU-only LibTorch";
   if (!CudaAvailable()) GTEST_SKIP() << "skipped: no CUDA device";
   const c10::Device cuda(c10::kCUDA, 0);
-  uint32_t seed = 100;
-  for (const Case& c : Cases()) {
-    for (const EntryFormat& format : Formats(c.head_size)) {
-      SCOPED_TRACE(c.name + " " + KindName(format.kind));
-      const Fixture f = Build(c, format, seed++);
-      PagedDecodeOptions options;
-      options.entries_per_split = c.entries_per_split;
-      const absl::StatusOr<at::Tensor> cpu =
-          PagedDecodeAttention(f.q, f.layer, f.batch, c.params, options);
-      const auto [layer, batch] = OnDevice(f, cuda);
-      const absl::StatusOr<at::Tensor> gpu =
-          PagedDecodeAttention(f.q.to(cuda), layer, batch, c.params, options);
-      ASSERT_TRUE(cpu.ok() && gpu.ok()) << cpu.status() << " " << gpu.status();
-      EXPECT_LT((gpu->cpu() - *cpu).abs().max().item<float>(), 1e-5f);
-    }
-  }
+  ForEveryCase(100, [&](const Case& c, const Fixture& f, const PagedDecodeOptions& options) {
+    const absl::StatusOr<at::Tensor> cpu =
+        PagedDecodeAttention(f.q, f.layer, f.batch, c.params, options);
+    const auto [layer, batch] = OnDevice(f, cuda);
+    const absl::StatusOr<at::Tensor> gpu =
+        PagedDecodeAttention(f.q.to(cuda), layer, batch, c.params, options);
+    ASSERT_TRUE(cpu.ok() && gpu.ok()) << cpu.status() << " " << gpu.status();
+    EXPECT_LT((gpu->cpu() - *cpu).abs().max().item<float>(), 1e-5f);
+  });
 }
 
 // A CUDA request longer than max_length reads NaN (the contract broken, visibly).
