@@ -12,7 +12,9 @@
 #ifdef LGPT_SIMD_AVX2
 
 // GCC 12's AVX-512 intrinsic headers start vectors from _mm512_undefined_*(), which its own
-// -Wuninitialized flags inside every caller (GCC bug 105593); see gemv.cc.
+// -Wuninitialized flags inside every caller (GCC bug 105593; see gemv.cc). This covers the
+// definitions here; the warning is issued where they are inlined, so a .cc file using them
+// ignores it at its top as well.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
