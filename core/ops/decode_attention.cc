@@ -258,6 +258,9 @@ void WeightedValuesAvx2(const float* const* w, const Segments& v, int64_t rows, 
 // weighted values take 16 columns a vector (columns are independent sums). Everything is
 // summed in the AVX2 order, so the results are the AVX2 path's bits (decode_attention_test
 // checks it on every entry type), and 16-bit entries still score as their float32 copies.
+// decode_attention_benchmark's batched step on a 2-core Xeon (medians of 3): 16-bit entries
+// 1.09-1.24x as fast in cache, 1.02-1.12x from memory; float32 entries, bound by their reads,
+// 0.97-1.08x.
 
 // Elements [a, a + 8) and [b, b + 8) of `data` (of type T) as float32, in lanes 0-7 and 8-15.
 template <KVEntryType T>

@@ -7,7 +7,8 @@
 // F/BW/VL (CpuHasAvx512), AVX-512 versions of the scores, the softmax's exponentials and the
 // weighted values that give the AVX2 kernels' results to the bit: they sum in the same order,
 // two keys (or 16 value columns) a register instead of one key (8 columns). Without `use_avx2`
-// the portable loops run; the AVX2 and AVX-512 kernels equal them to float32 rounding.
+// the softmax and the weighted values take portable loops (the scores keep the AVX2 sums),
+// equal to the vector kernels' results to float32 rounding.
 #ifndef LGPT_CORE_OPS_DECODE_ATTENTION_H_
 #define LGPT_CORE_OPS_DECODE_ATTENTION_H_
 
