@@ -1,8 +1,15 @@
+// GCC 12's AVX-512 intrinsic headers start vectors from _mm512_undefined_*(), which its own
+// -Wuninitialized flags inside every caller (GCC bug 105593); the warnings are about the
+// header, not this code (the same in gemv.cc).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
 #include "core/ops/decode_attention.h"
 
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -13,6 +20,7 @@
 #include "core/ops/kv_entry.h"
 #include "core/ops/score_row.h"
 #include "core/ops/simd_avx2.h"
+#include "core/ops/simd_avx512.h"
 
 #ifdef LGPT_SIMD_AVX2
 #include <cpuid.h>
@@ -244,13 +252,256 @@ void WeightedValuesAvx2(const float* const* w, const Segments& v, int64_t rows, 
   if (r < rows) WeightedValuesRowsAvx2<T, 1, 8>(w + r, v, hs, inv + r, out + r);
 }
 
+// The AVX-512 kernels: the AVX2 kernels' arithmetic, lane for lane, at twice the width. The
+// scores pair two keys in a register (lanes 0-7 and 8-15, each holding ScoresRowAvx2's 8
+// partial sums of one key) against the query's 8 floats broadcast to both halves; the
+// weighted values take 16 columns a vector (columns are independent sums). Everything is
+// summed in the AVX2 order, so the results are the AVX2 path's bits (decode_attention_test
+// checks it on every entry type), and 16-bit entries still score as their float32 copies.
+// decode_attention_benchmark's batched step on a 2-core Xeon (medians of 3): 16-bit entries
+// 1.09-1.24x as fast in cache, 1.02-1.12x from memory; float32 entries, bound by their reads,
+// 0.97-1.08x.
+
+// Elements [a, a + 8) and [b, b + 8) of `data` (of type T) as float32, in lanes 0-7 and 8-15.
+template <KVEntryType T>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) inline __m512 LoadPair8(
+    const void* data, int64_t a, int64_t b) {
+  if constexpr (T == KVEntryType::kFloat32) {
+    const float* f = static_cast<const float*>(data);
+    return _mm512_castpd_ps(
+        _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps(f + a))),
+                           _mm256_castps_pd(_mm256_loadu_ps(f + b)), 1));
+  } else {
+    const uint16_t* words = static_cast<const uint16_t*>(data);
+    const __m256i both = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(words + a))),
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(words + b)), 1);
+    if constexpr (T == KVEntryType::kBFloat16) {
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(both), 16));
+    } else {
+      return _mm512_cvtph_ps(both);
+    }
+  }
+}
+
+// The first `count` (< 8) of each, the other lanes 0: Load8Tail's zeros in both halves.
+template <KVEntryType T>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) inline __m512 LoadPair8Tail(
+    const void* data, int64_t a, int64_t b, int64_t count) {
+  const __mmask8 mask = static_cast<__mmask8>((1u << count) - 1u);
+  if constexpr (T == KVEntryType::kFloat32) {
+    const float* f = static_cast<const float*>(data);
+    return _mm512_castpd_ps(_mm512_insertf64x4(
+        _mm512_castpd256_pd512(_mm256_castps_pd(_mm256_maskz_loadu_ps(mask, f + a))),
+        _mm256_castps_pd(_mm256_maskz_loadu_ps(mask, f + b)), 1));
+  } else {
+    const uint16_t* words = static_cast<const uint16_t*>(data);
+    const __m256i both =
+        _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_maskz_loadu_epi16(mask, words + a)),
+                                _mm_maskz_loadu_epi16(mask, words + b), 1);
+    if constexpr (T == KVEntryType::kBFloat16) {
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(both), 16));
+    } else {
+      return _mm512_cvtph_ps(both);
+    }
+  }
+}
+
+// 8 floats in both halves.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma"))) inline __m512 Broadcast8(__m256 v) {
+  return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(v)));
+}
+
+// 16 elements [i, i + 16) of `data` (of type T) as float32 (Load8's widening, twice as wide).
+template <KVEntryType T>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) inline __m512 Load16(
+    const void* data, int64_t i) {
+  if constexpr (T == KVEntryType::kFloat32) {
+    return _mm512_loadu_ps(static_cast<const float*>(data) + i);
+  } else {
+    const __m256i words = _mm256_loadu_si256(
+        reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(data) + i));
+    if constexpr (T == KVEntryType::kBFloat16) {
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(words), 16));
+    } else {
+      return _mm512_cvtph_ps(words);
+    }
+  }
+}
+
+// ScoresRowAvx2<T, M> for the four keys e .. e + 3: keys e, e + 1 share one accumulator per
+// query, keys e + 2, e + 3 another; HorizontalSums4 reduces the four in HorizontalSum's order
+// and the scores (plus the zero bias) are stored as one vector per query.
+template <KVEntryType T, int M>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"), always_inline)) inline void
+ScoresQuadAvx512(const void* keys, const float* x, float* y, int64_t n_keys, int64_t hs,
+                 int64_t e) {
+  __m512 acc01[M], acc23[M];
+#pragma GCC unroll 4
+  for (int m = 0; m < M; ++m) acc01[m] = acc23[m] = _mm512_setzero_ps();
+  const int64_t k8 = hs & ~int64_t{7};
+  const int64_t row = e * hs;  // element 0 of key e
+  for (int64_t i = 0; i < k8; i += 8) {
+    const __m512 k01 = LoadPair8<T>(keys, row + i, row + hs + i);
+    const __m512 k23 = LoadPair8<T>(keys, row + 2 * hs + i, row + 3 * hs + i);
+#pragma GCC unroll 4
+    for (int m = 0; m < M; ++m) {
+      const __m512 xv = Broadcast8(_mm256_loadu_ps(x + m * hs + i));
+      acc01[m] = _mm512_fmadd_ps(k01, xv, acc01[m]);
+      acc23[m] = _mm512_fmadd_ps(k23, xv, acc23[m]);
+    }
+  }
+  if (k8 < hs) {
+    const int64_t count = hs - k8;
+    const __mmask8 mask = static_cast<__mmask8>((1u << count) - 1u);
+    const __m512 k01 = LoadPair8Tail<T>(keys, row + k8, row + hs + k8, count);
+    const __m512 k23 = LoadPair8Tail<T>(keys, row + 2 * hs + k8, row + 3 * hs + k8, count);
+#pragma GCC unroll 4
+    for (int m = 0; m < M; ++m) {
+      const __m512 xv = Broadcast8(_mm256_maskz_loadu_ps(mask, x + m * hs + k8));
+      acc01[m] = _mm512_fmadd_ps(k01, xv, acc01[m]);
+      acc23[m] = _mm512_fmadd_ps(k23, xv, acc23[m]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int m = 0; m < M; ++m) {
+    const __m128 sums = simd::HorizontalSums4(acc01[m], acc23[m]);
+    _mm_storeu_ps(y + m * n_keys + e, _mm_add_ps(sums, _mm_setzero_ps()));
+  }
+}
+
+// The loop over the keys runs inside the AVX-512 function: a call per 4 keys (saved
+// registers, address set-up, a vzeroupper) would add about a third to the 8 iterations of
+// 12 instructions a quad takes at head size 64.
+template <KVEntryType T, int M>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) void ScoresRowsAvx512(
+    const void* keys, const float* x, float* y, int64_t n_keys, int64_t hs) {
+  int64_t e = 0;
+  for (; e + 4 <= n_keys; e += 4) ScoresQuadAvx512<T, M>(keys, x, y, n_keys, hs, e);
+  // The last 1-3 keys one by one (a paged pool's blocks of 16 have none).
+  for (; e < n_keys; ++e) ScoresRowAvx2<T, M>(keys, x, y, n_keys, hs, e);
+}
+
+// ScoresAvx2's scores, to the bit, for any head size.
+template <KVEntryType T>
+void ScoresAvx512(const void* keys, const float* x, float* y, int64_t rows, int64_t n_keys,
+                  int64_t hs) {
+  for (int64_t m = 0; m < rows; m += 4) {
+    const float* xm = x + m * hs;
+    float* ym = y + m * n_keys;
+    switch (std::min<int64_t>(4, rows - m)) {
+      case 1:
+        ScoresRowsAvx512<T, 1>(keys, xm, ym, n_keys, hs);
+        break;
+      case 2:
+        ScoresRowsAvx512<T, 2>(keys, xm, ym, n_keys, hs);
+        break;
+      case 3:
+        ScoresRowsAvx512<T, 3>(keys, xm, ym, n_keys, hs);
+        break;
+      default:
+        ScoresRowsAvx512<T, 4>(keys, xm, ym, n_keys, hs);
+    }
+  }
+}
+
+// WeightedValuesBlockAvx2 with 16 columns a vector: R rows against V vectors (16·V columns
+// from `col`); each column's sum is the same chain of FMAs in entry order.
+template <KVEntryType T, int R, int V>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) void WeightedValuesBlockAvx512(
+    const float* const* w, const Segments& v, int64_t hs, int64_t col, const float* inv,
+    float* const* out) {
+  __m512 acc[R][V];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+    for (int j = 0; j < V; ++j) acc[r][j] = _mm512_setzero_ps();
+  }
+  int64_t e = 0;
+  for (const KVSegment& segment : v) {
+    int64_t at = col;  // element of entry i, column col
+    for (int64_t i = 0; i < segment.entries; ++i, ++e, at += hs) {
+      __m512 values[V];
+#pragma GCC unroll 8
+      for (int j = 0; j < V; ++j) values[j] = Load16<T>(segment.values, at + 16 * j);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const __m512 we = _mm512_set1_ps(w[r][e]);
+#pragma GCC unroll 8
+        for (int j = 0; j < V; ++j) acc[r][j] = _mm512_fmadd_ps(we, values[j], acc[r][j]);
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    const __m512 scale = _mm512_set1_ps(inv[r]);
+#pragma GCC unroll 8
+    for (int j = 0; j < V; ++j) {
+      _mm512_storeu_ps(out[r] + col + 16 * j, _mm512_mul_ps(acc[r][j], scale));
+    }
+  }
+}
+
+// Columns [col, hs) of R rows: blocks of 16·V columns while they fit, then blocks half as
+// wide, so each pass over the values covers as many columns as the registers allow (hs 64
+// with V = 8: one pass of 4 vectors, not four of 1); the last 8 columns (hs % 16 == 8) with
+// the AVX2 block. hs must be a multiple of 8.
+template <KVEntryType T, int R, int V>
+void WeightedValuesColumnsAvx512(const float* const* w, const Segments& v, int64_t hs, int64_t col,
+                                 const float* inv, float* const* out) {
+  for (; col + 16 * V <= hs; col += 16 * V) {
+    WeightedValuesBlockAvx512<T, R, V>(w, v, hs, col, inv, out);
+  }
+  if constexpr (V > 1) {
+    WeightedValuesColumnsAvx512<T, R, V / 2>(w, v, hs, col, inv, out);
+  } else if (col < hs) {
+    WeightedValuesBlockAvx2<T, R, 1>(w, v, hs, col, inv, out);
+  }
+}
+
+// Up to 4 rows share each pass over the values: R·V accumulators plus V values within the
+// 32 registers.
+template <KVEntryType T>
+void WeightedValuesAvx512(const float* const* w, const Segments& v, int64_t rows, int64_t hs,
+                          const float* inv, float* const* out) {
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) {
+    WeightedValuesColumnsAvx512<T, 4, 4>(w + r, v, hs, 0, inv + r, out + r);
+  }
+  if (rows - r >= 2) {
+    WeightedValuesColumnsAvx512<T, 2, 8>(w + r, v, hs, 0, inv + r, out + r);
+    r += 2;
+  }
+  if (r < rows) WeightedValuesColumnsAvx512<T, 1, 8>(w + r, v, hs, 0, inv + r, out + r);
+}
+
+// Whether decoding may take the AVX-512 kernels where the CPU has them (tests and benchmarks
+// turn them off to compare against the AVX2 ones).
+std::atomic<bool> avx512_allowed{true};
+
+bool UseAvx512() { return CpuHasAvx512() && avx512_allowed.load(std::memory_order_relaxed); }
+
 #endif  // LGPT_SIMD_AVX2
 
 // Scores y [rows, n_keys] (rows n_keys apart) of query rows x [rows, hs] against a segment's
 // keys: GemvF32Serial's sums, the same bits for 16-bit keys as for their float32 copies (the
-// AVX2 kernel reads them in place; elsewhere they are widened into a buffer first).
-void SegmentScores(const KVSegment& segment, const float* x, float* y, int64_t rows, int64_t hs) {
+// AVX2 and AVX-512 kernels read them in place; elsewhere they are widened into a buffer first).
+// `avx512`: the AVX-512 kernel, for every entry type (the same bits).
+void SegmentScores(const KVSegment& segment, const float* x, float* y, int64_t rows, int64_t hs,
+                   bool avx512) {
   const int64_t n_keys = segment.entries;
+#ifdef LGPT_SIMD_AVX2
+  if (avx512) {
+    switch (segment.type) {
+      case KVEntryType::kFloat32:
+        return ScoresAvx512<KVEntryType::kFloat32>(segment.keys, x, y, rows, n_keys, hs);
+      case KVEntryType::kBFloat16:
+        return ScoresAvx512<KVEntryType::kBFloat16>(segment.keys, x, y, rows, n_keys, hs);
+      case KVEntryType::kFloat16:
+        return ScoresAvx512<KVEntryType::kFloat16>(segment.keys, x, y, rows, n_keys, hs);
+    }
+  }
+#endif
   if (segment.type == KVEntryType::kFloat32) {
     GemvF32Serial(static_cast<const float*>(segment.keys), nullptr, x, y, rows, n_keys, hs);
     return;
@@ -269,11 +520,22 @@ void SegmentScores(const KVSegment& segment, const float* x, float* y, int64_t r
   GemvF32Serial(widened.data(), nullptr, x, y, rows, n_keys, hs);
 }
 
-// The weighted values of the segments (all of one entry type), AVX2 or portable.
+// The weighted values of the segments (all of one entry type), AVX-512, AVX2 or portable
+// (`avx512` only with `avx2`).
 void WeightedValues(const float* const* w, const Segments& v, int64_t rows, int64_t hs,
-                    const float* inv, float* const* out, float* acc, bool avx2) {
+                    const float* inv, float* const* out, float* acc, bool avx2, bool avx512) {
   const KVEntryType type = v.empty() ? KVEntryType::kFloat32 : v[0].type;
 #ifdef LGPT_SIMD_AVX2
+  if (avx512) {
+    switch (type) {
+      case KVEntryType::kFloat32:
+        return WeightedValuesAvx512<KVEntryType::kFloat32>(w, v, rows, hs, inv, out);
+      case KVEntryType::kBFloat16:
+        return WeightedValuesAvx512<KVEntryType::kBFloat16>(w, v, rows, hs, inv, out);
+      case KVEntryType::kFloat16:
+        return WeightedValuesAvx512<KVEntryType::kFloat16>(w, v, rows, hs, inv, out);
+    }
+  }
   if (avx2) {
     switch (type) {
       case KVEntryType::kFloat32:
@@ -298,13 +560,26 @@ void WeightedValues(const float* const* w, const Segments& v, int64_t rows, int6
 // One query's scores s[0, entries) -> unnormalised softmax weights in place (MaskScores,
 // then ExpAndSum against the row maximum). Returns their sum. A row with no allowed key gets
 // uniform weights (every score equals the maximum), as masked_fill with that value does.
+// `avx512` (only with `avx2`): 16 exponentials a step, the AVX2 sum's bits.
 float SoftmaxRow(float* s, int64_t entries, int64_t query_pos, const KeyPositionRun& kp,
-                 const AttentionParams& params, bool avx2) {
+                 const AttentionParams& params, bool avx2, bool avx512) {
   const float max_score = MaskScores(s, entries, query_pos, kp, params);
+#ifdef LGPT_SIMD_AVX2
+  if (avx512) return simd::ExpAndSum16(s, entries, max_score);
+#endif
   return ExpAndSum(s, entries, max_score, avx2);
 }
 
 }  // namespace
+
+bool SetDecodeAttentionAvx512ForTesting(bool allowed) {
+#ifdef LGPT_SIMD_AVX2
+  return avx512_allowed.exchange(allowed);
+#else
+  (void)allowed;
+  return false;
+#endif
+}
 
 bool DecodeAttentionApplies(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
                             const at::Tensor& query_positions, const at::Tensor& key_positions) {
@@ -355,8 +630,13 @@ at::Tensor DecodeAttentionOver(const at::Tensor& q, int64_t groups, int64_t max_
 #ifdef LGPT_SIMD_AVX2
   // (The 16-bit value kernels widen float16 with F16C, which every AVX2 CPU has.)
   const bool avx2 = use_avx2 && hs % 8 == 0 && CpuHasF16c();
+  // The AVX-512 kernels give the AVX2 path's bits: the scores at any head size (the AVX2 sums
+  // are taken at every head size), the softmax and the values where the AVX2 ones run (other
+  // head sizes keep the portable loops, whose bits differ).
+  const bool avx512_scores = use_avx2 && CpuHasF16c() && UseAvx512();
+  const bool avx512 = avx2 && avx512_scores;
 #else
-  const bool avx2 = false;
+  const bool avx2 = false, avx512_scores = false, avx512 = false;
 #endif
 
   // One task per (batch row, key group): its keys and values are read once for all of the
@@ -395,7 +675,7 @@ at::Tensor DecodeAttentionOver(const at::Tensor& q, int64_t groups, int64_t max_
         float* dst = whole ? scores.data() : part.data();
         for (int64_t r = 0; r < rows; r += kGemvMaxRows) {
           const int64_t n = std::min(kGemvMaxRows, rows - r);
-          SegmentScores(segment, qg + r * hs, dst + r * segment.entries, n, hs);
+          SegmentScores(segment, qg + r * hs, dst + r * segment.entries, n, hs, avx512_scores);
         }
         if (!whole) {
           for (int64_t r = 0; r < rows; ++r) {
@@ -408,7 +688,7 @@ at::Tensor DecodeAttentionOver(const at::Tensor& q, int64_t groups, int64_t max_
       for (int64_t r = 0; r < rows; ++r) {
         float* s = scores.data() + r * entries;
         const int64_t query_pos = qp_data[b * steps + r % steps];
-        inv[r] = 1.0f / SoftmaxRow(s, entries, query_pos, kp, params, avx2);
+        inv[r] = 1.0f / SoftmaxRow(s, entries, query_pos, kp, params, avx2, avx512);
         weight_rows[r] = s;
         const int64_t row = (b * n_head + g * q_per_kv) * steps + r;  // of [B, n_head, T]
         out_rows[r] = out_data + row * hs;
@@ -418,7 +698,7 @@ at::Tensor DecodeAttentionOver(const at::Tensor& q, int64_t groups, int64_t max_
         }
       }
       WeightedValues(weight_rows.data(), kv, rows, hs, inv.data(), out_rows.data(), acc.data(),
-                     avx2);
+                     avx2, avx512);
     }
   });
   return out;

@@ -2,6 +2,13 @@
 // without building the [B, ·, T, S] mask and score tensors that AttendByPositions' generic
 // path allocates (at one token a step, those small LibTorch operations cost more than the
 // arithmetic). Same semantics as AttendByPositions, float32 softmax included.
+//
+// Kernels, chosen at run time: AVX2/FMA (F16C for float16 entries) and, on CPUs with AVX-512
+// F/BW/VL (CpuHasAvx512), AVX-512 versions of the scores, the softmax's exponentials and the
+// weighted values that give the AVX2 kernels' results to the bit: they sum in the same order,
+// two keys (or 16 value columns) a register instead of one key (8 columns). Without `use_avx2`
+// the softmax and the weighted values take portable loops (the scores keep the AVX2 sums),
+// equal to the vector kernels' results to float32 rounding.
 #ifndef LGPT_CORE_OPS_DECODE_ATTENTION_H_
 #define LGPT_CORE_OPS_DECODE_ATTENTION_H_
 
@@ -34,11 +41,17 @@ bool DecodeAttentionApplies(const at::Tensor& q, const at::Tensor& keys, const a
 // with them without a tensor allocated per step).
 // Cost per (row, group): one pass over the filled keys for up to 4 queries, a vectorised
 // softmax, one pass over the values per 4 queries (plus one store per weight when asked).
-// `use_avx2` false forces the portable loops (tests); AVX2 needs head_size % 8 == 0.
+// `use_avx2` false forces the portable loops (tests); AVX2 needs head_size % 8 == 0 (the
+// scores take the AVX2 or AVX-512 kernel at any head size).
 at::Tensor DecodeAttention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
                            const at::Tensor& query_positions, const at::Tensor& key_positions,
                            const AttentionParams& params, bool use_avx2 = CpuHasAvx2Fma(),
                            float* weights_out = nullptr);
+
+// Whether the kernels may use AVX-512 where the CPU has it (default true; the results are the
+// same bits either way). Tests and benchmarks set false to run the AVX2 kernels instead.
+// Process-wide; returns the previous setting.
+bool SetDecodeAttentionAvx512ForTesting(bool allowed);
 
 // Consecutive cache entries of one (batch row, key group): [entries, hs] keys and values of
 // `type` (float32, or the 16-bit entries of a float32 model's KV pool, widened in registers as

@@ -2,8 +2,10 @@
 // query against its own blocks (a call per request, or one DecodeAttentionRows call for all),
 // one layer an iteration, the layers' blocks together larger than
 // the last-level cache (so entries come from memory, as in a model step). GB_per_s counts the
-// key and value bytes read. BM_DecodeAttentionRowsBfloat16: the batched step over a bfloat16
-// pool's blocks (a float32 model's 16-bit entries, widened in registers).
+// key and value bytes read. BM_DecodeAttentionRowsBfloat16 and BM_DecodeAttentionRowsFloat16: the
+// batched step over a bfloat16 or float16 pool's blocks (a float32 model's 16-bit entries,
+// widened in registers). The last argument picks the kernels: 0 AVX2, 1 AVX-512 (where the
+// CPU has it; the same bits), each shape's two runs one after the other.
 //
 //   bazel run -c opt //core/ops:decode_attention_benchmark -- [--threads=N]
 #include <ATen/ATen.h>
@@ -61,10 +63,25 @@ AttentionParams Params() {
   return params;
 }
 
+// Sets the kernels from the benchmark's last argument (1: AVX-512 where the CPU has it) for
+// one benchmark, then restores the setting.
+class Kernels {
+ public:
+  explicit Kernels(const benchmark::State& state)
+      : previous_(SetDecodeAttentionAvx512ForTesting(state.range(4) == 1)) {}
+  ~Kernels() { SetDecodeAttentionAvx512ForTesting(previous_); }
+  Kernels(const Kernels&) = delete;
+  Kernels& operator=(const Kernels&) = delete;
+
+ private:
+  bool previous_;
+};
+
 // args: requests, entries per request, block size, 1 to read the entries from memory (0: one
-// layer, in the caches after the first iteration). One DecodeAttentionBlocks call (one fork)
-// per request, as a request's own cache attends.
+// layer, in the caches after the first iteration), 1 for the AVX-512 kernels (0: AVX2). One
+// DecodeAttentionBlocks call (one fork) per request, as a request's own cache attends.
 void BM_DecodeAttentionBlocks(benchmark::State& state) {
+  const Kernels kernels(state);
   const int64_t requests = state.range(0), entries = state.range(1), block = state.range(2);
   const Layers data = MakeLayers(requests, entries, block, state.range(3) == 1);
   const at::Tensor q = at::randn({1, kHeads, 1, kHeadSize});
@@ -86,6 +103,7 @@ void BM_DecodeAttentionBlocks(benchmark::State& state) {
 // The same step as one DecodeAttentionRows call (a serving batch's path): every request's
 // (row, key group) tasks in one fork, over entries of `dtype`. Args as BM_DecodeAttentionBlocks.
 void DecodeAttentionRowsOf(benchmark::State& state, at::ScalarType dtype) {
+  const Kernels kernels(state);
   const int64_t requests = state.range(0), entries = state.range(1), block = state.range(2);
   const Layers data = MakeLayers(requests, entries, block, state.range(3) == 1, dtype);
   const at::Tensor q = at::randn({requests, kHeads, 1, kHeadSize});
@@ -114,17 +132,23 @@ void BM_DecodeAttentionRows(benchmark::State& state) { DecodeAttentionRowsOf(sta
 void BM_DecodeAttentionRowsBfloat16(benchmark::State& state) {
   DecodeAttentionRowsOf(state, at::kBFloat16);
 }
+void BM_DecodeAttentionRowsFloat16(benchmark::State& state) {
+  DecodeAttentionRowsOf(state, at::kHalf);
+}
 
 void Shapes(benchmark::internal::Benchmark* b) {
+  auto both_kernels = [b](int64_t requests, int64_t entries, int64_t block, int64_t from_memory) {
+    for (const int64_t avx512 : {0, 1}) b->Args({requests, entries, block, from_memory, avx512});
+  };
   for (const int64_t from_memory : {0, 1}) {
     for (const int64_t block : {16, 64}) {
-      b->Args({1, 2048, block, from_memory});
-      b->Args({16, 32, block, from_memory});
-      b->Args({16, 192, block, from_memory});
+      both_kernels(1, 2048, block, from_memory);
+      both_kernels(16, 32, block, from_memory);
+      both_kernels(16, 192, block, from_memory);
     }
     // One segment per request and group (a dense cache's layout).
-    b->Args({1, 2048, 2048, from_memory});
-    b->Args({16, 192, 192, from_memory});
+    both_kernels(1, 2048, 2048, from_memory);
+    both_kernels(16, 192, 192, from_memory);
   }
   b->Unit(benchmark::kMicrosecond)->UseRealTime();
 }
@@ -132,6 +156,7 @@ void Shapes(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_DecodeAttentionBlocks)->Apply(Shapes);
 BENCHMARK(BM_DecodeAttentionRows)->Apply(Shapes);
 BENCHMARK(BM_DecodeAttentionRowsBfloat16)->Apply(Shapes);
+BENCHMARK(BM_DecodeAttentionRowsFloat16)->Apply(Shapes);
 
 }  // namespace
 }  // namespace lgpt

@@ -343,6 +343,129 @@ TEST(DecodeAttentionRows, SixteenBitRowsEqualTheirBatchOneRun) {
   }
 }
 
+// Restores the AVX-512 setting a test changed.
+class Avx512Setting {
+ public:
+  explicit Avx512Setting(bool allowed) : previous_(SetDecodeAttentionAvx512ForTesting(allowed)) {}
+  ~Avx512Setting() { SetDecodeAttentionAvx512ForTesting(previous_); }
+  Avx512Setting(const Avx512Setting&) = delete;
+  Avx512Setting& operator=(const Avx512Setting&) = delete;
+
+ private:
+  bool previous_;
+};
+
+// The AVX-512 kernels give the AVX2 kernels' results to the bit (outputs and handed-out
+// weights) on every entry type: head sizes that are multiples of 16, of 8 but not 16 (a last
+// 8-column block), and of neither (AVX-512 scores with a masked tail, portable values); entry
+// counts around the 4-key and 16-lane steps; one segment per group or several (a pool's
+// blocks, of 16 and of 5 entries); MHA, GQA and MQA with 1-4 steps; masks and soft-capping.
+TEST(DecodeAttention, Avx512KernelsGiveTheAvx2Bits) {
+  if (!CpuHasAvx512()) GTEST_SKIP() << "no AVX-512";
+  at::manual_seed(512);
+  int64_t cases = 0;
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    for (const int64_t hs : {3, 8, 16, 20, 24, 64, 72, 80, 128, 136, 256}) {
+      for (const int64_t entries : {1, 2, 3, 4, 5, 7, 16, 17, 33, 64, 100, 257}) {
+        const int64_t n_head = 4;
+        const int64_t groups = std::vector<int64_t>{4, 2, 1}[cases % 3];
+        const int64_t steps = 1 + cases % 4;
+        const int64_t block = std::vector<int64_t>{entries, 16, 5}[(cases / 3) % 3];
+        const int64_t batch = 2;
+        const at::Tensor q = at::randn({batch, n_head, steps, hs});
+        const at::Tensor keys = at::randn({batch, groups, entries, hs}).to(dtype);
+        const at::Tensor values = at::randn({batch, groups, entries, hs}).to(dtype);
+        const int64_t bytes = keys.element_size();
+        // Each (row, group)'s run of entries as segments of `block` entries.
+        const KVSegmentsOf segments = [&](int64_t b, int64_t g, std::vector<KVSegment>* out) {
+          const KVEntryType type = *KVEntryTypeOf(dtype);
+          const char* k = static_cast<const char*>(keys.data_ptr()) + keys.stride(1) * g * bytes +
+                          keys.stride(0) * b * bytes;
+          const char* v = static_cast<const char*>(values.data_ptr()) +
+                          values.stride(1) * g * bytes + values.stride(0) * b * bytes;
+          for (int64_t begin = 0; begin < entries; begin += block) {
+            const int64_t at_bytes = begin * hs * bytes;
+            out->push_back({k + at_bytes, v + at_bytes, std::min(block, entries - begin), type});
+          }
+        };
+        const at::Tensor key_positions =
+            at::arange(entries, at::kLong).view({1, 1, -1}).repeat({batch, 1, 1});
+        at::Tensor query_positions = at::arange(entries - 1, entries - 1 + steps, at::kLong)
+                                         .view({1, -1})
+                                         .repeat({batch, 1});
+        query_positions[1].sub_(std::min<int64_t>(2, entries - 1));
+        AttentionParams params;
+        params.scale = 0.2;
+        if (cases % 5 == 1) params.softcap = 3.0;
+        if (cases % 7 == 2) params.sliding_window = 6;
+        auto run = [&](bool avx512, bool use_avx2, at::Tensor* weights) {
+          const Avx512Setting setting(avx512);
+          *weights = at::full({batch, n_head, steps, entries}, -7.0f);
+          return DecodeAttentionSegments(q, groups, entries, segments, query_positions,
+                                         key_positions, params, use_avx2,
+                                         weights->data_ptr<float>());
+        };
+        at::Tensor weights_avx2, weights_avx512, weights_portable;
+        const at::Tensor avx2 = run(false, true, &weights_avx2);
+        const at::Tensor avx512 = run(true, true, &weights_avx512);
+        const at::Tensor portable = run(true, false, &weights_portable);
+        EXPECT_TRUE(at::equal(avx512, avx2))
+            << dtype << " hs " << hs << " entries " << entries << " groups " << groups << " steps "
+            << steps << " block " << block << ": " << (avx512 - avx2).abs().max().item<float>();
+        EXPECT_TRUE(at::equal(weights_avx512, weights_avx2))
+            << dtype << " hs " << hs << " entries " << entries << " groups " << groups << " steps "
+            << steps << " block " << block;
+        // And both are the portable loops' results within rounding.
+        EXPECT_TRUE(at::allclose(avx512, portable, 1e-5, 1e-5))
+            << dtype << " hs " << hs << " entries " << entries << ": "
+            << (avx512 - portable).abs().max().item<float>();
+        EXPECT_TRUE(at::allclose(weights_avx512, weights_portable, 1e-5, 1e-5));
+        ++cases;
+      }
+    }
+  }
+  EXPECT_EQ(cases, 3 * 11 * 12);
+}
+
+// A batched step over 16-bit blocks takes the AVX-512 kernels too: the AVX2 step's bits.
+TEST(DecodeAttentionRows, Avx512RowsGiveTheAvx2Bits) {
+  if (!CpuHasAvx512()) GTEST_SKIP() << "no AVX-512";
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    const int64_t groups = 2, n_head = 8, hs = 64, entries_per_block = 16, steps = 1;
+    const std::vector<int64_t> lengths = {1, 40, 16, 17, 129, 3};
+    const int64_t batch = static_cast<int64_t>(lengths.size());
+    at::manual_seed(64);
+    const at::Tensor q = at::randn({batch, n_head, steps, hs});
+    at::Tensor query_positions = at::empty({batch, steps}, at::kLong);
+    std::vector<DecodeRow> rows;
+    for (int64_t b = 0; b < batch; ++b) {
+      query_positions[b][0] = lengths[b] - 1;
+      std::vector<at::Tensor> kb, vb;
+      for (int64_t begin = 0; begin < lengths[b]; begin += entries_per_block) {
+        kb.push_back(at::randn({groups, entries_per_block, hs}).to(dtype));
+        vb.push_back(at::randn({groups, entries_per_block, hs}).to(dtype));
+      }
+      DecodeRow row;
+      row.entries = lengths[b];
+      row.key_positions = at::arange(lengths[b], at::kLong).view({1, 1, -1});
+      row.segments = BlockSegments(kb, vb, lengths[b]);
+      rows.push_back(std::move(row));
+    }
+    AttentionParams params;
+    params.scale = 0.125;
+    at::Tensor avx2, avx512;
+    {
+      const Avx512Setting setting(false);
+      avx2 = DecodeAttentionRows(q, groups, rows, query_positions, params, true);
+    }
+    {
+      const Avx512Setting setting(true);
+      avx512 = DecodeAttentionRows(q, groups, rows, query_positions, params, true);
+    }
+    EXPECT_TRUE(at::equal(avx512, avx2)) << dtype;
+  }
+}
+
 TEST(DecodeAttention, RowWithNoAllowedKeyGetsUniformWeights) {
   const at::Tensor q = at::randn({1, 2, 1, 8});
   const at::Tensor keys = at::randn({1, 1, 5, 8});

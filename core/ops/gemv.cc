@@ -364,6 +364,17 @@ bool CpuHasAvx2Fma() {
 #endif
 }
 
+bool CpuHasAvx512() {
+#ifdef LGPT_GEMV_X86
+  // libgcc's checks include the OS's support (XCR0) for the AVX-512 register state.
+  static const bool has = CpuHasAvx2Fma() && __builtin_cpu_supports("avx512f") &&
+                          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+  return has;
+#else
+  return false;
+#endif
+}
+
 void ParallelForRows(int64_t n, int64_t align, int64_t min_rows_per_thread,
                      const std::function<void(int64_t, int64_t)>& fn) {
   const int threads = at::get_num_threads();

@@ -26,6 +26,10 @@ inline constexpr int64_t kGemvMaxRows = 32;
 // Whether the CPU has AVX2 and FMA (the fast kernels' requirement).
 bool CpuHasAvx2Fma();
 
+// Whether the CPU has AVX-512 F, BW and VL on top of AVX2/FMA and the OS saves the zmm state:
+// what the 16-bit AVX-512 kernels use (masked 16-bit loads need BW, masked 256-bit ones VL).
+bool CpuHasAvx512();
+
 // The GEMV kernels. kAvx512 runs two or more rows with AVX-512F/DQ (one row with AVX2) and
 // gives the same bits as kAvx2; kPortable sums in another order (equal within rounding).
 enum class GemvKernel { kPortable, kAvx2, kAvx512 };
