@@ -92,6 +92,16 @@ void QuantiseEntries(const at::Tensor& src, int64_t from, int64_t n, const at::T
 // The first n entries of a quantised pool block [G, bs, entry_bytes], decoded: [G, n, hs].
 at::Tensor DecodeEntries(const at::Tensor& block, int64_t n, const paged::EntryFormat& format,
                          c10::ScalarType dtype) {
+  if (block.device().is_cpu() && block.is_contiguous()) {
+    const int64_t groups = block.size(0), block_entries = block.size(1),
+                  entry_bytes = block.size(2);
+    at::Tensor out = at::empty({groups, n, format.head_size}, at::kFloat);
+    for (int64_t g = 0; g < groups; ++g) {
+      DecodeQuantisedEntries(block.data_ptr<uint8_t>() + g * block_entries * entry_bytes, n,
+                             entry_bytes, format, out.data_ptr<float>() + g * n * format.head_size);
+    }
+    return dtype == at::kFloat ? out : out.to(dtype);
+  }
   const int bits = format.kind == paged::EntryKind::kInt8 ? 8 : 4;
   const at::Tensor entries = block.narrow(1, 0, n);
   at::Tensor codes = entries.narrow(2, 0, format.head_size * bits / 8);
@@ -103,27 +113,24 @@ at::Tensor DecodeEntries(const at::Tensor& block, int64_t n, const paged::EntryF
 }
 
 // The decode kernel's segments over quantised blocks [G, bs, entry_bytes] holding `entries`
-// entries: a (row, group)'s entries decoded into this thread's buffers, float32 (the kernel's
-// contract allows a decoding source to fill thread_local buffers). Blocks kept alive.
+// entries: each block's run of a group's entries, read in place (dequantised in registers).
+// Blocks kept alive.
 KVSegmentsOf QuantisedSegments(std::vector<at::Tensor> key_blocks,
                                std::vector<at::Tensor> value_blocks, int64_t entries,
                                const paged::EntryFormat& format) {
   return [keys = std::move(key_blocks), values = std::move(value_blocks), entries, format](
              int64_t, int64_t g, std::vector<KVSegment>* out) {
-    thread_local std::vector<float> key_buffer, value_buffer;
-    const int64_t hs = format.head_size;
-    key_buffer.resize(static_cast<size_t>(entries * hs));
-    value_buffer.resize(static_cast<size_t>(entries * hs));
     const int64_t block_entries = keys[0].size(1), entry_bytes = keys[0].size(2);
-    for (int64_t begin = 0; begin < entries; begin += block_entries) {
-      const int64_t block = begin / block_entries, n = std::min(block_entries, entries - begin);
-      const int64_t offset = g * block_entries * entry_bytes;
-      DecodeQuantisedEntries(keys[block].data_ptr<uint8_t>() + offset, n, entry_bytes, format,
-                             key_buffer.data() + begin * hs);
-      DecodeQuantisedEntries(values[block].data_ptr<uint8_t>() + offset, n, entry_bytes, format,
-                             value_buffer.data() + begin * hs);
+    const int64_t offset = g * block_entries * entry_bytes;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      const int64_t begin = static_cast<int64_t>(i) * block_entries;
+      if (begin >= entries) break;
+      KVSegment segment{keys[i].data_ptr<uint8_t>() + offset,
+                        values[i].data_ptr<uint8_t>() + offset,
+                        std::min(block_entries, entries - begin)};
+      segment.quantised = format;
+      out->push_back(segment);
     }
-    out->push_back({key_buffer.data(), value_buffer.data(), entries, KVEntryType::kFloat32});
   };
 }
 
@@ -463,24 +470,38 @@ absl::StatusOr<at::Tensor> PagedKVCache::AttendQuantised(int64_t layer, const KV
         QuantisedSegments(std::move(blocks.keys), std::move(blocks.values), length, format),
         step.positions, Positions(0, length), params);
   }
-  // Prompt chunks (and other devices): block by block, each decoded as it is read.
+  // Prompt chunks (and other devices): runs of up to kDecodedRun entries (whole blocks),
+  // each decoded as it is read, so the transient float copy stays bounded; a prompt within
+  // one run takes AttendBlockwise's single-source path (FlashAttention on the CPU).
+  constexpr int64_t kDecodedRun = 2048;
   const int64_t block_entries = pool_->entries_per_block();
+  const int64_t run_blocks = std::max<int64_t>(1, kDecodedRun / block_entries);
   const c10::ScalarType dtype = q.scalar_type();
   std::vector<KVBlockSource> sources;
-  for (size_t i = 0; i < blocks.keys.size(); ++i) {
-    const int64_t from = static_cast<int64_t>(i) * block_entries;
+  for (size_t first = 0; first < blocks.keys.size(); first += run_blocks) {
+    const size_t last = std::min(blocks.keys.size(), first + run_blocks);
+    const int64_t from = static_cast<int64_t>(first) * block_entries;
     KVBlockSource source;
-    source.size = std::min(block_entries, length - from);
+    source.size = std::min(static_cast<int64_t>(last - first) * block_entries, length - from);
     source.positions = Positions(from, source.size);
-    source.read = [key_block = blocks.keys[i], value_block = blocks.values[i], format, dtype](
-                      int64_t first, int64_t count, at::Tensor* k, at::Tensor* v) {
-      const auto decoded = [&](const at::Tensor& block) {
-        return DecodeEntries(block, first + count, format, dtype)
-            .narrow(1, first, count)
-            .unsqueeze(0);  // [1, G, count, hs]
+    source.read = [key_blocks = std::vector<at::Tensor>(blocks.keys.begin() + first,
+                                                        blocks.keys.begin() + last),
+                   value_blocks = std::vector<at::Tensor>(blocks.values.begin() + first,
+                                                          blocks.values.begin() + last),
+                   size = source.size, block_entries, format,
+                   dtype](int64_t begin, int64_t count, at::Tensor* k, at::Tensor* v) {
+      // [1, G, count, hs]: the run's entries [begin, begin + count), block by block.
+      const auto decoded = [&](const std::vector<at::Tensor>& run) {
+        std::vector<at::Tensor> parts;
+        for (int64_t b = begin / block_entries; b * block_entries < begin + count; ++b) {
+          const int64_t n = std::min(block_entries, size - b * block_entries);
+          parts.push_back(DecodeEntries(run[b], n, format, dtype));
+        }
+        const int64_t skip = begin - begin / block_entries * block_entries;
+        return at::cat(parts, 1).narrow(1, skip, count).unsqueeze(0);
       };
-      if (k != nullptr) *k = decoded(key_block);
-      if (v != nullptr) *v = decoded(value_block);
+      if (k != nullptr) *k = decoded(key_blocks);
+      if (v != nullptr) *v = decoded(value_blocks);
     };
     sources.push_back(std::move(source));
   }

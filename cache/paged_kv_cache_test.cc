@@ -429,6 +429,40 @@ TEST(PagedKVCacheTest, QuantisedPoolAttendsToItsEntriesAsStored) {
   }
 }
 
+// A prompt longer than one decoded run (2048 entries) is read in several runs: still the
+// attention over the entries' round trip.
+TEST(PagedKVCacheTest, QuantisedPoolReadsLongPromptsInRuns) {
+  std::shared_ptr<BlockPool> pool = QuantisedPool(8, 700);
+  std::unique_ptr<PagedKVCache> paged = *PagedKVCache::Create(pool, 2800);
+  DenseKVCacheOptions dense_options;
+  static_cast<KVCacheGeometry&>(dense_options) = TestPoolGeometry();
+  dense_options.max_sequence_length = 2800;
+  std::unique_ptr<DenseKVCache> round_trip = *DenseKVCache::Create(dense_options);
+  at::manual_seed(29);
+  int64_t position = 0;
+  for (const int64_t length : {2100, 500}) {
+    const KVStep step = Step(position, length);
+    const absl::Status checked = paged->CheckStep(step, 1);
+    ASSERT_TRUE(checked.ok()) << checked;
+    ASSERT_TRUE(round_trip->CheckStep(step, 1).ok());
+    for (int64_t layer = 0; layer < 2; ++layer) {
+      const at::Tensor k = at::randn({1, 2, length, 8}), v = at::randn({1, 2, length, 8});
+      const at::Tensor q = at::randn({1, 6, length, 8});
+      const QuantizedGroups kq = QuantizeGroups(k, 8, 8), vq = QuantizeGroups(v, 8, 8);
+      AttentionParams params;
+      params.scale = 0.35;
+      params.sliding_window = TestPoolGeometry().layers[layer].sliding_window;
+      const at::Tensor a = *paged->UpdateAndAttend(layer, step, q, k, v, params);
+      const at::Tensor b = *round_trip->UpdateAndAttend(
+          layer, step, q, DequantizeGroups(kq.data, kq.scales, 8, 8, at::kFloat),
+          DequantizeGroups(vq.data, vq.scales, 8, 8, at::kFloat), params);
+      EXPECT_TRUE(at::allclose(a, b, 1e-5, 1e-5))
+          << "layer " << layer << ": " << (a - b).abs().max().item<double>();
+    }
+    position += length;
+  }
+}
+
 // Prefix reuse, copy-on-write and Truncate over quantised pools (blocks copied as bytes).
 TEST(PagedKVCacheTest, QuantisedPoolSharesPrefixesCopiesOnWriteAndTruncates) {
   for (const int bits : {8, 4}) {

@@ -24,6 +24,8 @@
 
 #ifdef LGPT_SIMD_AVX2
 #include <cpuid.h>
+
+#include "core/ops/kv_dequant_avx2.h"
 #endif
 
 namespace lgpt {
@@ -250,6 +252,115 @@ void WeightedValuesAvx2(const float* const* w, const Segments& v, int64_t rows, 
     r += 2;
   }
   if (r < rows) WeightedValuesRowsAvx2<T, 1, 8>(w + r, v, hs, inv + r, out + r);
+}
+
+// Quantised entries read in place: ScoresRowAvx2's and WeightedValuesBlockAvx2's arithmetic
+// on the channels simd::LoadQuantised8 dequantises (the values a decoded float32 copy holds),
+// so the bits are those of the float32 kernels over that copy. Head sizes are multiples of 8.
+template <paged::EntryKind K, int M>
+__attribute__((target("avx2,fma,f16c"))) void ScoresRowQuantisedAvx2(const KVSegment& segment,
+                                                                     const float* x, float* y,
+                                                                     int64_t n_keys, int64_t hs,
+                                                                     int64_t e) {
+  const paged::EntryFormat& f = *segment.quantised;
+  const uint8_t* key = static_cast<const uint8_t*>(segment.keys) + e * paged::EntryBytes(f);
+  __m256 acc[M];
+#pragma GCC unroll 4
+  for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < hs; i += 8) {
+    const __m256 wv = simd::LoadQuantised8<K>(key, f, i);
+#pragma GCC unroll 4
+    for (int m = 0; m < M; ++m) {
+      acc[m] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + m * hs + i), acc[m]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int m = 0; m < M; ++m) y[m * n_keys + e] = simd::HorizontalSum(acc[m]) + 0.0f;
+}
+
+template <paged::EntryKind K>
+void ScoresQuantisedAvx2(const KVSegment& segment, const float* x, float* y, int64_t rows,
+                         int64_t hs) {
+  const int64_t n_keys = segment.entries;
+  for (int64_t m = 0; m < rows; m += 4) {
+    const float* xm = x + m * hs;
+    float* ym = y + m * n_keys;
+    for (int64_t e = 0; e < n_keys; ++e) {
+      switch (std::min<int64_t>(4, rows - m)) {
+        case 1:
+          ScoresRowQuantisedAvx2<K, 1>(segment, xm, ym, n_keys, hs, e);
+          break;
+        case 2:
+          ScoresRowQuantisedAvx2<K, 2>(segment, xm, ym, n_keys, hs, e);
+          break;
+        case 3:
+          ScoresRowQuantisedAvx2<K, 3>(segment, xm, ym, n_keys, hs, e);
+          break;
+        default:
+          ScoresRowQuantisedAvx2<K, 4>(segment, xm, ym, n_keys, hs, e);
+      }
+    }
+  }
+}
+
+template <paged::EntryKind K, int R, int V>
+__attribute__((target("avx2,fma,f16c"))) void WeightedValuesBlockQuantisedAvx2(
+    const float* const* w, const Segments& v, int64_t col, const float* inv, float* const* out) {
+  __m256 acc[R][V];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+    for (int j = 0; j < V; ++j) acc[r][j] = _mm256_setzero_ps();
+  }
+  int64_t e = 0;
+  for (const KVSegment& segment : v) {
+    const paged::EntryFormat& f = *segment.quantised;
+    const int64_t entry_bytes = paged::EntryBytes(f);
+    const uint8_t* entry = static_cast<const uint8_t*>(segment.values);
+    for (int64_t i = 0; i < segment.entries; ++i, ++e, entry += entry_bytes) {
+      __m256 values[V];
+#pragma GCC unroll 8
+      for (int j = 0; j < V; ++j) values[j] = simd::LoadQuantised8<K>(entry, f, col + 8 * j);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const __m256 we = _mm256_broadcast_ss(w[r] + e);
+#pragma GCC unroll 8
+        for (int j = 0; j < V; ++j) acc[r][j] = _mm256_fmadd_ps(we, values[j], acc[r][j]);
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    const __m256 scale = _mm256_set1_ps(inv[r]);
+#pragma GCC unroll 8
+    for (int j = 0; j < V; ++j) {
+      _mm256_storeu_ps(out[r] + col + 8 * j, _mm256_mul_ps(acc[r][j], scale));
+    }
+  }
+}
+
+template <paged::EntryKind K, int R, int V>
+void WeightedValuesRowsQuantisedAvx2(const float* const* w, const Segments& v, int64_t hs,
+                                     const float* inv, float* const* out) {
+  int64_t col = 0;
+  for (; col + 8 * V <= hs; col += 8 * V) {
+    WeightedValuesBlockQuantisedAvx2<K, R, V>(w, v, col, inv, out);
+  }
+  for (; col < hs; col += 8) WeightedValuesBlockQuantisedAvx2<K, R, 1>(w, v, col, inv, out);
+}
+
+template <paged::EntryKind K>
+void WeightedValuesQuantisedAvx2(const float* const* w, const Segments& v, int64_t rows, int64_t hs,
+                                 const float* inv, float* const* out) {
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) {
+    WeightedValuesRowsQuantisedAvx2<K, 4, 2>(w + r, v, hs, inv + r, out + r);
+  }
+  if (rows - r >= 2) {
+    WeightedValuesRowsQuantisedAvx2<K, 2, 4>(w + r, v, hs, inv + r, out + r);
+    r += 2;
+  }
+  if (r < rows) WeightedValuesRowsQuantisedAvx2<K, 1, 8>(w + r, v, hs, inv + r, out + r);
 }
 
 // The AVX-512 kernels: the AVX2 kernels' arithmetic, lane for lane, at twice the width. The
@@ -483,6 +594,59 @@ bool UseAvx512() { return CpuHasAvx512() && avx512_allowed.load(std::memory_orde
 
 #endif  // LGPT_SIMD_AVX2
 
+// Whether the quantised kernels read `format`'s entries in place (else they are decoded a
+// channel at a time, into a buffer for the scores).
+bool QuantisedInPlace(const paged::EntryFormat& format) {
+#ifdef LGPT_SIMD_AVX2
+  return format.group_size % 8 == 0 && BestGemvKernel() != GemvKernel::kPortable && CpuHasF16c();
+#else
+  return false;
+#endif
+}
+
+// SegmentScores for quantised keys: in place, or GemvF32Serial over their decoded copy (the
+// same bits).
+void QuantisedScores(const KVSegment& segment, const float* x, float* y, int64_t rows, int64_t hs) {
+  const paged::EntryFormat& f = *segment.quantised;
+#ifdef LGPT_SIMD_AVX2
+  if (QuantisedInPlace(f)) {
+    if (f.kind == paged::EntryKind::kInt8) {
+      return ScoresQuantisedAvx2<paged::EntryKind::kInt8>(segment, x, y, rows, hs);
+    }
+    return ScoresQuantisedAvx2<paged::EntryKind::kInt4>(segment, x, y, rows, hs);
+  }
+#endif
+  thread_local std::vector<float> decoded;
+  decoded.resize(segment.entries * hs);
+  const int64_t entry_bytes = paged::EntryBytes(f);
+  for (int64_t e = 0; e < segment.entries; ++e) {
+    paged::DecodeEntry(static_cast<const uint8_t*>(segment.keys) + e * entry_bytes, f,
+                       decoded.data() + e * hs);
+  }
+  GemvF32Serial(decoded.data(), nullptr, x, y, rows, segment.entries, hs);
+}
+
+// WeightedValuesPortable over quantised values, each channel decoded as it is read.
+void QuantisedValuesPortable(const float* const* w, const Segments& v, int64_t rows, int64_t hs,
+                             const float* inv, float* const* out, float* acc) {
+  std::vector<float> value(hs);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::fill(acc, acc + hs, 0.0f);
+    int64_t e = 0;
+    for (const KVSegment& segment : v) {
+      const int64_t entry_bytes = paged::EntryBytes(*segment.quantised);
+      for (int64_t i = 0; i < segment.entries; ++i, ++e) {
+        const float we = w[r][e];
+        if (we == 0.0f) continue;
+        paged::DecodeEntry(static_cast<const uint8_t*>(segment.values) + i * entry_bytes,
+                           *segment.quantised, value.data());
+        for (int64_t j = 0; j < hs; ++j) acc[j] += we * value[j];
+      }
+    }
+    for (int64_t j = 0; j < hs; ++j) out[r][j] = acc[j] * inv[r];
+  }
+}
+
 // Scores y [rows, n_keys] (rows n_keys apart) of query rows x [rows, hs] against a segment's
 // keys: GemvF32Serial's sums, the same bits for 16-bit keys as for their float32 copies (the
 // AVX2 and AVX-512 kernels read them in place; elsewhere they are widened into a buffer first).
@@ -490,6 +654,7 @@ bool UseAvx512() { return CpuHasAvx512() && avx512_allowed.load(std::memory_orde
 void SegmentScores(const KVSegment& segment, const float* x, float* y, int64_t rows, int64_t hs,
                    bool avx512) {
   const int64_t n_keys = segment.entries;
+  if (segment.quantised) return QuantisedScores(segment, x, y, rows, hs);
 #ifdef LGPT_SIMD_AVX2
   if (avx512) {
     switch (segment.type) {
@@ -524,6 +689,36 @@ void SegmentScores(const KVSegment& segment, const float* x, float* y, int64_t r
 // (`avx512` only with `avx2`).
 void WeightedValues(const float* const* w, const Segments& v, int64_t rows, int64_t hs,
                     const float* inv, float* const* out, float* acc, bool avx2, bool avx512) {
+  if (!v.empty() && v[0].quantised) {
+#ifdef LGPT_SIMD_AVX2
+    // (In place whenever the float32 copy would take the AVX2 or AVX-512 values: their bits.)
+    if (avx2 && QuantisedInPlace(*v[0].quantised)) {
+      if (v[0].quantised->kind == paged::EntryKind::kInt8) {
+        return WeightedValuesQuantisedAvx2<paged::EntryKind::kInt8>(w, v, rows, hs, inv, out);
+      }
+      return WeightedValuesQuantisedAvx2<paged::EntryKind::kInt4>(w, v, rows, hs, inv, out);
+    }
+    if (avx2) {  // groups not a multiple of 8: the float32 kernels over a decoded copy
+      thread_local std::vector<float> decoded;
+      int64_t total = 0;
+      for (const KVSegment& segment : v) total += segment.entries;
+      decoded.resize(total * hs);
+      Segments copies;
+      float* at = decoded.data();
+      for (const KVSegment& segment : v) {
+        const int64_t entry_bytes = paged::EntryBytes(*segment.quantised);
+        for (int64_t i = 0; i < segment.entries; ++i) {
+          paged::DecodeEntry(static_cast<const uint8_t*>(segment.values) + i * entry_bytes,
+                             *segment.quantised, at + i * hs);
+        }
+        copies.push_back({nullptr, at, segment.entries});
+        at += segment.entries * hs;
+      }
+      return WeightedValues(w, copies, rows, hs, inv, out, acc, avx2, avx512);
+    }
+#endif
+    return QuantisedValuesPortable(w, v, rows, hs, inv, out, acc);
+  }
   const KVEntryType type = v.empty() ? KVEntryType::kFloat32 : v[0].type;
 #ifdef LGPT_SIMD_AVX2
   if (avx512) {
@@ -667,7 +862,8 @@ at::Tensor DecodeAttentionOver(const at::Tensor& q, int64_t groups, int64_t max_
         // segment also asks for the second), and these values for the weighted sum after the
         // softmax. Into L1 the burst waited on full miss buffers (decode_attention_benchmark
         // Rows/16/192/16: 1.6x against no prefetch, 1.25x against next keys into L1).
-        const int64_t row_bytes = hs * KVEntryBytes(segment.type);
+        const int64_t row_bytes = segment.quantised ? paged::EntryBytes(*segment.quantised)
+                                                    : hs * KVEntryBytes(segment.type);
         if (i == 0 && kv.size() > 1) Prefetch(kv[1].keys, kv[1].entries * row_bytes, false);
         if (i + 2 < kv.size()) Prefetch(kv[i + 2].keys, kv[i + 2].entries * row_bytes, false);
         Prefetch(segment.values, segment.entries * row_bytes, false);

@@ -22,6 +22,7 @@
 #include "core/ops/attention_mask.h"
 #include "core/ops/gemv.h"
 #include "core/ops/kv_entry.h"
+#include "core/ops/paged_attention_layout.h"
 
 namespace lgpt {
 
@@ -61,6 +62,11 @@ struct KVSegment {
   const void* values;
   int64_t entries;
   KVEntryType type = KVEntryType::kFloat32;
+  // Set for int8 / int4 entries (core/ops/paged_attention_layout.h: codes, then float16 scales;
+  // paged::EntryBytes(*quantised) apart), read in place and dequantised in registers where the
+  // group size is a multiple of 8 (AVX2), channel by channel elsewhere: the bits of the kernel
+  // over their dequantised float32 copies (kv_dequant.h). `type` is then not used.
+  std::optional<paged::EntryFormat> quantised;
 };
 // Lists the entries of (batch row b, key group g) in order. Called once per (b, g), possibly
 // from several threads at once; the pointers must stay valid until the (b, g)'s attention is

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <vector>
 
 #include "core/ops/attention.h"
@@ -463,6 +464,79 @@ TEST(DecodeAttentionRows, Avx512RowsGiveTheAvx2Bits) {
       avx512 = DecodeAttentionRows(q, groups, rows, query_positions, params, true);
     }
     EXPECT_TRUE(at::equal(avx512, avx2)) << dtype;
+  }
+}
+
+// Quantised segments (int8 / int4 codes and float16 scales, read in place) give the bits of
+// the kernel over their decoded float32 copies, on every path: AVX2 with and without AVX-512
+// (in registers where the group is a multiple of 8) and the portable loops; one segment or
+// several per group, MHA / GQA, 1-4 steps, windows and soft-capping.
+TEST(DecodeAttentionSegments, QuantisedSegmentsEqualTheirDecodedCopies) {
+  at::manual_seed(88);
+  struct Shape {
+    paged::EntryKind kind;
+    int32_t head_size, group;
+    int64_t heads, groups, steps, entries, block;
+  };
+  for (const Shape& c :
+       {Shape{paged::EntryKind::kInt8, 64, 32, 4, 2, 1, 37, 16},
+        Shape{paged::EntryKind::kInt4, 64, 32, 6, 3, 3, 50, 16},
+        Shape{paged::EntryKind::kInt8, 24, 8, 2, 2, 4, 21, 5},
+        Shape{paged::EntryKind::kInt4, 16, 4, 3, 1, 2, 9, 9},  // group of 4: channel by channel
+        Shape{paged::EntryKind::kInt8, 128, 32, 8, 8, 1, 130, 64}}) {
+    const paged::EntryFormat f{c.kind, c.head_size, c.group};
+    const int64_t entry_bytes = paged::EntryBytes(f), hs = c.head_size;
+    // [G, entries] entries of random floats, quantised.
+    std::vector<uint8_t> keys(c.groups * c.entries * entry_bytes);
+    std::vector<uint8_t> values(keys.size());
+    const at::Tensor raw = at::randn({2, c.groups, c.entries, hs}).contiguous();
+    for (int64_t i = 0; i < c.groups * c.entries; ++i) {
+      paged::QuantizeEntry(raw[0].data_ptr<float>() + i * hs, f, keys.data() + i * entry_bytes);
+      paged::QuantizeEntry(raw[1].data_ptr<float>() + i * hs, f, values.data() + i * entry_bytes);
+    }
+    at::Tensor decoded_keys = at::empty({1, c.groups, c.entries, hs});
+    at::Tensor decoded_values = at::empty_like(decoded_keys);
+    for (int64_t i = 0; i < c.groups * c.entries; ++i) {
+      paged::DecodeEntry(keys.data() + i * entry_bytes, f, decoded_keys.data_ptr<float>() + i * hs);
+      paged::DecodeEntry(values.data() + i * entry_bytes, f,
+                         decoded_values.data_ptr<float>() + i * hs);
+    }
+    const auto segments = [&](bool quantised) -> KVSegmentsOf {
+      return [&, quantised](int64_t, int64_t g, std::vector<KVSegment>* out) {
+        for (int64_t begin = 0; begin < c.entries; begin += c.block) {
+          const int64_t n = std::min(c.block, c.entries - begin), e = g * c.entries + begin;
+          if (quantised) {
+            KVSegment segment{keys.data() + e * entry_bytes, values.data() + e * entry_bytes, n};
+            segment.quantised = f;
+            out->push_back(segment);
+          } else {
+            out->push_back({decoded_keys.data_ptr<float>() + e * hs,
+                            decoded_values.data_ptr<float>() + e * hs, n});
+          }
+        }
+      };
+    };
+    const at::Tensor q = at::randn({1, c.heads, c.steps, hs});
+    const at::Tensor query_positions =
+        at::arange(c.entries - c.steps, c.entries, at::kLong).unsqueeze(0);
+    const at::Tensor key_positions = at::arange(c.entries, at::kLong).view({1, 1, -1});
+    AttentionParams params;
+    params.scale = 0.3;
+    params.softcap = c.steps == 3 ? std::optional<double>(4.0) : std::nullopt;
+    params.sliding_window = c.steps == 4 ? 11 : 0;
+    for (const bool avx2 : {false, true}) {
+      for (const bool avx512 : {false, true}) {
+        Avx512Setting setting(avx512);
+        const at::Tensor a = DecodeAttentionSegments(q, c.groups, c.entries, segments(true),
+                                                     query_positions, key_positions, params, avx2);
+        const at::Tensor b = DecodeAttentionSegments(q, c.groups, c.entries, segments(false),
+                                                     query_positions, key_positions, params, avx2);
+        EXPECT_TRUE(at::equal(a, b))
+            << static_cast<int>(c.kind) << " head " << hs << " group " << c.group
+            << (avx2 ? " avx2" : " portable") << (avx512 ? " avx512" : "") << ": "
+            << (a - b).abs().max().item<double>();
+      }
+    }
   }
 }
 
