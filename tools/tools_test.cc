@@ -151,9 +151,9 @@ TEST(GenerateTest, GreedyIdsAreTheLastLineForAnyPrefillChunk) {
 // file a seventh of the float one; a second quantisation and a bad format are refused.
 TEST(QuantizeTest, SavedQuantisedCheckpointGeneratesAsQuantisingAtLoad) {
   const std::string out = TempDir() + "/default_int4";
-  const ToolRun quantize = Execute(
-      "quantize", absl::StrCat("--checkpoint_dir=tools/default_model --quantize=int4 --out_dir=",
-                               out));
+  const ToolRun quantize =
+      Execute("quantize",
+              absl::StrCat("--checkpoint_dir=tools/default_model --quantize=int4 --out_dir=", out));
   ASSERT_EQ(quantize.status, 0) << quantize.err;
   EXPECT_NE(quantize.out.find("ratio=0.1"), std::string::npos) << quantize.out;
   const std::string args = " --prompt='And God said' --max_new_tokens=24 --temperature=0";
@@ -166,13 +166,13 @@ TEST(QuantizeTest, SavedQuantisedCheckpointGeneratesAsQuantisingAtLoad) {
   ExpectCleanFailure(Execute("generate", "--checkpoint_dir=" + out + " --quantize=int8" + args),
                      "q4_0");
   ExpectCleanFailure(
-      Execute("quantize", absl::StrCat("--checkpoint_dir=", out, " --quantize=int8 --out_dir=",
-                                       TempDir(), "/twice")),
+      Execute("quantize", absl::StrCat("--checkpoint_dir=", out,
+                                       " --quantize=int8 --out_dir=", TempDir(), "/twice")),
       "already quantised");
-  ExpectCleanFailure(Execute("quantize", absl::StrCat("--checkpoint_dir=tools/default_model ",
-                                                      "--quantize=int3 --out_dir=", TempDir(),
-                                                      "/int3")),
-                     "int3");
+  ExpectCleanFailure(
+      Execute("quantize", absl::StrCat("--checkpoint_dir=tools/default_model ",
+                                       "--quantize=int3 --out_dir=", TempDir(), "/int3")),
+      "int3");
   // A config that claims 2^20 layers over the saved quantised weights is refused from their
   // tensor names before any module is built.
   std::string yaml = ReadAll(out + "/model_config.yaml");
@@ -188,8 +188,10 @@ TEST(PerplexityTest, AgreementComparesTheQuantisedModelWithTheFloatOne) {
   const std::string text = TempDir() + "/agreement.txt";
   std::ofstream(text) << "And God said, Let there be light: and there was light.\n"
                          "And God saw the light, that it was good.\n";
-  const ToolRun int8 = Execute("perplexity", "--lines_bos_eos --quantize=int8 --agreement "
-                                             "--text_file=" + text);
+  const ToolRun int8 = Execute("perplexity",
+                               "--lines_bos_eos --quantize=int8 --agreement "
+                               "--text_file=" +
+                                   text);
   ASSERT_EQ(int8.status, 0) << int8.err;
   const size_t at = int8.out.find("top1_agreement=");
   ASSERT_NE(at, std::string::npos) << int8.out;
@@ -202,8 +204,9 @@ TEST(PerplexityTest, AgreementComparesTheQuantisedModelWithTheFloatOne) {
   EXPECT_EQ(plain.out.find("top1_agreement"), std::string::npos) << plain.out;
 }
 
-// --kv_pool_dtype scores through a paged cache over a pool of that dtype: float32 entries give
-// the uncached windows' perplexity (to the printed digits), bfloat16 ones are named and close.
+// --kv_pool_dtype scores through a paged cache over a pool of such entries: float32 entries give
+// the uncached windows' perplexity (to the printed digits), bfloat16 and int8 ones are named and
+// close.
 TEST(PerplexityTest, KVPoolDtypeScoresThroughAPagedCache) {
   const std::string text = TempDir() + "/kv_pool.txt";
   std::ofstream(text) << "And God said, Let there be light: and there was light.\n"
@@ -214,20 +217,20 @@ TEST(PerplexityTest, KVPoolDtypeScoresThroughAPagedCache) {
   };
   const ToolRun plain = Execute("perplexity", "--lines_bos_eos --text_file=" + text);
   ASSERT_EQ(plain.status, 0) << plain.err;
-  for (const std::string dtype : {"float32", "bfloat16"}) {
+  for (const std::string dtype : {"float32", "bfloat16", "int8"}) {
     const ToolRun paged =
         Execute("perplexity",
                 "--lines_bos_eos --chunk=3 --kv_pool_dtype=" + dtype + " --text_file=" + text);
     ASSERT_EQ(paged.status, 0) << paged.err;
-    EXPECT_NE(
-        paged.out.find(dtype == "float32" ? "kv_pool_dtype=Float " : "kv_pool_dtype=BFloat16"),
-        std::string::npos)
-        << paged.out;
+    const char* named = dtype == "float32"    ? "kv_pool_dtype=Float "
+                        : dtype == "bfloat16" ? "kv_pool_dtype=BFloat16"
+                                              : "kv_pool_dtype=int8";
+    EXPECT_NE(paged.out.find(named), std::string::npos) << paged.out;
     EXPECT_NEAR(perplexity(paged.out), perplexity(plain.out),
                 dtype == "float32" ? 0.002 : 0.05 * perplexity(plain.out))
         << paged.out << plain.out;
   }
-  ExpectCleanFailure(Execute("perplexity", "--kv_pool_dtype=int8 --text_file=" + text),
+  ExpectCleanFailure(Execute("perplexity", "--kv_pool_dtype=int2 --text_file=" + text),
                      "--kv_pool_dtype");
 }
 
@@ -632,7 +635,7 @@ TEST(ToolErrorsTest, BenchServeNamesTheFlagNotTheOptionsField) {
   const std::string base = "--concurrency=1 --prompt_tokens=8 --new_tokens=2 ";
   for (const std::string flag :
        {"--kv_block_size=0", "--step_prefill_tokens=0", "--prefill_chunk=-1", "--max_running=0",
-        "--pool_mb=-1", "--pool_mb=99999999999999", "--pool_mb=100000000", "--kv_pool_dtype=int8",
+        "--pool_mb=-1", "--pool_mb=99999999999999", "--pool_mb=100000000", "--kv_pool_dtype=int2",
         "--shared_prefix_tokens=-1", "--shared_prefix_tokens=9", "--concurrency=0",
         "--concurrency=1,,2", "--concurrency=", "--concurrency=99999999999", "--rounds=0",
         "--speculative=eagle", "--speculative_k=0", "--ngram_min=0"}) {
@@ -767,10 +770,8 @@ TEST(ToolErrorsTest, CorruptLitModelPthNamesTheTensor) {
   std::ofstream(dir + "/model_config.yaml") << ReadAll(absl::StrCat(kGolden, "/model_config.yaml"));
   std::string bytes = ReadAll(absl::StrCat(kGolden, "/lit_model.pth"));
   const std::string name = "transformer.h.1.attn.proj.weight";
-  const at::Tensor weight = ReadSafetensors(absl::StrCat(kGolden, "/model.safetensors"))
-                                .value()
-                                .at(name)
-                                .contiguous();
+  const at::Tensor weight =
+      ReadSafetensors(absl::StrCat(kGolden, "/model.safetensors")).value().at(name).contiguous();
   const size_t at = bytes.find(std::string(static_cast<const char*>(weight.data_ptr()),
                                            weight.numel() * weight.element_size()));
   ASSERT_NE(at, std::string::npos);
@@ -778,18 +779,17 @@ TEST(ToolErrorsTest, CorruptLitModelPthNamesTheTensor) {
   std::ofstream(dir + "/lit_model.pth", std::ios::binary) << bytes;
 
   const std::string logits = TempDir() + "/corrupt_logits.npy";
-  const std::string score = absl::StrCat("--checkpoint_dir=", dir, " --token_ids=1,2,3",
-                                         " --logits_out=", logits);
+  const std::string score =
+      absl::StrCat("--checkpoint_dir=", dir, " --token_ids=1,2,3", " --logits_out=", logits);
   const std::string generate =
       absl::StrCat("--checkpoint_dir=", dir, " --prompt_ids=1,2 --max_new_tokens=2");
   const std::vector<std::pair<std::string, std::string>> runs = {{"score", score},
-                                                                  {"generate", generate}};
+                                                                 {"generate", generate}};
   for (const auto& [tool, args] : runs) {
     SCOPED_TRACE(tool);
     const ToolRun refused = Execute(tool, args);
     ExpectCleanFailure(refused, absl::StrCat("(tensor ", name, ") fails its CRC-32 check"));
-    EXPECT_NE(refused.err.find("set --verify_checksums=false to load it anyway"),
-              std::string::npos)
+    EXPECT_NE(refused.err.find("set --verify_checksums=false to load it anyway"), std::string::npos)
         << refused.err;
     const ToolRun loaded = Execute(tool, args + " --verify_checksums=false");
     EXPECT_EQ(loaded.status, 0) << loaded.err;
