@@ -14,6 +14,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "core/ops/gemv.h"
@@ -163,28 +164,38 @@ __attribute__((target("avx2,fma,f16c"))) void ScoresRowAvx2(const void* keys, co
   for (int m = 0; m < M; ++m) y[m * n_keys + e] = simd::HorizontalSum(acc[m]) + 0.0f;
 }
 
-template <KVEntryType T>
-void ScoresAvx2(const void* keys, const float* x, float* y, int64_t rows, int64_t n_keys,
-                int64_t hs) {
+// The scores kernels' row blocking: score(std::integral_constant<int, M>, x_m, y_m, e) for
+// every key e of every block of M <= 4 query rows (x_m = x + m·hs, y_m = y + m·n_keys).
+template <typename ScoreKey>
+void ForQueryRowsAndKeys(int64_t rows, int64_t n_keys, int64_t hs, const float* x, float* y,
+                         const ScoreKey& score) {
   for (int64_t m = 0; m < rows; m += 4) {
     const float* xm = x + m * hs;
     float* ym = y + m * n_keys;
     for (int64_t e = 0; e < n_keys; ++e) {
       switch (std::min<int64_t>(4, rows - m)) {
         case 1:
-          ScoresRowAvx2<T, 1>(keys, xm, ym, n_keys, hs, e);
+          score(std::integral_constant<int, 1>(), xm, ym, e);
           break;
         case 2:
-          ScoresRowAvx2<T, 2>(keys, xm, ym, n_keys, hs, e);
+          score(std::integral_constant<int, 2>(), xm, ym, e);
           break;
         case 3:
-          ScoresRowAvx2<T, 3>(keys, xm, ym, n_keys, hs, e);
+          score(std::integral_constant<int, 3>(), xm, ym, e);
           break;
         default:
-          ScoresRowAvx2<T, 4>(keys, xm, ym, n_keys, hs, e);
+          score(std::integral_constant<int, 4>(), xm, ym, e);
       }
     }
   }
+}
+
+template <KVEntryType T>
+void ScoresAvx2(const void* keys, const float* x, float* y, int64_t rows, int64_t n_keys,
+                int64_t hs) {
+  ForQueryRowsAndKeys(rows, n_keys, hs, x, y, [&](auto m, const float* xm, float* ym, int64_t e) {
+    ScoresRowAvx2<T, decltype(m)::value>(keys, xm, ym, n_keys, hs, e);
+  });
 }
 
 // R weight rows against V vectors (8·V columns from `col`) of every value row: R·V
@@ -230,28 +241,36 @@ __attribute__((target("avx2,fma,f16c"))) void WeightedValuesBlockAvx2(const floa
   }
 }
 
-// Column chunks of 8·V for R rows; hs must be a multiple of 8.
-template <KVEntryType T, int R, int V>
-void WeightedValuesRowsAvx2(const float* const* w, const Segments& v, int64_t hs, const float* inv,
-                            float* const* out) {
-  int64_t col = 0;
-  for (; col + 8 * V <= hs; col += 8 * V) {
-    WeightedValuesBlockAvx2<T, R, V>(w, v, hs, col, inv, out);
+// The weighted values kernels' blocking (hs a multiple of 8): block(std::integral_constant R,
+// std::integral_constant V, r, col) for rows r .. r + R - 1 and columns col .. col + 8·V - 1.
+// Up to 4 rows share each pass over the values (16 accumulators would spill: 8 at most);
+// columns go in chunks of 8·V, then 8.
+template <typename Block>
+void ForValueBlocks(int64_t rows, int64_t hs, const Block& block) {
+  const auto columns = [&](auto rows_a_pass, auto vectors, int64_t r) {
+    constexpr int64_t kWidth = 8 * decltype(vectors)::value;
+    int64_t col = 0;
+    for (; col + kWidth <= hs; col += kWidth) block(rows_a_pass, vectors, r, col);
+    for (; col < hs; col += 8) block(rows_a_pass, std::integral_constant<int, 1>(), r, col);
+  };
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) {
+    columns(std::integral_constant<int, 4>(), std::integral_constant<int, 2>(), r);
   }
-  for (; col < hs; col += 8) WeightedValuesBlockAvx2<T, R, 1>(w, v, hs, col, inv, out);
+  if (rows - r >= 2) {
+    columns(std::integral_constant<int, 2>(), std::integral_constant<int, 4>(), r);
+    r += 2;
+  }
+  if (r < rows) columns(std::integral_constant<int, 1>(), std::integral_constant<int, 8>(), r);
 }
 
-// Up to 4 rows share each pass over the values (16 accumulators would spill: 8 at most).
 template <KVEntryType T>
 void WeightedValuesAvx2(const float* const* w, const Segments& v, int64_t rows, int64_t hs,
                         const float* inv, float* const* out) {
-  int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) WeightedValuesRowsAvx2<T, 4, 2>(w + r, v, hs, inv + r, out + r);
-  if (rows - r >= 2) {
-    WeightedValuesRowsAvx2<T, 2, 4>(w + r, v, hs, inv + r, out + r);
-    r += 2;
-  }
-  if (r < rows) WeightedValuesRowsAvx2<T, 1, 8>(w + r, v, hs, inv + r, out + r);
+  ForValueBlocks(rows, hs, [&](auto rows_a_pass, auto vectors, int64_t r, int64_t col) {
+    WeightedValuesBlockAvx2<T, decltype(rows_a_pass)::value, decltype(vectors)::value>(
+        w + r, v, hs, col, inv + r, out + r);
+  });
 }
 
 // Quantised entries read in place: ScoresRowAvx2's and WeightedValuesBlockAvx2's arithmetic
@@ -282,25 +301,9 @@ template <paged::EntryKind K>
 void ScoresQuantisedAvx2(const KVSegment& segment, const float* x, float* y, int64_t rows,
                          int64_t hs) {
   const int64_t n_keys = segment.entries;
-  for (int64_t m = 0; m < rows; m += 4) {
-    const float* xm = x + m * hs;
-    float* ym = y + m * n_keys;
-    for (int64_t e = 0; e < n_keys; ++e) {
-      switch (std::min<int64_t>(4, rows - m)) {
-        case 1:
-          ScoresRowQuantisedAvx2<K, 1>(segment, xm, ym, n_keys, hs, e);
-          break;
-        case 2:
-          ScoresRowQuantisedAvx2<K, 2>(segment, xm, ym, n_keys, hs, e);
-          break;
-        case 3:
-          ScoresRowQuantisedAvx2<K, 3>(segment, xm, ym, n_keys, hs, e);
-          break;
-        default:
-          ScoresRowQuantisedAvx2<K, 4>(segment, xm, ym, n_keys, hs, e);
-      }
-    }
-  }
+  ForQueryRowsAndKeys(rows, n_keys, hs, x, y, [&](auto m, const float* xm, float* ym, int64_t e) {
+    ScoresRowQuantisedAvx2<K, decltype(m)::value>(segment, xm, ym, n_keys, hs, e);
+  });
 }
 
 template <paged::EntryKind K, int R, int V>
@@ -339,28 +342,13 @@ __attribute__((target("avx2,fma,f16c"))) void WeightedValuesBlockQuantisedAvx2(
   }
 }
 
-template <paged::EntryKind K, int R, int V>
-void WeightedValuesRowsQuantisedAvx2(const float* const* w, const Segments& v, int64_t hs,
-                                     const float* inv, float* const* out) {
-  int64_t col = 0;
-  for (; col + 8 * V <= hs; col += 8 * V) {
-    WeightedValuesBlockQuantisedAvx2<K, R, V>(w, v, col, inv, out);
-  }
-  for (; col < hs; col += 8) WeightedValuesBlockQuantisedAvx2<K, R, 1>(w, v, col, inv, out);
-}
-
 template <paged::EntryKind K>
 void WeightedValuesQuantisedAvx2(const float* const* w, const Segments& v, int64_t rows, int64_t hs,
                                  const float* inv, float* const* out) {
-  int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) {
-    WeightedValuesRowsQuantisedAvx2<K, 4, 2>(w + r, v, hs, inv + r, out + r);
-  }
-  if (rows - r >= 2) {
-    WeightedValuesRowsQuantisedAvx2<K, 2, 4>(w + r, v, hs, inv + r, out + r);
-    r += 2;
-  }
-  if (r < rows) WeightedValuesRowsQuantisedAvx2<K, 1, 8>(w + r, v, hs, inv + r, out + r);
+  ForValueBlocks(rows, hs, [&](auto rows_a_pass, auto vectors, int64_t r, int64_t col) {
+    WeightedValuesBlockQuantisedAvx2<K, decltype(rows_a_pass)::value, decltype(vectors)::value>(
+        w + r, v, col, inv + r, out + r);
+  });
 }
 
 // The AVX-512 kernels: the AVX2 kernels' arithmetic, lane for lane, at twice the width. The
