@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
 #include "cache/kv_codec.h"
 #include "core/base/status_macros.h"
 #include "core/ops/attention.h"
@@ -112,26 +113,17 @@ at::Tensor DecodeEntries(const at::Tensor& block, int64_t n, const paged::EntryF
   return DequantizeGroups(codes, scales, bits, format.group_size, dtype);
 }
 
-// The decode kernel's segments over quantised blocks [G, bs, entry_bytes] holding `entries`
-// entries: each block's run of a group's entries, read in place (dequantised in registers).
-// Blocks kept alive.
-KVSegmentsOf QuantisedSegments(std::vector<at::Tensor> key_blocks,
-                               std::vector<at::Tensor> value_blocks, int64_t entries,
-                               const paged::EntryFormat& format) {
-  return [keys = std::move(key_blocks), values = std::move(value_blocks), entries, format](
-             int64_t, int64_t g, std::vector<KVSegment>* out) {
-    const int64_t block_entries = keys[0].size(1), entry_bytes = keys[0].size(2);
-    const int64_t offset = g * block_entries * entry_bytes;
-    for (size_t i = 0; i < keys.size(); ++i) {
-      const int64_t begin = static_cast<int64_t>(i) * block_entries;
-      if (begin >= entries) break;
-      KVSegment segment{keys[i].data_ptr<uint8_t>() + offset,
-                        values[i].data_ptr<uint8_t>() + offset,
-                        std::min(block_entries, entries - begin)};
-      segment.quantised = format;
-      out->push_back(segment);
-    }
-  };
+// The entries of quantised blocks [G, bs, entry_bytes] holding `entries` entries (the last
+// block partly filled), decoded: [G, entries, hs].
+at::Tensor DecodeBlocks(absl::Span<const at::Tensor> blocks, int64_t entries,
+                        const paged::EntryFormat& format, c10::ScalarType dtype) {
+  std::vector<at::Tensor> decoded;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const int64_t block_entries = blocks[i].size(1);
+    const int64_t n = std::min(block_entries, entries - static_cast<int64_t>(i) * block_entries);
+    decoded.push_back(DecodeEntries(blocks[i], n, format, dtype));
+  }
+  return at::cat(decoded, 1);
 }
 
 }  // namespace
@@ -334,13 +326,7 @@ absl::StatusOr<KVView> PagedKVCache::Update(int64_t layer, const KVStep& step,
     if (!pool_->quantised()) {
       return at::cat(parts, 1).unsqueeze(0).narrow(2, 0, length).to(keys.scalar_type());
     }
-    std::vector<at::Tensor> decoded;
-    for (size_t i = 0; i < parts.size(); ++i) {
-      const int64_t n = std::min(pool_->entries_per_block(),
-                                 length - static_cast<int64_t>(i) * pool_->entries_per_block());
-      decoded.push_back(DecodeEntries(parts[i], n, pool_->entry_format(layer), keys.scalar_type()));
-    }
-    return at::cat(decoded, 1).unsqueeze(0);
+    return DecodeBlocks(parts, length, pool_->entry_format(layer), keys.scalar_type()).unsqueeze(0);
   };
   return KVView{join(blocks.keys), join(blocks.values), Positions(0, length)};
 }
@@ -467,7 +453,7 @@ absl::StatusOr<at::Tensor> PagedKVCache::AttendQuantised(int64_t layer, const KV
   if (DecodeAttentionRowsApplies(q, keys.size(1), step.positions)) {
     return DecodeAttentionSegments(
         q, keys.size(1), length,
-        QuantisedSegments(std::move(blocks.keys), std::move(blocks.values), length, format),
+        BlockSegments(std::move(blocks.keys), std::move(blocks.values), length, format),
         step.positions, Positions(0, length), params);
   }
   // Prompt chunks (and other devices): runs of up to kDecodedRun entries (whole blocks),
@@ -490,15 +476,15 @@ absl::StatusOr<at::Tensor> PagedKVCache::AttendQuantised(int64_t layer, const KV
                                                           blocks.values.begin() + last),
                    size = source.size, block_entries, format,
                    dtype](int64_t begin, int64_t count, at::Tensor* k, at::Tensor* v) {
-      // [1, G, count, hs]: the run's entries [begin, begin + count), block by block.
+      // [1, G, count, hs]: the run's entries [begin, begin + count), from the blocks holding
+      // them.
       const auto decoded = [&](const std::vector<at::Tensor>& run) {
-        std::vector<at::Tensor> parts;
-        for (int64_t b = begin / block_entries; b * block_entries < begin + count; ++b) {
-          const int64_t n = std::min(block_entries, size - b * block_entries);
-          parts.push_back(DecodeEntries(run[b], n, format, dtype));
-        }
-        const int64_t skip = begin - begin / block_entries * block_entries;
-        return at::cat(parts, 1).narrow(1, skip, count).unsqueeze(0);
+        const int64_t first = begin / block_entries;
+        const int64_t last = (begin + count + block_entries - 1) / block_entries;
+        return DecodeBlocks(absl::MakeConstSpan(run).subspan(first, last - first),
+                            size - first * block_entries, format, dtype)
+            .narrow(1, begin - first * block_entries, count)
+            .unsqueeze(0);
       };
       if (k != nullptr) *k = decoded(key_blocks);
       if (v != nullptr) *v = decoded(value_blocks);
@@ -522,7 +508,7 @@ absl::StatusOr<std::optional<DecodeRow>> PagedKVCache::UpdateForDecode(int64_t l
                                                                        const at::Tensor& keys,
                                                                        const at::Tensor& values) {
   // Float32 pools, 16-bit pools of float32 models (read in place, widened in registers) and
-  // quantised pools (each (row, group) decoded for the step).
+  // quantised pools (read in place, dequantised in registers).
   if (!pool_->device().is_cpu() || keys.scalar_type() != at::kFloat ||
       (!pool_->quantised() && !KVEntryTypeOf(pool_->dtype()).has_value())) {
     return std::nullopt;
@@ -533,10 +519,10 @@ absl::StatusOr<std::optional<DecodeRow>> PagedKVCache::UpdateForDecode(int64_t l
   row.entries = length;
   EnsureRamp(length);
   row.key_positions = ramp_;  // [1, 1, >= length]: the first `length` are read
-  row.segments = pool_->quantised()
-                     ? QuantisedSegments(std::move(blocks.keys), std::move(blocks.values), length,
-                                         pool_->entry_format(layer))
-                     : BlockSegments(std::move(blocks.keys), std::move(blocks.values), length);
+  row.segments = BlockSegments(std::move(blocks.keys), std::move(blocks.values), length,
+                               pool_->quantised()
+                                   ? std::optional<paged::EntryFormat>(pool_->entry_format(layer))
+                                   : std::nullopt);
   return row;
 }
 

@@ -10,7 +10,10 @@
 // model's, or 16-bit entries of a float32 model (bfloat16, float16: the step's keys and values
 // rounded to nearest even as they are written, widened exactly as attention reads them, a
 // block or a tile at a time, or in registers by the decode kernel; the plain contract's copy
-// is widened to the step's dtype).
+// is widened to the step's dtype), or int8 / int4 codes with float16 scales (a quantised pool:
+// every query, its own step's included, reads the entries as stored, dequantised in registers
+// by the decode kernel, a run of blocks at a time for prompt chunks). A CUDA pool's decoding
+// steps go through the paged decode kernel (core/ops/paged_attention.h) over the block table.
 //
 // Prefix reuse: the entries of a block depend only on the tokens up to and including it, so
 // PublishPrefix offers the cache's full blocks to a prefix cache (cache/prefix_cache.h) over
@@ -58,7 +61,8 @@ class PagedKVCache : public KVCache, public KVDecodeRows, public KVRollback {
   absl::StatusOr<at::Tensor> UpdateAndAttend(int64_t layer, const KVStep& step, const at::Tensor& q,
                                              const at::Tensor& keys, const at::Tensor& values,
                                              const AttentionParams& params) override;
-  // The blocks as they lie (CPU pools of float32 entries, or 16-bit entries of a float32 model).
+  // The blocks as they lie (CPU pools of float32 entries, 16-bit entries of a float32 model, or
+  // quantised entries).
   absl::StatusOr<std::optional<DecodeRow>> UpdateForDecode(int64_t layer, const KVStep& step,
                                                            const at::Tensor& keys,
                                                            const at::Tensor& values) override;

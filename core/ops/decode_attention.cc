@@ -946,18 +946,23 @@ bool DecodeAttentionBlocksApplies(const at::Tensor& q, const std::vector<at::Ten
 }
 
 KVSegmentsOf BlockSegments(std::vector<at::Tensor> block_keys, std::vector<at::Tensor> block_values,
-                           int64_t entries) {
-  return [keys = std::move(block_keys), values = std::move(block_values), entries](
+                           int64_t entries, std::optional<paged::EntryFormat> quantised) {
+  return [keys = std::move(block_keys), values = std::move(block_values), entries, quantised](
              int64_t, int64_t g, Segments* out) {
-    const int64_t entries_per_block = keys[0].size(1), hs = keys[0].size(2);
-    const KVEntryType type = *KVEntryTypeOf(keys[0].scalar_type());
-    const int64_t group_bytes = g * entries_per_block * hs * KVEntryBytes(type);
+    const int64_t entries_per_block = keys[0].size(1);
+    // A block's group g starts g · entries_per_block rows in: rows of hs elements, or of
+    // entry_bytes bytes for quantised blocks.
+    const KVEntryType type =
+        quantised ? KVEntryType::kFloat32 : *KVEntryTypeOf(keys[0].scalar_type());
+    const int64_t group_bytes = g * entries_per_block * keys[0].size(2) * keys[0].element_size();
     for (size_t i = 0; i < keys.size(); ++i) {
       const int64_t begin = static_cast<int64_t>(i) * entries_per_block;
       if (begin >= entries) break;
-      out->push_back({static_cast<const char*>(keys[i].data_ptr()) + group_bytes,
-                      static_cast<const char*>(values[i].data_ptr()) + group_bytes,
-                      std::min(entries_per_block, entries - begin), type});
+      KVSegment segment{static_cast<const char*>(keys[i].data_ptr()) + group_bytes,
+                        static_cast<const char*>(values[i].data_ptr()) + group_bytes,
+                        std::min(entries_per_block, entries - begin), type};
+      segment.quantised = quantised;
+      out->push_back(segment);
     }
   };
 }

@@ -85,9 +85,11 @@ at::Tensor DecodeAttentionSegments(const at::Tensor& q, int64_t groups, int64_t 
 
 // The segments of blocks [G, entries_per_block, hs] (contiguous, keys and values alike, float32,
 // bfloat16 or float16) holding `entries` entries in order: per key group, a run of each block's
-// rows. The blocks are kept alive by the returned function.
+// rows. With `quantised`, uint8 blocks [G, entries_per_block, entry_bytes] of that format's
+// entries (KVSegment.quantised). The blocks are kept alive by the returned function.
 KVSegmentsOf BlockSegments(std::vector<at::Tensor> block_keys, std::vector<at::Tensor> block_values,
-                           int64_t entries);
+                           int64_t entries,
+                           std::optional<paged::EntryFormat> quantised = std::nullopt);
 
 // The same over a cache stored in blocks (the paged KV pool) without gathering them: one
 // batch row whose first `entries` entries are those of blocks 0, 1, ... in order, each block
