@@ -24,8 +24,6 @@
 #include "core/ops/simd_avx512.h"
 
 #ifdef LGPT_SIMD_AVX2
-#include <cpuid.h>
-
 #include "core/ops/kv_dequant_avx2.h"
 #endif
 
@@ -68,19 +66,6 @@ void WeightedValuesPortable(const float* const* w, const Segments& v, int64_t ro
     }
     for (int64_t j = 0; j < hs; ++j) out[r][j] = acc[j] * inv[r];
   }
-}
-
-// Whether the CPU converts float16 to float32 in vectors (F16C; every AVX2 CPU so far).
-bool CpuHasF16c() {
-#ifdef LGPT_SIMD_AVX2
-  static const bool has = [] {
-    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-    return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
-  }();
-  return has;
-#else
-  return false;
-#endif
 }
 
 // Asks the cache hierarchy for the bytes [p, p + bytes) ahead of use. A request's entries lie in

@@ -364,6 +364,15 @@ bool CpuHasAvx2Fma() {
 #endif
 }
 
+bool CpuHasF16c() {
+#ifdef LGPT_GEMV_X86
+  static const bool has = __builtin_cpu_supports("f16c");
+  return has;
+#else
+  return false;
+#endif
+}
+
 bool CpuHasAvx512() {
 #ifdef LGPT_GEMV_X86
   // libgcc's checks include the OS's support (XCR0) for the AVX-512 register state.

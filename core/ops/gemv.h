@@ -26,6 +26,10 @@ inline constexpr int64_t kGemvMaxRows = 32;
 // Whether the CPU has AVX2 and FMA (the fast kernels' requirement).
 bool CpuHasAvx2Fma();
 
+// Whether the CPU converts float16 to float32 in vectors (F16C; every AVX2 CPU so far): what
+// the kernels reading float16 KV entries and float16 scales in AVX2 registers use.
+bool CpuHasF16c();
+
 // Whether the CPU has AVX-512 F, BW and VL on top of AVX2/FMA and the OS saves the zmm state:
 // what the 16-bit AVX-512 kernels use (masked 16-bit loads need BW, masked 256-bit ones VL).
 bool CpuHasAvx512();

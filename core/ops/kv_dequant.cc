@@ -28,8 +28,7 @@ void DecodeQuantisedEntries(const uint8_t* entries, int64_t count, int64_t strid
                             const paged::EntryFormat& format, float* out, bool use_avx2) {
   const int64_t hs = format.head_size;
 #ifdef LGPT_DEQUANT_X86
-  static const bool f16c = __builtin_cpu_supports("f16c");
-  if (use_avx2 && format.group_size % 8 == 0 && CpuHasAvx2Fma() && f16c) {
+  if (use_avx2 && format.group_size % 8 == 0 && CpuHasAvx2Fma() && CpuHasF16c()) {
     for (int64_t e = 0; e < count; ++e) {
       if (format.kind == paged::EntryKind::kInt8) {
         DecodeEntryAvx2<paged::EntryKind::kInt8>(entries + e * stride, format, out + e * hs);
