@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "cache/kv_codec.h"
+#include "core/base/status_field.h"
 #include "core/base/status_macros.h"
 #include "core/ops/attention.h"
 #include "core/ops/decode_attention.h"
@@ -128,19 +129,41 @@ at::Tensor DecodeBlocks(absl::Span<const at::Tensor> blocks, int64_t entries,
 
 }  // namespace
 
-PagedKVCache::PagedKVCache(std::shared_ptr<BlockPool> pool, int64_t max_sequence_length)
+PagedKVCache::PagedKVCache(std::shared_ptr<BlockPool> pool, int64_t max_sequence_length,
+                           PagedEviction eviction)
     : pool_(std::move(pool)),
       max_sequence_length_(max_sequence_length),
-      layer_length_(pool_->layers().size(), 0) {}
+      slots_(max_sequence_length),
+      layer_length_(pool_->layers().size(), 0) {
+  // A budget whose slots cover the sequence never evicts: a dense cache.
+  if (eviction.budget > 0 && eviction.budget + 1 < max_sequence_length) {
+    sinks_ = eviction.sink_entries;
+    ring_ = eviction.budget + 1 - eviction.sink_entries;
+    slots_ = eviction.budget + 1;
+  }
+}
 
 absl::StatusOr<std::unique_ptr<PagedKVCache>> PagedKVCache::Create(std::shared_ptr<BlockPool> pool,
-                                                                   int64_t max_sequence_length) {
+                                                                   int64_t max_sequence_length,
+                                                                   PagedEviction eviction) {
   if (pool == nullptr) return absl::InvalidArgumentError("PagedKVCache needs a BlockPool");
   if (max_sequence_length < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("PagedKVCache max_sequence_length must be >= 1, got ", max_sequence_length));
   }
-  return std::unique_ptr<PagedKVCache>(new PagedKVCache(std::move(pool), max_sequence_length));
+  if (eviction.budget < 0) {
+    return FieldError(absl::StatusCode::kInvalidArgument,
+                      FieldRef("PagedEviction.budget", "budget"),
+                      absl::StrCat("PagedEviction.budget must be >= 0, got ", eviction.budget));
+  }
+  if (eviction.sink_entries < 0 || eviction.sink_entries > eviction.budget) {
+    return FieldError(
+        absl::StatusCode::kInvalidArgument, FieldRef("PagedEviction.sink_entries", "sink_entries"),
+        absl::StrCat("PagedEviction.sink_entries must be in [0, budget = ", eviction.budget,
+                     "], got ", eviction.sink_entries));
+  }
+  return std::unique_ptr<PagedKVCache>(
+      new PagedKVCache(std::move(pool), max_sequence_length, eviction));
 }
 
 PagedKVCache::~PagedKVCache() { Reset(); }
@@ -159,6 +182,11 @@ absl::Status PagedKVCache::Truncate(int64_t length) {
         absl::StrCat("PagedKVCache::Truncate: length must be >= 0, got ", length));
   }
   if (length >= length_) return absl::OkStatus();
+  if (length_ > slots_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "PagedKVCache::Truncate: the evicting cache has overwritten entries before position ",
+        length_ - ring_, "; it cannot go back to length ", length));
+  }
   const int64_t blocks = pool_->BlocksFor(length);
   for (int64_t i = blocks; i < static_cast<int64_t>(table_.size()); ++i) pool_->Release(table_[i]);
   table_.resize(static_cast<size_t>(blocks));
@@ -170,16 +198,45 @@ absl::Status PagedKVCache::Truncate(int64_t length) {
   return absl::OkStatus();
 }
 
+int64_t PagedKVCache::SlotOf(int64_t position) const {
+  return position < slots_ ? position : sinks_ + (position - sinks_) % ring_;
+}
+
+std::vector<std::pair<int64_t, int64_t>> PagedKVCache::Survivors(int64_t begin,
+                                                                 int64_t steps) const {
+  const int64_t end = begin + steps;
+  // An evicting cache keeps the sinks and the last ring_ positions of the step.
+  if (ring_ == 0 || steps <= ring_) return {{begin, end}};
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  if (begin < sinks_) ranges.emplace_back(begin, sinks_);
+  ranges.emplace_back(std::max(begin, end - ring_), end);
+  return ranges;
+}
+
 std::vector<int64_t> PagedKVCache::TableSlotsToFill(int64_t steps) const {
   std::vector<int64_t> slots;
   if (steps <= 0) return slots;
   const int64_t block_entries = pool_->entries_per_block();
-  for (int64_t i = length_ / block_entries; i <= (length_ + steps - 1) / block_entries; ++i) {
-    if (i >= static_cast<int64_t>(table_.size()) || pool_->IsShared(table_[i])) {
-      slots.push_back(i);
+  // Table indices the step writes into, ascending (new ones continue the table: the slots fill
+  // in order until the ring wraps).
+  std::vector<bool> written(
+      static_cast<size_t>(pool_->BlocksFor(std::min(slots_, length_ + steps))), false);
+  for (const auto& [first, end] : Survivors(length_, steps)) {
+    // Slots of consecutive positions are consecutive but at the ring's end: a range covers
+    // whole runs of slots, at most slots_ of them.
+    for (int64_t p = first; p < end && p < first + slots_; ++p) {
+      written[static_cast<size_t>(SlotOf(p) / block_entries)] = true;
     }
   }
+  for (size_t i = 0; i < written.size(); ++i) {
+    if (!written[i] && i < table_.size()) continue;
+    if (i >= table_.size() || pool_->IsShared(table_[i])) slots.push_back(static_cast<int64_t>(i));
+  }
   return slots;
+}
+
+int64_t PagedKVCache::BlocksToHold(int64_t entries) const {
+  return pool_->BlocksFor(std::min(entries, slots_));
 }
 
 int64_t PagedKVCache::BlocksNeeded(int64_t steps) const {
@@ -226,7 +283,7 @@ absl::Status PagedKVCache::TakeStepBlocks(int64_t steps) const {
 }
 
 int64_t PagedKVCache::AttachPrefix(PrefixCache& prefixes, absl::Span<const int64_t> tokens) {
-  if (length_ != 0 || !table_.empty() || tokens.size() < 2) return 0;
+  if (length_ != 0 || !table_.empty() || tokens.size() < 2 || evicts()) return 0;
   const int64_t block_entries = pool_->entries_per_block();
   const int64_t usable = std::min<int64_t>(tokens.size(), max_sequence_length_);
   CHECK(prefixes.pool() == pool_) << "a prefix cache of another pool";
@@ -248,6 +305,7 @@ int64_t PagedKVCache::AttachPrefix(PrefixCache& prefixes, absl::Span<const int64
 
 void PagedKVCache::PublishPrefix(PrefixCache& prefixes, absl::Span<const int64_t> tokens) {
   CHECK(prefixes.pool() == pool_) << "a prefix cache of another pool";
+  if (evicts()) return;
   const int64_t block_entries = pool_->entries_per_block();
   const int64_t full = std::min<int64_t>(tokens.size(), length_) / block_entries;
   for (int64_t i = static_cast<int64_t>(keys_.size()); i < full; ++i) {
@@ -263,7 +321,7 @@ absl::StatusOr<int64_t> PagedKVCache::Write(int64_t layer, const KVStep& step,
       CheckLayerStep(layer, pool_->layers(), step, keys, values, 1, max_sequence_length_));
   const int64_t steps = keys.size(2), begin = layer_length_[layer];
   const int64_t block_entries = pool_->entries_per_block();
-  if (begin != length_ || pool_->BlocksFor(begin + steps) > static_cast<int64_t>(table_.size())) {
+  if (begin != length_ || BlocksToHold(begin + steps) > static_cast<int64_t>(table_.size())) {
     return absl::FailedPreconditionError(
         absl::StrCat("PagedKVCache layer ", layer, " written without its step's CheckStep"));
   }
@@ -273,18 +331,23 @@ absl::StatusOr<int64_t> PagedKVCache::Write(int64_t layer, const KVStep& step,
   const at::Tensor k = widen ? keys.to(at::kFloat) : keys;
   const at::Tensor v = widen ? values.to(at::kFloat) : values;
   // [1, G, T, hs] -> slots of consecutive blocks, each [G, bs, hs] (or [G, bs, entry_bytes]).
-  for (int64_t done = 0; done < steps;) {
-    const int64_t position = begin + done;
-    const int64_t block = table_[position / block_entries], slot = position % block_entries;
-    const int64_t n = std::min(steps - done, block_entries - slot);
-    if (quantised) {
-      QuantiseEntries(k, done, n, pool_->keys(block, layer), slot, pool_->entry_format(layer));
-      QuantiseEntries(v, done, n, pool_->values(block, layer), slot, pool_->entry_format(layer));
-    } else {
-      CopyEntries(k, done, n, pool_->keys(block, layer), slot);
-      CopyEntries(v, done, n, pool_->values(block, layer), slot);
+  for (const auto& [first, end] : Survivors(begin, steps)) {
+    for (int64_t position = first; position < end;) {
+      const int64_t slot = SlotOf(position);
+      const int64_t block = table_[slot / block_entries], in_block = slot % block_entries;
+      // A run ends at the block's end, the step's end or the ring's end.
+      const int64_t n = std::min({end - position, block_entries - in_block, slots_ - slot});
+      const int64_t from = position - begin;
+      if (quantised) {
+        const paged::EntryFormat& format = pool_->entry_format(layer);
+        QuantiseEntries(k, from, n, pool_->keys(block, layer), in_block, format);
+        QuantiseEntries(v, from, n, pool_->values(block, layer), in_block, format);
+      } else {
+        CopyEntries(k, from, n, pool_->keys(block, layer), in_block);
+        CopyEntries(v, from, n, pool_->values(block, layer), in_block);
+      }
+      position += n;
     }
-    done += n;
   }
   layer_length_[layer] = begin + steps;
   if (std::all_of(layer_length_.begin(), layer_length_.end(),
@@ -296,7 +359,7 @@ absl::StatusOr<int64_t> PagedKVCache::Write(int64_t layer, const KVStep& step,
 
 PagedKVCache::BlockList PagedKVCache::Blocks(int64_t layer, int64_t length) const {
   BlockList blocks;
-  for (int64_t i = 0; i < pool_->BlocksFor(length); ++i) {
+  for (int64_t i = 0; i < BlocksToHold(length); ++i) {
     blocks.keys.push_back(pool_->keys(table_[i], layer));
     blocks.values.push_back(pool_->values(table_[i], layer));
   }
@@ -316,19 +379,95 @@ at::Tensor PagedKVCache::Positions(int64_t begin, int64_t length) const {
   return ramp_.narrow(2, begin, length);
 }
 
+at::Tensor PagedKVCache::SlotPositions(int64_t length) const {
+  if (length <= slots_) return Positions(0, length);
+  if (slot_positions_length_ != length) {
+    // Ring slot sinks_ + r holds the latest position p < length with (p - sinks_) % ring_ == r.
+    at::Tensor positions = at::empty({1, 1, slots_}, at::kLong);
+    int64_t* data = positions.data_ptr<int64_t>();
+    for (int64_t s = 0; s < sinks_; ++s) data[s] = s;
+    for (int64_t r = 0; r < ring_; ++r) {
+      data[sinks_ + r] = sinks_ + r + ring_ * ((length - 1 - sinks_ - r) / ring_);
+    }
+    slot_positions_ = positions.to(pool_->device());
+    slot_positions_length_ = length;
+  }
+  return slot_positions_;
+}
+
+at::Tensor PagedKVCache::AsStored(int64_t layer, const at::Tensor& entries,
+                                  c10::ScalarType dtype) const {
+  // Written into a scratch block [G, T, hs or entry_bytes] as Write writes the pool's blocks,
+  // then read back as attention reads them.
+  const int64_t groups = entries.size(1), steps = entries.size(2);
+  const auto options = at::TensorOptions().dtype(pool_->dtype()).device(pool_->device());
+  if (!pool_->quantised()) {
+    at::Tensor scratch = at::empty({groups, steps, entries.size(3)}, options);
+    CopyEntries(entries, 0, steps, scratch, 0);
+    return scratch.unsqueeze(0).to(dtype);
+  }
+  const paged::EntryFormat& format = pool_->entry_format(layer);
+  const bool widen = entries.device().is_cpu() && entries.scalar_type() != at::kFloat;
+  at::Tensor scratch = at::empty({groups, steps, paged::EntryBytes(format)}, options);
+  QuantiseEntries(widen ? entries.to(at::kFloat) : entries, 0, steps, scratch, 0, format);
+  return DecodeEntries(scratch, steps, format, dtype).unsqueeze(0);
+}
+
+absl::StatusOr<KVView> PagedKVCache::WrappingChunk(int64_t layer, const KVStep& step,
+                                                   const at::Tensor& keys,
+                                                   const at::Tensor& values) {
+  RETURN_IF_ERROR(
+      CheckLayerStep(layer, pool_->layers(), step, keys, values, 1, max_sequence_length_));
+  const int64_t length = layer_length_[layer];
+  const c10::ScalarType dtype = keys.scalar_type();
+  // What the cache kept after the previous step: every filled slot but, once the ring is full,
+  // the oldest recent entry's (the one the policy evicted; the ring still stores it).
+  const int64_t filled = Filled(length);
+  auto drop_evicted = [&](const at::Tensor& slots) {  // [1, G or 1, filled, ...]
+    if (length < slots_) return slots;
+    const int64_t spare = SlotOf(length - ring_);
+    return at::cat({slots.narrow(2, 0, spare), slots.narrow(2, spare + 1, filled - spare - 1)}, 2);
+  };
+  const BlockList blocks = Blocks(layer, length);
+  auto read = [&](const std::vector<at::Tensor>& parts) {  // [1, G, filled, hs] in `dtype`
+    if (pool_->quantised()) {
+      return DecodeBlocks(parts, filled, pool_->entry_format(layer), dtype).unsqueeze(0);
+    }
+    return at::cat(parts, 1).unsqueeze(0).narrow(2, 0, filled).to(dtype);
+  };
+  const int64_t steps = keys.size(2);
+  const at::Tensor positions = SlotPositions(length);  // [1, 1, filled]
+  KVView view;
+  view.keys = at::cat({drop_evicted(read(blocks.keys)), AsStored(layer, keys, dtype)}, 2);
+  view.values = at::cat({drop_evicted(read(blocks.values)), AsStored(layer, values, dtype)}, 2);
+  view.positions =
+      at::cat({drop_evicted(positions),
+               step.positions.to(positions.device(), at::kLong).reshape({1, 1, steps})},
+              2);
+  RETURN_IF_ERROR(Write(layer, step, keys, values).status());
+  return view;
+}
+
+bool PagedKVCache::WrapsInChunk(int64_t layer, int64_t steps) const {
+  return evicts() && steps > 1 && layer >= 0 && layer < num_layers() &&
+         layer_length_[layer] + steps > slots_;
+}
+
 absl::StatusOr<KVView> PagedKVCache::Update(int64_t layer, const KVStep& step,
                                             const at::Tensor& keys, const at::Tensor& values) {
+  if (WrapsInChunk(layer, keys.size(2))) return WrappingChunk(layer, step, keys, values);
   ASSIGN_OR_RETURN(const int64_t length, Write(layer, step, keys, values));
+  const int64_t filled = Filled(length);
   const BlockList blocks = Blocks(layer, length);
   // [G, bs, hs] blocks -> [1, G, blocks * bs, hs] -> the filled part, in the step's dtype
   // (16-bit pool entries widened, quantised ones decoded).
   auto join = [&](const std::vector<at::Tensor>& parts) {
     if (!pool_->quantised()) {
-      return at::cat(parts, 1).unsqueeze(0).narrow(2, 0, length).to(keys.scalar_type());
+      return at::cat(parts, 1).unsqueeze(0).narrow(2, 0, filled).to(keys.scalar_type());
     }
-    return DecodeBlocks(parts, length, pool_->entry_format(layer), keys.scalar_type()).unsqueeze(0);
+    return DecodeBlocks(parts, filled, pool_->entry_format(layer), keys.scalar_type()).unsqueeze(0);
   };
-  return KVView{join(blocks.keys), join(blocks.values), Positions(0, length)};
+  return KVView{join(blocks.keys), join(blocks.values), SlotPositions(length)};
 }
 
 absl::StatusOr<at::Tensor> PagedKVCache::UpdateAndAttend(int64_t layer, const KVStep& step,
@@ -337,23 +476,28 @@ absl::StatusOr<at::Tensor> PagedKVCache::UpdateAndAttend(int64_t layer, const KV
                                                          const at::Tensor& values,
                                                          const AttentionParams& params) {
   RETURN_IF_ERROR(CheckQueries(layer, q, keys));
+  if (WrapsInChunk(layer, keys.size(2))) {
+    ASSIGN_OR_RETURN(const KVView view, WrappingChunk(layer, step, keys, values));
+    return AttendByPositions(q, view.keys, view.values, step.positions, view.positions, params);
+  }
   if (PagedKernelApplies(q)) return AttendThroughTable(layer, step, q, keys, values, params);
   if (pool_->quantised()) return AttendQuantised(layer, step, q, keys, values, params);
   ASSIGN_OR_RETURN(const int64_t length, Write(layer, step, keys, values));
   const int64_t block_entries = pool_->entries_per_block();
+  const int64_t filled = Filled(length);
   // Decoding steps read the blocks in place (no gather of the request's cache).
   const BlockList blocks = Blocks(layer, length);
-  const at::Tensor key_positions = Positions(0, length);  // [1, 1, length]
-  if (DecodeAttentionBlocksApplies(q, blocks.keys, blocks.values, length, step.positions,
+  const at::Tensor key_positions = SlotPositions(length);  // [1, 1, filled]
+  if (DecodeAttentionBlocksApplies(q, blocks.keys, blocks.values, filled, step.positions,
                                    key_positions)) {
-    return DecodeAttentionBlocks(q, blocks.keys, blocks.values, length, step.positions,
+    return DecodeAttentionBlocks(q, blocks.keys, blocks.values, filled, step.positions,
                                  key_positions, params);
   }
   if (FlashOverBlocksApplies(q, step)) {
     // AttendBlockwise would take FlashAttention over the same runs; read straight from the
     // blocks' segments instead of through a source, views and a position narrow per block.
-    const KVSegmentsOf segments = BlockSegments(blocks.keys, blocks.values, length);
-    const int64_t* positions = key_positions.data_ptr<int64_t>();  // 0, 1, ... length - 1
+    const KVSegmentsOf segments = BlockSegments(blocks.keys, blocks.values, filled);
+    const int64_t* positions = key_positions.data_ptr<int64_t>();
     const KVRunsOf runs = [&](int64_t b, int64_t g, std::vector<KVRun>* out) {
       std::vector<KVSegment> parts;
       segments(b, g, &parts);
@@ -378,20 +522,20 @@ absl::StatusOr<at::Tensor> PagedKVCache::UpdateAndAttend(int64_t layer, const KV
   }
   std::vector<KVBlockSource> sources;
   const c10::ScalarType dtype = q.scalar_type();
-  for (int64_t begin = 0; begin < length; begin += block_entries) {
+  for (int64_t begin = 0; begin < filled; begin += block_entries) {
     const int64_t block = table_[begin / block_entries];
-    const int64_t n = std::min(block_entries, length - begin);
+    const int64_t n = std::min(block_entries, filled - begin);
     // Views of the pool block: [1, G, n, hs].
     const at::Tensor block_keys = pool_->keys(block, layer).unsqueeze(0).narrow(2, 0, n);
     const at::Tensor block_values = pool_->values(block, layer).unsqueeze(0).narrow(2, 0, n);
     if (pool_->dtype() == dtype) {
-      sources.push_back(TensorSource(block_keys, block_values, Positions(begin, n)));
+      sources.push_back(TensorSource(block_keys, block_values, key_positions.narrow(2, begin, n)));
       continue;
     }
     // 16-bit entries of a wider model: each block widened to the queries' dtype as it is read.
     KVBlockSource source;
     source.size = n;
-    source.positions = Positions(begin, n);
+    source.positions = key_positions.narrow(2, begin, n);
     source.read = [block_keys, block_values, dtype](int64_t from, int64_t count, at::Tensor* k,
                                                     at::Tensor* v) {
       if (k != nullptr) *k = block_keys.narrow(2, from, count).to(dtype);
@@ -403,7 +547,7 @@ absl::StatusOr<at::Tensor> PagedKVCache::UpdateAndAttend(int64_t layer, const KV
 }
 
 bool PagedKVCache::PagedKernelApplies(const at::Tensor& q) const {
-  return pool_->device().is_cuda() && PagedAttentionHasCudaKernel() &&
+  return pool_->device().is_cuda() && PagedAttentionHasCudaKernel() && !evicts() &&
          q.device() == pool_->device() && q.size(0) == 1 && q.size(2) == 1 &&
          !(q.requires_grad() && at::GradMode::is_enabled());
 }
@@ -449,12 +593,14 @@ absl::StatusOr<at::Tensor> PagedKVCache::AttendQuantised(int64_t layer, const KV
   // chunked or whether its first blocks came from the prefix cache.
   ASSIGN_OR_RETURN(const int64_t length, Write(layer, step, keys, values));
   const paged::EntryFormat& format = pool_->entry_format(layer);
+  const int64_t filled = Filled(length);
+  const at::Tensor key_positions = SlotPositions(length);  // [1, 1, filled]
   BlockList blocks = Blocks(layer, length);
   if (DecodeAttentionRowsApplies(q, keys.size(1), step.positions)) {
     return DecodeAttentionSegments(
-        q, keys.size(1), length,
-        BlockSegments(std::move(blocks.keys), std::move(blocks.values), length, format),
-        step.positions, Positions(0, length), params);
+        q, keys.size(1), filled,
+        BlockSegments(std::move(blocks.keys), std::move(blocks.values), filled, format),
+        step.positions, key_positions, params);
   }
   // Prompt chunks (and other devices): runs of up to kDecodedRun entries (whole blocks),
   // each decoded as it is read, so the transient float copy stays bounded; a prompt within
@@ -468,8 +614,8 @@ absl::StatusOr<at::Tensor> PagedKVCache::AttendQuantised(int64_t layer, const KV
     const size_t last = std::min(blocks.keys.size(), first + run_blocks);
     const int64_t from = static_cast<int64_t>(first) * block_entries;
     KVBlockSource source;
-    source.size = std::min(static_cast<int64_t>(last - first) * block_entries, length - from);
-    source.positions = Positions(from, source.size);
+    source.size = std::min(static_cast<int64_t>(last - first) * block_entries, filled - from);
+    source.positions = key_positions.narrow(2, from, source.size);
     source.read = [key_blocks = std::vector<at::Tensor>(blocks.keys.begin() + first,
                                                         blocks.keys.begin() + last),
                    value_blocks = std::vector<at::Tensor>(blocks.values.begin() + first,
@@ -510,16 +656,21 @@ absl::StatusOr<std::optional<DecodeRow>> PagedKVCache::UpdateForDecode(int64_t l
   // Float32 pools, 16-bit pools of float32 models (read in place, widened in registers) and
   // quantised pools (read in place, dequantised in registers).
   if (!pool_->device().is_cpu() || keys.scalar_type() != at::kFloat ||
+      WrapsInChunk(layer, keys.size(2)) ||
       (!pool_->quantised() && !KVEntryTypeOf(pool_->dtype()).has_value())) {
     return std::nullopt;
   }
   ASSIGN_OR_RETURN(const int64_t length, Write(layer, step, keys, values));
   BlockList blocks = Blocks(layer, length);
   DecodeRow row;
-  row.entries = length;
-  EnsureRamp(length);
-  row.key_positions = ramp_;  // [1, 1, >= length]: the first `length` are read
-  row.segments = BlockSegments(std::move(blocks.keys), std::move(blocks.values), length,
+  row.entries = Filled(length);
+  if (evicts()) {
+    row.key_positions = SlotPositions(length);  // [1, 1, entries]
+  } else {
+    EnsureRamp(length);
+    row.key_positions = ramp_;  // [1, 1, >= length]: the first `length` are read
+  }
+  row.segments = BlockSegments(std::move(blocks.keys), std::move(blocks.values), row.entries,
                                pool_->quantised()
                                    ? std::optional<paged::EntryFormat>(pool_->entry_format(layer))
                                    : std::nullopt);
@@ -537,7 +688,10 @@ int64_t PagedKVCache::IndexBytes() const {
 }
 
 std::string PagedKVCache::DebugName() const {
-  return absl::StrCat("paged(", table_.size(), " blocks of ", pool_->entries_per_block(), ")");
+  const std::string kept =
+      evicts() ? absl::StrCat(", sinks ", sinks_, " + ring ", ring_, " slots") : "";
+  return absl::StrCat("paged(", table_.size(), " blocks of ", pool_->entries_per_block(), kept,
+                      ")");
 }
 
 }  // namespace lgpt

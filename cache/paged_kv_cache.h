@@ -24,14 +24,31 @@
 //
 // Rollback (speculative decoding): Truncate gives back the blocks past the new length; a
 // published block it cuts into stays shared, so the next write copies it first.
+//
+// Evicting caches in the pool (StreamingLLM's sink and window policies, PagedEviction): the
+// cache keeps the first `sink_entries` positions and the most recent ones in a fixed set of
+// budget + 1 slots (sinks first, then a ring of budget + 1 - sink_entries slots: position p
+// lives in slot p while the ring has not wrapped, in slot sinks + (p - sinks) % ring after),
+// so it never holds more than ceil((budget + 1) / entries_per_block) blocks. A step attends to
+// what the cache kept after the previous step (the sinks and the budget - sinks most recent
+// entries) plus the step's own entries, as cache/policy_kv_cache.h's sink and window caches
+// do: a decoding step writes its entry over the oldest one (the entry the policy evicts after
+// the previous step) and attends to every slot; a prompt chunk that wraps the ring attends to
+// a transient copy of the kept entries and its own (as stored), and only its entries that stay
+// are written. Slots hold positions out of order once the ring wraps, so attention reads each
+// slot's position (every path takes key positions). No prefix sharing, no rollback once the
+// ring has wrapped (an overwritten entry cannot come back), no CUDA kernel yet (the generic
+// path over the blocks serves device pools).
 #ifndef LGPT_CACHE_PAGED_KV_CACHE_H_
 #define LGPT_CACHE_PAGED_KV_CACHE_H_
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -43,11 +60,23 @@
 
 namespace lgpt {
 
+// Which positions a paged cache keeps.
+struct PagedEviction {
+  // 0: every position (a dense cache). Otherwise the entries kept between steps: the first
+  // `sink_entries` positions and the budget - sink_entries most recent ones (the sink policy;
+  // the window policy has no sinks).
+  int64_t budget = 0;
+  int64_t sink_entries = 0;
+};
+
 class PagedKVCache : public KVCache, public KVDecodeRows, public KVRollback {
  public:
-  // A cache of up to `max_sequence_length` positions over `pool`.
+  // A cache of up to `max_sequence_length` positions over `pool`, keeping what `eviction`
+  // says. InvalidArgument for a missing pool, max_sequence_length < 1, a negative budget or
+  // sink_entries outside [0, budget].
   static absl::StatusOr<std::unique_ptr<PagedKVCache>> Create(std::shared_ptr<BlockPool> pool,
-                                                              int64_t max_sequence_length);
+                                                              int64_t max_sequence_length,
+                                                              PagedEviction eviction = {});
   ~PagedKVCache() override;
 
   // The step must continue the stream (positions next, next + 1, ... on its one row) and its
@@ -67,11 +96,12 @@ class PagedKVCache : public KVCache, public KVDecodeRows, public KVRollback {
                                                            const at::Tensor& keys,
                                                            const at::Tensor& values) override;
   KVDecodeRows* decode_rows() override { return this; }
-  KVRollback* rollback() override { return this; }
+  // Dense caches only (an evicting cache cannot bring back what it overwrote).
+  KVRollback* rollback() override { return evicts() ? nullptr : this; }
   int64_t max_rollback() const override { return kUnlimited; }
   // The cache holds positions [0, min(length, length())) afterwards; blocks past them go back
   // to the pool, and a published (prefix-cached) block the cut falls in is no longer this
-  // cache's to publish.
+  // cache's to publish. FailedPrecondition for an evicting cache whose ring has wrapped.
   absl::Status Truncate(int64_t length) override;
 
   // Gives every block back to the pool.
@@ -86,8 +116,12 @@ class PagedKVCache : public KVCache, public KVDecodeRows, public KVRollback {
 
   const BlockPool* pool() const { return pool_.get(); }
   int64_t blocks_held() const { return static_cast<int64_t>(table_.size()); }
-  // Entries every layer holds (the next position to write).
+  // Entries every layer has seen (the next position to write).
   int64_t length() const { return length_; }
+  // Whether the cache evicts (PagedEviction.budget > 0 and below the sequence length).
+  bool evicts() const { return ring_ > 0; }
+  // Blocks the cache holds once it has seen `entries` entries (from empty).
+  int64_t BlocksToHold(int64_t entries) const;
   // Takes the blocks the next step of `steps` entries writes into (CheckStep does it too):
   // ResourceExhausted when the pool has too few, taking nothing then.
   absl::Status TakeBlocks(int64_t steps);
@@ -98,24 +132,47 @@ class PagedKVCache : public KVCache, public KVDecodeRows, public KVRollback {
   // An empty cache takes the cached blocks that start `tokens` (whole blocks, chained from the
   // first) and holds their entries; returns how many positions it now holds, at most
   // tokens.size() - 1 so that the last token is computed again for its logits (its block is
-  // copied before that write when shared). 0 when nothing is cached or the cache is not empty.
+  // copied before that write when shared). 0 when nothing is cached, the cache is not empty
+  // or it evicts.
   // `prefixes` is over this cache's pool.
   int64_t AttachPrefix(PrefixCache& prefixes, absl::Span<const int64_t> tokens);
   // Publishes the full blocks of `tokens` (the ids at positions 0, 1, ... whose entries the
-  // cache holds: at most length() of them) not published yet.
+  // cache holds: at most length() of them) not published yet; nothing for an evicting cache.
   void PublishPrefix(PrefixCache& prefixes, absl::Span<const int64_t> tokens);
 
  private:
-  PagedKVCache(std::shared_ptr<BlockPool> pool, int64_t max_sequence_length);
+  PagedKVCache(std::shared_ptr<BlockPool> pool, int64_t max_sequence_length,
+               PagedEviction eviction);
   // Writes the step's entries of `layer` into its blocks; returns the layer's new length.
   absl::StatusOr<int64_t> Write(int64_t layer, const KVStep& step, const at::Tensor& keys,
                                 const at::Tensor& values);
-  // The pool blocks [G, entries_per_block, hs] holding `layer`'s first `length` entries, in order.
+  // The pool blocks [G, entries_per_block, hs] holding `layer`'s entries after `length`
+  // positions (its first Filled(length) slots), in slot order.
   struct BlockList {
     std::vector<at::Tensor> keys, values;
   };
   BlockList Blocks(int64_t layer, int64_t length) const;
   at::Tensor Positions(int64_t begin, int64_t length) const;
+  // Slots in use after `length` positions, and their positions: [1, 1, Filled(length)] int64
+  // on the pool's device (0, 1, ... until the ring wraps).
+  int64_t Filled(int64_t length) const { return std::min(length, slots_); }
+  at::Tensor SlotPositions(int64_t length) const;
+  // The slot of position `position`.
+  int64_t SlotOf(int64_t position) const;
+  // The step's positions [begin, begin + steps) whose entries stay in the cache after it (an
+  // evicting cache skips those a later entry of the same step overwrites): ranges of
+  // [first, end).
+  std::vector<std::pair<int64_t, int64_t>> Survivors(int64_t begin, int64_t steps) const;
+  // Whether a step of `steps` entries into `layer` is a prompt chunk that wraps the ring.
+  bool WrapsInChunk(int64_t layer, int64_t steps) const;
+  // A prompt chunk that wraps the ring (evicting caches): the kept entries of `layer` before
+  // the step, read as stored, then the chunk's own entries rounded as they will be stored, in
+  // the step's dtype; the chunk's surviving entries are written afterwards.
+  absl::StatusOr<KVView> WrappingChunk(int64_t layer, const KVStep& step, const at::Tensor& keys,
+                                       const at::Tensor& values);
+  // Entries [1, G, T, hs] rounded (16-bit pools) or quantised (quantised pools) as `layer`'s
+  // blocks store them, read back in `dtype`.
+  at::Tensor AsStored(int64_t layer, const at::Tensor& entries, c10::ScalarType dtype) const;
   // Grows ramp_ to at least `length` entries.
   void EnsureRamp(int64_t length) const;
   // Whether a step of queries `q` attends through the CUDA paged decode kernel (a device pool,
@@ -140,6 +197,9 @@ class PagedKVCache : public KVCache, public KVDecodeRows, public KVRollback {
 
   std::shared_ptr<BlockPool> pool_;
   int64_t max_sequence_length_;
+  int64_t sinks_ = 0;  // evicting caches: slots [0, sinks_) hold positions [0, sinks_)
+  int64_t ring_ = 0;   // evicting caches: slots [sinks_, sinks_ + ring_) the recent ones
+  int64_t slots_ = 0;  // slots in all: sinks_ + ring_, or max_sequence_length_ (dense)
   // Blocks in position order; CheckStep grows it for the step about to run.
   mutable std::vector<int64_t> table_;
   // Prefix keys of table_[0, keys_.size()): blocks published (or found published) so far.
@@ -147,6 +207,10 @@ class PagedKVCache : public KVCache, public KVDecodeRows, public KVRollback {
   std::vector<int64_t> layer_length_;  // entries written per layer
   int64_t length_ = 0;                 // entries every layer holds
   mutable at::Tensor ramp_;            // [1, 1, size]: 0, 1, 2, ... the entries' positions
+  // Evicting caches: SlotPositions of slot_positions_length_ (a new tensor per length, so
+  // decode rows holding the last one keep it).
+  mutable at::Tensor slot_positions_;
+  mutable int64_t slot_positions_length_ = -1;
 };
 
 }  // namespace lgpt
