@@ -199,7 +199,7 @@ absl::Status PagedKVCache::Truncate(int64_t length) {
 }
 
 int64_t PagedKVCache::SlotOf(int64_t position) const {
-  return position < slots_ ? position : sinks_ + (position - sinks_) % ring_;
+  return ring_ == 0 || position < slots_ ? position : sinks_ + (position - sinks_) % ring_;
 }
 
 std::vector<std::pair<int64_t, int64_t>> PagedKVCache::Survivors(int64_t begin,
@@ -217,10 +217,17 @@ std::vector<int64_t> PagedKVCache::TableSlotsToFill(int64_t steps) const {
   std::vector<int64_t> slots;
   if (steps <= 0) return slots;
   const int64_t block_entries = pool_->entries_per_block();
+  if (!evicts()) {
+    for (int64_t i = length_ / block_entries; i <= (length_ + steps - 1) / block_entries; ++i) {
+      if (i >= static_cast<int64_t>(table_.size()) || pool_->IsShared(table_[i])) {
+        slots.push_back(i);
+      }
+    }
+    return slots;
+  }
   // Table indices the step writes into, ascending (new ones continue the table: the slots fill
   // in order until the ring wraps).
-  std::vector<bool> written(
-      static_cast<size_t>(pool_->BlocksFor(std::min(slots_, length_ + steps))), false);
+  std::vector<bool> written(static_cast<size_t>(BlocksToHold(length_ + steps)), false);
   for (const auto& [first, end] : Survivors(length_, steps)) {
     // Slots of consecutive positions are consecutive but at the ring's end: a range covers
     // whole runs of slots, at most slots_ of them.
@@ -236,7 +243,7 @@ std::vector<int64_t> PagedKVCache::TableSlotsToFill(int64_t steps) const {
 }
 
 int64_t PagedKVCache::BlocksToHold(int64_t entries) const {
-  return pool_->BlocksFor(std::min(entries, slots_));
+  return pool_->BlocksFor(evicts() ? std::min(entries, slots_) : entries);
 }
 
 int64_t PagedKVCache::BlocksNeeded(int64_t steps) const {
@@ -437,13 +444,14 @@ absl::StatusOr<KVView> PagedKVCache::WrappingChunk(int64_t layer, const KVStep& 
   };
   const int64_t steps = keys.size(2);
   const at::Tensor positions = SlotPositions(length);  // [1, 1, filled]
-  KVView view;
-  view.keys = at::cat({drop_evicted(read(blocks.keys)), AsStored(layer, keys, dtype)}, 2);
-  view.values = at::cat({drop_evicted(read(blocks.values)), AsStored(layer, values, dtype)}, 2);
-  view.positions =
-      at::cat({drop_evicted(positions),
-               step.positions.to(positions.device(), at::kLong).reshape({1, 1, steps})},
-              2);
+  const at::Tensor step_positions =
+      step.positions.to(positions.device(), at::kLong).reshape({1, 1, steps});
+  KVView view{AsStored(layer, keys, dtype), AsStored(layer, values, dtype), step_positions};
+  if (filled > 0) {  // a first chunk longer than the slots has nothing kept before it
+    view.keys = at::cat({drop_evicted(read(blocks.keys)), view.keys}, 2);
+    view.values = at::cat({drop_evicted(read(blocks.values)), view.values}, 2);
+    view.positions = at::cat({drop_evicted(positions), step_positions}, 2);
+  }
   RETURN_IF_ERROR(Write(layer, step, keys, values).status());
   return view;
 }
@@ -675,6 +683,41 @@ absl::StatusOr<std::optional<DecodeRow>> PagedKVCache::UpdateForDecode(int64_t l
                                    ? std::optional<paged::EntryFormat>(pool_->entry_format(layer))
                                    : std::nullopt);
   return row;
+}
+
+absl::Status PagedKVCache::CheckCopyInto(const KVCache& target) const {
+  const auto* paged = dynamic_cast<const PagedKVCache*>(&target);
+  if (paged == nullptr || paged->pool_ != pool_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "a paged KV cache copies into a paged cache over the same pool, not ", target.DebugName()));
+  }
+  if (paged->sinks_ != sinks_ || paged->ring_ != ring_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("a paged KV cache copies into one keeping the same positions: ", DebugName(),
+                     " into ", paged->DebugName()));
+  }
+  if (paged->max_sequence_length_ < length_) {
+    return absl::FailedPreconditionError(absl::StrCat("the target paged KV cache holds ",
+                                                      paged->max_sequence_length_,
+                                                      " positions, this one ", length_));
+  }
+  if (std::any_of(layer_length_.begin(), layer_length_.end(),
+                  [&](int64_t l) { return l != length_; })) {
+    return absl::FailedPreconditionError("a paged KV cache copies between steps only");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PagedKVCache::CopyInto(KVCache& target) const {
+  RETURN_IF_ERROR(CheckCopyInto(target));
+  auto& copy = static_cast<PagedKVCache&>(target);
+  if (&copy == this) return absl::OkStatus();
+  copy.Reset();
+  for (int64_t block : table_) pool_->Retain(block);
+  copy.table_ = table_;
+  copy.layer_length_ = layer_length_;
+  copy.length_ = length_;
+  return absl::OkStatus();
 }
 
 int64_t PagedKVCache::AllocatedBytes() const {

@@ -38,7 +38,9 @@
 // are written. Slots hold positions out of order once the ring wraps, so attention reads each
 // slot's position (every path takes key positions). No prefix sharing, no rollback once the
 // ring has wrapped (an overwritten entry cannot come back), no CUDA kernel yet (the generic
-// path over the blocks serves device pools).
+// path over the blocks serves device pools). Forking (KVForker, the n choices of a prompt):
+// the copy shares every block of the original, and each copies a shared block before writing
+// into it, so a fork costs no blocks until the rings turn.
 #ifndef LGPT_CACHE_PAGED_KV_CACHE_H_
 #define LGPT_CACHE_PAGED_KV_CACHE_H_
 
@@ -69,7 +71,7 @@ struct PagedEviction {
   int64_t sink_entries = 0;
 };
 
-class PagedKVCache : public KVCache, public KVDecodeRows, public KVRollback {
+class PagedKVCache : public KVCache, public KVDecodeRows, public KVRollback, public KVForker {
  public:
   // A cache of up to `max_sequence_length` positions over `pool`, keeping what `eviction`
   // says. InvalidArgument for a missing pool, max_sequence_length < 1, a negative budget or
@@ -98,6 +100,12 @@ class PagedKVCache : public KVCache, public KVDecodeRows, public KVRollback {
   KVDecodeRows* decode_rows() override { return this; }
   // Dense caches only (an evicting cache cannot bring back what it overwrote).
   KVRollback* rollback() override { return evicts() ? nullptr : this; }
+  // Evicting caches only (dense ones share their prompt's blocks through the prefix cache).
+  const KVForker* forker() const override { return evicts() ? this : nullptr; }
+  // A PagedKVCache over the same pool, keeping the same positions, long enough for this one's.
+  absl::Status CheckCopyInto(const KVCache& target) const override;
+  // `target` gives back its blocks and takes references to this cache's.
+  absl::Status CopyInto(KVCache& target) const override;
   int64_t max_rollback() const override { return kUnlimited; }
   // The cache holds positions [0, min(length, length())) afterwards; blocks past them go back
   // to the pool, and a published (prefix-cached) block the cut falls in is no longer this
@@ -155,7 +163,7 @@ class PagedKVCache : public KVCache, public KVDecodeRows, public KVRollback {
   at::Tensor Positions(int64_t begin, int64_t length) const;
   // Slots in use after `length` positions, and their positions: [1, 1, Filled(length)] int64
   // on the pool's device (0, 1, ... until the ring wraps).
-  int64_t Filled(int64_t length) const { return std::min(length, slots_); }
+  int64_t Filled(int64_t length) const { return evicts() ? std::min(length, slots_) : length; }
   at::Tensor SlotPositions(int64_t length) const;
   // The slot of position `position`.
   int64_t SlotOf(int64_t position) const;

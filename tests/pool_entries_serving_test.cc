@@ -11,6 +11,7 @@
 
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,10 +40,19 @@ int64_t Length(const Job& job) {
   return static_cast<int64_t>(job.prompt.size()) + job.options.max_new_tokens;
 }
 
-// The job's tokens from lgpt::Generate with a paged cache of its own over a pool of `entries`.
+// The paged cache KVMemory gives `spec` (dense, or a sink or window ring), if any.
+std::optional<PagedEviction> Paged(GPTImpl& model, const KVCacheSpec& spec) {
+  KVCacheGeometry geometry;
+  geometry.layers = model.CacheLayout();
+  return *PagedEvictionFor(spec, geometry);
+}
+
+// The job's tokens from lgpt::Generate with a paged cache of its own over a pool of `entries`,
+// keeping what the job's spec keeps.
 std::vector<int64_t> AlonePaged(GPTImpl& model, const Job& job, const Entries& entries) {
-  std::unique_ptr<PagedKVCache> cache = *PagedKVCache::Create(
-      TestPool(model, (Length(job) + 3) / 4, 4, entries.dtype, entries.bits), Length(job));
+  std::unique_ptr<PagedKVCache> cache =
+      *PagedKVCache::Create(TestPool(model, (Length(job) + 3) / 4, 4, entries.dtype, entries.bits),
+                            Length(job), Paged(model, job.spec).value());
   absl::StatusOr<std::vector<int64_t>> tokens = Generate(model, *cache, job.prompt, job.options);
   EXPECT_TRUE(tokens.ok()) << tokens.status();
   return tokens.ok() ? *tokens : std::vector<int64_t>();
@@ -89,19 +99,19 @@ Outcome Serve(GPT model, const std::vector<Job>& jobs, const SchedulerOptions& o
   return outcome;
 }
 
-bool Pooled(const KVCacheSpec& spec) { return spec.policy == "dense" && spec.bits == 16; }
-
 class PoolEntriesTest : public ::testing::TestWithParam<Entries> {};
 
 // A pool far too small for every request at once: preempted dense requests recompute over the
-// pool, batched with others, and still give Generate's tokens alone over such a pool; budgeted
-// and quantised requests beside them (their own storage, charged to the pool) give theirs.
+// pool, batched with others, and still give Generate's tokens alone over such a pool, as window
+// requests do (a ring of blocks of the pool); scoring and quantised requests beside them (their
+// own storage, charged to the pool) give theirs.
 TEST_P(PoolEntriesTest, BatchedAndPreemptedRequestsEqualGenerateAlone) {
   const Entries entries = GetParam();
   GPT model = GoldenModel("golden/llama2");
   std::vector<Job> jobs = Jobs(*model, 18, 7);
   for (size_t i = 0; i < jobs.size(); ++i) {
     if (i % 3 != 1) jobs[i].spec = TestSpec("dense", 0, 16);  // most requests paged
+    if (i == 10) jobs[i].spec = TestSpec("sink", 8, 16);      // and a sink ring
     jobs[i].options.max_new_tokens += 10;
     jobs[i].options.prefill_chunk = jobs[i].options.prefill_chunk > 0 ? 5 : 6;
   }
@@ -111,7 +121,8 @@ TEST_P(PoolEntriesTest, BatchedAndPreemptedRequestsEqualGenerateAlone) {
   options.prefix_caching = false;
   std::vector<std::vector<int64_t>> expected;
   for (const Job& job : jobs) {
-    expected.push_back(Pooled(job.spec) ? AlonePaged(*model, job, entries) : Alone(*model, job));
+    expected.push_back(Paged(*model, job.spec) ? AlonePaged(*model, job, entries)
+                                               : Alone(*model, job));
   }
   // (16 int4 blocks are fewer bytes than one of these jobs' int8 policy caches needs.)
   const int64_t blocks = entries.bits == 4 ? 24 : 16;

@@ -104,16 +104,36 @@ absl::StatusOr<std::unique_ptr<KVCache>> KVMemory::NewCache(const KVCacheSpec& s
   shape.max_sequence_length = length;
   shape.rollback_slots = rollback_slots;
   if (pool_ == nullptr) return MakeKVCache(spec, shape);
-  // Dense requests are paged in the pool's entries, whatever they are (16-bit or quantised:
-  // the server's choice); the others keep caches of their own, so that an explicit cache spec
-  // decodes as lgpt::Generate with that spec does.
-  if (spec.policy != "dense" || spec.bits != 16) {
+  // Dense requests, and sink and window requests, are paged in the pool's entries, whatever
+  // they are (16-bit or quantised: the server's choice); the others keep caches of their own,
+  // so that an explicit cache spec decodes as lgpt::Generate with that spec does.
+  ASSIGN_OR_RETURN(const std::optional<PagedEviction> paged_eviction,
+                   PagedEvictionFor(spec, shape));
+  if (!paged_eviction) {
     // Own storage, grown a pool block at a time and charged to the pool as it grows.
     shape.growth_step = pool_->entries_per_block();
     return MakeKVCache(spec, shape);
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<PagedKVCache> paged, PagedKVCache::Create(pool_, length));
+  ASSIGN_OR_RETURN(std::unique_ptr<PagedKVCache> paged,
+                   PagedKVCache::Create(pool_, length, *paged_eviction));
   return std::unique_ptr<KVCache>(std::move(paged));
+}
+
+absl::StatusOr<std::optional<PagedEviction>> PagedEvictionFor(const KVCacheSpec& spec,
+                                                              const KVCacheGeometry& geometry) {
+  RETURN_IF_ERROR(ValidateKVCacheSpec(spec));
+  if (spec.bits != 16) return std::nullopt;
+  if (spec.policy == "dense") return PagedEviction{};
+  if (spec.policy != "window" && spec.policy != "sink") return std::nullopt;
+  // One slot layout for every layer: a uniform budget, stream positions, and global layers
+  // (a sliding-window layer's policy runs inside its window, evicting sinks it cannot see).
+  if (spec.budget_rule != "uniform" || UsesCachePositions(spec)) return std::nullopt;
+  for (const KVLayerSpec& layer : geometry.layers) {
+    if (layer.sliding_window > 0 && layer.sliding_window < geometry.max_sequence_length) {
+      return std::nullopt;
+    }
+  }
+  return PagedEviction{spec.budget, spec.policy == "sink" ? spec.sink_tokens : 0};
 }
 
 absl::StatusOr<KVLease> KVMemory::Lease(std::unique_ptr<KVCache> cache, int64_t entries,
@@ -122,7 +142,7 @@ absl::StatusOr<KVLease> KVMemory::Lease(std::unique_ptr<KVCache> cache, int64_t 
   if (pool_ != nullptr) {
     auto* paged = dynamic_cast<PagedKVCache*>(cache.get());
     if (paged != nullptr && paged->pool() == pool_.get()) {
-      const int64_t blocks = pool_->BlocksFor(std::min(entries, paged->max_sequence_length()));
+      const int64_t blocks = paged->BlocksToHold(std::min(entries, paged->max_sequence_length()));
       if (blocks > pool_->num_blocks()) {
         return FieldError(
             absl::StatusCode::kResourceExhausted,
@@ -133,7 +153,7 @@ absl::StatusOr<KVLease> KVMemory::Lease(std::unique_ptr<KVCache> cache, int64_t 
       }
       lease.use_ = KVLease::Use::kBlocks;
       lease.paged_ = paged;
-      lease.shares_prefixes_ = prefixes_ != nullptr && from_start;
+      lease.shares_prefixes_ = prefixes_ != nullptr && from_start && !paged->evicts();
     } else if (const KVStorageBound* bound = cache->storage_bound()) {
       // A cache with its own bounded storage: its bytes come out of the pool's budget.
       const int64_t budget = pool_->num_blocks() * pool_->BytesPerBlock();
@@ -158,11 +178,15 @@ int64_t KVMemory::BlocksForStep(const KVLease& lease, int64_t steps, bool starte
     case KVLease::Use::kNone:
       return 0;
     case KVLease::Use::kBlocks:
-      return started ? lease.paged_->BlocksNeeded(steps) : pool_->BlocksFor(steps);
+      return started ? lease.paged_->BlocksNeeded(steps) : lease.paged_->BlocksToHold(steps);
     case KVLease::Use::kBytes:
       return pool_->BlocksForBytes(std::max<int64_t>(0, ChargeFor(lease, steps) - lease.charge_));
   }
   return 0;
+}
+
+bool KVMemory::Bounded(const KVLease& lease) {
+  return lease.use_ == KVLease::Use::kBytes || (lease.paged_ != nullptr && lease.paged_->evicts());
 }
 
 bool KVMemory::Holds(const KVLease& lease) const {
@@ -190,8 +214,11 @@ absl::Status KVMemory::ReserveCopy(KVLease& target, const KVLease& source) {
     case KVLease::Use::kNone:
       return absl::OkStatus();
     case KVLease::Use::kBlocks:
+      // An evicting paged copy shares the source's blocks (copied as it writes into them, each
+      // reserved before its step); a dense one shares prefix blocks instead.
+      if (target.paged_->evicts()) return absl::OkStatus();
       return absl::FailedPreconditionError(
-          "a paged KV cache takes no copy (it shares prefix blocks instead)");
+          "a dense paged KV cache takes no copy (it shares prefix blocks instead)");
     case KVLease::Use::kBytes:
       break;
   }

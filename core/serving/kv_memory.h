@@ -3,10 +3,12 @@
 // kind. The scheduler (core/serving/scheduler.h) decides who runs, who waits and who is
 // preempted; KVMemory says what each decision costs and carries it out:
 //   - sizing: the pool SchedulerOptions.kv_pool_bytes buys for a model's cache geometry;
-//   - the cache kind a request gets (NewCache): paged blocks of the pool for dense
-//     full-precision requests (prefixes shared), own storage grown a block at a time and
-//     charged to the pool as it grows for the others (budgeted, quantised), a plain cache of
-//     its own without a pool;
+//   - the cache kind a request gets (NewCache): paged blocks of the pool for dense requests
+//     (prefixes shared) and for sink and window requests (a fixed set of slots in blocks,
+//     cache/paged_kv_cache.h's PagedEviction), in the pool's entries; own storage grown a block
+//     at a time and charged to the pool as it grows for the others (scoring policies, explicit
+//     int8/int4 specs, cache positions, sliding-window models), a plain cache of its own
+//     without a pool;
 //   - a request's memory through one lease: Reserve before a step (blocks or bytes), Settle
 //     after it (an over-estimate given back), Release (preempted: its memory back, the cache
 //     kept for recomputing), Close (finished); ReserveCopy before another request's cache is
@@ -22,6 +24,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -55,6 +58,13 @@ struct KVMemoryOptions {
 };
 
 // What the pool's entries are: a dtype, or int8 / int4 codes.
+// The eviction a paged cache of `spec` keeps in a pool (dense: budget 0), or nullopt when the
+// spec needs a cache of its own: a scoring policy (h2o, tova, ...), explicit int8/int4 entries,
+// cache positions, a pyramid budget, or a model with sliding-window layers. The spec's errors
+// (ValidateKVCacheSpec).
+absl::StatusOr<std::optional<PagedEviction>> PagedEvictionFor(const KVCacheSpec& spec,
+                                                              const KVCacheGeometry& geometry);
+
 struct KVPoolEntries {
   c10::ScalarType dtype = c10::ScalarType::Undefined;  // with bits 16
   int bits = 16;
@@ -86,7 +96,7 @@ class KVLease {
 
   KVCache* cache() const { return cache_.get(); }
   Use use() const { return use_; }
-  // Whether it shares prefix blocks: paged, prefix caching on, fed from position 0.
+  // Whether it shares prefix blocks: paged, dense, prefix caching on, fed from position 0.
   bool shares_prefixes() const { return shares_prefixes_; }
   int64_t charged_bytes() const { return charge_; }
 
@@ -135,6 +145,9 @@ class KVMemory {
   // paged cache not yet `started`, those of its first `steps` entries. An estimate for
   // admission (byte reservations are summed in bytes).
   int64_t BlocksForStep(const KVLease& lease, int64_t steps, bool started) const;
+  // Whether the request's memory is bounded whatever its length (a sink or window cache, paged
+  // or charged): the scheduler admits it by what it holds at its bound.
+  static bool Bounded(const KVLease& lease);
   // Whether the lease holds pool memory now (a preemption would free some).
   bool Holds(const KVLease& lease) const;
   // Takes the pool memory the lease's next step of `steps` entries needs: its blocks (paged)
@@ -145,7 +158,8 @@ class KVMemory {
   // choices): takes the pool memory the copy will hold, at most the source cache's
   // AllocatedBytes() + IndexBytes() (Settle gives back the rest), beyond what `target` is
   // charged; ResourceExhausted, taking nothing, when the
-  // pool lacks it. FailedPrecondition for a paged target (paged caches share blocks instead).
+  // pool lacks it. Nothing for an evicting paged target (the copy shares the source's blocks);
+  // FailedPrecondition for a dense paged one (those share prefix blocks instead).
   absl::Status ReserveCopy(KVLease& target, const KVLease& source);
   // After a forward pass: a charged lease gives back what its step's bound over-counted.
   void Settle(KVLease& lease);

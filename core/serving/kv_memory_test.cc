@@ -42,6 +42,14 @@ KVCacheSpec Sink() {
   return spec;
 }
 
+// A scoring policy: a cache of its own, charged to the pool.
+KVCacheSpec H2O() {
+  KVCacheSpec spec;
+  spec.policy = "h2o";
+  spec.budget = 8;
+  return spec;
+}
+
 // Writes `count` entries at positions [from, from + count) into every layer of `cache`.
 void Fill(KVCache& cache, int64_t from, int64_t count) {
   KVStep step;
@@ -185,9 +193,63 @@ TEST(KVMemoryTest, DenseRequestsArePagedOthersCharged) {
   // A request from another position shares no prefixes.
   EXPECT_FALSE(memory->Lease(*memory->NewCache(KVCacheSpec(), Geometry(), 32), 32, false)
                    ->shares_prefixes());
-  KVLease charged = *memory->Lease(*memory->NewCache(Sink(), Geometry(), 32), 32, true);
+  KVLease charged = *memory->Lease(*memory->NewCache(H2O(), Geometry(), 32), 32, true);
   EXPECT_EQ(charged.use(), KVLease::Use::kBytes);
   EXPECT_FALSE(charged.shares_prefixes());
+  EXPECT_TRUE(KVMemory::Bounded(charged));
+  EXPECT_FALSE(KVMemory::Bounded(paged));
+}
+
+TEST(KVMemoryTest, SinkAndWindowRequestsArePagedInABoundedRing) {
+  std::unique_ptr<KVMemory> memory = Memory(16);
+  KVCacheSpec window;
+  window.policy = "window";
+  window.budget = 6;
+  for (const KVCacheSpec& spec : {Sink(), window}) {
+    SCOPED_TRACE(spec.policy);
+    std::unique_ptr<KVCache> cache = *memory->NewCache(spec, Geometry(), 32);
+    auto* paged = dynamic_cast<PagedKVCache*>(cache.get());
+    ASSERT_NE(paged, nullptr);
+    EXPECT_TRUE(paged->evicts());
+    KVLease lease = *memory->Lease(std::move(cache), 32, true);
+    EXPECT_EQ(lease.use(), KVLease::Use::kBlocks);
+    EXPECT_FALSE(lease.shares_prefixes());  // its blocks are overwritten as the ring turns
+    EXPECT_TRUE(KVMemory::Bounded(lease));
+    // budget + 1 slots in blocks of 4, whatever the length.
+    const int64_t bound = (spec.budget + 1 + kBlock - 1) / kBlock;
+    EXPECT_EQ(memory->BlocksForStep(lease, 30, /*started=*/false), bound);
+    ASSERT_TRUE(memory->Reserve(lease, 3).ok());
+    Fill(*lease.cache(), 0, 3);
+    for (int64_t position = 3; position < 30; ++position) {
+      ASSERT_TRUE(memory->Reserve(lease, 1).ok());
+      Fill(*lease.cache(), position, 1);
+      EXPECT_LE(paged->blocks_held(), bound);
+    }
+    EXPECT_EQ(paged->blocks_held(), bound);
+    EXPECT_EQ(memory->BlocksForStep(lease, 100, /*started=*/true), 0);
+    memory->Close(lease);
+    EXPECT_EQ(memory->free_blocks(), 16);
+  }
+  // What a ring cannot serve keeps a cache of its own: explicit int8 entries, cache positions,
+  // a pyramid budget, a sliding-window model.
+  KVCacheSpec int8 = Sink();
+  int8.bits = 8;
+  KVCacheSpec shifting = Sink();
+  shifting.positions = "cache";
+  KVCacheSpec pyramid = Sink();
+  pyramid.budget_rule = "pyramid";
+  for (const KVCacheSpec& spec : {int8, shifting, pyramid}) {
+    EXPECT_EQ(dynamic_cast<PagedKVCache*>(memory->NewCache(spec, Geometry(), 32)->get()), nullptr)
+        << DescribeKVCacheSpec(spec);
+  }
+  KVCacheGeometry sliding = Geometry();
+  sliding.layers[1].sliding_window = 8;
+  EXPECT_EQ(dynamic_cast<PagedKVCache*>(memory->NewCache(Sink(), sliding, 32)->get()), nullptr);
+  // A bad spec is refused with its field.
+  KVCacheSpec bad = Sink();
+  bad.budget = 2;  // below its 4 sink tokens
+  EXPECT_EQ(memory->NewCache(bad, Geometry(), 32).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(KVMemoryTest, RefusesRequestsLargerThanThePool) {
@@ -225,7 +287,7 @@ TEST(KVMemoryTest, PagedLeaseTakesAndGivesBackBlocks) {
 
 TEST(KVMemoryTest, ChargedLeaseReservesItsGrowthAndSettles) {
   std::unique_ptr<KVMemory> memory = Memory(16);
-  KVLease lease = *memory->Lease(*memory->NewCache(Sink(), Geometry(), 32), 32, true);
+  KVLease lease = *memory->Lease(*memory->NewCache(H2O(), Geometry(), 32), 32, true);
   const int64_t step_bound = lease.cache()->storage_bound()->BytesAfterStep(3);
   EXPECT_EQ(memory->BlocksForStep(lease, 3, true), memory->pool()->BlocksForBytes(step_bound));
   ASSERT_TRUE(memory->Reserve(lease, 3).ok());

@@ -613,17 +613,17 @@ bool Scheduler::Fits(const Request& request, const Running& running) const {
   for (const auto& other : running) {
     if (other->state == RequestState::kFinished) continue;
     alone = false;
-    promised += other->memory.use() == KVLease::Use::kBytes
+    promised += KVMemory::Bounded(other->memory)
                     ? BlocksToBound(*other)
                     : BlocksForStep(*other, other->started() ? 1 : FirstChunk(*other));
   }
   if (alone) return true;
-  // A cache with bounded storage of its own needs what it will hold at its end (its growth
-  // is known: admitting it on less would preempt it, or others, as it grows); a paged one its
-  // first chunk, or all it held when it was preempted (resuming it sooner would only preempt
-  // it again).
+  // A cache with bounded memory (storage of its own, or a sink or window cache in blocks)
+  // needs what it will hold at its end (its growth is known: admitting it on less would
+  // preempt it, or others, as it grows); a dense paged one its first chunk, or all it held
+  // when it was preempted (resuming it sooner would only preempt it again).
   int64_t needed = 0;
-  if (request.memory.use() == KVLease::Use::kBytes) {
+  if (KVMemory::Bounded(request.memory)) {
     needed = BlocksToBound(request);
   } else {
     needed = BlocksForStep(request, request.result.preemptions > 0
@@ -907,8 +907,7 @@ bool Scheduler::CanFork(const Request& leader, const Request& r) const {
   // same adapter, into a cache the leader's copies into; a stream that has not shifted (a
   // prompt within the context never does).
   const KVForker* forker = leader.cache().forker();
-  return forker != nullptr && r.memory.use() != KVLease::Use::kBlocks &&
-         leader.prompt_length == r.prompt_length &&
+  return forker != nullptr && leader.prompt_length == r.prompt_length &&
          leader.options.start_position == r.options.start_position &&
          leader.options.adapter == r.options.adapter &&
          EffectiveChunk(leader.options) == EffectiveChunk(r.options) &&
