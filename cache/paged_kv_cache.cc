@@ -207,9 +207,12 @@ std::vector<std::pair<int64_t, int64_t>> PagedKVCache::Survivors(int64_t begin,
   const int64_t end = begin + steps;
   // An evicting cache keeps the sinks and the last ring_ positions of the step.
   if (ring_ == 0 || steps <= ring_) return {{begin, end}};
+  // (A chunk may end among the sinks when the ring is shorter than they are.)
   std::vector<std::pair<int64_t, int64_t>> ranges;
-  if (begin < sinks_) ranges.emplace_back(begin, sinks_);
-  ranges.emplace_back(std::max(begin, end - ring_), end);
+  const int64_t sinks_end = std::min(sinks_, end);
+  if (begin < sinks_end) ranges.emplace_back(begin, sinks_end);
+  const int64_t recent = std::max({begin, sinks_end, end - ring_});
+  if (recent < end) ranges.emplace_back(recent, end);
   return ranges;
 }
 
@@ -437,6 +440,10 @@ absl::StatusOr<KVView> PagedKVCache::WrappingChunk(int64_t layer, const KVStep& 
   };
   const BlockList blocks = Blocks(layer, length);
   auto read = [&](const std::vector<at::Tensor>& parts) {  // [1, G, filled, hs] in `dtype`
+    if (filled == 0) {  // a chunk that starts the cache: no blocks to read (nor to concatenate)
+      return at::empty({1, keys.size(1), 0, keys.size(3)},
+                       at::TensorOptions().dtype(dtype).device(pool_->device()));
+    }
     if (pool_->quantised()) {
       return DecodeBlocks(parts, filled, pool_->entry_format(layer), dtype).unsqueeze(0);
     }
