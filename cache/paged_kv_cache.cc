@@ -129,6 +129,11 @@ at::Tensor DecodeBlocks(absl::Span<const at::Tensor> blocks, int64_t entries,
 
 }  // namespace
 
+bool PagedEvictionKeepsAsThePolicy(const PagedEviction& eviction, int64_t window) {
+  return eviction.budget == 0 || window == 0 || eviction.sink_entries == 0 ||
+         eviction.budget - eviction.sink_entries >= window - 1;
+}
+
 PagedKVCache::PagedKVCache(std::shared_ptr<BlockPool> pool, int64_t max_sequence_length,
                            PagedEviction eviction)
     : pool_(std::move(pool)),
@@ -440,10 +445,6 @@ absl::StatusOr<KVView> PagedKVCache::WrappingChunk(int64_t layer, const KVStep& 
   };
   const BlockList blocks = Blocks(layer, length);
   auto read = [&](const std::vector<at::Tensor>& parts) {  // [1, G, filled, hs] in `dtype`
-    if (filled == 0) {  // a chunk that starts the cache: no blocks to read (nor to concatenate)
-      return at::empty({1, keys.size(1), 0, keys.size(3)},
-                       at::TensorOptions().dtype(dtype).device(pool_->device()));
-    }
     if (pool_->quantised()) {
       return DecodeBlocks(parts, filled, pool_->entry_format(layer), dtype).unsqueeze(0);
     }

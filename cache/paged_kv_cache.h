@@ -32,15 +32,15 @@
 // so it never holds more than ceil((budget + 1) / entries_per_block) blocks. A step attends to
 // what the cache kept after the previous step (the sinks and the budget - sinks most recent
 // entries) plus the step's own entries, as cache/policy_kv_cache.h's sink and window caches
-// do: a decoding step writes its entry over the oldest one (the entry the policy evicts after
-// the previous step) and attends to every slot; a prompt chunk that wraps the ring attends to
-// a transient copy of the kept entries and its own (as stored), and only its entries that stay
-// are written. Slots hold positions out of order once the ring wraps, so attention reads each
-// slot's position (every path takes key positions). No prefix sharing, no rollback once the
-// ring has wrapped (an overwritten entry cannot come back), no CUDA kernel yet (the generic
-// path over the blocks serves device pools). Forking (KVForker, the n choices of a prompt):
-// the copy shares every block of the original, and each copies a shared block before writing
-// into it, so a fork costs no blocks until the rings turn.
+// do (on every layer where PagedEvictionKeepsAsThePolicy holds): a decoding step writes its entry
+// over the oldest one (the entry the policy evicts after the previous step) and attends to every
+// slot; a prompt chunk that wraps the ring attends to a transient copy of the kept entries and its
+// own (as stored), and only its entries that stay are written. Slots hold positions out of order
+// once the ring wraps, so attention reads each slot's position (every path takes key positions). No
+// prefix sharing, no rollback once the ring has wrapped (an overwritten entry cannot come back), no
+// CUDA kernel yet (the generic path over the blocks serves device pools). Forking (KVForker, the n
+// choices of a prompt): the copy shares every block of the original, and each copies a shared block
+// before writing into it, so a fork costs no blocks until the rings turn.
 #ifndef LGPT_CACHE_PAGED_KV_CACHE_H_
 #define LGPT_CACHE_PAGED_KV_CACHE_H_
 
@@ -70,6 +70,13 @@ struct PagedEviction {
   int64_t budget = 0;
   int64_t sink_entries = 0;
 };
+
+// Whether an evicting paged cache keeps on a layer of sliding `window` (0: global attention)
+// what cache/policy_kv_cache.h's policy of the same budget keeps: always on global layers and
+// without sinks; on a windowed layer only when the budget - sinks recent entries cover what a
+// query sees of the window (the policy cache drops sinks that have left the window and keeps
+// more recent entries instead; the paged cache, one slot layout for every layer, keeps them).
+bool PagedEvictionKeepsAsThePolicy(const PagedEviction& eviction, int64_t window);
 
 class PagedKVCache : public KVCache, public KVDecodeRows, public KVRollback, public KVForker {
  public:

@@ -125,15 +125,19 @@ absl::StatusOr<std::optional<PagedEviction>> PagedEvictionFor(const KVCacheSpec&
   if (spec.bits != 16) return std::nullopt;
   if (spec.policy == "dense") return PagedEviction{};
   if (spec.policy != "window" && spec.policy != "sink") return std::nullopt;
-  // One slot layout for every layer: a uniform budget, stream positions, and global layers
-  // (a sliding-window layer's policy runs inside its window, evicting sinks it cannot see).
+  // One slot layout for every layer: a uniform budget, stream positions, and layers on which
+  // it keeps what the policy keeps (a sliding-window layer's policy cache may evict sinks that
+  // left its window).
   if (spec.budget_rule != "uniform" || UsesCachePositions(spec)) return std::nullopt;
+  const PagedEviction eviction{spec.budget, spec.policy == "sink" ? spec.sink_tokens : 0};
   for (const KVLayerSpec& layer : geometry.layers) {
-    if (layer.sliding_window > 0 && layer.sliding_window < geometry.max_sequence_length) {
+    const bool windowed =
+        layer.sliding_window > 0 && layer.sliding_window < geometry.max_sequence_length;
+    if (windowed && !PagedEvictionKeepsAsThePolicy(eviction, layer.sliding_window)) {
       return std::nullopt;
     }
   }
-  return PagedEviction{spec.budget, spec.policy == "sink" ? spec.sink_tokens : 0};
+  return eviction;
 }
 
 absl::StatusOr<KVLease> KVMemory::Lease(std::unique_ptr<KVCache> cache, int64_t entries,

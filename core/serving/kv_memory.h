@@ -7,7 +7,7 @@
 //     (prefixes shared) and for sink and window requests (a fixed set of slots in blocks,
 //     cache/paged_kv_cache.h's PagedEviction), in the pool's entries; own storage grown a block
 //     at a time and charged to the pool as it grows for the others (scoring policies, explicit
-//     int8/int4 specs, cache positions, sliding-window models), a plain cache of its own
+//     int8/int4 specs, cache positions, some sliding-window models), a plain cache of its own
 //     without a pool;
 //   - a request's memory through one lease: Reserve before a step (blocks or bytes), Settle
 //     after it (an over-estimate given back), Release (preempted: its memory back, the cache
@@ -60,7 +60,8 @@ struct KVMemoryOptions {
 // What the pool's entries are: a dtype, or int8 / int4 codes.
 // The eviction a paged cache of `spec` keeps in a pool (dense: budget 0), or nullopt when the
 // spec needs a cache of its own: a scoring policy (h2o, tova, ...), explicit int8/int4 entries,
-// cache positions, a pyramid budget, or a model with sliding-window layers. The spec's errors
+// cache positions, a pyramid budget, or sliding-window layers on which the paged cache would keep
+// other entries than the policy (PagedEvictionKeepsAsThePolicy). The spec's errors
 // (ValidateKVCacheSpec).
 absl::StatusOr<std::optional<PagedEviction>> PagedEvictionFor(const KVCacheSpec& spec,
                                                               const KVCacheGeometry& geometry);

@@ -242,9 +242,14 @@ TEST(KVMemoryTest, SinkAndWindowRequestsArePagedInABoundedRing) {
     EXPECT_EQ(dynamic_cast<PagedKVCache*>(memory->NewCache(spec, Geometry(), 32)->get()), nullptr)
         << DescribeKVCacheSpec(spec);
   }
+  // A sliding-window layer whose window the recent entries do not cover (sink budget 8 with 4
+  // sinks: 4 recent entries, a window of 8); one they cover is paged.
   KVCacheGeometry sliding = Geometry();
   sliding.layers[1].sliding_window = 8;
   EXPECT_EQ(dynamic_cast<PagedKVCache*>(memory->NewCache(Sink(), sliding, 32)->get()), nullptr);
+  sliding.layers[1].sliding_window = 5;
+  EXPECT_NE(dynamic_cast<PagedKVCache*>(memory->NewCache(Sink(), sliding, 32)->get()), nullptr);
+  EXPECT_NE(dynamic_cast<PagedKVCache*>(memory->NewCache(window, sliding, 32)->get()), nullptr);
   // A bad spec is refused with its field.
   KVCacheSpec bad = Sink();
   bad.budget = 2;  // below its 4 sink tokens
