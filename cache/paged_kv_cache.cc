@@ -139,12 +139,16 @@ PagedKVCache::PagedKVCache(std::shared_ptr<BlockPool> pool, int64_t max_sequence
     : pool_(std::move(pool)),
       max_sequence_length_(max_sequence_length),
       slots_(max_sequence_length),
+      newest_(pool_->layers().size(), 0),
+      newest_keys_(pool_->layers().size()),
+      newest_values_(pool_->layers().size()),
       layer_length_(pool_->layers().size(), 0) {
-  // A budget whose slots cover the sequence never evicts: a dense cache.
+  // A budget that with the step's own entry covers the sequence never evicts: a dense cache.
   if (eviction.budget > 0 && eviction.budget + 1 < max_sequence_length) {
+    evicts_ = true;
     sinks_ = eviction.sink_entries;
-    ring_ = eviction.budget + 1 - eviction.sink_entries;
-    slots_ = eviction.budget + 1;
+    ring_ = eviction.budget - eviction.sink_entries;
+    slots_ = eviction.budget;
   }
 }
 
@@ -178,6 +182,7 @@ void PagedKVCache::Reset() {
   table_.clear();
   keys_.clear();
   std::fill(layer_length_.begin(), layer_length_.end(), 0);
+  std::fill(newest_.begin(), newest_.end(), 0);
   length_ = 0;
 }
 
@@ -187,11 +192,14 @@ absl::Status PagedKVCache::Truncate(int64_t length) {
         absl::StrCat("PagedKVCache::Truncate: length must be >= 0, got ", length));
   }
   if (length >= length_) return absl::OkStatus();
-  if (length_ > slots_) {
+  // Exact while no entry was overwritten: every position seen is in the slots or waits beside
+  // them.
+  if (evicts() && InBlocks(0) > slots_) {
     return absl::FailedPreconditionError(absl::StrCat(
         "PagedKVCache::Truncate: the evicting cache has overwritten entries before position ",
-        length_ - ring_, "; it cannot go back to length ", length));
+        InBlocks(0) - ring_, "; it cannot go back to length ", length));
   }
+  std::fill(newest_.begin(), newest_.end(), 0);  // its position is at least `length`
   const int64_t blocks = pool_->BlocksFor(length);
   for (int64_t i = blocks; i < static_cast<int64_t>(table_.size()); ++i) pool_->Release(table_[i]);
   table_.resize(static_cast<size_t>(blocks));
@@ -204,14 +212,14 @@ absl::Status PagedKVCache::Truncate(int64_t length) {
 }
 
 int64_t PagedKVCache::SlotOf(int64_t position) const {
-  return ring_ == 0 || position < slots_ ? position : sinks_ + (position - sinks_) % ring_;
+  return !evicts() || position < slots_ ? position : sinks_ + (position - sinks_) % ring_;
 }
 
 std::vector<std::pair<int64_t, int64_t>> PagedKVCache::Survivors(int64_t begin,
                                                                  int64_t steps) const {
   const int64_t end = begin + steps;
   // An evicting cache keeps the sinks and the last ring_ positions of the step.
-  if (ring_ == 0 || steps <= ring_) return {{begin, end}};
+  if (!evicts() || steps <= ring_) return {{begin, end}};
   // (A chunk may end among the sinks when the ring is shorter than they are.)
   std::vector<std::pair<int64_t, int64_t>> ranges;
   const int64_t sinks_end = std::min(sinks_, end);
@@ -234,13 +242,19 @@ std::vector<int64_t> PagedKVCache::TableSlotsToFill(int64_t steps) const {
     return slots;
   }
   // Table indices the step writes into, ascending (new ones continue the table: the slots fill
-  // in order until the ring wraps).
+  // in order until the ring wraps): the waiting newest entry's (between steps every layer has
+  // one, or none), then the step's entries that stay, unless the step's one entry waits.
   std::vector<bool> written(static_cast<size_t>(BlocksToHold(length_ + steps)), false);
-  for (const auto& [first, end] : Survivors(length_, steps)) {
-    // Slots of consecutive positions are consecutive but at the ring's end: a range covers
-    // whole runs of slots, at most slots_ of them.
-    for (int64_t p = first; p < end && p < first + slots_; ++p) {
-      written[static_cast<size_t>(SlotOf(p) / block_entries)] = true;
+  const int64_t in_blocks = InBlocks(0);
+  if (newest_[0] && ring_ > 0)
+    written[static_cast<size_t>(SlotOf(in_blocks) / block_entries)] = true;
+  if (!(steps == 1 && length_ >= slots_)) {
+    for (const auto& [first, end] : Survivors(length_, steps)) {
+      // Slots of consecutive positions are consecutive but at the ring's end: a range covers
+      // whole runs of slots, at most slots_ of them.
+      for (int64_t p = first; p < end && p < first + slots_; ++p) {
+        written[static_cast<size_t>(SlotOf(p) / block_entries)] = true;
+      }
     }
   }
   for (size_t i = 0; i < written.size(); ++i) {
@@ -345,8 +359,30 @@ absl::StatusOr<int64_t> PagedKVCache::Write(int64_t layer, const KVStep& step,
   const bool widen = quantised && keys.device().is_cpu() && keys.scalar_type() != at::kFloat;
   const at::Tensor k = widen ? keys.to(at::kFloat) : keys;
   const at::Tensor v = widen ? values.to(at::kFloat) : values;
+  PlaceNewest(layer);
+  if (evicts() && steps == 1 && begin >= slots_) {
+    // The slots are full: the entry waits beside them until the next step.
+    if (!newest_keys_[layer].defined()) {
+      const int64_t groups = keys.size(1);
+      const int64_t width =
+          quantised ? paged::EntryBytes(pool_->entry_format(layer)) : keys.size(3);
+      const auto options = at::TensorOptions().dtype(pool_->dtype()).device(pool_->device());
+      newest_keys_[layer] = at::empty({groups, 1, width}, options);
+      newest_values_[layer] = at::empty({groups, 1, width}, options);
+    }
+    if (quantised) {
+      const paged::EntryFormat& format = pool_->entry_format(layer);
+      QuantiseEntries(k, 0, 1, newest_keys_[layer], 0, format);
+      QuantiseEntries(v, 0, 1, newest_values_[layer], 0, format);
+    } else {
+      CopyEntries(k, 0, 1, newest_keys_[layer], 0);
+      CopyEntries(v, 0, 1, newest_values_[layer], 0);
+    }
+    newest_[layer] = 1;
+  }
   // [1, G, T, hs] -> slots of consecutive blocks, each [G, bs, hs] (or [G, bs, entry_bytes]).
-  for (const auto& [first, end] : Survivors(begin, steps)) {
+  for (const auto& [first, end] :
+       newest_[layer] ? std::vector<std::pair<int64_t, int64_t>>() : Survivors(begin, steps)) {
     for (int64_t position = first; position < end;) {
       const int64_t slot = SlotOf(position);
       const int64_t block = table_[slot / block_entries], in_block = slot % block_entries;
@@ -394,20 +430,75 @@ at::Tensor PagedKVCache::Positions(int64_t begin, int64_t length) const {
   return ramp_.narrow(2, begin, length);
 }
 
-at::Tensor PagedKVCache::SlotPositions(int64_t length) const {
-  if (length <= slots_) return Positions(0, length);
-  if (slot_positions_length_ != length) {
-    // Ring slot sinks_ + r holds the latest position p < length with (p - sinks_) % ring_ == r.
-    at::Tensor positions = at::empty({1, 1, slots_}, at::kLong);
+at::Tensor PagedKVCache::KeyPositions(int64_t layer) const {
+  const int64_t in_blocks = InBlocks(layer), newest = newest_[layer];
+  // Until the ring wraps the slots hold 0, 1, ... and a waiting entry the next position.
+  if (in_blocks <= slots_) return Positions(0, Filled(in_blocks) + newest);
+  const std::pair<int64_t, int64_t> key{in_blocks, newest};
+  if (slot_positions_key_ != key) {
+    // Ring slot sinks_ + r holds the latest position p < in_blocks with (p - sinks_) % ring_ ==
+    // r; the waiting entry holds position in_blocks.
+    at::Tensor positions = at::empty({1, 1, slots_ + newest}, at::kLong);
     int64_t* data = positions.data_ptr<int64_t>();
     for (int64_t s = 0; s < sinks_; ++s) data[s] = s;
     for (int64_t r = 0; r < ring_; ++r) {
-      data[sinks_ + r] = sinks_ + r + ring_ * ((length - 1 - sinks_ - r) / ring_);
+      data[sinks_ + r] = sinks_ + r + ring_ * ((in_blocks - 1 - sinks_ - r) / ring_);
     }
+    if (newest) data[slots_] = in_blocks;
     slot_positions_ = positions.to(pool_->device());
-    slot_positions_length_ = length;
+    slot_positions_key_ = key;
   }
   return slot_positions_;
+}
+
+void PagedKVCache::PlaceNewest(int64_t layer) {
+  if (!newest_[layer]) return;
+  const int64_t position = InBlocks(layer);  // the waiting entry's
+  newest_[layer] = 0;
+  if (ring_ == 0) return;  // only sinks are kept: the entry is evicted
+  const int64_t slot = SlotOf(position);
+  const int64_t block_entries = pool_->entries_per_block();
+  const int64_t block = table_[slot / block_entries], in_block = slot % block_entries;
+  for (const auto& [from, to] :
+       {std::make_pair(&newest_keys_[layer], &pool_->keys(block, layer)),
+        std::make_pair(&newest_values_[layer], &pool_->values(block, layer))}) {
+    // [G, 1, width] into slot in_block of [G, bs, width].
+    if (from->device().is_cpu() && to->is_contiguous()) {
+      const int64_t groups = to->size(0), row = to->size(2) * to->element_size();
+      const char* src = static_cast<const char*>(from->data_ptr());
+      char* dst = static_cast<char*>(to->data_ptr());
+      for (int64_t g = 0; g < groups; ++g) {
+        std::memcpy(dst + (g * block_entries + in_block) * row, src + g * row, row);
+      }
+    } else {
+      to->narrow(1, in_block, 1).copy_(*from);
+    }
+  }
+}
+
+KVSegmentsOf PagedKVCache::AttendedSegments(int64_t layer, BlockList blocks, int64_t filled) const {
+  const std::optional<paged::EntryFormat> format =
+      pool_->quantised() ? std::optional<paged::EntryFormat>(pool_->entry_format(layer))
+                         : std::nullopt;
+  KVSegmentsOf slots =
+      BlockSegments(std::move(blocks.keys), std::move(blocks.values), filled, format);
+  if (!newest_[layer]) return slots;
+  return [slots = std::move(slots), keys = newest_keys_[layer], values = newest_values_[layer],
+          format](int64_t b, int64_t g, std::vector<KVSegment>* out) {
+    slots(b, g, out);
+    const int64_t row = keys.size(2) * keys.element_size();  // [G, 1, width]
+    KVSegment newest{static_cast<const char*>(keys.data_ptr()) + g * row,
+                     static_cast<const char*>(values.data_ptr()) + g * row, 1,
+                     format ? KVEntryType::kFloat32 : *KVEntryTypeOf(keys.scalar_type())};
+    newest.quantised = format;
+    out->push_back(newest);
+  };
+}
+
+at::Tensor PagedKVCache::NewestAs(int64_t layer, bool keys, c10::ScalarType dtype) const {
+  const at::Tensor& entry = keys ? newest_keys_[layer] : newest_values_[layer];  // [G, 1, width]
+  if (!pool_->quantised()) return entry.unsqueeze(0).to(dtype);
+  return DecodeEntries(entry, 1, pool_->entry_format(layer), dtype).unsqueeze(0);
 }
 
 at::Tensor PagedKVCache::AsStored(int64_t layer, const at::Tensor& entries,
@@ -433,32 +524,30 @@ absl::StatusOr<KVView> PagedKVCache::WrappingChunk(int64_t layer, const KVStep& 
                                                    const at::Tensor& values) {
   RETURN_IF_ERROR(
       CheckLayerStep(layer, pool_->layers(), step, keys, values, 1, max_sequence_length_));
-  const int64_t length = layer_length_[layer];
+  if (layer_length_[layer] != length_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("PagedKVCache layer ", layer, " written without its step's CheckStep"));
+  }
+  // What the cache kept after the previous step: its slots, once a waiting entry took the
+  // evicted one's.
+  PlaceNewest(layer);
+  const int64_t length = layer_length_[layer], filled = Filled(length);
   const c10::ScalarType dtype = keys.scalar_type();
-  // What the cache kept after the previous step: every filled slot but, once the ring is full,
-  // the oldest recent entry's (the one the policy evicted; the ring still stores it).
-  const int64_t filled = Filled(length);
-  auto drop_evicted = [&](const at::Tensor& slots) {  // [1, G or 1, filled, ...]
-    if (length < slots_) return slots;
-    const int64_t spare = SlotOf(length - ring_);
-    return at::cat({slots.narrow(2, 0, spare), slots.narrow(2, spare + 1, filled - spare - 1)}, 2);
-  };
-  const BlockList blocks = Blocks(layer, length);
-  auto read = [&](const std::vector<at::Tensor>& parts) {  // [1, G, filled, hs] in `dtype`
-    if (pool_->quantised()) {
-      return DecodeBlocks(parts, filled, pool_->entry_format(layer), dtype).unsqueeze(0);
-    }
-    return at::cat(parts, 1).unsqueeze(0).narrow(2, 0, filled).to(dtype);
-  };
   const int64_t steps = keys.size(2);
-  const at::Tensor positions = SlotPositions(length);  // [1, 1, filled]
   const at::Tensor step_positions =
-      step.positions.to(positions.device(), at::kLong).reshape({1, 1, steps});
+      step.positions.to(pool_->device(), at::kLong).reshape({1, 1, steps});
   KVView view{AsStored(layer, keys, dtype), AsStored(layer, values, dtype), step_positions};
   if (filled > 0) {  // a first chunk longer than the slots has nothing kept before it
-    view.keys = at::cat({drop_evicted(read(blocks.keys)), view.keys}, 2);
-    view.values = at::cat({drop_evicted(read(blocks.values)), view.values}, 2);
-    view.positions = at::cat({drop_evicted(positions), step_positions}, 2);
+    const BlockList blocks = Blocks(layer, length);
+    auto read = [&](const std::vector<at::Tensor>& parts) {  // [1, G, filled, hs] in `dtype`
+      if (pool_->quantised()) {
+        return DecodeBlocks(parts, filled, pool_->entry_format(layer), dtype).unsqueeze(0);
+      }
+      return at::cat(parts, 1).unsqueeze(0).narrow(2, 0, filled).to(dtype);
+    };
+    view.keys = at::cat({read(blocks.keys), view.keys}, 2);
+    view.values = at::cat({read(blocks.values), view.values}, 2);
+    view.positions = at::cat({KeyPositions(layer), step_positions}, 2);
   }
   RETURN_IF_ERROR(Write(layer, step, keys, values).status());
   return view;
@@ -472,18 +561,20 @@ bool PagedKVCache::WrapsInChunk(int64_t layer, int64_t steps) const {
 absl::StatusOr<KVView> PagedKVCache::Update(int64_t layer, const KVStep& step,
                                             const at::Tensor& keys, const at::Tensor& values) {
   if (WrapsInChunk(layer, keys.size(2))) return WrappingChunk(layer, step, keys, values);
-  ASSIGN_OR_RETURN(const int64_t length, Write(layer, step, keys, values));
-  const int64_t filled = Filled(length);
-  const BlockList blocks = Blocks(layer, length);
+  RETURN_IF_ERROR(Write(layer, step, keys, values).status());
+  const int64_t in_blocks = InBlocks(layer), filled = Filled(in_blocks);
+  const BlockList blocks = Blocks(layer, in_blocks);
+  const c10::ScalarType dtype = keys.scalar_type();
   // [G, bs, hs] blocks -> [1, G, blocks * bs, hs] -> the filled part, in the step's dtype
-  // (16-bit pool entries widened, quantised ones decoded).
-  auto join = [&](const std::vector<at::Tensor>& parts) {
-    if (!pool_->quantised()) {
-      return at::cat(parts, 1).unsqueeze(0).narrow(2, 0, filled).to(keys.scalar_type());
-    }
-    return DecodeBlocks(parts, filled, pool_->entry_format(layer), keys.scalar_type()).unsqueeze(0);
+  // (16-bit pool entries widened, quantised ones decoded), then a waiting newest entry.
+  auto join = [&](const std::vector<at::Tensor>& parts, bool are_keys) {
+    at::Tensor joined =
+        pool_->quantised()
+            ? DecodeBlocks(parts, filled, pool_->entry_format(layer), dtype).unsqueeze(0)
+            : at::cat(parts, 1).unsqueeze(0).narrow(2, 0, filled).to(dtype);
+    return newest_[layer] ? at::cat({joined, NewestAs(layer, are_keys, dtype)}, 2) : joined;
   };
-  return KVView{join(blocks.keys), join(blocks.values), SlotPositions(length)};
+  return KVView{join(blocks.keys, true), join(blocks.values, false), KeyPositions(layer)};
 }
 
 absl::StatusOr<at::Tensor> PagedKVCache::UpdateAndAttend(int64_t layer, const KVStep& step,
@@ -498,18 +589,27 @@ absl::StatusOr<at::Tensor> PagedKVCache::UpdateAndAttend(int64_t layer, const KV
   }
   if (PagedKernelApplies(q)) return AttendThroughTable(layer, step, q, keys, values, params);
   if (pool_->quantised()) return AttendQuantised(layer, step, q, keys, values, params);
-  ASSIGN_OR_RETURN(const int64_t length, Write(layer, step, keys, values));
+  RETURN_IF_ERROR(Write(layer, step, keys, values).status());
   const int64_t block_entries = pool_->entries_per_block();
-  const int64_t filled = Filled(length);
+  const int64_t in_blocks = InBlocks(layer), filled = Filled(in_blocks);
+  const bool newest = newest_[layer];
   // Decoding steps read the blocks in place (no gather of the request's cache).
-  const BlockList blocks = Blocks(layer, length);
-  const at::Tensor key_positions = SlotPositions(length);  // [1, 1, filled]
-  if (DecodeAttentionBlocksApplies(q, blocks.keys, blocks.values, filled, step.positions,
-                                   key_positions)) {
+  const BlockList blocks = Blocks(layer, in_blocks);
+  const at::Tensor key_positions = KeyPositions(layer);  // [1, 1, filled + newest]
+  if (newest) {
+    // The slots and the waiting entry beside them, as segments (the same kernel and bits).
+    if (pool_->device().is_cpu() && KVEntryTypeOf(pool_->dtype()).has_value() &&
+        DecodeAttentionRowsApplies(q, keys.size(1), step.positions)) {
+      return DecodeAttentionSegments(q, keys.size(1), filled + 1,
+                                     AttendedSegments(layer, blocks, filled), step.positions,
+                                     key_positions, params);
+    }
+  } else if (DecodeAttentionBlocksApplies(q, blocks.keys, blocks.values, filled, step.positions,
+                                          key_positions)) {
     return DecodeAttentionBlocks(q, blocks.keys, blocks.values, filled, step.positions,
                                  key_positions, params);
   }
-  if (FlashOverBlocksApplies(q, step)) {
+  if (!newest && FlashOverBlocksApplies(q, step)) {
     // AttendBlockwise would take FlashAttention over the same runs; read straight from the
     // blocks' segments instead of through a source, views and a position narrow per block.
     const KVSegmentsOf segments = BlockSegments(blocks.keys, blocks.values, filled);
@@ -559,6 +659,10 @@ absl::StatusOr<at::Tensor> PagedKVCache::UpdateAndAttend(int64_t layer, const KV
     };
     sources.push_back(std::move(source));
   }
+  if (newest) {
+    sources.push_back(TensorSource(NewestAs(layer, true, dtype), NewestAs(layer, false, dtype),
+                                   key_positions.narrow(2, filled, 1)));
+  }
   return AttendBlockwise(q, keys.size(1), sources, step.positions, params);
 }
 
@@ -607,16 +711,15 @@ absl::StatusOr<at::Tensor> PagedKVCache::AttendQuantised(int64_t layer, const KV
   // Every query reads the entries as stored, its step's own too (llama.cpp's quantised KV
   // cache does the same), so what a request attends to does not depend on how its prompt was
   // chunked or whether its first blocks came from the prefix cache.
-  ASSIGN_OR_RETURN(const int64_t length, Write(layer, step, keys, values));
+  RETURN_IF_ERROR(Write(layer, step, keys, values).status());
   const paged::EntryFormat& format = pool_->entry_format(layer);
-  const int64_t filled = Filled(length);
-  const at::Tensor key_positions = SlotPositions(length);  // [1, 1, filled]
-  BlockList blocks = Blocks(layer, length);
+  const int64_t in_blocks = InBlocks(layer), filled = Filled(in_blocks);
+  const at::Tensor key_positions = KeyPositions(layer);  // [1, 1, filled + newest]
+  BlockList blocks = Blocks(layer, in_blocks);
   if (DecodeAttentionRowsApplies(q, keys.size(1), step.positions)) {
-    return DecodeAttentionSegments(
-        q, keys.size(1), filled,
-        BlockSegments(std::move(blocks.keys), std::move(blocks.values), filled, format),
-        step.positions, key_positions, params);
+    return DecodeAttentionSegments(q, keys.size(1), key_positions.size(2),
+                                   AttendedSegments(layer, std::move(blocks), filled),
+                                   step.positions, key_positions, params);
   }
   // Prompt chunks (and other devices): runs of up to kDecodedRun entries (whole blocks),
   // each decoded as it is read, so the transient float copy stays bounded; a prompt within
@@ -653,6 +756,10 @@ absl::StatusOr<at::Tensor> PagedKVCache::AttendQuantised(int64_t layer, const KV
     };
     sources.push_back(std::move(source));
   }
+  if (newest_[layer]) {
+    sources.push_back(TensorSource(NewestAs(layer, true, dtype), NewestAs(layer, false, dtype),
+                                   key_positions.narrow(2, filled, 1)));
+  }
   return AttendBlockwise(q, keys.size(1), sources, step.positions, params);
 }
 
@@ -677,19 +784,16 @@ absl::StatusOr<std::optional<DecodeRow>> PagedKVCache::UpdateForDecode(int64_t l
     return std::nullopt;
   }
   ASSIGN_OR_RETURN(const int64_t length, Write(layer, step, keys, values));
-  BlockList blocks = Blocks(layer, length);
+  const int64_t in_blocks = InBlocks(layer), filled = Filled(in_blocks);
   DecodeRow row;
-  row.entries = Filled(length);
+  row.entries = filled + newest_[layer];
   if (evicts()) {
-    row.key_positions = SlotPositions(length);  // [1, 1, entries]
+    row.key_positions = KeyPositions(layer);  // [1, 1, entries]
   } else {
     EnsureRamp(length);
     row.key_positions = ramp_;  // [1, 1, >= length]: the first `length` are read
   }
-  row.segments = BlockSegments(std::move(blocks.keys), std::move(blocks.values), row.entries,
-                               pool_->quantised()
-                                   ? std::optional<paged::EntryFormat>(pool_->entry_format(layer))
-                                   : std::nullopt);
+  row.segments = AttendedSegments(layer, Blocks(layer, in_blocks), filled);
   return row;
 }
 
@@ -725,6 +829,12 @@ absl::Status PagedKVCache::CopyInto(KVCache& target) const {
   copy.table_ = table_;
   copy.layer_length_ = layer_length_;
   copy.length_ = length_;
+  copy.newest_ = newest_;
+  for (size_t layer = 0; layer < newest_.size(); ++layer) {
+    if (!newest_[layer]) continue;
+    copy.newest_keys_[layer] = newest_keys_[layer].clone();
+    copy.newest_values_[layer] = newest_values_[layer].clone();
+  }
   return absl::OkStatus();
 }
 
@@ -733,9 +843,16 @@ int64_t PagedKVCache::AllocatedBytes() const {
 }
 
 int64_t PagedKVCache::IndexBytes() const {
-  return static_cast<int64_t>(table_.capacity() * sizeof(int64_t) +
-                              keys_.capacity() * sizeof(uint64_t)) +
-         (ramp_.defined() ? ramp_.numel() * 8 : 0);
+  // Bookkeeping beside the pool's blocks: tables, positions, and an evicting cache's waiting
+  // entries (one per layer).
+  int64_t bytes = static_cast<int64_t>(table_.capacity() * sizeof(int64_t) +
+                                       keys_.capacity() * sizeof(uint64_t)) +
+                  (ramp_.defined() ? ramp_.numel() * 8 : 0) +
+                  (slot_positions_.defined() ? slot_positions_.numel() * 8 : 0);
+  for (size_t layer = 0; layer < newest_keys_.size(); ++layer) {
+    if (newest_keys_[layer].defined()) bytes += 2 * newest_keys_[layer].nbytes();
+  }
+  return bytes;
 }
 
 std::string PagedKVCache::DebugName() const {

@@ -27,20 +27,21 @@
 //
 // Evicting caches in the pool (StreamingLLM's sink and window policies, PagedEviction): the
 // cache keeps the first `sink_entries` positions and the most recent ones in a fixed set of
-// budget + 1 slots (sinks first, then a ring of budget + 1 - sink_entries slots: position p
-// lives in slot p while the ring has not wrapped, in slot sinks + (p - sinks) % ring after),
-// so it never holds more than ceil((budget + 1) / entries_per_block) blocks. A step attends to
-// what the cache kept after the previous step (the sinks and the budget - sinks most recent
-// entries) plus the step's own entries, as cache/policy_kv_cache.h's sink and window caches
-// do (on every layer where PagedEvictionKeepsAsThePolicy holds): a decoding step writes its entry
-// over the oldest one (the entry the policy evicts after the previous step) and attends to every
-// slot; a prompt chunk that wraps the ring attends to a transient copy of the kept entries and its
-// own (as stored), and only its entries that stay are written. Slots hold positions out of order
-// once the ring wraps, so attention reads each slot's position (every path takes key positions). No
-// prefix sharing, no rollback once the ring has wrapped (an overwritten entry cannot come back), no
-// CUDA kernel yet (the generic path over the blocks serves device pools). Forking (KVForker, the n
-// choices of a prompt): the copy shares every block of the original, and each copies a shared block
-// before writing into it, so a fork costs no blocks until the rings turn.
+// `budget` slots (sinks first, then a ring of budget - sink_entries slots: position p lives in
+// slot p while the ring has not wrapped, in slot sinks + (p - sinks) % ring after), so it never
+// holds more than ceil(budget / entries_per_block) blocks. A step attends to what the cache
+// kept after the previous step (the sinks and the budget - sinks most recent entries) plus the
+// step's own entries, as cache/policy_kv_cache.h's sink and window caches do (on every layer
+// where PagedEvictionKeepsAsThePolicy holds). Once the slots are full, a decoding step's entry
+// waits beside them (one entry per layer, in the pool's format, outside the pool) and is
+// attended from there; the next step first writes it over the oldest recent entry, the one the
+// policy evicted. A prompt chunk that wraps the ring attends to a transient copy of the kept
+// entries and its own (as stored), and only its entries that stay are written. Slots hold
+// positions out of order once the ring wraps, so attention reads each slot's position (every
+// path takes key positions). No prefix sharing, no rollback once an entry was overwritten, no
+// CUDA kernel yet (the generic path over the blocks serves device pools). Forking (KVForker,
+// the n choices of a prompt): the copy shares every block of the original, and each copies a
+// shared block before writing into it, so a fork costs no blocks until the rings turn.
 #ifndef LGPT_CACHE_PAGED_KV_CACHE_H_
 #define LGPT_CACHE_PAGED_KV_CACHE_H_
 
@@ -59,6 +60,7 @@
 #include "cache/block_pool.h"
 #include "cache/kv_cache.h"
 #include "cache/prefix_cache.h"
+#include "core/ops/decode_attention.h"
 
 namespace lgpt {
 
@@ -134,7 +136,7 @@ class PagedKVCache : public KVCache, public KVDecodeRows, public KVRollback, pub
   // Entries every layer has seen (the next position to write).
   int64_t length() const { return length_; }
   // Whether the cache evicts (PagedEviction.budget > 0 and below the sequence length).
-  bool evicts() const { return ring_ > 0; }
+  bool evicts() const { return evicts_; }
   // Blocks the cache holds once it has seen `entries` entries (from empty).
   int64_t BlocksToHold(int64_t entries) const;
   // Takes the blocks the next step of `steps` entries writes into (CheckStep does it too):
@@ -168,10 +170,21 @@ class PagedKVCache : public KVCache, public KVDecodeRows, public KVRollback, pub
   };
   BlockList Blocks(int64_t layer, int64_t length) const;
   at::Tensor Positions(int64_t begin, int64_t length) const;
-  // Slots in use after `length` positions, and their positions: [1, 1, Filled(length)] int64
-  // on the pool's device (0, 1, ... until the ring wraps).
+  // Slots in use once `length` positions are in the blocks.
   int64_t Filled(int64_t length) const { return evicts() ? std::min(length, slots_) : length; }
-  at::Tensor SlotPositions(int64_t length) const;
+  // The positions a step of `layer` attends to after its Write: its Filled slots' (0, 1, ...
+  // until the ring wraps), then its newest entry's when it waits beside them; [1, 1, n] int64
+  // on the pool's device.
+  at::Tensor KeyPositions(int64_t layer) const;
+  // Entries of `layer` in its blocks (positions seen, less a newest entry waiting beside them).
+  int64_t InBlocks(int64_t layer) const { return layer_length_[layer] - newest_[layer]; }
+  // Writes `layer`'s waiting newest entry over the oldest recent one (nothing without a ring).
+  void PlaceNewest(int64_t layer);
+  // The segments of `layer`'s attended entries: the first `filled` slots of `blocks`, then the
+  // waiting newest entry.
+  KVSegmentsOf AttendedSegments(int64_t layer, BlockList blocks, int64_t filled) const;
+  // The waiting newest entry of `layer`, [1, G, 1, hs] in `dtype`.
+  at::Tensor NewestAs(int64_t layer, bool keys, c10::ScalarType dtype) const;
   // The slot of position `position`.
   int64_t SlotOf(int64_t position) const;
   // The step's positions [begin, begin + steps) whose entries stay in the cache after it (an
@@ -212,9 +225,14 @@ class PagedKVCache : public KVCache, public KVDecodeRows, public KVRollback, pub
 
   std::shared_ptr<BlockPool> pool_;
   int64_t max_sequence_length_;
+  bool evicts_ = false;
   int64_t sinks_ = 0;  // evicting caches: slots [0, sinks_) hold positions [0, sinks_)
   int64_t ring_ = 0;   // evicting caches: slots [sinks_, sinks_ + ring_) the recent ones
-  int64_t slots_ = 0;  // slots in all: sinks_ + ring_, or max_sequence_length_ (dense)
+  int64_t slots_ = 0;  // slots in all: the budget, or max_sequence_length_ (dense)
+  // Evicting caches, per layer: whether (1) its newest entry waits beside the slots, and that
+  // entry's keys and values [G, 1, head_size or entry_bytes] in the pool's format.
+  std::vector<int64_t> newest_;
+  std::vector<at::Tensor> newest_keys_, newest_values_;
   // Blocks in position order; CheckStep grows it for the step about to run.
   mutable std::vector<int64_t> table_;
   // Prefix keys of table_[0, keys_.size()): blocks published (or found published) so far.
@@ -222,10 +240,10 @@ class PagedKVCache : public KVCache, public KVDecodeRows, public KVRollback, pub
   std::vector<int64_t> layer_length_;  // entries written per layer
   int64_t length_ = 0;                 // entries every layer holds
   mutable at::Tensor ramp_;            // [1, 1, size]: 0, 1, 2, ... the entries' positions
-  // Evicting caches: SlotPositions of slot_positions_length_ (a new tensor per length, so
-  // decode rows holding the last one keep it).
+  // Evicting caches: KeyPositions for slot_positions_key_ = (entries in blocks, newest) (a new
+  // tensor per key, so decode rows holding the last one keep it).
   mutable at::Tensor slot_positions_;
-  mutable int64_t slot_positions_length_ = -1;
+  mutable std::pair<int64_t, int64_t> slot_positions_key_{-1, 0};
 };
 
 }  // namespace lgpt

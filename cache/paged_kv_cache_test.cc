@@ -609,13 +609,14 @@ struct RingPolicy {
   int64_t budget;
   int64_t sinks;
 };
-// 13 slots (3 whole blocks of 4 and one of 1 slot), 10 slots (2 blocks and one of 2 slots),
-// and sinks filling the budget (a ring of one slot).
+// 12 slots (3 whole blocks of 4), 9 slots (2 blocks and one of 1 slot), and sinks filling the
+// budget (no ring: a decoding step's entry waits beside the slots and is evicted after it).
 constexpr RingPolicy kSink{"sink", 12, 4};
 constexpr RingPolicy kWindow{"window", 9, 0};
 constexpr RingPolicy kAllSinks{"sink", 6, 6};
 
-int64_t RingSlots(const RingPolicy& p) { return p.budget + 1; }
+// Slots in blocks (a decoding step attends to them and its own entry, waiting beside them).
+int64_t RingSlots(const RingPolicy& p) { return p.budget; }
 int64_t RingBlocks(const RingPolicy& p, int64_t entries_per_block) {
   return (RingSlots(p) + entries_per_block - 1) / entries_per_block;
 }
@@ -828,8 +829,8 @@ TEST(PagedEvictionTest, SinkCachesOnWindowedLayersDifferWhereTheRuleSaysSo) {
 
 // A batched decoding step's rows (UpdateForDecode, then DecodeAttentionRows over several
 // requests) of wrapped evicting caches attend as each cache's own UpdateAndAttend, to the bit,
-// over every kind of pool entry; each row holds the budget + 1 slots with the kept positions
-// and the step's own.
+// over every kind of pool entry; each row holds the budget's slots and the step's own entry with
+// the kept positions and the step's own.
 TEST(PagedEvictionTest, DecodeRowsOfWrappedCachesAttendAsUpdateAndAttend) {
   for (const PoolKind& kind : {kFloat32Entries, kBFloat16Entries, kInt8Entries, kInt4Entries}) {
     SCOPED_TRACE(kind.name);
@@ -889,7 +890,7 @@ TEST(PagedEvictionTest, DecodeRowsOfWrappedCachesAttendAsUpdateAndAttend) {
           ASSERT_TRUE(row.ok()) << row.status();
           ASSERT_TRUE(row->has_value()) << "row " << r << " layer " << layer;
           const int64_t length = positions[r] + 1;
-          EXPECT_EQ((*row)->entries, std::min(length, RingSlots(policies[r])));
+          EXPECT_EQ((*row)->entries, std::min(length, RingSlots(policies[r]) + 1));
           EXPECT_EQ(SortedPositions((*row)->key_positions.narrow(2, 0, (*row)->entries)),
                     KeptPlusOwn(policies[r], positions[r], 1))
               << "row " << r << " at " << positions[r];
@@ -981,7 +982,7 @@ TEST(PagedEvictionTest, NarrowPoolsEvictAsAFloat32PoolOfTheirStoredEntries) {
 
 // However the steps come (random prompt chunks and decoding steps, blocks of 1 to 16 entries,
 // rings that end in a partial block), an evicting cache never holds more than
-// ceil((budget + 1) / entries_per_block) blocks, so a pool of exactly that many serves a long
+// ceil(budget / entries_per_block) blocks, so a pool of exactly that many serves a long
 // stream; BlocksNeeded before a step is what the step takes, BlocksToHold(n) what the cache
 // holds after n entries; Reset and destruction give every block back.
 TEST(PagedEvictionTest, HoldsAtMostTheRingsBlocksAndGivesThemBack) {
@@ -1101,8 +1102,8 @@ TEST(PagedEvictionTest, TruncatesAsTheDenseCacheOnlyUntilTheRingWraps) {
   struct Case {
     int64_t begin, step, keep;
   };
-  // kSink: 13 slots in 4 blocks of 4.
-  for (const Case c : {Case{9, 3, 1}, Case{9, 4, 2}, Case{6, 7, 3}, Case{10, 3, 3}, Case{4, 5, 1},
+  // kSink: 12 slots in 3 blocks of 4.
+  for (const Case c : {Case{9, 3, 1}, Case{8, 4, 2}, Case{6, 6, 3}, Case{9, 3, 3}, Case{4, 5, 1},
                        Case{2, 10, 5}}) {
     SCOPED_TRACE(testing::Message()
                  << "step of " << c.step << " at " << c.begin << ", keeping " << c.keep);
@@ -1163,7 +1164,7 @@ TEST(PagedEvictionTest, TruncatesAsTheDenseCacheOnlyUntilTheRingWraps) {
   std::unique_ptr<PagedKVCache> cache = EvictingCache(pool, kSink);
   ASSERT_TRUE(cache);
   ASSERT_FALSE(RunStep(*cache, 0, 11).empty());
-  ASSERT_FALSE(RunStep(*cache, 11, 4, 12).empty());  // 15 entries in 13 slots
+  ASSERT_FALSE(RunStep(*cache, 11, 4, 12).empty());  // 15 entries in 12 slots
   const absl::Status refused = cache->Truncate(12);
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
   EXPECT_EQ(cache->length(), 15);
@@ -1173,6 +1174,12 @@ TEST(PagedEvictionTest, TruncatesAsTheDenseCacheOnlyUntilTheRingWraps) {
   ASSERT_FALSE(RunStep(*full, 0, RingSlots(kSink)).empty());
   EXPECT_TRUE(full->Truncate(5).ok());
   EXPECT_EQ(full->blocks_held(), 2);
+  // Nor does a decoding step whose entry waits beside the full slots.
+  std::unique_ptr<PagedKVCache> waiting = EvictingCache(pool, kSink);
+  ASSERT_FALSE(RunStep(*waiting, 0, RingSlots(kSink)).empty());
+  ASSERT_FALSE(RunStep(*waiting, RingSlots(kSink), 1).empty());
+  EXPECT_TRUE(waiting->Truncate(RingSlots(kSink)).ok());
+  EXPECT_EQ(waiting->length(), RingSlots(kSink));
 }
 
 TEST(PagedEvictionTest, CreateChecksTheBudgetAndBudgetsCoveringTheSequenceAreDense) {

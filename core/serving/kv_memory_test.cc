@@ -215,8 +215,8 @@ TEST(KVMemoryTest, SinkAndWindowRequestsArePagedInABoundedRing) {
     EXPECT_EQ(lease.use(), KVLease::Use::kBlocks);
     EXPECT_FALSE(lease.shares_prefixes());  // its blocks are overwritten as the ring turns
     EXPECT_TRUE(KVMemory::Bounded(lease));
-    // budget + 1 slots in blocks of 4, whatever the length.
-    const int64_t bound = (spec.budget + 1 + kBlock - 1) / kBlock;
+    // `budget` slots in blocks of 4, whatever the length.
+    const int64_t bound = (spec.budget + kBlock - 1) / kBlock;
     EXPECT_EQ(memory->BlocksForStep(lease, 30, /*started=*/false), bound);
     ASSERT_TRUE(memory->Reserve(lease, 3).ok());
     Fill(*lease.cache(), 0, 3);
