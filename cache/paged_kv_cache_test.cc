@@ -481,7 +481,8 @@ TEST(PagedKVCacheTest, QuantisedPoolSharesPrefixesCopiesOnWriteAndTruncates) {
 
 // A pool on the GPU: decoding steps go through the CUDA paged decode kernel over the block
 // table, prompt chunks through the generic path; both equal the CPU pool's, for every entry
-// kind (float32, bfloat16, int8, int4).
+// kind (float32, bfloat16, int8, int4). An evicting cache (a sink ring, wrapped by the steps)
+// on the GPU attends as its CPU twin too (the generic path over its slots and waiting entry).
 TEST(PagedKVCacheTest, CudaPoolAttendsAsTheCpuPool) {
   if (!PagedAttentionHasCudaKernel()) GTEST_SKIP() << "skipped: built against a CPU-only LibTorch";
   if (!CudaAvailable()) GTEST_SKIP() << "skipped: no CUDA device";
@@ -492,43 +493,47 @@ TEST(PagedKVCacheTest, CudaPoolAttendsAsTheCpuPool) {
   };
   for (const Entries entries : {Entries{at::kFloat, 16}, Entries{at::kBFloat16, 16},
                                 Entries{at::kFloat, 8}, Entries{at::kFloat, 4}}) {
-    SCOPED_TRACE(testing::Message() << entries.dtype << " " << entries.bits << " bits");
-    std::shared_ptr<BlockPool> pools[2];
-    for (int device = 0; device < 2; ++device) {
-      KVCacheGeometry geometry = TestPoolGeometry();
-      geometry.dtype = entries.dtype;
-      if (device == 1) geometry.device = cuda;
-      BlockPoolOptions options;
-      options.entries_per_block = 4;
-      options.num_blocks = 16;
-      options.entry_bits = entries.bits;
-      pools[device] = *BlockPool::Create(geometry, options);
-    }
-    std::unique_ptr<PagedKVCache> cpu = *PagedKVCache::Create(pools[0], 64);
-    std::unique_ptr<PagedKVCache> gpu = *PagedKVCache::Create(pools[1], 64);
-    at::manual_seed(23);
-    int64_t position = 0;
-    for (const int64_t length : {6, 1, 1, 3, 1, 1, 1, 9, 1, 1}) {
-      const KVStep step = Step(position, length);
-      KVStep gpu_step = step;
-      gpu_step.positions = step.positions.to(cuda);
-      ASSERT_TRUE(cpu->CheckStep(step, 1).ok());
-      ASSERT_TRUE(gpu->CheckStep(gpu_step, 1).ok());
-      for (int64_t layer = 0; layer < 2; ++layer) {
-        const at::Tensor k = at::randn({1, 2, length, 8}), v = at::randn({1, 2, length, 8});
-        const at::Tensor q = at::randn({1, 6, length, 8});
-        AttentionParams params;
-        params.scale = 0.35;
-        params.softcap = layer == 0 ? std::optional<double>(3.0) : std::nullopt;
-        params.sliding_window = TestPoolGeometry().layers[layer].sliding_window;
-        const at::Tensor a = *cpu->UpdateAndAttend(layer, step, q, k, v, params);
-        const absl::StatusOr<at::Tensor> b =
-            gpu->UpdateAndAttend(layer, gpu_step, q.to(cuda), k.to(cuda), v.to(cuda), params);
-        ASSERT_TRUE(b.ok()) << b.status();
-        EXPECT_LT((b->cpu() - a).abs().max().item<double>(), 1e-5)
-            << "layer " << layer << " at " << position;
+    for (const PagedEviction eviction : {PagedEviction{}, PagedEviction{6, 2}}) {
+      SCOPED_TRACE(testing::Message()
+                   << entries.dtype << " " << entries.bits << " bits, budget " << eviction.budget);
+      std::shared_ptr<BlockPool> pools[2];
+      for (int device = 0; device < 2; ++device) {
+        KVCacheGeometry geometry = TestPoolGeometry();
+        geometry.dtype = entries.dtype;
+        if (device == 1) geometry.device = cuda;
+        BlockPoolOptions options;
+        options.entries_per_block = 4;
+        options.num_blocks = 16;
+        options.entry_bits = entries.bits;
+        pools[device] = *BlockPool::Create(geometry, options);
       }
-      position += length;
+      std::unique_ptr<PagedKVCache> cpu = *PagedKVCache::Create(pools[0], 64, eviction);
+      std::unique_ptr<PagedKVCache> gpu = *PagedKVCache::Create(pools[1], 64, eviction);
+      ASSERT_EQ(gpu->evicts(), eviction.budget > 0);
+      at::manual_seed(23);
+      int64_t position = 0;
+      for (const int64_t length : {6, 1, 1, 3, 1, 1, 1, 9, 1, 1}) {
+        const KVStep step = Step(position, length);
+        KVStep gpu_step = step;
+        gpu_step.positions = step.positions.to(cuda);
+        ASSERT_TRUE(cpu->CheckStep(step, 1).ok());
+        ASSERT_TRUE(gpu->CheckStep(gpu_step, 1).ok());
+        for (int64_t layer = 0; layer < 2; ++layer) {
+          const at::Tensor k = at::randn({1, 2, length, 8}), v = at::randn({1, 2, length, 8});
+          const at::Tensor q = at::randn({1, 6, length, 8});
+          AttentionParams params;
+          params.scale = 0.35;
+          params.softcap = layer == 0 ? std::optional<double>(3.0) : std::nullopt;
+          params.sliding_window = TestPoolGeometry().layers[layer].sliding_window;
+          const at::Tensor a = *cpu->UpdateAndAttend(layer, step, q, k, v, params);
+          const absl::StatusOr<at::Tensor> b =
+              gpu->UpdateAndAttend(layer, gpu_step, q.to(cuda), k.to(cuda), v.to(cuda), params);
+          ASSERT_TRUE(b.ok()) << b.status();
+          EXPECT_LT((b->cpu() - a).abs().max().item<double>(), 1e-5)
+              << "layer " << layer << " at " << position;
+        }
+        position += length;
+      }
     }
   }
 }
