@@ -246,8 +246,9 @@ std::vector<int64_t> PagedKVCache::TableSlotsToFill(int64_t steps) const {
   // one, or none), then the step's entries that stay, unless the step's one entry waits.
   std::vector<bool> written(static_cast<size_t>(BlocksToHold(length_ + steps)), false);
   const int64_t in_blocks = InBlocks(0);
-  if (newest_[0] && ring_ > 0)
+  if (newest_[0] && ring_ > 0) {
     written[static_cast<size_t>(SlotOf(in_blocks) / block_entries)] = true;
+  }
   if (!(steps == 1 && length_ >= slots_)) {
     for (const auto& [first, end] : Survivors(length_, steps)) {
       // Slots of consecutive positions are consecutive but at the ring's end: a range covers
