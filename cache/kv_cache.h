@@ -27,6 +27,7 @@
 #include "absl/strings/string_view.h"
 #include "core/ops/attention.h"
 #include "core/ops/decode_attention.h"
+#include "core/ops/paged_attention.h"
 
 namespace lgpt {
 
@@ -137,6 +138,26 @@ class KVDecodeRows {
                                                                    const KVStep& step,
                                                                    const at::Tensor& keys,
                                                                    const at::Tensor& values) = 0;
+};
+
+// Batched decoding over a device pool (cache/routing_kv_cache.h): a cache whose rows attend
+// together with other caches' rows of the same pool in one PagedDecodeRows launch
+// (core/ops/paged_attention.h: the CUDA paged decode kernel).
+class KVTableRows {
+ public:
+  virtual ~KVTableRows() = default;
+  // A decoding step's row as the paged kernel reads it: the pool's layer and the request's
+  // blocks, length and query position.
+  struct Row {
+    PagedKVLayer layer;
+    PagedDecodeRow row;
+  };
+  // Stores the step's keys/values for `layer` as Update does and returns the row; nullopt when
+  // this step cannot (not one token): then nothing is stored and the caller uses
+  // UpdateAndAttend. Batch size 1.
+  virtual absl::StatusOr<std::optional<Row>> UpdateForTable(int64_t layer, const KVStep& step,
+                                                            const at::Tensor& keys,
+                                                            const at::Tensor& values) = 0;
 };
 
 // Policies that score entries by the attention they receive.
@@ -255,6 +276,8 @@ class KVCache {
   virtual const KVStorageBound* storage_bound() const { return nullptr; }
   // Batched decoding (cache/routing_kv_cache.h): rows attended together.
   virtual KVDecodeRows* decode_rows() { return nullptr; }
+  // Batched decoding over a device pool: rows attended by one paged kernel launch.
+  virtual KVTableRows* table_rows() { return nullptr; }
   // Policies that score entries by the attention they receive (the default UpdateAndAttend
   // hands it the weights).
   virtual KVAttentionScorer* attention_scorer() { return nullptr; }

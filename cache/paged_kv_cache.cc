@@ -673,34 +673,38 @@ bool PagedKVCache::PagedKernelApplies(const at::Tensor& q) const {
          !(q.requires_grad() && at::GradMode::is_enabled());
 }
 
+KVTableRows* PagedKVCache::table_rows() {
+  return pool_->device().is_cuda() && PagedAttentionHasCudaKernel() && !evicts() ? this : nullptr;
+}
+
+absl::StatusOr<std::optional<KVTableRows::Row>> PagedKVCache::UpdateForTable(
+    int64_t layer, const KVStep& step, const at::Tensor& keys, const at::Tensor& values) {
+  if (evicts() || keys.dim() != 4 || keys.size(2) != 1) return std::nullopt;
+  ASSIGN_OR_RETURN(const int64_t length, Write(layer, step, keys, values));
+  Row row;
+  row.layer.keys = pool_->layer_keys(layer);
+  row.layer.values = pool_->layer_values(layer);
+  if (pool_->quantised()) {
+    row.layer.bits = pool_->entry_bits();
+    row.layer.group_size = pool_->entry_format(layer).group_size;
+  }
+  row.row.blocks.assign(table_.begin(), table_.begin() + pool_->BlocksFor(length));
+  row.row.length = length;
+  row.row.query_position = step.max_position;
+  return row;
+}
+
 absl::StatusOr<at::Tensor> PagedKVCache::AttendThroughTable(int64_t layer, const KVStep& step,
                                                             const at::Tensor& q,
                                                             const at::Tensor& keys,
                                                             const at::Tensor& values,
                                                             const AttentionParams& params) {
-  ASSIGN_OR_RETURN(const int64_t length, Write(layer, step, keys, values));
-  PagedKVLayer entries;
-  entries.keys = pool_->layer_keys(layer);
-  entries.values = pool_->layer_values(layer);
-  if (pool_->quantised()) {
-    entries.bits = pool_->entry_bits();
-    entries.group_size = pool_->entry_format(layer).group_size;
-  }
   // The block table, length and query position as plain data on the device (a few bytes a
   // layer and step; the kernel reads them there).
-  const auto host = at::TensorOptions().dtype(at::kInt);
-  const int64_t blocks = pool_->BlocksFor(length);
-  std::vector<int32_t> table(table_.begin(), table_.begin() + blocks);
-  table.push_back(static_cast<int32_t>(length));
-  table.push_back(static_cast<int32_t>(step.max_position));
-  const at::Tensor data = at::tensor(table, host).to(pool_->device(), /*non_blocking=*/true);
-  PagedDecodeBatch batch;
-  batch.block_tables = data.narrow(0, 0, blocks).view({1, blocks});
-  batch.lengths = data.narrow(0, blocks, 1);
-  batch.query_positions = data.narrow(0, blocks + 1, 1);
-  batch.max_length = length;
+  ASSIGN_OR_RETURN(const std::optional<Row> row, UpdateForTable(layer, step, keys, values));
+  if (!row) return absl::InternalError("PagedKVCache: a one-token step without a table row");
   ASSIGN_OR_RETURN(const at::Tensor y,
-                   PagedDecodeAttention(q.select(2, 0), entries, batch, params));
+                   PagedDecodeRows(q.select(2, 0), row->layer, {row->row}, params));
   return y.unsqueeze(2);  // [1, n_head, 1, hs]
 }
 

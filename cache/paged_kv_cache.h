@@ -80,7 +80,11 @@ struct PagedEviction {
 // more recent entries instead; the paged cache, one slot layout for every layer, keeps them).
 bool PagedEvictionKeepsAsThePolicy(const PagedEviction& eviction, int64_t window);
 
-class PagedKVCache : public KVCache, public KVDecodeRows, public KVRollback, public KVForker {
+class PagedKVCache : public KVCache,
+                     public KVDecodeRows,
+                     public KVTableRows,
+                     public KVRollback,
+                     public KVForker {
  public:
   // A cache of up to `max_sequence_length` positions over `pool`, keeping what `eviction`
   // says. InvalidArgument for a missing pool, max_sequence_length < 1, a negative budget or
@@ -107,6 +111,12 @@ class PagedKVCache : public KVCache, public KVDecodeRows, public KVRollback, pub
                                                            const at::Tensor& keys,
                                                            const at::Tensor& values) override;
   KVDecodeRows* decode_rows() override { return this; }
+  // Device pools with the CUDA paged kernel (dense caches).
+  KVTableRows* table_rows() override;
+  // Any dense cache's one-token step (CPU pools too: the kernel's CPU twin reads the row).
+  absl::StatusOr<std::optional<Row>> UpdateForTable(int64_t layer, const KVStep& step,
+                                                    const at::Tensor& keys,
+                                                    const at::Tensor& values) override;
   // Dense caches only (an evicting cache cannot bring back what it overwrote).
   KVRollback* rollback() override { return evicts() ? nullptr : this; }
   // Evicting caches only (dense ones share their prompt's blocks through the prefix cache).

@@ -479,6 +479,80 @@ TEST(PagedKVCacheTest, QuantisedPoolSharesPrefixesCopiesOnWriteAndTruncates) {
   }
 }
 
+// Table rows (KVTableRows, the device pools' batched step): three caches of different
+// lengths over one pool hand their one-token steps over as rows, and one PagedDecodeRows call
+// (here the kernel's CPU twin) attends as each cache's own UpdateAndAttend; an evicting cache
+// and a prompt chunk hand over none (and store nothing).
+TEST(PagedKVCacheTest, TableRowsOfSeveralCachesAttendAsEachAlone) {
+  for (const int bits : {16, 8}) {
+    SCOPED_TRACE(testing::Message() << bits << " bits");
+    std::shared_ptr<BlockPool> pool = bits == 16 ? TestPool(64) : QuantisedPool(bits, 64);
+    std::vector<std::unique_ptr<PagedKVCache>> rows, alone;
+    const std::vector<int64_t> prompts = {3, 9, 1};
+    at::manual_seed(29);
+    for (const int64_t prompt : prompts) {
+      rows.push_back(*PagedKVCache::Create(pool, 64));
+      alone.push_back(*PagedKVCache::Create(pool, 64));
+      const KVStep step = Step(0, prompt);
+      for (auto* cache : {rows.back().get(), alone.back().get()}) {
+        ASSERT_TRUE(cache->CheckStep(step, 1).ok());
+      }
+      for (int64_t layer = 0; layer < 2; ++layer) {
+        const at::Tensor k = at::randn({1, 2, prompt, 8}), v = at::randn({1, 2, prompt, 8});
+        const at::Tensor q = at::randn({1, 6, prompt, 8});
+        if (prompt > 1) {  // a prompt chunk is no table row (and stores nothing)
+          EXPECT_FALSE(rows.back()->UpdateForTable(layer, step, k, v)->has_value());
+        }
+        for (auto* cache : {rows.back().get(), alone.back().get()}) {
+          ASSERT_TRUE(cache->UpdateAndAttend(layer, step, q, k, v, AttentionParams{0.35}).ok());
+        }
+      }
+    }
+    for (int64_t decode = 0; decode < 6; ++decode) {
+      for (size_t r = 0; r < rows.size(); ++r) {
+        const KVStep step = Step(rows[r]->length(), 1);
+        ASSERT_TRUE(rows[r]->CheckStep(step, 1).ok());
+        ASSERT_TRUE(alone[r]->CheckStep(step, 1).ok());
+      }
+      for (int64_t layer = 0; layer < 2; ++layer) {
+        AttentionParams params;
+        params.scale = 0.35;
+        params.sliding_window = TestPoolGeometry().layers[layer].sliding_window;
+        std::vector<PagedDecodeRow> table;
+        std::vector<at::Tensor> queries, expected;
+        PagedKVLayer layer_entries;
+        for (size_t r = 0; r < rows.size(); ++r) {
+          const KVStep step = Step(rows[r]->length(), 1);
+          const at::Tensor k = at::randn({1, 2, 1, 8}), v = at::randn({1, 2, 1, 8});
+          const at::Tensor q = at::randn({1, 6, 1, 8});
+          const absl::StatusOr<std::optional<KVTableRows::Row>> row =
+              rows[r]->UpdateForTable(layer, step, k, v);
+          ASSERT_TRUE(row.ok()) << row.status();
+          ASSERT_TRUE(row->has_value());
+          EXPECT_EQ((*row)->row.length, step.max_position + 1);
+          EXPECT_TRUE((*row)->layer.keys.is_same(pool->layer_keys(layer)));
+          layer_entries = (*row)->layer;
+          table.push_back((*row)->row);
+          queries.push_back(q.select(2, 0));
+          expected.push_back(*alone[r]->UpdateAndAttend(layer, step, q, k, v, params));
+        }
+        const absl::StatusOr<at::Tensor> y =
+            PagedDecodeRows(at::cat(queries), layer_entries, table, params);
+        ASSERT_TRUE(y.ok()) << y.status();
+        EXPECT_LT((y->unsqueeze(2) - at::cat(expected)).abs().max().item<double>(), 1e-5)
+            << "layer " << layer;
+      }
+    }
+  }
+  std::unique_ptr<PagedKVCache> evicting =
+      *PagedKVCache::Create(TestPool(16), 64, PagedEviction{6, 2});
+  ASSERT_TRUE(evicting->CheckStep(Step(0, 1), 1).ok());
+  EXPECT_FALSE(
+      evicting->UpdateForTable(0, Step(0, 1), at::randn({1, 2, 1, 8}), at::randn({1, 2, 1, 8}))
+          ->has_value());
+  EXPECT_EQ(evicting->table_rows(), nullptr);  // a CPU pool, and an evicting cache
+}
+
 // A pool on the GPU: decoding steps go through the CUDA paged decode kernel over the block
 // table, prompt chunks through the generic path; both equal the CPU pool's, for every entry
 // kind (float32, bfloat16, int8, int4). An evicting cache (a sink ring, wrapped by the steps)

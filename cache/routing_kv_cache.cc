@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/base/status_macros.h"
 #include "core/ops/decode_attention.h"
+#include "core/ops/paged_attention.h"
 
 namespace lgpt {
 namespace {
@@ -206,6 +207,10 @@ absl::StatusOr<at::Tensor> RoutingKVCache::AttendRows(int64_t layer, const at::T
                                            keys.narrow(0, row, 1), values.narrow(0, row, 1),
                                            params);
   };
+  if (count >= 2 && keys.defined() && keys.dim() == 4 && !q.device().is_cpu()) {
+    ASSIGN_OR_RETURN(std::optional<at::Tensor> y, AttendTableRows(layer, q, keys, values, params));
+    if (y.has_value()) return *std::move(y);
+  }
   if (count < 2 || !keys.defined() || keys.dim() != 4 ||
       !DecodeAttentionRowsApplies(q, keys.size(1), rows_step_.positions)) {
     std::vector<at::Tensor> outputs;
@@ -248,6 +253,58 @@ absl::StatusOr<at::Tensor> RoutingKVCache::AttendRows(int64_t layer, const at::T
                                         positions.index_select(0, index), params));
   }
   for (const auto& [row, y] : others) out.narrow(0, row, 1).copy_(y);
+  return out;
+}
+
+absl::StatusOr<std::optional<at::Tensor>> RoutingKVCache::AttendTableRows(
+    int64_t layer, const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
+    const AttentionParams& params) {
+  const int64_t count = q.size(0);
+  std::vector<KVTableRows*> tables(count);
+  bool any = false;
+  for (int64_t row = 0; row < count; ++row) {
+    tables[row] = batch_.caches[rows_begin_ + row]->table_rows();
+    any = any || tables[row] != nullptr;
+  }
+  if (!any) return std::nullopt;
+  RETURN_IF_ERROR(CheckQueries(layer, q, keys));
+  // Rows by pool (its layer's key storage), each pool's in one launch.
+  struct Pool {
+    PagedKVLayer layer;
+    std::vector<PagedDecodeRow> rows;
+    std::vector<int64_t> indices;
+  };
+  std::vector<Pool> pools;
+  at::Tensor out = at::empty(q.sizes(), q.options());  // [rows, n_head, 1, hs]
+  for (int64_t row = 0; row < count; ++row) {
+    const KVStep& step = sequence_steps_[rows_begin_ + row];
+    std::optional<KVTableRows::Row> table_row;
+    if (tables[row] != nullptr) {
+      ASSIGN_OR_RETURN(table_row, tables[row]->UpdateForTable(layer, step, keys.narrow(0, row, 1),
+                                                              values.narrow(0, row, 1)));
+    }
+    if (!table_row) {
+      ASSIGN_OR_RETURN(const at::Tensor y,
+                       batch_.caches[rows_begin_ + row]->UpdateAndAttend(
+                           layer, step, q.narrow(0, row, 1), keys.narrow(0, row, 1),
+                           values.narrow(0, row, 1), params));
+      out.narrow(0, row, 1).copy_(y);
+      continue;
+    }
+    auto pool = std::find_if(pools.begin(), pools.end(), [&](const Pool& p) {
+      return p.layer.keys.is_same(table_row->layer.keys);
+    });
+    if (pool == pools.end()) pool = pools.insert(pools.end(), Pool{table_row->layer, {}, {}});
+    pool->rows.push_back(std::move(table_row->row));
+    pool->indices.push_back(row);
+  }
+  for (const Pool& pool : pools) {
+    const at::Tensor index = at::tensor(pool.indices, at::kLong).to(q.device());
+    ASSIGN_OR_RETURN(const at::Tensor y,
+                     PagedDecodeRows(q.index_select(0, index).select(2, 0), pool.layer, pool.rows,
+                                     params));  // [n, n_head, hs]
+    out.index_copy_(0, index, y.unsqueeze(2));
+  }
   return out;
 }
 

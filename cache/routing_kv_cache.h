@@ -10,7 +10,8 @@
 // its batch-1 forward pass (up to the rounding of matrix products over another row count).
 // One-token sequences (decode rows: all of a kBatch step, the trailing run of a kTime step)
 // attend in one DecodeAttentionRows pass where their caches allow (UpdateForDecode: the same
-// bits as each row alone), the others through their own UpdateAndAttend. A sequence the
+// bits as each row alone), on a device in one paged kernel launch per pool (UpdateForTable),
+// the others through their own UpdateAndAttend. A sequence the
 // layout marks sequential (KVBatch::sequential: speculative verification) gets
 // KVStep::sequential, so it attends as its batch-1 verification step does.
 //
@@ -21,6 +22,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -74,6 +76,13 @@ class RoutingKVCache : public KVCache {
   // [rows, G, 1, hs] -> [rows, n_head, 1, hs].
   absl::StatusOr<at::Tensor> AttendRows(int64_t layer, const at::Tensor& q, const at::Tensor& keys,
                                         const at::Tensor& values, const AttentionParams& params);
+  // The same on a device whose pools attend through a paged kernel (KVTableRows): the rows
+  // of each pool in one PagedDecodeRows launch, the others alone; nullopt, storing nothing,
+  // when no row's cache has such a kernel.
+  absl::StatusOr<std::optional<at::Tensor>> AttendTableRows(int64_t layer, const at::Tensor& q,
+                                                            const at::Tensor& keys,
+                                                            const at::Tensor& values,
+                                                            const AttentionParams& params);
 
   KVBatch batch_;
   std::vector<int64_t> offsets_;  // along kTime: each sequence's first step

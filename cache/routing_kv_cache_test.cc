@@ -16,6 +16,8 @@
 #include "cache/kv_batch.h"
 #include "cache/kv_cache_factory.h"
 #include "cache/paged_kv_cache.h"
+#include "core/base/device.h"
+#include "core/ops/paged_attention.h"
 
 namespace lgpt {
 namespace {
@@ -232,6 +234,90 @@ TEST(RoutingKVCacheTest, RefusesBadLayoutsAndSteps) {
       Step(at::tensor(std::vector<int64_t>{0, 1, kContext}, at::kLong).unsqueeze(0)), 1);
   EXPECT_FALSE(past.ok());
   EXPECT_NE(past.message().find("sequence 1"), absl::string_view::npos) << past;
+}
+
+// On the GPU, rows of caches over device pools attend in one paged kernel launch per pool
+// (KVTableRows), beside rows that attend on their own (a dense cache, an evicting ring), and
+// each row equals its twin attending alone (the same kernel over one request).
+TEST(RoutingKVCacheTest, DeviceRowsAttendInOneLaunchPerPoolAsAlone) {
+  if (!PagedAttentionHasCudaKernel()) GTEST_SKIP() << "skipped: built against a CPU-only LibTorch";
+  if (!CudaAvailable()) GTEST_SKIP() << "skipped: no CUDA device";
+  const c10::Device cuda(c10::kCUDA, 0);
+  at::manual_seed(5);
+  BlockPoolOptions pool_options;
+  pool_options.entries_per_block = 4;
+  pool_options.num_blocks = 64;
+  KVCacheShape shape = Shape(0);
+  shape.device = cuda;
+  std::shared_ptr<BlockPool> pools[2] = {*BlockPool::Create(shape, pool_options),
+                                         *BlockPool::Create(shape, pool_options)};
+  // Kinds: 0, 1 paged over the first pool or the second; 2 a dense cache on the device; 3 a
+  // sink ring over the first pool.
+  const std::vector<int> kinds = {0, 1, 0, 2, 3, 0};
+  const std::vector<int64_t> prompts = {9, 3, 12, 5, 14, 1};
+  auto make = [&](int kind) -> std::unique_ptr<KVCache> {
+    switch (kind) {
+      case 0:
+      case 1:
+        return *PagedKVCache::Create(pools[kind], kContext);
+      case 2:
+        return *MakeKVCache(KVCacheSpec(), shape);
+      default:
+        return *PagedKVCache::Create(pools[0], kContext, PagedEviction{6, 2});
+    }
+  };
+  const int64_t batch = static_cast<int64_t>(kinds.size());
+  std::vector<std::unique_ptr<KVCache>> rows, alone;
+  for (int kind : kinds) {
+    rows.push_back(make(kind));
+    alone.push_back(make(kind));
+  }
+  AttentionParams params;
+  params.scale = 0.25;
+  for (int64_t b = 0; b < batch; ++b) {
+    const at::Tensor k = at::randn({1, kGroups, prompts[b], kHeadSize}).to(cuda);
+    const at::Tensor v = at::randn({1, kGroups, prompts[b], kHeadSize}).to(cuda);
+    const at::Tensor q = at::randn({1, kHeads, prompts[b], kHeadSize}).to(cuda);
+    const KVStep step = Step(at::arange(prompts[b], at::kLong).unsqueeze(0).to(cuda));
+    for (KVCache* cache : {rows[b].get(), alone[b].get()}) {
+      ASSERT_TRUE(cache->CheckStep(step, 1).ok());
+      for (int64_t layer = 0; layer < 2; ++layer) {
+        ASSERT_TRUE(cache->UpdateAndAttend(layer, step, q, k, v, params).ok());
+      }
+    }
+  }
+  std::vector<KVCache*> pointers;
+  for (const auto& row : rows) pointers.push_back(row.get());
+  KVBatch layout;
+  layout.axis = KVBatch::Axis::kBatch;
+  layout.caches = pointers;
+  layout.lengths.assign(pointers.size(), 1);
+  absl::StatusOr<RoutingKVCache> batched = RoutingKVCache::Create(layout);
+  ASSERT_TRUE(batched.ok()) << batched.status();
+  for (int64_t t = 0; t < 6; ++t) {
+    at::Tensor positions = at::empty({batch, 1}, at::kLong);
+    for (int64_t b = 0; b < batch; ++b) positions[b][0] = prompts[b] + t;
+    const KVStep step = Step(positions.to(cuda));
+    ASSERT_TRUE(batched->CheckStep(step, batch).ok());
+    for (int64_t b = 0; b < batch; ++b) {
+      ASSERT_TRUE(alone[b]->CheckStep(Step(positions.narrow(0, b, 1).to(cuda)), 1).ok());
+    }
+    for (int64_t layer = 0; layer < 2; ++layer) {
+      const at::Tensor q = at::randn({batch, kHeads, 1, kHeadSize}).to(cuda);
+      const at::Tensor k = at::randn({batch, kGroups, 1, kHeadSize}).to(cuda);
+      const at::Tensor v = at::randn({batch, kGroups, 1, kHeadSize}).to(cuda);
+      absl::StatusOr<at::Tensor> y = batched->UpdateAndAttend(layer, step, q, k, v, params);
+      ASSERT_TRUE(y.ok()) << y.status();
+      for (int64_t b = 0; b < batch; ++b) {
+        absl::StatusOr<at::Tensor> expected = alone[b]->UpdateAndAttend(
+            layer, Step(positions.narrow(0, b, 1).to(cuda)), q.narrow(0, b, 1), k.narrow(0, b, 1),
+            v.narrow(0, b, 1), params);
+        ASSERT_TRUE(expected.ok()) << expected.status();
+        EXPECT_LT((y->narrow(0, b, 1) - *expected).abs().max().item<double>(), 1e-5)
+            << "step " << t << " layer " << layer << " row " << b << " (kind " << kinds[b] << ")";
+      }
+    }
+  }
 }
 
 TEST(RoutingKVCacheTest, OnlyFloat32CpuRowsTakeTheOnePassPath) {

@@ -354,6 +354,45 @@ absl::StatusOr<at::Tensor> PagedDecodeAttention(const at::Tensor& q, const Paged
   return out.to(q.scalar_type());
 }
 
+absl::StatusOr<at::Tensor> PagedDecodeRows(const at::Tensor& q, const PagedKVLayer& layer,
+                                           const std::vector<PagedDecodeRow>& rows,
+                                           const AttentionParams& params,
+                                           const PagedDecodeOptions& options) {
+  if (rows.empty()) return absl::InvalidArgumentError("PagedDecodeRows: no rows");
+  const int64_t block_entries = layer.keys.dim() == 4 ? layer.keys.size(2) : 0;
+  size_t width = 1;
+  int64_t max_length = 0;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const PagedDecodeRow& row = rows[r];
+    if (row.length < 0 || block_entries < 1 ||
+        static_cast<int64_t>(row.blocks.size()) * block_entries < row.length) {
+      return absl::InvalidArgumentError(absl::StrCat("PagedDecodeRows: rows[", r, "] holds ",
+                                                     row.length, " entries in ", row.blocks.size(),
+                                                     " blocks of ", block_entries));
+    }
+    width = std::max(width, row.blocks.size());
+    max_length = std::max(max_length, row.length);
+  }
+  // [R * width] tables (padding past a row's blocks is never read), then R lengths, then R
+  // query positions: one host tensor, one copy.
+  const int64_t count = static_cast<int64_t>(rows.size());
+  std::vector<int32_t> data(rows.size() * (width + 2), 0);
+  for (size_t r = 0; r < rows.size(); ++r) {
+    std::copy(rows[r].blocks.begin(), rows[r].blocks.end(), data.begin() + r * width);
+    data[rows.size() * width + r] = static_cast<int32_t>(rows[r].length);
+    data[rows.size() * (width + 1) + r] = static_cast<int32_t>(rows[r].query_position);
+  }
+  const at::Tensor all =
+      at::tensor(data, at::TensorOptions().dtype(at::kInt)).to(layer.keys.device(), true);
+  PagedDecodeBatch batch;
+  batch.block_tables = all.narrow(0, 0, count * static_cast<int64_t>(width))
+                           .view({count, static_cast<int64_t>(width)});
+  batch.lengths = all.narrow(0, count * static_cast<int64_t>(width), count);
+  batch.query_positions = all.narrow(0, count * static_cast<int64_t>(width + 1), count);
+  batch.max_length = max_length;
+  return PagedDecodeAttention(q, layer, batch, params, options);
+}
+
 bool PagedAttentionHasCudaKernel() {
 #ifdef LGPT_LIBTORCH_HAS_CUDA
   return true;

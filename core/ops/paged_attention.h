@@ -20,6 +20,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "core/ops/attention_mask.h"
@@ -68,6 +69,24 @@ absl::StatusOr<at::Tensor> PagedDecodeAttention(const at::Tensor& q, const Paged
                                                 const PagedDecodeBatch& batch,
                                                 const AttentionParams& params,
                                                 const PagedDecodeOptions& options = {});
+
+// One request of a decoding step as host data: its blocks in order (entry e in blocks[e /
+// entries_per_block]), its length and its query's position.
+struct PagedDecodeRow {
+  std::vector<int32_t> blocks;
+  int64_t length = 0;
+  int64_t query_position = 0;
+};
+
+// PagedDecodeAttention over `rows` (the serving engine's batched step, one kernel launch for
+// every request): q [R, n_head, head_size], row r's query attending over rows[r]'s entries.
+// The block tables, padded to the longest, the lengths and the query positions travel to the
+// pool's device in one copy. InvalidArgument for no rows, a row's blocks too few for its length
+// (naming `rows[r]`), or PagedDecodeAttention's errors.
+absl::StatusOr<at::Tensor> PagedDecodeRows(const at::Tensor& q, const PagedKVLayer& layer,
+                                           const std::vector<PagedDecodeRow>& rows,
+                                           const AttentionParams& params,
+                                           const PagedDecodeOptions& options = {});
 
 // The entries per split PagedDecodeAttention uses for `heads_per_group` query heads a group
 // and `head_size` channels (the shared-memory bound applied to options.entries_per_split).

@@ -418,6 +418,48 @@ TEST(PagedDecodeAttention, EntriesPerSplitFitSharedMemory) {
   EXPECT_GE(mqa, 32);
 }
 
+// The fixture's requests as host rows: each its own blocks only (tables of different widths).
+std::vector<PagedDecodeRow> RowsOf(const Fixture& f) {
+  const int64_t block_entries = f.layer.keys.size(2);
+  std::vector<PagedDecodeRow> rows;
+  for (int64_t r = 0; r < f.batch.block_tables.size(0); ++r) {
+    PagedDecodeRow row;
+    row.length = f.batch.lengths[r].item<int64_t>();
+    row.query_position = f.batch.query_positions[r].item<int64_t>();
+    for (int64_t b = 0; b * block_entries < row.length; ++b) {
+      row.blocks.push_back(f.batch.block_tables[r][b].item<int32_t>());
+    }
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+// Host rows (the serving engine's batched step) attend as the batch they describe, to the bit:
+// the padding of shorter tables is never read.
+TEST(PagedDecodeRows, EqualTheBatchTheyDescribe) {
+  ForEveryCase(200, [](const Case& c, const Fixture& f, const PagedDecodeOptions& options) {
+    const absl::StatusOr<at::Tensor> batched =
+        PagedDecodeAttention(f.q, f.layer, f.batch, c.params, options);
+    const absl::StatusOr<at::Tensor> rows =
+        PagedDecodeRows(f.q, f.layer, RowsOf(f), c.params, options);
+    ASSERT_TRUE(batched.ok() && rows.ok()) << batched.status() << " " << rows.status();
+    EXPECT_TRUE(at::equal(*rows, *batched));
+  });
+}
+
+TEST(PagedDecodeRows, ErrorsNameTheRow) {
+  const Case c = Cases()[0];
+  const Fixture f = Build(c, {EntryKind::kFloat32, 64, 32}, 33);
+  EXPECT_EQ(PagedDecodeRows(f.q, f.layer, {}, c.params).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  std::vector<PagedDecodeRow> rows = RowsOf(f);
+  ASSERT_GE(rows.size(), 2u);
+  rows[1].length = static_cast<int64_t>(rows[1].blocks.size()) * f.layer.keys.size(2) + 1;
+  const absl::Status status = PagedDecodeRows(f.q, f.layer, rows, c.params).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("rows[1]"), std::string::npos) << status;
+}
+
 // ---- CUDA kernel against its twin ----
 
 // The fixture's pool and batch on `device`.

@@ -22,6 +22,7 @@ TESTS=(
   //core/ops:kv_slot_write_test
   //core/ops:paged_attention_test
   //cache:paged_kv_cache_test
+  //cache:routing_kv_cache_test
   //core/base:device_test
   //tests:golden_test
 )
