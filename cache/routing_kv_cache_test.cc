@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -57,29 +58,37 @@ std::unique_ptr<KVCache> MakeRow(int kind, const std::shared_ptr<BlockPool>& poo
   }
 }
 
-// Rows of `kinds` after prompts of `prompts` tokens, then decode steps: the batch's result
-// for each row must equal the row's twin attending alone.
-void ExpectRowsAttendAlone(const std::vector<int>& kinds, const std::vector<int64_t>& prompts) {
-  at::manual_seed(3);
+// A pool of 64 blocks of 4 entries for Shape(0) on `device`.
+std::shared_ptr<BlockPool> RowPool(const c10::Device& device) {
   BlockPoolOptions pool_options;
   pool_options.entries_per_block = 4;
   pool_options.num_blocks = 64;
   KVCacheGeometry geometry = Shape(0);
-  std::shared_ptr<BlockPool> pool = *BlockPool::Create(geometry, pool_options);
+  geometry.device = device;
+  return *BlockPool::Create(geometry, pool_options);
+}
+
+// Rows `make(kind)` of `kinds` (and their twins) after prompts of `prompts` tokens, then decode
+// steps, on `device`: the batch's result for each row must equal the row's twin attending
+// alone, to the bit (`exact`) or within 1e-5.
+void ExpectRowsAttendAlone(const std::vector<int>& kinds, const std::vector<int64_t>& prompts,
+                           const std::function<std::unique_ptr<KVCache>(int)>& make,
+                           const c10::Device& device, bool exact) {
+  at::manual_seed(3);
   const int64_t batch = static_cast<int64_t>(kinds.size());
   std::vector<std::unique_ptr<KVCache>> rows, alone;  // the batch's rows and their twins
   for (int kind : kinds) {
-    rows.push_back(MakeRow(kind, pool));
-    alone.push_back(MakeRow(kind, pool));
+    rows.push_back(make(kind));
+    alone.push_back(make(kind));
   }
   AttentionParams params;
   params.scale = 0.25;
   // Prompts, each row on its own (the same entries in a row and its twin).
   for (int64_t b = 0; b < batch; ++b) {
-    const at::Tensor k = at::randn({1, kGroups, prompts[b], kHeadSize});
-    const at::Tensor v = at::randn({1, kGroups, prompts[b], kHeadSize});
-    const at::Tensor q = at::randn({1, kHeads, prompts[b], kHeadSize});
-    const KVStep step = Step(at::arange(prompts[b], at::kLong).unsqueeze(0));
+    const at::Tensor k = at::randn({1, kGroups, prompts[b], kHeadSize}).to(device);
+    const at::Tensor v = at::randn({1, kGroups, prompts[b], kHeadSize}).to(device);
+    const at::Tensor q = at::randn({1, kHeads, prompts[b], kHeadSize}).to(device);
+    const KVStep step = Step(at::arange(prompts[b], at::kLong).unsqueeze(0).to(device));
     for (KVCache* cache : {rows[b].get(), alone[b].get()}) {
       ASSERT_TRUE(cache->CheckStep(step, 1).ok());
       for (int64_t layer = 0; layer < 2; ++layer) {
@@ -98,15 +107,16 @@ void ExpectRowsAttendAlone(const std::vector<int>& kinds, const std::vector<int6
   for (int64_t t = 0; t < 6; ++t) {  // decode steps, every row at its own position
     at::Tensor positions = at::empty({batch, 1}, at::kLong);
     for (int64_t b = 0; b < batch; ++b) positions[b][0] = prompts[b] + t;
+    positions = positions.to(device);
     const KVStep step = Step(positions);
     ASSERT_TRUE(batched->CheckStep(step, batch).ok());
     for (int64_t b = 0; b < batch; ++b) {
       ASSERT_TRUE(alone[b]->CheckStep(Step(positions.narrow(0, b, 1)), 1).ok());
     }
     for (int64_t layer = 0; layer < 2; ++layer) {
-      const at::Tensor q = at::randn({batch, kHeads, 1, kHeadSize});
-      const at::Tensor k = at::randn({batch, kGroups, 1, kHeadSize});
-      const at::Tensor v = at::randn({batch, kGroups, 1, kHeadSize});
+      const at::Tensor q = at::randn({batch, kHeads, 1, kHeadSize}).to(device);
+      const at::Tensor k = at::randn({batch, kGroups, 1, kHeadSize}).to(device);
+      const at::Tensor v = at::randn({batch, kGroups, 1, kHeadSize}).to(device);
       absl::StatusOr<at::Tensor> y = batched->UpdateAndAttend(layer, step, q, k, v, params);
       ASSERT_TRUE(y.ok()) << y.status();
       ASSERT_EQ(y->sizes(), q.sizes());
@@ -115,11 +125,21 @@ void ExpectRowsAttendAlone(const std::vector<int>& kinds, const std::vector<int6
             alone[b]->UpdateAndAttend(layer, Step(positions.narrow(0, b, 1)), q.narrow(0, b, 1),
                                       k.narrow(0, b, 1), v.narrow(0, b, 1), params);
         ASSERT_TRUE(expected.ok()) << expected.status();
-        EXPECT_TRUE(at::equal(y->narrow(0, b, 1), *expected))
-            << "step " << t << " layer " << layer << " row " << b << " (kind " << kinds[b] << ")";
+        const double difference = (y->narrow(0, b, 1) - *expected).abs().max().item<double>();
+        EXPECT_TRUE(exact ? at::equal(y->narrow(0, b, 1), *expected) : difference < 1e-5)
+            << difference << " at step " << t << " layer " << layer << " row " << b << " (kind "
+            << kinds[b] << ")";
       }
     }
   }
+}
+
+// The CPU rows: kinds of MakeRow over one CPU pool, batched to the bit.
+void ExpectRowsAttendAlone(const std::vector<int>& kinds, const std::vector<int64_t>& prompts) {
+  const std::shared_ptr<BlockPool> pool = RowPool(c10::Device(c10::kCPU));
+  ExpectRowsAttendAlone(
+      kinds, prompts, [&](int kind) { return MakeRow(kind, pool); }, c10::Device(c10::kCPU),
+      /*exact=*/true);
 }
 
 TEST(RoutingKVCacheTest, OnePassRowsAttendAsAlone) {
@@ -243,19 +263,12 @@ TEST(RoutingKVCacheTest, DeviceRowsAttendInOneLaunchPerPoolAsAlone) {
   if (!PagedAttentionHasCudaKernel()) GTEST_SKIP() << "skipped: built against a CPU-only LibTorch";
   if (!CudaAvailable()) GTEST_SKIP() << "skipped: no CUDA device";
   const c10::Device cuda(c10::kCUDA, 0);
-  at::manual_seed(5);
-  BlockPoolOptions pool_options;
-  pool_options.entries_per_block = 4;
-  pool_options.num_blocks = 64;
+  const std::shared_ptr<BlockPool> pools[2] = {RowPool(cuda), RowPool(cuda)};
   KVCacheShape shape = Shape(0);
   shape.device = cuda;
-  std::shared_ptr<BlockPool> pools[2] = {*BlockPool::Create(shape, pool_options),
-                                         *BlockPool::Create(shape, pool_options)};
   // Kinds: 0, 1 paged over the first pool or the second; 2 a dense cache on the device; 3 a
   // sink ring over the first pool.
-  const std::vector<int> kinds = {0, 1, 0, 2, 3, 0};
-  const std::vector<int64_t> prompts = {9, 3, 12, 5, 14, 1};
-  auto make = [&](int kind) -> std::unique_ptr<KVCache> {
+  const auto make = [&](int kind) -> std::unique_ptr<KVCache> {
     switch (kind) {
       case 0:
       case 1:
@@ -266,58 +279,7 @@ TEST(RoutingKVCacheTest, DeviceRowsAttendInOneLaunchPerPoolAsAlone) {
         return *PagedKVCache::Create(pools[0], kContext, PagedEviction{6, 2});
     }
   };
-  const int64_t batch = static_cast<int64_t>(kinds.size());
-  std::vector<std::unique_ptr<KVCache>> rows, alone;
-  for (int kind : kinds) {
-    rows.push_back(make(kind));
-    alone.push_back(make(kind));
-  }
-  AttentionParams params;
-  params.scale = 0.25;
-  for (int64_t b = 0; b < batch; ++b) {
-    const at::Tensor k = at::randn({1, kGroups, prompts[b], kHeadSize}).to(cuda);
-    const at::Tensor v = at::randn({1, kGroups, prompts[b], kHeadSize}).to(cuda);
-    const at::Tensor q = at::randn({1, kHeads, prompts[b], kHeadSize}).to(cuda);
-    const KVStep step = Step(at::arange(prompts[b], at::kLong).unsqueeze(0).to(cuda));
-    for (KVCache* cache : {rows[b].get(), alone[b].get()}) {
-      ASSERT_TRUE(cache->CheckStep(step, 1).ok());
-      for (int64_t layer = 0; layer < 2; ++layer) {
-        ASSERT_TRUE(cache->UpdateAndAttend(layer, step, q, k, v, params).ok());
-      }
-    }
-  }
-  std::vector<KVCache*> pointers;
-  for (const auto& row : rows) pointers.push_back(row.get());
-  KVBatch layout;
-  layout.axis = KVBatch::Axis::kBatch;
-  layout.caches = pointers;
-  layout.lengths.assign(pointers.size(), 1);
-  absl::StatusOr<RoutingKVCache> batched = RoutingKVCache::Create(layout);
-  ASSERT_TRUE(batched.ok()) << batched.status();
-  for (int64_t t = 0; t < 6; ++t) {
-    at::Tensor positions = at::empty({batch, 1}, at::kLong);
-    for (int64_t b = 0; b < batch; ++b) positions[b][0] = prompts[b] + t;
-    const KVStep step = Step(positions.to(cuda));
-    ASSERT_TRUE(batched->CheckStep(step, batch).ok());
-    for (int64_t b = 0; b < batch; ++b) {
-      ASSERT_TRUE(alone[b]->CheckStep(Step(positions.narrow(0, b, 1).to(cuda)), 1).ok());
-    }
-    for (int64_t layer = 0; layer < 2; ++layer) {
-      const at::Tensor q = at::randn({batch, kHeads, 1, kHeadSize}).to(cuda);
-      const at::Tensor k = at::randn({batch, kGroups, 1, kHeadSize}).to(cuda);
-      const at::Tensor v = at::randn({batch, kGroups, 1, kHeadSize}).to(cuda);
-      absl::StatusOr<at::Tensor> y = batched->UpdateAndAttend(layer, step, q, k, v, params);
-      ASSERT_TRUE(y.ok()) << y.status();
-      for (int64_t b = 0; b < batch; ++b) {
-        absl::StatusOr<at::Tensor> expected = alone[b]->UpdateAndAttend(
-            layer, Step(positions.narrow(0, b, 1).to(cuda)), q.narrow(0, b, 1), k.narrow(0, b, 1),
-            v.narrow(0, b, 1), params);
-        ASSERT_TRUE(expected.ok()) << expected.status();
-        EXPECT_LT((y->narrow(0, b, 1) - *expected).abs().max().item<double>(), 1e-5)
-            << "step " << t << " layer " << layer << " row " << b << " (kind " << kinds[b] << ")";
-      }
-    }
-  }
+  ExpectRowsAttendAlone({0, 1, 0, 2, 3, 0}, {9, 3, 12, 5, 14, 1}, make, cuda, /*exact=*/false);
 }
 
 TEST(RoutingKVCacheTest, OnlyFloat32CpuRowsTakeTheOnePassPath) {
