@@ -25,28 +25,31 @@
 namespace lgpt {
 namespace {
 
-// Entries [from, from + n) of src [1, G, T, hs] into slots [slot, slot + n) of a pool block
-// [G, bs, hs]. Rows are copied directly on the CPU (a decoding step writes one entry per layer:
-// the views and copy_ of the tensor path cost ten dispatched operations for 2 x 128 bytes);
-// float32 rows into a 16-bit pool are rounded as ATen's conversion rounds (to nearest even).
+// Entries [from, from + n) of src [1, G, T, hs] or [G, T, hs] into slots [slot, slot + n) of
+// a pool block [G, bs, hs] (or, src and block alike, rows of entry_bytes quantised bytes). Rows
+// are copied directly on the CPU (a decoding step writes one entry per layer: the views and
+// copy_ of the tensor path cost ten dispatched operations for 2 x 128 bytes); float32 rows into
+// a 16-bit pool are rounded as ATen's conversion rounds (to nearest even).
 void CopyEntries(const at::Tensor& src, int64_t from, int64_t n, const at::Tensor& block,
                  int64_t slot) {
+  const int64_t lead = src.dim() - 3;  // src's group dimension
+  const int64_t group_stride = src.stride(lead), entry_stride = src.stride(lead + 1);
   const std::optional<KVEntryType> narrow = KVEntryTypeOf(block.scalar_type());
-  if (src.device().is_cpu() && block.device().is_cpu() && src.scalar_type() == at::kFloat &&
-      narrow && *narrow != KVEntryType::kFloat32 && src.stride(3) == 1 && block.is_contiguous()) {
+  const bool host_rows = src.device().is_cpu() && block.device().is_cpu() &&
+                         src.stride(lead + 2) == 1 && block.is_contiguous();
+  if (host_rows && src.scalar_type() == at::kFloat && narrow && *narrow != KVEntryType::kFloat32) {
     const int64_t groups = block.size(0), block_entries = block.size(1), hs = block.size(2);
     char* dst = static_cast<char*>(block.data_ptr());
     const float* from_data = src.data_ptr<float>();
     for (int64_t g = 0; g < groups; ++g) {
       for (int64_t t = 0; t < n; ++t) {
-        FloatToKVEntries(from_data + g * src.stride(1) + (from + t) * src.stride(2), hs, *narrow,
+        FloatToKVEntries(from_data + g * group_stride + (from + t) * entry_stride, hs, *narrow,
                          dst + ((g * block_entries + slot + t) * hs) * 2);
       }
     }
     return;
   }
-  if (src.device().is_cpu() && block.device().is_cpu() &&
-      src.scalar_type() == block.scalar_type() && src.stride(3) == 1 && block.is_contiguous()) {
+  if (host_rows && src.scalar_type() == block.scalar_type()) {
     const int64_t groups = block.size(0), block_entries = block.size(1), hs = block.size(2);
     const int64_t item = block.element_size();
     char* dst = static_cast<char*>(block.data_ptr());
@@ -54,12 +57,12 @@ void CopyEntries(const at::Tensor& src, int64_t from, int64_t n, const at::Tenso
     for (int64_t g = 0; g < groups; ++g) {
       for (int64_t t = 0; t < n; ++t) {
         std::memcpy(dst + ((g * block_entries + slot + t) * hs) * item,
-                    from_data + (g * src.stride(1) + (from + t) * src.stride(2)) * item, hs * item);
+                    from_data + (g * group_stride + (from + t) * entry_stride) * item, hs * item);
       }
     }
     return;
   }
-  block.narrow(1, slot, n).copy_(src.select(0, 0).narrow(1, from, n));
+  block.narrow(1, slot, n).copy_((lead == 1 ? src.select(0, 0) : src).narrow(1, from, n));
 }
 
 // Entries [from, from + n) of src [1, G, T, hs] encoded into slots [slot, slot + n) of a
@@ -355,30 +358,20 @@ absl::StatusOr<int64_t> PagedKVCache::Write(int64_t layer, const KVStep& step,
     return absl::FailedPreconditionError(
         absl::StrCat("PagedKVCache layer ", layer, " written without its step's CheckStep"));
   }
-  // Quantised entries are encoded from float32 rows.
-  const bool quantised = pool_->quantised();
-  const bool widen = quantised && keys.device().is_cpu() && keys.scalar_type() != at::kFloat;
-  const at::Tensor k = widen ? keys.to(at::kFloat) : keys;
-  const at::Tensor v = widen ? values.to(at::kFloat) : values;
+  const at::Tensor k = Encodable(keys), v = Encodable(values);
   PlaceNewest(layer);
   if (evicts() && steps == 1 && begin >= slots_) {
     // The slots are full: the entry waits beside them until the next step.
     if (!newest_keys_[layer].defined()) {
       const int64_t groups = keys.size(1);
       const int64_t width =
-          quantised ? paged::EntryBytes(pool_->entry_format(layer)) : keys.size(3);
+          pool_->quantised() ? paged::EntryBytes(pool_->entry_format(layer)) : keys.size(3);
       const auto options = at::TensorOptions().dtype(pool_->dtype()).device(pool_->device());
       newest_keys_[layer] = at::empty({groups, 1, width}, options);
       newest_values_[layer] = at::empty({groups, 1, width}, options);
     }
-    if (quantised) {
-      const paged::EntryFormat& format = pool_->entry_format(layer);
-      QuantiseEntries(k, 0, 1, newest_keys_[layer], 0, format);
-      QuantiseEntries(v, 0, 1, newest_values_[layer], 0, format);
-    } else {
-      CopyEntries(k, 0, 1, newest_keys_[layer], 0);
-      CopyEntries(v, 0, 1, newest_values_[layer], 0);
-    }
+    Store(layer, k, 0, 1, newest_keys_[layer], 0);
+    Store(layer, v, 0, 1, newest_values_[layer], 0);
     newest_[layer] = 1;
   }
   // [1, G, T, hs] -> slots of consecutive blocks, each [G, bs, hs] (or [G, bs, entry_bytes]).
@@ -389,15 +382,8 @@ absl::StatusOr<int64_t> PagedKVCache::Write(int64_t layer, const KVStep& step,
       const int64_t block = table_[slot / block_entries], in_block = slot % block_entries;
       // A run ends at the block's end, the step's end or the ring's end.
       const int64_t n = std::min({end - position, block_entries - in_block, slots_ - slot});
-      const int64_t from = position - begin;
-      if (quantised) {
-        const paged::EntryFormat& format = pool_->entry_format(layer);
-        QuantiseEntries(k, from, n, pool_->keys(block, layer), in_block, format);
-        QuantiseEntries(v, from, n, pool_->values(block, layer), in_block, format);
-      } else {
-        CopyEntries(k, from, n, pool_->keys(block, layer), in_block);
-        CopyEntries(v, from, n, pool_->values(block, layer), in_block);
-      }
+      Store(layer, k, position - begin, n, pool_->keys(block, layer), in_block);
+      Store(layer, v, position - begin, n, pool_->values(block, layer), in_block);
       position += n;
     }
   }
@@ -460,21 +446,9 @@ void PagedKVCache::PlaceNewest(int64_t layer) {
   const int64_t slot = SlotOf(position);
   const int64_t block_entries = pool_->entries_per_block();
   const int64_t block = table_[slot / block_entries], in_block = slot % block_entries;
-  for (const auto& [from, to] :
-       {std::make_pair(&newest_keys_[layer], &pool_->keys(block, layer)),
-        std::make_pair(&newest_values_[layer], &pool_->values(block, layer))}) {
-    // [G, 1, width] into slot in_block of [G, bs, width].
-    if (from->device().is_cpu() && to->is_contiguous()) {
-      const int64_t groups = to->size(0), row = to->size(2) * to->element_size();
-      const char* src = static_cast<const char*>(from->data_ptr());
-      char* dst = static_cast<char*>(to->data_ptr());
-      for (int64_t g = 0; g < groups; ++g) {
-        std::memcpy(dst + (g * block_entries + in_block) * row, src + g * row, row);
-      }
-    } else {
-      to->narrow(1, in_block, 1).copy_(*from);
-    }
-  }
+  // [G, 1, width] into slot in_block of [G, bs, width], as stored (no conversion).
+  CopyEntries(newest_keys_[layer], 0, 1, pool_->keys(block, layer), in_block);
+  CopyEntries(newest_values_[layer], 0, 1, pool_->values(block, layer), in_block);
 }
 
 KVSegmentsOf PagedKVCache::AttendedSegments(int64_t layer, BlockList blocks, int64_t filled) const {
@@ -497,9 +471,37 @@ KVSegmentsOf PagedKVCache::AttendedSegments(int64_t layer, BlockList blocks, int
 }
 
 at::Tensor PagedKVCache::NewestAs(int64_t layer, bool keys, c10::ScalarType dtype) const {
-  const at::Tensor& entry = keys ? newest_keys_[layer] : newest_values_[layer];  // [G, 1, width]
-  if (!pool_->quantised()) return entry.unsqueeze(0).to(dtype);
-  return DecodeEntries(entry, 1, pool_->entry_format(layer), dtype).unsqueeze(0);
+  return ReadSlots(layer, {keys ? newest_keys_[layer] : newest_values_[layer]}, 1, dtype);
+}
+
+KVBlockSource PagedKVCache::NewestSource(int64_t layer, c10::ScalarType dtype,
+                                         const at::Tensor& key_positions) const {
+  return TensorSource(NewestAs(layer, true, dtype), NewestAs(layer, false, dtype),
+                      key_positions.narrow(2, key_positions.size(2) - 1, 1));
+}
+
+at::Tensor PagedKVCache::Encodable(const at::Tensor& entries) const {
+  // Quantised entries are encoded from float32 rows.
+  const bool widen =
+      pool_->quantised() && entries.device().is_cpu() && entries.scalar_type() != at::kFloat;
+  return widen ? entries.to(at::kFloat) : entries;
+}
+
+void PagedKVCache::Store(int64_t layer, const at::Tensor& src, int64_t from, int64_t n,
+                         const at::Tensor& block, int64_t slot) const {
+  if (pool_->quantised()) {
+    QuantiseEntries(src, from, n, block, slot, pool_->entry_format(layer));
+  } else {
+    CopyEntries(src, from, n, block, slot);
+  }
+}
+
+at::Tensor PagedKVCache::ReadSlots(int64_t layer, const std::vector<at::Tensor>& blocks,
+                                   int64_t filled, c10::ScalarType dtype) const {
+  if (pool_->quantised()) {
+    return DecodeBlocks(blocks, filled, pool_->entry_format(layer), dtype).unsqueeze(0);
+  }
+  return at::cat(blocks, 1).unsqueeze(0).narrow(2, 0, filled).to(dtype);
 }
 
 at::Tensor PagedKVCache::AsStored(int64_t layer, const at::Tensor& entries,
@@ -507,17 +509,12 @@ at::Tensor PagedKVCache::AsStored(int64_t layer, const at::Tensor& entries,
   // Written into a scratch block [G, T, hs or entry_bytes] as Write writes the pool's blocks,
   // then read back as attention reads them.
   const int64_t groups = entries.size(1), steps = entries.size(2);
-  const auto options = at::TensorOptions().dtype(pool_->dtype()).device(pool_->device());
-  if (!pool_->quantised()) {
-    at::Tensor scratch = at::empty({groups, steps, entries.size(3)}, options);
-    CopyEntries(entries, 0, steps, scratch, 0);
-    return scratch.unsqueeze(0).to(dtype);
-  }
-  const paged::EntryFormat& format = pool_->entry_format(layer);
-  const bool widen = entries.device().is_cpu() && entries.scalar_type() != at::kFloat;
-  at::Tensor scratch = at::empty({groups, steps, paged::EntryBytes(format)}, options);
-  QuantiseEntries(widen ? entries.to(at::kFloat) : entries, 0, steps, scratch, 0, format);
-  return DecodeEntries(scratch, steps, format, dtype).unsqueeze(0);
+  const int64_t width =
+      pool_->quantised() ? paged::EntryBytes(pool_->entry_format(layer)) : entries.size(3);
+  at::Tensor scratch = at::empty({groups, steps, width},
+                                 at::TensorOptions().dtype(pool_->dtype()).device(pool_->device()));
+  Store(layer, Encodable(entries), 0, steps, scratch, 0);
+  return ReadSlots(layer, {scratch}, steps, dtype);
 }
 
 absl::StatusOr<KVView> PagedKVCache::WrappingChunk(int64_t layer, const KVStep& step,
@@ -540,14 +537,8 @@ absl::StatusOr<KVView> PagedKVCache::WrappingChunk(int64_t layer, const KVStep& 
   KVView view{AsStored(layer, keys, dtype), AsStored(layer, values, dtype), step_positions};
   if (filled > 0) {  // a first chunk longer than the slots has nothing kept before it
     const BlockList blocks = Blocks(layer, length);
-    auto read = [&](const std::vector<at::Tensor>& parts) {  // [1, G, filled, hs] in `dtype`
-      if (pool_->quantised()) {
-        return DecodeBlocks(parts, filled, pool_->entry_format(layer), dtype).unsqueeze(0);
-      }
-      return at::cat(parts, 1).unsqueeze(0).narrow(2, 0, filled).to(dtype);
-    };
-    view.keys = at::cat({read(blocks.keys), view.keys}, 2);
-    view.values = at::cat({read(blocks.values), view.values}, 2);
+    view.keys = at::cat({ReadSlots(layer, blocks.keys, filled, dtype), view.keys}, 2);
+    view.values = at::cat({ReadSlots(layer, blocks.values, filled, dtype), view.values}, 2);
     view.positions = at::cat({KeyPositions(layer), step_positions}, 2);
   }
   RETURN_IF_ERROR(Write(layer, step, keys, values).status());
@@ -569,10 +560,7 @@ absl::StatusOr<KVView> PagedKVCache::Update(int64_t layer, const KVStep& step,
   // [G, bs, hs] blocks -> [1, G, blocks * bs, hs] -> the filled part, in the step's dtype
   // (16-bit pool entries widened, quantised ones decoded), then a waiting newest entry.
   auto join = [&](const std::vector<at::Tensor>& parts, bool are_keys) {
-    at::Tensor joined =
-        pool_->quantised()
-            ? DecodeBlocks(parts, filled, pool_->entry_format(layer), dtype).unsqueeze(0)
-            : at::cat(parts, 1).unsqueeze(0).narrow(2, 0, filled).to(dtype);
+    const at::Tensor joined = ReadSlots(layer, parts, filled, dtype);
     return newest_[layer] ? at::cat({joined, NewestAs(layer, are_keys, dtype)}, 2) : joined;
   };
   return KVView{join(blocks.keys, true), join(blocks.values, false), KeyPositions(layer)};
@@ -660,10 +648,7 @@ absl::StatusOr<at::Tensor> PagedKVCache::UpdateAndAttend(int64_t layer, const KV
     };
     sources.push_back(std::move(source));
   }
-  if (newest) {
-    sources.push_back(TensorSource(NewestAs(layer, true, dtype), NewestAs(layer, false, dtype),
-                                   key_positions.narrow(2, filled, 1)));
-  }
+  if (newest) sources.push_back(NewestSource(layer, dtype, key_positions));
   return AttendBlockwise(q, keys.size(1), sources, step.positions, params);
 }
 
@@ -761,10 +746,7 @@ absl::StatusOr<at::Tensor> PagedKVCache::AttendQuantised(int64_t layer, const KV
     };
     sources.push_back(std::move(source));
   }
-  if (newest_[layer]) {
-    sources.push_back(TensorSource(NewestAs(layer, true, dtype), NewestAs(layer, false, dtype),
-                                   key_positions.narrow(2, filled, 1)));
-  }
+  if (newest_[layer]) sources.push_back(NewestSource(layer, dtype, key_positions));
   return AttendBlockwise(q, keys.size(1), sources, step.positions, params);
 }
 

@@ -60,6 +60,7 @@
 #include "cache/block_pool.h"
 #include "cache/kv_cache.h"
 #include "cache/prefix_cache.h"
+#include "core/ops/attention.h"
 #include "core/ops/decode_attention.h"
 
 namespace lgpt {
@@ -195,6 +196,19 @@ class PagedKVCache : public KVCache,
   KVSegmentsOf AttendedSegments(int64_t layer, BlockList blocks, int64_t filled) const;
   // The waiting newest entry of `layer`, [1, G, 1, hs] in `dtype`.
   at::Tensor NewestAs(int64_t layer, bool keys, c10::ScalarType dtype) const;
+  // It as the last source of an AttendBlockwise over key_positions [1, 1, filled + 1].
+  KVBlockSource NewestSource(int64_t layer, c10::ScalarType dtype,
+                             const at::Tensor& key_positions) const;
+  // Entries [1, G, T, hs] as Store encodes them (quantised pools: float32 rows on the CPU).
+  at::Tensor Encodable(const at::Tensor& entries) const;
+  // Entries [from, from + n) of src (Encodable) into slots [slot, slot + n) of a block
+  // [G, bs, width] of `layer`'s format: copied (rounded to 16 bits) or quantised.
+  void Store(int64_t layer, const at::Tensor& src, int64_t from, int64_t n, const at::Tensor& block,
+             int64_t slot) const;
+  // The first `filled` entries of `layer`'s blocks [G, bs, width] in order, widened or decoded:
+  // [1, G, filled, hs] in `dtype`.
+  at::Tensor ReadSlots(int64_t layer, const std::vector<at::Tensor>& blocks, int64_t filled,
+                       c10::ScalarType dtype) const;
   // The slot of position `position`.
   int64_t SlotOf(int64_t position) const;
   // The step's positions [begin, begin + steps) whose entries stay in the cache after it (an

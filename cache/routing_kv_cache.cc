@@ -202,11 +202,7 @@ absl::StatusOr<at::Tensor> RoutingKVCache::AttendRows(int64_t layer, const at::T
   const auto row_step = [&](int64_t row) -> const KVStep& {
     return sequence_steps_[rows_begin_ + row];
   };
-  const auto alone = [&](int64_t row) {
-    return row_cache(row)->UpdateAndAttend(layer, row_step(row), q.narrow(0, row, 1),
-                                           keys.narrow(0, row, 1), values.narrow(0, row, 1),
-                                           params);
-  };
+  const auto alone = [&](int64_t row) { return AttendAlone(layer, row, q, keys, values, params); };
   if (count >= 2 && keys.defined() && keys.dim() == 4 && !q.device().is_cpu()) {
     ASSIGN_OR_RETURN(std::optional<at::Tensor> y, AttendTableRows(layer, q, keys, values, params));
     if (y.has_value()) return *std::move(y);
@@ -256,6 +252,15 @@ absl::StatusOr<at::Tensor> RoutingKVCache::AttendRows(int64_t layer, const at::T
   return out;
 }
 
+absl::StatusOr<at::Tensor> RoutingKVCache::AttendAlone(int64_t layer, int64_t row,
+                                                       const at::Tensor& q, const at::Tensor& keys,
+                                                       const at::Tensor& values,
+                                                       const AttentionParams& params) {
+  return batch_.caches[rows_begin_ + row]->UpdateAndAttend(
+      layer, sequence_steps_[rows_begin_ + row], q.narrow(0, row, 1), keys.narrow(0, row, 1),
+      values.narrow(0, row, 1), params);
+}
+
 absl::StatusOr<std::optional<at::Tensor>> RoutingKVCache::AttendTableRows(
     int64_t layer, const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
     const AttentionParams& params) {
@@ -284,10 +289,7 @@ absl::StatusOr<std::optional<at::Tensor>> RoutingKVCache::AttendTableRows(
                                                               values.narrow(0, row, 1)));
     }
     if (!table_row) {
-      ASSIGN_OR_RETURN(const at::Tensor y,
-                       batch_.caches[rows_begin_ + row]->UpdateAndAttend(
-                           layer, step, q.narrow(0, row, 1), keys.narrow(0, row, 1),
-                           values.narrow(0, row, 1), params));
+      ASSIGN_OR_RETURN(const at::Tensor y, AttendAlone(layer, row, q, keys, values, params));
       out.narrow(0, row, 1).copy_(y);
       continue;
     }

@@ -76,6 +76,10 @@ class RoutingKVCache : public KVCache {
   // [rows, G, 1, hs] -> [rows, n_head, 1, hs].
   absl::StatusOr<at::Tensor> AttendRows(int64_t layer, const at::Tensor& q, const at::Tensor& keys,
                                         const at::Tensor& values, const AttentionParams& params);
+  // Decode row `row` (of [rows_begin_, end)) through its cache's own UpdateAndAttend.
+  absl::StatusOr<at::Tensor> AttendAlone(int64_t layer, int64_t row, const at::Tensor& q,
+                                         const at::Tensor& keys, const at::Tensor& values,
+                                         const AttentionParams& params);
   // The same on a device whose pools attend through a paged kernel (KVTableRows): the rows
   // of each pool in one PagedDecodeRows launch, the others alone; nullopt, storing nothing,
   // when no row's cache has such a kernel.

@@ -57,7 +57,6 @@ struct KVMemoryOptions {
   int64_t entry_group_size = 32;
 };
 
-// What the pool's entries are: a dtype, or int8 / int4 codes.
 // The eviction a paged cache of `spec` keeps in a pool (dense: budget 0), or nullopt when the
 // spec needs a cache of its own: a scoring policy (h2o, tova, ...), explicit int8/int4 entries,
 // cache positions, a pyramid budget, or sliding-window layers on which the paged cache would keep
@@ -66,6 +65,7 @@ struct KVMemoryOptions {
 absl::StatusOr<std::optional<PagedEviction>> PagedEvictionFor(const KVCacheSpec& spec,
                                                               const KVCacheGeometry& geometry);
 
+// What the pool's entries are: a dtype, or int8 / int4 codes.
 struct KVPoolEntries {
   c10::ScalarType dtype = c10::ScalarType::Undefined;  // with bits 16
   int bits = 16;
@@ -146,8 +146,9 @@ class KVMemory {
   // paged cache not yet `started`, those of its first `steps` entries. An estimate for
   // admission (byte reservations are summed in bytes).
   int64_t BlocksForStep(const KVLease& lease, int64_t steps, bool started) const;
-  // Whether the request's memory is bounded whatever its length (a sink or window cache, paged
-  // or charged): the scheduler admits it by what it holds at its bound.
+  // Whether the request's memory is bounded whatever its length (storage of its own, charged
+  // to the pool, or an evicting paged cache): the scheduler admits it by what it holds at its
+  // bound.
   static bool Bounded(const KVLease& lease);
   // Whether the lease holds pool memory now (a preemption would free some).
   bool Holds(const KVLease& lease) const;
