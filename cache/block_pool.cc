@@ -251,4 +251,28 @@ int64_t BlockPool::stored_blocks() const {
   return referenced_ + static_cast<int64_t>(idle_.size());
 }
 
+absl::Status TakeTableBlocks(BlockPool& pool, std::vector<int64_t>& table,
+                             const std::vector<int64_t>& indices) {
+  std::vector<int64_t> taken;
+  for (size_t k = 0; k < indices.size(); ++k) {
+    absl::StatusOr<int64_t> block = pool.Allocate();
+    if (!block.ok()) {
+      for (int64_t b : taken) pool.Release(b);
+      return block.status();
+    }
+    taken.push_back(*block);
+  }
+  for (size_t k = 0; k < indices.size(); ++k) {
+    const int64_t i = indices[k];
+    if (i == static_cast<int64_t>(table.size())) {
+      table.push_back(taken[k]);
+    } else {
+      pool.CopyBlock(table[i], taken[k]);
+      pool.Release(table[i]);
+      table[i] = taken[k];
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace lgpt

@@ -159,6 +159,13 @@ class BlockPool {
   std::list<int64_t> idle_;  // kept blocks no one references, longest idle first
 };
 
+// Gives `table` (a cache's blocks in order) a block of its own at each of `indices`
+// (ascending): a new block where the index is the table's end (appended), a copy of the shared
+// block elsewhere (copy-on-write: the copy replaces the cache's reference). Takes every block
+// first, so ResourceExhausted (a full pool) leaves the table as it was.
+absl::Status TakeTableBlocks(BlockPool& pool, std::vector<int64_t>& table,
+                             const std::vector<int64_t>& indices);
+
 }  // namespace lgpt
 
 #endif  // LGPT_CACHE_BLOCK_POOL_H_

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "cache/kv_codec.h"
+#include "cache/pool_entries.h"
 #include "core/base/status_field.h"
 #include "core/base/status_macros.h"
 #include "core/ops/attention.h"
@@ -23,114 +24,6 @@
 #include "glog/logging.h"
 
 namespace lgpt {
-namespace {
-
-// Entries [from, from + n) of src [1, G, T, hs] or [G, T, hs] into slots [slot, slot + n) of
-// a pool block [G, bs, hs] (or, src and block alike, rows of entry_bytes quantised bytes). Rows
-// are copied directly on the CPU (a decoding step writes one entry per layer: the views and
-// copy_ of the tensor path cost ten dispatched operations for 2 x 128 bytes); float32 rows into
-// a 16-bit pool are rounded as ATen's conversion rounds (to nearest even).
-void CopyEntries(const at::Tensor& src, int64_t from, int64_t n, const at::Tensor& block,
-                 int64_t slot) {
-  const int64_t lead = src.dim() - 3;  // src's group dimension
-  const int64_t group_stride = src.stride(lead), entry_stride = src.stride(lead + 1);
-  const std::optional<KVEntryType> narrow = KVEntryTypeOf(block.scalar_type());
-  const bool host_rows = src.device().is_cpu() && block.device().is_cpu() &&
-                         src.stride(lead + 2) == 1 && block.is_contiguous();
-  if (host_rows && src.scalar_type() == at::kFloat && narrow && *narrow != KVEntryType::kFloat32) {
-    const int64_t groups = block.size(0), block_entries = block.size(1), hs = block.size(2);
-    char* dst = static_cast<char*>(block.data_ptr());
-    const float* from_data = src.data_ptr<float>();
-    for (int64_t g = 0; g < groups; ++g) {
-      for (int64_t t = 0; t < n; ++t) {
-        FloatToKVEntries(from_data + g * group_stride + (from + t) * entry_stride, hs, *narrow,
-                         dst + ((g * block_entries + slot + t) * hs) * 2);
-      }
-    }
-    return;
-  }
-  if (host_rows && src.scalar_type() == block.scalar_type()) {
-    const int64_t groups = block.size(0), block_entries = block.size(1), hs = block.size(2);
-    const int64_t item = block.element_size();
-    char* dst = static_cast<char*>(block.data_ptr());
-    const char* from_data = static_cast<const char*>(src.data_ptr());
-    for (int64_t g = 0; g < groups; ++g) {
-      for (int64_t t = 0; t < n; ++t) {
-        std::memcpy(dst + ((g * block_entries + slot + t) * hs) * item,
-                    from_data + (g * group_stride + (from + t) * entry_stride) * item, hs * item);
-      }
-    }
-    return;
-  }
-  block.narrow(1, slot, n).copy_((lead == 1 ? src.select(0, 0) : src).narrow(1, from, n));
-}
-
-// Entries [from, from + n) of src [1, G, T, hs] encoded into slots [slot, slot + n) of a
-// quantised pool block [G, bs, entry_bytes] (core/ops/paged_attention_layout.h's entries): on
-// the CPU an entry at a time, elsewhere with tensor operations (the same codes:
-// kv_codec_test's PagedEntriesAreQuantizeRowsBitForBit).
-void QuantiseEntries(const at::Tensor& src, int64_t from, int64_t n, const at::Tensor& block,
-                     int64_t slot, const paged::EntryFormat& format) {
-  const int64_t groups = block.size(0), block_entries = block.size(1), entry_bytes = block.size(2);
-  if (src.device().is_cpu() && block.device().is_cpu() && src.scalar_type() == at::kFloat &&
-      src.stride(3) == 1 && block.is_contiguous()) {
-    uint8_t* dst = block.data_ptr<uint8_t>();
-    const float* x = src.data_ptr<float>();
-    for (int64_t g = 0; g < groups; ++g) {
-      for (int64_t t = 0; t < n; ++t) {
-        paged::QuantizeEntry(x + g * src.stride(1) + (from + t) * src.stride(2), format,
-                             dst + (g * block_entries + slot + t) * entry_bytes);
-      }
-    }
-    return;
-  }
-  const int bits = format.kind == paged::EntryKind::kInt8 ? 8 : 4;
-  const QuantizedGroups q =
-      QuantizeGroups(src.select(0, 0).narrow(1, from, n), bits, format.group_size);
-  const at::Tensor entries = block.narrow(1, slot, n);  // [G, n, entry_bytes]
-  entries.narrow(2, 0, q.data.size(-1)).copy_(q.data.view(at::kByte));
-  entries.narrow(2, paged::CodeBytes(format), 2 * q.scales.size(-1))
-      .view(at::kHalf)
-      .copy_(q.scales);
-}
-
-// The first n entries of a quantised pool block [G, bs, entry_bytes], decoded: [G, n, hs].
-at::Tensor DecodeEntries(const at::Tensor& block, int64_t n, const paged::EntryFormat& format,
-                         c10::ScalarType dtype) {
-  if (block.device().is_cpu() && block.is_contiguous()) {
-    const int64_t groups = block.size(0), block_entries = block.size(1),
-                  entry_bytes = block.size(2);
-    at::Tensor out = at::empty({groups, n, format.head_size}, at::kFloat);
-    for (int64_t g = 0; g < groups; ++g) {
-      DecodeQuantisedEntries(block.data_ptr<uint8_t>() + g * block_entries * entry_bytes, n,
-                             entry_bytes, format, out.data_ptr<float>() + g * n * format.head_size);
-    }
-    return dtype == at::kFloat ? out : out.to(dtype);
-  }
-  const int bits = format.kind == paged::EntryKind::kInt8 ? 8 : 4;
-  const at::Tensor entries = block.narrow(1, 0, n);
-  at::Tensor codes = entries.narrow(2, 0, format.head_size * bits / 8);
-  if (bits == 8) codes = codes.view(at::kChar);
-  const at::Tensor scales =
-      entries.narrow(2, paged::CodeBytes(format), 2 * (format.head_size / format.group_size))
-          .view(at::kHalf);
-  return DequantizeGroups(codes, scales, bits, format.group_size, dtype);
-}
-
-// The entries of quantised blocks [G, bs, entry_bytes] holding `entries` entries (the last
-// block partly filled), decoded: [G, entries, hs].
-at::Tensor DecodeBlocks(absl::Span<const at::Tensor> blocks, int64_t entries,
-                        const paged::EntryFormat& format, c10::ScalarType dtype) {
-  std::vector<at::Tensor> decoded;
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    const int64_t block_entries = blocks[i].size(1);
-    const int64_t n = std::min(block_entries, entries - static_cast<int64_t>(i) * block_entries);
-    decoded.push_back(DecodeEntries(blocks[i], n, format, dtype));
-  }
-  return at::cat(decoded, 1);
-}
-
-}  // namespace
 
 bool PagedEvictionKeepsAsThePolicy(const PagedEviction& eviction, int64_t window) {
   return eviction.budget == 0 || window == 0 || eviction.sink_entries == 0 ||
@@ -290,29 +183,7 @@ absl::Status PagedKVCache::CheckStep(const KVStep& step, int64_t batch_size) con
 absl::Status PagedKVCache::TakeBlocks(int64_t steps) { return TakeStepBlocks(steps); }
 
 absl::Status PagedKVCache::TakeStepBlocks(int64_t steps) const {
-  const std::vector<int64_t> slots = TableSlotsToFill(steps);
-  // Take every block first, so a full pool leaves the cache as it was.
-  std::vector<int64_t> taken;
-  for (size_t k = 0; k < slots.size(); ++k) {
-    absl::StatusOr<int64_t> block = pool_->Allocate();
-    if (!block.ok()) {
-      for (int64_t b : taken) pool_->Release(b);
-      return block.status();
-    }
-    taken.push_back(*block);
-  }
-  for (size_t k = 0; k < slots.size(); ++k) {
-    const int64_t i = slots[k];
-    if (i == static_cast<int64_t>(table_.size())) {
-      table_.push_back(taken[k]);
-    } else {
-      // Copy-on-write: this cache's writes land in its own copy of the shared block.
-      pool_->CopyBlock(table_[i], taken[k]);
-      pool_->Release(table_[i]);
-      table_[i] = taken[k];
-    }
-  }
-  return absl::OkStatus();
+  return TakeTableBlocks(*pool_, table_, TableSlotsToFill(steps));
 }
 
 int64_t PagedKVCache::AttachPrefix(PrefixCache& prefixes, absl::Span<const int64_t> tokens) {
@@ -489,19 +360,15 @@ at::Tensor PagedKVCache::Encodable(const at::Tensor& entries) const {
 
 void PagedKVCache::Store(int64_t layer, const at::Tensor& src, int64_t from, int64_t n,
                          const at::Tensor& block, int64_t slot) const {
-  if (pool_->quantised()) {
-    QuantiseEntries(src, from, n, block, slot, pool_->entry_format(layer));
-  } else {
-    CopyEntries(src, from, n, block, slot);
-  }
+  StoreEntries(src, from, n, block, slot,
+               pool_->quantised() ? &pool_->entry_format(layer) : nullptr);
 }
 
 at::Tensor PagedKVCache::ReadSlots(int64_t layer, const std::vector<at::Tensor>& blocks,
                                    int64_t filled, c10::ScalarType dtype) const {
-  if (pool_->quantised()) {
-    return DecodeBlocks(blocks, filled, pool_->entry_format(layer), dtype).unsqueeze(0);
-  }
-  return at::cat(blocks, 1).unsqueeze(0).narrow(2, 0, filled).to(dtype);
+  return ReadEntries(blocks, filled, pool_->quantised() ? &pool_->entry_format(layer) : nullptr,
+                     dtype)
+      .unsqueeze(0);
 }
 
 at::Tensor PagedKVCache::AsStored(int64_t layer, const at::Tensor& entries,

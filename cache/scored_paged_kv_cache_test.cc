@@ -1,0 +1,411 @@
+// ScoredPagedKVCache against PolicyKVCache of the same policy: the same random streams of
+// prompt chunks and decoding steps through both, outputs and kept positions compared; narrow
+// pools against a float32 pool of their stored entries; the block bound, forks and errors.
+#include "cache/scored_paged_kv_cache.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "cache/block_pool.h"
+#include "cache/dense_kv_cache.h"
+#include "cache/kv_codec.h"
+#include "cache/policy_kv_cache.h"
+#include "core/base/status_field.h"
+#include "gtest/gtest.h"
+
+namespace lgpt {
+namespace {
+
+// Four layers with grouped queries: a global layer, a window of 5 entries (below the budgets),
+// a global layer of 4 groups and a window of 16 entries (above some budgets).
+constexpr int64_t kContext = 128;
+constexpr int64_t kQueriesPerGroup = 3;
+constexpr int64_t kLayers = 4;
+KVCacheGeometry Geometry() {
+  KVCacheGeometry g;
+  g.batch_size = 1;
+  g.max_sequence_length = kContext;
+  g.layers = {{2, 8, 0}, {2, 8, 5}, {4, 8, 0}, {2, 8, 16}};
+  return g;
+}
+
+struct PoolKind {
+  const char* name;
+  at::ScalarType dtype;
+  int bits;
+};
+constexpr PoolKind kFloat32Entries{"float32", at::kFloat, 16};
+constexpr PoolKind kBFloat16Entries{"bfloat16", at::kBFloat16, 16};
+constexpr PoolKind kInt8Entries{"int8", at::kFloat, 8};
+constexpr PoolKind kInt4Entries{"int4", at::kFloat, 4};
+
+std::shared_ptr<BlockPool> Pool(int64_t blocks, const PoolKind& kind = kFloat32Entries,
+                                int64_t entries_per_block = 4) {
+  KVCacheGeometry geometry = Geometry();
+  geometry.dtype = kind.dtype;
+  BlockPoolOptions options;
+  options.entries_per_block = entries_per_block;
+  options.num_blocks = blocks;
+  options.entry_bits = kind.bits;
+  absl::StatusOr<std::shared_ptr<BlockPool>> pool = BlockPool::Create(geometry, options);
+  EXPECT_TRUE(pool.ok()) << pool.status();
+  return pool.ok() ? *pool : nullptr;
+}
+
+// Float32 entries [1, G, T, hs] as a pool of `kind` stores them, read back as float32.
+at::Tensor StoredAs(const PoolKind& kind, const at::Tensor& x) {
+  if (kind.bits != 16) {
+    const QuantizedGroups codes = QuantizeGroups(x, kind.bits, 8);
+    return DequantizeGroups(codes.data, codes.scales, kind.bits, 8, at::kFloat);
+  }
+  return x.to(kind.dtype).to(at::kFloat);
+}
+
+EvictionPolicyOptions Policy(PolicyKind kind, int64_t budget, bool normalize = false) {
+  EvictionPolicyOptions policy;
+  policy.kind = kind;
+  policy.budget = budget;
+  policy.normalize_scores = normalize;
+  return policy;
+}
+
+// h2o with half its budget recent, tova without a recent window, h2o normalised with a budget
+// of one block and a bit, and per-layer budgets.
+std::vector<EvictionPolicyOptions> Policies() {
+  EvictionPolicyOptions pyramid = Policy(PolicyKind::kH2O, 8);
+  pyramid.layer_budgets = {12, 9, 7, 4};
+  return {Policy(PolicyKind::kH2O, 12), Policy(PolicyKind::kTova, 9),
+          Policy(PolicyKind::kH2O, 5, /*normalize=*/true), pyramid};
+}
+
+std::unique_ptr<ScoredPagedKVCache> ScoredCache(std::shared_ptr<BlockPool> pool,
+                                                const EvictionPolicyOptions& policy) {
+  ScoredPagedKVCacheOptions options;
+  options.pool = std::move(pool);
+  options.max_sequence_length = kContext;
+  options.policy = policy;
+  absl::StatusOr<std::unique_ptr<ScoredPagedKVCache>> cache = ScoredPagedKVCache::Create(options);
+  EXPECT_TRUE(cache.ok()) << cache.status();
+  return cache.ok() ? std::move(*cache) : nullptr;
+}
+
+std::unique_ptr<PolicyKVCache> PolicyCache(const EvictionPolicyOptions& policy) {
+  PolicyKVCacheOptions options;
+  static_cast<KVCacheGeometry&>(options) = Geometry();
+  options.policy = policy;
+  absl::StatusOr<std::unique_ptr<PolicyKVCache>> cache = PolicyKVCache::Create(options);
+  EXPECT_TRUE(cache.ok()) << cache.status();
+  return cache.ok() ? std::move(*cache) : nullptr;
+}
+
+std::unique_ptr<DenseKVCache> DenseCache() {
+  DenseKVCacheOptions options;
+  static_cast<KVCacheGeometry&>(options) = Geometry();
+  absl::StatusOr<std::unique_ptr<DenseKVCache>> cache = DenseKVCache::Create(options);
+  EXPECT_TRUE(cache.ok()) << cache.status();
+  return cache.ok() ? std::move(*cache) : nullptr;
+}
+
+// Step lengths: prompt chunks short and longer than the budgets, chunks that start the cache
+// beyond the budget, single entries, and long runs of decoding steps; each under kContext.
+std::vector<std::vector<int64_t>> Schedules() {
+  const auto stream = [](std::initializer_list<std::pair<int64_t, int64_t>> runs) {
+    std::vector<int64_t> lengths;
+    for (const auto& [length, repeats] : runs) lengths.insert(lengths.end(), repeats, length);
+    return lengths;
+  };
+  return {
+      stream({{20, 1}, {1, 12}, {3, 1}, {1, 7}, {14, 1}, {1, 25}, {5, 1}, {1, 9}, {2, 1}, {1, 6}}),
+      stream({{2, 1}, {1, 1}, {19, 1}, {1, 10}, {9, 1}, {1, 5}, {10, 1}, {1, 20}, {13, 1}, {1, 8}}),
+      stream({{1, 40}, {3, 1}, {1, 10}, {11, 1}, {1, 30}}),
+  };
+}
+
+KVStep Step(int64_t begin, int64_t length) {
+  KVStep step;
+  step.positions = at::arange(begin, begin + length, at::kLong).unsqueeze(0);
+  step.min_position = begin;
+  step.max_position = begin + length - 1;
+  return step;
+}
+
+struct LayerInputs {
+  at::Tensor q, k, v;
+};
+LayerInputs RandomInputs(int64_t layer, int64_t length) {
+  const KVLayerSpec spec = Geometry().layers[layer];
+  LayerInputs in;
+  in.k = at::randn({1, spec.n_query_groups, length, spec.head_size});
+  in.v = at::randn({1, spec.n_query_groups, length, spec.head_size});
+  in.q = at::randn({1, kQueriesPerGroup * spec.n_query_groups, length, spec.head_size});
+  return in;
+}
+
+AttentionParams Params(int64_t layer) {
+  AttentionParams params;
+  params.scale = 0.35;
+  params.sliding_window = Geometry().layers[layer].sliding_window;
+  return params;
+}
+
+double MaxDifference(const at::Tensor& a, const at::Tensor& b) {
+  if (a.sizes() != b.sizes()) return HUGE_VAL;
+  return (a - b).abs().max().item<double>();
+}
+
+int64_t MostBlocks(const EvictionPolicyOptions& policy, int64_t entries_per_block) {
+  int64_t budget = policy.budget;
+  for (int64_t b : policy.layer_budgets) budget = std::max(budget, b);
+  return (budget + 1 + entries_per_block - 1) / entries_per_block;
+}
+
+// The same random keys, values and queries through the scored paged cache (float32 pool), the
+// policy cache of the same policy and a dense cache, over streams mixing prompt chunks and
+// decoding steps: every output equal to the policy cache's to the bit, the same positions kept
+// in every layer and group after every step, and (so the check has teeth) outputs unlike the
+// dense cache's once entries were evicted. The paged cache never holds more than its slots'
+// blocks.
+TEST(ScoredPagedKVCacheTest, AttendsAndEvictsAsThePolicyCacheToTheBit) {
+  for (const EvictionPolicyOptions& policy : Policies()) {
+    for (const std::vector<int64_t>& schedule : Schedules()) {
+      SCOPED_TRACE(testing::Message() << PolicyName(policy.kind) << " budget " << policy.budget
+                                      << " layer budgets " << policy.layer_budgets.size()
+                                      << ", stream of " << schedule.size() << " steps");
+      std::unique_ptr<ScoredPagedKVCache> paged = ScoredCache(Pool(16), policy);
+      std::unique_ptr<PolicyKVCache> reference = PolicyCache(policy);
+      std::unique_ptr<DenseKVCache> dense = DenseCache();
+      ASSERT_TRUE(paged && reference && dense);
+      at::manual_seed(43);
+      int64_t position = 0;
+      double from_dense = 0;
+      for (const int64_t length : schedule) {
+        const KVStep step = Step(position, length);
+        for (KVCache* cache : {static_cast<KVCache*>(paged.get()),
+                               static_cast<KVCache*>(reference.get()),
+                               static_cast<KVCache*>(dense.get())}) {
+          ASSERT_TRUE(cache->CheckStep(step, 1).ok()) << cache->DebugName();
+        }
+        for (int64_t layer = 0; layer < kLayers; ++layer) {
+          SCOPED_TRACE(testing::Message()
+                       << "layer " << layer << ", step of " << length << " at " << position);
+          const LayerInputs in = RandomInputs(layer, length);
+          const AttentionParams params = Params(layer);
+          const absl::StatusOr<at::Tensor> a =
+              paged->UpdateAndAttend(layer, step, in.q, in.k, in.v, params);
+          const absl::StatusOr<at::Tensor> b =
+              reference->UpdateAndAttend(layer, step, in.q, in.k, in.v, params);
+          const absl::StatusOr<at::Tensor> c =
+              dense->UpdateAndAttend(layer, step, in.q, in.k, in.v, params);
+          ASSERT_TRUE(a.ok()) << a.status();
+          ASSERT_TRUE(b.ok() && c.ok());
+          EXPECT_TRUE(at::equal(*a, *b)) << MaxDifference(*a, *b);
+          from_dense = std::max(from_dense, MaxDifference(*a, *c));
+          for (int64_t g = 0; g < Geometry().layers[layer].n_query_groups; ++g) {
+            ASSERT_EQ(paged->KeptPositions(layer, g), reference->KeptPositions(layer, 0, g))
+                << "group " << g;
+          }
+        }
+        position += length;
+        EXPECT_LE(paged->blocks_held(), MostBlocks(policy, 4)) << "at " << position;
+      }
+      EXPECT_GT(from_dense, 1e-3);
+    }
+  }
+}
+
+// A pool of bfloat16, int8 or int4 entries attends as a float32 pool fed its stored entries
+// (to the bit for 16-bit entries; within 1e-5 for quantised ones, which the decode kernel
+// dequantises in registers), so every query reads every entry as stored and the scores come
+// from those reads; until the first eviction, within a tolerance of the float32 pool fed the
+// entries themselves.
+TEST(ScoredPagedKVCacheTest, NarrowPoolsAttendAsAFloat32PoolOfTheirStoredEntries) {
+  for (const PoolKind& kind : {kBFloat16Entries, kInt8Entries, kInt4Entries}) {
+    const double tolerance = kind.bits == 4 ? 0.6 : kind.bits == 8 ? 0.05 : 0.03;
+    for (const EvictionPolicyOptions& policy :
+         {Policy(PolicyKind::kH2O, 12), Policy(PolicyKind::kTova, 9)}) {
+      SCOPED_TRACE(testing::Message() << kind.name << " " << PolicyName(policy.kind));
+      std::unique_ptr<ScoredPagedKVCache> narrow = ScoredCache(Pool(16, kind), policy);
+      std::unique_ptr<ScoredPagedKVCache> rounded = ScoredCache(Pool(16), policy);
+      std::unique_ptr<ScoredPagedKVCache> exact = ScoredCache(Pool(16), policy);
+      ASSERT_TRUE(narrow && rounded && exact);
+      at::manual_seed(47);
+      int64_t position = 0;
+      double largest_error = 0;
+      const std::vector<int64_t> schedule = Schedules()[0];
+      for (const int64_t length : schedule) {
+        const KVStep step = Step(position, length);
+        for (ScoredPagedKVCache* cache : {narrow.get(), rounded.get(), exact.get()}) {
+          ASSERT_TRUE(cache->CheckStep(step, 1).ok());
+        }
+        for (int64_t layer = 0; layer < kLayers; ++layer) {
+          SCOPED_TRACE(testing::Message()
+                       << "layer " << layer << ", step of " << length << " at " << position);
+          const LayerInputs in = RandomInputs(layer, length);
+          const AttentionParams params = Params(layer);
+          const absl::StatusOr<at::Tensor> narrowed =
+              narrow->UpdateAndAttend(layer, step, in.q, in.k, in.v, params);
+          const absl::StatusOr<at::Tensor> stored = rounded->UpdateAndAttend(
+              layer, step, in.q, StoredAs(kind, in.k), StoredAs(kind, in.v), params);
+          const absl::StatusOr<at::Tensor> full =
+              exact->UpdateAndAttend(layer, step, in.q, in.k, in.v, params);
+          ASSERT_TRUE(narrowed.ok()) << narrowed.status();
+          ASSERT_TRUE(stored.ok() && full.ok());
+          const at::Tensor &a = *narrowed, &b = *stored, &e = *full;
+          if (kind.bits == 16) {
+            EXPECT_TRUE(at::equal(a, b)) << MaxDifference(a, b);
+          } else {
+            EXPECT_LE(MaxDifference(a, b), 1e-5);
+          }
+          // Until something is evicted; then the narrowed scores may choose other entries.
+          const double error = MaxDifference(a, e);
+          if (position + length <= policy.budget) {
+            EXPECT_LE(error, tolerance);
+          }
+          largest_error = std::max(largest_error, error);
+        }
+        position += length;
+      }
+      EXPECT_GT(largest_error, 0.0);  // the entries really were narrowed
+    }
+  }
+}
+
+// Random steps over blocks of 1 to 16 entries: BlocksNeeded is what a step takes, the cache
+// never holds more than ceil((budget + 1) / entries_per_block) blocks, so a pool of exactly that
+// many serves a long stream; a full pool refuses a step and takes nothing; Reset and
+// destruction give every block back.
+TEST(ScoredPagedKVCacheTest, HoldsAtMostItsSlotsBlocksAndGivesThemBack) {
+  std::mt19937 random(5);
+  for (const int64_t entries_per_block : {1, 3, 4, 16}) {
+    for (const EvictionPolicyOptions& policy :
+         {Policy(PolicyKind::kH2O, 12), Policy(PolicyKind::kTova, 7)}) {
+      SCOPED_TRACE(testing::Message() << PolicyName(policy.kind) << ", blocks of "
+                                      << entries_per_block);
+      const int64_t most = MostBlocks(policy, entries_per_block);
+      std::shared_ptr<BlockPool> pool = Pool(most, kFloat32Entries, entries_per_block);
+      {
+        std::unique_ptr<ScoredPagedKVCache> cache = ScoredCache(pool, policy);
+        ASSERT_TRUE(cache);
+        int64_t position = 0;
+        while (position < kContext - 20) {
+          const int64_t length = random() % 3 == 0 ? 1 + random() % 17 : 1;
+          const int64_t needed = cache->BlocksNeeded(length);
+          const int64_t free_before = pool->free_blocks();
+          ASSERT_TRUE(cache->CheckStep(Step(position, length), 1).ok()) << "at " << position;
+          EXPECT_EQ(free_before - pool->free_blocks(), needed);
+          EXPECT_EQ(cache->blocks_held(), cache->BlocksToHold(position + length));
+          for (int64_t layer = 0; layer < kLayers; ++layer) {
+            const LayerInputs in = RandomInputs(layer, length);
+            ASSERT_TRUE(
+                cache->UpdateAndAttend(layer, Step(position, length), in.q, in.k, in.v,
+                                       Params(layer))
+                    .ok());
+          }
+          position += length;
+          EXPECT_LE(cache->blocks_held(), most);
+        }
+        EXPECT_EQ(cache->blocks_held(), most);
+        // A second cache finds the pool full: refused, nothing taken.
+        std::unique_ptr<ScoredPagedKVCache> other = ScoredCache(pool, policy);
+        const absl::Status full = other->CheckStep(Step(0, 1), 1);
+        EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
+        EXPECT_EQ(other->blocks_held(), 0);
+        cache->Reset();
+        EXPECT_EQ(pool->free_blocks(), most);
+        ASSERT_TRUE(cache->CheckStep(Step(0, 5), 1).ok());
+        EXPECT_LT(pool->free_blocks(), most);
+      }
+      EXPECT_EQ(pool->free_blocks(), most);  // destruction gives them back
+    }
+  }
+}
+
+// A fork (the n choices of one prompt) shares every block until its first step, which copies
+// them; the original and the fork then attend, fed the same steps, as the original alone would.
+TEST(ScoredPagedKVCacheTest, ForksShareBlocksAndGoOnAsTheOriginal) {
+  const EvictionPolicyOptions policy = Policy(PolicyKind::kH2O, 12);
+  std::shared_ptr<BlockPool> pool = Pool(32);
+  std::unique_ptr<ScoredPagedKVCache> original = ScoredCache(pool, policy);
+  std::unique_ptr<ScoredPagedKVCache> fork = ScoredCache(pool, policy);
+  std::unique_ptr<ScoredPagedKVCache> alone = ScoredCache(Pool(32), policy);
+  ASSERT_TRUE(original && fork && alone);
+  at::manual_seed(53);
+  std::vector<LayerInputs> prompt;
+  for (int64_t layer = 0; layer < kLayers; ++layer) prompt.push_back(RandomInputs(layer, 19));
+  for (ScoredPagedKVCache* cache : {original.get(), alone.get()}) {
+    ASSERT_TRUE(cache->CheckStep(Step(0, 19), 1).ok());
+    for (int64_t layer = 0; layer < kLayers; ++layer) {
+      const LayerInputs& in = prompt[layer];
+      ASSERT_TRUE(cache->UpdateAndAttend(layer, Step(0, 19), in.q, in.k, in.v, Params(layer)).ok());
+    }
+  }
+  const int64_t free_before = pool->free_blocks();
+  ASSERT_TRUE(original->CheckCopyInto(*fork).ok());
+  ASSERT_TRUE(original->CopyInto(*fork).ok());
+  EXPECT_EQ(pool->free_blocks(), free_before);  // shared, nothing taken
+  EXPECT_EQ(fork->BlocksNeeded(1), fork->blocks_held());
+  for (int64_t position = 19; position < 60; ++position) {
+    const KVStep step = Step(position, 1);
+    for (ScoredPagedKVCache* cache : {original.get(), fork.get(), alone.get()}) {
+      ASSERT_TRUE(cache->CheckStep(step, 1).ok());
+    }
+    for (int64_t layer = 0; layer < kLayers; ++layer) {
+      const LayerInputs in = RandomInputs(layer, 1);
+      const at::Tensor a = *original->UpdateAndAttend(layer, step, in.q, in.k, in.v, Params(layer));
+      const at::Tensor b = *fork->UpdateAndAttend(layer, step, in.q, in.k, in.v, Params(layer));
+      const at::Tensor c = *alone->UpdateAndAttend(layer, step, in.q, in.k, in.v, Params(layer));
+      EXPECT_TRUE(at::equal(a, c)) << "original at " << position;
+      EXPECT_TRUE(at::equal(b, c)) << "fork at " << position;
+    }
+  }
+  std::unique_ptr<ScoredPagedKVCache> tova = ScoredCache(pool, Policy(PolicyKind::kTova, 12));
+  EXPECT_EQ(original->CheckCopyInto(*tova).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// Create names what it refuses; steps out of order and dtypes it does not take are errors that
+// change nothing.
+TEST(ScoredPagedKVCacheTest, RefusesWhatItDoesNotKeep) {
+  ScoredPagedKVCacheOptions options;
+  options.max_sequence_length = kContext;
+  options.policy = Policy(PolicyKind::kH2O, 8);
+  absl::StatusOr<std::unique_ptr<ScoredPagedKVCache>> missing =
+      ScoredPagedKVCache::Create(options);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(ErrorField(missing.status()).value_or(""), "ScoredPagedKVCacheOptions.pool");
+  options.pool = Pool(8);
+  options.policy = Policy(PolicyKind::kSink, 8);
+  absl::StatusOr<std::unique_ptr<ScoredPagedKVCache>> sink = ScoredPagedKVCache::Create(options);
+  ASSERT_FALSE(sink.ok());
+  EXPECT_EQ(ErrorField(sink.status()).value_or(""), "ScoredPagedKVCacheOptions.policy.kind");
+  options.policy = Policy(PolicyKind::kH2O, 8);
+  options.policy.layer_budgets = {4, 4};
+  absl::StatusOr<std::unique_ptr<ScoredPagedKVCache>> budgets =
+      ScoredPagedKVCache::Create(options);
+  ASSERT_FALSE(budgets.ok());
+  EXPECT_EQ(ErrorField(budgets.status()).value_or(""), "ScoredPagedKVCacheOptions.policy.layer_budgets");
+  options.policy.layer_budgets.clear();
+  options.policy.budget = 0;
+  EXPECT_FALSE(ScoredPagedKVCache::Create(options).ok());
+
+  options.policy.budget = 8;
+  std::unique_ptr<ScoredPagedKVCache> cache = *ScoredPagedKVCache::Create(options);
+  EXPECT_EQ(cache->CheckStep(Step(3, 2), 1).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(cache->CheckStep(Step(0, 2), 1).ok());
+  const LayerInputs in = RandomInputs(0, 2);
+  const absl::StatusOr<at::Tensor> half = cache->UpdateAndAttend(
+      0, Step(0, 2), in.q.to(at::kHalf), in.k.to(at::kHalf), in.v.to(at::kHalf), Params(0));
+  EXPECT_EQ(half.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(cache->UpdateAndAttend(0, Step(0, 2), in.q, in.k, in.v, Params(0)).ok());
+  EXPECT_EQ(cache->KeptPositions(0, 1), (std::vector<int64_t>{0, 1}));
+}
+
+}  // namespace
+}  // namespace lgpt
