@@ -159,6 +159,26 @@ class BlockPool {
   std::list<int64_t> idle_;  // kept blocks no one references, longest idle first
 };
 
+// A cache whose entries live in a BlockPool's blocks (cache/paged_kv_cache.h,
+// cache/scored_paged_kv_cache.h): what a serving engine's KV memory asks of it to admit,
+// reserve and preempt by blocks.
+class KVPoolBlocks {
+ public:
+  virtual ~KVPoolBlocks() = default;
+  virtual const BlockPool* pool() const = 0;
+  // Blocks the cache holds once it has seen `entries` entries (from empty).
+  virtual int64_t BlocksToHold(int64_t entries) const = 0;
+  // Blocks the next step of `steps` entries takes from the pool (new ones and copies of shared
+  // ones).
+  virtual int64_t BlocksNeeded(int64_t steps) const = 0;
+  // Takes them (CheckStep does it too): ResourceExhausted when the pool has too few, taking
+  // nothing then.
+  virtual absl::Status TakeBlocks(int64_t steps) = 0;
+  virtual int64_t blocks_held() const = 0;
+  // Whether it evicts: then it never holds more than BlocksToHold(max_sequence_length()).
+  virtual bool evicts() const = 0;
+};
+
 // Gives `table` (a cache's blocks in order) a block of its own at each of `indices`
 // (ascending): a new block where the index is the table's end (appended), a copy of the shared
 // block elsewhere (copy-on-write: the copy replaces the cache's reference). Takes every block

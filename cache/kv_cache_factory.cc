@@ -78,6 +78,16 @@ absl::Status ValidateKVCacheSpec(const KVCacheSpec& spec) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<EvictionPolicyOptions> EvictionPolicyOf(const KVCacheSpec& spec,
+                                                       int64_t num_layers) {
+  ASSIGN_OR_RETURN(const PolicyKind kind, SpecPolicy(spec));
+  EvictionPolicyOptions policy = PolicyOptions(spec, kind);
+  if (spec.budget_rule != "uniform" && kind != PolicyKind::kDense) {
+    ASSIGN_OR_RETURN(policy.layer_budgets, LayerBudgets(spec.budget_rule, spec.budget, num_layers));
+  }
+  return policy;
+}
+
 std::string DescribeKVCacheSpec(const KVCacheSpec& spec,
                                 std::optional<c10::ScalarType> model_dtype) {
   const int64_t bits =
@@ -106,12 +116,8 @@ absl::StatusOr<std::unique_ptr<KVCache>> MakeKVCache(const KVCacheSpec& spec,
                                         SpecFields()));
   PolicyKVCacheOptions options;
   static_cast<KVCacheGeometry&>(options) = shape;
-  options.policy = PolicyOptions(spec, kind);
-  if (spec.budget_rule != "uniform" && kind != PolicyKind::kDense) {
-    ASSIGN_OR_RETURN(
-        options.policy.layer_budgets,
-        LayerBudgets(spec.budget_rule, spec.budget, static_cast<int64_t>(shape.layers.size())));
-  }
+  ASSIGN_OR_RETURN(options.policy,
+                   EvictionPolicyOf(spec, static_cast<int64_t>(shape.layers.size())));
   options.bits = spec.bits;
   options.residual = spec.residual;
   options.group_size = spec.group_size;

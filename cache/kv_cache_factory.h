@@ -20,6 +20,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "cache/eviction_policy.h"
 #include "cache/kv_cache.h"
 
 namespace lgpt {
@@ -56,6 +57,11 @@ inline bool UsesCachePositions(const KVCacheSpec& spec) { return spec.positions 
 // uniform/pyramid. MakeKVCache adds the one rule that needs the shape: cache positions need a
 // budget below the context.
 absl::Status ValidateKVCacheSpec(const KVCacheSpec& spec);
+
+// The eviction policy a spec asks for over `num_layers` layers (its budget rule's budgets per
+// layer); the policy name's error.
+absl::StatusOr<EvictionPolicyOptions> EvictionPolicyOf(const KVCacheSpec& spec,
+                                                       int64_t num_layers);
 
 // "h2o budget=256 bits=8", or "dense bits=16". With the model's dtype, full-precision storage
 // (bits 16: the model's dtype) shows its real width: "dense bits=32" for float32.

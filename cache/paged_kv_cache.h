@@ -82,6 +82,7 @@ struct PagedEviction {
 bool PagedEvictionKeepsAsThePolicy(const PagedEviction& eviction, int64_t window);
 
 class PagedKVCache : public KVCache,
+                     public KVPoolBlocks,
                      public KVDecodeRows,
                      public KVTableRows,
                      public KVRollback,
@@ -142,20 +143,20 @@ class PagedKVCache : public KVCache,
   int64_t num_layers() const override { return static_cast<int64_t>(pool_->layers().size()); }
   std::string DebugName() const override;
 
-  const BlockPool* pool() const { return pool_.get(); }
-  int64_t blocks_held() const { return static_cast<int64_t>(table_.size()); }
+  const BlockPool* pool() const override { return pool_.get(); }
+  int64_t blocks_held() const override { return static_cast<int64_t>(table_.size()); }
   // Entries every layer has seen (the next position to write).
   int64_t length() const { return length_; }
   // Whether the cache evicts (PagedEviction.budget > 0 and below the sequence length).
-  bool evicts() const { return evicts_; }
+  bool evicts() const override { return evicts_; }
   // Blocks the cache holds once it has seen `entries` entries (from empty).
-  int64_t BlocksToHold(int64_t entries) const;
+  int64_t BlocksToHold(int64_t entries) const override;
   // Takes the blocks the next step of `steps` entries writes into (CheckStep does it too):
   // ResourceExhausted when the pool has too few, taking nothing then.
-  absl::Status TakeBlocks(int64_t steps);
+  absl::Status TakeBlocks(int64_t steps) override;
   // Blocks the next step of `steps` entries takes from the pool (new ones and copies of
   // shared ones).
-  int64_t BlocksNeeded(int64_t steps) const;
+  int64_t BlocksNeeded(int64_t steps) const override;
 
   // An empty cache takes the cached blocks that start `tokens` (whole blocks, chained from the
   // first) and holds their entries; returns how many positions it now holds, at most

@@ -98,6 +98,7 @@ ScoredPagedKVCache::ScoredPagedKVCache(const ScoredPagedKVCacheOptions& options,
                                        std::vector<Layer> layers)
     : pool_(options.pool),
       max_sequence_length_(options.max_sequence_length),
+      policy_(options.policy),
       layers_(std::move(layers)),
       layer_length_(layers_.size(), 0) {
   for (const Layer& layer : layers_) max_capacity_ = std::max(max_capacity_, layer.capacity);
@@ -555,9 +556,8 @@ int64_t ScoredPagedKVCache::IndexBytes() const {
 }
 
 std::string ScoredPagedKVCache::DebugName() const {
-  const LayerPlan& first = layers_.front().plan;
-  return absl::StrCat("paged-", PolicyName(first.kind), "(", table_.size(), " blocks of ",
-                      pool_->entries_per_block(), ", budget ", first.budget, ")");
+  return absl::StrCat("paged-", PolicyName(policy_.kind), "(budget=", policy_.budget, ", ",
+                      table_.size(), " blocks of ", pool_->entries_per_block(), ")");
 }
 
 }  // namespace lgpt

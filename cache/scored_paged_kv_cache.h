@@ -54,7 +54,10 @@ struct ScoredPagedKVCacheOptions {
 // field (ScoredPagedKVCacheOptions.policy.kind, .pool).
 absl::Status CheckScoredPagedPolicy(const EvictionPolicyOptions& policy, const BlockPool& pool);
 
-class ScoredPagedKVCache : public KVCache, public KVAttentionScorer, public KVForker {
+class ScoredPagedKVCache : public KVCache,
+                           public KVPoolBlocks,
+                           public KVAttentionScorer,
+                           public KVForker {
  public:
   // InvalidArgument for a missing pool, max_sequence_length < 1, a policy that
   // CheckScoredPagedPolicy or ValidateEvictionPolicy refuses (errors name the field).
@@ -98,17 +101,19 @@ class ScoredPagedKVCache : public KVCache, public KVAttentionScorer, public KVFo
   int64_t num_layers() const override { return static_cast<int64_t>(layers_.size()); }
   std::string DebugName() const override;
 
-  const BlockPool* pool() const { return pool_.get(); }
+  const BlockPool* pool() const override { return pool_.get(); }
   const LayerPlan& plan(int64_t layer) const { return layers_[layer].plan; }
-  int64_t blocks_held() const { return static_cast<int64_t>(table_.size()); }
+  int64_t blocks_held() const override { return static_cast<int64_t>(table_.size()); }
+  bool evicts() const override { return true; }
   // Entries every layer has seen (the next position to write).
   int64_t length() const { return length_; }
   // Blocks the cache holds once it has seen `entries` entries (from empty); the most it ever
   // holds is BlocksToHold(max_sequence_length()).
-  int64_t BlocksToHold(int64_t entries) const;
+  int64_t BlocksToHold(int64_t entries) const override;
   // Blocks the next step of `steps` entries takes from the pool (new ones and copies of shared
   // ones).
-  int64_t BlocksNeeded(int64_t steps) const;
+  int64_t BlocksNeeded(int64_t steps) const override;
+  absl::Status TakeBlocks(int64_t steps) override { return TakeStepBlocks(steps); }
   // Positions `layer` keeps for `group`, ascending, once any pending eviction is settled.
   std::vector<int64_t> KeptPositions(int64_t layer, int64_t group);
 
@@ -174,6 +179,7 @@ class ScoredPagedKVCache : public KVCache, public KVAttentionScorer, public KVFo
 
   std::shared_ptr<BlockPool> pool_;
   int64_t max_sequence_length_;
+  EvictionPolicyOptions policy_;
   int64_t max_capacity_ = 0;  // the most slots any layer addresses
   std::vector<Layer> layers_;
   mutable std::vector<int64_t> table_;  // blocks in slot order; CheckStep grows it

@@ -110,6 +110,17 @@ absl::StatusOr<std::unique_ptr<KVCache>> KVMemory::NewCache(const KVCacheSpec& s
   ASSIGN_OR_RETURN(const std::optional<PagedEviction> paged_eviction,
                    PagedEvictionFor(spec, shape));
   if (!paged_eviction) {
+    ASSIGN_OR_RETURN(const std::optional<EvictionPolicyOptions> scored,
+                     ScoredPagedPolicyFor(spec, shape, *pool_));
+    if (scored) {
+      ScoredPagedKVCacheOptions options;
+      options.pool = pool_;
+      options.max_sequence_length = length;
+      options.policy = *scored;
+      ASSIGN_OR_RETURN(std::unique_ptr<ScoredPagedKVCache> cache,
+                       ScoredPagedKVCache::Create(options));
+      return std::unique_ptr<KVCache>(std::move(cache));
+    }
     // Own storage, grown a pool block at a time and charged to the pool as it grows.
     shape.growth_step = pool_->entries_per_block();
     return MakeKVCache(spec, shape);
@@ -140,13 +151,26 @@ absl::StatusOr<std::optional<PagedEviction>> PagedEvictionFor(const KVCacheSpec&
   return eviction;
 }
 
+absl::StatusOr<std::optional<EvictionPolicyOptions>> ScoredPagedPolicyFor(
+    const KVCacheSpec& spec, const KVCacheGeometry& geometry, const BlockPool& pool) {
+  RETURN_IF_ERROR(ValidateKVCacheSpec(spec));
+  if (spec.bits != 16 || (spec.policy != "h2o" && spec.policy != "tova") ||
+      UsesCachePositions(spec) || geometry.dtype != c10::kFloat) {
+    return std::nullopt;
+  }
+  ASSIGN_OR_RETURN(EvictionPolicyOptions policy,
+                   EvictionPolicyOf(spec, static_cast<int64_t>(geometry.layers.size())));
+  if (!CheckScoredPagedPolicy(policy, pool).ok()) return std::nullopt;
+  return policy;
+}
+
 absl::StatusOr<KVLease> KVMemory::Lease(std::unique_ptr<KVCache> cache, int64_t entries,
                                         bool from_start) const {
   KVLease lease;
   if (pool_ != nullptr) {
-    auto* paged = dynamic_cast<PagedKVCache*>(cache.get());
-    if (paged != nullptr && paged->pool() == pool_.get()) {
-      const int64_t blocks = paged->BlocksToHold(std::min(entries, paged->max_sequence_length()));
+    auto* pooled = dynamic_cast<KVPoolBlocks*>(cache.get());
+    if (pooled != nullptr && pooled->pool() == pool_.get()) {
+      const int64_t blocks = pooled->BlocksToHold(std::min(entries, cache->max_sequence_length()));
       if (blocks > pool_->num_blocks()) {
         return FieldError(
             absl::StatusCode::kResourceExhausted,
@@ -156,8 +180,10 @@ absl::StatusOr<KVLease> KVMemory::Lease(std::unique_ptr<KVCache> cache, int64_t 
                          pool_->num_blocks()));
       }
       lease.use_ = KVLease::Use::kBlocks;
-      lease.paged_ = paged;
-      lease.shares_prefixes_ = prefixes_ != nullptr && from_start && !paged->evicts();
+      lease.blocks_ = pooled;
+      lease.paged_ = dynamic_cast<PagedKVCache*>(cache.get());
+      lease.shares_prefixes_ =
+          prefixes_ != nullptr && from_start && lease.paged_ != nullptr && !pooled->evicts();
     } else if (const KVStorageBound* bound = cache->storage_bound()) {
       // A cache with its own bounded storage: its bytes come out of the pool's budget.
       const int64_t budget = pool_->num_blocks() * pool_->BytesPerBlock();
@@ -182,7 +208,7 @@ int64_t KVMemory::BlocksForStep(const KVLease& lease, int64_t steps, bool starte
     case KVLease::Use::kNone:
       return 0;
     case KVLease::Use::kBlocks:
-      return started ? lease.paged_->BlocksNeeded(steps) : lease.paged_->BlocksToHold(steps);
+      return started ? lease.blocks_->BlocksNeeded(steps) : lease.blocks_->BlocksToHold(steps);
     case KVLease::Use::kBytes:
       return pool_->BlocksForBytes(std::max<int64_t>(0, ChargeFor(lease, steps) - lease.charge_));
   }
@@ -190,11 +216,11 @@ int64_t KVMemory::BlocksForStep(const KVLease& lease, int64_t steps, bool starte
 }
 
 bool KVMemory::Bounded(const KVLease& lease) {
-  return lease.use_ == KVLease::Use::kBytes || (lease.paged_ != nullptr && lease.paged_->evicts());
+  return lease.use_ == KVLease::Use::kBytes || (lease.blocks_ != nullptr && lease.blocks_->evicts());
 }
 
 bool KVMemory::Holds(const KVLease& lease) const {
-  return lease.paged_ != nullptr ? lease.paged_->blocks_held() > 0 : lease.charge_ > 0;
+  return lease.blocks_ != nullptr ? lease.blocks_->blocks_held() > 0 : lease.charge_ > 0;
 }
 
 absl::Status KVMemory::Reserve(KVLease& lease, int64_t steps) {
@@ -202,7 +228,7 @@ absl::Status KVMemory::Reserve(KVLease& lease, int64_t steps) {
     case KVLease::Use::kNone:
       return absl::OkStatus();
     case KVLease::Use::kBlocks:
-      return lease.paged_->TakeBlocks(steps);
+      return lease.blocks_->TakeBlocks(steps);
     case KVLease::Use::kBytes:
       break;
   }
@@ -220,7 +246,7 @@ absl::Status KVMemory::ReserveCopy(KVLease& target, const KVLease& source) {
     case KVLease::Use::kBlocks:
       // An evicting paged copy shares the source's blocks (copied as it writes into them, each
       // reserved before its step); a dense one shares prefix blocks instead.
-      if (target.paged_->evicts()) return absl::OkStatus();
+      if (target.blocks_->evicts()) return absl::OkStatus();
       return absl::FailedPreconditionError(
           "a dense paged KV cache takes no copy (it shares prefix blocks instead)");
     case KVLease::Use::kBytes:
@@ -253,6 +279,7 @@ void KVMemory::Release(KVLease& lease) {
 }
 
 void KVMemory::Close(KVLease& lease) {
+  lease.blocks_ = nullptr;
   lease.paged_ = nullptr;
   lease.cache_.reset();
   if (lease.charge_ > 0) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cache/paged_kv_cache.h"
+#include "cache/scored_paged_kv_cache.h"
 
 namespace lgpt {
 namespace {
@@ -42,10 +43,18 @@ KVCacheSpec Sink() {
   return spec;
 }
 
-// A scoring policy: a cache of its own, charged to the pool.
+// A scoring policy a pool's blocks keep (cache/scored_paged_kv_cache.h).
 KVCacheSpec H2O() {
   KVCacheSpec spec;
   spec.policy = "h2o";
+  spec.budget = 8;
+  return spec;
+}
+
+// A scoring policy with state beyond the score: a cache of its own, charged to the pool.
+KVCacheSpec Charged() {
+  KVCacheSpec spec;
+  spec.policy = "h2o-vlen";
   spec.budget = 8;
   return spec;
 }
@@ -193,7 +202,7 @@ TEST(KVMemoryTest, DenseRequestsArePagedOthersCharged) {
   // A request from another position shares no prefixes.
   EXPECT_FALSE(memory->Lease(*memory->NewCache(KVCacheSpec(), Geometry(), 32), 32, false)
                    ->shares_prefixes());
-  KVLease charged = *memory->Lease(*memory->NewCache(H2O(), Geometry(), 32), 32, true);
+  KVLease charged = *memory->Lease(*memory->NewCache(Charged(), Geometry(), 32), 32, true);
   EXPECT_EQ(charged.use(), KVLease::Use::kBytes);
   EXPECT_FALSE(charged.shares_prefixes());
   EXPECT_TRUE(KVMemory::Bounded(charged));
@@ -257,6 +266,55 @@ TEST(KVMemoryTest, SinkAndWindowRequestsArePagedInABoundedRing) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// h2o and tova requests of a float32 model keep budget + 1 slots in pool blocks, admitted by
+// that bound; what they cannot serve keeps a cache of its own.
+TEST(KVMemoryTest, ScoringRequestsArePagedInTheirSlots) {
+  std::unique_ptr<KVMemory> memory = Memory(16);
+  KVCacheSpec tova = H2O();
+  tova.policy = "tova";
+  for (const KVCacheSpec& spec : {H2O(), tova}) {
+    SCOPED_TRACE(spec.policy);
+    std::unique_ptr<KVCache> cache = *memory->NewCache(spec, Geometry(), 32);
+    auto* scored = dynamic_cast<ScoredPagedKVCache*>(cache.get());
+    ASSERT_NE(scored, nullptr);
+    EXPECT_EQ(scored->pool(), memory->pool().get());
+    KVLease lease = *memory->Lease(std::move(cache), 32, true);
+    EXPECT_EQ(lease.use(), KVLease::Use::kBlocks);
+    EXPECT_FALSE(lease.shares_prefixes());
+    EXPECT_TRUE(KVMemory::Bounded(lease));
+    // budget + 1 = 9 slots in blocks of 4, whatever the length.
+    const int64_t bound = (spec.budget + 1 + kBlock - 1) / kBlock;
+    EXPECT_EQ(memory->BlocksForStep(lease, 30, /*started=*/false), bound);
+    ASSERT_TRUE(memory->Reserve(lease, 3).ok());
+    Fill(*lease.cache(), 0, 3);
+    for (int64_t position = 3; position < 30; ++position) {
+      ASSERT_TRUE(memory->Reserve(lease, 1).ok());
+      Fill(*lease.cache(), position, 1);
+      EXPECT_LE(scored->blocks_held(), bound);
+    }
+    EXPECT_EQ(scored->blocks_held(), bound);
+    EXPECT_EQ(memory->BlocksForStep(lease, 1, /*started=*/true), 0);
+    memory->Release(lease);  // preempted: the blocks back, the cache kept
+    EXPECT_EQ(memory->free_blocks(), 16);
+    memory->Close(lease);
+  }
+  KVCacheSpec int8 = H2O();
+  int8.bits = 8;
+  KVCacheGeometry bfloat16 = Geometry();
+  bfloat16.dtype = c10::kBFloat16;
+  for (const auto& [spec, geometry] : {std::make_pair(Charged(), Geometry()),
+                                       std::make_pair(int8, Geometry()),
+                                       std::make_pair(H2O(), bfloat16)}) {
+    EXPECT_EQ(dynamic_cast<ScoredPagedKVCache*>(memory->NewCache(spec, geometry, 32)->get()),
+              nullptr)
+        << DescribeKVCacheSpec(spec, geometry.dtype);
+  }
+  KVCacheSpec bad = H2O();
+  bad.budget = 0;
+  EXPECT_EQ(memory->NewCache(bad, Geometry(), 32).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(KVMemoryTest, RefusesRequestsLargerThanThePool) {
   std::unique_ptr<KVMemory> memory = Memory(4);
   // 17 entries need 5 blocks of 4.
@@ -292,7 +350,7 @@ TEST(KVMemoryTest, PagedLeaseTakesAndGivesBackBlocks) {
 
 TEST(KVMemoryTest, ChargedLeaseReservesItsGrowthAndSettles) {
   std::unique_ptr<KVMemory> memory = Memory(16);
-  KVLease lease = *memory->Lease(*memory->NewCache(H2O(), Geometry(), 32), 32, true);
+  KVLease lease = *memory->Lease(*memory->NewCache(Charged(), Geometry(), 32), 32, true);
   const int64_t step_bound = lease.cache()->storage_bound()->BytesAfterStep(3);
   EXPECT_EQ(memory->BlocksForStep(lease, 3, true), memory->pool()->BlocksForBytes(step_bound));
   ASSERT_TRUE(memory->Reserve(lease, 3).ok());
