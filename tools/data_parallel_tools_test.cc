@@ -138,7 +138,12 @@ TEST(FinetuneDevicesTest, TwoRanksWriteOneCheckpointEqualToOneProcess) {
   absl::StatusOr<TensorMap> b = ReadCheckpointTensors(dir + "/one");
   ASSERT_TRUE(a.ok()) << a.status();
   ASSERT_TRUE(b.ok()) << b.status();
-  EXPECT_LT(MaxDiff(*a, *b), 1e-5);
+  // Float32 sums in another order (two micro-batches of one and an all-reduce against one
+  // micro-batch of two) differ in the last bits, and Adam divides each gradient element by its
+  // own running norm: an element whose gradients are near zero turns such a difference into up
+  // to lr (1e-2) times it. Measured 4.2e-5 on an AVX2-only Zen 3 (a step's update is up to 1e-2;
+  // ranks that did not average their gradients would differ by that much).
+  EXPECT_LT(MaxDiff(*a, *b), 1e-4);
   EXPECT_THAT(ReadAll(dir + "/two/hyperparameters.yaml"), HasSubstr("devices: 2\n"));
 }
 
