@@ -38,14 +38,6 @@
 namespace lgpt {
 namespace {
 
-KVStep Step(int64_t begin, int64_t length) {
-  KVStep step;
-  step.positions = at::arange(begin, begin + length, at::kLong).unsqueeze(0);
-  step.min_position = begin;
-  step.max_position = begin + length - 1;
-  return step;
-}
-
 TEST(PagedKVCacheTest, AttendsAsTheDenseCache) {
   std::shared_ptr<BlockPool> pool = TestPool(16);
   std::unique_ptr<PagedKVCache> paged = *PagedKVCache::Create(pool, 64);
@@ -55,7 +47,7 @@ TEST(PagedKVCacheTest, AttendsAsTheDenseCache) {
   at::manual_seed(3);
   int64_t position = 0;
   for (const int64_t length : {3, 1, 6, 1, 1, 9, 1}) {  // crossing block boundaries
-    const KVStep step = Step(position, length);
+    const KVStep step = ContiguousStep(position, length);
     ASSERT_TRUE(paged->CheckStep(step, 1).ok());
     ASSERT_TRUE(dense->CheckStep(step, 1).ok());
     for (int64_t layer = 0; layer < 2; ++layer) {
@@ -74,7 +66,7 @@ TEST(PagedKVCacheTest, AttendsAsTheDenseCache) {
   EXPECT_EQ(paged->blocks_held(), (position + 3) / 4);
   EXPECT_EQ(paged->AllocatedBytes(), paged->blocks_held() * pool->BytesPerBlock());
   // The plain contract's view holds the same entries in order.
-  const KVStep last = Step(position, 1);
+  const KVStep last = ContiguousStep(position, 1);
   ASSERT_TRUE(paged->CheckStep(last, 1).ok());
   ASSERT_TRUE(dense->CheckStep(last, 1).ok());
   const at::Tensor k = at::randn({1, 2, 1, 8}), v = at::randn({1, 2, 1, 8});
@@ -87,7 +79,7 @@ TEST(PagedKVCacheTest, AttendsAsTheDenseCache) {
 
   paged->Reset();
   EXPECT_EQ(pool->free_blocks(), 16);
-  ASSERT_TRUE(paged->CheckStep(Step(0, 5), 1).ok());
+  ASSERT_TRUE(paged->CheckStep(ContiguousStep(0, 5), 1).ok());
   EXPECT_EQ(pool->free_blocks(), 14);
   paged.reset();
   EXPECT_EQ(pool->free_blocks(), 16);  // destruction gives the blocks back
@@ -97,20 +89,20 @@ TEST(PagedKVCacheTest, FullPoolAndOutOfOrderStepsAreRefused) {
   std::shared_ptr<BlockPool> pool = TestPool(3);
   std::unique_ptr<PagedKVCache> first = *PagedKVCache::Create(pool, 64);
   std::unique_ptr<PagedKVCache> second = *PagedKVCache::Create(pool, 64);
-  ASSERT_TRUE(first->CheckStep(Step(0, 9), 1).ok());  // 3 blocks
-  const absl::Status full = second->CheckStep(Step(0, 2), 1);
+  ASSERT_TRUE(first->CheckStep(ContiguousStep(0, 9), 1).ok());  // 3 blocks
+  const absl::Status full = second->CheckStep(ContiguousStep(0, 2), 1);
   EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
   EXPECT_EQ(second->blocks_held(), 0);
   first.reset();
-  EXPECT_TRUE(second->CheckStep(Step(0, 2), 1).ok());
-  EXPECT_EQ(second->CheckStep(Step(5, 1), 1).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(second->CheckStep(Step(0, 70), 1).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_TRUE(second->CheckStep(ContiguousStep(0, 2), 1).ok());
+  EXPECT_EQ(second->CheckStep(ContiguousStep(5, 1), 1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(second->CheckStep(ContiguousStep(0, 70), 1).code(), absl::StatusCode::kOutOfRange);
   EXPECT_EQ(PagedKVCache::Create(nullptr, 8).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // Writes `length` random entries at the cache's end in every layer; layer 0's keys after it.
 at::Tensor Fill(PagedKVCache& cache, int64_t length) {
-  const KVStep step = Step(cache.length(), length);
+  const KVStep step = ContiguousStep(cache.length(), length);
   EXPECT_TRUE(cache.CheckStep(step, 1).ok());
   at::Tensor keys;
   for (int64_t layer = 0; layer < 2; ++layer) {
@@ -206,7 +198,7 @@ TEST(PagedKVCacheTest, TruncateForgetsRejectedEntriesAndGivesBlocksBack) {
   EXPECT_EQ(cache->length(), 5);
   EXPECT_EQ(cache->blocks_held(), 2);
   EXPECT_EQ(pool->free_blocks(), free_before + 1);
-  EXPECT_TRUE(cache->CheckStep(Step(5, 1), 1).ok());  // the stream goes on at 5
+  EXPECT_TRUE(cache->CheckStep(ContiguousStep(5, 1), 1).ok());  // the stream goes on at 5
 }
 
 TEST(PagedKVCacheTest, TruncatingIntoAPublishedBlockCopiesItBeforeTheNextWrite) {
@@ -254,7 +246,7 @@ TEST(PagedKVCacheTest, SixteenBitPoolAttendsAsAFloat32PoolOfItsRoundedEntries) {
       at::manual_seed(5);
       int64_t position = 0;
       for (const int64_t length : {3, 1, 6, 1, 1, 9, 1, 7, 2}) {  // prefill steps >= 5: flash
-        const KVStep step = Step(position, length);
+        const KVStep step = ContiguousStep(position, length);
         ASSERT_TRUE(narrow->CheckStep(step, 1).ok());
         ASSERT_TRUE(wide->CheckStep(step, 1).ok());
         for (int64_t layer = 0; layer < 2; ++layer) {
@@ -284,7 +276,7 @@ TEST(PagedKVCacheTest, SixteenBitPoolAttendsAsAFloat32PoolOfItsRoundedEntries) {
         }
         position += length;
       }
-      const KVStep last = Step(position, 1);
+      const KVStep last = ContiguousStep(position, 1);
       ASSERT_TRUE(narrow->CheckStep(last, 1).ok());
       ASSERT_TRUE(wide->CheckStep(last, 1).ok());
       const at::Tensor k = at::randn({1, 2, 1, 8}), v = at::randn({1, 2, 1, 8});
@@ -387,7 +379,7 @@ TEST(PagedKVCacheTest, QuantisedPoolAttendsToItsEntriesAsStored) {
     at::manual_seed(17);
     int64_t position = 0;
     for (const int64_t length : {5, 1, 1, 7, 1, 2, 1, 9, 1}) {
-      const KVStep step = Step(position, length);
+      const KVStep step = ContiguousStep(position, length);
       for (KVCache* cache :
            {static_cast<KVCache*>(paged.get()), static_cast<KVCache*>(rows.get()), policy.get(),
             static_cast<KVCache*>(round_trip.get()), static_cast<KVCache*>(exact.get())}) {
@@ -428,7 +420,7 @@ TEST(PagedKVCacheTest, QuantisedPoolAttendsToItsEntriesAsStored) {
     }
     EXPECT_EQ(paged->AllocatedBytes(), paged->blocks_held() * pool->BytesPerBlock());
     // The plain contract's view: the entries as stored.
-    const KVStep last = Step(position, 1);
+    const KVStep last = ContiguousStep(position, 1);
     ASSERT_TRUE(paged->CheckStep(last, 1).ok());
     const at::Tensor k = at::randn({1, 2, 1, 8}), v = at::randn({1, 2, 1, 8});
     const KVView view = *paged->Update(0, last, k, v);
@@ -449,7 +441,7 @@ TEST(PagedKVCacheTest, QuantisedPoolReadsLongPromptsInRuns) {
   at::manual_seed(29);
   int64_t position = 0;
   for (const int64_t length : {2100, 500}) {
-    const KVStep step = Step(position, length);
+    const KVStep step = ContiguousStep(position, length);
     const absl::Status checked = paged->CheckStep(step, 1);
     ASSERT_TRUE(checked.ok()) << checked;
     ASSERT_TRUE(round_trip->CheckStep(step, 1).ok());
@@ -493,7 +485,7 @@ TEST(PagedKVCacheTest, TableRowsOfSeveralCachesAttendAsEachAlone) {
     for (const int64_t prompt : prompts) {
       rows.push_back(*PagedKVCache::Create(pool, 64));
       alone.push_back(*PagedKVCache::Create(pool, 64));
-      const KVStep step = Step(0, prompt);
+      const KVStep step = ContiguousStep(0, prompt);
       for (auto* cache : {rows.back().get(), alone.back().get()}) {
         ASSERT_TRUE(cache->CheckStep(step, 1).ok());
       }
@@ -510,7 +502,7 @@ TEST(PagedKVCacheTest, TableRowsOfSeveralCachesAttendAsEachAlone) {
     }
     for (int64_t decode = 0; decode < 6; ++decode) {
       for (size_t r = 0; r < rows.size(); ++r) {
-        const KVStep step = Step(rows[r]->length(), 1);
+        const KVStep step = ContiguousStep(rows[r]->length(), 1);
         ASSERT_TRUE(rows[r]->CheckStep(step, 1).ok());
         ASSERT_TRUE(alone[r]->CheckStep(step, 1).ok());
       }
@@ -522,7 +514,7 @@ TEST(PagedKVCacheTest, TableRowsOfSeveralCachesAttendAsEachAlone) {
         std::vector<at::Tensor> queries, expected;
         PagedKVLayer layer_entries;
         for (size_t r = 0; r < rows.size(); ++r) {
-          const KVStep step = Step(rows[r]->length(), 1);
+          const KVStep step = ContiguousStep(rows[r]->length(), 1);
           const at::Tensor k = at::randn({1, 2, 1, 8}), v = at::randn({1, 2, 1, 8});
           const at::Tensor q = at::randn({1, 6, 1, 8});
           const absl::StatusOr<std::optional<KVTableRows::Row>> row =
@@ -546,10 +538,11 @@ TEST(PagedKVCacheTest, TableRowsOfSeveralCachesAttendAsEachAlone) {
   }
   std::unique_ptr<PagedKVCache> evicting =
       *PagedKVCache::Create(TestPool(16), 64, PagedEviction{6, 2});
-  ASSERT_TRUE(evicting->CheckStep(Step(0, 1), 1).ok());
-  EXPECT_FALSE(
-      evicting->UpdateForTable(0, Step(0, 1), at::randn({1, 2, 1, 8}), at::randn({1, 2, 1, 8}))
-          ->has_value());
+  ASSERT_TRUE(evicting->CheckStep(ContiguousStep(0, 1), 1).ok());
+  EXPECT_FALSE(evicting
+                   ->UpdateForTable(0, ContiguousStep(0, 1), at::randn({1, 2, 1, 8}),
+                                    at::randn({1, 2, 1, 8}))
+                   ->has_value());
   EXPECT_EQ(evicting->table_rows(), nullptr);  // a CPU pool, and an evicting cache
 }
 
@@ -587,7 +580,7 @@ TEST(PagedKVCacheTest, CudaPoolAttendsAsTheCpuPool) {
       at::manual_seed(23);
       int64_t position = 0;
       for (const int64_t length : {6, 1, 1, 3, 1, 1, 1, 9, 1, 1}) {
-        const KVStep step = Step(position, length);
+        const KVStep step = ContiguousStep(position, length);
         KVStep gpu_step = step;
         gpu_step.positions = step.positions.to(cuda);
         ASSERT_TRUE(cpu->CheckStep(step, 1).ok());
@@ -634,54 +627,6 @@ TEST(PagedKVCacheTest, QuantisedPoolOptionsAreChecked) {
 // blocks, against the policy cache that defines them, the dense cache before the ring wraps,
 // and the cache's own promises (memory bound, block accounting, rollback, the plain contract).
 
-// Four layers with grouped queries (kQueriesPerGroup query heads per group): a global layer, a
-// window of 5 entries (below the test budgets), a global layer of 4 groups and a window of 16
-// entries (above them); kRingContext positions.
-constexpr int64_t kRingContext = 128;
-constexpr int64_t kQueriesPerGroup = 3;
-KVCacheGeometry RingGeometry() {
-  KVCacheGeometry g;
-  g.batch_size = 1;
-  g.max_sequence_length = kRingContext;
-  g.layers = {{2, 8, 0}, {2, 8, 5}, {4, 8, 0}, {2, 8, 16}};
-  return g;
-}
-constexpr int64_t kRingLayers = 4;
-
-// Entries a pool stores: the model's float32, bfloat16 entries of the float32 model, or int8 /
-// int4 codes (head size 8: one scale an entry).
-struct PoolKind {
-  const char* name;
-  at::ScalarType dtype;
-  int bits;
-};
-constexpr PoolKind kFloat32Entries{"float32", at::kFloat, 16};
-constexpr PoolKind kBFloat16Entries{"bfloat16", at::kBFloat16, 16};
-constexpr PoolKind kInt8Entries{"int8", at::kFloat, 8};
-constexpr PoolKind kInt4Entries{"int4", at::kFloat, 4};
-
-std::shared_ptr<BlockPool> RingPool(int64_t blocks, const PoolKind& kind = kFloat32Entries,
-                                    int64_t entries_per_block = 4) {
-  KVCacheGeometry geometry = RingGeometry();
-  geometry.dtype = kind.dtype;
-  BlockPoolOptions options;
-  options.entries_per_block = entries_per_block;
-  options.num_blocks = blocks;
-  options.entry_bits = kind.bits;
-  absl::StatusOr<std::shared_ptr<BlockPool>> pool = BlockPool::Create(geometry, options);
-  EXPECT_TRUE(pool.ok()) << pool.status();
-  return pool.ok() ? *pool : nullptr;
-}
-
-// Float32 entries [1, G, T, hs] as a pool of `kind` stores them, read back as float32.
-at::Tensor StoredAs(const PoolKind& kind, const at::Tensor& x) {
-  if (kind.bits != 16) {
-    const QuantizedGroups codes = QuantizeGroups(x, kind.bits, 8);
-    return DequantizeGroups(codes.data, codes.scales, kind.bits, 8, at::kFloat);
-  }
-  return x.to(kind.dtype).to(at::kFloat);
-}
-
 // A sink or window policy (PolicyKVCache's names) and what PagedEviction keeps for it.
 struct RingPolicy {
   const char* policy;
@@ -702,7 +647,7 @@ int64_t RingBlocks(const RingPolicy& p, int64_t entries_per_block) {
 
 std::unique_ptr<PagedKVCache> EvictingCache(std::shared_ptr<BlockPool> pool, const RingPolicy& p) {
   absl::StatusOr<std::unique_ptr<PagedKVCache>> cache =
-      PagedKVCache::Create(std::move(pool), kRingContext, PagedEviction{p.budget, p.sinks});
+      PagedKVCache::Create(std::move(pool), kFourLayerContext, PagedEviction{p.budget, p.sinks});
   EXPECT_TRUE(cache.ok()) << cache.status();
   if (!cache.ok()) return nullptr;
   EXPECT_TRUE((*cache)->evicts());
@@ -711,19 +656,19 @@ std::unique_ptr<PagedKVCache> EvictingCache(std::shared_ptr<BlockPool> pool, con
 
 std::unique_ptr<PagedKVCache> DensePagedCache(std::shared_ptr<BlockPool> pool) {
   absl::StatusOr<std::unique_ptr<PagedKVCache>> cache =
-      PagedKVCache::Create(std::move(pool), kRingContext);
+      PagedKVCache::Create(std::move(pool), kFourLayerContext);
   EXPECT_TRUE(cache.ok()) << cache.status();
   return cache.ok() ? std::move(*cache) : nullptr;
 }
 
-// The policy cache of `p` over RingGeometry() (float32 entries).
+// The policy cache of `p` over FourLayerGeometry() (float32 entries).
 std::unique_ptr<KVCache> PolicyCache(const RingPolicy& p) {
   KVCacheSpec spec;
   spec.policy = p.policy;
   spec.budget = p.budget;
   if (std::string(p.policy) == "sink") spec.sink_tokens = p.sinks;
   KVCacheShape shape;
-  static_cast<KVCacheGeometry&>(shape) = RingGeometry();
+  static_cast<KVCacheGeometry&>(shape) = FourLayerGeometry();
   absl::StatusOr<std::unique_ptr<KVCache>> cache = MakeKVCache(spec, shape);
   EXPECT_TRUE(cache.ok()) << cache.status();
   return cache.ok() ? std::move(*cache) : nullptr;
@@ -731,7 +676,7 @@ std::unique_ptr<KVCache> PolicyCache(const RingPolicy& p) {
 
 std::unique_ptr<DenseKVCache> RingDenseCache() {
   DenseKVCacheOptions options;
-  static_cast<KVCacheGeometry&>(options) = RingGeometry();
+  static_cast<KVCacheGeometry&>(options) = FourLayerGeometry();
   absl::StatusOr<std::unique_ptr<DenseKVCache>> cache = DenseKVCache::Create(options);
   EXPECT_TRUE(cache.ok()) << cache.status();
   return cache.ok() ? std::move(*cache) : nullptr;
@@ -741,7 +686,7 @@ std::unique_ptr<DenseKVCache> RingDenseCache() {
 // rings (up to 10 slots), chunks that start the cache longer than the budget, or start it and
 // end among the sinks, or start within the sinks and wrap, chunks that fill the ring exactly,
 // and long runs of one-token decoding steps (the rings wrap many times). Each stream stays
-// under kRingContext.
+// under kFourLayerContext.
 std::vector<std::vector<int64_t>> RingSchedules() {
   // Runs of (length, repeats).
   const auto stream = [](std::initializer_list<std::pair<int64_t, int64_t>> runs) {
@@ -761,31 +706,6 @@ int64_t Total(const std::vector<int64_t>& lengths) {
   int64_t total = 0;
   for (const int64_t length : lengths) total += length;
   return total;
-}
-
-// Random queries, keys and values of one layer's step of `length` entries.
-struct LayerInputs {
-  at::Tensor q, k, v;
-};
-LayerInputs RandomInputs(int64_t layer, int64_t length) {
-  const KVLayerSpec spec = RingGeometry().layers[layer];
-  LayerInputs in;
-  in.k = at::randn({1, spec.n_query_groups, length, spec.head_size});
-  in.v = at::randn({1, spec.n_query_groups, length, spec.head_size});
-  in.q = at::randn({1, kQueriesPerGroup * spec.n_query_groups, length, spec.head_size});
-  return in;
-}
-
-AttentionParams RingParams(int64_t layer) {
-  AttentionParams params;
-  params.scale = 0.35;
-  params.sliding_window = RingGeometry().layers[layer].sliding_window;
-  return params;
-}
-
-double MaxDifference(const at::Tensor& a, const at::Tensor& b) {
-  if (a.sizes() != b.sizes()) return HUGE_VAL;
-  return (a - b).abs().max().item<double>();
 }
 
 // The positions a step of `steps` entries at `begin` attends to in a cache keeping `budget`
@@ -817,8 +737,8 @@ std::vector<int64_t> SortedPositions(const at::Tensor& positions) {
 // layers. The paged cache never holds more than its ring's blocks.
 std::vector<double> PolicyDifferences(const RingPolicy& p, const std::vector<int64_t>& schedule,
                                       double* from_dense) {
-  std::vector<double> largest(kRingLayers, HUGE_VAL);
-  std::shared_ptr<BlockPool> pool = RingPool(16);
+  std::vector<double> largest(kFourLayers, HUGE_VAL);
+  std::shared_ptr<BlockPool> pool = FourLayerPool(16);
   std::unique_ptr<PagedKVCache> paged = EvictingCache(pool, p);
   std::unique_ptr<KVCache> policy = PolicyCache(p);
   std::unique_ptr<DenseKVCache> dense = RingDenseCache();
@@ -828,16 +748,16 @@ std::vector<double> PolicyDifferences(const RingPolicy& p, const std::vector<int
   at::manual_seed(41);
   int64_t position = 0;
   for (const int64_t length : schedule) {
-    const KVStep step = Step(position, length);
+    const KVStep step = ContiguousStep(position, length);
     for (KVCache* cache :
          {static_cast<KVCache*>(paged.get()), policy.get(), static_cast<KVCache*>(dense.get())}) {
       const absl::Status checked = cache->CheckStep(step, 1);
       EXPECT_TRUE(checked.ok()) << cache->DebugName() << ": " << checked;
-      if (!checked.ok()) return std::vector<double>(kRingLayers, HUGE_VAL);
+      if (!checked.ok()) return std::vector<double>(kFourLayers, HUGE_VAL);
     }
-    for (int64_t layer = 0; layer < kRingLayers; ++layer) {
+    for (int64_t layer = 0; layer < kFourLayers; ++layer) {
       const LayerInputs in = RandomInputs(layer, length);
-      const AttentionParams params = RingParams(layer);
+      const AttentionParams params = FourLayerParams(layer);
       const absl::StatusOr<at::Tensor> a =
           paged->UpdateAndAttend(layer, step, in.q, in.k, in.v, params);
       const absl::StatusOr<at::Tensor> b =
@@ -846,7 +766,7 @@ std::vector<double> PolicyDifferences(const RingPolicy& p, const std::vector<int
           dense->UpdateAndAttend(layer, step, in.q, in.k, in.v, params);
       EXPECT_TRUE(a.ok()) << a.status();
       EXPECT_TRUE(b.ok() && c.ok());
-      if (!a.ok() || !b.ok() || !c.ok()) return std::vector<double>(kRingLayers, HUGE_VAL);
+      if (!a.ok() || !b.ok() || !c.ok()) return std::vector<double>(kFourLayers, HUGE_VAL);
       largest[layer] = std::max(largest[layer], MaxDifference(*a, *b));
       if (params.sliding_window == 0) *from_dense = std::max(*from_dense, MaxDifference(*a, *c));
     }
@@ -868,15 +788,16 @@ bool PolicyKeepsAsThePagedCache(const RingPolicy& p, int64_t window) {
 TEST(PagedEvictionTest, AttendsAsThePolicyCacheOfTheSamePolicyAndBudget) {
   for (const RingPolicy& p : {kSink, kWindow, kAllSinks}) {
     for (const std::vector<int64_t>& schedule : RingSchedules()) {
-      ASSERT_LT(Total(schedule), kRingContext);
+      ASSERT_LT(Total(schedule), kFourLayerContext);
       ASSERT_GT(Total(schedule), 7 * RingSlots(p));  // the ring wraps many times
       SCOPED_TRACE(testing::Message() << p.policy << " budget " << p.budget << " sinks " << p.sinks
                                       << ", stream of " << schedule.size() << " steps");
       double from_dense = 0;
       const std::vector<double> differences = PolicyDifferences(p, schedule, &from_dense);
       int compared = 0;
-      for (int64_t layer = 0; layer < kRingLayers; ++layer) {
-        if (!PolicyKeepsAsThePagedCache(p, RingGeometry().layers[layer].sliding_window)) continue;
+      for (int64_t layer = 0; layer < kFourLayers; ++layer) {
+        if (!PolicyKeepsAsThePagedCache(p, FourLayerGeometry().layers[layer].sliding_window))
+          continue;
         EXPECT_LE(differences[layer], 1e-5) << "layer " << layer;
         ++compared;
       }
@@ -896,8 +817,8 @@ TEST(PagedEvictionTest, SinkCachesOnWindowedLayersDifferWhereTheRuleSaysSo) {
     SCOPED_TRACE(testing::Message() << p.policy << " budget " << p.budget << " sinks " << p.sinks);
     double from_dense = 0;
     const std::vector<double> differences = PolicyDifferences(p, RingSchedules()[0], &from_dense);
-    for (int64_t layer = 0; layer < kRingLayers; ++layer) {
-      const int64_t window = RingGeometry().layers[layer].sliding_window;
+    for (int64_t layer = 0; layer < kFourLayers; ++layer) {
+      const int64_t window = FourLayerGeometry().layers[layer].sliding_window;
       if (PolicyKeepsAsThePagedCache(p, window)) continue;
       EXPECT_GT(differences[layer], 1e-3) << "layer " << layer << " (window " << window << ")";
       ++divergent;
@@ -913,7 +834,7 @@ TEST(PagedEvictionTest, SinkCachesOnWindowedLayersDifferWhereTheRuleSaysSo) {
 TEST(PagedEvictionTest, DecodeRowsOfWrappedCachesAttendAsUpdateAndAttend) {
   for (const PoolKind& kind : {kFloat32Entries, kBFloat16Entries, kInt8Entries, kInt4Entries}) {
     SCOPED_TRACE(kind.name);
-    std::shared_ptr<BlockPool> pool = RingPool(32, kind);
+    std::shared_ptr<BlockPool> pool = FourLayerPool(32, kind);
     // Two requests batched together: a sink cache and a window cache at other positions.
     const RingPolicy policies[2] = {kSink, kWindow};
     std::unique_ptr<PagedKVCache> attending[2], rows[2];
@@ -940,13 +861,13 @@ TEST(PagedEvictionTest, DecodeRowsOfWrappedCachesAttendAsUpdateAndAttend) {
     for (size_t s = 0; s < schedules[0].size(); ++s) {
       KVStep steps[2];
       for (int r = 0; r < 2; ++r) {
-        steps[r] = Step(positions[r], schedules[r][s]);
+        steps[r] = ContiguousStep(positions[r], schedules[r][s]);
         ASSERT_TRUE(attending[r]->CheckStep(steps[r], 1).ok());
         ASSERT_TRUE(rows[r]->CheckStep(steps[r], 1).ok());
       }
       const bool decoding = schedules[0][s] == 1 && schedules[1][s] == 1;
-      for (int64_t layer = 0; layer < kRingLayers; ++layer) {
-        const AttentionParams params = RingParams(layer);
+      for (int64_t layer = 0; layer < kFourLayers; ++layer) {
+        const AttentionParams params = FourLayerParams(layer);
         LayerInputs in[2];
         at::Tensor expected[2];
         for (int r = 0; r < 2; ++r) {
@@ -976,7 +897,7 @@ TEST(PagedEvictionTest, DecodeRowsOfWrappedCachesAttendAsUpdateAndAttend) {
           batch.push_back(**row);
         }
         const at::Tensor y = DecodeAttentionRows(
-            at::cat({in[0].q, in[1].q}, 0), RingGeometry().layers[layer].n_query_groups, batch,
+            at::cat({in[0].q, in[1].q}, 0), FourLayerGeometry().layers[layer].n_query_groups, batch,
             at::cat({steps[0].positions, steps[1].positions}, 0), params);
         EXPECT_TRUE(at::equal(y, at::cat({expected[0], expected[1]}, 0)))
             << "layer " << layer << " at " << positions[0] << ", " << positions[1] << ": "
@@ -1014,25 +935,25 @@ TEST(PagedEvictionTest, NarrowPoolsEvictAsAFloat32PoolOfTheirStoredEntries) {
            {RingSchedules()[0], RingSchedules()[1], RingSchedules()[2]}) {
         SCOPED_TRACE(testing::Message() << kind.name << " " << p.policy << " budget " << p.budget
                                         << ", stream of " << schedule.size() << " steps");
-        std::unique_ptr<PagedKVCache> narrow = EvictingCache(RingPool(16, kind), p);
-        std::unique_ptr<PagedKVCache> rounded = EvictingCache(RingPool(16), p);
-        std::unique_ptr<PagedKVCache> exact = EvictingCache(RingPool(16), p);
-        std::unique_ptr<PagedKVCache> dense = DensePagedCache(RingPool(40, kind));
+        std::unique_ptr<PagedKVCache> narrow = EvictingCache(FourLayerPool(16, kind), p);
+        std::unique_ptr<PagedKVCache> rounded = EvictingCache(FourLayerPool(16), p);
+        std::unique_ptr<PagedKVCache> exact = EvictingCache(FourLayerPool(16), p);
+        std::unique_ptr<PagedKVCache> dense = DensePagedCache(FourLayerPool(40, kind));
         ASSERT_TRUE(narrow && rounded && exact && dense);
         at::manual_seed(47);
         int64_t position = 0;
         double largest_error = 0;
         for (const int64_t length : schedule) {
-          const KVStep step = Step(position, length);
+          const KVStep step = ContiguousStep(position, length);
           for (PagedKVCache* cache : {narrow.get(), rounded.get(), exact.get(), dense.get()}) {
             ASSERT_TRUE(cache->CheckStep(step, 1).ok());
           }
           const bool wrapped = position + length > RingSlots(p);
-          for (int64_t layer = 0; layer < kRingLayers; ++layer) {
+          for (int64_t layer = 0; layer < kFourLayers; ++layer) {
             SCOPED_TRACE(testing::Message()
                          << "layer " << layer << ", step of " << length << " at " << position);
             const LayerInputs in = RandomInputs(layer, length);
-            const AttentionParams params = RingParams(layer);
+            const AttentionParams params = FourLayerParams(layer);
             const at::Tensor a = *narrow->UpdateAndAttend(layer, step, in.q, in.k, in.v, params);
             const at::Tensor b = *rounded->UpdateAndAttend(layer, step, in.q, StoredAs(kind, in.k),
                                                            StoredAs(kind, in.v), params);
@@ -1075,10 +996,10 @@ TEST(PagedEvictionTest, HoldsAtMostTheRingsBlocksAndGivesThemBack) {
                                     << ", blocks of " << c.entries_per_block);
     const RingPolicy p{"sink", c.budget, c.sinks};
     const int64_t bound = RingBlocks(p, c.entries_per_block);
-    std::shared_ptr<BlockPool> pool = RingPool(bound, kFloat32Entries, c.entries_per_block);
+    std::shared_ptr<BlockPool> pool = FourLayerPool(bound, kFloat32Entries, c.entries_per_block);
     std::unique_ptr<PagedKVCache> cache = EvictingCache(pool, p);
     ASSERT_TRUE(cache);
-    for (int64_t n = 0; n < kRingContext; n += 7) {
+    for (int64_t n = 0; n < kFourLayerContext; n += 7) {
       EXPECT_EQ(cache->BlocksToHold(n),
                 (std::min(n, RingSlots(p)) + c.entries_per_block - 1) / c.entries_per_block)
           << n;
@@ -1088,17 +1009,17 @@ TEST(PagedEvictionTest, HoldsAtMostTheRingsBlocksAndGivesThemBack) {
       while (true) {
         const int64_t length =
             random() % 3 == 0 ? 1 + static_cast<int64_t>(random() % 30) : 1;  // mostly decoding
-        if (position + length > kRingContext) break;
+        if (position + length > kFourLayerContext) break;
         const int64_t needed = cache->BlocksNeeded(length);
         const int64_t free_before = pool->free_blocks();
-        const absl::Status checked = cache->CheckStep(Step(position, length), 1);
+        const absl::Status checked = cache->CheckStep(ContiguousStep(position, length), 1);
         ASSERT_TRUE(checked.ok()) << checked << " at " << position << ", step of " << length;
         EXPECT_EQ(free_before - pool->free_blocks(), needed)
             << "at " << position << ", step of " << length;
         EXPECT_EQ(cache->blocks_held(), cache->BlocksToHold(position + length));
         EXPECT_LE(cache->blocks_held(), bound);
-        const KVStep step = Step(position, length);
-        for (int64_t layer = 0; layer < kRingLayers; ++layer) {
+        const KVStep step = ContiguousStep(position, length);
+        for (int64_t layer = 0; layer < kFourLayers; ++layer) {
           const LayerInputs in = RandomInputs(layer, length);
           ASSERT_TRUE(cache->Update(layer, step, in.k, in.v).ok());
         }
@@ -1113,7 +1034,8 @@ TEST(PagedEvictionTest, HoldsAtMostTheRingsBlocksAndGivesThemBack) {
       EXPECT_EQ(cache->length(), 0);
       EXPECT_EQ(pool->free_blocks(), bound);
     }
-    ASSERT_TRUE(cache->CheckStep(Step(0, kRingContext - 1), 1).ok());  // one chunk: the ring
+    ASSERT_TRUE(
+        cache->CheckStep(ContiguousStep(0, kFourLayerContext - 1), 1).ok());  // one chunk: the ring
     EXPECT_EQ(cache->blocks_held(), bound);
     cache.reset();
     EXPECT_EQ(pool->free_blocks(), bound);  // destruction gives the blocks back
@@ -1139,12 +1061,12 @@ LayerInputs PositionInputs(int64_t layer, int64_t begin, int64_t length, int64_t
 // fails the calling test).
 std::vector<at::Tensor> RunStep(KVCache& cache, int64_t begin, int64_t length,
                                 int64_t rejected_from = -1) {
-  const KVStep step = Step(begin, length);
+  const KVStep step = ContiguousStep(begin, length);
   const absl::Status checked = cache.CheckStep(step, 1);
   EXPECT_TRUE(checked.ok()) << checked;
   if (!checked.ok()) return {};
   std::vector<at::Tensor> outputs;
-  for (int64_t layer = 0; layer < kRingLayers; ++layer) {
+  for (int64_t layer = 0; layer < kFourLayers; ++layer) {
     LayerInputs in = PositionInputs(layer, begin, length);
     if (rejected_from >= 0 && rejected_from < begin + length) {
       // Entries from rejected_from on: proposals that get rejected.
@@ -1155,7 +1077,7 @@ std::vector<at::Tensor> RunStep(KVCache& cache, int64_t begin, int64_t length,
       in.v = at::cat({in.v.narrow(2, 0, kept), other.v}, 2);
     }
     const absl::StatusOr<at::Tensor> y =
-        cache.UpdateAndAttend(layer, step, in.q, in.k, in.v, RingParams(layer));
+        cache.UpdateAndAttend(layer, step, in.q, in.k, in.v, FourLayerParams(layer));
     EXPECT_TRUE(y.ok()) << y.status();
     if (!y.ok()) return {};
     outputs.push_back(*y);
@@ -1187,7 +1109,7 @@ TEST(PagedEvictionTest, TruncatesAsTheDenseCacheOnlyUntilTheRingWraps) {
     SCOPED_TRACE(testing::Message()
                  << "step of " << c.step << " at " << c.begin << ", keeping " << c.keep);
     ASSERT_LE(c.begin + c.step, RingSlots(kSink));
-    std::shared_ptr<BlockPool> pool = RingPool(32);
+    std::shared_ptr<BlockPool> pool = FourLayerPool(32);
     std::unique_ptr<PagedKVCache> speculating = EvictingCache(pool, kSink);
     std::unique_ptr<PagedKVCache> plain = EvictingCache(pool, kSink);
     std::unique_ptr<PagedKVCache> dense = DensePagedCache(pool);
@@ -1239,7 +1161,7 @@ TEST(PagedEvictionTest, TruncatesAsTheDenseCacheOnlyUntilTheRingWraps) {
     EXPECT_LE(LargestDifference(RunStep(*speculating, 60, 1), RunStep(*plain, 60, 1)), 1e-5);
   }
   // A speculative step that wraps the ring cannot be undone either.
-  std::shared_ptr<BlockPool> pool = RingPool(8);
+  std::shared_ptr<BlockPool> pool = FourLayerPool(8);
   std::unique_ptr<PagedKVCache> cache = EvictingCache(pool, kSink);
   ASSERT_TRUE(cache);
   ASSERT_FALSE(RunStep(*cache, 0, 11).empty());
@@ -1262,7 +1184,7 @@ TEST(PagedEvictionTest, TruncatesAsTheDenseCacheOnlyUntilTheRingWraps) {
 }
 
 TEST(PagedEvictionTest, CreateChecksTheBudgetAndBudgetsCoveringTheSequenceAreDense) {
-  std::shared_ptr<BlockPool> pool = RingPool(16);
+  std::shared_ptr<BlockPool> pool = FourLayerPool(16);
   for (const PagedEviction bad :
        {PagedEviction{-1, 0}, PagedEviction{4, 5}, PagedEviction{4, -1}, PagedEviction{0, 1}}) {
     const absl::Status status = PagedKVCache::Create(pool, 32, bad).status();
@@ -1304,19 +1226,19 @@ TEST(PagedEvictionTest, UpdateOnAWrappingChunkReturnsTheKeptEntriesAndTheChunk) 
           std::vector<int64_t>{20, 1, 5, 1, 30, 1}, std::vector<int64_t>{3, 14, 1, 9, 10, 1, 4}}) {
       SCOPED_TRACE(testing::Message() << p.policy << " budget " << p.budget << " sinks " << p.sinks
                                       << ", first step of " << schedule[0]);
-      std::shared_ptr<BlockPool> pool = RingPool(16);
+      std::shared_ptr<BlockPool> pool = FourLayerPool(16);
       std::unique_ptr<PagedKVCache> cache = EvictingCache(pool, p);
       std::unique_ptr<PagedKVCache> twin = EvictingCache(pool, p);
       ASSERT_TRUE(cache && twin);
       // Every key and value written, per layer and position: [1, G, 1, hs].
-      std::vector<std::vector<at::Tensor>> keys(kRingLayers), values(kRingLayers);
+      std::vector<std::vector<at::Tensor>> keys(kFourLayers), values(kFourLayers);
       at::manual_seed(59);
       int64_t position = 0;
       for (const int64_t length : schedule) {
-        const KVStep step = Step(position, length);
+        const KVStep step = ContiguousStep(position, length);
         ASSERT_TRUE(cache->CheckStep(step, 1).ok());
         ASSERT_TRUE(twin->CheckStep(step, 1).ok());
-        for (int64_t layer = 0; layer < kRingLayers; ++layer) {
+        for (int64_t layer = 0; layer < kFourLayers; ++layer) {
           SCOPED_TRACE(testing::Message()
                        << "layer " << layer << ", step of " << length << " at " << position);
           const LayerInputs in = RandomInputs(layer, length);
@@ -1336,7 +1258,7 @@ TEST(PagedEvictionTest, UpdateOnAWrappingChunkReturnsTheKeptEntriesAndTheChunk) 
             EXPECT_TRUE(at::equal(view->values.narrow(2, s, 1), values[layer][pos]))
                 << "value " << pos;
           }
-          const AttentionParams params = RingParams(layer);
+          const AttentionParams params = FourLayerParams(layer);
           const at::Tensor over_view = AttendByPositions(in.q, view->keys, view->values,
                                                          step.positions, view->positions, params);
           const at::Tensor attended = *twin->UpdateAndAttend(layer, step, in.q, in.k, in.v, params);

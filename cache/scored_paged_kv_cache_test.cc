@@ -16,58 +16,13 @@
 
 #include "cache/block_pool.h"
 #include "cache/dense_kv_cache.h"
-#include "cache/kv_codec.h"
 #include "cache/policy_kv_cache.h"
+#include "cache/test_pools.h"
 #include "core/base/status_field.h"
 #include "gtest/gtest.h"
 
 namespace lgpt {
 namespace {
-
-// Four layers with grouped queries: a global layer, a window of 5 entries (below the budgets),
-// a global layer of 4 groups and a window of 16 entries (above some budgets).
-constexpr int64_t kContext = 128;
-constexpr int64_t kQueriesPerGroup = 3;
-constexpr int64_t kLayers = 4;
-KVCacheGeometry Geometry() {
-  KVCacheGeometry g;
-  g.batch_size = 1;
-  g.max_sequence_length = kContext;
-  g.layers = {{2, 8, 0}, {2, 8, 5}, {4, 8, 0}, {2, 8, 16}};
-  return g;
-}
-
-struct PoolKind {
-  const char* name;
-  at::ScalarType dtype;
-  int bits;
-};
-constexpr PoolKind kFloat32Entries{"float32", at::kFloat, 16};
-constexpr PoolKind kBFloat16Entries{"bfloat16", at::kBFloat16, 16};
-constexpr PoolKind kInt8Entries{"int8", at::kFloat, 8};
-constexpr PoolKind kInt4Entries{"int4", at::kFloat, 4};
-
-std::shared_ptr<BlockPool> Pool(int64_t blocks, const PoolKind& kind = kFloat32Entries,
-                                int64_t entries_per_block = 4) {
-  KVCacheGeometry geometry = Geometry();
-  geometry.dtype = kind.dtype;
-  BlockPoolOptions options;
-  options.entries_per_block = entries_per_block;
-  options.num_blocks = blocks;
-  options.entry_bits = kind.bits;
-  absl::StatusOr<std::shared_ptr<BlockPool>> pool = BlockPool::Create(geometry, options);
-  EXPECT_TRUE(pool.ok()) << pool.status();
-  return pool.ok() ? *pool : nullptr;
-}
-
-// Float32 entries [1, G, T, hs] as a pool of `kind` stores them, read back as float32.
-at::Tensor StoredAs(const PoolKind& kind, const at::Tensor& x) {
-  if (kind.bits != 16) {
-    const QuantizedGroups codes = QuantizeGroups(x, kind.bits, 8);
-    return DequantizeGroups(codes.data, codes.scales, kind.bits, 8, at::kFloat);
-  }
-  return x.to(kind.dtype).to(at::kFloat);
-}
 
 EvictionPolicyOptions Policy(PolicyKind kind, int64_t budget, bool normalize = false) {
   EvictionPolicyOptions policy;
@@ -90,7 +45,7 @@ std::unique_ptr<ScoredPagedKVCache> ScoredCache(std::shared_ptr<BlockPool> pool,
                                                 const EvictionPolicyOptions& policy) {
   ScoredPagedKVCacheOptions options;
   options.pool = std::move(pool);
-  options.max_sequence_length = kContext;
+  options.max_sequence_length = kFourLayerContext;
   options.policy = policy;
   absl::StatusOr<std::unique_ptr<ScoredPagedKVCache>> cache = ScoredPagedKVCache::Create(options);
   EXPECT_TRUE(cache.ok()) << cache.status();
@@ -99,7 +54,7 @@ std::unique_ptr<ScoredPagedKVCache> ScoredCache(std::shared_ptr<BlockPool> pool,
 
 std::unique_ptr<PolicyKVCache> PolicyCache(const EvictionPolicyOptions& policy) {
   PolicyKVCacheOptions options;
-  static_cast<KVCacheGeometry&>(options) = Geometry();
+  static_cast<KVCacheGeometry&>(options) = FourLayerGeometry();
   options.policy = policy;
   absl::StatusOr<std::unique_ptr<PolicyKVCache>> cache = PolicyKVCache::Create(options);
   EXPECT_TRUE(cache.ok()) << cache.status();
@@ -108,14 +63,14 @@ std::unique_ptr<PolicyKVCache> PolicyCache(const EvictionPolicyOptions& policy) 
 
 std::unique_ptr<DenseKVCache> DenseCache() {
   DenseKVCacheOptions options;
-  static_cast<KVCacheGeometry&>(options) = Geometry();
+  static_cast<KVCacheGeometry&>(options) = FourLayerGeometry();
   absl::StatusOr<std::unique_ptr<DenseKVCache>> cache = DenseKVCache::Create(options);
   EXPECT_TRUE(cache.ok()) << cache.status();
   return cache.ok() ? std::move(*cache) : nullptr;
 }
 
 // Step lengths: prompt chunks short and longer than the budgets, chunks that start the cache
-// beyond the budget, single entries, and long runs of decoding steps; each under kContext.
+// beyond the budget, single entries, and long runs of decoding steps; each under kFourLayerContext.
 std::vector<std::vector<int64_t>> Schedules() {
   const auto stream = [](std::initializer_list<std::pair<int64_t, int64_t>> runs) {
     std::vector<int64_t> lengths;
@@ -127,38 +82,6 @@ std::vector<std::vector<int64_t>> Schedules() {
       stream({{2, 1}, {1, 1}, {19, 1}, {1, 10}, {9, 1}, {1, 5}, {10, 1}, {1, 20}, {13, 1}, {1, 8}}),
       stream({{1, 40}, {3, 1}, {1, 10}, {11, 1}, {1, 30}}),
   };
-}
-
-KVStep Step(int64_t begin, int64_t length) {
-  KVStep step;
-  step.positions = at::arange(begin, begin + length, at::kLong).unsqueeze(0);
-  step.min_position = begin;
-  step.max_position = begin + length - 1;
-  return step;
-}
-
-struct LayerInputs {
-  at::Tensor q, k, v;
-};
-LayerInputs RandomInputs(int64_t layer, int64_t length) {
-  const KVLayerSpec spec = Geometry().layers[layer];
-  LayerInputs in;
-  in.k = at::randn({1, spec.n_query_groups, length, spec.head_size});
-  in.v = at::randn({1, spec.n_query_groups, length, spec.head_size});
-  in.q = at::randn({1, kQueriesPerGroup * spec.n_query_groups, length, spec.head_size});
-  return in;
-}
-
-AttentionParams Params(int64_t layer) {
-  AttentionParams params;
-  params.scale = 0.35;
-  params.sliding_window = Geometry().layers[layer].sliding_window;
-  return params;
-}
-
-double MaxDifference(const at::Tensor& a, const at::Tensor& b) {
-  if (a.sizes() != b.sizes()) return HUGE_VAL;
-  return (a - b).abs().max().item<double>();
 }
 
 int64_t MostBlocks(const EvictionPolicyOptions& policy, int64_t entries_per_block) {
@@ -176,10 +99,10 @@ int64_t MostBlocks(const EvictionPolicyOptions& policy, int64_t entries_per_bloc
 TEST(ScoredPagedKVCacheTest, AttendsAndEvictsAsThePolicyCacheToTheBit) {
   for (const EvictionPolicyOptions& policy : Policies()) {
     for (const std::vector<int64_t>& schedule : Schedules()) {
-      SCOPED_TRACE(testing::Message() << PolicyName(policy.kind) << " budget " << policy.budget
-                                      << " layer budgets " << policy.layer_budgets.size()
-                                      << ", stream of " << schedule.size() << " steps");
-      std::unique_ptr<ScoredPagedKVCache> paged = ScoredCache(Pool(16), policy);
+      SCOPED_TRACE(testing::Message()
+                   << PolicyName(policy.kind) << " budget " << policy.budget << " layer budgets "
+                   << policy.layer_budgets.size() << ", stream of " << schedule.size() << " steps");
+      std::unique_ptr<ScoredPagedKVCache> paged = ScoredCache(FourLayerPool(16), policy);
       std::unique_ptr<PolicyKVCache> reference = PolicyCache(policy);
       std::unique_ptr<DenseKVCache> dense = DenseCache();
       ASSERT_TRUE(paged && reference && dense);
@@ -187,17 +110,17 @@ TEST(ScoredPagedKVCacheTest, AttendsAndEvictsAsThePolicyCacheToTheBit) {
       int64_t position = 0;
       double from_dense = 0;
       for (const int64_t length : schedule) {
-        const KVStep step = Step(position, length);
-        for (KVCache* cache : {static_cast<KVCache*>(paged.get()),
-                               static_cast<KVCache*>(reference.get()),
-                               static_cast<KVCache*>(dense.get())}) {
+        const KVStep step = ContiguousStep(position, length);
+        for (KVCache* cache :
+             {static_cast<KVCache*>(paged.get()), static_cast<KVCache*>(reference.get()),
+              static_cast<KVCache*>(dense.get())}) {
           ASSERT_TRUE(cache->CheckStep(step, 1).ok()) << cache->DebugName();
         }
-        for (int64_t layer = 0; layer < kLayers; ++layer) {
+        for (int64_t layer = 0; layer < kFourLayers; ++layer) {
           SCOPED_TRACE(testing::Message()
                        << "layer " << layer << ", step of " << length << " at " << position);
           const LayerInputs in = RandomInputs(layer, length);
-          const AttentionParams params = Params(layer);
+          const AttentionParams params = FourLayerParams(layer);
           const absl::StatusOr<at::Tensor> a =
               paged->UpdateAndAttend(layer, step, in.q, in.k, in.v, params);
           const absl::StatusOr<at::Tensor> b =
@@ -208,7 +131,7 @@ TEST(ScoredPagedKVCacheTest, AttendsAndEvictsAsThePolicyCacheToTheBit) {
           ASSERT_TRUE(b.ok() && c.ok());
           EXPECT_TRUE(at::equal(*a, *b)) << MaxDifference(*a, *b);
           from_dense = std::max(from_dense, MaxDifference(*a, *c));
-          for (int64_t g = 0; g < Geometry().layers[layer].n_query_groups; ++g) {
+          for (int64_t g = 0; g < FourLayerGeometry().layers[layer].n_query_groups; ++g) {
             ASSERT_EQ(paged->KeptPositions(layer, g), reference->KeptPositions(layer, 0, g))
                 << "group " << g;
           }
@@ -232,24 +155,24 @@ TEST(ScoredPagedKVCacheTest, NarrowPoolsAttendAsAFloat32PoolOfTheirStoredEntries
     for (const EvictionPolicyOptions& policy :
          {Policy(PolicyKind::kH2O, 12), Policy(PolicyKind::kTova, 9)}) {
       SCOPED_TRACE(testing::Message() << kind.name << " " << PolicyName(policy.kind));
-      std::unique_ptr<ScoredPagedKVCache> narrow = ScoredCache(Pool(16, kind), policy);
-      std::unique_ptr<ScoredPagedKVCache> rounded = ScoredCache(Pool(16), policy);
-      std::unique_ptr<ScoredPagedKVCache> exact = ScoredCache(Pool(16), policy);
+      std::unique_ptr<ScoredPagedKVCache> narrow = ScoredCache(FourLayerPool(16, kind), policy);
+      std::unique_ptr<ScoredPagedKVCache> rounded = ScoredCache(FourLayerPool(16), policy);
+      std::unique_ptr<ScoredPagedKVCache> exact = ScoredCache(FourLayerPool(16), policy);
       ASSERT_TRUE(narrow && rounded && exact);
       at::manual_seed(47);
       int64_t position = 0;
       double largest_error = 0;
       const std::vector<int64_t> schedule = Schedules()[0];
       for (const int64_t length : schedule) {
-        const KVStep step = Step(position, length);
+        const KVStep step = ContiguousStep(position, length);
         for (ScoredPagedKVCache* cache : {narrow.get(), rounded.get(), exact.get()}) {
           ASSERT_TRUE(cache->CheckStep(step, 1).ok());
         }
-        for (int64_t layer = 0; layer < kLayers; ++layer) {
+        for (int64_t layer = 0; layer < kFourLayers; ++layer) {
           SCOPED_TRACE(testing::Message()
                        << "layer " << layer << ", step of " << length << " at " << position);
           const LayerInputs in = RandomInputs(layer, length);
-          const AttentionParams params = Params(layer);
+          const AttentionParams params = FourLayerParams(layer);
           const absl::StatusOr<at::Tensor> narrowed =
               narrow->UpdateAndAttend(layer, step, in.q, in.k, in.v, params);
           const absl::StatusOr<at::Tensor> stored = rounded->UpdateAndAttend(
@@ -287,27 +210,28 @@ TEST(ScoredPagedKVCacheTest, HoldsAtMostItsSlotsBlocksAndGivesThemBack) {
   for (const int64_t entries_per_block : {1, 3, 4, 16}) {
     for (const EvictionPolicyOptions& policy :
          {Policy(PolicyKind::kH2O, 12), Policy(PolicyKind::kTova, 7)}) {
-      SCOPED_TRACE(testing::Message() << PolicyName(policy.kind) << ", blocks of "
-                                      << entries_per_block);
+      SCOPED_TRACE(testing::Message()
+                   << PolicyName(policy.kind) << ", blocks of " << entries_per_block);
       const int64_t most = MostBlocks(policy, entries_per_block);
-      std::shared_ptr<BlockPool> pool = Pool(most, kFloat32Entries, entries_per_block);
+      std::shared_ptr<BlockPool> pool = FourLayerPool(most, kFloat32Entries, entries_per_block);
       {
         std::unique_ptr<ScoredPagedKVCache> cache = ScoredCache(pool, policy);
         ASSERT_TRUE(cache);
         int64_t position = 0;
-        while (position < kContext - 20) {
+        while (position < kFourLayerContext - 20) {
           const int64_t length = random() % 3 == 0 ? 1 + random() % 17 : 1;
           const int64_t needed = cache->BlocksNeeded(length);
           const int64_t free_before = pool->free_blocks();
-          ASSERT_TRUE(cache->CheckStep(Step(position, length), 1).ok()) << "at " << position;
+          ASSERT_TRUE(cache->CheckStep(ContiguousStep(position, length), 1).ok())
+              << "at " << position;
           EXPECT_EQ(free_before - pool->free_blocks(), needed);
           EXPECT_EQ(cache->blocks_held(), cache->BlocksToHold(position + length));
-          for (int64_t layer = 0; layer < kLayers; ++layer) {
+          for (int64_t layer = 0; layer < kFourLayers; ++layer) {
             const LayerInputs in = RandomInputs(layer, length);
-            ASSERT_TRUE(
-                cache->UpdateAndAttend(layer, Step(position, length), in.q, in.k, in.v,
-                                       Params(layer))
-                    .ok());
+            ASSERT_TRUE(cache
+                            ->UpdateAndAttend(layer, ContiguousStep(position, length), in.q, in.k,
+                                              in.v, FourLayerParams(layer))
+                            .ok());
           }
           position += length;
           EXPECT_LE(cache->blocks_held(), most);
@@ -315,12 +239,12 @@ TEST(ScoredPagedKVCacheTest, HoldsAtMostItsSlotsBlocksAndGivesThemBack) {
         EXPECT_EQ(cache->blocks_held(), most);
         // A second cache finds the pool full: refused, nothing taken.
         std::unique_ptr<ScoredPagedKVCache> other = ScoredCache(pool, policy);
-        const absl::Status full = other->CheckStep(Step(0, 1), 1);
+        const absl::Status full = other->CheckStep(ContiguousStep(0, 1), 1);
         EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
         EXPECT_EQ(other->blocks_held(), 0);
         cache->Reset();
         EXPECT_EQ(pool->free_blocks(), most);
-        ASSERT_TRUE(cache->CheckStep(Step(0, 5), 1).ok());
+        ASSERT_TRUE(cache->CheckStep(ContiguousStep(0, 5), 1).ok());
         EXPECT_LT(pool->free_blocks(), most);
       }
       EXPECT_EQ(pool->free_blocks(), most);  // destruction gives them back
@@ -332,19 +256,22 @@ TEST(ScoredPagedKVCacheTest, HoldsAtMostItsSlotsBlocksAndGivesThemBack) {
 // them; the original and the fork then attend, fed the same steps, as the original alone would.
 TEST(ScoredPagedKVCacheTest, ForksShareBlocksAndGoOnAsTheOriginal) {
   const EvictionPolicyOptions policy = Policy(PolicyKind::kH2O, 12);
-  std::shared_ptr<BlockPool> pool = Pool(32);
+  std::shared_ptr<BlockPool> pool = FourLayerPool(32);
   std::unique_ptr<ScoredPagedKVCache> original = ScoredCache(pool, policy);
   std::unique_ptr<ScoredPagedKVCache> fork = ScoredCache(pool, policy);
-  std::unique_ptr<ScoredPagedKVCache> alone = ScoredCache(Pool(32), policy);
+  std::unique_ptr<ScoredPagedKVCache> alone = ScoredCache(FourLayerPool(32), policy);
   ASSERT_TRUE(original && fork && alone);
   at::manual_seed(53);
   std::vector<LayerInputs> prompt;
-  for (int64_t layer = 0; layer < kLayers; ++layer) prompt.push_back(RandomInputs(layer, 19));
+  for (int64_t layer = 0; layer < kFourLayers; ++layer) prompt.push_back(RandomInputs(layer, 19));
   for (ScoredPagedKVCache* cache : {original.get(), alone.get()}) {
-    ASSERT_TRUE(cache->CheckStep(Step(0, 19), 1).ok());
-    for (int64_t layer = 0; layer < kLayers; ++layer) {
+    ASSERT_TRUE(cache->CheckStep(ContiguousStep(0, 19), 1).ok());
+    for (int64_t layer = 0; layer < kFourLayers; ++layer) {
       const LayerInputs& in = prompt[layer];
-      ASSERT_TRUE(cache->UpdateAndAttend(layer, Step(0, 19), in.q, in.k, in.v, Params(layer)).ok());
+      ASSERT_TRUE(cache
+                      ->UpdateAndAttend(layer, ContiguousStep(0, 19), in.q, in.k, in.v,
+                                        FourLayerParams(layer))
+                      .ok());
     }
   }
   const int64_t free_before = pool->free_blocks();
@@ -353,15 +280,18 @@ TEST(ScoredPagedKVCacheTest, ForksShareBlocksAndGoOnAsTheOriginal) {
   EXPECT_EQ(pool->free_blocks(), free_before);  // shared, nothing taken
   EXPECT_EQ(fork->BlocksNeeded(1), fork->blocks_held());
   for (int64_t position = 19; position < 60; ++position) {
-    const KVStep step = Step(position, 1);
+    const KVStep step = ContiguousStep(position, 1);
     for (ScoredPagedKVCache* cache : {original.get(), fork.get(), alone.get()}) {
       ASSERT_TRUE(cache->CheckStep(step, 1).ok());
     }
-    for (int64_t layer = 0; layer < kLayers; ++layer) {
+    for (int64_t layer = 0; layer < kFourLayers; ++layer) {
       const LayerInputs in = RandomInputs(layer, 1);
-      const at::Tensor a = *original->UpdateAndAttend(layer, step, in.q, in.k, in.v, Params(layer));
-      const at::Tensor b = *fork->UpdateAndAttend(layer, step, in.q, in.k, in.v, Params(layer));
-      const at::Tensor c = *alone->UpdateAndAttend(layer, step, in.q, in.k, in.v, Params(layer));
+      const at::Tensor a =
+          *original->UpdateAndAttend(layer, step, in.q, in.k, in.v, FourLayerParams(layer));
+      const at::Tensor b =
+          *fork->UpdateAndAttend(layer, step, in.q, in.k, in.v, FourLayerParams(layer));
+      const at::Tensor c =
+          *alone->UpdateAndAttend(layer, step, in.q, in.k, in.v, FourLayerParams(layer));
       EXPECT_TRUE(at::equal(a, c)) << "original at " << position;
       EXPECT_TRUE(at::equal(b, c)) << "fork at " << position;
     }
@@ -374,36 +304,37 @@ TEST(ScoredPagedKVCacheTest, ForksShareBlocksAndGoOnAsTheOriginal) {
 // change nothing.
 TEST(ScoredPagedKVCacheTest, RefusesWhatItDoesNotKeep) {
   ScoredPagedKVCacheOptions options;
-  options.max_sequence_length = kContext;
+  options.max_sequence_length = kFourLayerContext;
   options.policy = Policy(PolicyKind::kH2O, 8);
-  absl::StatusOr<std::unique_ptr<ScoredPagedKVCache>> missing =
-      ScoredPagedKVCache::Create(options);
+  absl::StatusOr<std::unique_ptr<ScoredPagedKVCache>> missing = ScoredPagedKVCache::Create(options);
   ASSERT_FALSE(missing.ok());
   EXPECT_EQ(ErrorField(missing.status()).value_or(""), "ScoredPagedKVCacheOptions.pool");
-  options.pool = Pool(8);
+  options.pool = FourLayerPool(8);
   options.policy = Policy(PolicyKind::kSink, 8);
   absl::StatusOr<std::unique_ptr<ScoredPagedKVCache>> sink = ScoredPagedKVCache::Create(options);
   ASSERT_FALSE(sink.ok());
   EXPECT_EQ(ErrorField(sink.status()).value_or(""), "ScoredPagedKVCacheOptions.policy.kind");
   options.policy = Policy(PolicyKind::kH2O, 8);
   options.policy.layer_budgets = {4, 4};
-  absl::StatusOr<std::unique_ptr<ScoredPagedKVCache>> budgets =
-      ScoredPagedKVCache::Create(options);
+  absl::StatusOr<std::unique_ptr<ScoredPagedKVCache>> budgets = ScoredPagedKVCache::Create(options);
   ASSERT_FALSE(budgets.ok());
-  EXPECT_EQ(ErrorField(budgets.status()).value_or(""), "ScoredPagedKVCacheOptions.policy.layer_budgets");
+  EXPECT_EQ(ErrorField(budgets.status()).value_or(""),
+            "ScoredPagedKVCacheOptions.policy.layer_budgets");
   options.policy.layer_budgets.clear();
   options.policy.budget = 0;
   EXPECT_FALSE(ScoredPagedKVCache::Create(options).ok());
 
   options.policy.budget = 8;
   std::unique_ptr<ScoredPagedKVCache> cache = *ScoredPagedKVCache::Create(options);
-  EXPECT_EQ(cache->CheckStep(Step(3, 2), 1).code(), absl::StatusCode::kInvalidArgument);
-  ASSERT_TRUE(cache->CheckStep(Step(0, 2), 1).ok());
+  EXPECT_EQ(cache->CheckStep(ContiguousStep(3, 2), 1).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(cache->CheckStep(ContiguousStep(0, 2), 1).ok());
   const LayerInputs in = RandomInputs(0, 2);
-  const absl::StatusOr<at::Tensor> half = cache->UpdateAndAttend(
-      0, Step(0, 2), in.q.to(at::kHalf), in.k.to(at::kHalf), in.v.to(at::kHalf), Params(0));
+  const absl::StatusOr<at::Tensor> half =
+      cache->UpdateAndAttend(0, ContiguousStep(0, 2), in.q.to(at::kHalf), in.k.to(at::kHalf),
+                             in.v.to(at::kHalf), FourLayerParams(0));
   EXPECT_EQ(half.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(cache->UpdateAndAttend(0, Step(0, 2), in.q, in.k, in.v, Params(0)).ok());
+  EXPECT_TRUE(
+      cache->UpdateAndAttend(0, ContiguousStep(0, 2), in.q, in.k, in.v, FourLayerParams(0)).ok());
   EXPECT_EQ(cache->KeptPositions(0, 1), (std::vector<int64_t>{0, 1}));
 }
 
