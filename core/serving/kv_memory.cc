@@ -104,9 +104,10 @@ absl::StatusOr<std::unique_ptr<KVCache>> KVMemory::NewCache(const KVCacheSpec& s
   shape.max_sequence_length = length;
   shape.rollback_slots = rollback_slots;
   if (pool_ == nullptr) return MakeKVCache(spec, shape);
-  // Dense requests, and sink and window requests, are paged in the pool's entries, whatever
-  // they are (16-bit or quantised: the server's choice); the others keep caches of their own,
-  // so that an explicit cache spec decodes as lgpt::Generate with that spec does.
+  // Dense, sink, window, h2o and tova requests are paged in the pool's entries, whatever they
+  // are (16-bit or quantised: the server's choice; with float32 entries they attend as the
+  // policy cache of the spec); the others keep caches of their own, so that an explicit
+  // int8/int4 spec decodes as lgpt::Generate with that spec does.
   ASSIGN_OR_RETURN(const std::optional<PagedEviction> paged_eviction,
                    PagedEvictionFor(spec, shape));
   if (!paged_eviction) {
