@@ -1,17 +1,20 @@
 // For every preset (shrunken, random weights): logits of a prefill in chunks followed by
 // token-by-token decoding through the KV cache equal the full forward pass, for chunk
-// sizes 1, 2, 3, the window size, longer than the window, and the whole prompt.
+// sizes 1, 2, 3, the window size, longer than the window, and the whole prompt. Presets that
+// shrink to the same structure run once, under the name of the first (tests/preset_groups.h).
+#include <ATen/ATen.h>
+
 #include <string>
 #include <vector>
 
-#include <ATen/ATen.h>
-
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
-#include "core/config/config_presets.h"
+#include "absl/strings/str_join.h"
 #include "core/base/device.h"
+#include "core/config/config_presets.h"
 #include "core/model/gpt.h"
 #include "gtest/gtest.h"
+#include "tests/preset_groups.h"
 #include "tests/test_models.h"
 
 namespace lgpt {
@@ -23,6 +26,9 @@ constexpr int64_t kBatch = 2, kPrompt = 9, kTotal = 14;
 class PresetEquivalenceTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(PresetEquivalenceTest, CachedDecodingEqualsFullForward) {
+  const ShrunkPresetGroup* group = ShrunkPresetGroupOf(GetParam());
+  ASSERT_NE(group, nullptr) << GetParam();
+  RecordProperty("presets", absl::StrJoin(group->presets, ","));
   absl::StatusOr<Config> preset = PresetFromName(GetParam());
   ASSERT_TRUE(preset.ok()) << preset.status();
   absl::StatusOr<Config> config = ShrinkConfig(*preset);
@@ -77,16 +83,17 @@ std::string TestName(const ::testing::TestParamInfo<std::string>& info) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllPresets, PresetEquivalenceTest,
-                         ::testing::ValuesIn(PresetNames()), TestName);
+                         ::testing::ValuesIn(ShrunkPresetRepresentatives()), TestName);
 
 TEST(PresetCoverageTest, EveryRequiredFamilyHasPresets) {
   for (const char* family :
        {"pythia", "falcon-7b", "Falcon3", "Llama-2", "Llama-3", "CodeLlama", "tiny-llama",
-        "Mistral", "Mixtral", "gemma-", "gemma-2", "gemma-3", "phi-2", "Phi-3", "Qwen2.5",
-        "Qwen3", "SmolLM2", "OLMo-2", "stablelm"}) {
+        "Mistral", "Mixtral", "gemma-", "gemma-2", "gemma-3", "phi-2", "Phi-3", "Qwen2.5", "Qwen3",
+        "SmolLM2", "OLMo-2", "stablelm"}) {
     bool found = false;
     for (const std::string& name : PresetNames()) {
-      found = found || absl::StrContains(absl::AsciiStrToLower(name), absl::AsciiStrToLower(family));
+      found =
+          found || absl::StrContains(absl::AsciiStrToLower(name), absl::AsciiStrToLower(family));
     }
     EXPECT_TRUE(found) << "no preset for " << family;
   }

@@ -36,6 +36,7 @@
 #include "core/nn/linear_factory.h"
 #include "peft/lora.h"
 #include "peft/peft_checkpoint.h"
+#include "tests/preset_groups.h"
 #include "tests/random_lora.h"
 #include "tests/test_models.h"
 
@@ -117,27 +118,52 @@ absl::StatusOr<bool> ScoringCachesAgree(const std::shared_ptr<ProcessGroup>& gro
   return all_same;
 }
 
+// The presets to compare, each with the presets that shrink alike (every preset, one run per
+// structure), or `only` one by one.
+std::vector<std::vector<std::string>> PresetRuns(const std::vector<std::string>& only) {
+  std::vector<std::vector<std::string>> runs;
+  if (only.empty()) {
+    for (const ShrunkPresetGroup& group : ShrunkPresetGroups()) runs.push_back(group.presets);
+  } else {
+    for (const std::string& name : only) runs.push_back({name});
+  }
+  return runs;
+}
+
+// Prints one line per preset of a run (rank 0): `name outcome`, and which preset ran for it.
+void PrintRun(const ProcessGroup& group, const std::vector<std::string>& names,
+              const std::string& outcome) {
+  if (group.rank() != 0) return;
+  for (const std::string& name : names) {
+    std::cout << name << outcome;
+    if (name != names.front()) std::cout << " (shrinks as " << names.front() << ")";
+    std::cout << "\n";
+  }
+}
+
 int Presets(const std::shared_ptr<ProcessGroup>& group, const std::vector<std::string>& only) {
-  int equal = 0, refused = 0, unbuildable = 0, failed = 0;
-  for (const std::string& name : only.empty() ? PresetNames() : only) {
+  int64_t equal = 0, refused = 0, unbuildable = 0, failed = 0;
+  for (const std::vector<std::string>& names : PresetRuns(only)) {
+    const std::string& name = names.front();
+    const int64_t presets = static_cast<int64_t>(names.size());
     absl::StatusOr<Config> preset = PresetFromName(name);
     if (!preset.ok()) return Fail(absl::StrCat(name, ": ", preset.status().ToString()));
     absl::StatusOr<Config> config = ShrinkConfig(*preset);
     if (!config.ok()) return Fail(absl::StrCat(name, ": ", config.status().ToString()));
     absl::StatusOr<GPT> full = GPTImpl::Create(*config);
     if (!full.ok()) {  // multi-head latent attention and the like: no single-process model
-      ++unbuildable;
+      unbuildable += presets;
       continue;
     }
     RandomizeWeights(**full, 11);
     absl::StatusOr<RankModelSpec> spec = TensorParallelSpec(*config, {}, group);
     if (!spec.ok()) {
-      ++refused;
+      refused += presets;
       const auto code = spec.status().code();
       if (code != absl::StatusCode::kInvalidArgument && code != absl::StatusCode::kUnimplemented) {
-        ++failed;
+        failed += presets;
       }
-      if (group->rank() == 0) std::cout << name << " refused: " << spec.status() << "\n";
+      PrintRun(*group, names, absl::StrCat(" refused: ", spec.status().ToString()));
       continue;
     }
     absl::StatusOr<GPT> local = GPTImpl::Create(spec->config, spec->parts);
@@ -156,17 +182,11 @@ int Presets(const std::shared_ptr<ProcessGroup>& group, const std::vector<std::s
       if (!agree.ok()) return Fail(absl::StrCat(name, ": ", agree.status().ToString()));
       ok = ok && *agree;
     }
-    if (ok) {
-      ++equal;
-    } else {
-      ++failed;
-    }
-    if (group->rank() == 0) {
-      std::cout << name << (ok ? " equal" : " DIFFERENT") << " max_abs_diff=" << *diff
-                << " heads=" << spec->config.n_head << "/" << config->n_head
-                << " kv_groups=" << spec->config.QueryGroups() << "/" << config->QueryGroups()
-                << "\n";
-    }
+    (ok ? equal : failed) += presets;
+    PrintRun(*group, names,
+             absl::StrCat(ok ? " equal" : " DIFFERENT", " max_abs_diff=", *diff,
+                          " heads=", spec->config.n_head, "/", config->n_head,
+                          " kv_groups=", spec->config.QueryGroups(), "/", config->QueryGroups()));
   }
   if (group->rank() == 0) {
     std::cout << "summary: " << equal << " equal, " << refused << " refused, " << unbuildable
