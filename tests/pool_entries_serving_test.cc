@@ -4,9 +4,10 @@
 // request's tokens equal lgpt::Generate's alone with a paged cache over a pool of the same
 // entries (batched rows read the blocks as a batch-1 step does), greedy and sampled, through
 // preemption and prefix reuse; requests whose caches keep storage of their own beside the pool
-// give theirs. On the default model the engine's greedy tokens over a bfloat16 / int8 / int4
-// pool are Generate's over one, and are compared with the float32 pool's (the agreement is
-// printed, not asserted equal).
+// give theirs; h2o and tova requests keep their budget's slots in pool blocks of those entries
+// (cache/scored_paged_kv_cache.h) and equal Generate alone with such a cache. On the default model
+// the engine's greedy tokens over a bfloat16 / int8 / int4 pool are Generate's over one, and are
+// compared with the float32 pool's (the agreement is printed, not asserted equal).
 #include <ATen/ATen.h>
 
 #include <cstdio>
@@ -18,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "cache/block_pool.h"
 #include "cache/paged_kv_cache.h"
+#include "cache/scored_paged_kv_cache.h"
 #include "core/model/generate.h"
 #include "core/model/gpt.h"
 #include "core/serving/kv_memory.h"
@@ -58,9 +60,31 @@ std::vector<int64_t> AlonePaged(GPTImpl& model, const Job& job, const Entries& e
   return tokens.ok() ? *tokens : std::vector<int64_t>();
 }
 
+// The job's tokens from lgpt::Generate with a ScoredPagedKVCache of its own (h2o / tova as
+// KVMemory keeps them) over a pool of `entries`.
+std::vector<int64_t> AloneScored(GPTImpl& model, const Job& job, const Entries& entries) {
+  const std::shared_ptr<BlockPool> pool =
+      TestPool(model, (Length(job) + 3) / 4, 4, entries.dtype, entries.bits);
+  KVCacheGeometry geometry;
+  geometry.layers = model.CacheLayout();
+  absl::StatusOr<std::optional<EvictionPolicyOptions>> policy =
+      ScoredPagedPolicyFor(job.spec, geometry, *pool);
+  EXPECT_TRUE(policy.ok() && policy->has_value()) << DescribeKVCacheSpec(job.spec);
+  if (!policy.ok() || !policy->has_value()) return {};
+  ScoredPagedKVCacheOptions options;
+  options.pool = pool;
+  options.max_sequence_length = Length(job);
+  options.policy = **policy;
+  std::unique_ptr<ScoredPagedKVCache> cache = *ScoredPagedKVCache::Create(options);
+  absl::StatusOr<std::vector<int64_t>> tokens = Generate(model, *cache, job.prompt, job.options);
+  EXPECT_TRUE(tokens.ok()) << tokens.status();
+  return tokens.ok() ? *tokens : std::vector<int64_t>();
+}
+
 struct Outcome {
   std::vector<RequestResult> results;
   SchedulerStats stats;
+  int64_t scored_paged = 0;  // requests whose caches were ScoredPagedKVCaches
 };
 
 // The jobs through a scheduler over KVMemory::Create with `blocks` blocks of 4 `entries` (dense
@@ -82,8 +106,10 @@ Outcome Serve(GPT model, const std::vector<Job>& jobs, const SchedulerOptions& o
   const KVMemory& pool = *memory;
   Scheduler scheduler(model, options, std::move(memory));
   std::vector<std::shared_ptr<RequestHandle>> handles;
+  int64_t scored_paged = 0;
   for (const Job& job : jobs) {
     std::unique_ptr<KVCache> cache = *pool.NewCache(job.spec, geometry, Length(job));
+    if (dynamic_cast<ScoredPagedKVCache*>(cache.get()) != nullptr) ++scored_paged;
     absl::StatusOr<std::shared_ptr<RequestHandle>> handle =
         scheduler.Submit(job.prompt, job.options, std::move(cache));
     EXPECT_TRUE(handle.ok()) << handle.status();
@@ -96,6 +122,7 @@ Outcome Serve(GPT model, const std::vector<Job>& jobs, const SchedulerOptions& o
     outcome.results.push_back(result.ok() ? *result : RequestResult());
   }
   outcome.stats = scheduler.Stats();
+  outcome.scored_paged = scored_paged;
   return outcome;
 }
 
@@ -135,6 +162,49 @@ TEST_P(PoolEntriesTest, BatchedAndPreemptedRequestsEqualGenerateAlone) {
     if (jobs[i].options.sampling.temperature > 0) ++sampled;
   }
   EXPECT_GT(sampled, 0);
+  EXPECT_GT(outcome.stats.preemptions, 0);
+  EXPECT_GT(outcome.stats.peak_decode_rows, 1);
+  EXPECT_EQ(outcome.stats.pool_blocks, blocks);
+  EXPECT_EQ(outcome.stats.pool_blocks_used, 0);
+}
+
+// h2o and tova requests (budget 8, so most of them evict) batched with dense ones in a pool too
+// small for all at once: each keeps its slots in blocks of the pool's entries, is preempted and
+// recomputed like the others (its prompt in the same chunks, its tokens replayed), and gives
+// Generate's tokens alone with a ScoredPagedKVCache over such a pool; every block comes back.
+TEST_P(PoolEntriesTest, ScoringRequestsInPoolSlotsEqualGenerateAlone) {
+  const Entries entries = GetParam();
+  GPT model = GoldenModel("golden/llama2");
+  std::vector<Job> jobs = Jobs(*model, 16, 13);
+  int64_t scoring = 0;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    jobs[i].spec =
+        i % 4 == 1 ? TestSpec("dense", 0, 16) : TestSpec(i % 2 == 0 ? "h2o" : "tova", 8, 16);
+    jobs[i].options.max_new_tokens += 12;
+    jobs[i].options.prefill_chunk = i % 3 == 0 ? 4 : 7;
+    scoring += i % 4 == 1 ? 0 : 1;
+  }
+  SchedulerOptions options;
+  options.max_running = 8;
+  options.prefill_chunk = 7;
+  options.prefix_caching = false;
+  std::vector<std::vector<int64_t>> expected;
+  int64_t evicting = 0;
+  for (const Job& job : jobs) {
+    const bool scored = job.spec.policy != "dense";
+    expected.push_back(scored ? AloneScored(*model, job, entries)
+                              : AlonePaged(*model, job, entries));
+    evicting += scored && Length(job) > job.spec.budget + 1 ? 1 : 0;
+  }
+  EXPECT_GT(evicting, scoring / 2) << "most scoring requests outgrow their budget";
+  const int64_t blocks = 14;
+  const Outcome outcome = Serve(model, jobs, options, blocks, entries);
+  ASSERT_EQ(outcome.results.size(), jobs.size());
+  EXPECT_EQ(outcome.scored_paged, scoring);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    SCOPED_TRACE(absl::StrCat("request ", i, " ", DescribeKVCacheSpec(jobs[i].spec)));
+    EXPECT_EQ(outcome.results[i].tokens, expected[i]);
+  }
   EXPECT_GT(outcome.stats.preemptions, 0);
   EXPECT_GT(outcome.stats.peak_decode_rows, 1);
   EXPECT_EQ(outcome.stats.pool_blocks, blocks);
