@@ -13,6 +13,17 @@
 
 namespace lgpt {
 
+void StoreFloatRow(const float* src, int64_t head_size, c10::ScalarType stored,
+                   const paged::EntryFormat* quantised, void* dst) {
+  if (quantised != nullptr) {
+    paged::QuantizeEntry(src, *quantised, static_cast<uint8_t*>(dst));
+  } else if (stored == at::kFloat) {
+    std::memcpy(dst, src, head_size * sizeof(float));
+  } else {
+    FloatToKVEntries(src, head_size, *KVEntryTypeOf(stored), dst);
+  }
+}
+
 // Entries [from, from + n) of src [1, G, T, hs] or [G, T, hs] into slots [slot, slot + n) of
 // a pool block [G, bs, hs] (or, src and block alike, rows of entry_bytes quantised bytes). Rows
 // are copied directly on the CPU (a decoding step writes one entry per layer: the views and
@@ -31,8 +42,9 @@ void CopyEntries(const at::Tensor& src, int64_t from, int64_t n, const at::Tenso
     const float* from_data = src.data_ptr<float>();
     for (int64_t g = 0; g < groups; ++g) {
       for (int64_t t = 0; t < n; ++t) {
-        FloatToKVEntries(from_data + g * group_stride + (from + t) * entry_stride, hs, *narrow,
-                         dst + ((g * block_entries + slot + t) * hs) * 2);
+        StoreFloatRow(from_data + g * group_stride + (from + t) * entry_stride, hs,
+                      block.scalar_type(), nullptr,
+                      dst + ((g * block_entries + slot + t) * hs) * 2);
       }
     }
     return;
@@ -66,8 +78,9 @@ void QuantiseEntries(const at::Tensor& src, int64_t from, int64_t n, const at::T
     const float* x = src.data_ptr<float>();
     for (int64_t g = 0; g < groups; ++g) {
       for (int64_t t = 0; t < n; ++t) {
-        paged::QuantizeEntry(x + g * src.stride(1) + (from + t) * src.stride(2), format,
-                             dst + (g * block_entries + slot + t) * entry_bytes);
+        StoreFloatRow(x + g * src.stride(1) + (from + t) * src.stride(2), format.head_size,
+                      block.scalar_type(), &format,
+                      dst + (g * block_entries + slot + t) * entry_bytes);
       }
     }
     return;

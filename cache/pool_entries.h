@@ -15,6 +15,12 @@
 
 namespace lgpt {
 
+// One float32 entry of head_size values into a pool row in host memory, in the pool's format:
+// encoded with `quantised` (the layer's format: codes then float16 scales), else rounded to
+// `stored` (bfloat16 / float16, to nearest even as ATen's conversion) or copied (float32).
+void StoreFloatRow(const float* src, int64_t head_size, c10::ScalarType stored,
+                   const paged::EntryFormat* quantised, void* dst);
+
 // Entries [from, from + n) of src [1, G, T, hs] or [G, T, hs] into slots [slot, slot + n) of
 // a pool block [G, bs, hs] (or, src and block alike, rows of entry_bytes quantised bytes). Rows
 // are copied directly on the CPU; float32 rows into a 16-bit pool are rounded as ATen's

@@ -12,7 +12,6 @@
 #include "core/base/status_field.h"
 #include "core/base/status_macros.h"
 #include "core/ops/decode_attention.h"
-#include "core/ops/kv_entry.h"
 #include "core/ops/paged_attention_layout.h"
 
 namespace lgpt {
@@ -183,6 +182,10 @@ void ScoredPagedKVCache::Advance(int64_t layer, int64_t steps) {
   }
 }
 
+const paged::EntryFormat* ScoredPagedKVCache::QuantisedFormat(int64_t layer) const {
+  return pool_->quantised() ? &pool_->entry_format(layer) : nullptr;
+}
+
 int64_t ScoredPagedKVCache::RowBytes(int64_t layer) const {
   if (pool_->quantised()) return paged::EntryBytes(pool_->entry_format(layer));
   return layers_[layer].head_size * static_cast<int64_t>(c10::elementSize(pool_->dtype()));
@@ -198,15 +201,8 @@ char* ScoredPagedKVCache::RowOf(int64_t layer, bool keys, int64_t slot, int64_t 
 
 void ScoredPagedKVCache::StoreRow(int64_t layer, bool keys, int64_t slot, int64_t group,
                                   const float* src) const {
-  char* dst = RowOf(layer, keys, slot, group);
-  const int64_t hs = layers_[layer].head_size;
-  if (pool_->quantised()) {
-    paged::QuantizeEntry(src, pool_->entry_format(layer), reinterpret_cast<uint8_t*>(dst));
-  } else if (pool_->dtype() == at::kFloat) {
-    std::memcpy(dst, src, hs * sizeof(float));
-  } else {
-    FloatToKVEntries(src, hs, *KVEntryTypeOf(pool_->dtype()), dst);
-  }
+  StoreFloatRow(src, layers_[layer].head_size, pool_->dtype(), QuantisedFormat(layer),
+                RowOf(layer, keys, slot, group));
 }
 
 std::vector<at::Tensor> ScoredPagedKVCache::SlotBlocks(int64_t layer, bool keys,
@@ -222,7 +218,7 @@ at::Tensor ScoredPagedKVCache::ReadKept(int64_t layer, bool keys, int64_t high,
                                         c10::ScalarType dtype) const {
   const Layer& l = layers_[layer];
   if (high == 0) return at::empty({1, l.groups, 0, l.head_size}, at::TensorOptions(dtype));
-  const paged::EntryFormat* format = pool_->quantised() ? &pool_->entry_format(layer) : nullptr;
+  const paged::EntryFormat* format = QuantisedFormat(layer);
   return ReadEntries(SlotBlocks(layer, keys, high), high, format, dtype).unsqueeze(0);
 }
 
@@ -231,7 +227,7 @@ at::Tensor ScoredPagedKVCache::AsStored(int64_t layer, const at::Tensor& entries
   if (!pool_->quantised() && pool_->dtype() == at::kFloat) return entries.to(dtype);
   // Written into a scratch block [G, T, width] as the pool's blocks are, then read back.
   const int64_t groups = entries.size(1), steps = entries.size(2);
-  const paged::EntryFormat* format = pool_->quantised() ? &pool_->entry_format(layer) : nullptr;
+  const paged::EntryFormat* format = QuantisedFormat(layer);
   const int64_t width = format != nullptr ? paged::EntryBytes(*format) : entries.size(3);
   const at::Tensor scratch = at::empty({groups, steps, width}, at::TensorOptions(pool_->dtype()));
   StoreEntries(entries, 0, steps, scratch, 0, format);
@@ -456,9 +452,9 @@ at::Tensor ScoredPagedKVCache::DecodeOnHost(int64_t index, const KVStep& step, c
     layer.step_weights.resize(static_cast<size_t>(n_head * high));
     weights = layer.step_weights.data();
   }
+  const paged::EntryFormat* quantised = QuantisedFormat(index);
   const std::optional<paged::EntryFormat> format =
-      pool_->quantised() ? std::optional<paged::EntryFormat>(pool_->entry_format(index))
-                         : std::nullopt;
+      quantised != nullptr ? std::optional<paged::EntryFormat>(*quantised) : std::nullopt;
   const at::Tensor y = DecodeAttentionSegments(
       q, layer.groups, high,
       BlockSegments(SlotBlocks(index, true, high), SlotBlocks(index, false, high), high, format),

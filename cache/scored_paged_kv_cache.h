@@ -150,6 +150,8 @@ class ScoredPagedKVCache : public KVCache,
   void Advance(int64_t layer, int64_t steps);
   // The slots' blocks of `layer`: keys or values [G, bs, width], for the first `slots` slots.
   std::vector<at::Tensor> SlotBlocks(int64_t layer, bool keys, int64_t slots) const;
+  // `layer`'s entry format in a quantised pool, else nullptr (entries of the pool's dtype).
+  const paged::EntryFormat* QuantisedFormat(int64_t layer) const;
   // Row bytes of `layer`'s stored entries and where (slot, group) lies.
   int64_t RowBytes(int64_t layer) const;
   char* RowOf(int64_t layer, bool keys, int64_t slot, int64_t group) const;
