@@ -95,37 +95,75 @@ __attribute__((target("avx2,fma"))) void GemvBlockAvx2(const float* w, const flo
   }
 }
 
-template <int M>
-void GemvRangeAvx2(const float* w, const float* bias, const float* x, float* y, int64_t n_out,
-                   int64_t k, int64_t begin, int64_t end) {
-  // Four rows at a time for one x row; two for more (R * M <= 8 accumulators).
-  constexpr int R = M == 1 ? 4 : 2;
-  int64_t n = begin;
-  for (; n + R <= end; n += R) GemvBlockAvx2<M, R>(w, bias, x, y, n_out, k, n);
-  for (; n < end; ++n) GemvBlockAvx2<M, 1>(w, bias, x, y, n_out, k, n);
-}
-
-void GemvAvx2(const float* w, const float* bias, const float* x, float* y, int64_t rows,
-              int64_t n_out, int64_t k, int64_t begin, int64_t end);
-
-// More than four rows of x: for each pair of weight rows (in L1 after the first group), every
-// group of four x rows. Each weight byte still comes from memory once, and every dot product
-// is summed in the same order as with one row, so a row's result does not depend on the batch.
-void GemvManyRowsAvx2(const float* w, const float* bias, const float* x, float* y, int64_t rows,
-                      int64_t n_out, int64_t k, int64_t begin, int64_t end) {
-  constexpr int64_t kPair = 2;
-  for (int64_t n = begin; n < end; n += kPair) {
-    const int64_t stop = std::min(n + kPair, end);
-    for (int64_t m = 0; m < rows; m += 4) {
-      GemvAvx2(w, bias, x + m * k, y + m * n_out, std::min<int64_t>(4, rows - m), n_out, k, n,
-               stop);
+// GemvBlockAvx2 for five or six rows of x: the R weight vectors of a step stay in registers
+// while the x rows stream past them (12 accumulators + 2 weights + 1 x of the 16 registers;
+// GemvBlockAvx2's M x vectors would spill). Every accumulator gets the same FMAs in the same
+// order, so the bits are GemvBlockAvx2's.
+template <int M, int R>
+__attribute__((target("avx2,fma"))) void GemvTallBlockAvx2(const float* w, const float* bias,
+                                                           const float* x, float* y, int64_t n_out,
+                                                           int64_t k, int64_t n) {
+  __m256 acc[R][M];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+    for (int m = 0; m < M; ++m) acc[r][m] = _mm256_setzero_ps();
+  }
+  const float* wn = w + n * k;
+  const int64_t k8 = k & ~int64_t{7};
+  for (int64_t i = 0; i < k8; i += 8) {
+    __m256 wv[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) wv[r] = _mm256_loadu_ps(wn + r * k + i);
+#pragma GCC unroll 8
+    for (int m = 0; m < M; ++m) {
+      const __m256 xv = _mm256_loadu_ps(x + m * k + i);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) acc[r][m] = _mm256_fmadd_ps(wv[r], xv, acc[r][m]);
     }
+  }
+  if (k8 < k) {
+    const __m256i mask = simd::TailMask(k - k8);
+    __m256 wv[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) wv[r] = _mm256_maskload_ps(wn + r * k + k8, mask);
+#pragma GCC unroll 8
+    for (int m = 0; m < M; ++m) {
+      const __m256 xv = _mm256_maskload_ps(x + m * k + k8, mask);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) acc[r][m] = _mm256_fmadd_ps(wv[r], xv, acc[r][m]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    const float b = bias != nullptr ? bias[n + r] : 0.0f;
+#pragma GCC unroll 8
+    for (int m = 0; m < M; ++m) y[m * n_out + n + r] = simd::HorizontalSum(acc[r][m]) + b;
   }
 }
 
-void GemvAvx2(const float* w, const float* bias, const float* x, float* y, int64_t rows,
-              int64_t n_out, int64_t k, int64_t begin, int64_t end) {
-  if (rows > 4) return GemvManyRowsAvx2(w, bias, x, y, rows, n_out, k, begin, end);
+template <int M>
+void GemvRangeAvx2(const float* w, const float* bias, const float* x, float* y, int64_t n_out,
+                   int64_t k, int64_t begin, int64_t end) {
+  // Four weight rows at a time for one x row; two for more (R * M <= 12 accumulators).
+  constexpr int R = M == 1 ? 4 : 2;
+  int64_t n = begin;
+  if constexpr (M <= 4) {
+    for (; n + R <= end; n += R) GemvBlockAvx2<M, R>(w, bias, x, y, n_out, k, n);
+    for (; n < end; ++n) GemvBlockAvx2<M, 1>(w, bias, x, y, n_out, k, n);
+  } else {
+    for (; n + R <= end; n += R) GemvTallBlockAvx2<M, R>(w, bias, x, y, n_out, k, n);
+    for (; n < end; ++n) GemvTallBlockAvx2<M, 1>(w, bias, x, y, n_out, k, n);
+  }
+}
+
+// Rows of x per group of the many-rows path: 6 x rows against 2 weight rows is 12
+// accumulators, the most AVX2's 16 registers hold beside the operands.
+constexpr int64_t kAvx2GroupRows = 6;
+
+// Up to kAvx2GroupRows rows of x.
+void GemvGroupAvx2(const float* w, const float* bias, const float* x, float* y, int64_t rows,
+                   int64_t n_out, int64_t k, int64_t begin, int64_t end) {
   switch (rows) {
     case 1:
       return GemvRangeAvx2<1>(w, bias, x, y, n_out, k, begin, end);
@@ -133,11 +171,38 @@ void GemvAvx2(const float* w, const float* bias, const float* x, float* y, int64
       return GemvRangeAvx2<2>(w, bias, x, y, n_out, k, begin, end);
     case 3:
       return GemvRangeAvx2<3>(w, bias, x, y, n_out, k, begin, end);
-    default:
+    case 4:
       return GemvRangeAvx2<4>(w, bias, x, y, n_out, k, begin, end);
+    case 5:
+      return GemvRangeAvx2<5>(w, bias, x, y, n_out, k, begin, end);
+    default:
+      return GemvRangeAvx2<6>(w, bias, x, y, n_out, k, begin, end);
   }
 }
 
+// More rows of x than one group: a band of weight rows (~128 KiB, in L2 after the first group)
+// passes every group of x rows (in L1 while the band streams past it). Each weight byte comes
+// from memory once; a group's x is read once per band, not once per pair of weight rows (16
+// rows of x at k = 768 are 48 KiB: re-read from L2 per pair, the L2's bandwidth bound the FMAs).
+// Every dot product is summed in the same order as with one row, so a row's result does not
+// depend on the batch.
+void GemvManyRowsAvx2(const float* w, const float* bias, const float* x, float* y, int64_t rows,
+                      int64_t n_out, int64_t k, int64_t begin, int64_t end) {
+  const int64_t band = std::max<int64_t>(2, ((int64_t{128} << 10) / (4 * k)) & ~int64_t{1});
+  for (int64_t n = begin; n < end; n += band) {
+    const int64_t stop = std::min(n + band, end);
+    for (int64_t m = 0; m < rows; m += kAvx2GroupRows) {
+      GemvGroupAvx2(w, bias, x + m * k, y + m * n_out, std::min(kAvx2GroupRows, rows - m), n_out, k,
+                    n, stop);
+    }
+  }
+}
+
+void GemvAvx2(const float* w, const float* bias, const float* x, float* y, int64_t rows,
+              int64_t n_out, int64_t k, int64_t begin, int64_t end) {
+  if (rows > kAvx2GroupRows) return GemvManyRowsAvx2(w, bias, x, y, rows, n_out, k, begin, end);
+  GemvGroupAvx2(w, bias, x, y, rows, n_out, k, begin, end);
+}
 
 // AVX-512 for two or more rows of x, bit for bit the AVX2 kernel's results. Each zmm
 // accumulator holds the 8-lane AVX2 accumulators of two x rows for one weight row (lanes 0-7
@@ -174,8 +239,8 @@ void PackRowPairs(const float* x, int64_t rows, int64_t k, float* packed) {
 // C weight loads and P x loads for C * P FMAs of 16 lanes.
 template <int P, int C>
 __attribute__((target("avx512f,avx512dq,avx2,fma"))) void GemvBlockAvx512(
-    const float* w, const float* bias, const float* packed, int64_t pairs, int64_t rows,
-    float* y, int64_t n_out, int64_t k, int64_t n, int64_t p0) {
+    const float* w, const float* bias, const float* packed, int64_t pairs, int64_t rows, float* y,
+    int64_t n_out, int64_t k, int64_t n, int64_t p0) {
   __m512 acc[C][P];
 #pragma GCC unroll 8
   for (int r = 0; r < C; ++r) {
@@ -228,8 +293,7 @@ __attribute__((target("avx512f,avx512dq,avx2,fma"))) void GemvBlockAvx512(
       const int64_t m = 2 * (p0 + p);
       y[m * n_out + n + r] = simd::HorizontalSum(_mm512_castps512_ps256(acc[r][p])) + b;
       if (m + 1 < rows) {
-        y[(m + 1) * n_out + n + r] =
-            simd::HorizontalSum(_mm512_extractf32x8_ps(acc[r][p], 1)) + b;
+        y[(m + 1) * n_out + n + r] = simd::HorizontalSum(_mm512_extractf32x8_ps(acc[r][p], 1)) + b;
       }
     }
   }
@@ -263,8 +327,8 @@ void GemvPairsAvx512(const float* w, const float* bias, const float* packed, int
 
 // Weight rows [begin, end) against all rows of x (packed by PackRowPairs): for each block of
 // weight rows (in L1 after the first group), every group of up to four row pairs.
-void GemvAvx512(const float* w, const float* bias, const float* packed, int64_t rows,
-                float* y, int64_t n_out, int64_t k, int64_t begin, int64_t end) {
+void GemvAvx512(const float* w, const float* bias, const float* packed, int64_t rows, float* y,
+                int64_t n_out, int64_t k, int64_t begin, int64_t end) {
   const int64_t pairs = (rows + 1) / 2;
   for (int64_t n = begin; n < end; n += kAvx512BlockRows) {
     const int64_t c = std::min(kAvx512BlockRows, end - n);
@@ -424,10 +488,9 @@ void GemvF32(const float* w, const float* bias, const float* x, float* y, int64_
   if (kernel == GemvKernel::kAvx512 && rows >= 2) {
     const float* packed = PackedRows(x, rows, k);
     // Chunks of whole blocks (24 = 4 blocks of 6), so only the last chunk has a partial one.
-    return ParallelForRows(n_out, 4 * kAvx512BlockRows, min_rows,
-                           [&](int64_t begin, int64_t end) {
-                             GemvAvx512(w, bias, packed, rows, y, n_out, k, begin, end);
-                           });
+    return ParallelForRows(n_out, 4 * kAvx512BlockRows, min_rows, [&](int64_t begin, int64_t end) {
+      GemvAvx512(w, bias, packed, rows, y, n_out, k, begin, end);
+    });
   }
 #endif
   ParallelForRows(n_out, 8, min_rows, [&](int64_t begin, int64_t end) {
