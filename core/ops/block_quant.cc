@@ -257,68 +257,84 @@ LGPT_AVX512VNNI void TileVnni(const GemvArgs& a, int64_t g) {
 template <bool kQ4, int M>
 LGPT_AVX2 void TileAvx2(const GemvArgs& a, int64_t g) {
   constexpr int64_t kTileBytes = kQ4 ? kQ4TileBytes : kQ8TileBytes;
-  __m256 acc[2][M];
-#pragma GCC unroll 4
-  for (int h = 0; h < 2; ++h) {
-#pragma GCC unroll 4
-    for (int m = 0; m < M; ++m) acc[h][m] = _mm256_setzero_ps();
-  }
   const __m256i ones = _mm256_set1_epi16(1);
   const __m256i low_nibbles = _mm256_set1_epi8(15);
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
-  for (int64_t b = 0; b < a.blocks; ++b) {
-    const uint8_t* tile = a.Tile(g, b, kTileBytes);
-    __m256i dot[2][M];
+  const int64_t n = g * kGroup;
+  const int64_t valid = std::min<int64_t>(kGroup, a.n_out - n);
+  // One half of the group (8 rows) over every block, then the other: a half's M accumulators
+  // and M dot products stay in registers (both halves at once spilled them, and GCC hoisted
+  // the x broadcasts the halves share onto the stack). Each output gets the same operations
+  // in the same order either way.
+#pragma GCC unroll 1
+  for (int h = 0; h < 2; ++h) {
+    __m256 acc[M];
 #pragma GCC unroll 4
-    for (int m = 0; m < M; ++m) {
-      const __m256i start = _mm256_set1_epi32(kQ4 ? -kQ4Offset * a.xsum[m * a.blocks + b] : 0);
-      dot[0][m] = dot[1][m] = start;
-    }
-    const int8_t* xb = a.xq + b * kQuantBlock;
-#pragma GCC unroll 8
-    for (int c = 0; c < 8; ++c) {
-      // q4: chunk c is the low (even c) or high (odd c) nibbles of pair c / 2.
-      const uint8_t* chunk = tile + (kQ4 ? c / 2 : c) * kChunkBytes;
-#pragma GCC unroll 2
-      for (int h = 0; h < 2; ++h) {
-        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + h * 32));
-        __m256i w, w_signed;
-        if constexpr (kQ4) {
-          w = _mm256_and_si256(c % 2 == 0 ? raw : _mm256_srli_epi16(raw, 4), low_nibbles);
-        } else {
-          w_signed = _mm256_xor_si256(raw, flip);
-          w = _mm256_sign_epi8(w_signed, w_signed);
+    for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < a.blocks; ++b) {
+      const uint8_t* tile = a.Tile(g, b, kTileBytes) + h * 32;
+      const int8_t* xb = a.xq + b * kQuantBlock;
+      __m256i dot[M];
+      if constexpr (kQ4) {
+        // int16 pair sums of the block's 8 chunks (each within 2 x 15 x 128, eight of them
+        // within 30720), widened once: the int32 sums of widening every chunk's.
+        __m256i pairs[M];
+#pragma GCC unroll 4
+        for (int m = 0; m < M; ++m) pairs[m] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; ++p) {  // chunks 2p (low nibbles) and 2p + 1 (high)
+          const __m256i raw =
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + p * kChunkBytes));
+          const __m256i low = _mm256_and_si256(raw, low_nibbles);
+          const __m256i high = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low_nibbles);
+#pragma GCC unroll 4
+          for (int m = 0; m < M; ++m) {
+            const int8_t* xm = xb + m * a.k + 8 * p;
+            pairs[m] = _mm256_add_epi16(pairs[m],
+                                        _mm256_maddubs_epi16(low, _mm256_set1_epi32(LoadLane(xm))));
+            pairs[m] = _mm256_add_epi16(
+                pairs[m], _mm256_maddubs_epi16(high, _mm256_set1_epi32(LoadLane(xm + 4))));
+          }
         }
 #pragma GCC unroll 4
         for (int m = 0; m < M; ++m) {
-          __m256i xv = _mm256_set1_epi32(LoadLane(xb + m * a.k + 4 * c));
-          if constexpr (!kQ4) xv = _mm256_sign_epi8(xv, w_signed);
-          const __m256i pairs = _mm256_maddubs_epi16(w, xv);
-          dot[h][m] = _mm256_add_epi32(dot[h][m], _mm256_madd_epi16(pairs, ones));
+          dot[m] = _mm256_add_epi32(_mm256_set1_epi32(-kQ4Offset * a.xsum[m * a.blocks + b]),
+                                    _mm256_madd_epi16(pairs[m], ones));
+        }
+      } else {
+#pragma GCC unroll 4
+        for (int m = 0; m < M; ++m) dot[m] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; ++c) {
+          const __m256i raw =
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + c * kChunkBytes));
+          const __m256i w_signed = _mm256_xor_si256(raw, flip);
+          const __m256i w = _mm256_sign_epi8(w_signed, w_signed);
+#pragma GCC unroll 4
+          for (int m = 0; m < M; ++m) {
+            const __m256i xv =
+                _mm256_sign_epi8(_mm256_set1_epi32(LoadLane(xb + m * a.k + 4 * c)), w_signed);
+            dot[m] = _mm256_add_epi32(dot[m], _mm256_madd_epi16(_mm256_maddubs_epi16(w, xv), ones));
+          }
         }
       }
-    }
-    const uint16_t* scales = a.Scales(g, b);
-#pragma GCC unroll 2
-    for (int h = 0; h < 2; ++h) {
-      const __m256 s =
-          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 8 * h)));
+      const __m256 s = _mm256_cvtph_ps(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(a.Scales(g, b) + 8 * h)));
 #pragma GCC unroll 4
       for (int m = 0; m < M; ++m) {
         const __m256 step = _mm256_mul_ps(s, _mm256_set1_ps(a.xs[m * a.blocks + b]));
-        acc[h][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[h][m]), step, acc[h][m]);
+        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[m]), step, acc[m]);
       }
     }
-  }
-  const int64_t n = g * kGroup;
-  const int64_t valid = std::min<int64_t>(kGroup, a.n_out - n);
+    const int64_t first = n + 8 * h;
+    const int64_t count = std::clamp<int64_t>(valid - 8 * h, 0, 8);
 #pragma GCC unroll 4
-  for (int m = 0; m < M; ++m) {
-    alignas(32) float out[kGroup];
-    _mm256_store_ps(out, acc[0][m]);
-    _mm256_store_ps(out + 8, acc[1][m]);
-    for (int64_t i = 0; i < valid; ++i) {
-      a.y[m * a.n_out + n + i] = out[i] + (a.bias != nullptr ? a.bias[n + i] : 0.0f);
+    for (int m = 0; m < M; ++m) {
+      alignas(32) float out[8];
+      _mm256_store_ps(out, acc[m]);
+      for (int64_t i = 0; i < count; ++i) {
+        a.y[m * a.n_out + first + i] = out[i] + (a.bias != nullptr ? a.bias[first + i] : 0.0f);
+      }
     }
   }
 }
