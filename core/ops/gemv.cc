@@ -50,8 +50,47 @@ void GemvPortable(const float* w, const float* bias, const float* x, float* y, i
 
 #ifdef LGPT_GEMV_X86
 
-// R weight rows at once against M rows of x: R * M accumulators, each weight vector loaded
-// once and used M times.
+#define LGPT_AVX2_INLINE __attribute__((target("avx2,fma"), always_inline)) inline
+
+// Eight floats at p: all of them, or those `mask` selects (a row's tail; the rest read 0).
+template <bool kMasked>
+LGPT_AVX2_INLINE __m256 LoadAvx2(const float* p, __m256i mask) {
+  if constexpr (kMasked) return _mm256_maskload_ps(p, mask);
+  return _mm256_loadu_ps(p);
+}
+
+// One step of 8 elements from i: acc[r][m] += w[r] * x[m] lane by lane. Up to four x rows are
+// held while the R weight vectors stream past them; with more (12 accumulators) the held x
+// rows would spill, so the weights are held and the x rows stream. Either way every
+// accumulator gets the same FMA.
+template <int M, int R, bool kMasked>
+LGPT_AVX2_INLINE void FmaStepAvx2(const float* wn, const float* x, int64_t k, int64_t i,
+                                  __m256i mask, __m256 (&acc)[R][M]) {
+  if constexpr (M <= 4) {
+    __m256 xv[M];
+#pragma GCC unroll 4
+    for (int m = 0; m < M; ++m) xv[m] = LoadAvx2<kMasked>(x + m * k + i, mask);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m256 wv = LoadAvx2<kMasked>(wn + r * k + i, mask);
+#pragma GCC unroll 4
+      for (int m = 0; m < M; ++m) acc[r][m] = _mm256_fmadd_ps(wv, xv[m], acc[r][m]);
+    }
+  } else {
+    __m256 wv[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) wv[r] = LoadAvx2<kMasked>(wn + r * k + i, mask);
+#pragma GCC unroll 8
+    for (int m = 0; m < M; ++m) {
+      const __m256 xv = LoadAvx2<kMasked>(x + m * k + i, mask);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) acc[r][m] = _mm256_fmadd_ps(wv[r], xv, acc[r][m]);
+    }
+  }
+}
+
+// R weight rows at once against M rows of x: R * M accumulators, each summing its products
+// lane by lane in order of k, then across its lanes: the same bits whatever M and R.
 template <int M, int R>
 __attribute__((target("avx2,fma"))) void GemvBlockAvx2(const float* w, const float* bias,
                                                        const float* x, float* y, int64_t n_out,
@@ -59,81 +98,14 @@ __attribute__((target("avx2,fma"))) void GemvBlockAvx2(const float* w, const flo
   __m256 acc[R][M];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 4
-    for (int m = 0; m < M; ++m) acc[r][m] = _mm256_setzero_ps();
-  }
-  const float* wn = w + n * k;
-  const int64_t k8 = k & ~int64_t{7};
-  for (int64_t i = 0; i < k8; i += 8) {
-    __m256 xv[M];
-#pragma GCC unroll 4
-    for (int m = 0; m < M; ++m) xv[m] = _mm256_loadu_ps(x + m * k + i);
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const __m256 wv = _mm256_loadu_ps(wn + r * k + i);
-#pragma GCC unroll 4
-      for (int m = 0; m < M; ++m) acc[r][m] = _mm256_fmadd_ps(wv, xv[m], acc[r][m]);
-    }
-  }
-  if (k8 < k) {
-    const __m256i mask = simd::TailMask(k - k8);
-    __m256 xv[M];
-#pragma GCC unroll 4
-    for (int m = 0; m < M; ++m) xv[m] = _mm256_maskload_ps(x + m * k + k8, mask);
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const __m256 wv = _mm256_maskload_ps(wn + r * k + k8, mask);
-#pragma GCC unroll 4
-      for (int m = 0; m < M; ++m) acc[r][m] = _mm256_fmadd_ps(wv, xv[m], acc[r][m]);
-    }
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
-    const float b = bias != nullptr ? bias[n + r] : 0.0f;
-#pragma GCC unroll 4
-    for (int m = 0; m < M; ++m) y[m * n_out + n + r] = simd::HorizontalSum(acc[r][m]) + b;
-  }
-}
-
-// GemvBlockAvx2 for five or six rows of x: the R weight vectors of a step stay in registers
-// while the x rows stream past them (12 accumulators + 2 weights + 1 x of the 16 registers;
-// GemvBlockAvx2's M x vectors would spill). Every accumulator gets the same FMAs in the same
-// order, so the bits are GemvBlockAvx2's.
-template <int M, int R>
-__attribute__((target("avx2,fma"))) void GemvTallBlockAvx2(const float* w, const float* bias,
-                                                           const float* x, float* y, int64_t n_out,
-                                                           int64_t k, int64_t n) {
-  __m256 acc[R][M];
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 8
     for (int m = 0; m < M; ++m) acc[r][m] = _mm256_setzero_ps();
   }
   const float* wn = w + n * k;
   const int64_t k8 = k & ~int64_t{7};
-  for (int64_t i = 0; i < k8; i += 8) {
-    __m256 wv[R];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) wv[r] = _mm256_loadu_ps(wn + r * k + i);
-#pragma GCC unroll 8
-    for (int m = 0; m < M; ++m) {
-      const __m256 xv = _mm256_loadu_ps(x + m * k + i);
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) acc[r][m] = _mm256_fmadd_ps(wv[r], xv, acc[r][m]);
-    }
-  }
-  if (k8 < k) {
-    const __m256i mask = simd::TailMask(k - k8);
-    __m256 wv[R];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) wv[r] = _mm256_maskload_ps(wn + r * k + k8, mask);
-#pragma GCC unroll 8
-    for (int m = 0; m < M; ++m) {
-      const __m256 xv = _mm256_maskload_ps(x + m * k + k8, mask);
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) acc[r][m] = _mm256_fmadd_ps(wv[r], xv, acc[r][m]);
-    }
-  }
+  const __m256i all = _mm256_set1_epi32(-1);
+  for (int64_t i = 0; i < k8; i += 8) FmaStepAvx2<M, R, false>(wn, x, k, i, all, acc);
+  if (k8 < k) FmaStepAvx2<M, R, true>(wn, x, k, k8, simd::TailMask(k - k8), acc);
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     const float b = bias != nullptr ? bias[n + r] : 0.0f;
@@ -148,13 +120,8 @@ void GemvRangeAvx2(const float* w, const float* bias, const float* x, float* y, 
   // Four weight rows at a time for one x row; two for more (R * M <= 12 accumulators).
   constexpr int R = M == 1 ? 4 : 2;
   int64_t n = begin;
-  if constexpr (M <= 4) {
-    for (; n + R <= end; n += R) GemvBlockAvx2<M, R>(w, bias, x, y, n_out, k, n);
-    for (; n < end; ++n) GemvBlockAvx2<M, 1>(w, bias, x, y, n_out, k, n);
-  } else {
-    for (; n + R <= end; n += R) GemvTallBlockAvx2<M, R>(w, bias, x, y, n_out, k, n);
-    for (; n < end; ++n) GemvTallBlockAvx2<M, 1>(w, bias, x, y, n_out, k, n);
-  }
+  for (; n + R <= end; n += R) GemvBlockAvx2<M, R>(w, bias, x, y, n_out, k, n);
+  for (; n < end; ++n) GemvBlockAvx2<M, 1>(w, bias, x, y, n_out, k, n);
 }
 
 // Rows of x per group of the many-rows path: 6 x rows against 2 weight rows is 12
