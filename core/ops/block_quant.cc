@@ -294,6 +294,7 @@ LGPT_AVX2 void TileAvx2(const GemvArgs& a, int64_t g) {
                                         _mm256_maddubs_epi16(low, _mm256_set1_epi32(LoadLane(xm))));
             pairs[m] = _mm256_add_epi16(
                 pairs[m], _mm256_maddubs_epi16(high, _mm256_set1_epi32(LoadLane(xm + 4))));
+            asm("" : "+x"(pairs[m]));  // (as for q8 below)
           }
         }
 #pragma GCC unroll 4
@@ -315,6 +316,9 @@ LGPT_AVX2 void TileAvx2(const GemvArgs& a, int64_t g) {
             const __m256i xv =
                 _mm256_sign_epi8(_mm256_set1_epi32(LoadLane(xb + m * a.k + 4 * c)), w_signed);
             dot[m] = _mm256_add_epi32(dot[m], _mm256_madd_epi16(_mm256_maddubs_epi16(w, xv), ones));
+            // Keeps the chain a chain: GCC otherwise reassociates these exact int32 adds into
+            // a tree over all 32 products of the block and parks them on the stack.
+            asm("" : "+x"(dot[m]));
           }
         }
       }
