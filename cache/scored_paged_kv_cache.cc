@@ -25,6 +25,12 @@ bool SamePlan(const LayerPlan& a, const LayerPlan& b) {
          a.sink_tokens == b.sink_tokens && a.scored == b.scored && a.normalize == b.normalize;
 }
 
+// `entries` as contiguous float32 (a 16-bit model's entries widen exactly), a tensor of its own
+// with `copy`.
+at::Tensor AsFloat32(const at::Tensor& entries, bool copy = false) {
+  return entries.to(at::kFloat, /*non_blocking=*/false, copy, at::MemoryFormat::Contiguous);
+}
+
 }  // namespace
 
 absl::Status CheckScoredPagedPolicy(const EvictionPolicyOptions& policy, const BlockPool& pool) {
@@ -159,11 +165,14 @@ absl::Status ScoredPagedKVCache::CheckLayer(int64_t layer, const KVStep& step,
                                             const at::Tensor& values) const {
   RETURN_IF_ERROR(
       CheckLayerStep(layer, pool_->layers(), step, keys, values, 1, max_sequence_length_));
-  if (keys.scalar_type() != at::kFloat || values.scalar_type() != at::kFloat ||
-      !keys.device().is_cpu() || !values.device().is_cpu()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ScoredPagedKVCache takes float32 keys and values on the CPU, got ",
-                     c10::toString(keys.scalar_type()), " on ", keys.device().str()));
+  const c10::ScalarType dtype = keys.scalar_type();
+  if ((dtype != at::kFloat && dtype != at::kBFloat16 && dtype != at::kHalf) ||
+      values.scalar_type() != dtype || !keys.device().is_cpu() || !values.device().is_cpu()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ScoredPagedKVCache takes float32, bfloat16 or float16 keys and values (of one dtype) on "
+        "the CPU, got keys ",
+        c10::toString(dtype), " on ", keys.device().str(), " and values ",
+        c10::toString(values.scalar_type()), " on ", values.device().str()));
   }
   if (layer_length_[layer] != length_ ||
       BlocksToHold(length_ + keys.size(2)) > static_cast<int64_t>(table_.size())) {
@@ -236,7 +245,7 @@ at::Tensor ScoredPagedKVCache::AsStored(int64_t layer, const at::Tensor& entries
 
 void ScoredPagedKVCache::PlaceDecode(Layer& layer, int64_t index, int64_t position,
                                      const at::Tensor& keys, const at::Tensor& values) {
-  const at::Tensor k = keys.contiguous(), v = values.contiguous();  // [1, G, 1, hs]
+  const at::Tensor k = AsFloat32(keys), v = AsFloat32(values);  // [1, G, 1, hs] float32
   const int64_t capacity = layer.capacity, hs = layer.head_size;
   int32_t* positions = layer.positions.data_ptr<int32_t>();  // [1, G, capacity]
   float* scores = layer.scores.data_ptr<float>();            // [1, G, capacity, 1]
@@ -259,6 +268,11 @@ absl::StatusOr<KVView> ScoredPagedKVCache::Update(int64_t index, const KVStep& s
                                                   const at::Tensor& keys,
                                                   const at::Tensor& values) {
   RETURN_IF_ERROR(CheckLayer(index, step, keys, values));
+  return UpdateChecked(index, step, keys, values);
+}
+
+KVView ScoredPagedKVCache::UpdateChecked(int64_t index, const KVStep& step, const at::Tensor& keys,
+                                         const at::Tensor& values) {
   Settle(index, at::Tensor());
   Layer& layer = layers_[index];
   Pending& pending = layer.pending;
@@ -279,15 +293,16 @@ absl::StatusOr<KVView> ScoredPagedKVCache::Update(int64_t index, const KVStep& s
   const int64_t high = layer.high;
   pending.kind = Pending::kChunk;
   pending.view_high = high;
-  pending.keys = keys.contiguous().clone();
-  pending.values = values.contiguous().clone();
+  pending.keys = AsFloat32(keys, /*copy=*/true);
+  pending.values = AsFloat32(values, /*copy=*/true);
   pending.positions = step.positions.reshape({steps}).to(at::kInt);
   Advance(index, steps);
   const at::Tensor chunk_positions =  // [1, G, T]
       step.positions.to(at::kLong).reshape({1, 1, steps}).expand({1, layer.groups, steps});
-  return KVView{at::cat({ReadKept(index, true, high, dtype), AsStored(index, keys, dtype)}, 2),
-                at::cat({ReadKept(index, false, high, dtype), AsStored(index, values, dtype)}, 2),
-                at::cat({layer.positions.narrow(2, 0, high).to(at::kLong), chunk_positions}, 2)};
+  return KVView{
+      at::cat({ReadKept(index, true, high, dtype), AsStored(index, pending.keys, dtype)}, 2),
+      at::cat({ReadKept(index, false, high, dtype), AsStored(index, pending.values, dtype)}, 2),
+      at::cat({layer.positions.narrow(2, 0, high).to(at::kLong), chunk_positions}, 2)};
 }
 
 bool ScoredPagedKVCache::WantsAttentionWeights(int64_t layer) const {
@@ -474,7 +489,14 @@ absl::StatusOr<at::Tensor> ScoredPagedKVCache::UpdateAndAttend(int64_t index, co
   RETURN_IF_ERROR(CheckLayer(index, step, keys, values));
   RETURN_IF_ERROR(CheckQueries(index, q, keys));
   if (DecodeOnHostApplies(q, keys, step)) return DecodeOnHost(index, step, q, keys, values, params);
-  return KVCache::UpdateAndAttend(index, step, q, keys, values, params);
+  // As KVCache::UpdateAndAttend, without checking the layer again.
+  const KVView view = UpdateChecked(index, step, keys, values);
+  const bool scored = layers_[index].plan.scored;
+  at::Tensor weights;  // [1, n_head, T, S]
+  at::Tensor y = AttendByPositions(q, view.keys, view.values, step.positions, view.positions,
+                                   params, scored ? &weights : nullptr);
+  if (scored) Settle(index, weights);
+  return y;
 }
 
 std::vector<int64_t> ScoredPagedKVCache::KeptPositions(int64_t index, int64_t group) {

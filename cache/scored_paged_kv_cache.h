@@ -18,10 +18,12 @@
 // every entry as stored, the step's own included (as cache/paged_kv_cache.h's pools do).
 // Entries kept across a chunk are moved as stored (never re-encoded).
 //
-// Scores, positions and the step's weights live on the host: float32 models over CPU pools
-// (Create refuses others). No prefix sharing (entries depend on the steps, not only the
-// tokens), no rollback (an evicted entry cannot come back). Forking (KVForker, the n choices of
-// a prompt): the copy shares every block and copies a shared block before its first write.
+// Scores, positions and the step's weights live on the host: CPU pools (Create refuses others),
+// float32, bfloat16 or float16 models (a 16-bit model's entries widen to float32 exactly on
+// their way into the pool's format, and views read them back in the model's dtype). No prefix
+// sharing (entries depend on the steps, not only the tokens), no rollback (an evicted entry cannot
+// come back). Forking (KVForker, the n choices of a prompt): the copy shares every block and copies
+// a shared block before its first write.
 #ifndef LGPT_CACHE_SCORED_PAGED_KV_CACHE_H_
 #define LGPT_CACHE_SCORED_PAGED_KV_CACHE_H_
 
@@ -124,7 +126,7 @@ class ScoredPagedKVCache : public KVCache,
     enum Kind { kNone, kDecode, kChunk } kind = kNone;
     int64_t newest = 0;       // the step's last position
     int64_t view_high = 0;    // kept slots in the step's view
-    at::Tensor keys, values;  // chunk: [1, G, T, hs] float32 as given (stored when kept)
+    at::Tensor keys, values;  // chunk: [1, G, T, hs] as given, in float32 (stored when kept)
     at::Tensor positions;     // chunk: [T] int32
   };
   struct Layer {
@@ -146,6 +148,9 @@ class ScoredPagedKVCache : public KVCache,
   absl::Status TakeStepBlocks(int64_t steps) const;
   absl::Status CheckLayer(int64_t layer, const KVStep& step, const at::Tensor& keys,
                           const at::Tensor& values) const;
+  // Update after CheckLayer.
+  KVView UpdateChecked(int64_t layer, const KVStep& step, const at::Tensor& keys,
+                       const at::Tensor& values);
   // Counts a layer's step as written; the cache's length moves on once every layer has.
   void Advance(int64_t layer, int64_t steps);
   // The slots' blocks of `layer`: keys or values [G, bs, width], for the first `slots` slots.

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <iostream>
 #include <memory>
 #include <random>
 #include <utility>
@@ -52,18 +53,21 @@ std::unique_ptr<ScoredPagedKVCache> ScoredCache(std::shared_ptr<BlockPool> pool,
   return cache.ok() ? std::move(*cache) : nullptr;
 }
 
-std::unique_ptr<PolicyKVCache> PolicyCache(const EvictionPolicyOptions& policy) {
+std::unique_ptr<PolicyKVCache> PolicyCache(const EvictionPolicyOptions& policy,
+                                           at::ScalarType dtype = at::kFloat) {
   PolicyKVCacheOptions options;
   static_cast<KVCacheGeometry&>(options) = FourLayerGeometry();
+  options.dtype = dtype;
   options.policy = policy;
   absl::StatusOr<std::unique_ptr<PolicyKVCache>> cache = PolicyKVCache::Create(options);
   EXPECT_TRUE(cache.ok()) << cache.status();
   return cache.ok() ? std::move(*cache) : nullptr;
 }
 
-std::unique_ptr<DenseKVCache> DenseCache() {
+std::unique_ptr<DenseKVCache> DenseCache(at::ScalarType dtype = at::kFloat) {
   DenseKVCacheOptions options;
   static_cast<KVCacheGeometry&>(options) = FourLayerGeometry();
+  options.dtype = dtype;
   absl::StatusOr<std::unique_ptr<DenseKVCache>> cache = DenseKVCache::Create(options);
   EXPECT_TRUE(cache.ok()) << cache.status();
   return cache.ok() ? std::move(*cache) : nullptr;
@@ -201,6 +205,119 @@ TEST(ScoredPagedKVCacheTest, NarrowPoolsAttendAsAFloat32PoolOfTheirStoredEntries
   }
 }
 
+// A bfloat16 or float16 model's keys, values and queries through the scored paged cache over a
+// pool of the model's dtype (the serving default for such models) and over a float32 pool (which
+// holds them exactly), and through the policy cache of the same policy in that dtype: every
+// output equal to the policy cache's to the bit, the same positions kept, and outputs unlike a
+// dense cache's once entries were evicted. (float16 where this LibTorch computes in it on the
+// CPU; the test says when it does not.)
+TEST(ScoredPagedKVCacheTest, SixteenBitModelsAttendAsThePolicyCache) {
+  for (const at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
+    if (!CpuMatmulSupports(dtype)) {
+      std::cout << "[   NOTE   ] " << c10::toString(dtype)
+                << " models not tested: this LibTorch has no CPU matmul in that dtype\n";
+      RecordProperty("untested_model_dtype", c10::toString(dtype));
+      continue;
+    }
+    const PoolKind model_entries{"model", dtype, 16};
+    for (const PoolKind& kind : {model_entries, kFloat32Entries}) {
+      for (const EvictionPolicyOptions& policy :
+           {Policy(PolicyKind::kH2O, 12), Policy(PolicyKind::kTova, 9)}) {
+        SCOPED_TRACE(testing::Message()
+                     << c10::toString(dtype) << " model, " << c10::toString(kind.dtype) << " pool, "
+                     << PolicyName(policy.kind) << " budget " << policy.budget);
+        std::unique_ptr<ScoredPagedKVCache> paged = ScoredCache(FourLayerPool(16, kind), policy);
+        std::unique_ptr<PolicyKVCache> reference = PolicyCache(policy, dtype);
+        std::unique_ptr<DenseKVCache> dense = DenseCache(dtype);
+        ASSERT_TRUE(paged && reference && dense);
+        at::manual_seed(53);
+        int64_t position = 0;
+        double from_dense = 0;
+        const std::vector<int64_t> schedule = Schedules()[0];
+        for (const int64_t length : schedule) {
+          const KVStep step = ContiguousStep(position, length);
+          for (KVCache* cache :
+               {static_cast<KVCache*>(paged.get()), static_cast<KVCache*>(reference.get()),
+                static_cast<KVCache*>(dense.get())}) {
+            ASSERT_TRUE(cache->CheckStep(step, 1).ok()) << cache->DebugName();
+          }
+          for (int64_t layer = 0; layer < kFourLayers; ++layer) {
+            SCOPED_TRACE(testing::Message()
+                         << "layer " << layer << ", step of " << length << " at " << position);
+            const LayerInputs in = RandomInputs(layer, length);
+            const at::Tensor q = in.q.to(dtype), k = in.k.to(dtype), v = in.v.to(dtype);
+            const AttentionParams params = FourLayerParams(layer);
+            const absl::StatusOr<at::Tensor> a =
+                paged->UpdateAndAttend(layer, step, q, k, v, params);
+            const absl::StatusOr<at::Tensor> b =
+                reference->UpdateAndAttend(layer, step, q, k, v, params);
+            const absl::StatusOr<at::Tensor> c =
+                dense->UpdateAndAttend(layer, step, q, k, v, params);
+            ASSERT_TRUE(a.ok()) << a.status();
+            ASSERT_TRUE(b.ok() && c.ok());
+            ASSERT_EQ(a->scalar_type(), dtype);
+            EXPECT_TRUE(at::equal(*a, *b)) << MaxDifference(a->to(at::kFloat), b->to(at::kFloat));
+            from_dense = std::max(from_dense, MaxDifference(a->to(at::kFloat), c->to(at::kFloat)));
+            for (int64_t g = 0; g < FourLayerGeometry().layers[layer].n_query_groups; ++g) {
+              ASSERT_EQ(paged->KeptPositions(layer, g), reference->KeptPositions(layer, 0, g))
+                  << "group " << g;
+            }
+          }
+          position += length;
+        }
+        EXPECT_GT(from_dense, 1e-2);
+      }
+    }
+  }
+}
+
+// A bfloat16 model over int8 / int4 pools: its entries are encoded from their float32 widening,
+// so until the first eviction it attends within the codes' rounding of the same model over a
+// bfloat16 pool, and it never holds more than its slots' blocks.
+TEST(ScoredPagedKVCacheTest, SixteenBitModelsOverQuantisedPools) {
+  constexpr PoolKind kModelEntries{"bfloat16", at::kBFloat16, 16};
+  for (const PoolKind& kind :
+       {PoolKind{"int8", at::kBFloat16, 8}, PoolKind{"int4", at::kBFloat16, 4}}) {
+    const EvictionPolicyOptions policy = Policy(PolicyKind::kH2O, 12);
+    SCOPED_TRACE(kind.name);
+    std::unique_ptr<ScoredPagedKVCache> quantised = ScoredCache(FourLayerPool(16, kind), policy);
+    std::unique_ptr<ScoredPagedKVCache> model =
+        ScoredCache(FourLayerPool(16, kModelEntries), policy);
+    ASSERT_TRUE(quantised && model);
+    at::manual_seed(59);
+    int64_t position = 0;
+    double largest_error = 0;
+    const std::vector<int64_t> schedule = Schedules()[1];
+    for (const int64_t length : schedule) {
+      const KVStep step = ContiguousStep(position, length);
+      ASSERT_TRUE(quantised->CheckStep(step, 1).ok());
+      ASSERT_TRUE(model->CheckStep(step, 1).ok());
+      for (int64_t layer = 0; layer < kFourLayers; ++layer) {
+        SCOPED_TRACE(testing::Message()
+                     << "layer " << layer << ", step of " << length << " at " << position);
+        const LayerInputs in = RandomInputs(layer, length);
+        const at::Tensor q = in.q.to(at::kBFloat16), k = in.k.to(at::kBFloat16),
+                         v = in.v.to(at::kBFloat16);
+        const AttentionParams params = FourLayerParams(layer);
+        const absl::StatusOr<at::Tensor> a =
+            quantised->UpdateAndAttend(layer, step, q, k, v, params);
+        const absl::StatusOr<at::Tensor> b = model->UpdateAndAttend(layer, step, q, k, v, params);
+        ASSERT_TRUE(a.ok()) << a.status();
+        ASSERT_TRUE(b.ok()) << b.status();
+        ASSERT_EQ(a->scalar_type(), at::kBFloat16);
+        const double error = MaxDifference(a->to(at::kFloat), b->to(at::kFloat));
+        if (position + length <= policy.budget) {
+          EXPECT_LE(error, kind.bits == 4 ? 0.6 : 0.06);
+        }
+        largest_error = std::max(largest_error, error);
+      }
+      position += length;
+      EXPECT_LE(quantised->blocks_held(), MostBlocks(policy, 4)) << "at " << position;
+    }
+    EXPECT_GT(largest_error, 0.0);  // the entries really were quantised
+  }
+}
+
 // Random steps over blocks of 1 to 16 entries: BlocksNeeded is what a step takes, the cache
 // never holds more than ceil((budget + 1) / entries_per_block) blocks, so a pool of exactly that
 // many serves a long stream; a full pool refuses a step and takes nothing; Reset and
@@ -329,10 +446,13 @@ TEST(ScoredPagedKVCacheTest, RefusesWhatItDoesNotKeep) {
   EXPECT_EQ(cache->CheckStep(ContiguousStep(3, 2), 1).code(), absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE(cache->CheckStep(ContiguousStep(0, 2), 1).ok());
   const LayerInputs in = RandomInputs(0, 2);
-  const absl::StatusOr<at::Tensor> half =
-      cache->UpdateAndAttend(0, ContiguousStep(0, 2), in.q.to(at::kHalf), in.k.to(at::kHalf),
-                             in.v.to(at::kHalf), FourLayerParams(0));
-  EXPECT_EQ(half.status().code(), absl::StatusCode::kInvalidArgument);
+  const absl::StatusOr<at::Tensor> wide =
+      cache->UpdateAndAttend(0, ContiguousStep(0, 2), in.q.to(at::kDouble), in.k.to(at::kDouble),
+                             in.v.to(at::kDouble), FourLayerParams(0));
+  EXPECT_EQ(wide.status().code(), absl::StatusCode::kInvalidArgument);
+  const absl::StatusOr<at::Tensor> mixed = cache->UpdateAndAttend(
+      0, ContiguousStep(0, 2), in.q, in.k, in.v.to(at::kBFloat16), FourLayerParams(0));
+  EXPECT_EQ(mixed.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(
       cache->UpdateAndAttend(0, ContiguousStep(0, 2), in.q, in.k, in.v, FourLayerParams(0)).ok());
   EXPECT_EQ(cache->KeptPositions(0, 1), (std::vector<int64_t>{0, 1}));

@@ -67,6 +67,7 @@ std::vector<int64_t> AloneScored(GPTImpl& model, const Job& job, const Entries& 
       TestPool(model, (Length(job) + 3) / 4, 4, entries.dtype, entries.bits);
   KVCacheGeometry geometry;
   geometry.layers = model.CacheLayout();
+  geometry.dtype = model.dtype();
   absl::StatusOr<std::optional<EvictionPolicyOptions>> policy =
       ScoredPagedPolicyFor(job.spec, geometry, *pool);
   EXPECT_TRUE(policy.ok() && policy->has_value()) << DescribeKVCacheSpec(job.spec);
@@ -93,6 +94,7 @@ Outcome Serve(GPT model, const std::vector<Job>& jobs, const SchedulerOptions& o
               int64_t blocks, const Entries& entries) {
   KVCacheGeometry geometry;
   geometry.layers = model->CacheLayout();
+  geometry.dtype = model->dtype();
   KVMemoryOptions memory_options;
   memory_options.entries_per_block = 4;
   memory_options.prefix_caching = options.prefix_caching;
@@ -172,9 +174,8 @@ TEST_P(PoolEntriesTest, BatchedAndPreemptedRequestsEqualGenerateAlone) {
 // small for all at once: each keeps its slots in blocks of the pool's entries, is preempted and
 // recomputed like the others (its prompt in the same chunks, its tokens replayed), and gives
 // Generate's tokens alone with a ScoredPagedKVCache over such a pool; every block comes back.
-TEST_P(PoolEntriesTest, ScoringRequestsInPoolSlotsEqualGenerateAlone) {
-  const Entries entries = GetParam();
-  GPT model = GoldenModel("golden/llama2");
+// (16 requests, 12 of them h2o / tova, in 14 blocks of 4 `entries`.)
+void ExpectScoringRequestsEqualGenerateAlone(GPT model, const Entries& entries) {
   std::vector<Job> jobs = Jobs(*model, 16, 13);
   int64_t scoring = 0;
   for (size_t i = 0; i < jobs.size(); ++i) {
@@ -209,6 +210,19 @@ TEST_P(PoolEntriesTest, ScoringRequestsInPoolSlotsEqualGenerateAlone) {
   EXPECT_GT(outcome.stats.peak_decode_rows, 1);
   EXPECT_EQ(outcome.stats.pool_blocks, blocks);
   EXPECT_EQ(outcome.stats.pool_blocks_used, 0);
+}
+
+TEST_P(PoolEntriesTest, ScoringRequestsInPoolSlotsEqualGenerateAlone) {
+  ExpectScoringRequestsEqualGenerateAlone(GoldenModel("golden/llama2"), GetParam());
+}
+
+// A bfloat16 model's h2o and tova requests (the dtype of most released checkpoints) are paged
+// in a pool of its own entries too: ScoredPagedKVCache widens them to float32 on their way in,
+// exactly (float16 models: //cache:scored_paged_kv_cache_test, where this LibTorch has the ops).
+TEST(PoolEntriesModelDtypeTest, BFloat16ModelScoringRequestsEqualGenerateAlone) {
+  GPT model = GoldenModel("golden/llama2");
+  model->To(at::kCPU, at::kBFloat16);
+  ExpectScoringRequestsEqualGenerateAlone(model, Entries{"bfloat16", at::kBFloat16, 16});
 }
 
 // Prompts sharing a prefix: later requests attach the first one's blocks (copy-on-write of a

@@ -155,8 +155,10 @@ absl::StatusOr<std::optional<PagedEviction>> PagedEvictionFor(const KVCacheSpec&
 absl::StatusOr<std::optional<EvictionPolicyOptions>> ScoredPagedPolicyFor(
     const KVCacheSpec& spec, const KVCacheGeometry& geometry, const BlockPool& pool) {
   RETURN_IF_ERROR(ValidateKVCacheSpec(spec));
+  const bool model_dtype_kept = geometry.dtype == c10::kFloat || geometry.dtype == c10::kBFloat16 ||
+                                geometry.dtype == c10::kHalf;
   if (spec.bits != 16 || (spec.policy != "h2o" && spec.policy != "tova") ||
-      UsesCachePositions(spec) || geometry.dtype != c10::kFloat) {
+      UsesCachePositions(spec) || !model_dtype_kept) {
     return std::nullopt;
   }
   ASSIGN_OR_RETURN(EvictionPolicyOptions policy,
@@ -217,7 +219,8 @@ int64_t KVMemory::BlocksForStep(const KVLease& lease, int64_t steps, bool starte
 }
 
 bool KVMemory::Bounded(const KVLease& lease) {
-  return lease.use_ == KVLease::Use::kBytes || (lease.blocks_ != nullptr && lease.blocks_->evicts());
+  return lease.use_ == KVLease::Use::kBytes ||
+         (lease.blocks_ != nullptr && lease.blocks_->evicts());
 }
 
 bool KVMemory::Holds(const KVLease& lease) const {

@@ -266,8 +266,8 @@ TEST(KVMemoryTest, SinkAndWindowRequestsArePagedInABoundedRing) {
             absl::StatusCode::kInvalidArgument);
 }
 
-// h2o and tova requests of a float32 model keep budget + 1 slots in pool blocks, admitted by
-// that bound; what they cannot serve keeps a cache of its own.
+// h2o and tova requests keep budget + 1 slots in pool blocks, admitted by that bound (float32,
+// bfloat16 and float16 models alike); what they cannot serve keeps a cache of its own.
 TEST(KVMemoryTest, ScoringRequestsArePagedInTheirSlots) {
   std::unique_ptr<KVMemory> memory = Memory(16);
   KVCacheSpec tova = H2O();
@@ -298,13 +298,17 @@ TEST(KVMemoryTest, ScoringRequestsArePagedInTheirSlots) {
     EXPECT_EQ(memory->free_blocks(), 16);
     memory->Close(lease);
   }
+  for (const c10::ScalarType dtype : {c10::kBFloat16, c10::kHalf}) {
+    KVCacheGeometry geometry = Geometry();
+    geometry.dtype = dtype;
+    EXPECT_NE(dynamic_cast<ScoredPagedKVCache*>(memory->NewCache(tova, geometry, 32)->get()),
+              nullptr)
+        << c10::toString(dtype);
+  }
   KVCacheSpec int8 = H2O();
   int8.bits = 8;
-  KVCacheGeometry bfloat16 = Geometry();
-  bfloat16.dtype = c10::kBFloat16;
-  for (const auto& [spec, geometry] : {std::make_pair(Charged(), Geometry()),
-                                       std::make_pair(int8, Geometry()),
-                                       std::make_pair(H2O(), bfloat16)}) {
+  for (const auto& [spec, geometry] :
+       {std::make_pair(Charged(), Geometry()), std::make_pair(int8, Geometry())}) {
     EXPECT_EQ(dynamic_cast<ScoredPagedKVCache*>(memory->NewCache(spec, geometry, 32)->get()),
               nullptr)
         << DescribeKVCacheSpec(spec, geometry.dtype);
