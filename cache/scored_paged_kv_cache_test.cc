@@ -94,6 +94,53 @@ int64_t MostBlocks(const EvictionPolicyOptions& policy, int64_t entries_per_bloc
   return (budget + 1 + entries_per_block - 1) / entries_per_block;
 }
 
+// The same random keys, values and queries (seeded with `seed`, in `dtype`) through a scored
+// paged cache over `pool`, the policy cache of `policy` in `dtype` and a dense cache, over
+// `schedule`: every output equal to the policy cache's to the bit and the same positions kept in
+// every layer and group after every step; the paged cache never holds more than its slots'
+// blocks. `from_dense`: the largest difference from the dense cache's outputs.
+void ExpectAttendsAsThePolicyCache(const EvictionPolicyOptions& policy,
+                                   std::shared_ptr<BlockPool> pool, at::ScalarType dtype,
+                                   const std::vector<int64_t>& schedule, uint64_t seed,
+                                   double* from_dense) {
+  std::unique_ptr<ScoredPagedKVCache> paged = ScoredCache(std::move(pool), policy);
+  std::unique_ptr<PolicyKVCache> reference = PolicyCache(policy, dtype);
+  std::unique_ptr<DenseKVCache> dense = DenseCache(dtype);
+  ASSERT_TRUE(paged && reference && dense);
+  at::manual_seed(seed);
+  int64_t position = 0;
+  *from_dense = 0;
+  for (const int64_t length : schedule) {
+    const KVStep step = ContiguousStep(position, length);
+    for (KVCache* cache :
+         {static_cast<KVCache*>(paged.get()), static_cast<KVCache*>(reference.get()),
+          static_cast<KVCache*>(dense.get())}) {
+      ASSERT_TRUE(cache->CheckStep(step, 1).ok()) << cache->DebugName();
+    }
+    for (int64_t layer = 0; layer < kFourLayers; ++layer) {
+      SCOPED_TRACE(testing::Message()
+                   << "layer " << layer << ", step of " << length << " at " << position);
+      const LayerInputs in = RandomInputs(layer, length);
+      const at::Tensor q = in.q.to(dtype), k = in.k.to(dtype), v = in.v.to(dtype);
+      const AttentionParams params = FourLayerParams(layer);
+      const absl::StatusOr<at::Tensor> a = paged->UpdateAndAttend(layer, step, q, k, v, params);
+      const absl::StatusOr<at::Tensor> b = reference->UpdateAndAttend(layer, step, q, k, v, params);
+      const absl::StatusOr<at::Tensor> c = dense->UpdateAndAttend(layer, step, q, k, v, params);
+      ASSERT_TRUE(a.ok()) << a.status();
+      ASSERT_TRUE(b.ok() && c.ok());
+      ASSERT_EQ(a->scalar_type(), dtype);
+      EXPECT_TRUE(at::equal(*a, *b)) << MaxDifference(a->to(at::kFloat), b->to(at::kFloat));
+      *from_dense = std::max(*from_dense, MaxDifference(a->to(at::kFloat), c->to(at::kFloat)));
+      for (int64_t g = 0; g < FourLayerGeometry().layers[layer].n_query_groups; ++g) {
+        ASSERT_EQ(paged->KeptPositions(layer, g), reference->KeptPositions(layer, 0, g))
+            << "group " << g;
+      }
+    }
+    position += length;
+    EXPECT_LE(paged->blocks_held(), MostBlocks(policy, 4)) << "at " << position;
+  }
+}
+
 // The same random keys, values and queries through the scored paged cache (float32 pool), the
 // policy cache of the same policy and a dense cache, over streams mixing prompt chunks and
 // decoding steps: every output equal to the policy cache's to the bit, the same positions kept
@@ -106,43 +153,10 @@ TEST(ScoredPagedKVCacheTest, AttendsAndEvictsAsThePolicyCacheToTheBit) {
       SCOPED_TRACE(testing::Message()
                    << PolicyName(policy.kind) << " budget " << policy.budget << " layer budgets "
                    << policy.layer_budgets.size() << ", stream of " << schedule.size() << " steps");
-      std::unique_ptr<ScoredPagedKVCache> paged = ScoredCache(FourLayerPool(16), policy);
-      std::unique_ptr<PolicyKVCache> reference = PolicyCache(policy);
-      std::unique_ptr<DenseKVCache> dense = DenseCache();
-      ASSERT_TRUE(paged && reference && dense);
-      at::manual_seed(43);
-      int64_t position = 0;
       double from_dense = 0;
-      for (const int64_t length : schedule) {
-        const KVStep step = ContiguousStep(position, length);
-        for (KVCache* cache :
-             {static_cast<KVCache*>(paged.get()), static_cast<KVCache*>(reference.get()),
-              static_cast<KVCache*>(dense.get())}) {
-          ASSERT_TRUE(cache->CheckStep(step, 1).ok()) << cache->DebugName();
-        }
-        for (int64_t layer = 0; layer < kFourLayers; ++layer) {
-          SCOPED_TRACE(testing::Message()
-                       << "layer " << layer << ", step of " << length << " at " << position);
-          const LayerInputs in = RandomInputs(layer, length);
-          const AttentionParams params = FourLayerParams(layer);
-          const absl::StatusOr<at::Tensor> a =
-              paged->UpdateAndAttend(layer, step, in.q, in.k, in.v, params);
-          const absl::StatusOr<at::Tensor> b =
-              reference->UpdateAndAttend(layer, step, in.q, in.k, in.v, params);
-          const absl::StatusOr<at::Tensor> c =
-              dense->UpdateAndAttend(layer, step, in.q, in.k, in.v, params);
-          ASSERT_TRUE(a.ok()) << a.status();
-          ASSERT_TRUE(b.ok() && c.ok());
-          EXPECT_TRUE(at::equal(*a, *b)) << MaxDifference(*a, *b);
-          from_dense = std::max(from_dense, MaxDifference(*a, *c));
-          for (int64_t g = 0; g < FourLayerGeometry().layers[layer].n_query_groups; ++g) {
-            ASSERT_EQ(paged->KeptPositions(layer, g), reference->KeptPositions(layer, 0, g))
-                << "group " << g;
-          }
-        }
-        position += length;
-        EXPECT_LE(paged->blocks_held(), MostBlocks(policy, 4)) << "at " << position;
-      }
+      ExpectAttendsAsThePolicyCache(policy, FourLayerPool(16), at::kFloat, schedule, 43,
+                                    &from_dense);
+      if (HasFatalFailure()) return;
       EXPECT_GT(from_dense, 1e-3);
     }
   }
@@ -226,45 +240,10 @@ TEST(ScoredPagedKVCacheTest, SixteenBitModelsAttendAsThePolicyCache) {
         SCOPED_TRACE(testing::Message()
                      << c10::toString(dtype) << " model, " << c10::toString(kind.dtype) << " pool, "
                      << PolicyName(policy.kind) << " budget " << policy.budget);
-        std::unique_ptr<ScoredPagedKVCache> paged = ScoredCache(FourLayerPool(16, kind), policy);
-        std::unique_ptr<PolicyKVCache> reference = PolicyCache(policy, dtype);
-        std::unique_ptr<DenseKVCache> dense = DenseCache(dtype);
-        ASSERT_TRUE(paged && reference && dense);
-        at::manual_seed(53);
-        int64_t position = 0;
         double from_dense = 0;
-        const std::vector<int64_t> schedule = Schedules()[0];
-        for (const int64_t length : schedule) {
-          const KVStep step = ContiguousStep(position, length);
-          for (KVCache* cache :
-               {static_cast<KVCache*>(paged.get()), static_cast<KVCache*>(reference.get()),
-                static_cast<KVCache*>(dense.get())}) {
-            ASSERT_TRUE(cache->CheckStep(step, 1).ok()) << cache->DebugName();
-          }
-          for (int64_t layer = 0; layer < kFourLayers; ++layer) {
-            SCOPED_TRACE(testing::Message()
-                         << "layer " << layer << ", step of " << length << " at " << position);
-            const LayerInputs in = RandomInputs(layer, length);
-            const at::Tensor q = in.q.to(dtype), k = in.k.to(dtype), v = in.v.to(dtype);
-            const AttentionParams params = FourLayerParams(layer);
-            const absl::StatusOr<at::Tensor> a =
-                paged->UpdateAndAttend(layer, step, q, k, v, params);
-            const absl::StatusOr<at::Tensor> b =
-                reference->UpdateAndAttend(layer, step, q, k, v, params);
-            const absl::StatusOr<at::Tensor> c =
-                dense->UpdateAndAttend(layer, step, q, k, v, params);
-            ASSERT_TRUE(a.ok()) << a.status();
-            ASSERT_TRUE(b.ok() && c.ok());
-            ASSERT_EQ(a->scalar_type(), dtype);
-            EXPECT_TRUE(at::equal(*a, *b)) << MaxDifference(a->to(at::kFloat), b->to(at::kFloat));
-            from_dense = std::max(from_dense, MaxDifference(a->to(at::kFloat), c->to(at::kFloat)));
-            for (int64_t g = 0; g < FourLayerGeometry().layers[layer].n_query_groups; ++g) {
-              ASSERT_EQ(paged->KeptPositions(layer, g), reference->KeptPositions(layer, 0, g))
-                  << "group " << g;
-            }
-          }
-          position += length;
-        }
+        ExpectAttendsAsThePolicyCache(policy, FourLayerPool(16, kind), dtype, Schedules()[0], 53,
+                                      &from_dense);
+        if (HasFatalFailure()) return;
         EXPECT_GT(from_dense, 1e-2);
       }
     }
