@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/base/status_macros.h"
+#include "core/ops/block_quant_device.h"
 
 namespace lgpt {
 
@@ -67,8 +68,12 @@ std::vector<torch::nn::Module*> ProjectionsAndFlatInner(GPTImpl& model) {
 }  // namespace
 
 absl::Status QuantizeModel(GPTImpl& model) {
-  if (!model.device().is_cpu() || model.dtype() != c10::kFloat) {
-    return absl::FailedPreconditionError("weight quantisation needs a float32 model on the CPU");
+  const c10::Device device = model.device();
+  if (!(device.is_cpu() && model.dtype() == c10::kFloat) && !device.is_cuda()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("weight quantisation needs a float32 model on the CPU or a model on a CUDA "
+                     "device; this one is ",
+                     c10::toString(model.dtype()), " on ", device.str()));
   }
   // A tied model's head and embedding are one table: quantised once, shared.
   auto* head = dynamic_cast<BlockQuantProjectionImpl*>(model.lm_head.get());
@@ -83,6 +88,11 @@ absl::Status QuantizeModel(GPTImpl& model) {
       format = block->options().format;
       ++quantized;
     } else if (auto* int8 = dynamic_cast<Int8ProjectionImpl*>(module)) {
+      if (!device.is_cpu()) {
+        return absl::FailedPreconditionError(
+            "the per-channel int8 format (Int8ModelParts) quantises CPU models only; the "
+            "block formats (QuantizedModelParts) serve CUDA models");
+      }
       RETURN_IF_ERROR(int8->Quantize());
       ++quantized;
     }
@@ -103,7 +113,7 @@ absl::Status QuantizeModel(GPTImpl& model) {
   if (!table.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("transformer.wte: ", table.status().message()));
   }
-  return model.SetQuantizedEmbedding(*std::move(table));
+  return model.SetQuantizedEmbedding(BlockQuantWeightTo(*table, device));
 }
 
 absl::Status QuantizeModelInt8(GPTImpl& model) { return QuantizeModel(model); }

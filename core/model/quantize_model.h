@@ -44,9 +44,10 @@ ModelParts QuantizedModelParts(WeightQuantization quantization);
 ModelParts Int8ModelParts(const Int8Options& options = {});
 
 // Quantises every quantisable projection of `model` (built with QuantizedModelParts or
-// Int8ModelParts) and frees their float weights. The model must be on the CPU in float32
-// (move it first); quantising twice is a no-op. FailedPrecondition when nothing is
-// quantisable.
+// Int8ModelParts) and frees their float weights. The model must be on the CPU in float32, or
+// on a CUDA device in any float dtype with the block formats (move it first: the quantised
+// weights stay where the float ones were); quantising twice is a no-op. FailedPrecondition
+// when nothing is quantisable or the model is elsewhere.
 absl::Status QuantizeModel(GPTImpl& model);
 // The same; the name of the int8-only days.
 absl::Status QuantizeModelInt8(GPTImpl& model);

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/base/device.h"
 #include "core/config/config.h"
 #include "core/model/checkpoint.h"
 #include "core/model/generate.h"
@@ -118,9 +119,9 @@ TEST_P(BlockQuantModel, CloseToFloatAndDecodeMatchesFullForward) {
   // The embedding too: only norms stay float32 (int8 0.27x, int4 0.15x of the bytes).
   EXPECT_TRUE(q.model->quantized_embedding().defined());
   EXPECT_EQ(q.model->transformer->wte->weight.numel(), 0);
-  EXPECT_LT(static_cast<double>(ModelWeightBytes(*q.model)),
-            ModelWeightBytes(*f32.model) *
-                (c.quantization == WeightQuantization::kInt4 ? 0.16 : 0.28));
+  EXPECT_LT(
+      static_cast<double>(ModelWeightBytes(*q.model)),
+      ModelWeightBytes(*f32.model) * (c.quantization == WeightQuantization::kInt4 ? 0.16 : 0.28));
 
   const at::Tensor tokens = Tokens(40);
   const at::Tensor expected = *f32.model->Forward(tokens);
@@ -154,13 +155,54 @@ TEST_P(BlockQuantModel, CloseToFloatAndDecodeMatchesFullForward) {
               static_cast<long long>(CommonPrefix(reference, quantised)));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Formats, BlockQuantModel,
-    ::testing::Values(BlockCase{WeightQuantization::kInt8, 0.02, 0.9, 16},
-                      BlockCase{WeightQuantization::kInt4, 0.12, 0.8, 2}),
-    [](const ::testing::TestParamInfo<BlockCase>& info) {
-      return std::string(WeightQuantizationName(info.param.quantization));
-    });
+INSTANTIATE_TEST_SUITE_P(Formats, BlockQuantModel,
+                         ::testing::Values(BlockCase{WeightQuantization::kInt8, 0.02, 0.9, 16},
+                                           BlockCase{WeightQuantization::kInt4, 0.12, 0.8, 2}),
+                         [](const ::testing::TestParamInfo<BlockCase>& info) {
+                           return std::string(WeightQuantizationName(info.param.quantization));
+                         });
+
+// A model quantised on a CUDA device keeps its quantised weights there (the embedding table
+// too) and computes what the CPU's does: a prompt's rows through the weights dequantised on the
+// device and cuBLAS, decoding steps through the CUDA GEMV (activations quantised like the
+// CPU's), each within the int8 activation rounding of the CPU's logits; float32 and bfloat16.
+TEST_P(BlockQuantModel, OnCudaAsOnTheCpu) {
+  if (!CudaAvailable()) GTEST_SKIP() << "skipped: no CUDA device";
+  at::NoGradGuard no_grad;
+  const BlockCase c = GetParam();
+  const c10::Device cuda(c10::kCUDA, 0);
+  LoadedModel cpu = Load(QuantizedModelParts(c.quantization));
+  ASSERT_TRUE(QuantizeModel(*cpu.model).ok());
+  const at::Tensor tokens = Tokens(40);
+  const at::Tensor expected = *cpu.model->Forward(tokens);  // [1, 40, vocab]
+  for (c10::ScalarType dtype : {c10::kFloat, c10::kBFloat16}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    LoadedModel gpu = Load(QuantizedModelParts(c.quantization));
+    gpu.model->To(cuda, dtype);
+    const absl::Status quantised = QuantizeModel(*gpu.model);
+    ASSERT_TRUE(quantised.ok()) << quantised;
+    EXPECT_TRUE(gpu.model->quantized_embedding().values.device().is_cuda());
+    for (const auto& module : gpu.model->modules()) {
+      if (auto* p = dynamic_cast<BlockQuantProjectionImpl*>(module.get())) {
+        EXPECT_TRUE(p->quantized_weight().values.device().is_cuda());
+      }
+    }
+    const double bound = dtype == c10::kFloat ? 0.02 : 0.05;
+    const at::Tensor full = gpu.model->Forward(tokens.to(cuda))->to(at::kCPU, at::kFloat);
+    EXPECT_LT(((full - expected).norm() / expected.norm()).item<double>(), bound);
+    auto cache = *gpu.model->NewDenseCache(1, 40, 40);
+    for (int64_t t = 0; t < 40; ++t) {
+      ForwardOptions step;
+      step.positions = at::full({1, 1}, t, at::TensorOptions(at::kLong).device(cuda));
+      const at::Tensor logits =
+          gpu.model->Forward(tokens.narrow(1, t, 1).to(cuda), cache.get(), step)
+              ->to(at::kCPU, at::kFloat);
+      ASSERT_LT(((logits[0][0] - expected[0][t]).norm() / expected[0][t].norm()).item<double>(),
+                bound)
+          << "position " << t;
+    }
+  }
+}
 
 // A tied model (lm_head equal to the embedding) keeps one quantised table for both: the
 // embedding rows are the head's rows dequantised, and the bytes are counted once.
@@ -180,10 +222,10 @@ TEST(BlockQuantModel, TiedHeadAndEmbeddingShareOneTable) {
   EXPECT_TRUE(at::equal(DequantizeBlockRows(embedding, ids),
                         DequantizeBlocks(head->quantized_weight()).index_select(0, ids)));
   // Within a q4 step of the float rows.
-  EXPECT_LT((DequantizeBlockRows(embedding, ids) - table.index_select(0, ids)).abs().max().item<float>(),
-            table.abs().max().item<float>() / 7);
-  EXPECT_EQ(ModelWeightBytes(*untied.model) - ModelWeightBytes(*tied.model),
-            embedding.bytes());
+  EXPECT_LT(
+      (DequantizeBlockRows(embedding, ids) - table.index_select(0, ids)).abs().max().item<float>(),
+      table.abs().max().item<float>() / 7);
+  EXPECT_EQ(ModelWeightBytes(*untied.model) - ModelWeightBytes(*tied.model), embedding.bytes());
 }
 
 // MoE experts go through the same factory: a 4-expert model quantises every expert and

@@ -6,13 +6,19 @@
 // by the block format and frees it (the "weight" parameter stays registered, empty).
 // core/model/quantize_model.h quantises a whole model built with this factory.
 //
+// The quantised weight lives on the device of the float weight it replaced.
+//
 // Quantised forward:
 //   - CPU float32 input without autograd, any number of rows (decoding, batched decoding,
 //     prefill): the integer GEMV of core/ops/block_quant.h, reading each weight byte once per
 //     call (1.125 bytes per weight for q8_0, 0.625 for q4_0) and quantising the activations
 //     to int8 per 32-block. A row's result does not depend on the other rows, so prefill,
 //     chunked prefill, decoding and batched decoding compute every row alike.
-//   - anything else (autograd, other devices or dtypes): the weight is dequantised per call
+//   - CUDA input without autograd (any float dtype, computed in float32): up to
+//     kDeviceGemvMaxRows rows the CUDA GEMV of core/ops/block_quant_device.h (the same
+//     activation quantisation and integer dots; rows batch-invariant); more rows (prefill)
+//     dequantise the weight on the device to the input's dtype and multiply through cuBLAS.
+//   - anything else (autograd, other dtypes on the CPU): the weight is dequantised per call
 //     (N x K floats, freed after) and multiplied with at::linear; an autograd function keeps
 //     only the quantised weight for the backward pass.
 // Projections whose in_features is not a multiple of 32 cannot be blocked: the factory
@@ -52,6 +58,9 @@ class BlockQuantProjectionImpl : public DenseProjectionImpl {
   const BlockQuantOptions& options() const { return options_; }
 
  private:
+  at::Tensor CpuGemv(const at::Tensor& x) const;        // x on the CPU, float32
+  at::Tensor DeviceForward(const at::Tensor& x) const;  // x on the weight's CUDA device
+
   LinearSpec spec_;
   BlockQuantOptions options_;
   BlockQuantWeight quantized_;

@@ -23,6 +23,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/ops/block_quant_layout.h"
 #include "core/ops/gemv.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -39,20 +40,19 @@
 namespace lgpt {
 namespace {
 
-constexpr int64_t kGroup = kQuantRowGroup;
-// Weight elements per 4-byte lane of a chunk, and chunks per block.
-constexpr int64_t kLaneBytes = 4;
-constexpr int64_t kChunkBytes = kGroup * kLaneBytes;  // 64: one 512-bit load
-// Bytes of one (row group, block) tile: q8 8 chunks, q4 4 chunks (two nibbles a byte).
-constexpr int64_t kQ8TileBytes = kQuantBlock * kGroup;
-constexpr int64_t kQ4TileBytes = kQuantBlock * kGroup / 2;
-// The stored byte is q + offset: unsigned for dpbusd/maddubs. The offset is removed once per
-// block and activation row (offset x the row's block sum), whatever the weight row.
-constexpr int kQ8Offset = 128;
-constexpr int kQ4Offset = 8;
-// Blocks whose largest magnitude is below this quantise to zeros (their inverse scale would
-// overflow to infinity).
-constexpr float kTinyScale = 1e-30f;
+// The tile layout, its constants and the portable arithmetic are block_quant_layout.h's,
+// shared with the CUDA GEMV and its twin.
+using block_quant::kChunkBytes;
+using block_quant::kGroup;
+using block_quant::kLaneBytes;
+using block_quant::kQ4Offset;
+using block_quant::kQ4TileBytes;
+using block_quant::kQ8Offset;
+using block_quant::kQ8TileBytes;
+using block_quant::kTinyScale;
+using block_quant::RoundToInt;
+static_assert(block_quant::kBlock == kQuantBlock && block_quant::kGroup == kQuantRowGroup);
+static_assert(kChunkBytes == kGroup * kLaneBytes);
 // Where the AMX kernel takes over from VNNI (AmxDispatch).
 std::atomic<int64_t> amx_min_rows{AmxDispatch().min_rows};
 std::atomic<int64_t> amx_q4_min_outputs{AmxDispatch().q4_min_outputs};
@@ -75,17 +75,6 @@ bool CpuHasAmxInt8() {
 
 int64_t TileBytes(BlockFormat format) {
   return format == BlockFormat::kQ4_0 ? kQ4TileBytes : kQ8TileBytes;
-}
-
-// Where element e (0..31) of block b of a row at `lane` of its group lives inside the tile:
-// q8 byte index, or q4 byte index plus whether it is the high nibble.
-inline int64_t Q8ByteInTile(int64_t lane, int64_t e) {
-  return (e / kLaneBytes) * kChunkBytes + lane * kLaneBytes + e % kLaneBytes;
-}
-inline int64_t Q4ByteInTile(int64_t lane, int64_t e, bool* high) {
-  const int64_t pair = e / (2 * kLaneBytes), within = e % (2 * kLaneBytes);
-  *high = within >= kLaneBytes;
-  return pair * kChunkBytes + lane * kLaneBytes + within % kLaneBytes;
 }
 
 // Everything a kernel reads; pointers stay valid for the whole call.
@@ -115,7 +104,6 @@ struct GemvArgs {
 void GemvPortable(bool q4, const GemvArgs& a, int64_t rows, int64_t group_begin,
                   int64_t group_end) {
   const int64_t tile_bytes = q4 ? kQ4TileBytes : kQ8TileBytes;
-  const int offset = q4 ? kQ4Offset : kQ8Offset;
   for (int64_t g = group_begin; g < group_end; ++g) {
     for (int64_t lane = 0; lane < kGroup && g * kGroup + lane < a.n_out; ++lane) {
       const int64_t n = g * kGroup + lane;
@@ -124,20 +112,9 @@ void GemvPortable(bool q4, const GemvArgs& a, int64_t rows, int64_t group_begin,
         for (int64_t b = 0; b < a.blocks; ++b) {
           const uint8_t* tile = a.Tile(g, b, tile_bytes);
           const int8_t* xb = a.xq + m * a.k + b * kQuantBlock;
-          int32_t dot = 0;
-          for (int64_t e = 0; e < kQuantBlock; ++e) {
-            int stored;
-            if (q4) {
-              bool high;
-              const uint8_t byte = tile[Q4ByteInTile(lane, e, &high)];
-              stored = high ? byte >> 4 : byte & 15;
-            } else {
-              stored = tile[Q8ByteInTile(lane, e)];
-            }
-            dot += (stored - offset) * int32_t{xb[e]};
-          }
-          const float scale = c10::detail::fp16_ieee_to_fp32_value(a.Scales(g, b)[lane]);
-          acc = std::fma(static_cast<float>(dot), scale * a.xs[m * a.blocks + b], acc);
+          const int32_t dot = block_quant::BlockDot(tile, q4, lane, xb);
+          acc =
+              block_quant::AccumulateBlock(acc, dot, a.Scales(g, b)[lane], a.xs[m * a.blocks + b]);
         }
         a.y[m * a.n_out + n] = acc + (a.bias != nullptr ? a.bias[n] : 0.0f);
       }
@@ -597,30 +574,12 @@ void GemvRange(QuantKernel kernel, bool q4, const GemvArgs& a, int64_t rows, int
   GemvPortable(q4, a, rows, begin, end);
 }
 
-// Rounds |v| < 2^22 to the nearest integer, ties to even, as the default rounding mode and
-// _mm256_cvtps_epi32 do: adding and subtracting 1.5 * 2^23 leaves no fraction bits. (A
-// std::nearbyint call per element would cost more than the whole quantisation.)
-inline int RoundToInt(float v) {
-  constexpr float kMagic = 12582912.0f;
-  return static_cast<int>((v + kMagic) - kMagic);
-}
-
 // QuantizeRows's portable loop over `blocks` consecutive 32-blocks.
 void QuantizeBlocksOfRow(const float* x, int64_t blocks, int8_t* values, float* scales,
                          int32_t* sums) {
   for (int64_t i = 0; i < blocks; ++i) {
-    const float* block = x + i * kQuantBlock;
-    float amax = 0;
-    for (int64_t j = 0; j < kQuantBlock; ++j) amax = std::max(amax, std::fabs(block[j]));
-    const float inverse = amax > kTinyScale ? 127.0f / amax : 0.0f;
-    int8_t* q = values + i * kQuantBlock;
-    int32_t sum = 0;
-    for (int64_t j = 0; j < kQuantBlock; ++j) {
-      q[j] = static_cast<int8_t>(std::clamp(RoundToInt(block[j] * inverse), -127, 127));
-      sum += q[j];
-    }
-    scales[i] = amax / 127.0f;
-    sums[i] = sum;
+    scales[i] = block_quant::QuantizeActivationBlock(x + i * kQuantBlock, values + i * kQuantBlock,
+                                                     &sums[i]);
   }
 }
 
@@ -833,11 +792,11 @@ absl::StatusOr<BlockQuantWeight> QuantizeBlocks(const at::Tensor& weight, BlockF
           for (int64_t e = 0; e < kQuantBlock; ++e) {
             if (q4) {
               bool high;
-              uint8_t& byte = tile[Q4ByteInTile(lane, e, &high)];
+              uint8_t& byte = tile[block_quant::Q4ByteInTile(lane, e, &high)];
               const int stored = q[e] + kQ4Offset;
               byte = high ? (byte & 15) | (stored << 4) : (byte & 0xF0) | stored;
             } else {
-              tile[Q8ByteInTile(lane, e)] = static_cast<uint8_t>(q[e] + kQ8Offset);
+              tile[block_quant::Q8ByteInTile(lane, e)] = static_cast<uint8_t>(q[e] + kQ8Offset);
             }
           }
         }
@@ -858,13 +817,14 @@ absl::Status CheckBlockQuantWeight(const BlockQuantWeight& w) {
   const std::vector<int64_t> scales_shape = {groups, blocks, kGroup};
   const auto ok = [](const at::Tensor& t, at::ScalarType dtype, const std::vector<int64_t>& shape) {
     return t.defined() && t.scalar_type() == dtype && t.sizes() == at::IntArrayRef(shape) &&
-           t.is_contiguous() && t.device().is_cpu();
+           t.is_contiguous();
   };
-  if (!ok(w.values, at::kByte, values_shape) || !ok(w.scales, at::kHalf, scales_shape)) {
+  if (!ok(w.values, at::kByte, values_shape) || !ok(w.scales, at::kHalf, scales_shape) ||
+      w.values.device() != w.scales.device()) {
     return absl::InvalidArgumentError(
         absl::StrCat(BlockFormatName(w.format), " weight [", n, ", ", k, "] must be uint8 values [",
                      absl::StrJoin(values_shape, ", "), "] and float16 scales [",
-                     absl::StrJoin(scales_shape, ", "), "], contiguous, on the CPU"));
+                     absl::StrJoin(scales_shape, ", "), "], contiguous, on one device"));
   }
   return absl::OkStatus();
 }
@@ -872,8 +832,9 @@ absl::Status CheckBlockQuantWeight(const BlockQuantWeight& w) {
 at::Tensor DequantizeBlockRows(const BlockQuantWeight& weight, const at::Tensor& rows) {
   TORCH_CHECK(weight.defined(), "DequantizeBlockRows: undefined weight");
   using at::indexing::Slice;
-  const at::Tensor index = rows.to(at::kCPU, at::kLong).contiguous().view({-1});
-  if (index.numel() <= 16) return DecodeFewRows(weight, index);
+  // The index lives where the weight does (a CUDA table is read on its device).
+  const at::Tensor index = rows.to(weight.values.device(), at::kLong).contiguous().view({-1});
+  if (index.numel() <= 16 && index.device().is_cpu()) return DecodeFewRows(weight, index);
   const at::Tensor groups = at::floor_divide(index, kGroup);
   const at::Tensor lanes = index - groups * kGroup;
   // Only the requested rows' bytes are read: [R, blocks, chunks, 4] and [R, blocks].
@@ -972,6 +933,8 @@ void BlockQuantGemv(const BlockQuantWeight& weight, const float* bias, const flo
                     int64_t rows, QuantKernel kernel) {
   TORCH_CHECK(weight.defined() && weight.in_features % kQuantBlock == 0,
               "BlockQuantGemv: bad weight");
+  TORCH_CHECK(weight.values.device().is_cpu(), "BlockQuantGemv: the weight is on ",
+              weight.values.device().str(), ", not the CPU (BlockQuantGemvByParts serves devices)");
   TORCH_CHECK(QuantKernelAvailable(kernel), "BlockQuantGemv: kernel ", QuantKernelName(kernel),
               " is not available on this CPU");
   const int64_t k = weight.in_features;

@@ -64,18 +64,20 @@ struct BlockQuantWeight {
   int64_t bytes() const;
 };
 
-// Quantises a float [N, K] weight (any float dtype or device; the result is on the CPU).
+// Quantises a float [N, K] weight (any float dtype or device; the result is on the CPU:
+// BlockQuantWeightTo in block_quant_device.h moves it).
 // InvalidArgument when it is not 2-D, K is not a multiple of kQuantBlock, or an element is
 // not finite or too large for a half scale (|w| > 65504 x 127 for q8, x 7 for q4).
 absl::StatusOr<BlockQuantWeight> QuantizeBlocks(const at::Tensor& weight, BlockFormat format);
 
 // OK when `weight` is well formed for its out_features, in_features and format: uint8
-// values [G, K / 32, T] and half scales [G, K / 32, 16], contiguous, on the CPU (what the
-// kernels may read without further checks). InvalidArgument saying what differs otherwise.
+// values [G, K / 32, T] and half scales [G, K / 32, 16], contiguous, on one device (what the
+// kernels of that device may read without further checks; BlockQuantGemv reads CPU weights,
+// block_quant_device.h's GEMV CUDA ones). InvalidArgument saying what differs otherwise.
 absl::Status CheckBlockQuantWeight(const BlockQuantWeight& weight);
 
 // The float32 [N, K] weight a BlockQuantWeight stands for (rows [begin, end) of it with the
-// second form: an embedding lookup dequantises only the rows it needs).
+// second form: an embedding lookup dequantises only the rows it needs), on the weight's device.
 at::Tensor DequantizeBlocks(const BlockQuantWeight& weight);
 at::Tensor DequantizeBlockRows(const BlockQuantWeight& weight, const at::Tensor& rows);
 
