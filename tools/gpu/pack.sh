@@ -21,6 +21,8 @@ TESTS=(
   //core/ops:cuda_build_test
   //core/ops:kv_slot_write_test
   //core/ops:paged_attention_test
+  //core/ops:block_quant_device_test
+  //core/model:quantize_model_test
   //cache:paged_kv_cache_test
   //cache:routing_kv_cache_test
   //core/base:device_test
@@ -29,9 +31,10 @@ TESTS=(
 BENCHMARKS=(
   //core/ops:kv_slot_write_benchmark
   //core/ops:paged_attention_benchmark
+  //core/ops:block_quant_device_benchmark
   //core/model:gpt_benchmark
 )
-DATA=(tests/testdata/golden tests/testdata/golden_extra)
+DATA=(tests/testdata/golden tests/testdata/golden_extra tools/default_model)
 MAX_MIB=60
 
 ./lgpt setup --cuda

@@ -68,6 +68,9 @@ timeout 150 bin/paged_attention_benchmark --benchmark_filter=cuda --benchmark_mi
   >"$results/paged_attention_benchmark.txt" 2>&1
 grep -E '^BM_' "$results/paged_attention_benchmark.txt" || tail -5 "$results/paged_attention_benchmark.txt"
 echo "== model (float32, random weights)"
+timeout 60 bin/block_quant_device_benchmark --benchmark_filter=cuda --benchmark_min_time=0.2 \
+  >"$results/block_quant_device_benchmark.txt" 2>&1
+grep -E '^BM_' "$results/block_quant_device_benchmark.txt" || tail -5 "$results/block_quant_device_benchmark.txt"
 timeout 180 bin/gpt_benchmark --benchmark_filter='(Prefill/llama-110m/512|Decode/llama-110m/(128|512))' \
   --benchmark_min_time=0.5 >"$results/gpt_benchmark.txt" 2>&1
 grep -E '^(Prefill|Decode)' "$results/gpt_benchmark.txt" || tail -5 "$results/gpt_benchmark.txt"
