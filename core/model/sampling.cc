@@ -313,6 +313,13 @@ int64_t DrawIndex(absl::Span<const double> weights, at::Generator& generator) {
 absl::StatusOr<at::Tensor> SampleNext(const at::Tensor& logits, const SamplingOptions& options,
                                       at::Generator& generator) {
   try {
+    if (!IsGreedy(options) && !logits.device().is_cpu() &&
+        (!generator.defined() || generator.device().is_cpu())) {
+      // A CPU generator draws on the host: a device's rows are read back first (V floats a
+      // row, where the drawn id alone would cross otherwise), so a seed draws the same tokens
+      // on every device, and no tensor operation meets a generator of another device.
+      return SampleNext(logits.to(at::kCPU, at::kFloat).contiguous(), options, generator);
+    }
     if (std::optional<at::Tensor> greedy = GreedyOnHost(logits, options)) return *greedy;
     if (std::optional<at::Tensor> drawn = SampleOnHost(logits, options, generator)) return *drawn;
     const at::Tensor scores = logits.to(at::kFloat);  // [B, V]

@@ -48,7 +48,10 @@ struct SamplingOptions {
 // vocabulary are the request's check: the model knows its size).
 absl::Status ValidateSampling(const SamplingOptions& options);
 
-// logits [B, V] -> next token ids [B] (int64). `generator` drives the random draws.
+// logits [B, V] -> next token ids [B] (int64). `generator` drives the random draws. Greedy
+// rows are chosen on the logits' device; with a CPU generator (as every lgpt caller makes) other
+// rows are drawn on the host, a device's rows read back first: a seed gives the same tokens for
+// the same logits on every device.
 // FailedPrecondition when a row of logits holds NaN or +inf, or nothing but -inf (a model with
 // non-finite weights or activations): no token is drawn from a broken distribution.
 absl::StatusOr<at::Tensor> SampleNext(const at::Tensor& logits, const SamplingOptions& options,

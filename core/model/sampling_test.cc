@@ -10,6 +10,7 @@
 #include <set>
 #include <vector>
 
+#include "core/base/device.h"
 #include "gtest/gtest.h"
 
 namespace lgpt {
@@ -77,6 +78,32 @@ TEST(SamplingTest, SameSeedSameDraws) {
 
 // Empirical frequencies over many draws match softmax(logits / T): a sampler that ignored its
 // temperature or its generator would fail here.
+// A CPU generator draws a CUDA row's token as it draws the same row on the CPU (the row is
+// read back), with every option; tensor operations never meet a generator of another device.
+TEST(SamplingTest, CudaRowsDrawAsOnTheCpuForTheSameSeed) {
+  if (!CudaAvailable()) GTEST_SKIP() << "skipped: no CUDA device";
+  const c10::Device cuda(c10::kCUDA, 0);
+  at::manual_seed(11);
+  const at::Tensor logits = at::randn({3, 1000}) * 3;  // [B, V]
+  for (const SamplingOptions& options :
+       {SamplingOptions{0.8}, SamplingOptions{1.0, 50}, SamplingOptions{0.7, 0, 0.9}}) {
+    at::Generator on_cpu = at::make_generator<at::CPUGeneratorImpl>(42);
+    at::Generator for_cuda = at::make_generator<at::CPUGeneratorImpl>(42);
+    for (int step = 0; step < 5; ++step) {
+      const absl::StatusOr<at::Tensor> expected = SampleNext(logits, options, on_cpu);
+      const absl::StatusOr<at::Tensor> drawn = SampleNext(logits.to(cuda), options, for_cuda);
+      ASSERT_TRUE(expected.ok() && drawn.ok()) << drawn.status();
+      EXPECT_TRUE(at::equal(drawn->cpu(), *expected)) << "step " << step;
+    }
+  }
+  // Greedy rows stay on their device.
+  at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(1);
+  const absl::StatusOr<at::Tensor> greedy =
+      SampleNext(logits.to(cuda), SamplingOptions{0.0}, generator);
+  ASSERT_TRUE(greedy.ok());
+  EXPECT_TRUE(at::equal(greedy->cpu(), logits.argmax(-1)));
+}
+
 TEST(SamplingTest, DrawsFollowTheTemperedDistribution) {
   const at::Tensor logits = at::tensor({1.0f, 0.0f, -1.0f, 2.0f}).view({1, 4});
   constexpr int kDraws = 20000;

@@ -23,6 +23,7 @@ TESTS=(
   //core/ops:paged_attention_test
   //core/ops:block_quant_device_test
   //core/model:quantize_model_test
+  //core/model:sampling_test
   //cache:paged_kv_cache_test
   //cache:routing_kv_cache_test
   //core/base:device_test
