@@ -133,9 +133,12 @@ at::Tensor BlockQuantProjectionImpl::CpuGemv(const at::Tensor& x) const {
 at::Tensor BlockQuantProjectionImpl::DeviceForward(const at::Tensor& x) const {
   const int64_t k = quantized_.in_features, rows = x.numel() / k;
   if (rows > kDeviceGemvMaxRows) {
-    // Prefill: the weight dequantised once on the device, the product through cuBLAS.
-    const at::Tensor w = DequantizeBlocks(quantized_).to(x.scalar_type());  // [N, K]
-    return at::linear(x, w, bias.defined() ? bias.to(x.scalar_type()) : bias);
+    // Prefill: the weight dequantised once on the device (in x's dtype where the kernel
+    // writes it), the product through cuBLAS.
+    absl::StatusOr<at::Tensor> w = DequantizeBlocksTo(quantized_, x.scalar_type());  // [N, K]
+    const at::Tensor weight_in_x_dtype =
+        w.ok() ? *w : DequantizeBlocks(quantized_).to(x.scalar_type());
+    return at::linear(x, weight_in_x_dtype, bias.defined() ? bias.to(x.scalar_type()) : bias);
   }
   std::vector<int64_t> shape = x.sizes().vec();
   shape.back() = quantized_.out_features;

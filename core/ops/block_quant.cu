@@ -59,7 +59,55 @@ __global__ void __launch_bounds__(kThreads) GemvKernel(BlockQuantGemvArgs a) {
   }
 }
 
+// Thread i dequantises word i % words of row-block i / words (row-major: consecutive threads
+// write consecutive elements of a row).
+template <block_quant::OutputType Out, typename T>
+__global__ void DequantizeKernel(const uint8_t* tiles, const uint16_t* scales, int64_t n_out,
+                                 int64_t k, bool q4, T* out) {
+  const int64_t blocks = k / kBlock, words = q4 ? 4 : 8, per_word = kBlock / words;
+  const int64_t total = n_out * blocks * words;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t word = i % words, b = (i / words) % blocks, n = i / (words * blocks);
+    const int64_t group = n / kGroup, lane = n % kGroup;
+    const int64_t tile = group * blocks + b;
+    const float scale = paged::HalfToFloat(scales[tile * kGroup + lane]);
+    block_quant::DequantizeWord<Out>(tiles + tile * block_quant::TileBytes(q4), q4, lane, word,
+                                     scale, out + n * k + b * kBlock + word * per_word);
+  }
+}
+
+template <block_quant::OutputType Out, typename T>
+int LaunchDequantize(const uint8_t* tiles, const uint16_t* scales, int64_t n_out, int64_t k,
+                     bool q4, void* out, cudaStream_t stream) {
+  const int64_t total = n_out * (k / kBlock) * (q4 ? 4 : 8);
+  if (total == 0) return cudaSuccess;
+  const int64_t wanted = (total + 255) / 256;
+  DequantizeKernel<Out, T>
+      <<<static_cast<unsigned>(wanted < 65535 ? wanted : 65535), 256, 0, stream>>>(
+          tiles, scales, n_out, k, q4, static_cast<T*>(out));
+  return cudaGetLastError();
+}
+
 }  // namespace
+
+int LaunchDequantizeBlocks(const uint8_t* tiles, const uint16_t* scales, int64_t n_out, int64_t k,
+                           bool q4, int output_type, void* out, void* stream) {
+  if (k <= 0 || k % kBlock != 0) return cudaErrorInvalidValue;
+  const auto cuda_stream = static_cast<cudaStream_t>(stream);
+  switch (static_cast<block_quant::OutputType>(output_type)) {
+    case block_quant::OutputType::kFloat32:
+      return LaunchDequantize<block_quant::OutputType::kFloat32, float>(tiles, scales, n_out, k, q4,
+                                                                        out, cuda_stream);
+    case block_quant::OutputType::kBFloat16:
+      return LaunchDequantize<block_quant::OutputType::kBFloat16, uint16_t>(tiles, scales, n_out, k,
+                                                                            q4, out, cuda_stream);
+    case block_quant::OutputType::kFloat16:
+      return LaunchDequantize<block_quant::OutputType::kFloat16, uint16_t>(tiles, scales, n_out, k,
+                                                                           q4, out, cuda_stream);
+  }
+  return cudaErrorInvalidValue;
+}
 
 int LaunchBlockQuantGemv(const BlockQuantGemvArgs& a, void* stream) {
   if (a.rows == 0 || a.n_out == 0) return cudaSuccess;

@@ -28,6 +28,12 @@ struct BlockQuantGemvArgs {
 // launch's cudaError_t (0 on success).
 int LaunchBlockQuantGemv(const BlockQuantGemvArgs& args, void* stream);
 
+// Writes the [N, K] weight the tiles stand for to `out`, elements of `output_type`
+// (block_quant::OutputType: 0 float32, 1 bfloat16, 2 float16), on `stream`. Returns the
+// launch's cudaError_t.
+int LaunchDequantizeBlocks(const uint8_t* tiles, const uint16_t* scales, int64_t n_out, int64_t k,
+                           bool q4, int output_type, void* out, void* stream);
+
 }  // namespace cuda
 }  // namespace lgpt
 

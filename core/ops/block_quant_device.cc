@@ -91,6 +91,30 @@ at::Tensor GemvOnCpu(const BlockQuantWeight& weight, const at::Tensor& x, const 
   return y;
 }
 
+// The twin of the dequantisation kernel: every word of every row through DequantizeWord.
+template <block_quant::OutputType Out, typename T>
+void DequantizeOnCpu(const BlockQuantWeight& weight, T* out) {
+  const bool q4 = weight.format == BlockFormat::kQ4_0;
+  const int64_t k = weight.in_features, blocks = k / block_quant::kBlock;
+  const int64_t words = q4 ? 4 : 8, per_word = block_quant::kBlock / words;
+  const auto* tiles = weight.values.data_ptr<uint8_t>();
+  const auto* scales = reinterpret_cast<const uint16_t*>(weight.scales.data_ptr<at::Half>());
+  at::parallel_for(0, weight.out_features, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const int64_t group = n / block_quant::kGroup, lane = n % block_quant::kGroup;
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t tile = group * blocks + b;
+        const float scale = paged::HalfToFloat(scales[tile * block_quant::kGroup + lane]);
+        for (int64_t word = 0; word < words; ++word) {
+          block_quant::DequantizeWord<Out>(tiles + tile * block_quant::TileBytes(q4), q4, lane,
+                                           word, scale,
+                                           out + n * k + b * block_quant::kBlock + word * per_word);
+        }
+      }
+    }
+  });
+}
+
 #ifdef LGPT_LIBTORCH_HAS_CUDA
 absl::StatusOr<at::Tensor> GemvOnCuda(const BlockQuantWeight& weight, const at::Tensor& x,
                                       const at::Tensor& bias) {
@@ -141,6 +165,63 @@ absl::StatusOr<at::Tensor> BlockQuantGemvByParts(const BlockQuantWeight& weight,
   return Invalid("x", absl::StrCat("is on ", x.device().str(),
                                    ", and this build has no CUDA kernels (--config=cuda)"));
 #endif
+}
+
+absl::StatusOr<at::Tensor> DequantizeBlocksTo(const BlockQuantWeight& weight,
+                                              at::ScalarType dtype) {
+  const absl::Status well_formed = CheckBlockQuantWeight(weight);
+  if (!well_formed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DequantizeBlocksTo: weight ", well_formed.message()));
+  }
+  block_quant::OutputType type;
+  if (dtype == at::kFloat) {
+    type = block_quant::OutputType::kFloat32;
+  } else if (dtype == at::kBFloat16) {
+    type = block_quant::OutputType::kBFloat16;
+  } else if (dtype == at::kHalf) {
+    type = block_quant::OutputType::kFloat16;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DequantizeBlocksTo: dtype must be float32, bfloat16 or float16, got ",
+                     c10::toString(dtype)));
+  }
+  const c10::Device device = weight.values.device();
+  at::Tensor out = at::empty({weight.out_features, weight.in_features},
+                             at::TensorOptions().dtype(dtype).device(device));  // [N, K]
+  if (device.is_cpu()) {
+    switch (type) {
+      case block_quant::OutputType::kFloat32:
+        DequantizeOnCpu<block_quant::OutputType::kFloat32>(weight, out.data_ptr<float>());
+        break;
+      case block_quant::OutputType::kBFloat16:
+        DequantizeOnCpu<block_quant::OutputType::kBFloat16>(
+            weight, reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()));
+        break;
+      case block_quant::OutputType::kFloat16:
+        DequantizeOnCpu<block_quant::OutputType::kFloat16>(
+            weight, reinterpret_cast<uint16_t*>(out.data_ptr<at::Half>()));
+        break;
+    }
+    return out;
+  }
+#ifdef LGPT_LIBTORCH_HAS_CUDA
+  if (device.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(device);
+    const int error = cuda::LaunchDequantizeBlocks(
+        weight.values.data_ptr<uint8_t>(),
+        reinterpret_cast<const uint16_t*>(weight.scales.data_ptr<at::Half>()), weight.out_features,
+        weight.in_features, weight.format == BlockFormat::kQ4_0, static_cast<int>(type),
+        out.data_ptr(), c10::cuda::getCurrentCUDAStream().stream());
+    if (error != 0) {
+      return absl::InternalError(
+          absl::StrCat("DequantizeBlocksTo: CUDA launch failed: error ", error));
+    }
+    return out;
+  }
+#endif
+  return absl::InvalidArgumentError(absl::StrCat("DequantizeBlocksTo: the weight is on ",
+                                                 device.str(), "; the CPU or CUDA only"));
 }
 
 bool BlockQuantHasCudaKernel() {

@@ -3,7 +3,7 @@
 // a GPU; the CPU twin (plain loops, a correctness reference) on one small shape. GB_per_s counts
 // the weight bytes the call must read (codes and scales): against the device's memory bandwidth,
 // the kernel's efficiency. The dequantise-then-cuBLAS path that many rows take is timed beside
-// it (dequantise_*: DequantizeBlocks to bfloat16, then at::linear), for where the two meet.
+// it (dequantise_*: DequantizeBlocksTo bfloat16, then at::linear), for where the two meet.
 //
 //   bazel run -c opt --config=cuda //core/ops:block_quant_device_benchmark
 #include <ATen/ATen.h>
@@ -33,7 +33,7 @@ void BM_BlockQuantGemv(benchmark::State& state, bool on_cuda, BlockFormat format
   for (auto _ : state) {
     if (dequantise) {
       const at::Tensor y =
-          at::linear(x.to(at::kBFloat16), DequantizeBlocks(weight).to(at::kBFloat16));
+          at::linear(x.to(at::kBFloat16), *DequantizeBlocksTo(weight, at::kBFloat16));
       benchmark::DoNotOptimize(y.data_ptr());
     } else {
       const absl::StatusOr<at::Tensor> y = BlockQuantGemvByParts(weight, x, at::Tensor());

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "core/base/device.h"
@@ -176,6 +177,34 @@ TEST(BlockQuantGemvByParts, BadArgumentsNameTheTensor) {
   EXPECT_NE(std::string(y.status().message()).find("weight"), std::string::npos);
 }
 
+const at::ScalarType kOutputTypes[] = {at::kFloat, at::kBFloat16, at::kHalf};
+
+// The twin writes DequantizeBlocks' values rounded once to the dtype, to the bit.
+TEST(DequantizeBlocksTo, TheDequantisedWeightInEachDtype) {
+  at::manual_seed(8);
+  for (BlockFormat format : kFormats) {
+    const BlockQuantWeight w = RandomWeight(37, 544, format);
+    const at::Tensor dense = DequantizeBlocks(w);  // [N, K] float32
+    for (at::ScalarType dtype : kOutputTypes) {
+      const absl::StatusOr<at::Tensor> out = DequantizeBlocksTo(w, dtype);
+      ASSERT_TRUE(out.ok()) << out.status();
+      EXPECT_EQ(out->scalar_type(), dtype);
+      EXPECT_TRUE(at::equal(*out, dense.to(dtype)))
+          << BlockFormatName(format) << " " << c10::toString(dtype);
+    }
+  }
+  // Rounding to bfloat16 and float16 as LibTorch does, ties and overflow included.
+  const at::Tensor edges = at::tensor({1.00390625f, 1.01171875f, 65520.0f, -65504.0f, 3e-8f,
+                                       -1e-40f, 3.0e38f, std::numeric_limits<float>::infinity()});
+  for (int64_t i = 0; i < edges.numel(); ++i) {
+    const float v = edges[i].item<float>();
+    EXPECT_EQ(block_quant::FloatToBFloat16(v), c10::BFloat16(v).x) << v;
+  }
+  EXPECT_EQ(
+      DequantizeBlocksTo(RandomWeight(16, 32, BlockFormat::kQ8_0), at::kDouble).status().code(),
+      absl::StatusCode::kInvalidArgument);
+}
+
 TEST(BlockQuantWeightTo, TheSameTensorsWhereTheyAlreadyAre) {
   const BlockQuantWeight w = RandomWeight(16, 64, BlockFormat::kQ4_0);
   const BlockQuantWeight moved = BlockQuantWeightTo(w, c10::Device(c10::kCPU));
@@ -225,6 +254,11 @@ TEST(BlockQuantGemvByParts, CudaDequantisationMatchesTheCpu) {
     const BlockQuantWeight w = RandomWeight(100, 544, format);
     const BlockQuantWeight on_device = BlockQuantWeightTo(w, cuda);
     EXPECT_TRUE(at::equal(DequantizeBlocks(on_device).cpu(), DequantizeBlocks(w)));
+    for (at::ScalarType dtype : kOutputTypes) {
+      const absl::StatusOr<at::Tensor> kernel = DequantizeBlocksTo(on_device, dtype);
+      ASSERT_TRUE(kernel.ok()) << kernel.status();
+      EXPECT_TRUE(at::equal(kernel->cpu(), *DequantizeBlocksTo(w, dtype))) << c10::toString(dtype);
+    }
     for (int64_t count : {3, 40}) {
       const at::Tensor rows = at::randint(0, 100, {count}, at::kLong);
       EXPECT_TRUE(at::equal(DequantizeBlockRows(on_device, rows.to(cuda)).cpu(),

@@ -140,6 +140,36 @@ LGPT_HOST_DEVICE inline float AccumulateBlock(float acc, int32_t dot, uint16_t w
   return fmaf(static_cast<float>(dot), scale, acc);
 }
 
+// float to bfloat16 bits, rounding to nearest even (as c10::BFloat16 does; NaN stays NaN).
+LGPT_HOST_DEVICE inline uint16_t FloatToBFloat16(float value) {
+  const uint32_t bits = paged::BitsOfFloat(value);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return 0x7fc0u;
+  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+// Output element types of a dequantisation.
+enum class OutputType { kFloat32, kBFloat16, kFloat16 };
+
+// Dequantises one 4-byte word of `lane`'s row in a tile: q8 word c holds elements 4c .. 4c + 3,
+// q4 word p elements 8p .. 8p + 7 (low nibbles, then high ones). Writes them to `out` (element
+// 0 of the word's first element) as code * scale in float32, rounded once to the output type.
+template <OutputType Out>
+LGPT_HOST_DEVICE inline void DequantizeWord(const uint8_t* tile, bool q4, int64_t lane,
+                                            int64_t word, float scale, void* out) {
+  const int64_t count = q4 ? 8 : 4;
+  for (int64_t j = 0; j < count; ++j) {
+    const int64_t e = (q4 ? 8 : 4) * word + j;
+    const float value = MulRounded(static_cast<float>(CodeInTile(tile, q4, lane, e)), scale);
+    if (Out == OutputType::kFloat32) {
+      static_cast<float*>(out)[j] = value;
+    } else if (Out == OutputType::kBFloat16) {
+      static_cast<uint16_t*>(out)[j] = FloatToBFloat16(value);
+    } else {
+      static_cast<uint16_t*>(out)[j] = paged::FloatToHalf(value);
+    }
+  }
+}
+
 // How the CUDA GEMV (and its twin) splits a row's blocks: part p of kGemvParts sums blocks p,
 // p + kGemvParts, ... in order; the parts' sums are added in part order, then the bias.
 constexpr int kGemvParts = 16;
