@@ -130,6 +130,13 @@ absl::StatusOr<int64_t> NextTokenChooser::Choose(const at::Tensor& logits, at::G
   return token;
 }
 
+absl::StatusOr<int64_t> NextTokenChooser::Take(const absl::StatusOr<int64_t>& choice) {
+  if (!choice.ok()) return choice.status();
+  Prepared nothing_prepared;
+  RETURN_IF_ERROR(Commit(*choice, nothing_prepared, nullptr));
+  return *choice;
+}
+
 absl::StatusOr<NextTokenChooser::Verdict> NextTokenChooser::Verify(const at::Tensor& logits,
                                                                    int64_t proposed,
                                                                    absl::Span<const float> draft,

@@ -111,6 +111,14 @@ class NextTokenChooser {
                                  absl::Span<const float> draft, at::Generator& generator,
                                  TokenLogprob* logprob = nullptr);
 
+  // Whether Choose's token is the logits' first largest, read from them alone (greedy options,
+  // nothing adjusted or reported): a step's such rows on a device can be chosen together
+  // (GreedyChoices in core/model/sampling.h, one transfer) and handed over through Take.
+  bool ChoosesArgmax() const { return IsGreedy(sampling_) && !Adjusts() && !reports_logprobs(); }
+  // Takes `choice` (a ChoosesArgmax row's GreedyChoices result) as Choose would have chosen
+  // it; its error as it is.
+  absl::StatusOr<int64_t> Take(const absl::StatusOr<int64_t>& choice);
+
   bool reports_logprobs() const { return top_logprobs_ >= 0; }
   const SamplingOptions& sampling() const { return sampling_; }
 

@@ -188,6 +188,31 @@ TEST(NextTokenTest, AConstraintThatBansEverythingIsAnError) {
   EXPECT_EQ(token.status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// Rows that choose their argmax can be chosen elsewhere (GreedyChoices) and taken: the same
+// token, and the same state after it, as Choose; rows with adjustments or logprobs cannot.
+TEST(NextTokenTest, ArgmaxRowsCanBeTakenAsChosen) {
+  SamplingOptions greedy;
+  NextTokenChooser plain(greedy, {});
+  EXPECT_TRUE(plain.ChoosesArgmax());
+  at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(1);
+  const at::Tensor logits = at::randn({1, 50});
+  const absl::StatusOr<int64_t> chosen = plain.Choose(logits, generator);
+  ASSERT_TRUE(chosen.ok());
+  const std::vector<absl::StatusOr<int64_t>> together = GreedyChoices(logits);
+  NextTokenChooser other(greedy, {});
+  EXPECT_EQ(*other.Take(together[0]), *chosen);
+  EXPECT_EQ(other.Take(absl::FailedPreconditionError("broken")).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  SamplingOptions penalised = greedy;
+  penalised.frequency_penalty = 0.5;
+  EXPECT_FALSE(NextTokenChooser(penalised, {}).ChoosesArgmax());
+  EXPECT_FALSE(NextTokenChooser(greedy, {}, nullptr, /*top_logprobs=*/0).ChoosesArgmax());
+  SamplingOptions sampled = greedy;
+  sampled.temperature = 0.7;
+  EXPECT_FALSE(NextTokenChooser(sampled, {}).ChoosesArgmax());
+}
+
 TEST(NextTokenTest, ValidationNamesTheFields) {
   SamplingOptions options;
   options.min_p = 1.5;

@@ -89,12 +89,16 @@ int64_t FirstUnusableRow(const at::Tensor& scores) {
   return at::logical_not(usable).nonzero().flatten()[0].item<int64_t>();
 }
 
-absl::Status CheckLogits(const at::Tensor& scores) {
-  const int64_t row = FirstUnusableRow(scores);
-  if (row < 0) return absl::OkStatus();
+absl::Status UnusableRowError(int64_t row) {
   return absl::FailedPreconditionError(absl::StrCat(
       "the model's logits are not finite (row ", row,
       " holds NaN or infinity): its weights or activations overflowed or are not numbers"));
+}
+
+absl::Status CheckLogits(const at::Tensor& scores) {
+  const int64_t row = FirstUnusableRow(scores);
+  if (row < 0) return absl::OkStatus();
+  return UnusableRowError(row);
 }
 
 // Draws one index per row of scores [B, N] (every row usable) at the options' temperature
@@ -310,9 +314,34 @@ int64_t DrawIndex(absl::Span<const double> weights, at::Generator& generator) {
   return last;
 }
 
+std::vector<absl::StatusOr<int64_t>> GreedyChoices(const at::Tensor& logits) {
+  // [B, V] -> [2, B]: each row's argmax and whether the row is usable, one copy to the host.
+  const at::Tensor usable = at::logical_and(
+      at::logical_not(at::logical_or(at::isnan(logits), at::isposinf(logits)).any(-1)),
+      at::isfinite(logits).any(-1));
+  const at::Tensor both = at::stack({logits.argmax(-1), usable.to(at::kLong)}).cpu();
+  const int64_t* ids = both.data_ptr<int64_t>();
+  const int64_t rows = both.size(1);
+  std::vector<absl::StatusOr<int64_t>> choices;
+  choices.reserve(static_cast<size_t>(rows));
+  for (int64_t b = 0; b < rows; ++b) {
+    choices.push_back(ids[rows + b] != 0 ? absl::StatusOr<int64_t>(ids[b]) : UnusableRowError(b));
+  }
+  return choices;
+}
+
 absl::StatusOr<at::Tensor> SampleNext(const at::Tensor& logits, const SamplingOptions& options,
                                       at::Generator& generator) {
   try {
+    if (IsGreedy(options) && !logits.device().is_cpu()) {
+      // On a device: the choices and their checks in one transfer (a step synchronises once).
+      std::vector<int64_t> ids;
+      for (absl::StatusOr<int64_t>& choice : GreedyChoices(logits)) {
+        if (!choice.ok()) return choice.status();
+        ids.push_back(*choice);
+      }
+      return at::tensor(ids, at::kLong);
+    }
     if (!IsGreedy(options) && !logits.device().is_cpu() &&
         (!generator.defined() || generator.device().is_cpu())) {
       // A CPU generator draws on the host: a device's rows are read back first (V floats a

@@ -57,6 +57,12 @@ absl::Status ValidateSampling(const SamplingOptions& options);
 absl::StatusOr<at::Tensor> SampleNext(const at::Tensor& logits, const SamplingOptions& options,
                                       at::Generator& generator);
 
+// Greedy choices of logits [B, V] on any device, computed there and read back in one transfer
+// (a decoding step's rows on a GPU then synchronise once, not once a row): per row its first
+// largest logit, or SampleNext's FailedPrecondition for a row holding NaN or +inf, or nothing
+// but -inf.
+std::vector<absl::StatusOr<int64_t>> GreedyChoices(const at::Tensor& logits);
+
 // Whether the options choose the most likely token (temperature or top_p 0).
 inline bool IsGreedy(const SamplingOptions& options) {
   return options.temperature <= 0 || options.top_p <= 0;

@@ -104,6 +104,34 @@ TEST(SamplingTest, CudaRowsDrawAsOnTheCpuForTheSameSeed) {
   EXPECT_TRUE(at::equal(greedy->cpu(), logits.argmax(-1)));
 }
 
+// Greedy choices of a batch in one transfer: each row's first largest logit, and an error for
+// the rows that cannot be sampled only.
+TEST(SamplingTest, GreedyChoicesAreEachRowsArgmax) {
+  at::manual_seed(12);
+  at::Tensor logits = at::randn({5, 300});  // [B, V]
+  logits[1][7] = 100;
+  logits[1][9] = 100;  // a tie: the lower id
+  logits[2][3] = std::numeric_limits<float>::quiet_NaN();
+  logits[3].fill_(-std::numeric_limits<float>::infinity());
+  logits[4][0] = std::numeric_limits<float>::infinity();
+  const std::vector<absl::StatusOr<int64_t>> choices = GreedyChoices(logits);
+  ASSERT_EQ(choices.size(), 5u);
+  ASSERT_TRUE(choices[0].ok());
+  EXPECT_EQ(*choices[0], logits[0].argmax().item<int64_t>());
+  ASSERT_TRUE(choices[1].ok());
+  EXPECT_EQ(*choices[1], 7);
+  for (int row : {2, 3, 4}) {
+    EXPECT_EQ(choices[row].status().code(), absl::StatusCode::kFailedPrecondition) << row;
+  }
+  // The same tokens as SampleNext's greedy path, other dtypes too.
+  at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(1);
+  const at::Tensor usable = logits.narrow(0, 0, 2);
+  EXPECT_TRUE(at::equal(at::tensor({*choices[0], *choices[1]}, at::kLong),
+                        *SampleNext(usable, SamplingOptions{0.0}, generator)));
+  const std::vector<absl::StatusOr<int64_t>> bf16 = GreedyChoices(usable.to(at::kBFloat16));
+  EXPECT_EQ(*bf16[1], 7);
+}
+
 TEST(SamplingTest, DrawsFollowTheTemperedDistribution) {
   const at::Tensor logits = at::tensor({1.0f, 0.0f, -1.0f, 2.0f}).view({1, 4});
   constexpr int kDraws = 20000;
