@@ -199,18 +199,24 @@ absl::StatusOr<std::shared_ptr<const Engine>> Engine::Load(const std::string& ch
     quantize = WeightQuantization::kInt8;
   }
   if (quantize != WeightQuantization::kNone) {
-    if (!options.device.is_cpu() || options.dtype != c10::kFloat) {
-      // The mentions name the values too ("EngineOptions.dtype float32"): a tool shows its flag
-      // with the value it takes.
-      const std::string quantize_text =
-          absl::StrCat("EngineOptions.quantize ", WeightQuantizationName(quantize));
+    // The mentions name the values too ("EngineOptions.dtype float32"): a tool shows its flag
+    // with the value it takes.
+    const std::string quantize_text =
+        absl::StrCat("EngineOptions.quantize ", WeightQuantizationName(quantize));
+    if (options.device.is_cpu() && options.dtype != c10::kFloat) {
       return InvalidFieldError(
           FieldRef("EngineOptions.quantize", quantize_text),
           absl::StrCat(quantize_text,
-                       " needs EngineOptions.dtype float32 and EngineOptions.device cpu (quantised "
-                       "weights run on the CPU with float32 activations)"),
-          {FieldRef("EngineOptions.dtype", "EngineOptions.dtype float32"),
-           FieldRef("EngineOptions.device", "EngineOptions.device cpu")});
+                       " needs EngineOptions.dtype float32 on the CPU (quantised weights run there "
+                       "with float32 activations; a CUDA device takes any dtype)"),
+          {FieldRef("EngineOptions.dtype", "EngineOptions.dtype float32")});
+    }
+    if (!options.device.is_cpu() && !options.device.is_cuda()) {
+      return InvalidFieldError(
+          FieldRef("EngineOptions.quantize", quantize_text),
+          absl::StrCat(quantize_text, " needs a CPU or CUDA EngineOptions.device, got ",
+                       options.device.str()),
+          {FieldRef("EngineOptions.device", "EngineOptions.device")});
     }
     load.parts = QuantizedModelParts(quantize);
   }

@@ -17,8 +17,8 @@ ABSL_FLAG(std::string, precision, "32-true", "32-true, bf16-true or 16-true");
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda[:N]");
 ABSL_FLAG(std::string, quantize, "none",
           "none, int8 (q8_0-like: int8 weights, a scale per 32) or int4 (q4_0-like: 4-bit "
-          "weights, a scale per 32); every projection and lm_head, quantised at load (CPU, "
-          "--precision=32-true)");
+          "weights, a scale per 32); every projection and lm_head, quantised at load (on the CPU "
+          "with --precision=32-true; on CUDA any precision)");
 ABSL_FLAG(std::string, kv_cache, "dense",
           "KV cache policy: dense, window, sink, h2o, tova, h2o-vlen or qh2o (8/4 bits)");
 ABSL_FLAG(int64_t, kv_budget, 0, "entries kept per layer (and row, group); not for dense");

@@ -25,6 +25,7 @@
 #include "absl/strings/str_split.h"
 #include "cache/block_pool.h"
 #include "cache/paged_kv_cache.h"
+#include "core/base/device.h"
 #include "core/base/file_util.h"
 #include "core/model/checkpoint.h"
 #include "core/model/quantize_model.h"
@@ -52,6 +53,7 @@ ABSL_FLAG(std::string, kv_pool_dtype, "",
           "score through a paged KV cache over a pool of such entries (auto, model, float32, "
           "bfloat16, float16, int8, int4); empty: uncached windows");
 ABSL_FLAG(int64_t, chunk, 0, "with --kv_pool_dtype: tokens a step; 0: the whole window");
+ABSL_FLAG(std::string, device, "cpu", "cpu or cuda[:N] (float32 weights; quantised ones too)");
 
 int main(int argc, char** argv) {
   using namespace lgpt;
@@ -77,6 +79,7 @@ int main(int argc, char** argv) {
 
   LoadOptions load;
   ApplyLoadFlags(load);
+  load.device = ValueOrDie(ParseDevice(absl::GetFlag(FLAGS_device)));
   load.parts = int8_channel ? Int8ModelParts(Int8Options{absl::GetFlag(FLAGS_group_size)})
                             : QuantizedModelParts(*blocks);
   const std::vector<LoraAdapterSpec> loras = ValueOrDie(LoraFlags(argc, argv));
@@ -153,7 +156,7 @@ int main(int argc, char** argv) {
     const at::Tensor tokens = all.narrow(0, begin, length).unsqueeze(0);
     const at::Tensor logits = window_logits(tokens);  // [1, T, V]
     const at::Tensor logp = at::log_softmax(logits[0].narrow(0, 0, length - 1).to(at::kDouble), -1);
-    const at::Tensor target = tokens[0].narrow(0, 1, length - 1).unsqueeze(1);
+    const at::Tensor target = tokens[0].narrow(0, 1, length - 1).unsqueeze(1).to(logp.device());
     nll -= logp.gather(1, target).sum().item<double>();
     if (reference) {
       const at::Tensor expected = ValueOrDie(reference->model->Forward(tokens));  // [1, T, V]

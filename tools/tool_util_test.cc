@@ -51,8 +51,8 @@ TEST(InFlagTermsTest, EngineAndServingOptionsNameTheirFlags) {
   options.quantize_int8 = false;
   options.dtype = c10::kBFloat16;
   EXPECT_EQ(InFlagTerms(Engine::Load("/nonexistent", options).status()),
-            "--quantize=int4 needs --precision=32-true and --device=cpu (quantised weights run on "
-            "the CPU with float32 activations)");
+            "--quantize=int4 needs --precision=32-true on the CPU (quantised weights run there "
+            "with float32 activations; a CUDA device takes any dtype)");
   const absl::Status checksum = WithFields(
       absl::DataLossError("x fails its CRC-32 check; set EngineOptions.verify_checksums = false to "
                           "load it anyway"),

@@ -18,6 +18,21 @@ namespace lgpt {
 
 bool CudaAvailable() { return at::hasCUDA(); }
 
+namespace {
+
+// "cuda" in a process a launcher started as one of several on this machine (LOCAL_RANK, as
+// core/dist/launcher.cc and torchrun set it): GPU LOCAL_RANK modulo the GPUs seen, so that ranks
+// do not all share GPU 0. 0 otherwise.
+int LocalRankDevice() {
+  const char* local_rank = std::getenv("LOCAL_RANK");
+  int rank = 0;
+  if (local_rank == nullptr || !absl::SimpleAtoi(local_rank, &rank) || rank < 0) return 0;
+  const int gpus = static_cast<int>(at::getNumGPUs());
+  return gpus > 0 ? rank % gpus : 0;
+}
+
+}  // namespace
+
 void SynchronizeDevice(const c10::Device& device) {
 #ifdef LGPT_LIBTORCH_HAS_CUDA
   if (device.is_cuda()) {
@@ -34,6 +49,7 @@ absl::StatusOr<c10::Device> ParseDevice(absl::string_view name) {
   absl::string_view rest = name;
   if (absl::ConsumePrefix(&rest, "cuda")) {
     int index = 0;
+    if (rest.empty()) index = LocalRankDevice();
     if (!rest.empty() && (!absl::ConsumePrefix(&rest, ":") || !absl::SimpleAtoi(rest, &index) ||
                           index < 0 || index > 64)) {
       return absl::InvalidArgumentError(absl::StrCat("bad device '", name, "'"));

@@ -10,7 +10,9 @@
 
 namespace lgpt {
 
-// Parses "cpu", "cuda" or "cuda:N"; fails when CUDA is asked for and absent.
+// Parses "cpu", "cuda" or "cuda:N"; fails when CUDA is asked for and absent. "cuda" is GPU 0,
+// or, in a process started with LOCAL_RANK (one of a launcher's ranks on this machine), GPU
+// LOCAL_RANK modulo the GPUs seen.
 absl::StatusOr<c10::Device> ParseDevice(absl::string_view name);
 
 // The device named by LGPT_DEVICE (CPU when unset). A CUDA request without a GPU falls back

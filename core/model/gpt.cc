@@ -13,6 +13,7 @@
 #include "core/base/status_field.h"
 #include "core/base/status_macros.h"
 #include "core/nn/adapter_routing.h"
+#include "core/ops/block_quant_device.h"
 
 namespace lgpt {
 namespace {
@@ -29,7 +30,9 @@ std::pair<int64_t, int64_t> MinMax(const at::Tensor& values) {
     }
     return {lowest, highest};
   }
-  return {values.min().item<int64_t>(), values.max().item<int64_t>()};
+  // On a device: both in one transfer (one synchronisation).
+  const at::Tensor both = at::stack({values.min(), values.max()}).cpu();
+  return {both[0].item<int64_t>(), both[1].item<int64_t>()};
 }
 
 // ForwardOptions.logit_steps: ascending steps of [0, steps), not beside last_logits_only.
@@ -131,7 +134,8 @@ c10::Device GPTImpl::device() const { return transformer->wte->weight.device(); 
 c10::ScalarType GPTImpl::dtype() const { return transformer->wte->weight.scalar_type(); }
 
 void GPTImpl::To(c10::Device device, c10::ScalarType dtype) {
-  to(device, dtype);
+  to(device, dtype);  // block-quantised projections move their tiles too (their to())
+  quantized_wte_ = BlockQuantWeightTo(quantized_wte_, device);
   rope_ = std::make_unique<Rope>(config_, device);
 }
 
@@ -146,7 +150,8 @@ absl::Status GPTImpl::SetQuantizedEmbedding(BlockQuantWeight table) {
   if (!well_formed.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("quantised embedding: ", well_formed.message()));
   }
-  quantized_wte_ = std::move(table);
+  // Where the model is (a quantised checkpoint's table is read on the CPU).
+  quantized_wte_ = BlockQuantWeightTo(table, transformer->wte->weight.device());
   at::NoGradGuard no_grad;
   at::Tensor& weight = transformer->wte->weight;
   weight.set_data(at::empty({0}, weight.options()));
@@ -224,15 +229,16 @@ absl::StatusOr<at::Tensor> GPTImpl::ForwardUnchecked(const at::Tensor& idx, KVCa
     return absl::InvalidArgumentError("token ids must be int64");
   }
   const int64_t batch = idx.size(0), steps = idx.size(1);
-  const at::Tensor ids = idx.to(device());
   {
-    const auto [lowest, highest] = MinMax(ids);
+    // Checked where the caller's ids are (host ids: no device synchronisation).
+    const auto [lowest, highest] = MinMax(idx);
     if (lowest < 0 || highest >= config_.PaddedVocabSize()) {
       return absl::OutOfRangeError(absl::StrCat("token id ", lowest < 0 ? lowest : highest,
                                                 " is outside the vocabulary [0, ",
                                                 config_.PaddedVocabSize(), ")"));
     }
   }
+  const at::Tensor ids = idx.to(device());
   RETURN_IF_ERROR(CheckLogitSteps(options, steps));
   KVStep step;
   if (options.positions.defined()) {
@@ -241,8 +247,8 @@ absl::StatusOr<at::Tensor> GPTImpl::ForwardUnchecked(const at::Tensor& idx, KVCa
       return absl::InvalidArgumentError(
           absl::StrCat("positions must be int64 [", batch, ", ", steps, "] like the token ids"));
     }
+    std::tie(step.min_position, step.max_position) = MinMax(options.positions);
     step.positions = options.positions.to(device());
-    std::tie(step.min_position, step.max_position) = MinMax(step.positions);
   } else {
     step.positions = at::arange(steps, ids.options()).unsqueeze(0).expand({batch, steps});
     step.min_position = 0;

@@ -72,9 +72,10 @@ GPT& Model(const std::string& name) {
   if (it == models->end()) {
     at::manual_seed(0);
     GPT model = *GPTImpl::Create(ModelConfig(name), QuantizedModelParts(Quantization()));
+    // On its device first (GPTImpl::To moves the RoPE tables too), then quantised there.
+    model->To(DefaultDevice(), at::kFloat);
     if (Quantization() != WeightQuantization::kNone && !QuantizeModel(*model).ok()) std::abort();
     model->eval();
-    model->to(DefaultDevice());
     it = models->emplace(name, model).first;
   }
   return it->second;

@@ -9,7 +9,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/base/status_macros.h"
-#include "core/ops/block_quant_device.h"
 
 namespace lgpt {
 
@@ -113,7 +112,7 @@ absl::Status QuantizeModel(GPTImpl& model) {
   if (!table.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("transformer.wte: ", table.status().message()));
   }
-  return model.SetQuantizedEmbedding(BlockQuantWeightTo(*table, device));
+  return model.SetQuantizedEmbedding(*std::move(table));  // moved to the model's device there
 }
 
 absl::Status QuantizeModelInt8(GPTImpl& model) { return QuantizeModel(model); }

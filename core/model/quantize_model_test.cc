@@ -202,6 +202,14 @@ TEST_P(BlockQuantModel, OnCudaAsOnTheCpu) {
           << "position " << t;
     }
   }
+  // Quantised on the CPU, then moved: the tiles follow the model (GPTImpl::To, the projections'
+  // to()), and the decoding step runs on the device.
+  LoadedModel moved = Load(QuantizedModelParts(c.quantization));
+  ASSERT_TRUE(QuantizeModel(*moved.model).ok());
+  moved.model->To(cuda, c10::kFloat);
+  EXPECT_TRUE(moved.model->quantized_embedding().values.device().is_cuda());
+  const at::Tensor full = moved.model->Forward(tokens.to(cuda))->cpu();
+  EXPECT_LT(((full - expected).norm() / expected.norm()).item<double>(), 0.02);
 }
 
 // A tied model (lm_head equal to the embedding) keeps one quantised table for both: the

@@ -1,12 +1,12 @@
 #include "core/model/quantized_checkpoint.h"
 
+#include <ATen/ATen.h>
+
 #include <map>
 #include <memory>
 #include <set>
 #include <string>
 #include <vector>
-
-#include <ATen/ATen.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -30,7 +30,7 @@ constexpr char kCrcPrefix[] = "lgpt.crc32.";
 constexpr char kEmbedding[] = "transformer.wte.weight";
 
 std::string Crc32Hex(const at::Tensor& t) {
-  const at::Tensor c = t.contiguous();
+  const at::Tensor c = t.to(at::kCPU).contiguous();  // a CUDA model's tensors read on the host
   return absl::StrFormat("%08x", Crc32(c.data_ptr(), c.numel() * c.element_size()));
 }
 
@@ -96,17 +96,17 @@ absl::Status CheckCrcs(const TensorMap& tensors, const std::map<std::string, std
 absl::StatusOr<BlockFormat> FormatOf(const SafetensorsHeader& header, const std::string& path) {
   auto format = header.metadata.find(kFormatKey);
   if (format == header.metadata.end() || format->second != kFormatValue) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": metadata ", kFormatKey, " must be \"", kFormatValue, "\", got ",
-        format == header.metadata.end() ? "nothing" : "\"" + format->second + "\""));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": metadata ", kFormatKey, " must be \"", kFormatValue, "\", got ",
+                     format == header.metadata.end() ? "nothing" : "\"" + format->second + "\""));
   }
   auto weights = header.metadata.find(kWeightsKey);
   for (BlockFormat f : {BlockFormat::kQ8_0, BlockFormat::kQ4_0}) {
     if (weights != header.metadata.end() && weights->second == BlockFormatName(f)) return f;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      path, ": metadata ", kWeightsKey, " must be q8_0 or q4_0, got ",
-      weights == header.metadata.end() ? "nothing" : "\"" + weights->second + "\""));
+  return absl::InvalidArgumentError(
+      absl::StrCat(path, ": metadata ", kWeightsKey, " must be q8_0 or q4_0, got ",
+                   weights == header.metadata.end() ? "nothing" : "\"" + weights->second + "\""));
 }
 
 }  // namespace
@@ -152,8 +152,8 @@ absl::Status SaveQuantizedCheckpoint(GPTImpl& model, const std::string& path) {
   }
   for (const auto& [name, tensor] : StateDict(model)) {
     if (IsPeftParameter(name)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the model holds PEFT weights (", name, "): merge them into the base first"));
+      return absl::FailedPreconditionError(absl::StrCat("the model holds PEFT weights (", name,
+                                                        "): merge them into the base first"));
     }
     if (!quantised_names.count(name)) tensors[name] = tensor;
   }
@@ -168,10 +168,11 @@ absl::StatusOr<BlockFormat> QuantizedCheckpointFormat(const std::string& path) {
 
 absl::Status LoadQuantizedCheckpoint(GPTImpl& model, const std::string& path,
                                      bool verify_checksums) {
-  if (!model.device().is_cpu() || model.dtype() != c10::kFloat) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, " holds block-quantised weights, which run on the CPU in float32 (dtype and "
-              "device of the load options)"));
+  if (model.device().is_cpu() ? model.dtype() != c10::kFloat : !model.device().is_cuda()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path,
+                     " holds block-quantised weights, which run on the CPU in float32 or on a CUDA "
+                     "device (dtype and device of the load options)"));
   }
   ASSIGN_OR_RETURN(const SafetensorsHeader header, ReadSafetensorsHeader(path));
   ASSIGN_OR_RETURN(const BlockFormat format, FormatOf(header, path));
@@ -195,8 +196,8 @@ absl::Status LoadQuantizedCheckpoint(GPTImpl& model, const std::string& path,
     RETURN_IF_ERROR(model.SetQuantizedEmbedding(head->quantized_weight()));
   } else if (tensors.count(std::string(kEmbedding) + ".qvalues")) {
     const at::Tensor& table = model.transformer->wte->weight;
-    ASSIGN_OR_RETURN(BlockQuantWeight w, TakeQuantised(tensors, kEmbedding, format,
-                                                       table.size(0), table.size(1), path));
+    ASSIGN_OR_RETURN(BlockQuantWeight w, TakeQuantised(tensors, kEmbedding, format, table.size(0),
+                                                       table.size(1), path));
     absl::Status set = model.SetQuantizedEmbedding(std::move(w));
     if (!set.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", set.message()));
   }

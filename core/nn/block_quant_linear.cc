@@ -151,6 +151,16 @@ at::Tensor BlockQuantProjectionImpl::DeviceForward(const at::Tensor& x) const {
   return y->view(shape).to(x.scalar_type());
 }
 
+void BlockQuantProjectionImpl::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {
+  DenseProjectionImpl::to(device, dtype, non_blocking);
+  quantized_ = BlockQuantWeightTo(quantized_, device);
+}
+
+void BlockQuantProjectionImpl::to(torch::Device device, bool non_blocking) {
+  DenseProjectionImpl::to(device, non_blocking);
+  quantized_ = BlockQuantWeightTo(quantized_, device);
+}
+
 at::Tensor BlockQuantProjectionImpl::DenseWeight() const {
   if (!quantized()) return DenseProjectionImpl::DenseWeight();
   return DequantizeBlocks(quantized_).to(weight.scalar_type());

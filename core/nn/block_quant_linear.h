@@ -44,6 +44,10 @@ class BlockQuantProjectionImpl : public DenseProjectionImpl {
   BlockQuantProjectionImpl(const LinearSpec& spec, const BlockQuantOptions& options);
   at::Tensor forward(const at::Tensor& x) override;
   at::Tensor DenseWeight() const override;
+  // Moving the module moves the quantised tiles and scales too (their dtype never changes).
+  void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Device device, bool non_blocking = false) override;
+  using DenseProjectionImpl::to;  // to(dtype): the tiles stay as they are
 
   // Replaces the float weight by its block-quantised form and frees it (move the model to
   // its device and dtype first). InvalidArgument naming the site when in_features is not a
