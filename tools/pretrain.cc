@@ -128,7 +128,7 @@ std::pair<at::Tensor, at::Tensor> Batch(const at::Tensor& data, int64_t batch, i
 at::Tensor Loss(GPTImpl& model, const at::Tensor& x, const at::Tensor& y) {
   const at::Tensor logits = ValueOrDie(model.Forward(x));
   return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(at::kFloat),
-                                y.reshape(-1));
+                                y.reshape(-1).to(logits.device()));
 }
 
 void SaveCheckpoint(GPTImpl& model, const Config& config, const std::string& out_dir,

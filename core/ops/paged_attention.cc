@@ -374,16 +374,20 @@ absl::StatusOr<at::Tensor> PagedDecodeRows(const at::Tensor& q, const PagedKVLay
     max_length = std::max(max_length, row.length);
   }
   // [R * width] tables (padding past a row's blocks is never read), then R lengths, then R
-  // query positions: one host tensor, one copy.
+  // query positions: one host tensor, one copy. For a device pool the host tensor is pinned, so
+  // the copy is queued without waiting for the device (from pageable memory CUDA synchronises
+  // first); the caching host allocator keeps its block until the copy is done.
   const int64_t count = static_cast<int64_t>(rows.size());
-  std::vector<int32_t> data(rows.size() * (width + 2), 0);
+  const at::Tensor host =
+      at::zeros({count * static_cast<int64_t>(width + 2)},
+                at::TensorOptions().dtype(at::kInt).pinned_memory(!layer.keys.device().is_cpu()));
+  int32_t* data = host.data_ptr<int32_t>();
   for (size_t r = 0; r < rows.size(); ++r) {
-    std::copy(rows[r].blocks.begin(), rows[r].blocks.end(), data.begin() + r * width);
+    std::copy(rows[r].blocks.begin(), rows[r].blocks.end(), data + r * width);
     data[rows.size() * width + r] = static_cast<int32_t>(rows[r].length);
     data[rows.size() * (width + 1) + r] = static_cast<int32_t>(rows[r].query_position);
   }
-  const at::Tensor all =
-      at::tensor(data, at::TensorOptions().dtype(at::kInt)).to(layer.keys.device(), true);
+  const at::Tensor all = host.to(layer.keys.device(), /*non_blocking=*/true);
   PagedDecodeBatch batch;
   batch.block_tables = all.narrow(0, 0, count * static_cast<int64_t>(width))
                            .view({count, static_cast<int64_t>(width)});
