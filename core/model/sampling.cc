@@ -72,6 +72,14 @@ bool HostRows(const at::Tensor& scores) {
          scores.size(1) >= 1 && scores.stride(1) == 1;
 }
 
+// Whether each row of scores [B, V] can be sampled, as tensor operations on their device:
+// [B] bool, no NaN or +inf and at least one finite value.
+at::Tensor UsableRows(const at::Tensor& scores) {
+  return at::logical_and(
+      at::logical_not(at::logical_or(at::isnan(scores), at::isposinf(scores)).any(-1)),
+      at::isfinite(scores).any(-1));
+}
+
 // The first row of scores [B, V] that cannot be sampled, or -1.
 int64_t FirstUnusableRow(const at::Tensor& scores) {
   if (HostRows(scores)) {
@@ -82,9 +90,7 @@ int64_t FirstUnusableRow(const at::Tensor& scores) {
     }
     return -1;
   }
-  const at::Tensor usable = at::logical_and(
-      at::logical_not(at::logical_or(at::isnan(scores), at::isposinf(scores)).any(-1)),
-      at::isfinite(scores).any(-1));
+  const at::Tensor usable = UsableRows(scores);
   if (usable.all().item<bool>()) return -1;
   return at::logical_not(usable).nonzero().flatten()[0].item<int64_t>();
 }
@@ -316,10 +322,7 @@ int64_t DrawIndex(absl::Span<const double> weights, at::Generator& generator) {
 
 std::vector<absl::StatusOr<int64_t>> GreedyChoices(const at::Tensor& logits) {
   // [B, V] -> [2, B]: each row's argmax and whether the row is usable, one copy to the host.
-  const at::Tensor usable = at::logical_and(
-      at::logical_not(at::logical_or(at::isnan(logits), at::isposinf(logits)).any(-1)),
-      at::isfinite(logits).any(-1));
-  const at::Tensor both = at::stack({logits.argmax(-1), usable.to(at::kLong)}).cpu();
+  const at::Tensor both = at::stack({logits.argmax(-1), UsableRows(logits).to(at::kLong)}).cpu();
   const int64_t* ids = both.data_ptr<int64_t>();
   const int64_t rows = both.size(1);
   std::vector<absl::StatusOr<int64_t>> choices;
