@@ -37,8 +37,8 @@ __global__ void __launch_bounds__(kThreads) GemvKernel(BlockQuantGemvArgs a) {
   const int lane = threadIdx.x % kGroup, part = threadIdx.x / kGroup;
   const int64_t group = blockIdx.x, blocks = a.k / kBlock;
   const int64_t n = group * kGroup + lane;
-  const uint8_t* tiles = block_quant::GroupTiles(a.tiles, group, blocks, a.q4);
-  const uint16_t* scales = block_quant::GroupScales(a.scales, group, blocks);
+  const uint8_t* tiles = a.tiles + group * blocks * block_quant::TileBytes(a.q4);
+  const uint16_t* scales = a.scales + group * blocks * kGroup;
   for (int64_t first = 0; first < a.rows; first += kRowsPerPass) {
     const int rows =
         static_cast<int>(a.rows - first < kRowsPerPass ? a.rows - first : kRowsPerPass);
@@ -64,19 +64,23 @@ __global__ void __launch_bounds__(kThreads) GemvKernel(BlockQuantGemvArgs a) {
 template <block_quant::OutputType Out, typename T>
 __global__ void DequantizeKernel(const uint8_t* tiles, const uint16_t* scales, int64_t n_out,
                                  int64_t k, bool q4, T* out) {
-  const int64_t blocks = k / kBlock, words = block_quant::WordsPerBlock(q4);
+  const int64_t blocks = k / kBlock, words = q4 ? 4 : 8, per_word = kBlock / words;
   const int64_t total = n_out * blocks * words;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t word = i % words, b = (i / words) % blocks, n = i / (words * blocks);
-    block_quant::DequantizeWordOfRow<Out>(tiles, scales, k, q4, n, b, word, out);
+    const int64_t group = n / kGroup, lane = n % kGroup;
+    const int64_t tile = group * blocks + b;
+    const float scale = paged::HalfToFloat(scales[tile * kGroup + lane]);
+    block_quant::DequantizeWord<Out>(tiles + tile * block_quant::TileBytes(q4), q4, lane, word,
+                                     scale, out + n * k + b * kBlock + word * per_word);
   }
 }
 
 template <block_quant::OutputType Out, typename T>
 int LaunchDequantize(const uint8_t* tiles, const uint16_t* scales, int64_t n_out, int64_t k,
                      bool q4, void* out, cudaStream_t stream) {
-  const int64_t total = n_out * (k / kBlock) * block_quant::WordsPerBlock(q4);
+  const int64_t total = n_out * (k / kBlock) * (q4 ? 4 : 8);
   if (total == 0) return cudaSuccess;
   const int64_t wanted = (total + 255) / 256;
   DequantizeKernel<Out, T>

@@ -73,8 +73,8 @@ at::Tensor GemvOnCpu(const BlockQuantWeight& weight, const at::Tensor& x, const 
   at::parallel_for(0, weight.values.size(0), 1, [&](int64_t begin, int64_t end) {
     float parts[block_quant::kGemvParts];
     for (int64_t g = begin; g < end; ++g) {
-      const uint8_t* group_tiles = block_quant::GroupTiles(tiles, g, blocks, q4);
-      const uint16_t* group_scales = block_quant::GroupScales(scales, g, blocks);
+      const uint8_t* group_tiles = tiles + g * blocks * block_quant::TileBytes(q4);
+      const uint16_t* group_scales = scales + g * blocks * block_quant::kGroup;
       for (int64_t lane = 0; lane < block_quant::kGroup; ++lane) {
         const int64_t n = g * block_quant::kGroup + lane;
         if (n >= n_out) break;
@@ -96,14 +96,19 @@ template <block_quant::OutputType Out, typename T>
 void DequantizeOnCpu(const BlockQuantWeight& weight, T* out) {
   const bool q4 = weight.format == BlockFormat::kQ4_0;
   const int64_t k = weight.in_features, blocks = k / block_quant::kBlock;
-  const int64_t words = block_quant::WordsPerBlock(q4);
+  const int64_t words = q4 ? 4 : 8, per_word = block_quant::kBlock / words;
   const auto* tiles = weight.values.data_ptr<uint8_t>();
   const auto* scales = reinterpret_cast<const uint16_t*>(weight.scales.data_ptr<at::Half>());
   at::parallel_for(0, weight.out_features, 16, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
+      const int64_t group = n / block_quant::kGroup, lane = n % block_quant::kGroup;
       for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t tile = group * blocks + b;
+        const float scale = paged::HalfToFloat(scales[tile * block_quant::kGroup + lane]);
         for (int64_t word = 0; word < words; ++word) {
-          block_quant::DequantizeWordOfRow<Out>(tiles, scales, k, q4, n, b, word, out);
+          block_quant::DequantizeWord<Out>(tiles + tile * block_quant::TileBytes(q4), q4, lane,
+                                           word, scale,
+                                           out + n * k + b * block_quant::kBlock + word * per_word);
         }
       }
     }

@@ -33,9 +33,6 @@ constexpr float kTinyScale = 1e-30f;
 
 LGPT_HOST_DEVICE inline int64_t TileBytes(bool q4) { return q4 ? kQ4TileBytes : kQ8TileBytes; }
 
-// 4-byte words of one row in a tile: q8 8 (4 elements each), q4 4 (8 elements each).
-LGPT_HOST_DEVICE inline int64_t WordsPerBlock(bool q4) { return q4 ? 4 : 8; }
-
 // The byte of element e (0..31) of `lane`'s row inside a q8 tile.
 LGPT_HOST_DEVICE inline int64_t Q8ByteInTile(int64_t lane, int64_t e) {
   return (e / kLaneBytes) * kChunkBytes + lane * kLaneBytes + e % kLaneBytes;
@@ -159,9 +156,9 @@ enum class OutputType { kFloat32, kBFloat16, kFloat16 };
 template <OutputType Out>
 LGPT_HOST_DEVICE inline void DequantizeWord(const uint8_t* tile, bool q4, int64_t lane,
                                             int64_t word, float scale, void* out) {
-  const int64_t count = kBlock / WordsPerBlock(q4);
+  const int64_t count = q4 ? 8 : 4;
   for (int64_t j = 0; j < count; ++j) {
-    const int64_t e = count * word + j;
+    const int64_t e = (q4 ? 8 : 4) * word + j;
     const float value = MulRounded(static_cast<float>(CodeInTile(tile, q4, lane, e)), scale);
     if (Out == OutputType::kFloat32) {
       static_cast<float*>(out)[j] = value;
@@ -171,29 +168,6 @@ LGPT_HOST_DEVICE inline void DequantizeWord(const uint8_t* tile, bool q4, int64_
       static_cast<uint16_t*>(out)[j] = paged::FloatToHalf(value);
     }
   }
-}
-
-// Row group `group`'s tiles and scales in a weight of `blocks` 32-blocks a row: its blocks'
-// tiles are consecutive, each with its 16 scales.
-LGPT_HOST_DEVICE inline const uint8_t* GroupTiles(const uint8_t* tiles, int64_t group,
-                                                  int64_t blocks, bool q4) {
-  return tiles + group * blocks * TileBytes(q4);
-}
-LGPT_HOST_DEVICE inline const uint16_t* GroupScales(const uint16_t* scales, int64_t group,
-                                                    int64_t blocks) {
-  return scales + group * blocks * kGroup;
-}
-
-// Word `word` of block b of row n of a whole [N, K] weight (`tiles`, `scales`), dequantised
-// into its elements of the row-major [N, K] output `out`.
-template <OutputType Out, typename T>
-LGPT_HOST_DEVICE inline void DequantizeWordOfRow(const uint8_t* tiles, const uint16_t* scales,
-                                                 int64_t k, bool q4, int64_t n, int64_t b,
-                                                 int64_t word, T* out) {
-  const int64_t blocks = k / kBlock, group = n / kGroup, lane = n % kGroup;
-  const float scale = paged::HalfToFloat(GroupScales(scales, group, blocks)[b * kGroup + lane]);
-  DequantizeWord<Out>(GroupTiles(tiles, group, blocks, q4) + b * TileBytes(q4), q4, lane, word,
-                      scale, out + n * k + b * kBlock + word * (kBlock / WordsPerBlock(q4)));
 }
 
 // How the CUDA GEMV (and its twin) splits a row's blocks: part p of kGemvParts sums blocks p,
