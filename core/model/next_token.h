@@ -111,12 +111,13 @@ class NextTokenChooser {
                                  absl::Span<const float> draft, at::Generator& generator,
                                  TokenLogprob* logprob = nullptr);
 
-  // Whether Choose's token is the logits' first largest, read from them alone (greedy options,
-  // nothing adjusted or reported): a step's such rows on a device can be chosen together
-  // (GreedyChoices in core/model/sampling.h, one transfer) and handed over through Take.
-  bool ChoosesArgmax() const { return IsGreedy(sampling_) && !Adjusts() && !reports_logprobs(); }
-  // Takes `choice` (a ChoosesArgmax row's GreedyChoices result) as Choose would have chosen
-  // it; its error as it is.
+  // Whether Choose's token comes from the logits and the sampling options alone (nothing
+  // adjusted or reported): a step's such rows on a device can be chosen together (ChooseRows
+  // in core/model/sampling.h with RowSamplingFor's options, one launch and one transfer) and
+  // handed over through Take; Choose on one such row draws the same token.
+  bool ChoosesFromLogitsAlone() const { return !Adjusts() && !reports_logprobs(); }
+  // Takes `choice` (a ChoosesFromLogitsAlone row's ChooseRows result) as Choose would have
+  // chosen it; its error as it is.
   absl::StatusOr<int64_t> Take(const absl::StatusOr<int64_t>& choice);
 
   bool reports_logprobs() const { return top_logprobs_ >= 0; }

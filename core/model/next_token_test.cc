@@ -12,6 +12,8 @@
 #include <random>
 #include <set>
 
+#include "core/base/device.h"
+
 namespace lgpt {
 namespace {
 
@@ -188,17 +190,20 @@ TEST(NextTokenTest, AConstraintThatBansEverythingIsAnError) {
   EXPECT_EQ(token.status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
-// Rows that choose their argmax can be chosen elsewhere (GreedyChoices) and taken: the same
-// token, and the same state after it, as Choose; rows with adjustments or logprobs cannot.
-TEST(NextTokenTest, ArgmaxRowsCanBeTakenAsChosen) {
+// Rows whose choice needs their logits and options alone can be chosen elsewhere (ChooseRows)
+// and taken: the same token, and the same state after it, as Choose (greedy rows anywhere;
+// sampled ones on a device, where Choose draws as ChooseRows does); rows with adjustments or
+// logprobs cannot.
+TEST(NextTokenTest, RowsFromLogitsAloneCanBeTakenAsChosen) {
   SamplingOptions greedy;
   NextTokenChooser plain(greedy, {});
-  EXPECT_TRUE(plain.ChoosesArgmax());
+  EXPECT_TRUE(plain.ChoosesFromLogitsAlone());
   at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(1);
   const at::Tensor logits = at::randn({1, 50});
   const absl::StatusOr<int64_t> chosen = plain.Choose(logits, generator);
   ASSERT_TRUE(chosen.ok());
-  const std::vector<absl::StatusOr<int64_t>> together = GreedyChoices(logits);
+  const std::vector<absl::StatusOr<int64_t>> together =
+      ChooseRows(logits, {RowSamplingFor(greedy, generator)});
   NextTokenChooser other(greedy, {});
   EXPECT_EQ(*other.Take(together[0]), *chosen);
   EXPECT_EQ(other.Take(absl::FailedPreconditionError("broken")).status().code(),
@@ -206,11 +211,25 @@ TEST(NextTokenTest, ArgmaxRowsCanBeTakenAsChosen) {
 
   SamplingOptions penalised = greedy;
   penalised.frequency_penalty = 0.5;
-  EXPECT_FALSE(NextTokenChooser(penalised, {}).ChoosesArgmax());
-  EXPECT_FALSE(NextTokenChooser(greedy, {}, nullptr, /*top_logprobs=*/0).ChoosesArgmax());
+  EXPECT_FALSE(NextTokenChooser(penalised, {}).ChoosesFromLogitsAlone());
+  EXPECT_FALSE(NextTokenChooser(greedy, {}, nullptr, /*top_logprobs=*/0).ChoosesFromLogitsAlone());
   SamplingOptions sampled = greedy;
   sampled.temperature = 0.7;
-  EXPECT_FALSE(NextTokenChooser(sampled, {}).ChoosesArgmax());
+  sampled.top_p = 0.9;
+  EXPECT_TRUE(NextTokenChooser(sampled, {}).ChoosesFromLogitsAlone());
+
+  if (!CudaAvailable()) GTEST_SKIP() << "skipped (the sampled rows on CUDA): no CUDA device";
+  const at::Tensor on_cuda = (at::randn({1, 3000}) * 3).to(c10::Device(c10::kCUDA, 0));
+  at::Generator for_choose = at::make_generator<at::CPUGeneratorImpl>(9);
+  at::Generator for_rows = at::make_generator<at::CPUGeneratorImpl>(9);
+  NextTokenChooser alone(sampled, {});
+  for (int step = 0; step < 8; ++step) {
+    const absl::StatusOr<int64_t> token = alone.Choose(on_cuda, for_choose);
+    const std::vector<absl::StatusOr<int64_t>> rows =
+        ChooseRows(on_cuda, {RowSamplingFor(sampled, for_rows)});
+    ASSERT_TRUE(token.ok() && rows[0].ok());
+    EXPECT_EQ(*token, *rows[0]) << "step " << step;
+  }
 }
 
 TEST(NextTokenTest, ValidationNamesTheFields) {

@@ -320,15 +320,35 @@ int64_t DrawIndex(absl::Span<const double> weights, at::Generator& generator) {
   return last;
 }
 
-std::vector<absl::StatusOr<int64_t>> GreedyChoices(const at::Tensor& logits) {
-  // [B, V] -> [2, B]: each row's argmax and whether the row is usable, one copy to the host.
-  const at::Tensor both = at::stack({logits.argmax(-1), UsableRows(logits).to(at::kLong)}).cpu();
-  const int64_t* ids = both.data_ptr<int64_t>();
-  const int64_t rows = both.size(1);
+RowSampling RowSamplingFor(const SamplingOptions& options, at::Generator& generator) {
+  RowSampling row;
+  if (IsGreedy(options)) return row;
+  row.temperature = options.temperature;
+  row.top_k = options.top_k;
+  row.top_p = options.top_p;
+  row.min_p = options.min_p;
+  at::Generator source;
+  at::CPUGeneratorImpl* rng = CpuGenerator(generator, &source);
+  std::lock_guard<std::mutex> lock(source.mutex());
+  row.key = rng->random64();
+  return row;
+}
+
+std::vector<absl::StatusOr<int64_t>> ChooseRows(const at::Tensor& logits,
+                                                absl::Span<const RowSampling> rows) {
+  absl::StatusOr<std::vector<int64_t>> tokens;
+  try {
+    tokens = SampleRows(logits.to(at::kFloat), rows);
+  } catch (const c10::Error& e) {  // the conversion (out of device memory, say)
+    tokens = absl::InternalError(absl::StrCat("sampling failed: ", e.what_without_backtrace()));
+  }
+  if (!tokens.ok()) return std::vector<absl::StatusOr<int64_t>>(rows.size(), tokens.status());
   std::vector<absl::StatusOr<int64_t>> choices;
-  choices.reserve(static_cast<size_t>(rows));
-  for (int64_t b = 0; b < rows; ++b) {
-    choices.push_back(ids[rows + b] != 0 ? absl::StatusOr<int64_t>(ids[b]) : UnusableRowError(b));
+  choices.reserve(tokens->size());
+  for (size_t b = 0; b < tokens->size(); ++b) {
+    const int64_t token = (*tokens)[b];
+    choices.push_back(token != kUnusableRow ? absl::StatusOr<int64_t>(token)
+                                            : UnusableRowError(static_cast<int64_t>(b)));
   }
   return choices;
 }
@@ -336,21 +356,20 @@ std::vector<absl::StatusOr<int64_t>> GreedyChoices(const at::Tensor& logits) {
 absl::StatusOr<at::Tensor> SampleNext(const at::Tensor& logits, const SamplingOptions& options,
                                       at::Generator& generator) {
   try {
-    if (IsGreedy(options) && !logits.device().is_cpu()) {
-      // On a device: the choices and their checks in one transfer (a step synchronises once).
+    if (!logits.device().is_cpu() && (!generator.defined() || generator.device().is_cpu())) {
+      // On a device: drawn there, the ids and their checks in one transfer (a step synchronises
+      // once); no tensor operation meets a generator of another device. (Logits not [B, V]:
+      // SampleRows says so.)
+      std::vector<RowSampling> rows;
+      for (int64_t b = 0; b < (logits.dim() == 2 ? logits.size(0) : 1); ++b) {
+        rows.push_back(RowSamplingFor(options, generator));
+      }
       std::vector<int64_t> ids;
-      for (absl::StatusOr<int64_t>& choice : GreedyChoices(logits)) {
+      for (absl::StatusOr<int64_t>& choice : ChooseRows(logits, rows)) {
         if (!choice.ok()) return choice.status();
         ids.push_back(*choice);
       }
       return at::tensor(ids, at::kLong);
-    }
-    if (!IsGreedy(options) && !logits.device().is_cpu() &&
-        (!generator.defined() || generator.device().is_cpu())) {
-      // A CPU generator draws on the host: a device's rows are read back first (V floats a
-      // row, where the drawn id alone would cross otherwise), so a seed draws the same tokens
-      // on every device, and no tensor operation meets a generator of another device.
-      return SampleNext(logits.to(at::kCPU, at::kFloat).contiguous(), options, generator);
     }
     if (std::optional<at::Tensor> greedy = GreedyOnHost(logits, options)) return *greedy;
     if (std::optional<at::Tensor> drawn = SampleOnHost(logits, options, generator)) return *drawn;

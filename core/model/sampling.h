@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "core/ops/row_sampler.h"
 
 namespace lgpt {
 
@@ -48,20 +49,28 @@ struct SamplingOptions {
 // vocabulary are the request's check: the model knows its size).
 absl::Status ValidateSampling(const SamplingOptions& options);
 
-// logits [B, V] -> next token ids [B] (int64). `generator` drives the random draws. Greedy
-// rows are chosen on the logits' device; with a CPU generator (as every lgpt caller makes) other
-// rows are drawn on the host, a device's rows read back first: a seed gives the same tokens for
-// the same logits on every device.
+// logits [B, V] -> next token ids [B] (int64). `generator` drives the random draws.
+// CPU logits are drawn on the host as torch.multinomial draws them (LitGPT's tokens for a seed).
+// A device's rows are chosen there with a CPU generator (as every lgpt caller makes): one
+// kernel launch, the ids alone read back (ChooseRows), each sampled row keyed by one 64-bit draw
+// of `generator` (RowSamplingFor): a seed gives the same tokens on that device whatever the
+// batch, and other tokens than on the CPU (another random stream, the same distribution).
 // FailedPrecondition when a row of logits holds NaN or +inf, or nothing but -inf (a model with
 // non-finite weights or activations): no token is drawn from a broken distribution.
 absl::StatusOr<at::Tensor> SampleNext(const at::Tensor& logits, const SamplingOptions& options,
                                       at::Generator& generator);
 
-// Greedy choices of logits [B, V] on any device, computed there and read back in one transfer
-// (a decoding step's rows on a GPU then synchronise once, not once a row): per row its first
-// largest logit, or SampleNext's FailedPrecondition for a row holding NaN or +inf, or nothing
-// but -inf.
-std::vector<absl::StatusOr<int64_t>> GreedyChoices(const at::Tensor& logits);
+// A row's options for ChooseRows: the key is one 64-bit draw of `generator` (a CPU generator;
+// undefined: LibTorch's default) when the options sample; greedy options draw nothing.
+RowSampling RowSamplingFor(const SamplingOptions& options, at::Generator& generator);
+
+// Choices for logits [B, V] (any float dtype) on the CPU or a CUDA device, drawn there
+// (core/ops/row_sampler.h) and read back in one transfer: a decoding step's rows on a GPU
+// synchronise once, not once a row. Per row its token, or SampleNext's FailedPrecondition for a
+// row holding NaN or +inf, or nothing but -inf (or, for every row, the error that stopped the
+// draw). The options' penalties and biases are not applied: the caller's rows have none.
+std::vector<absl::StatusOr<int64_t>> ChooseRows(const at::Tensor& logits,
+                                                absl::Span<const RowSampling> rows);
 
 // Whether the options choose the most likely token (temperature or top_p 0).
 inline bool IsGreedy(const SamplingOptions& options) {

@@ -10,6 +10,7 @@
 #include <set>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/base/device.h"
 #include "gtest/gtest.h"
 
@@ -76,37 +77,40 @@ TEST(SamplingTest, SameSeedSameDraws) {
   }
 }
 
-// Empirical frequencies over many draws match softmax(logits / T): a sampler that ignored its
-// temperature or its generator would fail here.
-// A CPU generator draws a CUDA row's token as it draws the same row on the CPU (the row is
-// read back), with every option; tensor operations never meet a generator of another device.
-TEST(SamplingTest, CudaRowsDrawAsOnTheCpuForTheSameSeed) {
+// A device's rows are drawn there: SampleNext on CUDA chooses what ChooseRows' CPU twin chooses
+// for the keys the same seed gives (RowSamplingFor), with every option; greedy rows are each
+// row's first largest logit.
+TEST(SamplingTest, CudaRowsDrawAsTheTwinForTheSameSeed) {
   if (!CudaAvailable()) GTEST_SKIP() << "skipped: no CUDA device";
   const c10::Device cuda(c10::kCUDA, 0);
   at::manual_seed(11);
   const at::Tensor logits = at::randn({3, 1000}) * 3;  // [B, V]
-  for (const SamplingOptions& options :
-       {SamplingOptions{0.8}, SamplingOptions{1.0, 50}, SamplingOptions{0.7, 0, 0.9}}) {
-    at::Generator on_cpu = at::make_generator<at::CPUGeneratorImpl>(42);
+  for (const SamplingOptions& options : {SamplingOptions{0.8}, SamplingOptions{1.0, 50},
+                                         SamplingOptions{0.7, 0, 0.9}, SamplingOptions{0.0}}) {
+    at::Generator for_twin = at::make_generator<at::CPUGeneratorImpl>(42);
     at::Generator for_cuda = at::make_generator<at::CPUGeneratorImpl>(42);
     for (int step = 0; step < 5; ++step) {
-      const absl::StatusOr<at::Tensor> expected = SampleNext(logits, options, on_cpu);
+      std::vector<RowSampling> rows;
+      for (int b = 0; b < 3; ++b) rows.push_back(RowSamplingFor(options, for_twin));
+      std::vector<int64_t> expected;
+      for (const absl::StatusOr<int64_t>& choice : ChooseRows(logits, rows)) {
+        expected.push_back(*choice);
+      }
       const absl::StatusOr<at::Tensor> drawn = SampleNext(logits.to(cuda), options, for_cuda);
-      ASSERT_TRUE(expected.ok() && drawn.ok()) << drawn.status();
-      EXPECT_TRUE(at::equal(drawn->cpu(), *expected)) << "step " << step;
+      ASSERT_TRUE(drawn.ok()) << drawn.status();
+      EXPECT_TRUE(at::equal(drawn->cpu(), at::tensor(expected, at::kLong))) << "step " << step;
     }
   }
-  // Greedy rows stay on their device.
   at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(1);
   const absl::StatusOr<at::Tensor> greedy =
-      SampleNext(logits.to(cuda), SamplingOptions{0.0}, generator);
+      SampleNext(logits.to(cuda).to(at::kBFloat16), SamplingOptions{0.0}, generator);
   ASSERT_TRUE(greedy.ok());
-  EXPECT_TRUE(at::equal(greedy->cpu(), logits.argmax(-1)));
+  EXPECT_TRUE(at::equal(greedy->cpu(), logits.to(at::kBFloat16).to(at::kFloat).argmax(-1)));
 }
 
-// Greedy choices of a batch in one transfer: each row's first largest logit, and an error for
-// the rows that cannot be sampled only.
-TEST(SamplingTest, GreedyChoicesAreEachRowsArgmax) {
+// Choices of a batch in one transfer: each row's token, and an error for the rows that cannot be
+// sampled only.
+TEST(SamplingTest, ChooseRowsMarksOnlyTheUnusableRows) {
   at::manual_seed(12);
   at::Tensor logits = at::randn({5, 300});  // [B, V]
   logits[1][7] = 100;
@@ -114,24 +118,81 @@ TEST(SamplingTest, GreedyChoicesAreEachRowsArgmax) {
   logits[2][3] = std::numeric_limits<float>::quiet_NaN();
   logits[3].fill_(-std::numeric_limits<float>::infinity());
   logits[4][0] = std::numeric_limits<float>::infinity();
-  const std::vector<absl::StatusOr<int64_t>> choices = GreedyChoices(logits);
+  std::vector<RowSampling> rows(5);
+  rows[0] = RowSampling{0.9, 0, 0.9, 0, 77};
+  const std::vector<absl::StatusOr<int64_t>> choices = ChooseRows(logits, rows);
   ASSERT_EQ(choices.size(), 5u);
   ASSERT_TRUE(choices[0].ok());
-  EXPECT_EQ(*choices[0], logits[0].argmax().item<int64_t>());
+  EXPECT_EQ(*choices[0], (*ChooseRows(logits.narrow(0, 0, 1), {rows[0]})[0]));
   ASSERT_TRUE(choices[1].ok());
   EXPECT_EQ(*choices[1], 7);
   for (int row : {2, 3, 4}) {
     EXPECT_EQ(choices[row].status().code(), absl::StatusCode::kFailedPrecondition) << row;
+    EXPECT_NE(choices[row].status().message().find(absl::StrCat("row ", row)), std::string::npos);
   }
-  // The same tokens as SampleNext's greedy path, other dtypes too.
+  // Greedy rows: SampleNext's tokens, other dtypes too; an error stopping the draw: every row's.
   at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(1);
-  const at::Tensor usable = logits.narrow(0, 0, 2);
-  EXPECT_TRUE(at::equal(at::tensor({*choices[0], *choices[1]}, at::kLong),
-                        *SampleNext(usable, SamplingOptions{0.0}, generator)));
-  const std::vector<absl::StatusOr<int64_t>> bf16 = GreedyChoices(usable.to(at::kBFloat16));
-  EXPECT_EQ(*bf16[1], 7);
+  const at::Tensor usable = logits.narrow(0, 1, 1);
+  EXPECT_EQ(*ChooseRows(usable.to(at::kBFloat16), {RowSampling{}})[0],
+            SampleNext(usable, SamplingOptions{0.0}, generator)->item<int64_t>());
+  const std::vector<absl::StatusOr<int64_t>> refused = ChooseRows(logits, {RowSampling{}});
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_EQ(refused[0].status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// RowSamplingFor draws one key from the generator for options that sample (the same keys for
+// the same seed), none for greedy ones.
+TEST(SamplingTest, RowSamplingForDrawsAKeyOnlyWhenSampling) {
+  at::Generator a = at::make_generator<at::CPUGeneratorImpl>(5);
+  at::Generator b = at::make_generator<at::CPUGeneratorImpl>(5);
+  const SamplingOptions sampled{0.7, 20, 0.9, 0.05};
+  const RowSampling first = RowSamplingFor(sampled, a);
+  EXPECT_EQ(first.temperature, 0.7);
+  EXPECT_EQ(first.top_k, 20);
+  EXPECT_EQ(first.top_p, 0.9);
+  EXPECT_EQ(first.min_p, 0.05);
+  const RowSampling greedy = RowSamplingFor(SamplingOptions{0.0}, a);
+  EXPECT_EQ(greedy.temperature, 0.0);
+  EXPECT_EQ(greedy.key, 0u);
+  const RowSampling second = RowSamplingFor(sampled, a);
+  EXPECT_NE(second.key, first.key);
+  EXPECT_EQ(RowSamplingFor(sampled, b).key, first.key);
+  EXPECT_EQ(RowSamplingFor(sampled, b).key, second.key);  // the greedy row drew nothing
+}
+
+// The device sampler draws from the tokens the CPU sampler can draw (SamplingProbabilities'
+// support): top_k, min_p and top_p mean the same on every device, ties included.
+TEST(SamplingTest, DeviceDrawsKeepTheCpuSamplersTokens) {
+  at::manual_seed(13);
+  at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(6);
+  for (const bool ties : {false, true}) {
+    for (const float scale : {1.0f, 4.0f}) {
+      at::Tensor row = at::randn({2000}) * scale;  // [V]
+      if (ties) row = row.to(at::kBFloat16).to(at::kFloat);
+      for (const SamplingOptions& options :
+           {SamplingOptions{1.0}, SamplingOptions{0.7, 0, 0.9}, SamplingOptions{1.2, 50},
+            SamplingOptions{0.9, 100, 0.8}, SamplingOptions{1.0, 0, 1.0, 0.05},
+            SamplingOptions{0.5, 0, 0.6, 0.01}, SamplingOptions{1.0, 1500, 0.97}}) {
+        const absl::StatusOr<std::vector<double>> probabilities =
+            SamplingProbabilities(row.data_ptr<float>(), row.numel(), options);
+        ASSERT_TRUE(probabilities.ok());
+        std::vector<int64_t> support;
+        for (size_t i = 0; i < probabilities->size(); ++i) {
+          if ((*probabilities)[i] > 0) support.push_back(static_cast<int64_t>(i));
+        }
+        const absl::StatusOr<std::vector<int64_t>> kept =
+            KeptTokens(row, RowSamplingFor(options, generator));
+        ASSERT_TRUE(kept.ok()) << kept.status();
+        EXPECT_EQ(*kept, support) << "ties " << ties << " scale " << scale << " T "
+                                  << options.temperature << " top_k " << options.top_k << " top_p "
+                                  << options.top_p << " min_p " << options.min_p;
+      }
+    }
+  }
+}
+
+// Empirical frequencies over many draws match softmax(logits / T): a sampler that ignored its
+// temperature or its generator would fail here.
 TEST(SamplingTest, DrawsFollowTheTemperedDistribution) {
   const at::Tensor logits = at::tensor({1.0f, 0.0f, -1.0f, 2.0f}).view({1, 4});
   constexpr int kDraws = 20000;

@@ -94,8 +94,8 @@ struct Scheduler::Request {
   // Penalties, constraint and logprobs over the tokens so far; a preempted request keeps it
   // (its replayed tokens are not chosen again).
   std::unique_ptr<NextTokenChooser> chooser;
-  // This step's token when ChooseArgmaxRowsTogether chose it with the step's other rows.
-  std::optional<absl::StatusOr<int64_t>> argmax_choice;
+  // This step's token when ChooseDeviceRowsTogether chose it with the step's other rows.
+  std::optional<absl::StatusOr<int64_t>> device_choice;
   int64_t prefilled = 0;
   int64_t fed = 0;    // generated tokens whose entries the cache holds
   at::Tensor logits;  // [1, V] of the last position, in kSampling
@@ -995,30 +995,33 @@ void Scheduler::Fork(Request& leader, Request& r, Running& running) {
   stats_.forked_tokens += r.prompt_length;
 }
 
-void Scheduler::ChooseArgmaxRowsTogether(Running& running) {
+void Scheduler::ChooseDeviceRowsTogether(Running& running) {
   std::vector<Request*> rows;
   std::vector<at::Tensor> logits;
   for (auto& owned : running) {
     Request& r = *owned;
-    if (r.state == RequestState::kSampling && !r.verifies() && r.chooser->ChoosesArgmax() &&
-        r.logits.defined() && !r.logits.device().is_cpu()) {
+    if (r.state == RequestState::kSampling && !r.verifies() &&
+        r.chooser->ChoosesFromLogitsAlone() && r.logits.defined() && !r.logits.device().is_cpu()) {
       rows.push_back(&r);
       logits.push_back(r.logits.reshape({-1}));  // [V]
     }
   }
   if (rows.size() < 2) return;
-  std::vector<absl::StatusOr<int64_t>> choices;
+  at::Tensor stacked;  // [B, V]
   try {
-    choices = GreedyChoices(at::stack(logits));  // [B, V]
+    stacked = at::stack(logits);
   } catch (const std::exception&) {
     return;  // (out of device memory, say) each row is chosen on its own, reporting its error
   }
-  for (size_t i = 0; i < rows.size(); ++i) rows[i]->argmax_choice = std::move(choices[i]);
+  std::vector<RowSampling> options;
+  for (Request* r : rows) options.push_back(RowSamplingFor(r->chooser->sampling(), r->generator));
+  std::vector<absl::StatusOr<int64_t>> choices = ChooseRows(stacked, options);
+  for (size_t i = 0; i < rows.size(); ++i) rows[i]->device_choice = std::move(choices[i]);
 }
 
 void Scheduler::SampleReady(Running& running) {
   if (sync_ != nullptr && !sync_->leader()) return FollowSamples(running);
-  ChooseArgmaxRowsTogether(running);
+  ChooseDeviceRowsTogether(running);
   StepTokens shared;  // over ranks: what each request got, for the followers
   for (auto& owned : running) {
     Request& r = *owned;
@@ -1035,10 +1038,10 @@ void Scheduler::SampleReady(Running& running) {
       continue;
     }
     TokenLogprob logprob;
-    absl::StatusOr<int64_t> next = r.argmax_choice.has_value()
-                                       ? r.chooser->Take(*r.argmax_choice)
+    absl::StatusOr<int64_t> next = r.device_choice.has_value()
+                                       ? r.chooser->Take(*r.device_choice)
                                        : r.chooser->Choose(r.logits, r.generator, &logprob);
-    r.argmax_choice.reset();
+    r.device_choice.reset();
     r.logits = at::Tensor();
     if (!next.ok()) {
       r.Fail(next.status());

@@ -324,10 +324,12 @@ class Scheduler {
   // Whether `request` (not started) would reuse prefix blocks that a chunk of `batch` is
   // computing (its prompt shares them and they are not published yet).
   bool SharesUnpublishedBlock(const Request& request, const std::vector<PrefillPiece>& batch) const;
-  // The step's rows on a device whose choice is their argmax (NextTokenChooser::ChoosesArgmax)
-  // chosen in one batched argmax read back in one transfer: a GPU step synchronises once, not
-  // once a request. Rows on the CPU keep the per-row host path (no copy of their logits).
-  void ChooseArgmaxRowsTogether(Running& running);
+  // The step's rows on a device whose choice needs their logits and options alone
+  // (NextTokenChooser::ChoosesFromLogitsAlone) chosen together on the device, one launch read
+  // back in one transfer (ChooseRows): a GPU step synchronises once, not once a request. Each
+  // sampled row draws its key from its own generator, as Choose would: the same tokens as
+  // alone. Rows on the CPU keep the per-row host path (no copy of their logits).
+  void ChooseDeviceRowsTogether(Running& running);
   void SampleReady(Running& running);
   // The requests with a token to feed this step, in admission order, their next entry reserved
   // (a speculative row's: its verification chunk's entries, or one entry as usual).
