@@ -39,8 +39,8 @@ MlpImpl::MlpImpl(const Config& config, MlpClass kind, int64_t intermediate_size,
     fc_2_ = MakeLinear(*this, "fc_2", factory, LinearSite::kMlpFc2, layer, expert, n_embd,
                        intermediate_size, config.bias);
   }
-  proj_ = MakeLinear(*this, "proj", factory, LinearSite::kMlpProj, layer, expert,
-                     intermediate_size, n_embd, config.bias);
+  proj_ = MakeLinear(*this, "proj", factory, LinearSite::kMlpProj, layer, expert, intermediate_size,
+                     n_embd, config.bias);
 }
 
 at::Tensor MlpImpl::forward(const at::Tensor& x) {
@@ -69,8 +69,8 @@ MoeImpl::MoeImpl(const Config& config, int64_t layer, const LinearFactory& facto
   const int64_t expert_size = config.moe_intermediate_size.value_or(config.IntermediateSize());
   torch::nn::ModuleList experts;
   for (int64_t e = 0; e < config.n_expert; ++e) {
-    experts_.push_back(std::make_shared<MlpImpl>(config, MlpClass::kLLaMAMLP, expert_size, layer,
-                                                 e, factory));
+    experts_.push_back(
+        std::make_shared<MlpImpl>(config, MlpClass::kLLaMAMLP, expert_size, layer, e, factory));
     experts->push_back(experts_.back());
   }
   register_module("experts", experts);
@@ -84,27 +84,37 @@ MoeImpl::MoeImpl(const Config& config, int64_t layer, const LinearFactory& facto
 
 at::Tensor MoeImpl::forward(const at::Tensor& x) {
   const int64_t n_embd = x.size(-1);
-  const at::Tensor flat = x.reshape({-1, n_embd});                    // [N, C]
-  const at::Tensor router = gate_->forward(flat);                      // [N, n_expert]
+  const at::Tensor flat = x.reshape({-1, n_embd});                       // [N, C]
+  const at::Tensor router = gate_->forward(flat);                        // [N, n_expert]
   auto [top_logits, top_index] = at::topk(router, n_expert_per_token_);  // [N, k]
   at::Tensor probs = at::softmax(top_logits, 1, at::kFloat).to(x.scalar_type());
   if (routed_scaling_factor_ != 1.0) probs = probs * routed_scaling_factor_;
+  // The (token, slot) choices grouped by expert, tokens ascending within each group (a stable
+  // sort of the flat choices), and the groups' sizes read in one transfer: on a device one
+  // synchronisation a layer, not one an expert.
+  const at::Tensor choices = top_index.flatten();                                     // [N * k]
+  const at::Tensor by_expert = std::get<1>(choices.sort(/*stable=*/true, 0, false));  // [N * k]
+  const at::Tensor sizes =
+      at::bincount(choices, /*weights=*/{}, static_cast<int64_t>(experts_.size())).cpu();
+  const at::Tensor tokens = at::div(by_expert, n_expert_per_token_, "trunc");  // [N * k]
+  const at::Tensor weights = probs.flatten().index_select(0, by_expert).unsqueeze(-1);
   at::Tensor y = at::zeros_like(flat);
+  int64_t start = 0;
   for (int64_t e = 0; e < static_cast<int64_t>(experts_.size()); ++e) {
-    const std::vector<at::Tensor> hits = at::where(top_index == e);  // token, slot
-    if (hits[0].numel() == 0) continue;
-    const at::Tensor weight = probs.index({hits[0], hits[1]}).unsqueeze(-1);
-    y.index_add_(0, hits[0], weight * experts_[e]->forward(flat.index_select(0, hits[0])));
+    const int64_t size = sizes.data_ptr<int64_t>()[e];
+    if (size == 0) continue;
+    const at::Tensor hits = tokens.narrow(0, start, size);  // [size] token ids, ascending
+    y.index_add_(0, hits,
+                 weights.narrow(0, start, size) * experts_[e]->forward(flat.index_select(0, hits)));
+    start += size;
   }
   y = y.view(x.sizes());
   if (shared_experts_) y = y + shared_experts_->forward(x);
   return y;
 }
 
-FeedForwardPtr MakeFeedForward(const Config& config, int64_t layer,
-                               const LinearFactory& factory) {
-  const bool dense_replaced =
-      config.first_k_dense_replace && layer < *config.first_k_dense_replace;
+FeedForwardPtr MakeFeedForward(const Config& config, int64_t layer, const LinearFactory& factory) {
+  const bool dense_replaced = config.first_k_dense_replace && layer < *config.first_k_dense_replace;
   if (config.mlp_class == MlpClass::kLLaMAMoE && !dense_replaced) {
     return std::make_shared<MoeImpl>(config, layer, factory);
   }

@@ -24,6 +24,8 @@ TESTS=(
   //core/ops:block_quant_device_test
   //core/model:quantize_model_test
   //core/model:sampling_test
+  //core/model:next_token_test
+  //core/ops:row_sampler_test
   //cache:paged_kv_cache_test
   //cache:routing_kv_cache_test
   //core/base:device_test
@@ -34,6 +36,7 @@ BENCHMARKS=(
   //core/ops:paged_attention_benchmark
   //core/ops:block_quant_device_benchmark
   //core/model:gpt_benchmark
+  //core/model:sampling_benchmark
 )
 DATA=(tests/testdata/golden tests/testdata/golden_extra tools/default_model)
 MAX_MIB=60
