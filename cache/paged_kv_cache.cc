@@ -12,6 +12,7 @@
 #include "absl/types/span.h"
 #include "cache/kv_codec.h"
 #include "cache/pool_entries.h"
+#include "core/base/device.h"
 #include "core/base/status_field.h"
 #include "core/base/status_macros.h"
 #include "core/ops/attention.h"
@@ -303,7 +304,7 @@ at::Tensor PagedKVCache::KeyPositions(int64_t layer) const {
       data[sinks_ + r] = sinks_ + r + ring_ * ((in_blocks - 1 - sinks_ - r) / ring_);
     }
     if (newest) data[slots_] = in_blocks;
-    slot_positions_ = positions.to(pool_->device());
+    slot_positions_ = ToDeviceQueued(positions, pool_->device());
     slot_positions_key_ = key;
   }
   return slot_positions_;

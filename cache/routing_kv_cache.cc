@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/base/device.h"
 #include "core/base/status_macros.h"
 #include "core/ops/decode_attention.h"
 #include "core/ops/paged_attention.h"
@@ -300,8 +301,15 @@ absl::StatusOr<std::optional<at::Tensor>> RoutingKVCache::AttendTableRows(
     pool->rows.push_back(std::move(table_row->row));
     pool->indices.push_back(row);
   }
+  if (pools.size() == 1 && pools[0].indices.size() == static_cast<size_t>(count)) {
+    // Every row in one pool, in order (the usual step): no gather and no scatter.
+    ASSIGN_OR_RETURN(const at::Tensor y,
+                     PagedDecodeRows(q.select(2, 0), pools[0].layer, pools[0].rows,
+                                     params));  // [rows, n_head, hs]
+    return y.unsqueeze(2);
+  }
   for (const Pool& pool : pools) {
-    const at::Tensor index = at::tensor(pool.indices, at::kLong).to(q.device());
+    const at::Tensor index = ToDeviceQueued(at::tensor(pool.indices, at::kLong), q.device());
     ASSIGN_OR_RETURN(const at::Tensor y,
                      PagedDecodeRows(q.index_select(0, index).select(2, 0), pool.layer, pool.rows,
                                      params));  // [n, n_head, hs]

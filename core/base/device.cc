@@ -44,6 +44,12 @@ void SynchronizeDevice(const c10::Device& device) {
 #endif
 }
 
+at::Tensor ToDeviceQueued(const at::Tensor& host, const c10::Device& device) {
+  if (!device.is_cuda() || !host.device().is_cpu()) return host.to(device);
+  // The caching host allocator keeps the pinned block until the queued copy has read it.
+  return host.pin_memory().to(device, /*non_blocking=*/true);
+}
+
 absl::StatusOr<c10::Device> ParseDevice(absl::string_view name) {
   if (name == "cpu") return c10::Device(c10::kCPU);
   absl::string_view rest = name;

@@ -3,6 +3,7 @@
 #ifndef LGPT_CORE_BASE_DEVICE_H_
 #define LGPT_CORE_BASE_DEVICE_H_
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
 #include "absl/status/statusor.h"
@@ -24,6 +25,11 @@ bool CudaAvailable();
 
 // Waits until every kernel queued on `device` has finished (a no-op on the CPU), for timings.
 void SynchronizeDevice(const c10::Device& device);
+
+// `host` (a CPU tensor) on `device` without waiting for the device: for a CUDA device it goes
+// through pinned memory and its copy is queued on the current stream (a copy from pageable
+// memory first waits for every kernel queued before it). Otherwise `host.to(device)`.
+at::Tensor ToDeviceQueued(const at::Tensor& host, const c10::Device& device);
 
 }  // namespace lgpt
 

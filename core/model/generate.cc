@@ -247,9 +247,12 @@ absl::StatusOr<std::vector<int64_t>> Generate(GPTImpl& model, KVCache& cache,
     // accepts, then one of its own (a replacement, or the bonus after every proposal).
     ++s.verify_steps;
     s.proposed_tokens += proposed;
+    // On a device the block's rows cross to the host in one transfer (each position's check
+    // reads its row there), not one a position.
+    const at::Tensor block = logits.device().is_cpu() ? logits : logits.to(at::kCPU, at::kFloat);
     int64_t emitted = 0;
     for (int64_t j = 0; j <= proposed && going; ++j) {
-      const at::Tensor row = logits.select(1, j);  // [1, V]
+      const at::Tensor row = block.select(1, j);  // [1, V]
       int64_t next;
       bool accepted = false;
       if (j < proposed) {

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/base/device.h"
 #include "core/base/status_field.h"
 #include "core/base/status_macros.h"
 #include "core/nn/adapter_routing.h"
@@ -238,7 +239,7 @@ absl::StatusOr<at::Tensor> GPTImpl::ForwardUnchecked(const at::Tensor& idx, KVCa
                                                 config_.PaddedVocabSize(), ")"));
     }
   }
-  const at::Tensor ids = idx.to(device());
+  const at::Tensor ids = ToDeviceQueued(idx, device());
   RETURN_IF_ERROR(CheckLogitSteps(options, steps));
   KVStep step;
   if (options.positions.defined()) {
@@ -248,7 +249,7 @@ absl::StatusOr<at::Tensor> GPTImpl::ForwardUnchecked(const at::Tensor& idx, KVCa
           absl::StrCat("positions must be int64 [", batch, ", ", steps, "] like the token ids"));
     }
     std::tie(step.min_position, step.max_position) = MinMax(options.positions);
-    step.positions = options.positions.to(device());
+    step.positions = ToDeviceQueued(options.positions, device());
   } else {
     step.positions = at::arange(steps, ids.options()).unsqueeze(0).expand({batch, steps});
     step.min_position = 0;
@@ -284,7 +285,7 @@ absl::StatusOr<at::Tensor> GPTImpl::ForwardUnchecked(const at::Tensor& idx, KVCa
     x = x.narrow(1, steps - 1, 1);
     kept_steps = {steps - 1};
   } else if (!options.logit_steps.empty()) {
-    x = x.index_select(1, at::tensor(options.logit_steps, at::kLong).to(x.device()));
+    x = x.index_select(1, ToDeviceQueued(at::tensor(options.logit_steps, at::kLong), x.device()));
     kept_steps = options.logit_steps;
   }
   if (options.hidden_states) return transformer->ln_f->forward(x);

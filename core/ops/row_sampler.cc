@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "core/base/device.h"
 #include "core/base/shape_text.h"
 #include "core/ops/row_sampler_layout.h"
 
@@ -170,7 +171,7 @@ absl::StatusOr<std::vector<int64_t>> SampleOnCuda(const at::Tensor& logits,
   const at::Tensor host_params =
       at::from_blob(const_cast<RowParams*>(params.data()),
                     {static_cast<int64_t>(params.size() * sizeof(RowParams))}, at::kByte);
-  const at::Tensor device_params = host_params.to(logits.device());
+  const at::Tensor device_params = ToDeviceQueued(host_params, logits.device());
   at::Tensor tokens = at::empty({rows}, logits.options().dtype(at::kLong));  // [B]
   const int error = cuda::LaunchSampleRows(
       logits.data_ptr<float>(), rows, logits.size(1), logits.stride(0),

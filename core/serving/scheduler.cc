@@ -1068,8 +1068,13 @@ bool Scheduler::Verify(Request& r) {
   const int64_t proposed = static_cast<int64_t>(proposal.tokens.size());
   int64_t emitted = 0, accepted = 0;
   bool verified = true;
+  // On a device the block's rows cross to the host in one transfer (each position's check
+  // reads its row there), not one a position.
+  const at::Tensor block = r.verify_logits.device().is_cpu()
+                               ? r.verify_logits
+                               : r.verify_logits.to(at::kCPU, at::kFloat);  // [steps, V]
   for (int64_t j = 0; j <= proposed; ++j) {
-    const at::Tensor row = r.verify_logits.narrow(0, j, 1);  // [1, V]
+    const at::Tensor row = block.narrow(0, j, 1);  // [1, V]
     TokenLogprob logprob;
     absl::StatusOr<NextTokenChooser::Verdict> verdict;
     if (j < proposed) {
