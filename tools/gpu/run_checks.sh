@@ -71,6 +71,10 @@ echo "== block-quantised GEMV (1B Llama shapes; GB_per_s of weight bytes read)"
 timeout 60 bin/block_quant_device_benchmark --benchmark_filter=cuda --benchmark_min_time=0.2 \
   >"$results/block_quant_device_benchmark.txt" 2>&1
 grep -E '^BM_' "$results/block_quant_device_benchmark.txt" || tail -5 "$results/block_quant_device_benchmark.txt"
+echo "== a step's token choice (rows_per_s: on the device vs rows read back to the host)"
+timeout 60 bin/sampling_benchmark --benchmark_filter=cuda --benchmark_min_time=0.2 \
+  >"$results/sampling_benchmark.txt" 2>&1
+grep -E '^BM_' "$results/sampling_benchmark.txt" || tail -5 "$results/sampling_benchmark.txt"
 echo "== model (float32, random weights)"
 timeout 180 bin/gpt_benchmark --benchmark_filter='(Prefill/llama-110m/512|Decode/llama-110m/(128|512))' \
   --benchmark_min_time=0.5 >"$results/gpt_benchmark.txt" 2>&1
