@@ -64,11 +64,12 @@ __device__ void BlockBest(Shared& s, float& score, int64_t& index) {
   __syncthreads();
 }
 
-// A token's part in a descent: its rank key and weight, or false when it takes no part.
+// A token's part in a descent: its rank key (Key), and whether it takes part with what weight
+// (Weight; keys a pass does not look at skip it and its exp).
 struct TopKWeigh {
   const float* x;
-  __device__ bool operator()(int64_t i, uint64_t* key, uint64_t* weight) const {
-    *key = row_sampler::RankKey(x[i], i);
+  __device__ uint64_t Key(int64_t i) const { return row_sampler::RankKey(x[i], i); }
+  __device__ bool Weight(int64_t, uint64_t, uint64_t* weight) const {
     *weight = 1;
     return true;
   }
@@ -81,13 +82,17 @@ struct TopPWeigh {
   float best;
   RowParams p;
   uint64_t kth;
-  __device__ bool operator()(int64_t i, uint64_t* key, uint64_t* weight) const {
-    *key = row_sampler::RankKey(x[i], i);
-    if (*key < kth) return false;
+  __device__ uint64_t Key(int64_t i) const { return row_sampler::RankKey(x[i], i); }
+  __device__ bool Weight(int64_t i, uint64_t key, uint64_t* weight) const {
+    if (key < kth) return false;
     const float tempered = row_sampler::Tempered(x[i], best, p.temperature);
     if (tempered < p.log_min_p) return false;
     *weight = row_sampler::Mass(tempered);
     return true;
+  }
+  __device__ bool operator()(int64_t i, uint64_t* key, uint64_t* weight) const {
+    *key = Key(i);
+    return Weight(i, *key, weight);
   }
 };
 
@@ -109,8 +114,13 @@ __device__ uint64_t Descend(Shared& s, int64_t vocab, double limit, const Weigh&
     for (int64_t base = warp_start; base < vocab; base += kThreads) {
       const int64_t i = base + lane;
       uint64_t key = 0, weight = 0;
-      const bool takes_part =
-          i < vocab && weigh(i, &key, &weight) && row_sampler::InPlay(key, prefix, pass);
+      bool takes_part = false;
+      if (i < vocab) {
+        key = weigh.Key(i);
+        takes_part = row_sampler::InPlay(key, prefix, pass) && weigh.Weight(i, key, &weight);
+      }
+      // Later passes look at few keys: most warps have none and skip the aggregation.
+      if (__ballot_sync(kFullWarp, takes_part) == 0) continue;
       if (!takes_part) weight = 0;
       const int bucket = takes_part ? row_sampler::Bucket(key, pass) : kBuckets;
       const unsigned peers = __match_any_sync(kFullWarp, bucket);
