@@ -131,11 +131,7 @@ int64_t SampleRowOnCpu(const float* x, int64_t vocab, const RowParams& p,
   }
   const auto candidate = [&](int64_t i, uint64_t* key, uint64_t* weight) {
     *key = row_sampler::RankKey(x[i], i);
-    if (*key < kth) return false;
-    const float tempered = row_sampler::Tempered(x[i], best, p.temperature);
-    if (tempered < p.log_min_p) return false;
-    *weight = row_sampler::Mass(tempered);
-    return true;
+    return row_sampler::CandidateWeight(x[i], *key, best, p, kth, weight);
   };
   uint64_t boundary = 0;
   if (p.top_p < 1) {

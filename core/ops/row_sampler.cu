@@ -84,11 +84,7 @@ struct TopPWeigh {
   uint64_t kth;
   __device__ uint64_t Key(int64_t i) const { return row_sampler::RankKey(x[i], i); }
   __device__ bool Weight(int64_t i, uint64_t key, uint64_t* weight) const {
-    if (key < kth) return false;
-    const float tempered = row_sampler::Tempered(x[i], best, p.temperature);
-    if (tempered < p.log_min_p) return false;
-    *weight = row_sampler::Mass(tempered);
-    return true;
+    return row_sampler::CandidateWeight(x[i], key, best, p, kth, weight);
   }
   __device__ bool operator()(int64_t i, uint64_t* key, uint64_t* weight) const {
     *key = Key(i);

@@ -168,6 +168,17 @@ LGPT_HOST_DEVICE inline uint64_t Mass(float tempered) {
   return static_cast<uint64_t>(Mul(ExpNonPositive(tempered), 1099511627776.0f));  // 2^40
 }
 
+// Whether token (x, key) is one of top_p's candidates: within top_k (its key at least `kth`, the
+// k-th key; 0 without top_k) and not dropped by min_p; `weight` gets its fixed-point mass then.
+LGPT_HOST_DEVICE inline bool CandidateWeight(float x, uint64_t key, float best, const RowParams& p,
+                                             uint64_t kth, uint64_t* weight) {
+  if (key < kth) return false;
+  const float tempered = Tempered(x, best, p.temperature);
+  if (tempered < p.log_min_p) return false;
+  *weight = Mass(tempered);
+  return true;
+}
+
 // Philox-4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", 2011): the
 // random block of counter block `counter` under key (k0, k1).
 LGPT_HOST_DEVICE inline void Philox4x32(const uint32_t counter[4], uint32_t k0, uint32_t k1,
