@@ -6,6 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "core/base/device.h"
 #include "core/dist/launcher.h"
 
 ABSL_FLAG(int32_t, devices, 1,
@@ -15,6 +16,8 @@ ABSL_FLAG(int32_t, devices, 1,
 ABSL_FLAG(int32_t, dist_timeout_s, 300,
           "seconds every data-parallel rank may take to arrive (rank 0 prepares the data "
           "first), and each collective to complete");
+ABSL_FLAG(std::string, device, "cpu",
+          "cpu or cuda[:N]: where the model trains (one process: not with --devices > 1)");
 
 namespace lgpt {
 
@@ -47,6 +50,15 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> JoinDevices() {
         absl::StrCat("--devices=", devices, " but WORLD_SIZE=", dist->world_size));
   }
   return ProcessGroup::Create(*dist);
+}
+
+absl::StatusOr<c10::Device> TrainingDevice() {
+  absl::StatusOr<c10::Device> device = ParseDevice(absl::GetFlag(FLAGS_device));
+  if (device.ok() && !device->is_cpu() && absl::GetFlag(FLAGS_devices) > 1) {
+    return absl::UnimplementedError(
+        "--device=cuda trains in one process: data parallelism (--devices > 1) runs on the CPU");
+  }
+  return device;
 }
 
 }  // namespace lgpt

@@ -1,13 +1,16 @@
-// --devices and --dist_timeout_s of the training tools (pretrain, finetune): data-parallel
-// training on N local ranks that the tool starts itself (like generate --tp), or as one rank
-// of a torchrun-style world (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set, one command per
-// host).
+// --devices, --dist_timeout_s and --device of the training tools (pretrain, finetune):
+// data-parallel training on N local ranks that the tool starts itself (like generate --tp), or
+// as one rank of a torchrun-style world (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set, one
+// command per host); or training in one process on a CUDA device.
 #ifndef LGPT_TOOLS_DEVICES_FLAGS_H_
 #define LGPT_TOOLS_DEVICES_FLAGS_H_
+
+#include <c10/core/Device.h>
 
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "absl/flags/declare.h"
 #include "absl/status/statusor.h"
@@ -15,6 +18,7 @@
 
 ABSL_DECLARE_FLAG(int32_t, devices);
 ABSL_DECLARE_FLAG(int32_t, dist_timeout_s);
+ABSL_DECLARE_FLAG(std::string, device);
 
 namespace lgpt {
 
@@ -32,6 +36,10 @@ int RankFromEnv();
 // torchrun-style world of the environment, whose WORLD_SIZE must equal --devices. Ranks that
 // do not arrive within --dist_timeout_s, and later collectives that take longer, are errors.
 absl::StatusOr<std::shared_ptr<ProcessGroup>> JoinDevices();
+
+// The device --device names (core/base/device.h's ParseDevice); Unimplemented for a CUDA device
+// with --devices > 1 (data parallelism runs on the CPU).
+absl::StatusOr<c10::Device> TrainingDevice();
 
 }  // namespace lgpt
 

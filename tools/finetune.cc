@@ -31,7 +31,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "cache/kv_cache_factory.h"
-#include "core/base/device.h"
 #include "core/base/output_dir.h"
 #include "core/config/config.h"
 #include "core/io/torch_pickle_writer.h"
@@ -81,8 +80,6 @@ ABSL_FLAG(int64_t, eval_interval, 50, "optimizer steps between validation runs")
 ABSL_FLAG(int64_t, eval_iters, 100, "micro-batches per validation run");
 ABSL_FLAG(int64_t, log_interval, 10, "optimizer steps between progress lines");
 ABSL_FLAG(uint64_t, seed, 1337, "random seed (split, order, initialisation, dropout)");
-ABSL_FLAG(std::string, device, "cpu",
-          "cpu or cuda[:N]: where the model trains (one process: not with --devices > 1)");
 ABSL_FLAG(std::string, kv_cache, "",
           "cache-aware training: sequences run in chunks through this KV cache policy (dense, "
           "window, sink, h2o, tova, h2o-vlen, qh2o) and gradients are those of that chunked "
@@ -223,11 +220,7 @@ int main(int argc, char** argv) {
   }
   const PromptStyle style = ValueOrDie(PromptStyleFromName(absl::GetFlag(FLAGS_prompt_style)));
   const int devices = absl::GetFlag(FLAGS_devices);
-  const c10::Device device = ValueOrDie(ParseDevice(absl::GetFlag(FLAGS_device)));
-  if (!device.is_cpu() && devices > 1) {
-    Die(absl::UnimplementedError(
-        "--device=cuda trains in one process: data parallelism (--devices > 1) runs on the CPU"));
-  }
+  const c10::Device device = ValueOrDie(TrainingDevice());
   const int64_t micro_batch = absl::GetFlag(FLAGS_micro_batch_size);
   const int64_t global_batch = absl::GetFlag(FLAGS_global_batch_size);
   if (devices >= 1 && micro_batch >= 1 && global_batch % (micro_batch * devices) != 0) {

@@ -42,7 +42,6 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "core/base/device.h"
 #include "core/base/file_util.h"
 #include "core/base/output_dir.h"
 #include "core/config/config.h"
@@ -81,8 +80,6 @@ ABSL_FLAG(int64_t, save_every, 500, "steps between checkpoints");
 ABSL_FLAG(std::string, save_precision, "bf16-true", "dtype of saved weights");
 ABSL_FLAG(bool, resume, false, "continue from out_dir's training state");
 ABSL_FLAG(uint64_t, seed, 42, "random seed");
-ABSL_FLAG(std::string, device, "cpu",
-          "cpu or cuda[:N]: where the model trains (one process: not with --devices > 1)");
 ABSL_FLAG(int64_t, bos_first, -1,
           "token id put at position 0 of every training sequence (the rest a random window), "
           "so the model learns one fixed attention sink (StreamingLLM's sink-token pretraining); "
@@ -238,11 +235,7 @@ int main(int argc, char** argv) {
   }
   const std::shared_ptr<ProcessGroup> group = ValueOrDie(JoinDevices());
   const int rank = group->rank(), world = group->world_size();
-  const c10::Device device = ValueOrDie(ParseDevice(absl::GetFlag(FLAGS_device)));
-  if (!device.is_cpu() && world > 1) {
-    Die(absl::UnimplementedError(
-        "--device=cuda trains in one process: data parallelism (--devices > 1) runs on the CPU"));
-  }
+  const c10::Device device = ValueOrDie(TrainingDevice());
   // The other ranks tokenize with rank 0's tokenizer, from a private copy.
   std::string tokenizer_model = out_dir + "/tokenizer.model";
   if (world > 1) {
