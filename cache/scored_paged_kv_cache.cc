@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cache/pool_entries.h"
+#include "core/base/device.h"
 #include "core/base/status_field.h"
 #include "core/base/status_macros.h"
 #include "core/ops/decode_attention.h"
@@ -31,6 +32,10 @@ at::Tensor AsFloat32(const at::Tensor& entries, bool copy = false) {
   return entries.to(at::kFloat, /*non_blocking=*/false, copy, at::MemoryFormat::Contiguous);
 }
 
+bool SlotWorkOnHost(ScoredSlotWork work, const BlockPool& pool) {
+  return work == ScoredSlotWork::kHost || (work == ScoredSlotWork::kAuto && pool.device().is_cpu());
+}
+
 }  // namespace
 
 absl::Status CheckScoredPagedPolicy(const EvictionPolicyOptions& policy, const BlockPool& pool) {
@@ -40,13 +45,6 @@ absl::Status CheckScoredPagedPolicy(const EvictionPolicyOptions& policy, const B
                                           " must be h2o or tova (sink and window caches are "
                                           "PagedKVCache's rings), got ",
                                           PolicyName(policy.kind)));
-  }
-  if (!pool.device().is_cpu()) {
-    return InvalidFieldError(
-        kPool, absl::StrCat(kPool,
-                            " must be on the CPU (scores and slot positions are kept on "
-                            "the host), got a pool on ",
-                            pool.device().str()));
   }
   for (const KVLayerSpec& layer : pool.layers()) {
     if (layer.score_reducer) {
@@ -74,6 +72,16 @@ absl::StatusOr<std::unique_ptr<ScoredPagedKVCache>> ScoredPagedKVCache::Create(
   const EvictionPolicyOptions& policy = options.policy;
   RETURN_IF_ERROR(ValidateEvictionPolicy(policy, "ScoredPagedKVCacheOptions.policy"));
   RETURN_IF_ERROR(CheckScoredPagedPolicy(policy, *options.pool));
+  if (options.slot_work == ScoredSlotWork::kHost && !options.pool->device().is_cpu()) {
+    return InvalidFieldError(
+        "ScoredPagedKVCacheOptions.slot_work",
+        absl::StrCat("ScoredPagedKVCacheOptions.slot_work is kHost, which needs a CPU pool; the "
+                     "pool is on ",
+                     options.pool->device().str()));
+  }
+  const at::TensorOptions slot_options = SlotWorkOnHost(options.slot_work, *options.pool)
+                                             ? at::TensorOptions()
+                                             : at::TensorOptions().device(options.pool->device());
   const std::vector<KVLayerSpec>& specs = options.pool->layers();
   if (!policy.layer_budgets.empty() && policy.layer_budgets.size() != specs.size()) {
     return InvalidFieldError(
@@ -92,8 +100,8 @@ absl::StatusOr<std::unique_ptr<ScoredPagedKVCache>> ScoredPagedKVCache::Create(
     // eviction it causes (PolicyKVCache's main store holds as many).
     layer.capacity =
         std::max<int64_t>(1, layer.plan.evicts() ? layer.plan.budget + 1 : layer.plan.budget);
-    layer.positions = at::full({1, layer.groups, layer.capacity}, -1, at::kInt);
-    layer.scores = at::zeros({1, layer.groups, layer.capacity, 1}, at::kFloat);
+    layer.positions = at::full({1, layer.groups, layer.capacity}, -1, slot_options.dtype(at::kInt));
+    layer.scores = at::zeros({1, layer.groups, layer.capacity, 1}, slot_options.dtype(at::kFloat));
     layers.push_back(std::move(layer));
   }
   return std::unique_ptr<ScoredPagedKVCache>(new ScoredPagedKVCache(options, std::move(layers)));
@@ -104,6 +112,7 @@ ScoredPagedKVCache::ScoredPagedKVCache(const ScoredPagedKVCacheOptions& options,
     : pool_(options.pool),
       max_sequence_length_(options.max_sequence_length),
       policy_(options.policy),
+      on_host_(SlotWorkOnHost(options.slot_work, *options.pool)),
       layers_(std::move(layers)),
       layer_length_(layers_.size(), 0) {
   for (const Layer& layer : layers_) max_capacity_ = std::max(max_capacity_, layer.capacity);
@@ -114,6 +123,7 @@ ScoredPagedKVCache::~ScoredPagedKVCache() { Reset(); }
 void ScoredPagedKVCache::Reset() {
   for (int64_t block : table_) pool_->Release(block);
   table_.clear();
+  table_changed_ = true;
   for (Layer& layer : layers_) {
     layer.positions.fill_(-1);
     layer.scores.zero_();
@@ -146,7 +156,10 @@ int64_t ScoredPagedKVCache::BlocksNeeded(int64_t steps) const {
 }
 
 absl::Status ScoredPagedKVCache::TakeStepBlocks(int64_t steps) const {
-  return TakeTableBlocks(*pool_, table_, TableSlotsToFill(steps));
+  const std::vector<int64_t> indices = TableSlotsToFill(steps);
+  if (indices.empty()) return absl::OkStatus();
+  table_changed_ = true;
+  return TakeTableBlocks(*pool_, table_, indices);
 }
 
 absl::Status ScoredPagedKVCache::CheckStep(const KVStep& step, int64_t batch_size) const {
@@ -166,13 +179,14 @@ absl::Status ScoredPagedKVCache::CheckLayer(int64_t layer, const KVStep& step,
   RETURN_IF_ERROR(
       CheckLayerStep(layer, pool_->layers(), step, keys, values, 1, max_sequence_length_));
   const c10::ScalarType dtype = keys.scalar_type();
+  const c10::Device device = pool_->device();
   if ((dtype != at::kFloat && dtype != at::kBFloat16 && dtype != at::kHalf) ||
-      values.scalar_type() != dtype || !keys.device().is_cpu() || !values.device().is_cpu()) {
+      values.scalar_type() != dtype || keys.device() != device || values.device() != device) {
     return absl::InvalidArgumentError(absl::StrCat(
         "ScoredPagedKVCache takes float32, bfloat16 or float16 keys and values (of one dtype) on "
-        "the CPU, got keys ",
-        c10::toString(dtype), " on ", keys.device().str(), " and values ",
-        c10::toString(values.scalar_type()), " on ", values.device().str()));
+        "its pool's device (",
+        device.str(), "), got keys ", c10::toString(dtype), " on ", keys.device().str(),
+        " and values ", c10::toString(values.scalar_type()), " on ", values.device().str()));
   }
   if (layer_length_[layer] != length_ ||
       BlocksToHold(length_ + keys.size(2)) > static_cast<int64_t>(table_.size())) {
@@ -238,13 +252,27 @@ at::Tensor ScoredPagedKVCache::AsStored(int64_t layer, const at::Tensor& entries
   const int64_t groups = entries.size(1), steps = entries.size(2);
   const paged::EntryFormat* format = QuantisedFormat(layer);
   const int64_t width = format != nullptr ? paged::EntryBytes(*format) : entries.size(3);
-  const at::Tensor scratch = at::empty({groups, steps, width}, at::TensorOptions(pool_->dtype()));
+  const at::Tensor scratch =
+      at::empty({groups, steps, width}, at::TensorOptions(pool_->dtype()).device(pool_->device()));
   StoreEntries(entries, 0, steps, scratch, 0, format);
   return ReadEntries({scratch}, steps, format, dtype).unsqueeze(0);
 }
 
 void ScoredPagedKVCache::PlaceDecode(Layer& layer, int64_t index, int64_t position,
                                      const at::Tensor& keys, const at::Tensor& values) {
+  // One empty slot per group exists: at most `used` < capacity are live.
+  TORCH_CHECK(layer.used < layer.capacity, "no empty slot in a scored paged cache's layer");
+  if (on_host_) {
+    PlaceDecodeOnHost(layer, index, position, keys, values);
+  } else {
+    PlaceDecodeOnDevice(layer, index, position, keys, values);
+  }
+  layer.used = std::min(layer.used + 1, layer.capacity);
+  layer.high = std::min(layer.capacity, std::max(layer.high, layer.used));
+}
+
+void ScoredPagedKVCache::PlaceDecodeOnHost(Layer& layer, int64_t index, int64_t position,
+                                           const at::Tensor& keys, const at::Tensor& values) {
   const at::Tensor k = AsFloat32(keys), v = AsFloat32(values);  // [1, G, 1, hs] float32
   const int64_t capacity = layer.capacity, hs = layer.head_size;
   int32_t* positions = layer.positions.data_ptr<int32_t>();  // [1, G, capacity]
@@ -260,8 +288,64 @@ void ScoredPagedKVCache::PlaceDecode(Layer& layer, int64_t index, int64_t positi
     StoreRow(index, true, slot, g, k.data_ptr<float>() + g * hs);
     StoreRow(index, false, slot, g, v.data_ptr<float>() + g * hs);
   }
-  layer.used = std::min(layer.used + 1, capacity);
-  layer.high = std::min(capacity, std::max(layer.high, layer.used));
+}
+
+void ScoredPagedKVCache::PlaceDecodeOnDevice(Layer& layer, int64_t index, int64_t position,
+                                             const at::Tensor& keys, const at::Tensor& values) {
+  const at::Tensor positions = layer.positions.select(0, 0);  // [G, capacity]
+  // Each group's first empty slot (argmax takes the first of equals): [G, 1].
+  const at::Tensor slot = positions.lt(0).to(at::kInt).argmax(1, /*keepdim=*/true);
+  positions.scatter_(1, slot, position);
+  layer.scores.select(0, 0).select(2, 0).scatter_(1, slot, 0.0);
+  WriteStored(index, true, slot, Encode(index, keys));
+  WriteStored(index, false, slot, Encode(index, values));
+}
+
+at::Tensor ScoredPagedKVCache::TableOnDevice(int64_t blocks) const {
+  if (table_changed_) {
+    const at::Tensor host =
+        at::from_blob(table_.data(), {static_cast<int64_t>(table_.size())}, at::kLong).clone();
+    table_on_device_ = ToDeviceQueued(host, pool_->device());
+    table_changed_ = false;
+  }
+  return table_on_device_.narrow(0, 0, blocks);
+}
+
+at::Tensor ScoredPagedKVCache::SlotRange(int64_t layer, int64_t n) const {
+  const at::TensorOptions options = at::TensorOptions(at::kLong).device(pool_->device());
+  return at::arange(n, options).unsqueeze(0).expand({layers_[layer].groups, n});
+}
+
+at::Tensor ScoredPagedKVCache::Encode(int64_t layer, const at::Tensor& entries) const {
+  const int64_t groups = entries.size(1), steps = entries.size(2);
+  const paged::EntryFormat* format = QuantisedFormat(layer);
+  const int64_t width = format != nullptr ? paged::EntryBytes(*format) : entries.size(3);
+  const at::Tensor rows =  // [G, T, width]
+      at::empty({groups, steps, width}, at::TensorOptions(pool_->dtype()).device(pool_->device()));
+  StoreEntries(AsFloat32(entries), 0, steps, rows, 0, format);
+  return rows;
+}
+
+std::vector<at::indexing::TensorIndex> ScoredPagedKVCache::StorageIndex(
+    const at::Tensor& slots) const {
+  const int64_t entries = pool_->entries_per_block();
+  const at::Tensor blocks =  // [G, n]: the block of each slot
+      TableOnDevice(static_cast<int64_t>(table_.size()))
+          .index_select(0, slots.div(entries, "floor").reshape({-1}))
+          .view(slots.sizes());
+  const at::Tensor groups = at::arange(slots.size(0), slots.options()).unsqueeze(1);  // [G, 1]
+  return {blocks, groups, slots.remainder(entries)};
+}
+
+at::Tensor ScoredPagedKVCache::ReadStored(int64_t layer, bool keys, const at::Tensor& slots) const {
+  const at::Tensor& storage = keys ? pool_->layer_keys(layer) : pool_->layer_values(layer);
+  return storage.index(StorageIndex(slots));  // [G, n, width]
+}
+
+void ScoredPagedKVCache::WriteStored(int64_t layer, bool keys, const at::Tensor& slots,
+                                     const at::Tensor& rows) const {
+  at::Tensor storage = keys ? pool_->layer_keys(layer) : pool_->layer_values(layer);
+  storage.index_put_(StorageIndex(slots), rows);
 }
 
 absl::StatusOr<KVView> ScoredPagedKVCache::Update(int64_t index, const KVStep& step,
@@ -295,10 +379,10 @@ KVView ScoredPagedKVCache::UpdateChecked(int64_t index, const KVStep& step, cons
   pending.view_high = high;
   pending.keys = AsFloat32(keys, /*copy=*/true);
   pending.values = AsFloat32(values, /*copy=*/true);
-  pending.positions = step.positions.reshape({steps}).to(at::kInt);
+  pending.positions = step.positions.reshape({steps}).to(layer.positions.device(), at::kInt);
   Advance(index, steps);
   const at::Tensor chunk_positions =  // [1, G, T]
-      step.positions.to(at::kLong).reshape({1, 1, steps}).expand({1, layer.groups, steps});
+      pending.positions.to(at::kLong).view({1, 1, steps}).expand({1, layer.groups, steps});
   return KVView{
       at::cat({ReadKept(index, true, high, dtype), AsStored(index, pending.keys, dtype)}, 2),
       at::cat({ReadKept(index, false, high, dtype), AsStored(index, pending.values, dtype)}, 2),
@@ -360,6 +444,15 @@ void ScoredPagedKVCache::ScoreDecode(Layer& layer, int64_t n_head, const float* 
 }
 
 void ScoredPagedKVCache::EvictDecode(Layer& layer, int64_t newest) {
+  if (on_host_) {
+    EvictDecodeOnHost(layer, newest);
+  } else {
+    EvictDecodeOnDevice(layer, newest);
+  }
+  layer.used = layer.plan.budget;
+}
+
+void ScoredPagedKVCache::EvictDecodeOnHost(Layer& layer, int64_t newest) {
   int32_t* positions = layer.positions.data_ptr<int32_t>();
   const float* scores = layer.scores.data_ptr<float>();
   for (int64_t g = 0; g < layer.groups; ++g) {
@@ -378,7 +471,24 @@ void ScoredPagedKVCache::EvictDecode(Layer& layer, int64_t newest) {
     }
     if (live > layer.plan.budget) slot[victim] = -1;
   }
-  layer.used = layer.plan.budget;
+}
+
+void ScoredPagedKVCache::EvictDecodeOnDevice(Layer& layer, int64_t newest) {
+  const at::Tensor positions = layer.positions.narrow(2, 0, layer.high);  // [1, G, high]
+  at::Tensor state;                                                       // [1, G, high, 1]
+  if (StateChannels(layer.plan) > 0) state = layer.scores.narrow(2, 0, layer.high);
+  const at::Tensor priority =  // [1, G, high] float64
+      Priority(layer.plan, positions, state,
+               at::full({1, 1, 1}, newest, positions.options().dtype(at::kLong)));
+  // A group evicts only when it holds more than its budget, so all of its budget + 1 slots
+  // (= capacity) are live and the lowest priority is a live entry's (argmin: the first of equals,
+  // as the host's loop takes it). Groups at or under budget (holes left by a chunk on a windowed
+  // layer) keep theirs.
+  const at::Tensor victim = priority.argmin(2, /*keepdim=*/true);  // [1, G, 1]
+  const at::Tensor over = positions.ge(0).sum(2, /*keepdim=*/true).gt(layer.plan.budget);
+  positions.scatter_(
+      2, victim,
+      at::where(over, at::full({}, -1, positions.options()), positions.gather(2, victim)));
 }
 
 void ScoredPagedKVCache::Compact(int64_t index, const at::Tensor& chunk_scores) {
@@ -393,13 +503,14 @@ void ScoredPagedKVCache::Compact(int64_t index, const at::Tensor& chunk_scores) 
               2);
   at::Tensor state;  // [1, G, high + T, 1]
   if (StateChannels(layer.plan) > 0) {
-    at::Tensor fresh = at::zeros({1, groups, steps, 1}, at::kFloat);
+    at::Tensor fresh = at::zeros({1, groups, steps, 1}, layer.scores.options());
     if (chunk_scores.defined()) fresh.select(3, 0).copy_(chunk_scores);
     state = at::cat({layer.scores.narrow(2, 0, high), fresh}, 2);
   }
   const int64_t kept = std::min(layer.plan.budget, high + steps);
   // The policy's top `kept`, in position order (the ranking PolicyKVCache's KeepInMain makes).
-  const at::Tensor newest = at::full({1, 1, 1}, pending.newest, at::kLong);
+  const at::Tensor newest =
+      at::full({1, 1, 1}, pending.newest, candidates.options().dtype(at::kLong));
   const at::Tensor priority = Priority(layer.plan, candidates, state, newest);
   const auto top = priority.topk(kept, -1, /*largest=*/true, /*sorted=*/false);
   const at::Tensor valid = std::get<0>(top) > -std::numeric_limits<double>::infinity();
@@ -413,7 +524,23 @@ void ScoredPagedKVCache::Compact(int64_t index, const at::Tensor& chunk_scores) 
       candidates.gather(-1, chosen).masked_fill_(valid.gather(-1, order).logical_not(), -1);
   at::Tensor kept_state;
   if (state.defined()) kept_state = state.gather(2, chosen.unsqueeze(-1));
+  if (on_host_) {
+    MoveChosenOnHost(index, chosen);
+  } else {
+    MoveChosenOnDevice(index, chosen);
+  }
+  layer.positions.fill_(-1);
+  layer.scores.zero_();
+  layer.positions.narrow(2, 0, kept).copy_(kept_positions);
+  if (kept_state.defined()) layer.scores.narrow(2, 0, kept).copy_(kept_state);
+  layer.used = layer.high = kept;
+}
 
+void ScoredPagedKVCache::MoveChosenOnHost(int64_t index, const at::Tensor& chosen) {
+  const Layer& layer = layers_[index];
+  const Pending& pending = layer.pending;
+  const int64_t groups = layer.groups, high = pending.view_high, kept = chosen.size(2);
+  const int64_t steps = pending.positions.size(0);
   // Kept slots move as stored: saved first, since the new slots overlap the old ones.
   const int64_t row = RowBytes(index), hs = layer.head_size;
   std::vector<char> saved(static_cast<size_t>(2 * groups * high * row));
@@ -440,16 +567,27 @@ void ScoredPagedKVCache::Compact(int64_t index, const at::Tensor& chunk_scores) 
       }
     }
   }
-  layer.positions.fill_(-1);
-  layer.scores.zero_();
-  layer.positions.narrow(2, 0, kept).copy_(kept_positions);
-  if (kept_state.defined()) layer.scores.narrow(2, 0, kept).copy_(kept_state);
-  layer.used = layer.high = kept;
+}
+
+void ScoredPagedKVCache::MoveChosenOnDevice(int64_t index, const at::Tensor& chosen) {
+  const Layer& layer = layers_[index];
+  const Pending& pending = layer.pending;
+  const int64_t kept = chosen.size(2);
+  const at::Tensor kept_slots = SlotRange(index, pending.view_high);  // [G, high]
+  for (const bool keys : {true, false}) {
+    const at::Tensor candidates =  // [G, high + T, width]: the kept rows as stored, the chunk's
+        at::cat({ReadStored(index, keys, kept_slots),
+                 Encode(index, keys ? pending.keys : pending.values)},
+                1);
+    const at::Tensor from = chosen.select(0, 0).unsqueeze(2).expand({-1, -1, candidates.size(2)});
+    // The gather reads every source before the write (the slots overlap).
+    WriteStored(index, keys, SlotRange(index, kept), candidates.gather(1, from));
+  }
 }
 
 bool ScoredPagedKVCache::DecodeOnHostApplies(const at::Tensor& q, const at::Tensor& keys,
                                              const KVStep& step) const {
-  return keys.size(2) == 1 && q.device().is_cpu() && q.scalar_type() == at::kFloat &&
+  return on_host_ && keys.size(2) == 1 && q.device().is_cpu() && q.scalar_type() == at::kFloat &&
          !q.requires_grad() && step.positions.device().is_cpu() &&
          step.positions.scalar_type() == at::kLong;
 }
@@ -502,7 +640,8 @@ absl::StatusOr<at::Tensor> ScoredPagedKVCache::UpdateAndAttend(int64_t index, co
 std::vector<int64_t> ScoredPagedKVCache::KeptPositions(int64_t index, int64_t group) {
   Settle(index, at::Tensor());
   const Layer& layer = layers_[index];
-  const int32_t* slots = layer.positions.data_ptr<int32_t>() + group * layer.capacity;
+  const at::Tensor positions = layer.positions.to(at::kCPU).contiguous();
+  const int32_t* slots = positions.data_ptr<int32_t>() + group * layer.capacity;
   std::vector<int64_t> kept;
   for (int64_t s = 0; s < layer.high; ++s) {
     if (slots[s] >= 0) kept.push_back(slots[s]);
@@ -546,6 +685,7 @@ absl::Status ScoredPagedKVCache::CopyInto(KVCache& target) const {
   copy.Reset();
   for (int64_t block : table_) pool_->Retain(block);
   copy.table_ = table_;
+  copy.table_changed_ = true;
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Layer& from = layers_[i];
     Layer& to = copy.layers_[i];

@@ -18,9 +18,16 @@
 // every entry as stored, the step's own included (as cache/paged_kv_cache.h's pools do).
 // Entries kept across a chunk are moved as stored (never re-encoded).
 //
-// Scores, positions and the step's weights live on the host: CPU pools (Create refuses others),
-// float32, bfloat16 or float16 models (a 16-bit model's entries widen to float32 exactly on
-// their way into the pool's format, and views read them back in the model's dtype). No prefix
+// Where the slots' bookkeeping runs (ScoredSlotWork): for a CPU pool on the host (positions and
+// scores in host memory, rows copied one by one, a decoding step attended by the CPU decode
+// kernel, which hands out the weights); for a device pool (CUDA) on the pool's device, as tensor
+// operations that never read a value back: each group's first empty slot and its victim by
+// argmax / argmin (the first of equals, as the host's loops take them), entries written and
+// moved through the block table with index_put (stored rows moved as stored), scores added
+// from the weights of ATen's attention over the kept slots. Both keep the same entries; tests
+// run the device's code on a CPU pool against the host's. Float32, bfloat16 or float16 models
+// (a 16-bit model's entries widen to float32 exactly on their way into the pool's format, and
+// views read them back in the model's dtype). No prefix
 // sharing (entries depend on the steps, not only the tokens), no rollback (an evicted entry cannot
 // come back). Forking (KVForker, the n choices of a prompt): the copy shares every block and copies
 // a shared block before its first write.
@@ -43,17 +50,25 @@
 
 namespace lgpt {
 
+// Where a ScoredPagedKVCache keeps and updates its slots' positions and scores.
+enum class ScoredSlotWork {
+  kAuto,        // on the host for a CPU pool, on the pool's device otherwise
+  kHost,        // loops over host memory (CPU pools only)
+  kPoolDevice,  // tensor operations on the pool's device (a CUDA pool's; on a CPU pool, for tests)
+};
+
 struct ScoredPagedKVCacheOptions {
   std::shared_ptr<BlockPool> pool;
   int64_t max_sequence_length = 0;
   // h2o or tova (cache/eviction_policy.h's options: budget, layer_budgets, recent_fraction,
   // grace_period, normalize_scores).
   EvictionPolicyOptions policy;
+  ScoredSlotWork slot_work = ScoredSlotWork::kAuto;
 };
 
 // Whether a request of `policy` can be kept in a ScoredPagedKVCache over `pool`: a scoring
-// policy (h2o, tova) without score reducers on a CPU pool. OK or InvalidArgument naming the
-// field (ScoredPagedKVCacheOptions.policy.kind, .pool).
+// policy (h2o, tova) over a pool without score reducers. OK or InvalidArgument naming the field
+// (ScoredPagedKVCacheOptions.policy.kind, .pool).
 absl::Status CheckScoredPagedPolicy(const EvictionPolicyOptions& policy, const BlockPool& pool);
 
 class ScoredPagedKVCache : public KVCache,
@@ -62,7 +77,8 @@ class ScoredPagedKVCache : public KVCache,
                            public KVForker {
  public:
   // InvalidArgument for a missing pool, max_sequence_length < 1, a policy that
-  // CheckScoredPagedPolicy or ValidateEvictionPolicy refuses (errors name the field).
+  // CheckScoredPagedPolicy or ValidateEvictionPolicy refuses, host slot work over a device pool
+  // (errors name the field).
   static absl::StatusOr<std::unique_ptr<ScoredPagedKVCache>> Create(
       const ScoredPagedKVCacheOptions& options);
   ~ScoredPagedKVCache() override;
@@ -76,8 +92,9 @@ class ScoredPagedKVCache : public KVCache,
   // next step, without weights).
   absl::StatusOr<KVView> Update(int64_t layer, const KVStep& step, const at::Tensor& keys,
                                 const at::Tensor& values) override;
-  // Decoding steps in host loops (place, attend with the decode kernel, score, evict); prompt
-  // chunks through Update, attention over the view and ObserveAttentionWeights.
+  // Host slot work: decoding steps in host loops (place, attend with the decode kernel, score,
+  // evict). Otherwise, and for prompt chunks, through Update, attention over the view and
+  // ObserveAttentionWeights.
   absl::StatusOr<at::Tensor> UpdateAndAttend(int64_t layer, const KVStep& step, const at::Tensor& q,
                                              const at::Tensor& keys, const at::Tensor& values,
                                              const AttentionParams& params) override;
@@ -96,7 +113,7 @@ class ScoredPagedKVCache : public KVCache,
   void Reset() override;
   // Bytes of the blocks held (whole blocks, every layer).
   int64_t AllocatedBytes() const override;
-  // Slot positions and scores (host), and the table.
+  // Slot positions and scores, and the table.
   int64_t IndexBytes() const override;
   int64_t max_sequence_length() const override { return max_sequence_length_; }
   int64_t batch_size() const override { return 1; }
@@ -135,8 +152,8 @@ class ScoredPagedKVCache : public KVCache,
     int64_t capacity = 0;  // slots addressed: budget + 1 (the step's entry beside the budget)
     int64_t high = 0;      // slots [0, high) hold entries or holes; views stop there
     int64_t used = 0;      // live entries of any group (an upper bound)
-    at::Tensor positions;  // [1, G, capacity] int32, -1 where empty (host)
-    at::Tensor scores;     // [1, G, capacity, 1] float32: the policy's score (host)
+    at::Tensor positions;  // [1, G, capacity] int32, -1 where empty (where the slot work runs)
+    at::Tensor scores;     // [1, G, capacity, 1] float32: the policy's score (likewise)
     std::vector<float> step_weights;  // a decoding step's weights [n_head, high]
     Pending pending;
   };
@@ -165,6 +182,23 @@ class ScoredPagedKVCache : public KVCache,
   // A decoding step's entry into each group's first empty slot, with a fresh score.
   void PlaceDecode(Layer& layer, int64_t index, int64_t position, const at::Tensor& keys,
                    const at::Tensor& values);
+  void PlaceDecodeOnHost(Layer& layer, int64_t index, int64_t position, const at::Tensor& keys,
+                         const at::Tensor& values);
+  void PlaceDecodeOnDevice(Layer& layer, int64_t index, int64_t position, const at::Tensor& keys,
+                           const at::Tensor& values);
+  // Device slot work: the table's first `blocks` blocks [blocks] int64 on the pool's device
+  // (copied there once after each change of the table).
+  at::Tensor TableOnDevice(int64_t blocks) const;
+  // Slots [0, n) of every group: [G, n] int64 on the pool's device.
+  at::Tensor SlotRange(int64_t layer, int64_t n) const;
+  // Entries [1, G, T, hs] encoded as `layer`'s pool stores them: [G, T, width].
+  at::Tensor Encode(int64_t layer, const at::Tensor& entries) const;
+  // Where `slots` [G, n] lie in a layer's storage: their blocks, groups and places in the block.
+  std::vector<at::indexing::TensorIndex> StorageIndex(const at::Tensor& slots) const;
+  // The stored rows of `slots` [G, n] of `layer`'s keys or values: [G, n, width].
+  at::Tensor ReadStored(int64_t layer, bool keys, const at::Tensor& slots) const;
+  // Stored rows [G, n, width] into `slots` [G, n] of `layer`'s keys or values.
+  void WriteStored(int64_t layer, bool keys, const at::Tensor& slots, const at::Tensor& rows) const;
   // The step's view of the kept slots: [1, G, high, hs] in `dtype`.
   at::Tensor ReadKept(int64_t layer, bool keys, int64_t high, c10::ScalarType dtype) const;
   // Float32 entries [1, G, T, hs] as the pool stores them, read back in `dtype`.
@@ -176,9 +210,15 @@ class ScoredPagedKVCache : public KVCache,
   void ScoreDecode(Layer& layer, int64_t n_head, const float* weights);
   // Evicts each group's entry of lowest priority when over budget.
   void EvictDecode(Layer& layer, int64_t newest);
+  void EvictDecodeOnHost(Layer& layer, int64_t newest);
+  void EvictDecodeOnDevice(Layer& layer, int64_t newest);
   // After a chunk: slots [0, kept) become the policy's top `budget` of the kept entries and the
   // chunk's, in position order.
   void Compact(int64_t index, const at::Tensor& chunk_scores);
+  // Compact's move of the chosen entries (`chosen` [1, G, kept]: indices into the kept slots,
+  // then the chunk's entries) into slots [0, kept), as stored.
+  void MoveChosenOnHost(int64_t index, const at::Tensor& chosen);
+  void MoveChosenOnDevice(int64_t index, const at::Tensor& chosen);
   bool DecodeOnHostApplies(const at::Tensor& q, const at::Tensor& keys, const KVStep& step) const;
   at::Tensor DecodeOnHost(int64_t index, const KVStep& step, const at::Tensor& q,
                           const at::Tensor& keys, const at::Tensor& values,
@@ -187,9 +227,12 @@ class ScoredPagedKVCache : public KVCache,
   std::shared_ptr<BlockPool> pool_;
   int64_t max_sequence_length_;
   EvictionPolicyOptions policy_;
+  bool on_host_;              // the slot work (ScoredSlotWork) runs on the host
   int64_t max_capacity_ = 0;  // the most slots any layer addresses
   std::vector<Layer> layers_;
   mutable std::vector<int64_t> table_;  // blocks in slot order; CheckStep grows it
+  mutable at::Tensor table_on_device_;  // device slot work: table_, once copied there
+  mutable bool table_changed_ = true;   // table_ changed since that copy
   std::vector<int64_t> layer_length_;   // entries seen per layer
   int64_t length_ = 0;                  // entries every layer has seen
 };

@@ -19,6 +19,7 @@
 #include "cache/dense_kv_cache.h"
 #include "cache/policy_kv_cache.h"
 #include "cache/test_pools.h"
+#include "core/base/device.h"
 #include "core/base/status_field.h"
 #include "gtest/gtest.h"
 
@@ -42,12 +43,21 @@ std::vector<EvictionPolicyOptions> Policies() {
           Policy(PolicyKind::kH2O, 5, /*normalize=*/true), pyramid};
 }
 
+// Where the slot work runs: the host's loops, and the device's tensor operations on a CPU pool.
+constexpr ScoredSlotWork kSlotWorks[] = {ScoredSlotWork::kHost, ScoredSlotWork::kPoolDevice};
+
+const char* SlotWorkName(ScoredSlotWork work) {
+  return work == ScoredSlotWork::kHost ? "host slot work" : "device slot work";
+}
+
 std::unique_ptr<ScoredPagedKVCache> ScoredCache(std::shared_ptr<BlockPool> pool,
-                                                const EvictionPolicyOptions& policy) {
+                                                const EvictionPolicyOptions& policy,
+                                                ScoredSlotWork work = ScoredSlotWork::kAuto) {
   ScoredPagedKVCacheOptions options;
   options.pool = std::move(pool);
   options.max_sequence_length = kFourLayerContext;
   options.policy = policy;
+  options.slot_work = work;
   absl::StatusOr<std::unique_ptr<ScoredPagedKVCache>> cache = ScoredPagedKVCache::Create(options);
   EXPECT_TRUE(cache.ok()) << cache.status();
   return cache.ok() ? std::move(*cache) : nullptr;
@@ -102,8 +112,9 @@ int64_t MostBlocks(const EvictionPolicyOptions& policy, int64_t entries_per_bloc
 void ExpectAttendsAsThePolicyCache(const EvictionPolicyOptions& policy,
                                    std::shared_ptr<BlockPool> pool, at::ScalarType dtype,
                                    const std::vector<int64_t>& schedule, uint64_t seed,
-                                   double* from_dense) {
-  std::unique_ptr<ScoredPagedKVCache> paged = ScoredCache(std::move(pool), policy);
+                                   double* from_dense,
+                                   ScoredSlotWork work = ScoredSlotWork::kAuto) {
+  std::unique_ptr<ScoredPagedKVCache> paged = ScoredCache(std::move(pool), policy, work);
   std::unique_ptr<PolicyKVCache> reference = PolicyCache(policy, dtype);
   std::unique_ptr<DenseKVCache> dense = DenseCache(dtype);
   ASSERT_TRUE(paged && reference && dense);
@@ -146,18 +157,21 @@ void ExpectAttendsAsThePolicyCache(const EvictionPolicyOptions& policy,
 // decoding steps: every output equal to the policy cache's to the bit, the same positions kept
 // in every layer and group after every step, and (so the check has teeth) outputs unlike the
 // dense cache's once entries were evicted. The paged cache never holds more than its slots'
-// blocks.
+// blocks. Both slot works.
 TEST(ScoredPagedKVCacheTest, AttendsAndEvictsAsThePolicyCacheToTheBit) {
-  for (const EvictionPolicyOptions& policy : Policies()) {
-    for (const std::vector<int64_t>& schedule : Schedules()) {
-      SCOPED_TRACE(testing::Message()
-                   << PolicyName(policy.kind) << " budget " << policy.budget << " layer budgets "
-                   << policy.layer_budgets.size() << ", stream of " << schedule.size() << " steps");
-      double from_dense = 0;
-      ExpectAttendsAsThePolicyCache(policy, FourLayerPool(16), at::kFloat, schedule, 43,
-                                    &from_dense);
-      if (HasFatalFailure()) return;
-      EXPECT_GT(from_dense, 1e-3);
+  for (const ScoredSlotWork work : kSlotWorks) {
+    for (const EvictionPolicyOptions& policy : Policies()) {
+      for (const std::vector<int64_t>& schedule : Schedules()) {
+        SCOPED_TRACE(testing::Message()
+                     << SlotWorkName(work) << ", " << PolicyName(policy.kind) << " budget "
+                     << policy.budget << " layer budgets " << policy.layer_budgets.size()
+                     << ", stream of " << schedule.size() << " steps");
+        double from_dense = 0;
+        ExpectAttendsAsThePolicyCache(policy, FourLayerPool(16), at::kFloat, schedule, 43,
+                                      &from_dense, work);
+        if (HasFatalFailure()) return;
+        EXPECT_GT(from_dense, 1e-3);
+      }
     }
   }
 }
@@ -168,53 +182,57 @@ TEST(ScoredPagedKVCacheTest, AttendsAndEvictsAsThePolicyCacheToTheBit) {
 // from those reads; until the first eviction, within a tolerance of the float32 pool fed the
 // entries themselves.
 TEST(ScoredPagedKVCacheTest, NarrowPoolsAttendAsAFloat32PoolOfTheirStoredEntries) {
-  for (const PoolKind& kind : {kBFloat16Entries, kInt8Entries, kInt4Entries}) {
-    const double tolerance = kind.bits == 4 ? 0.6 : kind.bits == 8 ? 0.05 : 0.03;
-    for (const EvictionPolicyOptions& policy :
-         {Policy(PolicyKind::kH2O, 12), Policy(PolicyKind::kTova, 9)}) {
-      SCOPED_TRACE(testing::Message() << kind.name << " " << PolicyName(policy.kind));
-      std::unique_ptr<ScoredPagedKVCache> narrow = ScoredCache(FourLayerPool(16, kind), policy);
-      std::unique_ptr<ScoredPagedKVCache> rounded = ScoredCache(FourLayerPool(16), policy);
-      std::unique_ptr<ScoredPagedKVCache> exact = ScoredCache(FourLayerPool(16), policy);
-      ASSERT_TRUE(narrow && rounded && exact);
-      at::manual_seed(47);
-      int64_t position = 0;
-      double largest_error = 0;
-      const std::vector<int64_t> schedule = Schedules()[0];
-      for (const int64_t length : schedule) {
-        const KVStep step = ContiguousStep(position, length);
-        for (ScoredPagedKVCache* cache : {narrow.get(), rounded.get(), exact.get()}) {
-          ASSERT_TRUE(cache->CheckStep(step, 1).ok());
-        }
-        for (int64_t layer = 0; layer < kFourLayers; ++layer) {
-          SCOPED_TRACE(testing::Message()
-                       << "layer " << layer << ", step of " << length << " at " << position);
-          const LayerInputs in = RandomInputs(layer, length);
-          const AttentionParams params = FourLayerParams(layer);
-          const absl::StatusOr<at::Tensor> narrowed =
-              narrow->UpdateAndAttend(layer, step, in.q, in.k, in.v, params);
-          const absl::StatusOr<at::Tensor> stored = rounded->UpdateAndAttend(
-              layer, step, in.q, StoredAs(kind, in.k), StoredAs(kind, in.v), params);
-          const absl::StatusOr<at::Tensor> full =
-              exact->UpdateAndAttend(layer, step, in.q, in.k, in.v, params);
-          ASSERT_TRUE(narrowed.ok()) << narrowed.status();
-          ASSERT_TRUE(stored.ok() && full.ok());
-          const at::Tensor &a = *narrowed, &b = *stored, &e = *full;
-          if (kind.bits == 16) {
-            EXPECT_TRUE(at::equal(a, b)) << MaxDifference(a, b);
-          } else {
-            EXPECT_LE(MaxDifference(a, b), 1e-5);
+  for (const ScoredSlotWork work : kSlotWorks) {
+    for (const PoolKind& kind : {kBFloat16Entries, kInt8Entries, kInt4Entries}) {
+      const double tolerance = kind.bits == 4 ? 0.6 : kind.bits == 8 ? 0.05 : 0.03;
+      for (const EvictionPolicyOptions& policy :
+           {Policy(PolicyKind::kH2O, 12), Policy(PolicyKind::kTova, 9)}) {
+        SCOPED_TRACE(testing::Message()
+                     << SlotWorkName(work) << ", " << kind.name << " " << PolicyName(policy.kind));
+        std::unique_ptr<ScoredPagedKVCache> narrow =
+            ScoredCache(FourLayerPool(16, kind), policy, work);
+        std::unique_ptr<ScoredPagedKVCache> rounded = ScoredCache(FourLayerPool(16), policy, work);
+        std::unique_ptr<ScoredPagedKVCache> exact = ScoredCache(FourLayerPool(16), policy, work);
+        ASSERT_TRUE(narrow && rounded && exact);
+        at::manual_seed(47);
+        int64_t position = 0;
+        double largest_error = 0;
+        const std::vector<int64_t> schedule = Schedules()[0];
+        for (const int64_t length : schedule) {
+          const KVStep step = ContiguousStep(position, length);
+          for (ScoredPagedKVCache* cache : {narrow.get(), rounded.get(), exact.get()}) {
+            ASSERT_TRUE(cache->CheckStep(step, 1).ok());
           }
-          // Until something is evicted; then the narrowed scores may choose other entries.
-          const double error = MaxDifference(a, e);
-          if (position + length <= policy.budget) {
-            EXPECT_LE(error, tolerance);
+          for (int64_t layer = 0; layer < kFourLayers; ++layer) {
+            SCOPED_TRACE(testing::Message()
+                         << "layer " << layer << ", step of " << length << " at " << position);
+            const LayerInputs in = RandomInputs(layer, length);
+            const AttentionParams params = FourLayerParams(layer);
+            const absl::StatusOr<at::Tensor> narrowed =
+                narrow->UpdateAndAttend(layer, step, in.q, in.k, in.v, params);
+            const absl::StatusOr<at::Tensor> stored = rounded->UpdateAndAttend(
+                layer, step, in.q, StoredAs(kind, in.k), StoredAs(kind, in.v), params);
+            const absl::StatusOr<at::Tensor> full =
+                exact->UpdateAndAttend(layer, step, in.q, in.k, in.v, params);
+            ASSERT_TRUE(narrowed.ok()) << narrowed.status();
+            ASSERT_TRUE(stored.ok() && full.ok());
+            const at::Tensor &a = *narrowed, &b = *stored, &e = *full;
+            if (kind.bits == 16) {
+              EXPECT_TRUE(at::equal(a, b)) << MaxDifference(a, b);
+            } else {
+              EXPECT_LE(MaxDifference(a, b), 1e-5);
+            }
+            // Until something is evicted; then the narrowed scores may choose other entries.
+            const double error = MaxDifference(a, e);
+            if (position + length <= policy.budget) {
+              EXPECT_LE(error, tolerance);
+            }
+            largest_error = std::max(largest_error, error);
           }
-          largest_error = std::max(largest_error, error);
+          position += length;
         }
-        position += length;
+        EXPECT_GT(largest_error, 0.0);  // the entries really were narrowed
       }
-      EXPECT_GT(largest_error, 0.0);  // the entries really were narrowed
     }
   }
 }
@@ -237,14 +255,17 @@ TEST(ScoredPagedKVCacheTest, SixteenBitModelsAttendAsThePolicyCache) {
     for (const PoolKind& kind : {model_entries, kFloat32Entries}) {
       for (const EvictionPolicyOptions& policy :
            {Policy(PolicyKind::kH2O, 12), Policy(PolicyKind::kTova, 9)}) {
-        SCOPED_TRACE(testing::Message()
-                     << c10::toString(dtype) << " model, " << c10::toString(kind.dtype) << " pool, "
-                     << PolicyName(policy.kind) << " budget " << policy.budget);
-        double from_dense = 0;
-        ExpectAttendsAsThePolicyCache(policy, FourLayerPool(16, kind), dtype, Schedules()[0], 53,
-                                      &from_dense);
-        if (HasFatalFailure()) return;
-        EXPECT_GT(from_dense, 1e-2);
+        for (const ScoredSlotWork work : kSlotWorks) {
+          SCOPED_TRACE(testing::Message()
+                       << SlotWorkName(work) << ", " << c10::toString(dtype) << " model, "
+                       << c10::toString(kind.dtype) << " pool, " << PolicyName(policy.kind)
+                       << " budget " << policy.budget);
+          double from_dense = 0;
+          ExpectAttendsAsThePolicyCache(policy, FourLayerPool(16, kind), dtype, Schedules()[0], 53,
+                                        &from_dense, work);
+          if (HasFatalFailure()) return;
+          EXPECT_GT(from_dense, 1e-2);
+        }
       }
     }
   }
@@ -303,47 +324,49 @@ TEST(ScoredPagedKVCacheTest, SixteenBitModelsOverQuantisedPools) {
 // destruction give every block back.
 TEST(ScoredPagedKVCacheTest, HoldsAtMostItsSlotsBlocksAndGivesThemBack) {
   std::mt19937 random(5);
-  for (const int64_t entries_per_block : {1, 3, 4, 16}) {
-    for (const EvictionPolicyOptions& policy :
-         {Policy(PolicyKind::kH2O, 12), Policy(PolicyKind::kTova, 7)}) {
-      SCOPED_TRACE(testing::Message()
-                   << PolicyName(policy.kind) << ", blocks of " << entries_per_block);
-      const int64_t most = MostBlocks(policy, entries_per_block);
-      std::shared_ptr<BlockPool> pool = FourLayerPool(most, kFloat32Entries, entries_per_block);
-      {
-        std::unique_ptr<ScoredPagedKVCache> cache = ScoredCache(pool, policy);
-        ASSERT_TRUE(cache);
-        int64_t position = 0;
-        while (position < kFourLayerContext - 20) {
-          const int64_t length = random() % 3 == 0 ? 1 + random() % 17 : 1;
-          const int64_t needed = cache->BlocksNeeded(length);
-          const int64_t free_before = pool->free_blocks();
-          ASSERT_TRUE(cache->CheckStep(ContiguousStep(position, length), 1).ok())
-              << "at " << position;
-          EXPECT_EQ(free_before - pool->free_blocks(), needed);
-          EXPECT_EQ(cache->blocks_held(), cache->BlocksToHold(position + length));
-          for (int64_t layer = 0; layer < kFourLayers; ++layer) {
-            const LayerInputs in = RandomInputs(layer, length);
-            ASSERT_TRUE(cache
-                            ->UpdateAndAttend(layer, ContiguousStep(position, length), in.q, in.k,
-                                              in.v, FourLayerParams(layer))
-                            .ok());
+  for (const ScoredSlotWork work : kSlotWorks) {
+    for (const int64_t entries_per_block : {1, 3, 4, 16}) {
+      for (const EvictionPolicyOptions& policy :
+           {Policy(PolicyKind::kH2O, 12), Policy(PolicyKind::kTova, 7)}) {
+        SCOPED_TRACE(testing::Message() << SlotWorkName(work) << ", " << PolicyName(policy.kind)
+                                        << ", blocks of " << entries_per_block);
+        const int64_t most = MostBlocks(policy, entries_per_block);
+        std::shared_ptr<BlockPool> pool = FourLayerPool(most, kFloat32Entries, entries_per_block);
+        {
+          std::unique_ptr<ScoredPagedKVCache> cache = ScoredCache(pool, policy, work);
+          ASSERT_TRUE(cache);
+          int64_t position = 0;
+          while (position < kFourLayerContext - 20) {
+            const int64_t length = random() % 3 == 0 ? 1 + random() % 17 : 1;
+            const int64_t needed = cache->BlocksNeeded(length);
+            const int64_t free_before = pool->free_blocks();
+            ASSERT_TRUE(cache->CheckStep(ContiguousStep(position, length), 1).ok())
+                << "at " << position;
+            EXPECT_EQ(free_before - pool->free_blocks(), needed);
+            EXPECT_EQ(cache->blocks_held(), cache->BlocksToHold(position + length));
+            for (int64_t layer = 0; layer < kFourLayers; ++layer) {
+              const LayerInputs in = RandomInputs(layer, length);
+              ASSERT_TRUE(cache
+                              ->UpdateAndAttend(layer, ContiguousStep(position, length), in.q, in.k,
+                                                in.v, FourLayerParams(layer))
+                              .ok());
+            }
+            position += length;
+            EXPECT_LE(cache->blocks_held(), most);
           }
-          position += length;
-          EXPECT_LE(cache->blocks_held(), most);
+          EXPECT_EQ(cache->blocks_held(), most);
+          // A second cache finds the pool full: refused, nothing taken.
+          std::unique_ptr<ScoredPagedKVCache> other = ScoredCache(pool, policy, work);
+          const absl::Status full = other->CheckStep(ContiguousStep(0, 1), 1);
+          EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
+          EXPECT_EQ(other->blocks_held(), 0);
+          cache->Reset();
+          EXPECT_EQ(pool->free_blocks(), most);
+          ASSERT_TRUE(cache->CheckStep(ContiguousStep(0, 5), 1).ok());
+          EXPECT_LT(pool->free_blocks(), most);
         }
-        EXPECT_EQ(cache->blocks_held(), most);
-        // A second cache finds the pool full: refused, nothing taken.
-        std::unique_ptr<ScoredPagedKVCache> other = ScoredCache(pool, policy);
-        const absl::Status full = other->CheckStep(ContiguousStep(0, 1), 1);
-        EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
-        EXPECT_EQ(other->blocks_held(), 0);
-        cache->Reset();
-        EXPECT_EQ(pool->free_blocks(), most);
-        ASSERT_TRUE(cache->CheckStep(ContiguousStep(0, 5), 1).ok());
-        EXPECT_LT(pool->free_blocks(), most);
+        EXPECT_EQ(pool->free_blocks(), most);  // destruction gives them back
       }
-      EXPECT_EQ(pool->free_blocks(), most);  // destruction gives them back
     }
   }
 }
@@ -351,49 +374,154 @@ TEST(ScoredPagedKVCacheTest, HoldsAtMostItsSlotsBlocksAndGivesThemBack) {
 // A fork (the n choices of one prompt) shares every block until its first step, which copies
 // them; the original and the fork then attend, fed the same steps, as the original alone would.
 TEST(ScoredPagedKVCacheTest, ForksShareBlocksAndGoOnAsTheOriginal) {
-  const EvictionPolicyOptions policy = Policy(PolicyKind::kH2O, 12);
-  std::shared_ptr<BlockPool> pool = FourLayerPool(32);
-  std::unique_ptr<ScoredPagedKVCache> original = ScoredCache(pool, policy);
-  std::unique_ptr<ScoredPagedKVCache> fork = ScoredCache(pool, policy);
-  std::unique_ptr<ScoredPagedKVCache> alone = ScoredCache(FourLayerPool(32), policy);
-  ASSERT_TRUE(original && fork && alone);
-  at::manual_seed(53);
-  std::vector<LayerInputs> prompt;
-  for (int64_t layer = 0; layer < kFourLayers; ++layer) prompt.push_back(RandomInputs(layer, 19));
-  for (ScoredPagedKVCache* cache : {original.get(), alone.get()}) {
-    ASSERT_TRUE(cache->CheckStep(ContiguousStep(0, 19), 1).ok());
+  for (const ScoredSlotWork work : kSlotWorks) {
+    SCOPED_TRACE(SlotWorkName(work));
+    const EvictionPolicyOptions policy = Policy(PolicyKind::kH2O, 12);
+    std::shared_ptr<BlockPool> pool = FourLayerPool(32);
+    std::unique_ptr<ScoredPagedKVCache> original = ScoredCache(pool, policy, work);
+    std::unique_ptr<ScoredPagedKVCache> fork = ScoredCache(pool, policy, work);
+    std::unique_ptr<ScoredPagedKVCache> alone = ScoredCache(FourLayerPool(32), policy, work);
+    ASSERT_TRUE(original && fork && alone);
+    at::manual_seed(53);
+    std::vector<LayerInputs> prompt;
+    for (int64_t layer = 0; layer < kFourLayers; ++layer) prompt.push_back(RandomInputs(layer, 19));
+    for (ScoredPagedKVCache* cache : {original.get(), alone.get()}) {
+      ASSERT_TRUE(cache->CheckStep(ContiguousStep(0, 19), 1).ok());
+      for (int64_t layer = 0; layer < kFourLayers; ++layer) {
+        const LayerInputs& in = prompt[layer];
+        ASSERT_TRUE(cache
+                        ->UpdateAndAttend(layer, ContiguousStep(0, 19), in.q, in.k, in.v,
+                                          FourLayerParams(layer))
+                        .ok());
+      }
+    }
+    const int64_t free_before = pool->free_blocks();
+    ASSERT_TRUE(original->CheckCopyInto(*fork).ok());
+    ASSERT_TRUE(original->CopyInto(*fork).ok());
+    EXPECT_EQ(pool->free_blocks(), free_before);  // shared, nothing taken
+    EXPECT_EQ(fork->BlocksNeeded(1), fork->blocks_held());
+    for (int64_t position = 19; position < 60; ++position) {
+      const KVStep step = ContiguousStep(position, 1);
+      for (ScoredPagedKVCache* cache : {original.get(), fork.get(), alone.get()}) {
+        ASSERT_TRUE(cache->CheckStep(step, 1).ok());
+      }
+      for (int64_t layer = 0; layer < kFourLayers; ++layer) {
+        const LayerInputs in = RandomInputs(layer, 1);
+        const at::Tensor a =
+            *original->UpdateAndAttend(layer, step, in.q, in.k, in.v, FourLayerParams(layer));
+        const at::Tensor b =
+            *fork->UpdateAndAttend(layer, step, in.q, in.k, in.v, FourLayerParams(layer));
+        const at::Tensor c =
+            *alone->UpdateAndAttend(layer, step, in.q, in.k, in.v, FourLayerParams(layer));
+        EXPECT_TRUE(at::equal(a, c)) << "original at " << position;
+        EXPECT_TRUE(at::equal(b, c)) << "fork at " << position;
+      }
+    }
+    std::unique_ptr<ScoredPagedKVCache> tova =
+        ScoredCache(pool, Policy(PolicyKind::kTova, 12), work);
+    EXPECT_EQ(original->CheckCopyInto(*tova).code(), absl::StatusCode::kFailedPrecondition);
+  }
+}
+
+// The same stream through `a` and `b` (fed `to_b`'s copies of its tensors): after every step of
+// every layer the same positions kept in every group and outputs within `tolerance` (0: equal).
+void ExpectSameCaches(ScoredPagedKVCache& a, ScoredPagedKVCache& b, const c10::Device& to_b,
+                      const std::vector<int64_t>& schedule, double tolerance) {
+  int64_t position = 0;
+  for (const int64_t length : schedule) {
+    const KVStep step = ContiguousStep(position, length);
+    KVStep b_step = step;
+    b_step.positions = step.positions.to(to_b);
+    ASSERT_TRUE(a.CheckStep(step, 1).ok());
+    ASSERT_TRUE(b.CheckStep(b_step, 1).ok());
     for (int64_t layer = 0; layer < kFourLayers; ++layer) {
-      const LayerInputs& in = prompt[layer];
-      ASSERT_TRUE(cache
-                      ->UpdateAndAttend(layer, ContiguousStep(0, 19), in.q, in.k, in.v,
-                                        FourLayerParams(layer))
-                      .ok());
+      SCOPED_TRACE(testing::Message()
+                   << "layer " << layer << ", step of " << length << " at " << position);
+      const LayerInputs in = RandomInputs(layer, length);
+      const AttentionParams params = FourLayerParams(layer);
+      const absl::StatusOr<at::Tensor> x = a.UpdateAndAttend(layer, step, in.q, in.k, in.v, params);
+      const absl::StatusOr<at::Tensor> y =
+          b.UpdateAndAttend(layer, b_step, in.q.to(to_b), in.k.to(to_b), in.v.to(to_b), params);
+      ASSERT_TRUE(x.ok()) << x.status();
+      ASSERT_TRUE(y.ok()) << y.status();
+      ASSERT_EQ(y->device(), to_b);
+      const at::Tensor y_here = y->to(at::kCPU);
+      if (tolerance == 0) {
+        EXPECT_TRUE(at::equal(*x, y_here)) << MaxDifference(*x, y_here);
+      } else {
+        EXPECT_LE(MaxDifference(*x, y_here), tolerance);
+      }
+      for (int64_t g = 0; g < FourLayerGeometry().layers[layer].n_query_groups; ++g) {
+        ASSERT_EQ(a.KeptPositions(layer, g), b.KeptPositions(layer, g)) << "group " << g;
+      }
+    }
+    position += length;
+  }
+}
+
+// The device's slot work on a CPU pool keeps what the host's keeps, in every pool kind (int8 /
+// int4 rows are moved as stored, never re-encoded), and attends alike: to the bit for 16-bit
+// entries; within 1e-5 for quantised ones (the host's decode kernel dequantises in registers).
+TEST(ScoredPagedKVCacheTest, DeviceSlotWorkKeepsWhatTheHostKeeps) {
+  for (const PoolKind& kind : {kFloat32Entries, kBFloat16Entries, kInt8Entries, kInt4Entries}) {
+    for (const EvictionPolicyOptions& policy : Policies()) {
+      for (size_t i = 0; i < Schedules().size(); ++i) {
+        SCOPED_TRACE(testing::Message() << kind.name << " " << PolicyName(policy.kind) << " budget "
+                                        << policy.budget << ", schedule " << i);
+        std::unique_ptr<ScoredPagedKVCache> host =
+            ScoredCache(FourLayerPool(16, kind), policy, ScoredSlotWork::kHost);
+        std::unique_ptr<ScoredPagedKVCache> device =
+            ScoredCache(FourLayerPool(16, kind), policy, ScoredSlotWork::kPoolDevice);
+        ASSERT_TRUE(host && device);
+        at::manual_seed(61 + i);
+        ExpectSameCaches(*host, *device, c10::Device(c10::kCPU), Schedules()[i],
+                         kind.bits == 16 ? 0.0 : 1e-5);
+        if (HasFatalFailure()) return;
+      }
     }
   }
-  const int64_t free_before = pool->free_blocks();
-  ASSERT_TRUE(original->CheckCopyInto(*fork).ok());
-  ASSERT_TRUE(original->CopyInto(*fork).ok());
-  EXPECT_EQ(pool->free_blocks(), free_before);  // shared, nothing taken
-  EXPECT_EQ(fork->BlocksNeeded(1), fork->blocks_held());
-  for (int64_t position = 19; position < 60; ++position) {
-    const KVStep step = ContiguousStep(position, 1);
-    for (ScoredPagedKVCache* cache : {original.get(), fork.get(), alone.get()}) {
-      ASSERT_TRUE(cache->CheckStep(step, 1).ok());
-    }
-    for (int64_t layer = 0; layer < kFourLayers; ++layer) {
-      const LayerInputs in = RandomInputs(layer, 1);
-      const at::Tensor a =
-          *original->UpdateAndAttend(layer, step, in.q, in.k, in.v, FourLayerParams(layer));
-      const at::Tensor b =
-          *fork->UpdateAndAttend(layer, step, in.q, in.k, in.v, FourLayerParams(layer));
-      const at::Tensor c =
-          *alone->UpdateAndAttend(layer, step, in.q, in.k, in.v, FourLayerParams(layer));
-      EXPECT_TRUE(at::equal(a, c)) << "original at " << position;
-      EXPECT_TRUE(at::equal(b, c)) << "fork at " << position;
+}
+
+// On a GPU: a cache over a CUDA pool (slot work on the device, scores from ATen's attention
+// there) keeps what the same cache over a CPU pool keeps and attends within rounding of it, for
+// every pool kind; host slot work over a CUDA pool is refused, naming the field.
+TEST(ScoredPagedKVCacheTest, CudaPoolKeepsWhatTheCpuPoolKeeps) {
+  if (!CudaAvailable()) GTEST_SKIP() << "skipped: no CUDA device";
+  const c10::Device cuda(c10::kCUDA, 0);
+  for (const PoolKind& kind : {kFloat32Entries, kBFloat16Entries, kInt8Entries, kInt4Entries}) {
+    for (const EvictionPolicyOptions& policy : Policies()) {
+      SCOPED_TRACE(testing::Message()
+                   << kind.name << " " << PolicyName(policy.kind) << " budget " << policy.budget);
+      KVCacheGeometry geometry = FourLayerGeometry();
+      geometry.dtype = kind.dtype;
+      geometry.device = cuda;
+      BlockPoolOptions options;
+      options.entries_per_block = 4;
+      options.num_blocks = 16;
+      options.entry_bits = kind.bits;
+      absl::StatusOr<std::shared_ptr<BlockPool>> pool = BlockPool::Create(geometry, options);
+      ASSERT_TRUE(pool.ok()) << pool.status();
+      std::unique_ptr<ScoredPagedKVCache> cpu = ScoredCache(FourLayerPool(16, kind), policy);
+      std::unique_ptr<ScoredPagedKVCache> gpu = ScoredCache(*pool, policy);
+      ASSERT_TRUE(cpu && gpu);
+      at::manual_seed(67);
+      ExpectSameCaches(*cpu, *gpu, cuda, Schedules()[0], 1e-4);
+      if (HasFatalFailure()) return;
     }
   }
-  std::unique_ptr<ScoredPagedKVCache> tova = ScoredCache(pool, Policy(PolicyKind::kTova, 12));
-  EXPECT_EQ(original->CheckCopyInto(*tova).code(), absl::StatusCode::kFailedPrecondition);
+  ScoredPagedKVCacheOptions host_on_gpu;
+  KVCacheGeometry geometry = FourLayerGeometry();
+  geometry.device = cuda;
+  BlockPoolOptions options;
+  options.num_blocks = 4;
+  host_on_gpu.pool = *BlockPool::Create(geometry, options);
+  host_on_gpu.max_sequence_length = kFourLayerContext;
+  host_on_gpu.policy = Policy(PolicyKind::kH2O, 8);
+  host_on_gpu.slot_work = ScoredSlotWork::kHost;
+  const absl::StatusOr<std::unique_ptr<ScoredPagedKVCache>> refused =
+      ScoredPagedKVCache::Create(host_on_gpu);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(ErrorField(refused.status()).value_or(""), "ScoredPagedKVCacheOptions.slot_work");
 }
 
 // Create names what it refuses; steps out of order and dtypes it does not take are errors that

@@ -28,6 +28,7 @@ TESTS=(
   //core/ops:row_sampler_test
   //cache:paged_kv_cache_test
   //cache:routing_kv_cache_test
+  //cache:scored_paged_kv_cache_test
   //core/base:device_test
   //tests:golden_test
 )
