@@ -252,7 +252,6 @@ int main(int argc, char** argv) {
            "[--speculative=ngram|draft:DIR --speculative_k=K]");
   // --tp=N: the engine serves over N local ranks (rank 0 runs the rounds, the others follow).
   if (std::optional<int> code = ValueOrDie(LaunchTensorParallel(argc, argv))) return *code;
-  const std::shared_ptr<ProcessGroup> group = ValueOrDie(JoinTensorParallel());
   std::string checkpoint_dir = ResolvePath(absl::GetFlag(FLAGS_checkpoint_dir));
   if (checkpoint_dir.empty()) checkpoint_dir = DefaultModelDir();
   const std::vector<int64_t> counts =
@@ -275,6 +274,7 @@ int main(int argc, char** argv) {
   options.stop_at_eos = false;
   DieIfError(ApplyGenerationFlags(options));  // sampling as generate's flags say
   EngineOptions engine_options = ValueOrDie(EngineOptionsFromFlags());
+  const std::shared_ptr<ProcessGroup> group = ValueOrDie(JoinTensorParallel(engine_options.device));
   // --speculative: every request's speculation; draft:DIR loads the draft model.
   DieIfError(ApplySpeculativeFlags(options, engine_options));
   g_speculative = options.speculative.enabled();

@@ -60,7 +60,7 @@ int main(int argc, char** argv) {
   engine_options.loras = ValueOrDie(LoraFlags(argc, argv));
   if (std::optional<int> code = ValueOrDie(LaunchTensorParallel(argc, argv))) return *code;
   // Tensor parallel: rank 0 reads the input and shares each line; every rank runs the turn.
-  const std::shared_ptr<ProcessGroup> group = ValueOrDie(JoinTensorParallel());
+  const std::shared_ptr<ProcessGroup> group = ValueOrDie(JoinTensorParallel(engine_options.device));
   engine_options.tensor_parallel = group;
   std::shared_ptr<const Engine> engine = ValueOrDie(Engine::Load(checkpoint_dir, engine_options));
   for (const std::string& warning : engine->warnings()) {

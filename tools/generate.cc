@@ -84,7 +84,7 @@ int main(int argc, char** argv) {
   DieIfError(ApplySpeculativeFlags(options, engine_options));
   engine_options.loras = ValueOrDie(LoraFlags(argc, argv));
   if (std::optional<int> code = ValueOrDie(LaunchTensorParallel(argc, argv))) return *code;
-  engine_options.tensor_parallel = ValueOrDie(JoinTensorParallel());
+  engine_options.tensor_parallel = ValueOrDie(JoinTensorParallel(engine_options.device));
   std::shared_ptr<const Engine> engine = ValueOrDie(Engine::Load(checkpoint_dir, engine_options));
   for (const std::string& warning : engine->warnings()) {
     std::fprintf(stderr, "generate: note: %s\n", warning.c_str());

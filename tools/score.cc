@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
   options.device = ValueOrDie(ParseDevice(absl::GetFlag(FLAGS_device)));
   options.progress = PrintProgress;
   ApplyLoadFlags(options);
-  options.tensor_parallel = ValueOrDie(JoinTensorParallel());
+  options.tensor_parallel = ValueOrDie(JoinTensorParallel(options.device));
   LoadedModel loaded = ValueOrDie(LoadModelWithPeft(checkpoint_dir, loras, options, "--lora"));
   if (static_cast<int64_t>(ids.size()) > loaded.config.block_size) {
     Die(absl::InvalidArgumentError(

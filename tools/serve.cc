@@ -187,7 +187,8 @@ int main(int argc, char** argv) {
   // --tp=N: N local ranks of this command (or one rank of a torchrun-style world); rank 0
   // serves HTTP, the others follow its steps on their shards.
   if (std::optional<int> code = ValueOrDie(LaunchTensorParallel(argc, argv))) return *code;
-  const std::shared_ptr<ProcessGroup> group = ValueOrDie(JoinTensorParallel());
+  const std::shared_ptr<ProcessGroup> group =
+      ValueOrDie(JoinTensorParallel(ValueOrDie(ParseDevice(absl::GetFlag(FLAGS_device)))));
   DieIfError(CheckListenFlags(argc, argv));
   std::string checkpoint_dir = ResolvePath(absl::GetFlag(FLAGS_checkpoint_dir));
   if (checkpoint_dir.empty()) checkpoint_dir = DefaultModelDir();

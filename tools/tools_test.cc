@@ -125,6 +125,8 @@ TEST(ScoreTest, TensorParallelLogitsMatchOneProcess) {
   ASSERT_EQ(single.sizes(), sharded.sizes());
   EXPECT_LT((single - sharded).abs().max().item<double>(), 1e-5);
   ExpectCleanFailure(Execute("score", args + two + " --tp=0"), "--tp must be >= 1, got 0");
+  ExpectCleanFailure(Execute("score", args + two + " --tp=2 --tp_backend=mpi"),
+                     "--tp_backend must be auto, gloo or nccl, got 'mpi'");
 }
 
 TEST(GenerateTest, GreedyIdsAreTheLastLineForAnyPrefillChunk) {

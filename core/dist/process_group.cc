@@ -1,21 +1,30 @@
 #include "core/dist/process_group.h"
 
+#include <ATen/ATen.h>
+#include <glog/logging.h>
+
 #include <algorithm>
 #include <csignal>
-#include <functional>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include <ATen/ATen.h>
+// clang-format off
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef USE_C10D_NCCL  // a CUDA LibTorch (core/dist/BUILD)
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+// clang-format on
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/match.h"
+#include "core/base/status_field.h"
 
 namespace lgpt {
 namespace {
@@ -23,6 +32,7 @@ namespace {
 constexpr char kArrivedPrefix[] = "lgpt/arrived/";
 constexpr char kReadyKey[] = "lgpt/ready";
 constexpr char kReadyOk[] = "ok";
+constexpr char kBackendField[] = "DistOptions.backend";
 
 std::chrono::milliseconds ToChrono(absl::Duration d) {
   return std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
@@ -55,7 +65,7 @@ bool IsLoopback(const std::string& addr) {
 // c10d reports errors by throwing; turn them into a Status naming the operation and, from
 // `suspects` (called only on failure), the ranks that are gone.
 template <typename F>
-absl::Status Collective(const char* what, int rank, int world_size,
+absl::Status Collective(const char* what, const char* library, int rank, int world_size,
                         const std::function<std::string()>& suspects, F&& f) {
   std::string error;
   try {
@@ -70,18 +80,61 @@ absl::Status Collective(const char* what, int rank, int world_size,
   if (!who.empty()) who += "; ";
   return absl::UnavailableError(absl::StrCat("rank ", rank, ": ", what, " across ", world_size,
                                              " ranks failed (a rank exited or timed out): ", who,
-                                             "gloo: ", error));
+                                             library, ": ", error));
+}
+
+#ifdef USE_C10D_NCCL
+// Ranks this host runs (LOCAL_WORLD_SIZE, as the launcher and torchrun set it), 1 without it.
+int LocalWorldSize() {
+  const char* value = std::getenv("LOCAL_WORLD_SIZE");
+  int parsed = 0;
+  return value != nullptr && absl::SimpleAtoi(value, &parsed) && parsed > 0 ? parsed : 1;
+}
+#endif
+
+// Why the NCCL backend cannot serve this process, or OK.
+absl::Status CheckNccl() {
+#ifndef USE_C10D_NCCL
+  return FieldError(absl::StatusCode::kFailedPrecondition, kBackendField,
+                    "DistOptions.backend is nccl, but this build's LibTorch has no NCCL (build "
+                    "with --config=cuda)");
+#else
+  const int gpus = static_cast<int>(at::getNumGPUs());
+  if (gpus == 0) {
+    return FieldError(absl::StatusCode::kFailedPrecondition, kBackendField,
+                      "DistOptions.backend is nccl, but this process sees no CUDA device");
+  }
+  // NCCL refuses two ranks of one communicator on the same GPU.
+  if (LocalWorldSize() > gpus) {
+    return FieldError(absl::StatusCode::kFailedPrecondition, kBackendField,
+                      absl::StrCat("DistOptions.backend is nccl, which needs a GPU per local rank: "
+                                   "LOCAL_WORLD_SIZE=",
+                                   LocalWorldSize(), " ranks on ", gpus, " GPUs"));
+  }
+  return absl::OkStatus();
+#endif
 }
 
 }  // namespace
+
+bool NcclAvailable() { return CheckNccl().ok(); }
+
+absl::StatusOr<DistBackend> ParseDistBackend(absl::string_view name, const c10::Device& device,
+                                             absl::string_view flag) {
+  if (name == "gloo") return DistBackend::kGloo;
+  if (name == "nccl") return DistBackend::kNccl;
+  if (name == "auto") return device.is_cuda() ? DistBackend::kNccl : DistBackend::kGloo;
+  return InvalidFieldError(flag,
+                           absl::StrCat(flag, " must be auto, gloo or nccl, got '", name, "'"));
+}
 
 absl::Status ValidateDistOptions(const DistOptions& o) {
   if (o.world_size < 1) {
     return absl::InvalidArgumentError(absl::StrCat("WORLD_SIZE must be >= 1, got ", o.world_size));
   }
   if (o.rank < 0 || o.rank >= o.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("RANK ", o.rank, " is outside [0, WORLD_SIZE=",
-                                                   o.world_size, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("RANK ", o.rank, " is outside [0, WORLD_SIZE=", o.world_size, ")"));
   }
   if (o.world_size > 1) {
     if (o.master_addr.empty()) return absl::InvalidArgumentError("MASTER_ADDR is empty");
@@ -93,6 +146,7 @@ absl::Status ValidateDistOptions(const DistOptions& o) {
   if (o.timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("the distributed timeout must be positive");
   }
+  if (o.backend == DistBackend::kNccl && o.world_size > 1) return CheckNccl();
   return absl::OkStatus();
 }
 
@@ -130,10 +184,46 @@ absl::StatusOr<DistOptions> DistOptionsFromEnv(absl::Duration timeout) {
 
 struct ProcessGroup::Impl {
   c10::intrusive_ptr<c10d::Store> store;
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo;  // CPU tensors, and all with kGloo
+#ifdef USE_C10D_NCCL
+  c10::intrusive_ptr<c10d::ProcessGroupNCCL> nccl;  // CUDA tensors with kNccl
+#endif
   std::chrono::milliseconds timeout;
   std::string where;  // MASTER_ADDR:MASTER_PORT
   int failures = 0;
+
+  ~Impl() {
+#ifdef USE_C10D_NCCL
+    if (nccl) {
+      try {
+        nccl->shutdown();  // finishes queued work and frees the communicators
+      } catch (const std::exception& e) {
+        LOG(WARNING) << "NCCL shutdown: " << e.what();
+      }
+    }
+#endif
+  }
+
+  // The library that moves `tensor`.
+  const char* LibraryFor(const at::Tensor& tensor) const {
+#ifdef USE_C10D_NCCL
+    if (nccl && tensor.is_cuda()) return "nccl";
+#endif
+    return "gloo";
+  }
+
+  // Runs `op` on the backend for `tensor` and waits: for Gloo until it is done (within the
+  // timeout); for NCCL until it is queued on the current stream.
+  template <typename Op>
+  void Run(const at::Tensor& tensor, Op op) {
+#ifdef USE_C10D_NCCL
+    if (nccl && tensor.is_cuda()) {
+      op(*nccl)->wait();
+      return;
+    }
+#endif
+    op(*gloo)->wait(timeout);
+  }
 
   // After a failed collective: which ranks are gone. Gloo's errors name a peer's address at
   // most, and local ranks share one, so each rank that saw the failure reports in through
@@ -165,13 +255,14 @@ struct ProcessGroup::Impl {
   }
 };
 
-ProcessGroup::ProcessGroup(int rank, int world_size, std::unique_ptr<Impl> impl)
-    : rank_(rank), world_size_(world_size), impl_(std::move(impl)) {}
+ProcessGroup::ProcessGroup(int rank, int world_size, DistBackend backend,
+                           std::unique_ptr<Impl> impl)
+    : rank_(rank), world_size_(world_size), backend_(backend), impl_(std::move(impl)) {}
 
 ProcessGroup::~ProcessGroup() = default;
 
 std::shared_ptr<ProcessGroup> ProcessGroup::Single() {
-  return std::shared_ptr<ProcessGroup>(new ProcessGroup(0, 1, nullptr));
+  return std::shared_ptr<ProcessGroup>(new ProcessGroup(0, 1, DistBackend::kGloo, nullptr));
 }
 
 absl::StatusOr<std::shared_ptr<ProcessGroup>> ProcessGroup::Create(const DistOptions& options) {
@@ -222,17 +313,16 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> ProcessGroup::Create(const DistOpt
       std::string verdict = kReadyOk;
       absl::Status status;
       if (!missing.empty()) {
-        status = absl::DeadlineExceededError(absl::StrCat(
-            "rank 0: rank", missing.size() > 1 ? "s " : " ", absl::StrJoin(missing, ", "),
-            " of WORLD_SIZE=", options.world_size, " never arrived at ", where, " within ",
-            seconds));
+        status = absl::DeadlineExceededError(
+            absl::StrCat("rank 0: rank", missing.size() > 1 ? "s " : " ",
+                         absl::StrJoin(missing, ", "), " of WORLD_SIZE=", options.world_size,
+                         " never arrived at ", where, " within ", seconds));
       } else {
         for (int r = 1; r < options.world_size && status.ok(); ++r) {
           const std::string theirs = StoreValue(store.get(absl::StrCat(kArrivedPrefix, r)));
           if (theirs != absl::StrCat(options.world_size)) {
-            status = absl::FailedPreconditionError(
-                absl::StrCat("rank ", r, " has WORLD_SIZE=", theirs, ", rank 0 has ",
-                             options.world_size));
+            status = absl::FailedPreconditionError(absl::StrCat(
+                "rank ", r, " has WORLD_SIZE=", theirs, ", rank 0 has ", options.world_size));
           }
         }
       }
@@ -266,22 +356,34 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> ProcessGroup::Create(const DistOpt
     }
     impl->gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(impl->store, options.rank,
                                                              options.world_size, gloo_options);
+#ifdef USE_C10D_NCCL
+    if (options.backend == DistBackend::kNccl) {
+      // Communicators are made at the first collective, on that tensor's GPU; the prefix keeps
+      // NCCL's store keys apart from Gloo's.
+      auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+      nccl_options->timeout = impl->timeout;
+      impl->nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(
+          c10::make_intrusive<c10d::PrefixStore>("lgpt/nccl/", impl->store), options.rank,
+          options.world_size, nccl_options);
+    }
+#endif
   } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("rank ", options.rank, ": rendezvous at ", where,
-                                               " failed: ", e.what()));
+    return absl::UnavailableError(
+        absl::StrCat("rank ", options.rank, ": rendezvous at ", where, " failed: ", e.what()));
   }
   return std::shared_ptr<ProcessGroup>(
-      new ProcessGroup(options.rank, options.world_size, std::move(impl)));
+      new ProcessGroup(options.rank, options.world_size, options.backend, std::move(impl)));
 }
 
 absl::Status ProcessGroup::AllReduceSum(at::Tensor& tensor) {
   if (!impl_) return absl::OkStatus();
-  if (!tensor.is_contiguous()) return absl::InvalidArgumentError("all-reduce needs a contiguous tensor");
-  return Collective("all-reduce", rank_, world_size_, Suspects(), [&] {
+  if (!tensor.is_contiguous())
+    return absl::InvalidArgumentError("all-reduce needs a contiguous tensor");
+  return Collective("all-reduce", impl_->LibraryFor(tensor), rank_, world_size_, Suspects(), [&] {
     std::vector<at::Tensor> tensors = {tensor};
     c10d::AllreduceOptions opts;
     opts.reduceOp = c10d::ReduceOp::SUM;
-    impl_->gloo->allreduce(tensors, opts)->wait(impl_->timeout);
+    impl_->Run(tensor, [&](auto& backend) { return backend.allreduce(tensors, opts); });
   });
 }
 
@@ -290,12 +392,13 @@ absl::Status ProcessGroup::Broadcast(at::Tensor& tensor, int root) {
   if (root < 0 || root >= world_size_) {
     return absl::InvalidArgumentError(absl::StrCat("broadcast root ", root, " is not a rank"));
   }
-  if (!tensor.is_contiguous()) return absl::InvalidArgumentError("broadcast needs a contiguous tensor");
-  return Collective("broadcast", rank_, world_size_, Suspects(), [&] {
+  if (!tensor.is_contiguous())
+    return absl::InvalidArgumentError("broadcast needs a contiguous tensor");
+  return Collective("broadcast", impl_->LibraryFor(tensor), rank_, world_size_, Suspects(), [&] {
     std::vector<at::Tensor> tensors = {tensor};
     c10d::BroadcastOptions opts;
     opts.rootRank = root;
-    impl_->gloo->broadcast(tensors, opts)->wait(impl_->timeout);
+    impl_->Run(tensor, [&](auto& backend) { return backend.broadcast(tensors, opts); });
   });
 }
 
@@ -304,17 +407,18 @@ absl::StatusOr<at::Tensor> ProcessGroup::AllGather(const at::Tensor& tensor) {
   at::Tensor input = tensor.contiguous();
   std::vector<std::vector<at::Tensor>> outputs(1);
   for (int r = 0; r < world_size_; ++r) outputs[0].push_back(at::empty_like(input));
-  absl::Status status = Collective("all-gather", rank_, world_size_, Suspects(), [&] {
-    std::vector<at::Tensor> inputs = {input};
-    impl_->gloo->allgather(outputs, inputs)->wait(impl_->timeout);
-  });
+  absl::Status status =
+      Collective("all-gather", impl_->LibraryFor(input), rank_, world_size_, Suspects(), [&] {
+        std::vector<at::Tensor> inputs = {input};
+        impl_->Run(input, [&](auto& backend) { return backend.allgather(outputs, inputs); });
+      });
   if (!status.ok()) return status;
   return at::cat(outputs[0], 0);
 }
 
 absl::Status ProcessGroup::Barrier() {
   if (!impl_) return absl::OkStatus();
-  return Collective("barrier", rank_, world_size_, Suspects(),
+  return Collective("barrier", "gloo", rank_, world_size_, Suspects(),
                     [&] { impl_->gloo->barrier()->wait(impl_->timeout); });
 }
 

@@ -1,12 +1,13 @@
 #include "core/dist/process_group.h"
 
-#include <cstdlib>
-
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include "absl/strings/str_cat.h"
+#include "core/base/status_field.h"
 #include "core/dist/launcher.h"
 #include "core/dist/test_util.h"
 
@@ -107,9 +108,9 @@ TEST(ProcessGroupTest, UnreachableMasterIsNamedByTheOtherRanks) {
   ASSERT_TRUE(port.ok());
   absl::StatusOr<std::shared_ptr<ProcessGroup>> group = CreateAlone(1, 2, *port);
   ASSERT_FALSE(group.ok());
-  EXPECT_THAT(group.status().message(),
-              HasSubstr(absl::StrCat("rank 1: could not reach rank 0's store at 127.0.0.1:",
-                                     *port)));
+  EXPECT_THAT(
+      group.status().message(),
+      HasSubstr(absl::StrCat("rank 1: could not reach rank 0's store at 127.0.0.1:", *port)));
 }
 
 TEST(ProcessGroupTest, InvalidOptionsAreRejected) {
@@ -140,6 +141,50 @@ TEST(ProcessGroupTest, CollectivesAcrossThreeRanks) {
   ASSERT_TRUE(run.ok()) << run.status();
   EXPECT_EQ(run->exit_code, 0) << run->err;
   EXPECT_EQ(run->out, "collectives ok on rank 0 of 3\n");
+}
+
+// "auto" takes NCCL for a GPU and Gloo otherwise; other names are refused naming the flag.
+TEST(ProcessGroupTest, BackendNames) {
+  const c10::Device cpu(c10::kCPU), cuda(c10::kCUDA, 0);
+  EXPECT_EQ(*ParseDistBackend("auto", cpu, "--tp_backend"), DistBackend::kGloo);
+  EXPECT_EQ(*ParseDistBackend("auto", cuda, "--tp_backend"), DistBackend::kNccl);
+  EXPECT_EQ(*ParseDistBackend("gloo", cuda, "--tp_backend"), DistBackend::kGloo);
+  EXPECT_EQ(*ParseDistBackend("nccl", cpu, "--tp_backend"), DistBackend::kNccl);
+  const absl::StatusOr<DistBackend> mpi = ParseDistBackend("mpi", cpu, "--tp_backend");
+  ASSERT_FALSE(mpi.ok());
+  EXPECT_EQ(mpi.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ErrorField(mpi.status()).value_or(""), "--tp_backend");
+}
+
+// An NCCL group where this build has no NCCL or the process no GPU (or fewer GPUs than local
+// ranks) is refused before any rendezvous, naming DistOptions.backend; where NCCL is available,
+// it is valid.
+TEST(ProcessGroupTest, NcclNeedsNcclAndAGpuPerLocalRank) {
+  DistOptions options;
+  options.world_size = 2;
+  options.backend = DistBackend::kNccl;
+  const absl::Status valid = ValidateDistOptions(options);
+  if (NcclAvailable()) {
+    EXPECT_TRUE(valid.ok()) << valid;
+  } else {
+    EXPECT_EQ(valid.code(), absl::StatusCode::kFailedPrecondition) << valid;
+    EXPECT_EQ(ErrorField(valid).value_or(""), "DistOptions.backend");
+    const absl::StatusOr<std::shared_ptr<ProcessGroup>> group = ProcessGroup::Create(options);
+    EXPECT_EQ(group.status().code(), absl::StatusCode::kFailedPrecondition);
+  }
+  options.world_size = 1;  // one process moves nothing
+  EXPECT_TRUE(ValidateDistOptions(options).ok());
+}
+
+// On two or more GPUs: collectives over NCCL on each rank's GPU, and CPU tensors over Gloo
+// beside them in the same group.
+TEST(ProcessGroupTest, CollectivesOverNcclAcrossTwoGpus) {
+  if (!NcclAvailable()) GTEST_SKIP() << "skipped: no NCCL or no CUDA device";
+  if (at::getNumGPUs() < 2) GTEST_SKIP() << "skipped: fewer than 2 GPUs";
+  absl::StatusOr<RanksRun> run = RunRanks(Worker(2, "collectives_nccl"));
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->exit_code, 0) << run->err;
+  EXPECT_EQ(run->out, "collectives ok on rank 0 of 2\n");
 }
 
 TEST(ProcessGroupTest, DeadPeerFailsTheSurvivorWithinTheTimeout) {
