@@ -39,12 +39,13 @@ bool SlotWorkOnHost(ScoredSlotWork work, const BlockPool& pool) {
 }  // namespace
 
 absl::Status CheckScoredPagedPolicy(const EvictionPolicyOptions& policy, const BlockPool& pool) {
-  if (policy.kind != PolicyKind::kH2O && policy.kind != PolicyKind::kTova) {
-    return InvalidFieldError(kPolicyKind,
-                             absl::StrCat(kPolicyKind,
-                                          " must be h2o or tova (sink and window caches are "
-                                          "PagedKVCache's rings), got ",
-                                          PolicyName(policy.kind)));
+  if (policy.kind != PolicyKind::kH2O && policy.kind != PolicyKind::kH2OVlen &&
+      policy.kind != PolicyKind::kTova) {
+    return InvalidFieldError(
+        kPolicyKind, absl::StrCat(kPolicyKind,
+                                  " must be h2o, h2o-vlen or tova (sink and window caches are "
+                                  "PagedKVCache's rings), got ",
+                                  PolicyName(policy.kind)));
   }
   for (const KVLayerSpec& layer : pool.layers()) {
     if (layer.score_reducer) {
@@ -101,7 +102,9 @@ absl::StatusOr<std::unique_ptr<ScoredPagedKVCache>> ScoredPagedKVCache::Create(
     layer.capacity =
         std::max<int64_t>(1, layer.plan.evicts() ? layer.plan.budget + 1 : layer.plan.budget);
     layer.positions = at::full({1, layer.groups, layer.capacity}, -1, slot_options.dtype(at::kInt));
-    layer.scores = at::zeros({1, layer.groups, layer.capacity, 1}, slot_options.dtype(at::kFloat));
+    layer.channels = std::max<int64_t>(1, StateChannels(layer.plan));
+    layer.scores = at::zeros({1, layer.groups, layer.capacity, layer.channels},
+                             slot_options.dtype(at::kFloat));
     layers.push_back(std::move(layer));
   }
   return std::unique_ptr<ScoredPagedKVCache>(new ScoredPagedKVCache(options, std::move(layers)));
@@ -276,7 +279,9 @@ void ScoredPagedKVCache::PlaceDecodeOnHost(Layer& layer, int64_t index, int64_t 
   const at::Tensor k = AsFloat32(keys), v = AsFloat32(values);  // [1, G, 1, hs] float32
   const int64_t capacity = layer.capacity, hs = layer.head_size;
   int32_t* positions = layer.positions.data_ptr<int32_t>();  // [1, G, capacity]
-  float* scores = layer.scores.data_ptr<float>();            // [1, G, capacity, 1]
+  float* scores = layer.scores.data_ptr<float>();            // [1, G, capacity, channels]
+  const at::Tensor feature =                                 // [1, G, 1]: h2o-vlen's value norms
+      layer.pending.feature.defined() ? layer.pending.feature.contiguous() : at::Tensor();
   for (int64_t g = 0; g < layer.groups; ++g) {
     int32_t* slots = positions + g * capacity;
     // The first empty slot, as PolicyKVCache's main store takes it; one exists (used < capacity).
@@ -284,7 +289,9 @@ void ScoredPagedKVCache::PlaceDecodeOnHost(Layer& layer, int64_t index, int64_t 
         std::find_if(slots, slots + capacity, [](int32_t s) { return s < 0; }) - slots;
     TORCH_CHECK(slot < capacity, "no empty slot in a scored paged cache's layer");
     slots[slot] = static_cast<int32_t>(position);
-    scores[g * capacity + slot] = 0.0f;
+    float* state = scores + (g * capacity + slot) * layer.channels;
+    state[0] = 0.0f;
+    if (layer.channels > 1) state[1] = feature.data_ptr<float>()[g];
     StoreRow(index, true, slot, g, k.data_ptr<float>() + g * hs);
     StoreRow(index, false, slot, g, v.data_ptr<float>() + g * hs);
   }
@@ -296,7 +303,9 @@ void ScoredPagedKVCache::PlaceDecodeOnDevice(Layer& layer, int64_t index, int64_
   // Each group's first empty slot (argmax takes the first of equals): [G, 1].
   const at::Tensor slot = positions.lt(0).to(at::kInt).argmax(1, /*keepdim=*/true);
   positions.scatter_(1, slot, position);
-  layer.scores.select(0, 0).select(2, 0).scatter_(1, slot, 0.0);
+  at::Tensor fresh = at::zeros({layer.groups, 1, layer.channels}, layer.scores.options());
+  if (layer.channels > 1) fresh.select(2, 1).copy_(layer.pending.feature.view({layer.groups, 1}));
+  layer.scores.select(0, 0).scatter_(1, slot.unsqueeze(2).expand_as(fresh), fresh);
   WriteStored(index, true, slot, Encode(index, keys));
   WriteStored(index, false, slot, Encode(index, values));
 }
@@ -363,6 +372,9 @@ KVView ScoredPagedKVCache::UpdateChecked(int64_t index, const KVStep& step, cons
   const int64_t steps = keys.size(2);
   const c10::ScalarType dtype = keys.scalar_type();
   pending.newest = step.max_position;
+  if (layer.channels > 1) {  // h2o-vlen: the entries' value norms, as the policy cache takes them
+    pending.feature = EntryFeature(layer.plan, keys, values, RoundTrip()).to(at::kFloat);
+  }
   if (steps == 1) {
     PlaceDecode(layer, index, step.max_position, keys, values);
     Advance(index, 1);
@@ -406,7 +418,8 @@ void ScoredPagedKVCache::Settle(int64_t index, const at::Tensor& weights) {
   const int64_t chunk = pending.kind == Pending::kChunk ? pending.positions.size(0) : 0;
   at::Tensor chunk_scores;
   if (layer.plan.scored && weights.defined()) {
-    const at::Tensor step = StepScores(layer.plan, weights, layer.groups).contiguous();
+    const at::Tensor step =  // [1, G, S]
+        StepScores(layer.plan, weights, layer.groups, ViewFeature(layer)).contiguous();
     TORCH_CHECK(step.size(0) == 1 && step.size(2) == high + chunk, "attention weights ",
                 weights.sizes(), " do not cover the KV view");
     if (high > 0) {
@@ -428,6 +441,14 @@ void ScoredPagedKVCache::Settle(int64_t index, const at::Tensor& weights) {
   pending = Pending();
 }
 
+at::Tensor ScoredPagedKVCache::ViewFeature(const Layer& layer) const {
+  if (layer.channels < 2) return at::Tensor();
+  const Pending& pending = layer.pending;
+  at::Tensor kept = layer.scores.narrow(2, 0, pending.view_high).select(3, 1);  // [1, G, high]
+  if (pending.kind != Pending::kChunk) return kept;
+  return at::cat({kept, pending.feature}, 2);
+}
+
 void ScoredPagedKVCache::ScoreDecode(Layer& layer, int64_t n_head, const float* weights) {
   const int64_t groups = layer.groups, q_per_kv = n_head / groups, high = layer.high;
   const bool replace = ScoresReplace(layer.plan);  // tova: the mean over the group's heads
@@ -437,7 +458,7 @@ void ScoredPagedKVCache::ScoreDecode(Layer& layer, int64_t n_head, const float* 
     for (int64_t s = 0; s < high; ++s) {
       float sum = 0.0f;
       for (int64_t h = 0; h < q_per_kv; ++h) sum += w[h * high + s];
-      float& score = scores[g * layer.capacity + s];
+      float& score = scores[(g * layer.capacity + s) * layer.channels];
       score = replace ? sum / static_cast<float>(q_per_kv) : score + sum;
     }
   }
@@ -457,13 +478,13 @@ void ScoredPagedKVCache::EvictDecodeOnHost(Layer& layer, int64_t newest) {
   const float* scores = layer.scores.data_ptr<float>();
   for (int64_t g = 0; g < layer.groups; ++g) {
     int32_t* slot = positions + g * layer.capacity;
-    const float* score = scores + g * layer.capacity;
+    const float* state = scores + g * layer.capacity * layer.channels;
     int64_t live = 0, victim = 0;
     double lowest = std::numeric_limits<double>::infinity();
     for (int64_t s = 0; s < layer.high; ++s) {
       if (slot[s] < 0) continue;
       ++live;
-      const double priority = EntryPriority(layer.plan, slot[s], score[s], newest);
+      const double priority = EntryPriority(layer.plan, slot[s], state[s * layer.channels], newest);
       if (priority < lowest) {  // the first of equals
         lowest = priority;
         victim = s;
@@ -503,8 +524,9 @@ void ScoredPagedKVCache::Compact(int64_t index, const at::Tensor& chunk_scores) 
               2);
   at::Tensor state;  // [1, G, high + T, 1]
   if (StateChannels(layer.plan) > 0) {
-    at::Tensor fresh = at::zeros({1, groups, steps, 1}, layer.scores.options());
+    at::Tensor fresh = at::zeros({1, groups, steps, layer.channels}, layer.scores.options());
     if (chunk_scores.defined()) fresh.select(3, 0).copy_(chunk_scores);
+    if (layer.channels > 1) fresh.select(3, 1).copy_(pending.feature);
     state = at::cat({layer.scores.narrow(2, 0, high), fresh}, 2);
   }
   const int64_t kept = std::min(layer.plan.budget, high + steps);
@@ -523,7 +545,9 @@ void ScoredPagedKVCache::Compact(int64_t index, const at::Tensor& chunk_scores) 
   const at::Tensor kept_positions =
       candidates.gather(-1, chosen).masked_fill_(valid.gather(-1, order).logical_not(), -1);
   at::Tensor kept_state;
-  if (state.defined()) kept_state = state.gather(2, chosen.unsqueeze(-1));
+  if (state.defined()) {
+    kept_state = state.gather(2, chosen.unsqueeze(-1).expand({-1, -1, -1, state.size(3)}));
+  }
   if (on_host_) {
     MoveChosenOnHost(index, chosen);
   } else {
@@ -587,9 +611,10 @@ void ScoredPagedKVCache::MoveChosenOnDevice(int64_t index, const at::Tensor& cho
 
 bool ScoredPagedKVCache::DecodeOnHostApplies(const at::Tensor& q, const at::Tensor& keys,
                                              const KVStep& step) const {
-  return on_host_ && keys.size(2) == 1 && q.device().is_cpu() && q.scalar_type() == at::kFloat &&
-         !q.requires_grad() && step.positions.device().is_cpu() &&
-         step.positions.scalar_type() == at::kLong;
+  // h2o-vlen weighs the weights by the entries' value norms: the generic path's StepScores.
+  return on_host_ && policy_.kind != PolicyKind::kH2OVlen && keys.size(2) == 1 &&
+         q.device().is_cpu() && q.scalar_type() == at::kFloat && !q.requires_grad() &&
+         step.positions.device().is_cpu() && step.positions.scalar_type() == at::kLong;
 }
 
 at::Tensor ScoredPagedKVCache::DecodeOnHost(int64_t index, const KVStep& step, const at::Tensor& q,

@@ -1,5 +1,5 @@
-// Scoring eviction policies (h2o, tova: cache/eviction_policy.h) over a shared BlockPool: one
-// request's budgeted cache whose entries live in pool blocks, so budgeted caches of every kind
+// Scoring eviction policies (h2o, h2o-vlen, tova: cache/eviction_policy.h) over a shared BlockPool:
+// one request's budgeted cache whose entries live in pool blocks, so budgeted caches of every kind
 // and dense requests share one memory and one accounting (cache/paged_kv_cache.h keeps the
 // sink and window policies in a ring of pool blocks; this cache keeps the entries a scoring
 // policy chooses).
@@ -60,15 +60,15 @@ enum class ScoredSlotWork {
 struct ScoredPagedKVCacheOptions {
   std::shared_ptr<BlockPool> pool;
   int64_t max_sequence_length = 0;
-  // h2o or tova (cache/eviction_policy.h's options: budget, layer_budgets, recent_fraction,
-  // grace_period, normalize_scores).
+  // h2o, h2o-vlen or tova (cache/eviction_policy.h's options: budget, layer_budgets,
+  // recent_fraction, grace_period, normalize_scores).
   EvictionPolicyOptions policy;
   ScoredSlotWork slot_work = ScoredSlotWork::kAuto;
 };
 
 // Whether a request of `policy` can be kept in a ScoredPagedKVCache over `pool`: a scoring
-// policy (h2o, tova) over a pool without score reducers. OK or InvalidArgument naming the field
-// (ScoredPagedKVCacheOptions.policy.kind, .pool).
+// policy (h2o, h2o-vlen, tova) over a pool without score reducers. OK or InvalidArgument naming the
+// field (ScoredPagedKVCacheOptions.policy.kind, .pool).
 absl::Status CheckScoredPagedPolicy(const EvictionPolicyOptions& policy, const BlockPool& pool);
 
 class ScoredPagedKVCache : public KVCache,
@@ -145,15 +145,17 @@ class ScoredPagedKVCache : public KVCache,
     int64_t view_high = 0;    // kept slots in the step's view
     at::Tensor keys, values;  // chunk: [1, G, T, hs] as given, in float32 (stored when kept)
     at::Tensor positions;     // chunk: [T] int32
+    at::Tensor feature;       // h2o-vlen: the step's entries' value norms [1, G, T] float32
   };
   struct Layer {
     LayerPlan plan;
     int64_t groups = 0, head_size = 0;
+    int64_t channels = 1;  // state per slot: the score, and h2o-vlen's value norm
     int64_t capacity = 0;  // slots addressed: budget + 1 (the step's entry beside the budget)
     int64_t high = 0;      // slots [0, high) hold entries or holes; views stop there
     int64_t used = 0;      // live entries of any group (an upper bound)
     at::Tensor positions;  // [1, G, capacity] int32, -1 where empty (where the slot work runs)
-    at::Tensor scores;     // [1, G, capacity, 1] float32: the policy's score (likewise)
+    at::Tensor scores;     // [1, G, capacity, channels] float32: the policy's state (likewise)
     std::vector<float> step_weights;  // a decoding step's weights [n_head, high]
     Pending pending;
   };
@@ -206,6 +208,9 @@ class ScoredPagedKVCache : public KVCache,
   // The pending step's end: scores from `weights` [1, n_head, T, S] (undefined: none), then
   // the eviction.
   void Settle(int64_t index, const at::Tensor& weights);
+  // h2o-vlen: the value norms of the pending step's view (kept slots, then a chunk's entries),
+  // [1, G, S]; else undefined.
+  at::Tensor ViewFeature(const Layer& layer) const;
   // Adds (h2o) or sets (tova) the scores of slots [0, high) from a decoding step's weights.
   void ScoreDecode(Layer& layer, int64_t n_head, const float* weights);
   // Evicts each group's entry of lowest priority when over budget.

@@ -35,12 +35,13 @@ EvictionPolicyOptions Policy(PolicyKind kind, int64_t budget, bool normalize = f
 }
 
 // h2o with half its budget recent, tova without a recent window, h2o normalised with a budget
-// of one block and a bit, and per-layer budgets.
+// of one block and a bit, per-layer budgets, and h2o-vlen (scores weighed by value norms).
 std::vector<EvictionPolicyOptions> Policies() {
   EvictionPolicyOptions pyramid = Policy(PolicyKind::kH2O, 8);
   pyramid.layer_budgets = {12, 9, 7, 4};
   return {Policy(PolicyKind::kH2O, 12), Policy(PolicyKind::kTova, 9),
-          Policy(PolicyKind::kH2O, 5, /*normalize=*/true), pyramid};
+          Policy(PolicyKind::kH2O, 5, /*normalize=*/true), pyramid,
+          Policy(PolicyKind::kH2OVlen, 10)};
 }
 
 // Where the slot work runs: the host's loops, and the device's tensor operations on a CPU pool.

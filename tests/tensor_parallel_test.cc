@@ -1,5 +1,6 @@
-// Tensor-parallel inference over Gloo on loopback: each case runs
-// tensor_parallel_test_worker as 2 (or more) local ranks through the launcher.
+// Tensor-parallel inference over Gloo on loopback (and over NCCL where two GPUs are): each
+// case runs tensor_parallel_test_worker as 2 (or more) local ranks through the launcher.
+#include <ATen/Context.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -9,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "core/dist/launcher.h"
+#include "core/dist/process_group.h"
 #include "core/dist/test_util.h"
 
 namespace lgpt {
@@ -121,6 +123,20 @@ TEST(TensorParallelTest, DefaultModelLogitsAndGreedyGenerationMatchOneProcess) {
   EXPECT_THAT(run->out, HasSubstr("logits equal"));
   EXPECT_THAT(run->out, HasSubstr("greedy dense bits=16 equal"));
   EXPECT_THAT(run->out, HasSubstr("greedy sink budget=24"));
+  EXPECT_THAT(run->out, HasSubstr("greedy h2o budget=24"));
+  EXPECT_THAT(run->out, Not(HasSubstr("DIFFERENT")));
+}
+
+// On two GPUs, the same check with each rank's model on its GPU and the all-reduces over NCCL
+// (float32: within the same tolerance; greedy tokens equal).
+TEST(TensorParallelTest, OverNcclOnTwoGpusTheDefaultModelMatchesOneProcess) {
+  if (!NcclAvailable()) GTEST_SKIP() << "skipped: no NCCL or no CUDA device";
+  if (at::getNumGPUs() < 2) GTEST_SKIP() << "skipped: fewer than 2 GPUs";
+  absl::StatusOr<RanksRun> run = RunWorker(2, "default_model_nccl");
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->exit_code, 0) << run->out << run->err;
+  EXPECT_THAT(run->out, HasSubstr("logits equal"));
+  EXPECT_THAT(run->out, HasSubstr("greedy dense bits=16 equal"));
   EXPECT_THAT(run->out, HasSubstr("greedy h2o budget=24"));
   EXPECT_THAT(run->out, Not(HasSubstr("DIFFERENT")));
 }

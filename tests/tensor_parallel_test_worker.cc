@@ -58,7 +58,7 @@ double MaxDiff(const at::Tensor& a, const at::Tensor& b) {
 // Max |logit difference| of a full forward and of prefill (8 tokens) + 3 decode steps.
 absl::StatusOr<double> CompareLogits(GPTImpl& full, GPTImpl& local, int64_t vocab) {
   at::manual_seed(3);
-  const at::Tensor idx = at::randint(0, vocab, {2, 11}, at::kLong);
+  const at::Tensor idx = at::randint(0, vocab, {2, 11}, at::kLong).to(local.device());
   double worst = 0;
   {
     absl::StatusOr<at::Tensor> a = full.Forward(idx), b = local.Forward(idx);
@@ -73,8 +73,11 @@ absl::StatusOr<double> CompareLogits(GPTImpl& full, GPTImpl& local, int64_t voca
   for (int64_t begin = 0; begin < 11;) {
     const int64_t length = begin == 0 ? 8 : 1;
     ForwardOptions options;
-    options.positions =
-        at::arange(begin, begin + length, at::kLong).unsqueeze(0).expand({2, length}).contiguous();
+    options.positions = at::arange(begin, begin + length, at::kLong)
+                            .unsqueeze(0)
+                            .expand({2, length})
+                            .contiguous()
+                            .to(local.device());
     const at::Tensor step = idx.narrow(1, begin, length);
     absl::StatusOr<at::Tensor> a = full.Forward(step, full_cache->get(), options);
     absl::StatusOr<at::Tensor> b = local.Forward(step, local_cache->get(), options);
@@ -213,10 +216,13 @@ absl::StatusOr<std::vector<int64_t>> Greedy(GPTImpl& model, const KVCacheSpec& s
 
 // The default model over the ranks against one process, with float32 or block-quantised
 // weights (each rank quantises its own slices; row-parallel slices cut K on block
-// boundaries, so every block is the one a single process quantises).
-int DefaultModel(const std::shared_ptr<ProcessGroup>& group, WeightQuantization quantize) {
+// boundaries, so every block is the one a single process quantises), on `device` (a GPU
+// under an NCCL group: every model of the rank there).
+int DefaultModel(const std::shared_ptr<ProcessGroup>& group, WeightQuantization quantize,
+                 const c10::Device& device) {
   LoadOptions single_options;
   single_options.parts = QuantizedModelParts(quantize);
+  single_options.device = device;
   absl::StatusOr<LoadedModel> single = LoadCheckpoint(kDefaultModel, single_options);
   LoadOptions tp_options = single_options;
   tp_options.tensor_parallel = group;
@@ -483,12 +489,17 @@ int RankDies(const std::shared_ptr<ProcessGroup>& group) {
 int main(int argc, char** argv) {
   if (argc != 2) {
     return lgpt::Fail(
-        "usage: worker presets[:A,B]|default_model[:int8|int4]|lora|multi_lora|golden|refuse|"
-        "rank_dies");
+        "usage: worker presets[:A,B]|default_model[:int8|int4]|default_model_nccl|lora|"
+        "multi_lora|golden|refuse|rank_dies");
   }
   const std::string mode = argv[1];
   absl::StatusOr<lgpt::DistOptions> options = lgpt::DistOptionsFromEnv(absl::Seconds(20));
   if (!options.ok()) return lgpt::Fail(options.status().ToString());
+  c10::Device device(c10::kCPU);
+  if (mode == "default_model_nccl") {  // each local rank its GPU, the model's tensors over NCCL
+    options->backend = lgpt::DistBackend::kNccl;
+    device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(options->rank));
+  }
   absl::StatusOr<std::shared_ptr<lgpt::ProcessGroup>> group = lgpt::ProcessGroup::Create(*options);
   if (!group.ok()) return lgpt::Fail(group.status().ToString());
   at::NoGradGuard no_grad;
@@ -497,11 +508,14 @@ int main(int argc, char** argv) {
     if (absl::StartsWith(mode, "presets:")) only = absl::StrSplit(mode.substr(8), ',');
     return lgpt::Presets(*group, only);
   }
+  if (mode == "default_model_nccl") {
+    return lgpt::DefaultModel(*group, lgpt::WeightQuantization::kNone, device);
+  }
   if (absl::StartsWith(mode, "default_model")) {
     absl::StatusOr<lgpt::WeightQuantization> quantize = lgpt::ParseWeightQuantization(
         mode == "default_model" ? "none" : mode.substr(std::string("default_model:").size()));
     if (!quantize.ok()) return lgpt::Fail(quantize.status().ToString());
-    return lgpt::DefaultModel(*group, *quantize);
+    return lgpt::DefaultModel(*group, *quantize, device);
   }
   if (mode == "refuse") return lgpt::Refuse(*group);
   if (mode == "lora") return lgpt::Lora(*group);

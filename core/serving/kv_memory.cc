@@ -104,7 +104,7 @@ absl::StatusOr<std::unique_ptr<KVCache>> KVMemory::NewCache(const KVCacheSpec& s
   shape.max_sequence_length = length;
   shape.rollback_slots = rollback_slots;
   if (pool_ == nullptr) return MakeKVCache(spec, shape);
-  // Dense, sink, window, h2o and tova requests are paged in the pool's entries, whatever they
+  // Dense, sink, window, h2o, h2o-vlen and tova requests are paged in the pool's entries, whatever they
   // are (16-bit or quantised: the server's choice; with float32 entries they attend as the
   // policy cache of the spec); the others keep caches of their own, so that an explicit
   // int8/int4 spec decodes as lgpt::Generate with that spec does.
@@ -157,7 +157,8 @@ absl::StatusOr<std::optional<EvictionPolicyOptions>> ScoredPagedPolicyFor(
   RETURN_IF_ERROR(ValidateKVCacheSpec(spec));
   const bool model_dtype_kept = geometry.dtype == c10::kFloat || geometry.dtype == c10::kBFloat16 ||
                                 geometry.dtype == c10::kHalf;
-  if (spec.bits != 16 || (spec.policy != "h2o" && spec.policy != "tova") ||
+  if (spec.bits != 16 ||
+      (spec.policy != "h2o" && spec.policy != "h2o-vlen" && spec.policy != "tova") ||
       UsesCachePositions(spec) || !model_dtype_kept) {
     return std::nullopt;
   }

@@ -5,9 +5,9 @@
 //   - sizing: the pool SchedulerOptions.kv_pool_bytes buys for a model's cache geometry;
 //   - the cache kind a request gets (NewCache): paged blocks of the pool for dense requests
 //     (prefixes shared), for sink and window requests (a fixed set of slots in blocks,
-//     cache/paged_kv_cache.h's PagedEviction) and for h2o and tova requests (budget + 1 slots
-//     in blocks, cache/scored_paged_kv_cache.h), in the pool's entries; own storage grown a
-//     block at a time and charged to the pool as it grows for the others (h2o-vlen, qh2o,
+//     cache/paged_kv_cache.h's PagedEviction) and for h2o, h2o-vlen and tova requests (budget +
+//     1 slots in blocks, cache/scored_paged_kv_cache.h), in the pool's entries; own storage
+//     grown a block at a time and charged to the pool as it grows for the others (qh2o,
 //     explicit int8/int4 specs, cache positions, some sliding-window models), a plain cache of
 //     its own without a pool;
 //   - a request's memory through one lease: Reserve before a step (blocks or bytes), Settle
@@ -68,9 +68,9 @@ absl::StatusOr<std::optional<PagedEviction>> PagedEvictionFor(const KVCacheSpec&
                                                               const KVCacheGeometry& geometry);
 
 // The scoring policy a ScoredPagedKVCache (cache/scored_paged_kv_cache.h) keeps for `spec` in
-// `pool`'s blocks, or nullopt when the spec needs a cache of its own: a policy other than h2o
-// and tova, explicit int8/int4 entries, cache positions, a model in another dtype than float32, bfloat16
-// or float16, a pool off the CPU or layers with score reducers. The spec's errors.
+// `pool`'s blocks, or nullopt when the spec needs a cache of its own: a policy other than h2o,
+// h2o-vlen and tova, explicit int8/int4 entries, cache positions, a model in another dtype than
+// float32, bfloat16 or float16, or layers with score reducers. The spec's errors.
 absl::StatusOr<std::optional<EvictionPolicyOptions>> ScoredPagedPolicyFor(
     const KVCacheSpec& spec, const KVCacheGeometry& geometry, const BlockPool& pool);
 

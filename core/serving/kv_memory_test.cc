@@ -51,10 +51,12 @@ KVCacheSpec H2O() {
   return spec;
 }
 
-// A scoring policy with state beyond the score: a cache of its own, charged to the pool.
+// A scoring policy whose priorities span the row (qh2o's normalised quantisation error): a
+// cache of its own, charged to the pool.
 KVCacheSpec Charged() {
   KVCacheSpec spec;
-  spec.policy = "h2o-vlen";
+  spec.policy = "qh2o";
+  spec.bits = 8;
   spec.budget = 8;
   return spec;
 }
