@@ -496,7 +496,7 @@ void ScoredPagedKVCache::EvictDecodeOnHost(Layer& layer, int64_t newest) {
 
 void ScoredPagedKVCache::EvictDecodeOnDevice(Layer& layer, int64_t newest) {
   const at::Tensor positions = layer.positions.narrow(2, 0, layer.high);  // [1, G, high]
-  at::Tensor state;                                                       // [1, G, high, 1]
+  at::Tensor state;                                                       // [1, G, high, channels]
   if (StateChannels(layer.plan) > 0) state = layer.scores.narrow(2, 0, layer.high);
   const at::Tensor priority =  // [1, G, high] float64
       Priority(layer.plan, positions, state,
@@ -522,7 +522,7 @@ void ScoredPagedKVCache::Compact(int64_t index, const at::Tensor& chunk_scores) 
       at::cat({layer.positions.narrow(2, 0, high),
                pending.positions.view({1, 1, steps}).expand({1, groups, steps})},
               2);
-  at::Tensor state;  // [1, G, high + T, 1]
+  at::Tensor state;  // [1, G, high + T, channels]
   if (StateChannels(layer.plan) > 0) {
     at::Tensor fresh = at::zeros({1, groups, steps, layer.channels}, layer.scores.options());
     if (chunk_scores.defined()) fresh.select(3, 0).copy_(chunk_scores);

@@ -170,17 +170,21 @@ TEST_P(PoolEntriesTest, BatchedAndPreemptedRequestsEqualGenerateAlone) {
   EXPECT_EQ(outcome.stats.pool_blocks_used, 0);
 }
 
-// h2o and tova requests (budget 8, so most of them evict) batched with dense ones in a pool too
-// small for all at once: each keeps its slots in blocks of the pool's entries, is preempted and
-// recomputed like the others (its prompt in the same chunks, its tokens replayed), and gives
-// Generate's tokens alone with a ScoredPagedKVCache over such a pool; every block comes back.
-// (16 requests, 12 of them h2o / tova, in 14 blocks of 4 `entries`.)
+// h2o, h2o-vlen and tova requests (budget 8, so most of them evict) batched with dense ones in a
+// pool too small for all at once: each keeps its slots in blocks of the pool's entries, is
+// preempted and recomputed like the others (its prompt in the same chunks, its tokens replayed),
+// and gives Generate's tokens alone with a ScoredPagedKVCache over such a pool; every block
+// comes back.
+// (16 requests, 12 of them h2o / h2o-vlen / tova, in 14 blocks of 4 `entries`.)
 void ExpectScoringRequestsEqualGenerateAlone(GPT model, const Entries& entries) {
   std::vector<Job> jobs = Jobs(*model, 16, 13);
   int64_t scoring = 0;
   for (size_t i = 0; i < jobs.size(); ++i) {
-    jobs[i].spec =
-        i % 4 == 1 ? TestSpec("dense", 0, 16) : TestSpec(i % 2 == 0 ? "h2o" : "tova", 8, 16);
+    const char* policy = i % 4 == 1   ? "dense"
+                         : i % 2 == 0 ? "h2o"
+                         : i % 8 == 3 ? "h2o-vlen"
+                                      : "tova";
+    jobs[i].spec = TestSpec(policy, i % 4 == 1 ? 0 : 8, 16);
     jobs[i].options.max_new_tokens += 12;
     jobs[i].options.prefill_chunk = i % 3 == 0 ? 4 : 7;
     scoring += i % 4 == 1 ? 0 : 1;
