@@ -38,7 +38,7 @@ bool SlotWorkOnHost(ScoredSlotWork work, const BlockPool& pool) {
 
 }  // namespace
 
-absl::Status CheckScoredPagedPolicy(const EvictionPolicyOptions& policy, const BlockPool& pool) {
+absl::Status CheckScoredPagedPolicy(const EvictionPolicyOptions& policy) {
   if (policy.kind != PolicyKind::kH2O && policy.kind != PolicyKind::kH2OVlen &&
       policy.kind != PolicyKind::kTova) {
     return InvalidFieldError(
@@ -46,13 +46,6 @@ absl::Status CheckScoredPagedPolicy(const EvictionPolicyOptions& policy, const B
                                   " must be h2o, h2o-vlen or tova (sink and window caches are "
                                   "PagedKVCache's rings), got ",
                                   PolicyName(policy.kind)));
-  }
-  for (const KVLayerSpec& layer : pool.layers()) {
-    if (layer.score_reducer) {
-      return InvalidFieldError(kPool, absl::StrCat(kPool,
-                                                   " has layers whose scores are reduced "
-                                                   "over tensor-parallel copies"));
-    }
   }
   return absl::OkStatus();
 }
@@ -72,7 +65,7 @@ absl::StatusOr<std::unique_ptr<ScoredPagedKVCache>> ScoredPagedKVCache::Create(
   }
   const EvictionPolicyOptions& policy = options.policy;
   RETURN_IF_ERROR(ValidateEvictionPolicy(policy, "ScoredPagedKVCacheOptions.policy"));
-  RETURN_IF_ERROR(CheckScoredPagedPolicy(policy, *options.pool));
+  RETURN_IF_ERROR(CheckScoredPagedPolicy(policy));
   if (options.slot_work == ScoredSlotWork::kHost && !options.pool->device().is_cpu()) {
     return InvalidFieldError(
         "ScoredPagedKVCacheOptions.slot_work",
@@ -418,8 +411,10 @@ void ScoredPagedKVCache::Settle(int64_t index, const at::Tensor& weights) {
   const int64_t chunk = pending.kind == Pending::kChunk ? pending.positions.size(0) : 0;
   at::Tensor chunk_scores;
   if (layer.plan.scored && weights.defined()) {
-    const at::Tensor step =  // [1, G, S]
+    at::Tensor step =  // [1, G, S]
         StepScores(layer.plan, weights, layer.groups, ViewFeature(layer)).contiguous();
+    // A group's copies on other tensor-parallel ranks add their heads' scores.
+    if (const auto& reducer = pool_->layers()[index].score_reducer) reducer->Reduce(step);
     TORCH_CHECK(step.size(0) == 1 && step.size(2) == high + chunk, "attention weights ",
                 weights.sizes(), " do not cover the KV view");
     if (high > 0) {
@@ -609,12 +604,14 @@ void ScoredPagedKVCache::MoveChosenOnDevice(int64_t index, const at::Tensor& cho
   }
 }
 
-bool ScoredPagedKVCache::DecodeOnHostApplies(const at::Tensor& q, const at::Tensor& keys,
-                                             const KVStep& step) const {
-  // h2o-vlen weighs the weights by the entries' value norms: the generic path's StepScores.
-  return on_host_ && policy_.kind != PolicyKind::kH2OVlen && keys.size(2) == 1 &&
-         q.device().is_cpu() && q.scalar_type() == at::kFloat && !q.requires_grad() &&
-         step.positions.device().is_cpu() && step.positions.scalar_type() == at::kLong;
+bool ScoredPagedKVCache::DecodeOnHostApplies(int64_t index, const at::Tensor& q,
+                                             const at::Tensor& keys, const KVStep& step) const {
+  // h2o-vlen weighs the weights by the entries' value norms, and a reducer combines the scores
+  // of a group's copies: the generic path's StepScores.
+  return on_host_ && policy_.kind != PolicyKind::kH2OVlen &&
+         !pool_->layers()[index].score_reducer && keys.size(2) == 1 && q.device().is_cpu() &&
+         q.scalar_type() == at::kFloat && !q.requires_grad() && step.positions.device().is_cpu() &&
+         step.positions.scalar_type() == at::kLong;
 }
 
 at::Tensor ScoredPagedKVCache::DecodeOnHost(int64_t index, const KVStep& step, const at::Tensor& q,
@@ -651,7 +648,8 @@ absl::StatusOr<at::Tensor> ScoredPagedKVCache::UpdateAndAttend(int64_t index, co
                                                                const AttentionParams& params) {
   RETURN_IF_ERROR(CheckLayer(index, step, keys, values));
   RETURN_IF_ERROR(CheckQueries(index, q, keys));
-  if (DecodeOnHostApplies(q, keys, step)) return DecodeOnHost(index, step, q, keys, values, params);
+  if (DecodeOnHostApplies(index, q, keys, step))
+    return DecodeOnHost(index, step, q, keys, values, params);
   // As KVCache::UpdateAndAttend, without checking the layer again.
   const KVView view = UpdateChecked(index, step, keys, values);
   const bool scored = layers_[index].plan.scored;

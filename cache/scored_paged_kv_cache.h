@@ -66,10 +66,11 @@ struct ScoredPagedKVCacheOptions {
   ScoredSlotWork slot_work = ScoredSlotWork::kAuto;
 };
 
-// Whether a request of `policy` can be kept in a ScoredPagedKVCache over `pool`: a scoring
-// policy (h2o, h2o-vlen, tova) over a pool without score reducers. OK or InvalidArgument naming the
-// field (ScoredPagedKVCacheOptions.policy.kind, .pool).
-absl::Status CheckScoredPagedPolicy(const EvictionPolicyOptions& policy, const BlockPool& pool);
+// Whether a request of `policy` can be kept in a ScoredPagedKVCache: a scoring
+// policy (h2o, h2o-vlen, tova). OK or InvalidArgument naming the field
+// (ScoredPagedKVCacheOptions.policy.kind). Layers with a score reducer (a group's copies on
+// tensor-parallel ranks) pass each step's scores through it, as PolicyKVCache does.
+absl::Status CheckScoredPagedPolicy(const EvictionPolicyOptions& policy);
 
 class ScoredPagedKVCache : public KVCache,
                            public KVPoolBlocks,
@@ -224,7 +225,8 @@ class ScoredPagedKVCache : public KVCache,
   // then the chunk's entries) into slots [0, kept), as stored.
   void MoveChosenOnHost(int64_t index, const at::Tensor& chosen);
   void MoveChosenOnDevice(int64_t index, const at::Tensor& chosen);
-  bool DecodeOnHostApplies(const at::Tensor& q, const at::Tensor& keys, const KVStep& step) const;
+  bool DecodeOnHostApplies(int64_t index, const at::Tensor& q, const at::Tensor& keys,
+                           const KVStep& step) const;
   at::Tensor DecodeOnHost(int64_t index, const KVStep& step, const at::Tensor& q,
                           const at::Tensor& keys, const at::Tensor& values,
                           const AttentionParams& params);

@@ -483,6 +483,79 @@ TEST(ScoredPagedKVCacheTest, DeviceSlotWorkKeepsWhatTheHostKeeps) {
   }
 }
 
+// Negates a layer's step scores (so h2o keeps the least attended entries) and counts its calls:
+// a stand-in for the all-reduce that adds up a group's copies on tensor-parallel ranks.
+class NegatingReducer : public KVScoreReducer {
+ public:
+  void Reduce(at::Tensor& scores) const override {
+    ++calls;
+    scores.neg_();
+  }
+  mutable int64_t calls = 0;
+};
+
+// Layers with a score reducer pass every step's scores through it, as the policy cache over the
+// same layers does: outputs to the bit and the same positions kept, with either slot work; and
+// (teeth) other positions than the same cache without the reducer.
+TEST(ScoredPagedKVCacheTest, StepScoresPassThroughTheLayersReducer) {
+  const auto reducer = std::make_shared<NegatingReducer>();
+  KVCacheGeometry geometry = FourLayerGeometry();
+  for (KVLayerSpec& layer : geometry.layers) layer.score_reducer = reducer;
+  const EvictionPolicyOptions policy = Policy(PolicyKind::kH2O, 12);
+  for (const ScoredSlotWork work : kSlotWorks) {
+    SCOPED_TRACE(SlotWorkName(work));
+    BlockPoolOptions pool_options;
+    pool_options.entries_per_block = 4;
+    pool_options.num_blocks = 16;
+    absl::StatusOr<std::shared_ptr<BlockPool>> pool = BlockPool::Create(geometry, pool_options);
+    ASSERT_TRUE(pool.ok()) << pool.status();
+    std::unique_ptr<ScoredPagedKVCache> reduced = ScoredCache(*pool, policy, work);
+    std::unique_ptr<ScoredPagedKVCache> plain = ScoredCache(FourLayerPool(16), policy, work);
+    PolicyKVCacheOptions reference_options;
+    static_cast<KVCacheGeometry&>(reference_options) = geometry;
+    reference_options.policy = policy;
+    absl::StatusOr<std::unique_ptr<PolicyKVCache>> reference_or =
+        PolicyKVCache::Create(reference_options);
+    ASSERT_TRUE(reference_or.ok()) << reference_or.status();
+    std::unique_ptr<PolicyKVCache> reference = std::move(*reference_or);
+    ASSERT_TRUE(reduced && plain && reference);
+    const int64_t calls_before = reducer->calls;
+    at::manual_seed(71);
+    int64_t position = 0, differing = 0;
+    const std::vector<int64_t> schedule = Schedules()[0];
+    for (const int64_t length : schedule) {
+      const KVStep step = ContiguousStep(position, length);
+      for (KVCache* cache :
+           {static_cast<KVCache*>(reduced.get()), static_cast<KVCache*>(plain.get()),
+            static_cast<KVCache*>(reference.get())}) {
+        ASSERT_TRUE(cache->CheckStep(step, 1).ok());
+      }
+      for (int64_t layer = 0; layer < kFourLayers; ++layer) {
+        SCOPED_TRACE(testing::Message()
+                     << "layer " << layer << ", step of " << length << " at " << position);
+        const LayerInputs in = RandomInputs(layer, length);
+        const AttentionParams params = FourLayerParams(layer);
+        const absl::StatusOr<at::Tensor> a =
+            reduced->UpdateAndAttend(layer, step, in.q, in.k, in.v, params);
+        const absl::StatusOr<at::Tensor> b =
+            reference->UpdateAndAttend(layer, step, in.q, in.k, in.v, params);
+        ASSERT_TRUE(a.ok()) << a.status();
+        ASSERT_TRUE(b.ok()) << b.status();
+        ASSERT_TRUE(plain->UpdateAndAttend(layer, step, in.q, in.k, in.v, params).ok());
+        EXPECT_TRUE(at::equal(*a, *b)) << MaxDifference(*a, *b);
+        for (int64_t g = 0; g < geometry.layers[layer].n_query_groups; ++g) {
+          const std::vector<int64_t> kept = reduced->KeptPositions(layer, g);
+          ASSERT_EQ(kept, reference->KeptPositions(layer, 0, g)) << "group " << g;
+          differing += kept != plain->KeptPositions(layer, g) ? 1 : 0;
+        }
+      }
+      position += length;
+    }
+    EXPECT_GT(reducer->calls, calls_before);
+    EXPECT_GT(differing, 0);
+  }
+}
+
 // On a GPU: a cache over a CUDA pool (slot work on the device, scores from ATen's attention
 // there) keeps what the same cache over a CPU pool keeps and attends within rounding of it, for
 // every pool kind; host slot work over a CUDA pool is refused, naming the field.

@@ -69,7 +69,7 @@ std::vector<int64_t> AloneScored(GPTImpl& model, const Job& job, const Entries& 
   geometry.layers = model.CacheLayout();
   geometry.dtype = model.dtype();
   absl::StatusOr<std::optional<EvictionPolicyOptions>> policy =
-      ScoredPagedPolicyFor(job.spec, geometry, *pool);
+      ScoredPagedPolicyFor(job.spec, geometry);
   EXPECT_TRUE(policy.ok() && policy->has_value()) << DescribeKVCacheSpec(job.spec);
   if (!policy.ok() || !policy->has_value()) return {};
   ScoredPagedKVCacheOptions options;

@@ -104,15 +104,15 @@ absl::StatusOr<std::unique_ptr<KVCache>> KVMemory::NewCache(const KVCacheSpec& s
   shape.max_sequence_length = length;
   shape.rollback_slots = rollback_slots;
   if (pool_ == nullptr) return MakeKVCache(spec, shape);
-  // Dense, sink, window, h2o, h2o-vlen and tova requests are paged in the pool's entries, whatever they
-  // are (16-bit or quantised: the server's choice; with float32 entries they attend as the
+  // Dense, sink, window, h2o, h2o-vlen and tova requests are paged in the pool's entries, whatever
+  // they are (16-bit or quantised: the server's choice; with float32 entries they attend as the
   // policy cache of the spec); the others keep caches of their own, so that an explicit
   // int8/int4 spec decodes as lgpt::Generate with that spec does.
   ASSIGN_OR_RETURN(const std::optional<PagedEviction> paged_eviction,
                    PagedEvictionFor(spec, shape));
   if (!paged_eviction) {
     ASSIGN_OR_RETURN(const std::optional<EvictionPolicyOptions> scored,
-                     ScoredPagedPolicyFor(spec, shape, *pool_));
+                     ScoredPagedPolicyFor(spec, shape));
     if (scored) {
       ScoredPagedKVCacheOptions options;
       options.pool = pool_;
@@ -153,7 +153,7 @@ absl::StatusOr<std::optional<PagedEviction>> PagedEvictionFor(const KVCacheSpec&
 }
 
 absl::StatusOr<std::optional<EvictionPolicyOptions>> ScoredPagedPolicyFor(
-    const KVCacheSpec& spec, const KVCacheGeometry& geometry, const BlockPool& pool) {
+    const KVCacheSpec& spec, const KVCacheGeometry& geometry) {
   RETURN_IF_ERROR(ValidateKVCacheSpec(spec));
   const bool model_dtype_kept = geometry.dtype == c10::kFloat || geometry.dtype == c10::kBFloat16 ||
                                 geometry.dtype == c10::kHalf;
@@ -164,7 +164,7 @@ absl::StatusOr<std::optional<EvictionPolicyOptions>> ScoredPagedPolicyFor(
   }
   ASSIGN_OR_RETURN(EvictionPolicyOptions policy,
                    EvictionPolicyOf(spec, static_cast<int64_t>(geometry.layers.size())));
-  if (!CheckScoredPagedPolicy(policy, pool).ok()) return std::nullopt;
+  if (!CheckScoredPagedPolicy(policy).ok()) return std::nullopt;
   return policy;
 }
 

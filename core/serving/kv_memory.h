@@ -36,8 +36,8 @@
 #include "cache/kv_cache.h"
 #include "cache/kv_cache_factory.h"
 #include "cache/paged_kv_cache.h"
-#include "cache/scored_paged_kv_cache.h"
 #include "cache/prefix_cache.h"
+#include "cache/scored_paged_kv_cache.h"
 
 namespace lgpt {
 
@@ -68,11 +68,12 @@ absl::StatusOr<std::optional<PagedEviction>> PagedEvictionFor(const KVCacheSpec&
                                                               const KVCacheGeometry& geometry);
 
 // The scoring policy a ScoredPagedKVCache (cache/scored_paged_kv_cache.h) keeps for `spec` in
-// `pool`'s blocks, or nullopt when the spec needs a cache of its own: a policy other than h2o,
-// h2o-vlen and tova, explicit int8/int4 entries, cache positions, a model in another dtype than
-// float32, bfloat16 or float16, or layers with score reducers. The spec's errors.
+// a pool's blocks (on any device, whatever its entries, its layers' score reducers included),
+// or nullopt when the spec needs a cache of its own: a policy other than h2o, h2o-vlen and tova,
+// explicit int8/int4 entries, cache positions, a model in another dtype than float32, bfloat16
+// or float16. The spec's errors.
 absl::StatusOr<std::optional<EvictionPolicyOptions>> ScoredPagedPolicyFor(
-    const KVCacheSpec& spec, const KVCacheGeometry& geometry, const BlockPool& pool);
+    const KVCacheSpec& spec, const KVCacheGeometry& geometry);
 
 // What the pool's entries are: a dtype, or int8 / int4 codes.
 struct KVPoolEntries {
