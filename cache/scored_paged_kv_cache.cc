@@ -244,14 +244,9 @@ at::Tensor ScoredPagedKVCache::ReadKept(int64_t layer, bool keys, int64_t high,
 at::Tensor ScoredPagedKVCache::AsStored(int64_t layer, const at::Tensor& entries,
                                         c10::ScalarType dtype) const {
   if (!pool_->quantised() && pool_->dtype() == at::kFloat) return entries.to(dtype);
-  // Written into a scratch block [G, T, width] as the pool's blocks are, then read back.
-  const int64_t groups = entries.size(1), steps = entries.size(2);
-  const paged::EntryFormat* format = QuantisedFormat(layer);
-  const int64_t width = format != nullptr ? paged::EntryBytes(*format) : entries.size(3);
-  const at::Tensor scratch =
-      at::empty({groups, steps, width}, at::TensorOptions(pool_->dtype()).device(pool_->device()));
-  StoreEntries(entries, 0, steps, scratch, 0, format);
-  return ReadEntries({scratch}, steps, format, dtype).unsqueeze(0);
+  // Encoded as the pool's blocks hold them, then read back.
+  return ReadEntries({Encode(layer, entries)}, entries.size(2), QuantisedFormat(layer), dtype)
+      .unsqueeze(0);
 }
 
 void ScoredPagedKVCache::PlaceDecode(Layer& layer, int64_t index, int64_t position,
@@ -303,14 +298,14 @@ void ScoredPagedKVCache::PlaceDecodeOnDevice(Layer& layer, int64_t index, int64_
   WriteStored(index, false, slot, Encode(index, values));
 }
 
-at::Tensor ScoredPagedKVCache::TableOnDevice(int64_t blocks) const {
+at::Tensor ScoredPagedKVCache::TableOnDevice() const {
   if (table_changed_) {
     const at::Tensor host =
         at::from_blob(table_.data(), {static_cast<int64_t>(table_.size())}, at::kLong).clone();
     table_on_device_ = ToDeviceQueued(host, pool_->device());
     table_changed_ = false;
   }
-  return table_on_device_.narrow(0, 0, blocks);
+  return table_on_device_;
 }
 
 at::Tensor ScoredPagedKVCache::SlotRange(int64_t layer, int64_t n) const {
@@ -332,7 +327,7 @@ std::vector<at::indexing::TensorIndex> ScoredPagedKVCache::StorageIndex(
     const at::Tensor& slots) const {
   const int64_t entries = pool_->entries_per_block();
   const at::Tensor blocks =  // [G, n]: the block of each slot
-      TableOnDevice(static_cast<int64_t>(table_.size()))
+      TableOnDevice()
           .index_select(0, slots.div(entries, "floor").reshape({-1}))
           .view(slots.sizes());
   const at::Tensor groups = at::arange(slots.size(0), slots.options()).unsqueeze(1);  // [G, 1]

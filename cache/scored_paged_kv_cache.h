@@ -189,9 +189,9 @@ class ScoredPagedKVCache : public KVCache,
                          const at::Tensor& values);
   void PlaceDecodeOnDevice(Layer& layer, int64_t index, int64_t position, const at::Tensor& keys,
                            const at::Tensor& values);
-  // Device slot work: the table's first `blocks` blocks [blocks] int64 on the pool's device
-  // (copied there once after each change of the table).
-  at::Tensor TableOnDevice(int64_t blocks) const;
+  // Device slot work: the table [blocks] int64 on the pool's device (copied there once after
+  // each change of the table).
+  at::Tensor TableOnDevice() const;
   // Slots [0, n) of every group: [G, n] int64 on the pool's device.
   at::Tensor SlotRange(int64_t layer, int64_t n) const;
   // Entries [1, G, T, hs] encoded as `layer`'s pool stores them: [G, T, width].

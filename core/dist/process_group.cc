@@ -204,12 +204,16 @@ struct ProcessGroup::Impl {
 #endif
   }
 
-  // The library that moves `tensor`.
-  const char* LibraryFor(const at::Tensor& tensor) const {
+  // Whether NCCL moves `tensor` (a CUDA tensor of a kNccl group); Gloo otherwise.
+  bool OverNccl(const at::Tensor& tensor) const {
 #ifdef USE_C10D_NCCL
-    if (nccl && tensor.is_cuda()) return "nccl";
+    return nccl && tensor.is_cuda();
+#else
+    return false;
 #endif
-    return "gloo";
+  }
+  const char* LibraryFor(const at::Tensor& tensor) const {
+    return OverNccl(tensor) ? "nccl" : "gloo";
   }
 
   // Runs `op` on the backend for `tensor` and waits: for Gloo until it is done (within the
@@ -217,7 +221,7 @@ struct ProcessGroup::Impl {
   template <typename Op>
   void Run(const at::Tensor& tensor, Op op) {
 #ifdef USE_C10D_NCCL
-    if (nccl && tensor.is_cuda()) {
+    if (OverNccl(tensor)) {
       op(*nccl)->wait();
       return;
     }
