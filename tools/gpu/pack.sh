@@ -15,8 +15,8 @@ mkdir -p "$1"
 OUT="$(cd "$1" && pwd)"
 cd "$ROOT"
 
-# Tests that need a GPU or check the CUDA build, then benchmarks; each runs with
-# LGPT_DEVICE=cuda there.
+# Tests that need a GPU or check the CUDA build, then benchmarks and the tools of the serving
+# runs; each runs with LGPT_DEVICE=cuda there.
 TESTS=(
   //core/ops:cuda_build_test
   //core/ops:kv_slot_write_test
@@ -31,6 +31,7 @@ TESTS=(
   //cache:scored_paged_kv_cache_test
   //core/base:device_test
   //tests:golden_test
+  //tests:serving_device_test
 )
 BENCHMARKS=(
   //core/ops:kv_slot_write_benchmark
@@ -38,6 +39,8 @@ BENCHMARKS=(
   //core/ops:block_quant_device_benchmark
   //core/model:gpt_benchmark
   //core/model:sampling_benchmark
+  //tools:init_checkpoint
+  //tools:bench_serve
 )
 DATA=(tests/testdata/golden tests/testdata/golden_extra tools/default_model)
 MAX_MIB=60

@@ -3,7 +3,9 @@
 # LGPT_DEVICE=cuda against this machine's own torch libraries, then the benchmarks; one
 # summary at the end (tests passed / failed / skipped, kernel timings, tokens/s). Exits 1 when
 # a test failed or the machine has no torch. Budget: well under 8 minutes on an H200 (each
-# test at most 4 minutes, the benchmarks 5 in all; on a CPU-only machine the GPU tests skip).
+# test at most 4 minutes, the benchmarks 5 in all, serving a few more; LGPT_GPU_CAPACITY=1 adds
+# the pool-capacity runs, up to 12 minutes more: give them a call of their own). On a CPU-only
+# machine the GPU tests skip, and so do the serving runs.
 #
 #   bash tools/gpu/run_checks.sh RESULTS_DIR
 set -uo pipefail
@@ -79,6 +81,41 @@ echo "== model (float32, random weights)"
 timeout 180 bin/gpt_benchmark --benchmark_filter='(Prefill/llama-110m/512|Decode/llama-110m/(128|512))' \
   --benchmark_min_time=0.5 >"$results/gpt_benchmark.txt" 2>&1
 grep -E '^(Prefill|Decode)' "$results/gpt_benchmark.txt" || tail -5 "$results/gpt_benchmark.txt"
+
+# The serving engine on a 1B-class Llama shape (random bfloat16 weights, written here and
+# deleted with the unpacked folder): aggregate tokens/s at 1 / 16 / 64 streams (generated tokens
+# over each round's wall time, prefill included), then with LGPT_GPU_CAPACITY=1 the requests of
+# 8184 + 8 tokens held at once in a 1 GiB pool (bench_serve's peak_decoding and mean_batch) for
+# dense 16-bit, int8 and int4 entries, sink@1024 and sink@1024 in int4 entries.
+checkpoint="$PWD/llama-3.2-1b"
+echo "== serving (Llama-3.2-1B shape, random bfloat16 weights)"
+if [ -z "$gpu" ]; then
+  echo "skipped: no GPU"
+elif timeout 240 bin/init_checkpoint --model_name=Llama-3.2-1B --precision=bf16-true \
+  --out_dir="$checkpoint" >"$results/init_checkpoint.txt" 2>&1; then
+  timeout 300 bin/bench_serve --checkpoint_dir="$checkpoint" --device=cuda --precision=bf16-true \
+    --concurrency=1,16,64 --prompt_tokens=128 --new_tokens=128 --pool_mb=8192 \
+    --kv_pool_dtype=model >"$results/bench_serve.txt" 2>&1
+  grep -E '^(kv_pool|concurrency| *[0-9]+ )' "$results/bench_serve.txt" || tail -5 "$results/bench_serve.txt"
+  if [ "${LGPT_GPU_CAPACITY:-0}" = 1 ]; then
+    echo "== requests held in a 1 GiB pool at 8k context (peak_decoding, mean_batch)"
+    for kind in "16 model dense" "32 int8 dense" "48 int4 dense" "64 model sink" "240 int4 sink"; do
+      read -r count entries policy <<<"$kind"
+      cache=(); [ "$policy" = sink ] && cache=(--kv_cache=sink --kv_budget=1024)
+      echo "-- $policy ${cache[*]} --kv_pool_dtype=$entries, $count requests"
+      timeout 150 bin/bench_serve --checkpoint_dir="$checkpoint" --device=cuda \
+        --precision=bf16-true --concurrency="$count" --prompt_tokens=8184 --new_tokens=8 \
+        --pool_mb=1024 --kv_pool_dtype="$entries" --max_running=512 --prefill_chunk=2048 \
+        --step_prefill_tokens=8192 --warmup=false "${cache[@]}" \
+        >"$results/capacity_${policy}_$entries.txt" 2>&1
+      grep -E '^(kv_pool| *[0-9]+ )' "$results/capacity_${policy}_$entries.txt" ||
+        tail -3 "$results/capacity_${policy}_$entries.txt"
+    done
+  fi
+else
+  tail -5 "$results/init_checkpoint.txt"
+fi
+rm -rf "$checkpoint"
 
 echo "== summary: tests passed $passed, failed $failed, skipped $skipped${broken:+ (failed: ${broken[*]})}"
 [ "$failed" -eq 0 ]
