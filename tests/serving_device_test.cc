@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <exception>
 #include <memory>
 #include <ostream>
 #include <string>
@@ -227,9 +228,25 @@ GPT CpuModel(const ModelCase& model_case) {
   return model_case.golden ? GoldenModel(model_case.name) : RandomModel(model_case.name, 3);
 }
 
+// Whether LibTorch multiplies `dtype` matrices on `device` (Debian's CPU build has no float16
+// addmm).
+bool MultipliesOn(c10::Device device, c10::ScalarType dtype) {
+  const at::Tensor x = at::ones({2, 2}, at::TensorOptions().dtype(dtype).device(device));
+  try {
+    at::addmm(x, x, x);
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 class ServingOnDeviceTest : public ::testing::TestWithParam<ModelCase> {
  protected:
   void SetUp() override {
+    if (!MultipliesOn(DefaultDevice(), GetParam().dtype)) {
+      GTEST_SKIP() << "skipped: this LibTorch has no " << c10::toString(GetParam().dtype)
+                   << " matrix products on " << DefaultDevice().str();
+    }
     at::NoGradGuard no_grad;
     model_ = OnTestDevice(CpuModel(GetParam()), GetParam().dtype);
     std::printf("serving on %s\n", model_->device().str().c_str());
@@ -272,6 +289,7 @@ TEST_P(ServingOnDeviceTest, EveryRequestAsAlone) {
 INSTANTIATE_TEST_SUITE_P(Models, ServingOnDeviceTest,
                          ::testing::Values(ModelCase{"golden/llama2", true, c10::kFloat},
                                            ModelCase{"golden/llama2", true, c10::kBFloat16},
+                                           ModelCase{"golden/llama2", true, c10::kHalf},
                                            // sliding windows and soft-capping
                                            ModelCase{"Gemma-2-2b", false, c10::kFloat},
                                            // one query group (MQA)
