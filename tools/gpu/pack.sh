@@ -32,6 +32,7 @@ TESTS=(
   //core/base:device_test
   //tests:golden_test
   //tests:serving_device_test
+  //tools:tools_device_test
 )
 BENCHMARKS=(
   //core/ops:kv_slot_write_benchmark
@@ -39,32 +40,47 @@ BENCHMARKS=(
   //core/ops:block_quant_device_benchmark
   //core/model:gpt_benchmark
   //core/model:sampling_benchmark
-  //tools:init_checkpoint
-  //tools:bench_serve
 )
-DATA=(tests/testdata/golden tests/testdata/golden_extra tools/default_model)
+# Tools that tools_device_test runs and the serving runs use, at tools/NAME in the pack (where
+# the test finds them, as in its runfiles).
+TOOLS=(
+  //tools:bench_serve
+  //tools:eval_cache
+  //tools:finetune
+  //tools:generate
+  //tools:init_checkpoint
+  //tools:perplexity
+  //tools:pretrain
+  //tools:score
+)
+DATA=(tests/testdata/golden tests/testdata/golden_extra tools/default_model
+  tools/eval_data/kjv_heldout.txt)
 MAX_MIB=60
 
 ./lgpt setup --cuda
 bazel build --config=cuda --ui_event_filters=-info,-debug,-stdout --noshow_progress \
-  "${TESTS[@]}" "${BENCHMARKS[@]}"
+  "${TESTS[@]}" "${BENCHMARKS[@]}" "${TOOLS[@]}"
 torch_home="$(bazel info --config=cuda output_base)/external/libtorch"
 torch_lib="$(sed -n 's|^LIBTORCH_LIBDIR = .\(.*\).$|\1|p' "$torch_home/build_defs.bzl")"
 
 staging="$(mktemp -d)"
 trap 'rm -rf "$staging"' EXIT
-mkdir -p "$staging/check/bin" "$staging/check/lib"
+mkdir -p "$staging/check/bin" "$staging/check/lib" "$staging/check/tools"
 binary_path() { local label="${1#//}"; echo "bazel-bin/${label/://}"; }
 for label in "${TESTS[@]}" "${BENCHMARKS[@]}"; do
   path="$(binary_path "$label")"
   strip --strip-unneeded -o "$staging/check/bin/$(basename "$path")" "$path"
+done
+for label in "${TOOLS[@]}"; do
+  path="$(binary_path "$label")"
+  strip --strip-unneeded -o "$staging/check/tools/$(basename "$path")" "$path"
 done
 
 # Shared libraries the binaries load, less those the GPU machine's torch provides (torch/lib
 # and the nvidia wheels) and the C and C++ runtimes of its own system.
 runtime_dirs="$torch_lib"
 for d in "$torch_lib"/../../nvidia/*/lib; do runtime_dirs="$runtime_dirs:$d"; done
-for binary in "${TESTS[@]}" "${BENCHMARKS[@]}"; do
+for binary in "${TESTS[@]}" "${BENCHMARKS[@]}" "${TOOLS[@]}"; do
   LD_LIBRARY_PATH="$runtime_dirs" ldd "$(binary_path "$binary")"
 done | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u | while read -r lib; do
   case "$lib" in
@@ -95,4 +111,4 @@ fi
 cp tools/gpu/run.sh "$staging/run.sh"
 mv "$staging/check.tar.xz" "$OUT/check.tar.xz"
 mv "$staging/run.sh" "$OUT/run.sh"
-echo "pack.sh: $OUT: check.tar.xz $((size >> 20)) MiB ($(ls "$staging/check/bin" | wc -l) binaries, $(ls "$staging/check/lib" | wc -l) libraries); run: bash $OUT/run.sh" >&2
+echo "pack.sh: $OUT: check.tar.xz $((size >> 20)) MiB ($(ls "$staging/check/bin" | wc -l) tests and benchmarks, ${#TOOLS[@]} tools, $(ls "$staging/check/lib" | wc -l) libraries); run: bash $OUT/run.sh" >&2

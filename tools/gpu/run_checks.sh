@@ -91,9 +91,9 @@ checkpoint="$PWD/llama-3.2-1b"
 echo "== serving (Llama-3.2-1B shape, random bfloat16 weights)"
 if [ -z "$gpu" ]; then
   echo "skipped: no GPU"
-elif timeout 240 bin/init_checkpoint --model_name=Llama-3.2-1B --precision=bf16-true \
+elif timeout 240 tools/init_checkpoint --model_name=Llama-3.2-1B --precision=bf16-true \
   --out_dir="$checkpoint" >"$results/init_checkpoint.txt" 2>&1; then
-  timeout 300 bin/bench_serve --checkpoint_dir="$checkpoint" --device=cuda --precision=bf16-true \
+  timeout 300 tools/bench_serve --checkpoint_dir="$checkpoint" --device=cuda --precision=bf16-true \
     --concurrency=1,16,64 --prompt_tokens=128 --new_tokens=128 --pool_mb=8192 \
     --kv_pool_dtype=model >"$results/bench_serve.txt" 2>&1
   grep -E '^(kv_pool|concurrency| *[0-9]+ )' "$results/bench_serve.txt" || tail -5 "$results/bench_serve.txt"
@@ -103,7 +103,7 @@ elif timeout 240 bin/init_checkpoint --model_name=Llama-3.2-1B --precision=bf16-
       read -r count entries policy <<<"$kind"
       cache=(); [ "$policy" = sink ] && cache=(--kv_cache=sink --kv_budget=1024)
       echo "-- $policy ${cache[*]} --kv_pool_dtype=$entries, $count requests"
-      timeout 150 bin/bench_serve --checkpoint_dir="$checkpoint" --device=cuda \
+      timeout 150 tools/bench_serve --checkpoint_dir="$checkpoint" --device=cuda \
         --precision=bf16-true --concurrency="$count" --prompt_tokens=8184 --new_tokens=8 \
         --pool_mb=1024 --kv_pool_dtype="$entries" --max_running=512 --prefill_chunk=2048 \
         --step_prefill_tokens=8192 --warmup=false "${cache[@]}" \
