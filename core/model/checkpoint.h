@@ -67,7 +67,8 @@ struct LoadedModel {
 // config. nullopt when neither is known.
 std::optional<int64_t> TrainedContext(const std::string& checkpoint_dir, const Config& config);
 
-// What every loader of `options` refuses before reading anything: float16 on the CPU.
+// What every loader of `options` refuses before reading anything: float16 on the CPU when
+// LibTorch has no float16 products there (Debian's 1.13).
 absl::Status CheckLoadOptions(const LoadOptions& options);
 // LoadedModel::warnings for `config` loaded with the weights of `checkpoint_dir`: a block_size
 // past TrainedContext.

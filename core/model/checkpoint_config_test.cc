@@ -1,6 +1,8 @@
 // A model_config.yaml that inflates a dimension past what the checkpoint holds is refused in
 // well under a second, before any module is built, naming the config's number and the
-// checkpoint's (2^20 layers over the 4-layer default model took minutes to refuse).
+// checkpoint's (2^20 layers over the 4-layer default model took minutes to refuse). float16 on
+// the CPU is refused only where LibTorch cannot multiply it.
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -59,6 +61,36 @@ void ExpectFastRefusal(const std::string& field, const std::string& value,
 TEST(CheckpointConfigTest, TheUnchangedConfigLoads) {
   const absl::StatusOr<LoadedModel> loaded = LoadCheckpoint(CheckpointWith("n_layer", "4"));
   EXPECT_TRUE(loaded.ok()) << loaded.status();
+}
+
+// float16 on the CPU loads where LibTorch multiplies float16 matrices there (PyPI's 2.x: the CUDA
+// toolchain) and its forward pass runs; elsewhere (Debian's 1.13) it is refused before reading
+// anything, naming the precisions that work.
+TEST(CheckpointConfigTest, Float16OnTheCpuLoadsWhereLibTorchMultipliesIt) {
+  bool half_products = true;
+  try {
+    const at::Tensor x = at::ones({1, 1}, at::TensorOptions().dtype(at::kHalf));
+    at::addmm(x, x, x);
+  } catch (const c10::Error&) {
+    half_products = false;
+  }
+  LoadOptions options;
+  options.dtype = c10::kHalf;
+  const absl::StatusOr<LoadedModel> loaded = LoadCheckpoint(kDefaultModel, options);
+  if (!half_products) {
+    ASSERT_FALSE(loaded.ok());
+    EXPECT_EQ(loaded.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(loaded.status().message().find("bf16-true or 32-true"), std::string::npos)
+        << loaded.status();
+    return;
+  }
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->model->dtype(), c10::kHalf);
+  const absl::StatusOr<at::Tensor> logits =
+      loaded->model->Forward(at::arange(1, 9, at::kLong).unsqueeze(0), nullptr, ForwardOptions{});
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  EXPECT_EQ(logits->scalar_type(), c10::kHalf);
+  EXPECT_TRUE(at::isfinite(*logits).all().item<bool>());
 }
 
 TEST(CheckpointConfigTest, AMillionLayersAreRefusedAtOnce) {
