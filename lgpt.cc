@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "core/base/device_memory.h"
 #include "core/base/status_field.h"
 #include "core/base/status_macros.h"
 #include "core/model/checkpoint.h"
@@ -177,9 +178,46 @@ Engine::Engine(GPT model, std::shared_ptr<const Tokenizer> tokenizer, std::strin
 
 Engine::~Engine() = default;
 
+namespace {
+
+// EngineOptions.kv_pool_memory_fraction's rules, before anything loads.
+absl::Status CheckPoolMemoryFraction(const EngineOptions& options) {
+  const double fraction = options.kv_pool_memory_fraction;
+  if (fraction == 0) return absl::OkStatus();
+  const char* const field = "EngineOptions.kv_pool_memory_fraction";
+  if (!(fraction > 0 && fraction < 1)) {  // NaN too
+    return InvalidFieldError(
+        field,
+        absl::StrCat("EngineOptions.kv_pool_memory_fraction must be in (0, 1), got ", fraction));
+  }
+  if (options.serving.kv_pool_bytes > 0) {
+    return InvalidFieldError(field,
+                             "EngineOptions.kv_pool_memory_fraction sizes the KV pool: not with "
+                             "SchedulerOptions.kv_pool_bytes",
+                             {"SchedulerOptions.kv_pool_bytes"});
+  }
+  if (options.tensor_parallel && options.tensor_parallel->world_size() > 1) {
+    return InvalidFieldError(field,
+                             "EngineOptions.kv_pool_memory_fraction is not for tensor-parallel "
+                             "ranks (each rank's free memory differs, and their pools must not): "
+                             "give SchedulerOptions.kv_pool_bytes",
+                             {"SchedulerOptions.kv_pool_bytes"});
+  }
+  return absl::OkStatus();
+}
+
+// The KV pool bytes EngineOptions.kv_pool_memory_fraction buys on `device` now.
+absl::StatusOr<int64_t> PoolBytesOfFreeMemory(double fraction, const c10::Device& device) {
+  ASSIGN_OR_RETURN(const int64_t free, FreeDeviceMemoryBytes(device));
+  return static_cast<int64_t>(fraction * static_cast<double>(free));
+}
+
+}  // namespace
+
 absl::StatusOr<std::shared_ptr<const Engine>> Engine::Load(const std::string& checkpoint_dir,
                                                            const EngineOptions& options) {
   RETURN_IF_ERROR(options.serving.Validate());  // before the expensive part
+  RETURN_IF_ERROR(CheckPoolMemoryFraction(options));
   ASSIGN_OR_RETURN(const KVPoolEntries kv_pool_entries,
                    KVPoolEntriesFor(options.kv_pool_dtype, options.dtype, options.device,
                                     "EngineOptions.kv_pool_dtype"));
@@ -288,16 +326,27 @@ absl::StatusOr<std::shared_ptr<const Engine>> Engine::Load(const std::string& ch
     if (quantize != WeightQuantization::kNone) RETURN_IF_ERROR(QuantizeModel(*loaded_draft->model));
     draft = loaded_draft->model;
   }
+  SchedulerOptions serving = options.serving;
+  if (options.kv_pool_memory_fraction > 0) {
+    ASSIGN_OR_RETURN(serving.kv_pool_bytes, PoolBytesOfFreeMemory(options.kv_pool_memory_fraction,
+                                                                  loaded.model->device()));
+  }
   std::shared_ptr<Engine> engine(
-      new Engine(std::move(loaded.model), std::move(tokenizer), checkpoint_dir, options.serving));
+      new Engine(std::move(loaded.model), std::move(tokenizer), checkpoint_dir, serving));
   engine->draft_ = std::move(draft);
   engine->tensor_parallel_ = options.tensor_parallel;
   engine->kv_pool_entries_ = kv_pool_entries;
   engine->warnings_ = std::move(loaded.warnings);
   engine->adapter_names_ = std::move(adapter_names);
-  if (options.serving.kv_pool_bytes > 0) {
+  if (serving.kv_pool_bytes > 0) {
     // Refused now, not at every Submit.
-    RETURN_IF_ERROR(KVMemory::PoolFor(engine->CacheGeometry(), engine->MemoryOptions()).status());
+    absl::Status pool =
+        KVMemory::PoolFor(engine->CacheGeometry(), engine->MemoryOptions()).status();
+    if (!pool.ok() && options.kv_pool_memory_fraction > 0) {
+      pool = RenameField(pool, "SchedulerOptions.kv_pool_bytes",
+                         "EngineOptions.kv_pool_memory_fraction");
+    }
+    RETURN_IF_ERROR(pool);
   }
   return std::shared_ptr<const Engine>(std::move(engine));
 }

@@ -86,6 +86,14 @@ struct EngineOptions {
   // decoding step reads, int8 ~3.8x and int4 ~7.1x the blocks; their cost in perplexity is in
   // README.md.
   std::string kv_pool_dtype = "model";
+  // A KV pool of this fraction of the memory the model's device has free once the weights (and
+  // a draft's) are loaded (core/base/device_memory.h: on a GPU the driver's free memory plus
+  // LibTorch's unused cache; on the CPU MemAvailable), in (0, 1): vLLM's
+  // gpu_memory_utilization, taken of what the weights left rather than of the whole device; the
+  // rest is room for the forward passes. Instead of serving.kv_pool_bytes, which Load then sets
+  // (ServingStats says the blocks); 0: off. Not with tensor_parallel (every rank must hold the
+  // same pool: give serving.kv_pool_bytes).
+  double kv_pool_memory_fraction = 0;
   // Check lit_model.pth's records against their CRC-32s (LoadOptions::verify_checksums): a
   // corrupt file fails to load, naming the tensor. Off only for trusted storage.
   bool verify_checksums = true;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/base/device_memory.h"
 #include "core/base/status_field.h"
 #include "core/io/torch_pickle_writer.h"
 #include "core/model/checkpoint.h"
@@ -237,6 +238,45 @@ TEST(EngineServingTest, CancelAndBadRequests) {
   EXPECT_EQ(engine.Submit("And", Greedy(1 << 20)).status().code(), absl::StatusCode::kOutOfRange);
   EXPECT_EQ(engine.Submit(std::vector<int64_t>{-1}, Greedy(4)).status().code(),
             absl::StatusCode::kOutOfRange);
+}
+
+// EngineOptions.kv_pool_memory_fraction sizes the KV pool from the memory the model's device has
+// free once the weights are loaded, and requests are served from it; fractions outside (0, 1),
+// a fraction beside kv_pool_bytes, and one over tensor-parallel ranks are refused before
+// anything loads, naming the field.
+TEST(EngineServingTest, PoolFromAFractionOfFreeMemory) {
+  if (!std::ifstream("/proc/meminfo").good()) GTEST_SKIP() << "skipped: no /proc/meminfo";
+  EngineOptions options;
+  options.kv_pool_memory_fraction = 0.01;
+  const absl::StatusOr<std::shared_ptr<const Engine>> engine = Engine::Load(kDefaultModel, options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const absl::StatusOr<int64_t> free = FreeDeviceMemoryBytes(c10::Device(c10::kCPU));
+  ASSERT_TRUE(free.ok()) << free.status();
+  std::shared_ptr<Request> request = *(*engine)->Submit("And God said", Greedy(8));
+  ASSERT_TRUE(request->Wait().ok());
+  const SchedulerStats stats = (*engine)->ServingStats();
+  ASSERT_GT(stats.pool_blocks, 0);
+  // 1% of the free memory at load; other processes (tests beside this one) move it by tens or
+  // hundreds of MiB between that read and this one.
+  const double pool = static_cast<double>(stats.pool_blocks * stats.pool_block_bytes);
+  EXPECT_GT(pool, 0.005 * static_cast<double>(*free));
+  EXPECT_LT(pool, 0.015 * static_cast<double>(*free));
+  EXPECT_EQ(stats.pool_blocks_used, 0);
+
+  for (const double fraction : {-0.5, 1.0, 1.5, std::nan("")}) {
+    EngineOptions bad;
+    bad.kv_pool_memory_fraction = fraction;
+    const absl::Status status = Engine::Load("/nonexistent", bad).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << fraction;
+    EXPECT_THAT(status.message(), HasSubstr("kv_pool_memory_fraction must be in (0, 1)"));
+    EXPECT_EQ(ErrorField(status).value_or(""), "EngineOptions.kv_pool_memory_fraction") << status;
+  }
+  EngineOptions both;
+  both.kv_pool_memory_fraction = 0.5;
+  both.serving.kv_pool_bytes = 8 << 20;
+  const absl::Status status = Engine::Load("/nonexistent", both).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("not with SchedulerOptions.kv_pool_bytes"));
 }
 
 // With a KV pool (SchedulerOptions.kv_pool_bytes) dense requests draw from it and reuse

@@ -2,7 +2,8 @@
 //   bazel run //tools:bench_serve -- [--checkpoint_dir=DIR] --concurrency=1,4,16,64
 //       --prompt_tokens=128 --new_tokens=128 [--shared_prefix_tokens=N]
 //       [--kv_cache=POLICY --kv_budget=N --kv_bits=B] [--max_running=N]
-//       [--pool_mb=M --kv_block_size=16 --prefix_caching=true --kv_pool_dtype=auto]
+//       [--pool_mb=M | --kv_memory_fraction=F] [--kv_block_size=16 --prefix_caching=true
+//       --kv_pool_dtype=auto]
 // For each concurrency C, submits C requests at once (random prompts of --prompt_tokens ids, the
 // first --shared_prefix_tokens of them common to all; --new_tokens each, no EOS stop, sampled
 // as generate samples: --temperature=0.8 --top_k=50 unless given, request i seeded --seed + i) and
@@ -67,6 +68,9 @@ ABSL_FLAG(int64_t, speculative_max_rows, 0,
           "(vLLM's speculative_disable_by_batch_size); 0: any number");
 ABSL_FLAG(int64_t, prompt_seed, 1, "seed of the random prompts");
 ABSL_FLAG(int64_t, pool_mb, 0, "KV block pool of this many MiB shared by dense requests; 0: none");
+ABSL_FLAG(double, kv_memory_fraction, 0,
+          "instead of --pool_mb: a pool of this fraction of the device's memory free once the "
+          "model is loaded, in (0, 1); 0: off");
 ABSL_FLAG(int64_t, kv_block_size, 16, "entries per pool block");
 ABSL_FLAG(int64_t, prefill_chunk, 256,
           "SchedulerOptions.prefill_chunk: prompt tokens per prefill forward pass");
@@ -287,6 +291,7 @@ int main(int argc, char** argv) {
   engine_options.serving.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
   engine_options.serving.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
   engine_options.kv_pool_dtype = absl::GetFlag(FLAGS_kv_pool_dtype);
+  engine_options.kv_pool_memory_fraction = absl::GetFlag(FLAGS_kv_memory_fraction);
   DieIfError(engine_options.serving.Validate());
   engine_options.serving.max_waiting = std::max<int64_t>(
       engine_options.serving.max_waiting, *std::max_element(counts.begin(), counts.end()));
@@ -331,7 +336,7 @@ int main(int argc, char** argv) {
                    ValueOrDie(TokenVocabulary::Create(tokenizer->VocabularyBytes(), ends)));
     g_guided = &*guided;
   }
-  if (engine_options.serving.kv_pool_bytes > 0) {
+  if (engine_options.serving.kv_pool_bytes > 0 || engine_options.kv_pool_memory_fraction > 0) {
     const SchedulerStats pool = engine->ServingStats();
     std::printf("kv_pool: %lld blocks of %lld bytes (--kv_pool_dtype=%s)\n",
                 static_cast<long long>(pool.pool_blocks),

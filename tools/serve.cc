@@ -1,7 +1,8 @@
 // An OpenAI-compatible HTTP server over the engine's continuous batching
 // (tools/server/openai_server.h), the embedded default model when --checkpoint_dir is not given:
 //   bazel run //tools:serve -- [--checkpoint_dir=DIR] [--host=127.0.0.1 --port=8000 |
-//       --unix_socket=PATH] [--api_key=KEY] [--pool_mb=M --kv_pool_dtype=auto]
+//       --unix_socket=PATH] [--api_key=KEY] [--pool_mb=M | --kv_memory_fraction=F]
+//       [--kv_pool_dtype=auto]
 //       [--max_running=N --max_waiting=N] [--quantize=int8]
 //       [--speculative=ngram|draft:DIR --speculative_k=K --speculative_max_rows=N]
 // Prints "serve: listening on http://HOST:PORT" (or "unix:PATH") on stderr once it accepts
@@ -51,6 +52,10 @@ ABSL_FLAG(std::string, served_model_name, "",
 ABSL_FLAG(std::string, prompt_style, "",
           "how chat messages are framed (llama3, chatml, ...); empty: the checkpoint's own");
 ABSL_FLAG(int64_t, pool_mb, 0, "shared paged KV pool in MiB; 0: each request its own cache");
+ABSL_FLAG(double, kv_memory_fraction, 0,
+          "instead of --pool_mb: a pool of this fraction of the device's memory free once the "
+          "model is loaded, in (0, 1) (as vLLM's gpu_memory_utilization, of the free memory); "
+          "0: off");
 ABSL_FLAG(std::string, kv_pool_dtype, "auto",
           "the pool's KV entries: auto (bfloat16 for float32 models on the CPU), model, float32, "
           "bfloat16, float16, int8 or int4 (codes and a float16 scale per 32 channels)");
@@ -93,6 +98,7 @@ absl::StatusOr<EngineOptions> EngineOptionsFromServeFlags(int argc, char** argv)
   options.verify_checksums = VerifyChecksumsFlag();
   options.progress = PrintProgress;
   ASSIGN_OR_RETURN(options.serving.kv_pool_bytes, PoolBytesFromFlag(absl::GetFlag(FLAGS_pool_mb)));
+  options.kv_pool_memory_fraction = absl::GetFlag(FLAGS_kv_memory_fraction);
   options.kv_pool_dtype = absl::GetFlag(FLAGS_kv_pool_dtype);
   options.serving.max_running = absl::GetFlag(FLAGS_max_running);
   options.serving.max_waiting = absl::GetFlag(FLAGS_max_waiting);
@@ -181,7 +187,8 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   InitTool(argc, argv,
            "serve [--checkpoint_dir=DIR] [--host=127.0.0.1 --port=8000 | --unix_socket=PATH] "
-           "[--api_key=KEY] [--pool_mb=M --kv_pool_dtype=auto] [--max_running=N --max_waiting=N] "
+           "[--api_key=KEY] [--pool_mb=M | --kv_memory_fraction=F] [--kv_pool_dtype=auto] "
+           "[--max_running=N --max_waiting=N] "
            "[--quantize=int8] [--lora=NAME=DIR ...] [--tp=N] "
            "[--speculative=ngram|draft:DIR --speculative_k=K --speculative_max_rows=N]");
   // --tp=N: N local ranks of this command (or one rank of a torchrun-style world); rank 0

@@ -138,6 +138,7 @@ std::optional<std::string> FlagOfField(absl::string_view path) {
       {"EngineOptions.dtype", "--precision"},
       {"EngineOptions.device", "--device"},
       {"SchedulerOptions.kv_pool_bytes", "--pool_mb"},
+      {"EngineOptions.kv_pool_memory_fraction", "--kv_memory_fraction"},
       {"EngineOptions.kv_pool_dtype", "--kv_pool_dtype"},
       {"SchedulerOptions.max_running", "--max_running"},
       {"SchedulerOptions.max_waiting", "--max_waiting"},

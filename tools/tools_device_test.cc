@@ -239,14 +239,17 @@ TEST(ToolsOnDeviceTest, PretrainMatchesTheCpu) {
   }
 }
 
-// The serving benchmark over a KV pool on the device: every request completes.
+// The serving benchmark over a KV pool on the device, sized in MiB and as a fraction of the
+// device's free memory: every request completes.
 TEST(ToolsOnDeviceTest, BenchServeRuns) {
-  const ToolRun run =
-      Execute("bench_serve", absl::StrCat("--checkpoint_dir=", kModel, " --device=", DeviceFlag(),
-                                          " --concurrency=1,4 --prompt_tokens=24 --new_tokens=8 "
-                                          "--pool_mb=4 --kv_pool_dtype=bfloat16"));
-  EXPECT_EQ(run.status, 0) << run.err;
-  EXPECT_NE(run.out.find("kv_pool:"), std::string::npos) << run.out;
+  for (const char* pool : {"--pool_mb=4", "--kv_memory_fraction=0.001"}) {
+    const ToolRun run =
+        Execute("bench_serve", absl::StrCat("--checkpoint_dir=", kModel, " --device=", DeviceFlag(),
+                                            " --concurrency=1,4 --prompt_tokens=24 --new_tokens=8 ",
+                                            pool, " --kv_pool_dtype=bfloat16"));
+    EXPECT_EQ(run.status, 0) << pool << ": " << run.err;
+    EXPECT_NE(run.out.find("kv_pool:"), std::string::npos) << pool << ": " << run.out;
+  }
 }
 
 }  // namespace

@@ -635,12 +635,27 @@ TEST(ToolErrorsTest, BadInputIsOneLineAndStatusOne) {
 
 TEST(ToolErrorsTest, BenchServeNamesTheFlagNotTheOptionsField) {
   const std::string base = "--concurrency=1 --prompt_tokens=8 --new_tokens=2 ";
-  for (const std::string flag :
-       {"--kv_block_size=0", "--step_prefill_tokens=0", "--prefill_chunk=-1", "--max_running=0",
-        "--pool_mb=-1", "--pool_mb=99999999999999", "--pool_mb=100000000", "--kv_pool_dtype=int2",
-        "--shared_prefix_tokens=-1", "--shared_prefix_tokens=9", "--concurrency=0",
-        "--concurrency=1,,2", "--concurrency=", "--concurrency=99999999999", "--rounds=0",
-        "--speculative=eagle", "--speculative_k=0", "--ngram_min=0"}) {
+  for (const std::string flag : {"--kv_block_size=0",
+                                 "--step_prefill_tokens=0",
+                                 "--prefill_chunk=-1",
+                                 "--max_running=0",
+                                 "--pool_mb=-1",
+                                 "--pool_mb=99999999999999",
+                                 "--pool_mb=100000000",
+                                 "--kv_pool_dtype=int2",
+                                 "--kv_memory_fraction=1.5",
+                                 "--kv_memory_fraction=-0.1",
+                                 "--kv_memory_fraction=0.5 --pool_mb=8",
+                                 "--shared_prefix_tokens=-1",
+                                 "--shared_prefix_tokens=9",
+                                 "--concurrency=0",
+                                 "--concurrency=1,,2",
+                                 "--concurrency=",
+                                 "--concurrency=99999999999",
+                                 "--rounds=0",
+                                 "--speculative=eagle",
+                                 "--speculative_k=0",
+                                 "--ngram_min=0"}) {
     const ToolRun run = Execute("bench_serve", base + flag);
     ExpectCleanFailure(run, flag.substr(0, flag.find('=')));
     EXPECT_EQ(run.err.find("Options."), std::string::npos) << run.err;

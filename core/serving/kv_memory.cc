@@ -5,9 +5,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/base/device_memory.h"
 #include "core/base/status_field.h"
 #include "core/base/status_macros.h"
-#include "core/base/system_memory.h"
 #include "glog/logging.h"
 
 namespace lgpt {
@@ -58,15 +58,16 @@ absl::StatusOr<BlockPoolOptions> KVMemory::PoolFor(const KVCacheGeometry& model_
   pool.entry_bits = options.entry_bits;
   pool.group_size = options.entry_group_size;
   pool.num_blocks = options.pool_bytes / (bytes_per_entry * options.entries_per_block);
-  // The pool takes memory as requests fill it: one the machine cannot back would end in the
-  // OOM killer instead of admission control (device pools are not checked here).
-  const std::optional<int64_t> available =
-      geometry.device.is_cpu() ? AvailableMemoryBytes() : std::nullopt;
-  if (available && options.pool_bytes > *available) {
-    return FieldError(absl::StatusCode::kResourceExhausted, "SchedulerOptions.kv_pool_bytes",
-                      absl::StrCat("SchedulerOptions.kv_pool_bytes (", options.pool_bytes >> 20,
-                                   " MiB) exceeds the ", *available >> 20,
-                                   " MiB of memory available with the model loaded"));
+  // A CPU pool takes memory as requests fill it, a device pool all at once: one the machine
+  // cannot back would end in the OOM killer, or in a failed allocation at the first request,
+  // instead of this refusal (where the free memory cannot be read, nothing is checked).
+  const absl::StatusOr<int64_t> available = FreeDeviceMemoryBytes(geometry.device);
+  if (available.ok() && options.pool_bytes > *available) {
+    return FieldError(
+        absl::StatusCode::kResourceExhausted, "SchedulerOptions.kv_pool_bytes",
+        absl::StrCat("SchedulerOptions.kv_pool_bytes (", options.pool_bytes >> 20,
+                     " MiB) exceeds the ", *available >> 20, " MiB of memory available on ",
+                     geometry.device.str(), " with the model loaded"));
   }
   return pool;
 }
