@@ -2,9 +2,9 @@
 // request's cache and the KV block pool live there, and the scheduler's guarantees of the CPU
 // suites (scheduler_test, scheduler_pool_test, scheduler_soak_test) are checked where they
 // run. CI runs it on the CPU (both toolchains); the GPU check (tools/gpu/pack.sh) runs it with
-// LGPT_DEVICE=cuda, where batched matrix products (cuBLAS) round differently from a batch-1
-// step's, so a served request is compared with Generate alone on the same device by what the
-// model computed rather than bit for bit:
+// LGPT_DEVICE=cuda (also speculative rows and n choices there), where batched matrix products
+// (cuBLAS) round differently from a batch-1 step's, so a served request is compared with Generate
+// alone on the same device by what the model computed rather than bit for bit:
 //   - every token equal, and the chosen token's log-probability within the device's tolerance
 //     where the served request reported it, up to the end or to the first token that differs;
 //   - a greedy request may differ only at a near tie: Generate alone's two most likely tokens
@@ -34,6 +34,8 @@
 #include "core/model/gpt.h"
 #include "core/serving/kv_memory.h"
 #include "core/serving/scheduler.h"
+#include "core/speculative/draft_model_proposer.h"
+#include "core/speculative/ngram_proposer.h"
 #include "gtest/gtest.h"
 #include "tests/serving_test_util.h"
 
@@ -85,10 +87,12 @@ std::shared_ptr<BlockPool> DevicePool(const GPTImpl& model, int64_t blocks,
   return pool.ok() ? *pool : nullptr;
 }
 
-// The batch-1 cache `memory` gives the job (no pool: the spec's own cache on the device).
-std::unique_ptr<KVCache> CacheFor(const KVMemory& memory, const GPTImpl& model, const Job& job) {
+// The batch-1 cache `memory` gives the job (no pool: the spec's own cache on the device);
+// `rollback_slots` for speculative decoding.
+std::unique_ptr<KVCache> CacheFor(const KVMemory& memory, const GPTImpl& model, const Job& job,
+                                  int64_t rollback_slots = 0) {
   absl::StatusOr<std::unique_ptr<KVCache>> cache =
-      memory.NewCache(job.spec, GeometryOf(model), Length(job));
+      memory.NewCache(job.spec, GeometryOf(model), Length(job), rollback_slots);
   EXPECT_TRUE(cache.ok()) << cache.status();
   return cache.ok() ? *std::move(cache) : nullptr;
 }
@@ -437,6 +441,108 @@ TEST(ChurnOnDeviceTest, EveryRequestEndsAndThePoolEmpties) {
   EXPECT_EQ(stats.cancelled, cancelled);
   EXPECT_GT(cancelled, 0);
   EXPECT_EQ(stats.pool_blocks_used, 0);
+  EXPECT_EQ(pool->free_blocks(), pool->num_blocks());
+}
+
+// Speculative decoding on the device: an n-gram proposer and a draft model (a noisy copy of the
+// model, on the device too) verify blocks of up to 4 tokens for requests paged in a device pool
+// and with int8 caches of their own; greedy tokens as plain Generate's alone (the rule above).
+TEST(SpeculativeOnDeviceTest, GreedyTokensAsPlainDecoding) {
+  at::NoGradGuard no_grad;
+  GPT cpu_model = GoldenModel("golden/llama2");
+  GPT draft = OnTestDevice(NoisyCopy(*cpu_model), c10::kFloat);
+  GPT model = OnTestDevice(cpu_model, c10::kFloat);
+  constexpr int64_t kBlock = 4;
+  std::vector<Job> jobs = Greedy(Jobs(*model, 12, 41));
+  const std::shared_ptr<BlockPool> pool = DevicePool(*model, 96, 4, KVPoolEntries{});
+  ASSERT_NE(pool, nullptr);
+  SchedulerOptions options;
+  options.max_running = 8;
+  options.prefill_chunk = 6;
+  Scheduler scheduler(model, options, std::make_unique<KVMemory>(pool, true));
+  std::vector<std::shared_ptr<RequestHandle>> handles;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    Job& job = jobs[i];
+    job.spec = TestSpec("dense", 0, i % 3 == 2 ? 8 : 16);
+    job.options.prefill_chunk = job.options.prefill_chunk ? 5 : 6;
+    GenerateOptions request = job.options;
+    request.speculative.k = kBlock;
+    if (i % 2 == 0) {
+      request.speculative.proposer = *NgramProposer::Create({1, 3});
+    } else {
+      request.speculative.proposer = *DraftModelProposer::Create(draft, model->config());
+    }
+    absl::StatusOr<std::shared_ptr<RequestHandle>> handle =
+        scheduler.Submit(job.prompt, request, CacheFor(scheduler.memory(), *model, job, kBlock));
+    ASSERT_TRUE(handle.ok()) << handle.status();
+    handles.push_back(*handle);
+  }
+  Served served;
+  for (const auto& handle : handles) {
+    absl::StatusOr<RequestResult> result = handle->Wait();
+    ASSERT_TRUE(result.ok()) << result.status();
+    served.traces.push_back(Trace{result->tokens});
+  }
+  served.stats = scheduler.Stats();
+  const KVMemory alone(DevicePool(*model, 64, 4, KVPoolEntries{}), false);
+  ExpectEveryRequestAsAlone(*model, alone, jobs, served);
+  EXPECT_GT(served.stats.speculative_steps, 0);
+  EXPECT_GT(served.stats.accepted_tokens, 0);
+  EXPECT_EQ(pool->free_blocks(), pool->num_blocks());
+}
+
+// n choices of one prompt on the device (Scheduler::SubmitChoices): paged choices share the
+// prompt's blocks in a device pool, window, h2o and int8 caches fork by copy on the device; each
+// choice (greedy or sampled with its own seed) as its own run alone.
+TEST(ChoicesOnDeviceTest, EachChoiceAsItsOwnRunAlone) {
+  at::NoGradGuard no_grad;
+  GPT model = OnTestDevice(GoldenModel("golden/llama2"), c10::kFloat);
+  const std::shared_ptr<BlockPool> pool = DevicePool(*model, 64, 4, KVPoolEntries{});
+  ASSERT_NE(pool, nullptr);
+  SchedulerOptions options;
+  options.prefill_chunk = 6;
+  Scheduler scheduler(model, options, std::make_unique<KVMemory>(pool, true));
+  const std::vector<KVCacheSpec> specs = {TestSpec("dense", 0, 16), TestSpec("window", 8, 16),
+                                          TestSpec("h2o", 8, 16), TestSpec("dense", 0, 8)};
+  std::vector<Job> jobs = Jobs(*model, static_cast<int>(specs.size()), 53);
+  std::vector<Job> choices;
+  std::vector<std::shared_ptr<RequestHandle>> handles;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    std::vector<GenerateOptions> group;
+    std::vector<std::unique_ptr<KVCache>> caches;
+    for (int c = 0; c < 3; ++c) {
+      Job choice = jobs[i];
+      choice.spec = specs[i];
+      choice.options.max_new_tokens = 8;
+      choice.options.prefill_chunk = 6;
+      choice.options.seed = 50 + 3 * i + c;
+      choice.options.sampling =
+          c == 0 ? SamplingOptions{0.0, 0, 1.0} : SamplingOptions{0.9, 12, 1.0};
+      caches.push_back(CacheFor(scheduler.memory(), *model, choice));
+      group.push_back(choice.options);
+      choices.push_back(choice);
+    }
+    absl::StatusOr<std::vector<std::shared_ptr<RequestHandle>>> submitted =
+        scheduler.SubmitChoices(jobs[i].prompt, std::move(group), std::move(caches));
+    ASSERT_TRUE(submitted.ok()) << submitted.status();
+    handles.insert(handles.end(), submitted->begin(), submitted->end());
+  }
+  Served served;
+  for (const auto& handle : handles) {
+    absl::StatusOr<RequestResult> result = handle->Wait();
+    ASSERT_TRUE(result.ok()) << result.status();
+    served.traces.push_back(Trace{result->tokens});
+  }
+  served.stats = scheduler.Stats();
+  // Alone with the served options (no log-probabilities reported by any choice).
+  const KVMemory alone(DevicePool(*model, 64, 4, KVPoolEntries{}), false);
+  ASSERT_EQ(served.traces.size(), choices.size());
+  for (size_t i = 0; i < choices.size(); ++i) {
+    SCOPED_TRACE(absl::StrCat("choice ", i, " ", DescribeKVCacheSpec(choices[i].spec)));
+    ExpectSameGeneration(choices[i], Alone(*model, alone, choices[i], false), served.traces[i],
+                         Tolerance(model->dtype()));
+  }
+  EXPECT_GT(served.stats.forked_choices, 0);
   EXPECT_EQ(pool->free_blocks(), pool->num_blocks());
 }
 
