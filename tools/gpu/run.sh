@@ -3,7 +3,7 @@
 # into a temporary folder and runs its tools/gpu/run_checks.sh there (RESULTS_DIR, default the
 # temporary folder, receives the logs and test XML).
 #
-#   bash run.sh [RESULTS_DIR]
+#   [LGPT_GPU_SECTIONS="tests kernels serving"] [LGPT_GPU_CAPACITY=1] bash run.sh [RESULTS_DIR]
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 work="$(mktemp -d)"
