@@ -30,6 +30,7 @@ TESTS=(
   //cache:routing_kv_cache_test
   //cache:scored_paged_kv_cache_test
   //core/base:device_test
+  //core/base:device_memory_test
   //tests:golden_test
   //tests:serving_device_test
   //tools:tools_device_test
