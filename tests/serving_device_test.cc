@@ -1,10 +1,12 @@
 // The serving engine on the test device (LGPT_DEVICE, core/base/device.h): the model, every
-// request's cache and the KV block pool live there, and the scheduler's guarantees of the CPU
-// suites (scheduler_test, scheduler_pool_test, scheduler_soak_test) are checked where they
-// run. CI runs it on the CPU (both toolchains); the GPU check (tools/gpu/pack.sh) runs it with
-// LGPT_DEVICE=cuda (also speculative rows and n choices there), where batched matrix products
-// (cuBLAS) round differently from a batch-1 step's, so a served request is compared with Generate
-// alone on the same device by what the model computed rather than bit for bit:
+// request's cache and the KV block pool live there, and what the CPU suites check of the
+// scheduler (scheduler_test, scheduler_pool_test, scheduler_fork_test,
+// scheduler_speculative_test, scheduler_soak_test) is checked on that device: batched requests
+// with caches of every kind, a device pool with preemption, prefix reuse, churn, speculative rows
+// and n choices. CI runs it on the CPU (both toolchains); the GPU check (tools/gpu/pack.sh) with
+// LGPT_DEVICE=cuda. There batched matrix products (cuBLAS) round differently from a batch-1
+// step's, so a served request is compared with Generate alone on the same device by what the
+// model computed rather than bit for bit:
 //   - every token equal, and the chosen token's log-probability within the device's tolerance
 //     where the served request reported it, up to the end or to the first token that differs;
 //   - a greedy request may differ only at a near tie: Generate alone's two most likely tokens
