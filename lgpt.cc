@@ -196,20 +196,28 @@ absl::Status CheckPoolMemoryFraction(const EngineOptions& options) {
                              "SchedulerOptions.kv_pool_bytes",
                              {"SchedulerOptions.kv_pool_bytes"});
   }
-  if (options.tensor_parallel && options.tensor_parallel->world_size() > 1) {
-    return InvalidFieldError(field,
-                             "EngineOptions.kv_pool_memory_fraction is not for tensor-parallel "
-                             "ranks (each rank's free memory differs, and their pools must not): "
-                             "give SchedulerOptions.kv_pool_bytes",
-                             {"SchedulerOptions.kv_pool_bytes"});
-  }
   return absl::OkStatus();
 }
 
-// The KV pool bytes EngineOptions.kv_pool_memory_fraction buys on `device` now.
-absl::StatusOr<int64_t> PoolBytesOfFreeMemory(double fraction, const c10::Device& device) {
-  ASSIGN_OR_RETURN(const int64_t free, FreeDeviceMemoryBytes(device));
-  return static_cast<int64_t>(fraction * static_cast<double>(free));
+// The KV pool bytes EngineOptions.kv_pool_memory_fraction buys on `device` now. Over
+// tensor-parallel ranks (`group`, every rank calling) the least of the ranks' free memory, so
+// that every rank makes the same pool; a rank that cannot read its memory fails them all.
+absl::StatusOr<int64_t> PoolBytesOfFreeMemory(double fraction, const c10::Device& device,
+                                              ProcessGroup* group) {
+  absl::StatusOr<int64_t> free = FreeDeviceMemoryBytes(device);
+  if (group != nullptr && group->world_size() > 1) {
+    ASSIGN_OR_RETURN(const at::Tensor all,  // [world_size], -1 where a rank failed
+                     group->AllGather(at::full({1}, free.ok() ? *free : -1, at::kLong)));
+    if (!free.ok()) return free.status();
+    free = all.min().item<int64_t>();
+    if (*free < 0) {
+      return absl::FailedPreconditionError(
+          "EngineOptions.kv_pool_memory_fraction: another tensor-parallel rank cannot read its "
+          "free memory");
+    }
+  }
+  if (!free.ok()) return free.status();
+  return static_cast<int64_t>(fraction * static_cast<double>(*free));
 }
 
 }  // namespace
@@ -328,8 +336,9 @@ absl::StatusOr<std::shared_ptr<const Engine>> Engine::Load(const std::string& ch
   }
   SchedulerOptions serving = options.serving;
   if (options.kv_pool_memory_fraction > 0) {
-    ASSIGN_OR_RETURN(serving.kv_pool_bytes, PoolBytesOfFreeMemory(options.kv_pool_memory_fraction,
-                                                                  loaded.model->device()));
+    ASSIGN_OR_RETURN(serving.kv_pool_bytes,
+                     PoolBytesOfFreeMemory(options.kv_pool_memory_fraction, loaded.model->device(),
+                                           options.tensor_parallel.get()));
   }
   std::shared_ptr<Engine> engine(
       new Engine(std::move(loaded.model), std::move(tokenizer), checkpoint_dir, serving));

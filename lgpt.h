@@ -91,8 +91,8 @@ struct EngineOptions {
   // LibTorch's unused cache; on the CPU MemAvailable), in (0, 1): vLLM's
   // gpu_memory_utilization, taken of what the weights left rather than of the whole device; the
   // rest is room for the forward passes. Instead of serving.kv_pool_bytes, which Load then sets
-  // (ServingStats says the blocks); 0: off. Not with tensor_parallel (every rank must hold the
-  // same pool: give serving.kv_pool_bytes).
+  // (ServingStats says the blocks); 0: off. Over tensor-parallel ranks, of the least any rank
+  // has free (every rank holds the same pool).
   double kv_pool_memory_fraction = 0;
   // Check lit_model.pth's records against their CRC-32s (LoadOptions::verify_checksums): a
   // corrupt file fails to load, naming the tensor. Off only for trusted storage.

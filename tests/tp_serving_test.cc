@@ -1,10 +1,13 @@
 // Serving over tensor-parallel ranks (core/serving/step_sync.h): mixed requests through an
-// engine over two local ranks give the tokens of one process, and a rank that dies fails the
-// request in flight within the collectives' timeout instead of hanging.
+// engine over two local ranks give the tokens of one process, a pool sized from free memory is
+// the same on every rank, and a rank that dies fails the request in flight within the
+// collectives' timeout instead of hanging.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/dist/launcher.h"
@@ -53,6 +56,24 @@ TEST(TpServingTest, EveryGoldenFamilyOverTwoRanksEqualsOneProcess) {
         "llama31_yarn", "mixtral", "olmo2", "phi2", "qwen25", "qwen3", "stablelm"}) {
     EXPECT_THAT(run->out, HasSubstr(absl::StrCat(family, " serving equal"))) << run->out;
   }
+}
+
+// EngineOptions.kv_pool_memory_fraction over the ranks: each rank's free memory differs, their
+// pools may not; every rank takes the least rank's share.
+TEST(TpServingTest, APoolFromFreeMemoryIsTheSameOnEveryRank) {
+  absl::StatusOr<RanksRun> run = RunWorker("memory_fraction");
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->exit_code, 0) << run->out << run->err;
+  std::vector<int64_t> pools;
+  for (size_t at = run->err.find("kv_pool_bytes="); at != std::string::npos;
+       at = run->err.find("kv_pool_bytes=", at + 1)) {
+    pools.push_back(std::stoll(run->err.substr(at + 14)));
+  }
+  ASSERT_EQ(pools.size(), 2u) << run->err;
+  EXPECT_GT(pools[0], 0);
+  EXPECT_EQ(pools[0], pools[1]) << run->err;
+  EXPECT_THAT(run->out, HasSubstr("served 6 tokens")) << run->out << run->err;
+  EXPECT_THAT(run->err, HasSubstr("follower: OK"));
 }
 
 TEST(TpServingTest, ARankThatDiesFailsTheRequestInFlight) {

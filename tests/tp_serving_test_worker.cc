@@ -179,6 +179,37 @@ int Serving(const std::shared_ptr<ProcessGroup>& group, const std::string& dir) 
   return all ? 0 : 1;  // the engine goes here: the followers' FollowServing returns OK
 }
 
+// An engine over the ranks whose pool EngineOptions.kv_pool_memory_fraction sizes: every rank
+// prints its pool's bytes on stderr (the least rank's share, the same on all), and a request is
+// served.
+int MemoryFraction(const std::shared_ptr<ProcessGroup>& group) {
+  EngineOptions options;
+  options.serving = Serving();
+  options.serving.kv_pool_bytes = 0;
+  options.kv_pool_memory_fraction = 0.001;
+  options.tensor_parallel = group;
+  // The last rank holds 512 MiB more while the engine loads: its free memory is less.
+  std::vector<char> held(group->rank() == group->world_size() - 1 ? size_t{512} << 20 : 0, 1);
+  absl::StatusOr<std::shared_ptr<const Engine>> engine = Engine::Load(kDefaultModel, options);
+  if (!engine.ok()) return Fail(engine.status().ToString());
+  std::cerr << "held " << held.size() << " bytes, kv_pool_bytes=" << (*engine)->serving_options().kv_pool_bytes << std::endl;
+  if (group->rank() != 0) {
+    const absl::Status followed = (*engine)->FollowServing();
+    std::cerr << "follower: " << followed << std::endl;
+    return followed.ok() ? 0 : 1;
+  }
+  RequestOptions greedy;
+  greedy.max_new_tokens = 6;
+  greedy.sampling = {0.0, 0, 1.0};
+  absl::StatusOr<std::shared_ptr<Request>> request = (*engine)->Submit({5, 6, 7, 8}, greedy);
+  if (!request.ok()) return Fail(request.status().ToString());
+  absl::StatusOr<Completion> done = (*request)->Wait();
+  if (!done.ok()) return Fail(done.status().ToString());
+  std::cout << "served " << done->tokens.size()
+            << " tokens, pool_blocks=" << (*engine)->ServingStats().pool_blocks << std::endl;
+  return 0;
+}
+
 int RankDies(const std::shared_ptr<ProcessGroup>& group) {
   EngineOptions options;
   options.serving = Serving();
@@ -242,5 +273,6 @@ int main(int argc, char** argv) {
     return failed == 0 ? 0 : 1;
   }
   if (mode == "rank_dies") return lgpt::RankDies(*group);
+  if (mode == "memory_fraction") return lgpt::MemoryFraction(*group);
   return lgpt::Fail("unknown mode " + mode);
 }
