@@ -192,7 +192,8 @@ int MemoryFraction(const std::shared_ptr<ProcessGroup>& group) {
   std::vector<char> held(group->rank() == group->world_size() - 1 ? size_t{512} << 20 : 0, 1);
   absl::StatusOr<std::shared_ptr<const Engine>> engine = Engine::Load(kDefaultModel, options);
   if (!engine.ok()) return Fail(engine.status().ToString());
-  std::cerr << "held " << held.size() << " bytes, kv_pool_bytes=" << (*engine)->serving_options().kv_pool_bytes << std::endl;
+  std::cerr << "held " << held.size()
+            << " bytes, kv_pool_bytes=" << (*engine)->serving_options().kv_pool_bytes << std::endl;
   if (group->rank() != 0) {
     const absl::Status followed = (*engine)->FollowServing();
     std::cerr << "follower: " << followed << std::endl;
