@@ -20,6 +20,7 @@
 #include "cache/policy_kv_cache.h"
 #include "cache/test_pools.h"
 #include "core/base/device.h"
+#include "core/base/dtype_support.h"
 #include "core/base/status_field.h"
 #include "gtest/gtest.h"
 
@@ -65,9 +66,10 @@ std::unique_ptr<ScoredPagedKVCache> ScoredCache(std::shared_ptr<BlockPool> pool,
 }
 
 std::unique_ptr<PolicyKVCache> PolicyCache(const EvictionPolicyOptions& policy,
-                                           at::ScalarType dtype = at::kFloat) {
+                                           at::ScalarType dtype = at::kFloat,
+                                           const KVCacheGeometry& geometry = FourLayerGeometry()) {
   PolicyKVCacheOptions options;
-  static_cast<KVCacheGeometry&>(options) = FourLayerGeometry();
+  static_cast<KVCacheGeometry&>(options) = geometry;
   options.dtype = dtype;
   options.policy = policy;
   absl::StatusOr<std::unique_ptr<PolicyKVCache>> cache = PolicyKVCache::Create(options);
@@ -246,7 +248,7 @@ TEST(ScoredPagedKVCacheTest, NarrowPoolsAttendAsAFloat32PoolOfTheirStoredEntries
 // CPU; the test says when it does not.)
 TEST(ScoredPagedKVCacheTest, SixteenBitModelsAttendAsThePolicyCache) {
   for (const at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
-    if (!CpuMatmulSupports(dtype)) {
+    if (!MultipliesMatrices(c10::Device(c10::kCPU), dtype)) {
       std::cout << "[   NOTE   ] " << c10::toString(dtype)
                 << " models not tested: this LibTorch has no CPU matmul in that dtype\n";
       RecordProperty("untested_model_dtype", c10::toString(dtype));
@@ -511,13 +513,7 @@ TEST(ScoredPagedKVCacheTest, StepScoresPassThroughTheLayersReducer) {
     ASSERT_TRUE(pool.ok()) << pool.status();
     std::unique_ptr<ScoredPagedKVCache> reduced = ScoredCache(*pool, policy, work);
     std::unique_ptr<ScoredPagedKVCache> plain = ScoredCache(FourLayerPool(16), policy, work);
-    PolicyKVCacheOptions reference_options;
-    static_cast<KVCacheGeometry&>(reference_options) = geometry;
-    reference_options.policy = policy;
-    absl::StatusOr<std::unique_ptr<PolicyKVCache>> reference_or =
-        PolicyKVCache::Create(reference_options);
-    ASSERT_TRUE(reference_or.ok()) << reference_or.status();
-    std::unique_ptr<PolicyKVCache> reference = std::move(*reference_or);
+    std::unique_ptr<PolicyKVCache> reference = PolicyCache(policy, at::kFloat, geometry);
     ASSERT_TRUE(reduced && plain && reference);
     const int64_t calls_before = reducer->calls;
     at::manual_seed(71);

@@ -77,16 +77,6 @@ AttentionParams FourLayerParams(int64_t layer) {
   return params;
 }
 
-bool CpuMatmulSupports(at::ScalarType dtype) {
-  try {
-    const at::Tensor a = at::ones({2, 2}, at::TensorOptions(dtype));
-    at::mm(a, a);
-    return true;
-  } catch (const c10::Error&) {
-    return false;
-  }
-}
-
 double MaxDifference(const at::Tensor& a, const at::Tensor& b) {
   if (a.sizes() != b.sizes()) return HUGE_VAL;
   return (a - b).abs().max().item<double>();

@@ -59,10 +59,6 @@ LayerInputs RandomInputs(int64_t layer, int64_t length);
 // Attention parameters of a FourLayerGeometry() layer (its window, a fixed scale).
 AttentionParams FourLayerParams(int64_t layer);
 
-// Whether this LibTorch multiplies matrices of `dtype` on the CPU (Debian's 1.13 has no float16
-// matmul there).
-bool CpuMatmulSupports(at::ScalarType dtype);
-
 // max |a - b|, or HUGE_VAL when the shapes differ.
 double MaxDifference(const at::Tensor& a, const at::Tensor& b);
 

@@ -22,7 +22,6 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
-#include <exception>
 #include <memory>
 #include <ostream>
 #include <string>
@@ -32,6 +31,7 @@
 #include "cache/block_pool.h"
 #include "cache/kv_cache_factory.h"
 #include "core/base/device.h"
+#include "core/base/dtype_support.h"
 #include "core/model/generate.h"
 #include "core/model/gpt.h"
 #include "core/serving/kv_memory.h"
@@ -163,6 +163,24 @@ struct Served {
   SchedulerStats stats;
 };
 
+// Waits for every request (a null handle: one Submit refused) and fills served->traces[i] from
+// request i's result (traces kept for the log-probabilities they already hold), then the
+// scheduler's statistics.
+void Collect(const std::vector<std::shared_ptr<RequestHandle>>& handles, const Scheduler& scheduler,
+             Served* served) {
+  served->traces.resize(handles.size());
+  for (size_t i = 0; i < handles.size(); ++i) {
+    if (handles[i] == nullptr) continue;
+    absl::StatusOr<RequestResult> result = handles[i]->Wait();
+    EXPECT_TRUE(result.ok()) << result.status();
+    if (!result.ok()) continue;
+    served->traces[i].tokens = result->tokens;
+    served->traces[i].preemptions = result->preemptions;
+    served->traces[i].prefix_hit_tokens = result->prefix_hit_tokens;
+  }
+  served->stats = scheduler.Stats();
+}
+
 // The jobs submitted at once to a scheduler over `memory`, each with a cache it gives, some
 // reporting their chosen tokens' log-probabilities (Reports).
 Served Serve(GPT model, const std::vector<Job>& jobs, SchedulerOptions options,
@@ -179,16 +197,7 @@ Served Serve(GPT model, const std::vector<Job>& jobs, SchedulerOptions options,
     EXPECT_TRUE(handle.ok()) << handle.status();
     handles.push_back(handle.ok() ? *handle : nullptr);
   }
-  for (size_t i = 0; i < handles.size(); ++i) {
-    if (handles[i] == nullptr) continue;
-    absl::StatusOr<RequestResult> result = handles[i]->Wait();
-    EXPECT_TRUE(result.ok()) << result.status();
-    if (!result.ok()) continue;
-    served.traces[i].tokens = result->tokens;
-    served.traces[i].preemptions = result->preemptions;
-    served.traces[i].prefix_hit_tokens = result->prefix_hit_tokens;
-  }
-  served.stats = scheduler.Stats();
+  Collect(handles, scheduler, &served);
   return served;
 }
 
@@ -234,22 +243,10 @@ GPT CpuModel(const ModelCase& model_case) {
   return model_case.golden ? GoldenModel(model_case.name) : RandomModel(model_case.name, 3);
 }
 
-// Whether LibTorch multiplies `dtype` matrices on `device` (Debian's CPU build has no float16
-// addmm).
-bool MultipliesOn(c10::Device device, c10::ScalarType dtype) {
-  const at::Tensor x = at::ones({2, 2}, at::TensorOptions().dtype(dtype).device(device));
-  try {
-    at::addmm(x, x, x);
-    return true;
-  } catch (const std::exception&) {
-    return false;
-  }
-}
-
 class ServingOnDeviceTest : public ::testing::TestWithParam<ModelCase> {
  protected:
   void SetUp() override {
-    if (!MultipliesOn(DefaultDevice(), GetParam().dtype)) {
+    if (!MultipliesMatrices(DefaultDevice(), GetParam().dtype)) {
       GTEST_SKIP() << "skipped: this LibTorch has no " << c10::toString(GetParam().dtype)
                    << " matrix products on " << DefaultDevice().str();
     }
@@ -480,12 +477,7 @@ TEST(SpeculativeOnDeviceTest, GreedyTokensAsPlainDecoding) {
     handles.push_back(*handle);
   }
   Served served;
-  for (const auto& handle : handles) {
-    absl::StatusOr<RequestResult> result = handle->Wait();
-    ASSERT_TRUE(result.ok()) << result.status();
-    served.traces.push_back(Trace{result->tokens});
-  }
-  served.stats = scheduler.Stats();
+  Collect(handles, scheduler, &served);
   const KVMemory alone(DevicePool(*model, 64, 4, KVPoolEntries{}), false);
   ExpectEveryRequestAsAlone(*model, alone, jobs, served);
   EXPECT_GT(served.stats.speculative_steps, 0);
@@ -530,12 +522,7 @@ TEST(ChoicesOnDeviceTest, EachChoiceAsItsOwnRunAlone) {
     handles.insert(handles.end(), submitted->begin(), submitted->end());
   }
   Served served;
-  for (const auto& handle : handles) {
-    absl::StatusOr<RequestResult> result = handle->Wait();
-    ASSERT_TRUE(result.ok()) << result.status();
-    served.traces.push_back(Trace{result->tokens});
-  }
-  served.stats = scheduler.Stats();
+  Collect(handles, scheduler, &served);
   // Alone with the served options (no log-probabilities reported by any choice).
   const KVMemory alone(DevicePool(*model, 64, 4, KVPoolEntries{}), false);
   ASSERT_EQ(served.traces.size(), choices.size());

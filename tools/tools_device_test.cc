@@ -12,7 +12,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <exception>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -22,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "core/base/device.h"
+#include "core/base/dtype_support.h"
 #include "core/io/npy.h"
 #include "gtest/gtest.h"
 
@@ -96,18 +96,6 @@ void ExpectRelativelyNear(double device, double cpu, double tolerance, const std
   EXPECT_NEAR(device, cpu, tolerance * std::abs(cpu)) << what;
 }
 
-// Whether LibTorch multiplies float16 matrices on the device (Debian's CPU build does not).
-bool HalfProductsOnDevice() {
-  const at::Tensor x =
-      at::ones({2, 2}, at::TensorOptions().dtype(at::kHalf).device(DefaultDevice()));
-  try {
-    at::addmm(x, x, x);
-    return true;
-  } catch (const std::exception&) {
-    return false;
-  }
-}
-
 const char kPrompt[] = " --prompt='And God said' --max_new_tokens=24 --temperature=0";
 
 // Greedy float32 text on the device equals the CPU's, for every kind of cache and weights.
@@ -126,7 +114,7 @@ TEST(ToolsOnDeviceTest, GenerateMatchesTheCpu) {
 // 16-bit models generate on the device (their text may part from the CPU's at a near tie).
 TEST(ToolsOnDeviceTest, GenerateIn16Bits) {
   std::vector<std::string> precisions = {"bf16-true"};
-  if (HalfProductsOnDevice()) {
+  if (MultipliesMatrices(DefaultDevice(), at::kHalf)) {
     precisions.push_back("16-true");
   } else {
     std::printf("16-true not run: no float16 matrix products on %s\n", DeviceFlag().c_str());

@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "core/base/dtype_support.h"
 #include "core/base/file_util.h"
 #include "core/base/shape_text.h"
 #include "core/base/status_macros.h"
@@ -52,27 +53,9 @@ absl::StatusOr<TensorMap> ReadCheckpointTensors(const std::string& checkpoint_di
       absl::StrCat(checkpoint_dir, ": no model.safetensors or lit_model.pth"));
 }
 
-namespace {
-
-// Whether this LibTorch multiplies float16 matrices on the CPU: Debian's 1.13 does not, PyPI's
-// 2.x does. Asked once.
-bool CpuHasHalfProducts() {
-  static const bool has = [] {
-    try {
-      const at::Tensor x = at::ones({1, 1}, at::TensorOptions().dtype(at::kHalf));
-      at::addmm(x, x, x);
-      return true;
-    } catch (const c10::Error&) {
-      return false;
-    }
-  }();
-  return has;
-}
-
-}  // namespace
-
 absl::Status CheckLoadOptions(const LoadOptions& options) {
-  if (options.device.is_cpu() && options.dtype == c10::kHalf && !CpuHasHalfProducts()) {
+  if (options.device.is_cpu() && options.dtype == c10::kHalf &&
+      !MultipliesMatrices(options.device, c10::kHalf)) {
     return absl::InvalidArgumentError(
         "float16 (16-true) matrix products are not implemented on CPU by this LibTorch "
         "(Debian's 1.13; PyPI's 2.x has them); use bf16-true or 32-true on CPU");
