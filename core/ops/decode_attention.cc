@@ -559,6 +559,200 @@ void WeightedValuesAvx512(const float* const* w, const Segments& v, int64_t rows
   if (r < rows) WeightedValuesColumnsAvx512<T, 1, 8>(w + r, v, hs, 0, inv + r, out + r);
 }
 
+// Quantised entries read in place, at the AVX-512 width: the AVX2 quantised kernels'
+// arithmetic lane for lane (each channel float(code) · scale, one rounding, as
+// simd::LoadQuantised8 and paged::DecodeEntry compute it; then the float32 kernels' FMAs in
+// their order), so the bits are still those of the float32 kernels over a decoded copy. Head
+// sizes and groups are multiples of 8 (QuantisedInPlace), so every 8 channels share a scale.
+
+// Channels [d, d + 8) of entries a and b dequantised into lanes 0-7 and 8-15.
+template <paged::EntryKind K>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) inline __m512 LoadQuantisedPair8(
+    const uint8_t* a, const uint8_t* b, const paged::EntryFormat& f, int64_t d) {
+  const int64_t scale_at = paged::CodeBytes(f) + 2 * (d / f.group_size);
+  uint16_t scale_a, scale_b;
+  std::memcpy(&scale_a, a + scale_at, 2);
+  std::memcpy(&scale_b, b + scale_at, 2);
+  // Two float16 scales widened exactly (as _cvtsh_ss), each across its half.
+  const __m512 scales =
+      _mm512_cvtph_ps(_mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(scale_b)),
+                                       _mm_set1_epi16(static_cast<int16_t>(scale_a))));
+  __m512i codes;
+  if constexpr (K == paged::EntryKind::kInt8) {
+    int64_t bytes_a, bytes_b;
+    std::memcpy(&bytes_a, a + d, 8);
+    std::memcpy(&bytes_b, b + d, 8);
+    codes = _mm512_cvtepi8_epi32(_mm_set_epi64x(bytes_b, bytes_a));
+  } else {
+    // Four bytes of each: channel 2i in the low nibble of byte i, 2i + 1 in the high one, q + 8.
+    int32_t packed_a, packed_b;
+    std::memcpy(&packed_a, a + d / 2, 4);
+    std::memcpy(&packed_b, b + d / 2, 4);
+    const __m128i bytes = _mm_set_epi32(0, 0, packed_b, packed_a);
+    const __m128i nibble = _mm_set1_epi8(0x0f);
+    const __m128i low = _mm_and_si128(bytes, nibble);
+    const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), nibble);
+    codes =
+        _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(low, high)), _mm512_set1_epi32(8));
+  }
+  return _mm512_mul_ps(_mm512_cvtepi32_ps(codes), scales);
+}
+
+// Channels [d, d + 16) of one entry (two 8-channel halves, each with its group's scale).
+template <paged::EntryKind K>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) inline __m512 LoadQuantised16(
+    const uint8_t* entry, const paged::EntryFormat& f, int64_t d) {
+  const uint8_t* scale_bytes = entry + paged::CodeBytes(f);
+  uint16_t scale_low, scale_high;
+  std::memcpy(&scale_low, scale_bytes + 2 * (d / f.group_size), 2);
+  std::memcpy(&scale_high, scale_bytes + 2 * ((d + 8) / f.group_size), 2);
+  const __m512 scales =
+      _mm512_cvtph_ps(_mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(scale_high)),
+                                       _mm_set1_epi16(static_cast<int16_t>(scale_low))));
+  __m512i codes;
+  if constexpr (K == paged::EntryKind::kInt8) {
+    codes = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(entry + d)));
+  } else {
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(entry + d / 2));
+    const __m128i nibble = _mm_set1_epi8(0x0f);
+    const __m128i low = _mm_and_si128(bytes, nibble);
+    const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), nibble);
+    codes =
+        _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(low, high)), _mm512_set1_epi32(8));
+  }
+  return _mm512_mul_ps(_mm512_cvtepi32_ps(codes), scales);
+}
+
+// ScoresRowQuantisedAvx2<K, M> for keys e .. e + 3 (ScoresQuadAvx512's pairing and sums).
+template <paged::EntryKind K, int M>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"), always_inline)) inline void
+ScoresQuadQuantisedAvx512(const uint8_t* keys, int64_t entry_bytes, const paged::EntryFormat& f,
+                          const float* x, float* y, int64_t n_keys, int64_t hs, int64_t e) {
+  const uint8_t* k0 = keys + e * entry_bytes;
+  __m512 acc01[M], acc23[M];
+#pragma GCC unroll 4
+  for (int m = 0; m < M; ++m) acc01[m] = acc23[m] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < hs; i += 8) {
+    const __m512 k01 = LoadQuantisedPair8<K>(k0, k0 + entry_bytes, f, i);
+    const __m512 k23 = LoadQuantisedPair8<K>(k0 + 2 * entry_bytes, k0 + 3 * entry_bytes, f, i);
+#pragma GCC unroll 4
+    for (int m = 0; m < M; ++m) {
+      const __m512 xv = Broadcast8(_mm256_loadu_ps(x + m * hs + i));
+      acc01[m] = _mm512_fmadd_ps(k01, xv, acc01[m]);
+      acc23[m] = _mm512_fmadd_ps(k23, xv, acc23[m]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int m = 0; m < M; ++m) {
+    const __m128 sums = simd::HorizontalSums4(acc01[m], acc23[m]);
+    _mm_storeu_ps(y + m * n_keys + e, _mm_add_ps(sums, _mm_setzero_ps()));
+  }
+}
+
+template <paged::EntryKind K, int M>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) void ScoresRowsQuantisedAvx512(
+    const KVSegment& segment, const float* x, float* y, int64_t hs) {
+  const paged::EntryFormat& f = *segment.quantised;
+  const uint8_t* keys = static_cast<const uint8_t*>(segment.keys);
+  const int64_t n_keys = segment.entries, entry_bytes = paged::EntryBytes(f);
+  int64_t e = 0;
+  for (; e + 4 <= n_keys; e += 4) {
+    ScoresQuadQuantisedAvx512<K, M>(keys, entry_bytes, f, x, y, n_keys, hs, e);
+  }
+  for (; e < n_keys; ++e) ScoresRowQuantisedAvx2<K, M>(segment, x, y, n_keys, hs, e);
+}
+
+// ScoresQuantisedAvx2's scores, to the bit.
+template <paged::EntryKind K>
+void ScoresQuantisedAvx512(const KVSegment& segment, const float* x, float* y, int64_t rows,
+                           int64_t hs) {
+  const int64_t n_keys = segment.entries;
+  for (int64_t m = 0; m < rows; m += 4) {
+    const float* xm = x + m * hs;
+    float* ym = y + m * n_keys;
+    switch (std::min<int64_t>(4, rows - m)) {
+      case 1:
+        ScoresRowsQuantisedAvx512<K, 1>(segment, xm, ym, hs);
+        break;
+      case 2:
+        ScoresRowsQuantisedAvx512<K, 2>(segment, xm, ym, hs);
+        break;
+      case 3:
+        ScoresRowsQuantisedAvx512<K, 3>(segment, xm, ym, hs);
+        break;
+      default:
+        ScoresRowsQuantisedAvx512<K, 4>(segment, xm, ym, hs);
+    }
+  }
+}
+
+// WeightedValuesBlockQuantisedAvx2 with 16 columns a vector (the same chain of FMAs per column).
+template <paged::EntryKind K, int R, int V>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) void
+WeightedValuesBlockQuantisedAvx512(const float* const* w, const Segments& v, int64_t col,
+                                   const float* inv, float* const* out) {
+  __m512 acc[R][V];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+    for (int j = 0; j < V; ++j) acc[r][j] = _mm512_setzero_ps();
+  }
+  int64_t e = 0;
+  for (const KVSegment& segment : v) {
+    const paged::EntryFormat& f = *segment.quantised;
+    const int64_t entry_bytes = paged::EntryBytes(f);
+    const uint8_t* entry = static_cast<const uint8_t*>(segment.values);
+    for (int64_t i = 0; i < segment.entries; ++i, ++e, entry += entry_bytes) {
+      __m512 values[V];
+#pragma GCC unroll 8
+      for (int j = 0; j < V; ++j) values[j] = LoadQuantised16<K>(entry, f, col + 16 * j);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const __m512 we = _mm512_set1_ps(w[r][e]);
+#pragma GCC unroll 8
+        for (int j = 0; j < V; ++j) acc[r][j] = _mm512_fmadd_ps(we, values[j], acc[r][j]);
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    const __m512 scale = _mm512_set1_ps(inv[r]);
+#pragma GCC unroll 8
+    for (int j = 0; j < V; ++j) {
+      _mm512_storeu_ps(out[r] + col + 16 * j, _mm512_mul_ps(acc[r][j], scale));
+    }
+  }
+}
+
+// WeightedValuesColumnsAvx512's blocking for quantised values (the last 8 columns, where
+// hs % 16 == 8, with the AVX2 block).
+template <paged::EntryKind K, int R, int V>
+void WeightedValuesColumnsQuantisedAvx512(const float* const* w, const Segments& v, int64_t hs,
+                                          int64_t col, const float* inv, float* const* out) {
+  for (; col + 16 * V <= hs; col += 16 * V) {
+    WeightedValuesBlockQuantisedAvx512<K, R, V>(w, v, col, inv, out);
+  }
+  if constexpr (V > 1) {
+    WeightedValuesColumnsQuantisedAvx512<K, R, V / 2>(w, v, hs, col, inv, out);
+  } else if (col < hs) {
+    WeightedValuesBlockQuantisedAvx2<K, R, 1>(w, v, col, inv, out);
+  }
+}
+
+template <paged::EntryKind K>
+void WeightedValuesQuantisedAvx512(const float* const* w, const Segments& v, int64_t rows,
+                                   int64_t hs, const float* inv, float* const* out) {
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) {
+    WeightedValuesColumnsQuantisedAvx512<K, 4, 4>(w + r, v, hs, 0, inv + r, out + r);
+  }
+  if (rows - r >= 2) {
+    WeightedValuesColumnsQuantisedAvx512<K, 2, 8>(w + r, v, hs, 0, inv + r, out + r);
+    r += 2;
+  }
+  if (r < rows) WeightedValuesColumnsQuantisedAvx512<K, 1, 8>(w + r, v, hs, 0, inv + r, out + r);
+}
+
 // Whether decoding may take the AVX-512 kernels where the CPU has them (tests and benchmarks
 // turn them off to compare against the AVX2 ones).
 std::atomic<bool> avx512_allowed{true};
@@ -579,9 +773,16 @@ bool QuantisedInPlace(const paged::EntryFormat& format) {
 
 // SegmentScores for quantised keys: in place, or GemvF32Serial over their decoded copy (the
 // same bits).
-void QuantisedScores(const KVSegment& segment, const float* x, float* y, int64_t rows, int64_t hs) {
+void QuantisedScores(const KVSegment& segment, const float* x, float* y, int64_t rows, int64_t hs,
+                     bool avx512) {
   const paged::EntryFormat& f = *segment.quantised;
 #ifdef LGPT_SIMD_AVX2
+  if (QuantisedInPlace(f) && avx512) {
+    if (f.kind == paged::EntryKind::kInt8) {
+      return ScoresQuantisedAvx512<paged::EntryKind::kInt8>(segment, x, y, rows, hs);
+    }
+    return ScoresQuantisedAvx512<paged::EntryKind::kInt4>(segment, x, y, rows, hs);
+  }
   if (QuantisedInPlace(f)) {
     if (f.kind == paged::EntryKind::kInt8) {
       return ScoresQuantisedAvx2<paged::EntryKind::kInt8>(segment, x, y, rows, hs);
@@ -627,7 +828,7 @@ void QuantisedValuesPortable(const float* const* w, const Segments& v, int64_t r
 void SegmentScores(const KVSegment& segment, const float* x, float* y, int64_t rows, int64_t hs,
                    bool avx512) {
   const int64_t n_keys = segment.entries;
-  if (segment.quantised) return QuantisedScores(segment, x, y, rows, hs);
+  if (segment.quantised) return QuantisedScores(segment, x, y, rows, hs, avx512);
 #ifdef LGPT_SIMD_AVX2
   if (avx512) {
     switch (segment.type) {
@@ -665,6 +866,12 @@ void WeightedValues(const float* const* w, const Segments& v, int64_t rows, int6
   if (!v.empty() && v[0].quantised) {
 #ifdef LGPT_SIMD_AVX2
     // (In place whenever the float32 copy would take the AVX2 or AVX-512 values: their bits.)
+    if (avx512 && QuantisedInPlace(*v[0].quantised)) {
+      if (v[0].quantised->kind == paged::EntryKind::kInt8) {
+        return WeightedValuesQuantisedAvx512<paged::EntryKind::kInt8>(w, v, rows, hs, inv, out);
+      }
+      return WeightedValuesQuantisedAvx512<paged::EntryKind::kInt4>(w, v, rows, hs, inv, out);
+    }
     if (avx2 && QuantisedInPlace(*v[0].quantised)) {
       if (v[0].quantised->kind == paged::EntryKind::kInt8) {
         return WeightedValuesQuantisedAvx2<paged::EntryKind::kInt8>(w, v, rows, hs, inv, out);

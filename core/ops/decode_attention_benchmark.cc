@@ -4,8 +4,9 @@
 // the last-level cache (so entries come from memory, as in a model step). GB_per_s counts the
 // key and value bytes read. BM_DecodeAttentionRowsBfloat16 and BM_DecodeAttentionRowsFloat16: the
 // batched step over a bfloat16 or float16 pool's blocks (a float32 model's 16-bit entries,
-// widened in registers). The last argument picks the kernels: 0 AVX2, 1 AVX-512 (where the
-// CPU has it; the same bits), each shape's two runs one after the other.
+// widened in registers); BM_DecodeAttentionRowsInt8 and BM_DecodeAttentionRowsInt4 over int8 /
+// int4 entries (dequantised in registers). The last argument picks the kernels: 0 AVX2, 1 AVX-512
+// (where the CPU has it; the same bits), each shape's two runs one after the other.
 //
 //   bazel run -c opt //core/ops:decode_attention_benchmark -- [--threads=N]
 #include <ATen/ATen.h>
@@ -13,9 +14,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <vector>
 
 #include "core/ops/decode_attention.h"
+#include "core/ops/paged_attention_layout.h"
 
 namespace lgpt {
 namespace {
@@ -35,11 +38,32 @@ struct Layers {
   std::vector<std::vector<std::vector<at::Tensor>>> keys, values;
 };
 
+// Bytes of one entry (one group's keys or values of one token) of `dtype`, or of `quantised`.
+int64_t EntryBytes(at::ScalarType dtype, const std::optional<paged::EntryFormat>& quantised) {
+  return quantised ? paged::EntryBytes(*quantised) : kHeadSize * at::elementSize(dtype);
+}
+
+// A block [G, block, hs] of random entries: of `dtype`, or quantised to uint8 [G, block,
+// entry_bytes] entries of `quantised`.
+at::Tensor RandomBlock(int64_t block, at::ScalarType dtype,
+                       const std::optional<paged::EntryFormat>& quantised) {
+  const at::Tensor raw = at::randn({kGroups, block, kHeadSize});
+  if (!quantised) return raw.to(dtype);
+  const int64_t entry_bytes = paged::EntryBytes(*quantised);
+  at::Tensor out = at::empty({kGroups, block, entry_bytes}, at::kByte);
+  for (int64_t i = 0; i < kGroups * block; ++i) {
+    paged::QuantizeEntry(raw.data_ptr<float>() + i * kHeadSize, *quantised,
+                         out.data_ptr<uint8_t>() + i * entry_bytes);
+  }
+  return out;
+}
+
 Layers MakeLayers(int64_t requests, int64_t entries, int64_t block, bool from_memory,
-                  at::ScalarType dtype = at::kFloat) {
+                  at::ScalarType dtype = at::kFloat,
+                  const std::optional<paged::EntryFormat>& quantised = std::nullopt) {
   const int64_t blocks = (entries + block - 1) / block;
   const int64_t layer_bytes =
-      requests * blocks * 2 * kGroups * block * kHeadSize * at::elementSize(dtype);
+      requests * blocks * 2 * kGroups * block * EntryBytes(dtype, quantised);
   const int64_t layers = from_memory ? std::max<int64_t>(2, (int64_t{256} << 20) / layer_bytes) : 1;
   Layers data;
   data.keys.resize(layers);
@@ -49,8 +73,8 @@ Layers MakeLayers(int64_t requests, int64_t entries, int64_t block, bool from_me
     data.values[l].resize(requests);
     for (int64_t r = 0; r < requests; ++r) {
       for (int64_t b = 0; b < blocks; ++b) {
-        data.keys[l][r].push_back(at::randn({kGroups, block, kHeadSize}).to(dtype));
-        data.values[l][r].push_back(at::randn({kGroups, block, kHeadSize}).to(dtype));
+        data.keys[l][r].push_back(RandomBlock(block, dtype, quantised));
+        data.values[l][r].push_back(RandomBlock(block, dtype, quantised));
       }
     }
   }
@@ -101,11 +125,13 @@ void BM_DecodeAttentionBlocks(benchmark::State& state) {
 }
 
 // The same step as one DecodeAttentionRows call (a serving batch's path): every request's
-// (row, key group) tasks in one fork, over entries of `dtype`. Args as BM_DecodeAttentionBlocks.
-void DecodeAttentionRowsOf(benchmark::State& state, at::ScalarType dtype) {
+// (row, key group) tasks in one fork, over entries of `dtype` (or `quantised` ones, read in
+// place). Args as BM_DecodeAttentionBlocks.
+void DecodeAttentionRowsOf(benchmark::State& state, at::ScalarType dtype,
+                           const std::optional<paged::EntryFormat>& quantised = std::nullopt) {
   const Kernels kernels(state);
   const int64_t requests = state.range(0), entries = state.range(1), block = state.range(2);
-  const Layers data = MakeLayers(requests, entries, block, state.range(3) == 1, dtype);
+  const Layers data = MakeLayers(requests, entries, block, state.range(3) == 1, dtype, quantised);
   const at::Tensor q = at::randn({requests, kHeads, 1, kHeadSize});
   const at::Tensor query_positions = at::full({requests, 1}, entries - 1, at::kLong);
   const at::Tensor key_positions = at::arange(entries, at::kLong).view({1, 1, entries});
@@ -116,7 +142,7 @@ void DecodeAttentionRowsOf(benchmark::State& state, at::ScalarType dtype) {
       DecodeRow row;
       row.entries = entries;
       row.key_positions = key_positions;
-      row.segments = BlockSegments(data.keys[l][r], data.values[l][r], entries);
+      row.segments = BlockSegments(data.keys[l][r], data.values[l][r], entries, quantised);
       rows[l].push_back(std::move(row));
     }
   }
@@ -125,7 +151,7 @@ void DecodeAttentionRowsOf(benchmark::State& state, at::ScalarType dtype) {
     benchmark::DoNotOptimize(DecodeAttentionRows(q, kGroups, rows[layer], query_positions, params));
     layer = (layer + 1) % rows.size();
   }
-  SetBytes(state, requests * 2 * kGroups * entries * kHeadSize * at::elementSize(dtype));
+  SetBytes(state, requests * 2 * kGroups * entries * EntryBytes(dtype, quantised));
 }
 
 void BM_DecodeAttentionRows(benchmark::State& state) { DecodeAttentionRowsOf(state, at::kFloat); }
@@ -134,6 +160,13 @@ void BM_DecodeAttentionRowsBfloat16(benchmark::State& state) {
 }
 void BM_DecodeAttentionRowsFloat16(benchmark::State& state) {
   DecodeAttentionRowsOf(state, at::kHalf);
+}
+// A float32 model's int8 / int4 pool entries (one float16 scale per 32 channels).
+void BM_DecodeAttentionRowsInt8(benchmark::State& state) {
+  DecodeAttentionRowsOf(state, at::kFloat, paged::EntryFormat{paged::EntryKind::kInt8, kHeadSize});
+}
+void BM_DecodeAttentionRowsInt4(benchmark::State& state) {
+  DecodeAttentionRowsOf(state, at::kFloat, paged::EntryFormat{paged::EntryKind::kInt4, kHeadSize});
 }
 
 void Shapes(benchmark::internal::Benchmark* b) {
@@ -157,6 +190,8 @@ BENCHMARK(BM_DecodeAttentionBlocks)->Apply(Shapes);
 BENCHMARK(BM_DecodeAttentionRows)->Apply(Shapes);
 BENCHMARK(BM_DecodeAttentionRowsBfloat16)->Apply(Shapes);
 BENCHMARK(BM_DecodeAttentionRowsFloat16)->Apply(Shapes);
+BENCHMARK(BM_DecodeAttentionRowsInt8)->Apply(Shapes);
+BENCHMARK(BM_DecodeAttentionRowsInt4)->Apply(Shapes);
 
 }  // namespace
 }  // namespace lgpt

@@ -484,7 +484,8 @@ TEST(DecodeAttentionSegments, QuantisedSegmentsEqualTheirDecodedCopies) {
         Shape{paged::EntryKind::kInt8, 24, 8, 2, 2, 4, 21, 5},
         Shape{paged::EntryKind::kInt4, 16, 4, 3, 1, 2, 9, 9},  // group of 4: channel by channel
         Shape{paged::EntryKind::kInt8, 128, 32, 8, 8, 1, 130, 64},  // one query row: 4 keys a pass
-        Shape{paged::EntryKind::kInt4, 64, 32, 4, 4, 1, 45, 16}}) {
+        Shape{paged::EntryKind::kInt4, 64, 32, 4, 4, 1, 45, 16},
+        Shape{paged::EntryKind::kInt4, 40, 8, 4, 2, 2, 23, 7}}) {  // 16 channels, two scales
     const paged::EntryFormat f{c.kind, c.head_size, c.group};
     const int64_t entry_bytes = paged::EntryBytes(f), hs = c.head_size;
     // [G, entries] entries of random floats, quantised.
