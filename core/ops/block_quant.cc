@@ -133,17 +133,16 @@ inline int32_t LoadLane(const int8_t* p) {
   return v;
 }
 
-// Blocks [begin, end) of a q4 group's tiles as q8 tiles of their bytes (q + 8): per block the
-// low nibbles of each chunk pair, then its high ones (chunk c holds elements [4c, 4c + 4) of the
-// 16 rows either way), as VNNI's q8 tile and AMX's tdpbsud read them. All at once, before the
-// first read (a tile load right after the stores that wrote its bytes would wait for them to
-// reach L1). `out`: 64-byte aligned, (end - begin) · kQ8TileBytes.
-LGPT_AVX512VNNI void UnpackQ4Group(const GemvArgs& a, int64_t g, int64_t begin, int64_t end,
-                                   uint8_t* out) {
+// A q4 group's tiles as q8 tiles of its bytes (q + 8): per block the low nibbles of each chunk
+// pair, then its high ones (chunk c holds elements [4c, 4c + 4) of the 16 rows either way), as
+// VNNI's q8 tile and AMX's tdpbsud read them. All blocks at once, before the first read (a
+// tile load right after the stores that wrote its bytes would wait for them to reach L1).
+// `out`: 64-byte aligned, blocks · kQ8TileBytes.
+LGPT_AVX512VNNI void UnpackQ4Group(const GemvArgs& a, int64_t g, uint8_t* out) {
   const __m512i low_nibbles = _mm512_set1_epi8(15);
-  for (int64_t b = begin; b < end; ++b) {
+  for (int64_t b = 0; b < a.blocks; ++b) {
     const uint8_t* tile = a.Tile(g, b, kQ4TileBytes);
-    uint8_t* unpacked = out + (b - begin) * kQ8TileBytes;
+    uint8_t* unpacked = out + b * kQ8TileBytes;
 #pragma GCC unroll 4
     for (int p = 0; p < 4; ++p) {
       const __m512i raw = _mm512_loadu_si512(tile + p * kChunkBytes);
@@ -167,39 +166,23 @@ uint8_t* AlignedScratch(int64_t bytes) {
 // dpbusd advances 16 rows by 4 elements and a block ends with the 16 rows' exact dot
 // products in one register: no horizontal sums, no per-row shuffles. RG groups and M
 // activation rows per pass (RG * M independent dpbusd chains hide the latency; each weight
-// load serves M rows, each activation broadcast RG groups). kUnpacked: q4 weights of which
-// `u` holds a run of blocks unpacked to bytes, read as q8 tiles with q4's offset (the same
-// exact int32 sums as from the nibbles); the sums of the blocks before it come in, and those
-// up to it go out, through u->partial.
-
-// Unpacked q4 tiles of groups g .. g + RG - 1, blocks [begin, end): group r's block b at
-// bytes + (r · kUnpackBlocks + b - begin) · kQ8TileBytes. partial [M][RG][16]: the rows'
-// sums over the blocks before `begin` (read unless begin is 0), then up to `end` (written
-// unless end is the last block; else the outputs are).
-constexpr int64_t kUnpackBlocks = 16;  // two groups' run of blocks: 16 KiB, in L1
-struct UnpackedTiles {
-  const uint8_t* bytes;
-  int64_t begin, end;
-  float* partial;
-};
+// load serves M rows, each activation broadcast RG groups). kUnpacked: q4 weights whose
+// groups g .. g + RG - 1 UnpackQ4Group wrote to `unpacked` one after the other, read as q8
+// tiles with q4's offset (the same exact int32 sums as from the nibbles).
 
 template <bool kQ4, int M, int RG, bool kUnpacked = false>
-LGPT_AVX512VNNI void TileVnni(const GemvArgs& a, int64_t g, const UnpackedTiles* u = nullptr) {
+LGPT_AVX512VNNI void TileVnni(const GemvArgs& a, int64_t g, const uint8_t* unpacked = nullptr) {
   constexpr bool kNibbles = kQ4 && !kUnpacked;
   constexpr int64_t kTileBytes = kNibbles ? kQ4TileBytes : kQ8TileBytes;
   constexpr int kOffset = kQ4 ? kQ4Offset : kQ8Offset;
-  const int64_t begin = kUnpacked ? u->begin : 0, end = kUnpacked ? u->end : a.blocks;
   __m512 acc[RG][M];
 #pragma GCC unroll 4
   for (int r = 0; r < RG; ++r) {
 #pragma GCC unroll 4
-    for (int m = 0; m < M; ++m) {
-      acc[r][m] =
-          begin > 0 ? _mm512_loadu_ps(u->partial + (m * RG + r) * kGroup) : _mm512_setzero_ps();
-    }
+    for (int m = 0; m < M; ++m) acc[r][m] = _mm512_setzero_ps();
   }
   const __m512i low_nibbles = _mm512_set1_epi8(15);
-  for (int64_t b = begin; b < end; ++b) {
+  for (int64_t b = 0; b < a.blocks; ++b) {
     const int8_t* xb[M];
     __m512i dot[RG][M];
 #pragma GCC unroll 4
@@ -212,8 +195,8 @@ LGPT_AVX512VNNI void TileVnni(const GemvArgs& a, int64_t g, const UnpackedTiles*
     const uint8_t* tile[RG];
 #pragma GCC unroll 4
     for (int r = 0; r < RG; ++r) {
-      tile[r] = kUnpacked ? u->bytes + (r * kUnpackBlocks + b - begin) * kQ8TileBytes
-                          : a.Tile(g + r, b, kTileBytes);
+      tile[r] =
+          kUnpacked ? unpacked + (r * a.blocks + b) * kQ8TileBytes : a.Tile(g + r, b, kTileBytes);
     }
     if constexpr (kNibbles) {
 #pragma GCC unroll 4
@@ -260,14 +243,6 @@ LGPT_AVX512VNNI void TileVnni(const GemvArgs& a, int64_t g, const UnpackedTiles*
         acc[r][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r][m]), step, acc[r][m]);
       }
     }
-  }
-  if (end < a.blocks) {
-#pragma GCC unroll 4
-    for (int r = 0; r < RG; ++r) {
-#pragma GCC unroll 4
-      for (int m = 0; m < M; ++m) _mm512_storeu_ps(u->partial + (m * RG + r) * kGroup, acc[r][m]);
-    }
-    return;
   }
 #pragma GCC unroll 4
   for (int r = 0; r < RG; ++r) {
@@ -413,43 +388,35 @@ GemvArgs RowsFrom(const GemvArgs& a, int64_t r) {
 }
 
 template <int M>
-void UnpackedTilesVnni(const GemvArgs& a, int64_t g, int64_t groups, const UnpackedTiles& u) {
-  if (groups == 2) return TileVnni<true, M, 2, true>(a, g, &u);
-  TileVnni<true, M, 1, true>(a, g, &u);
+void UnpackedTilesVnni(const GemvArgs& a, int64_t g, int64_t groups, const uint8_t* unpacked) {
+  if (groups == 2) return TileVnni<true, M, 2, true>(a, g, unpacked);
+  TileVnni<true, M, 1, true>(a, g, unpacked);
 }
 
-// More than four activation rows against q4 weights (batched decoding, prefill): per pair of
-// groups, each run of kUnpackBlocks blocks is unpacked to bytes once and every four rows run
-// the q8 tile over it, instead of every four rows splitting the nibbles again (a quarter of
-// the kernel's vector work at 16 rows). The same int32 sums and float operations in the same
-// order (the rows' sums carried between runs exactly), so the same bits.
+// More than four activation rows against q4 weights (batched decoding, prefill): each pair of
+// groups is unpacked to bytes once, and every four rows run the q8 tile over them, instead of
+// every four rows splitting the nibbles again (a quarter of the kernel's vector work at 16
+// rows). The same int32 sums and float operations, so the same bits.
 void GemvQ4RowsVnni(const GemvArgs& a, int64_t rows, int64_t begin, int64_t end) {
-  uint8_t* unpacked = AlignedScratch(2 * kUnpackBlocks * kQ8TileBytes);
-  thread_local std::vector<float> partial;
-  partial.resize(static_cast<size_t>(rows * 2 * kGroup));
+  const int64_t group_bytes = a.blocks * kQ8TileBytes;
+  uint8_t* unpacked = AlignedScratch(2 * group_bytes);
   for (int64_t g = begin; g < end; g += 2) {
     const int64_t groups = std::min<int64_t>(2, end - g);
-    for (int64_t b = 0; b < a.blocks; b += kUnpackBlocks) {
-      const int64_t stop = std::min<int64_t>(b + kUnpackBlocks, a.blocks);
-      for (int64_t i = 0; i < groups; ++i) {
-        UnpackQ4Group(a, g + i, b, stop, unpacked + i * kUnpackBlocks * kQ8TileBytes);
-      }
-      for (int64_t m = 0; m < rows; m += 4) {
-        const GemvArgs part = RowsFrom(a, m);
-        const UnpackedTiles u{unpacked, b, stop, partial.data() + m * 2 * kGroup};
-        switch (std::min<int64_t>(4, rows - m)) {
-          case 1:
-            UnpackedTilesVnni<1>(part, g, groups, u);
-            break;
-          case 2:
-            UnpackedTilesVnni<2>(part, g, groups, u);
-            break;
-          case 3:
-            UnpackedTilesVnni<3>(part, g, groups, u);
-            break;
-          default:
-            UnpackedTilesVnni<4>(part, g, groups, u);
-        }
+    for (int64_t i = 0; i < groups; ++i) UnpackQ4Group(a, g + i, unpacked + i * group_bytes);
+    for (int64_t m = 0; m < rows; m += 4) {
+      const GemvArgs part = RowsFrom(a, m);
+      switch (std::min<int64_t>(4, rows - m)) {
+        case 1:
+          UnpackedTilesVnni<1>(part, g, groups, unpacked);
+          break;
+        case 2:
+          UnpackedTilesVnni<2>(part, g, groups, unpacked);
+          break;
+        case 3:
+          UnpackedTilesVnni<3>(part, g, groups, unpacked);
+          break;
+        default:
+          UnpackedTilesVnni<4>(part, g, groups, unpacked);
       }
     }
   }
@@ -565,7 +532,7 @@ LGPT_AMX void TileAmx(const GemvArgs& a, int64_t g) {
   const uint8_t* unpacked = nullptr;
   if constexpr (kQ4) {
     uint8_t* scratch = AlignedScratch(a.blocks * kQ8TileBytes);
-    UnpackQ4Group(a, g, 0, a.blocks, scratch);
+    UnpackQ4Group(a, g, scratch);
     unpacked = scratch;
   }
   __m512 acc[M];
