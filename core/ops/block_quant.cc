@@ -133,47 +133,17 @@ inline int32_t LoadLane(const int8_t* p) {
   return v;
 }
 
-// A q4 group's tiles as q8 tiles of its bytes (q + 8): per block the low nibbles of each chunk
-// pair, then its high ones (chunk c holds elements [4c, 4c + 4) of the 16 rows either way), as
-// VNNI's q8 tile and AMX's tdpbsud read them. All blocks at once, before the first read (a
-// tile load right after the stores that wrote its bytes would wait for them to reach L1).
-// `out`: 64-byte aligned, blocks · kQ8TileBytes.
-LGPT_AVX512VNNI void UnpackQ4Group(const GemvArgs& a, int64_t g, uint8_t* out) {
-  const __m512i low_nibbles = _mm512_set1_epi8(15);
-  for (int64_t b = 0; b < a.blocks; ++b) {
-    const uint8_t* tile = a.Tile(g, b, kQ4TileBytes);
-    uint8_t* unpacked = out + b * kQ8TileBytes;
-#pragma GCC unroll 4
-    for (int p = 0; p < 4; ++p) {
-      const __m512i raw = _mm512_loadu_si512(tile + p * kChunkBytes);
-      _mm512_store_si512(unpacked + 2 * p * kChunkBytes, _mm512_and_si512(raw, low_nibbles));
-      _mm512_store_si512(unpacked + (2 * p + 1) * kChunkBytes,
-                         _mm512_and_si512(_mm512_srli_epi16(raw, 4), low_nibbles));
-    }
-  }
-}
-
-// `bytes` of this thread's scratch memory, 64-byte aligned; valid until its next call.
-uint8_t* AlignedScratch(int64_t bytes) {
-  thread_local std::vector<uint8_t> storage;
-  storage.resize(static_cast<size_t>(bytes + 64));  // slack to align the start to a line
-  return storage.data() + (64 - reinterpret_cast<uintptr_t>(storage.data()) % 64) % 64;
-}
-
 // ---------------------------------------------------------------------------------------
 // AVX-512 VNNI. A chunk load holds 4 consecutive weights of each of the 16 rows of a group
 // (one int32 lane per row); the matching 4 activations are broadcast to every lane, so one
 // dpbusd advances 16 rows by 4 elements and a block ends with the 16 rows' exact dot
 // products in one register: no horizontal sums, no per-row shuffles. RG groups and M
 // activation rows per pass (RG * M independent dpbusd chains hide the latency; each weight
-// load serves M rows, each activation broadcast RG groups). kUnpacked: q4 weights whose
-// groups g .. g + RG - 1 UnpackQ4Group wrote to `unpacked` one after the other, read as q8
-// tiles with q4's offset (the same exact int32 sums as from the nibbles).
+// load serves M rows, each activation broadcast RG groups).
 
-template <bool kQ4, int M, int RG, bool kUnpacked = false>
-LGPT_AVX512VNNI void TileVnni(const GemvArgs& a, int64_t g, const uint8_t* unpacked = nullptr) {
-  constexpr bool kNibbles = kQ4 && !kUnpacked;
-  constexpr int64_t kTileBytes = kNibbles ? kQ4TileBytes : kQ8TileBytes;
+template <bool kQ4, int M, int RG>
+LGPT_AVX512VNNI void TileVnni(const GemvArgs& a, int64_t g) {
+  constexpr int64_t kTileBytes = kQ4 ? kQ4TileBytes : kQ8TileBytes;
   constexpr int kOffset = kQ4 ? kQ4Offset : kQ8Offset;
   __m512 acc[RG][M];
 #pragma GCC unroll 4
@@ -194,11 +164,8 @@ LGPT_AVX512VNNI void TileVnni(const GemvArgs& a, int64_t g, const uint8_t* unpac
     }
     const uint8_t* tile[RG];
 #pragma GCC unroll 4
-    for (int r = 0; r < RG; ++r) {
-      tile[r] =
-          kUnpacked ? unpacked + (r * a.blocks + b) * kQ8TileBytes : a.Tile(g + r, b, kTileBytes);
-    }
-    if constexpr (kNibbles) {
+    for (int r = 0; r < RG; ++r) tile[r] = a.Tile(g + r, b, kTileBytes);
+    if constexpr (kQ4) {
 #pragma GCC unroll 4
       for (int p = 0; p < 4; ++p) {  // 8 elements per pair of chunks
         __m512i x_low[M], x_high[M];
@@ -377,62 +344,19 @@ void Groups(QuantKernel kernel, const GemvArgs& a, int64_t begin, int64_t end) {
   GroupsAvx2<kQ4, M>(a, begin, end);
 }
 
-// `a` from activation row r on (its rows r, r + 1, ...) as a GemvArgs of its own.
-GemvArgs RowsFrom(const GemvArgs& a, int64_t r) {
-  GemvArgs part = a;
-  part.xq += r * a.k;
-  part.xs += r * a.blocks;
-  part.xsum += r * a.blocks;
-  part.y += r * a.n_out;
-  return part;
-}
-
-template <int M>
-void UnpackedTilesVnni(const GemvArgs& a, int64_t g, int64_t groups, const uint8_t* unpacked) {
-  if (groups == 2) return TileVnni<true, M, 2, true>(a, g, unpacked);
-  TileVnni<true, M, 1, true>(a, g, unpacked);
-}
-
-// More than four activation rows against q4 weights (batched decoding, prefill): each pair of
-// groups is unpacked to bytes once, and every four rows run the q8 tile over them, instead of
-// every four rows splitting the nibbles again (a quarter of the kernel's vector work at 16
-// rows). The same int32 sums and float operations, so the same bits.
-void GemvQ4RowsVnni(const GemvArgs& a, int64_t rows, int64_t begin, int64_t end) {
-  const int64_t group_bytes = a.blocks * kQ8TileBytes;
-  uint8_t* unpacked = AlignedScratch(2 * group_bytes);
-  for (int64_t g = begin; g < end; g += 2) {
-    const int64_t groups = std::min<int64_t>(2, end - g);
-    for (int64_t i = 0; i < groups; ++i) UnpackQ4Group(a, g + i, unpacked + i * group_bytes);
-    for (int64_t m = 0; m < rows; m += 4) {
-      const GemvArgs part = RowsFrom(a, m);
-      switch (std::min<int64_t>(4, rows - m)) {
-        case 1:
-          UnpackedTilesVnni<1>(part, g, groups, unpacked);
-          break;
-        case 2:
-          UnpackedTilesVnni<2>(part, g, groups, unpacked);
-          break;
-        case 3:
-          UnpackedTilesVnni<3>(part, g, groups, unpacked);
-          break;
-        default:
-          UnpackedTilesVnni<4>(part, g, groups, unpacked);
-      }
-    }
-  }
-}
-
 template <bool kQ4>
 void GemvSimd(QuantKernel kernel, const GemvArgs& a, int64_t rows, int64_t begin, int64_t end) {
-  if (kQ4 && rows > 4 && kernel == QuantKernel::kAvx512Vnni) {
-    return GemvQ4RowsVnni(a, rows, begin, end);
-  }
   if (rows > 4) {
     // Per pair of groups (their tiles stay in L1/L2), every group of four activation rows.
     for (int64_t g = begin; g < end; g += 2) {
       const int64_t stop = std::min<int64_t>(g + 2, end);
       for (int64_t m = 0; m < rows; m += 4) {
-        GemvSimd<kQ4>(kernel, RowsFrom(a, m), std::min<int64_t>(4, rows - m), g, stop);
+        GemvArgs part = a;
+        part.xq += m * a.k;
+        part.xs += m * a.blocks;
+        part.xsum += m * a.blocks;
+        part.y += m * a.n_out;
+        GemvSimd<kQ4>(kernel, part, std::min<int64_t>(4, rows - m), g, stop);
       }
     }
     return;
@@ -501,6 +425,24 @@ LGPT_AMX void ConfigureAmx(int m) {
   _tile_loadconfig(&config);
 }
 
+// A q4 group's tiles as tdpbsud reads bytes: per block 8 rows of 64 bytes, the low nibbles of
+// each chunk pair then its high ones. All blocks at once, before the first tile load (a tile
+// load right after the stores that wrote its bytes would wait for them to reach L1).
+LGPT_AMX void UnpackQ4Group(const GemvArgs& a, int64_t g, uint8_t* out) {
+  const __m512i low_nibbles = _mm512_set1_epi8(15);
+  for (int64_t b = 0; b < a.blocks; ++b) {
+    const uint8_t* tile = a.Tile(g, b, kQ4TileBytes);
+    uint8_t* unpacked = out + b * kQ8TileBytes;
+#pragma GCC unroll 4
+    for (int p = 0; p < 4; ++p) {
+      const __m512i raw = _mm512_loadu_si512(tile + p * kChunkBytes);
+      _mm512_store_si512(unpacked + 2 * p * kChunkBytes, _mm512_and_si512(raw, low_nibbles));
+      _mm512_store_si512(unpacked + (2 * p + 1) * kChunkBytes,
+                         _mm512_and_si512(_mm512_srli_epi16(raw, 4), low_nibbles));
+    }
+  }
+}
+
 // Block b's exact int32 sums [M, 16] into `sums`, through tile set kSet; q4 weights from the
 // group's unpacked tiles.
 template <bool kQ4, int kSet>
@@ -528,12 +470,16 @@ template <bool kQ4, int M>
 LGPT_AMX void TileAmx(const GemvArgs& a, int64_t g) {
   constexpr int kOffset = kQ4 ? kQ4Offset : kQ8Offset;
   alignas(64) int32_t sums[2][M][kGroup];
-  // q4: the group's unpacked tiles.
+  // q4: the group's unpacked tiles, reused by every call of this thread.
+  thread_local std::vector<uint8_t> unpacked_storage;
   const uint8_t* unpacked = nullptr;
   if constexpr (kQ4) {
-    uint8_t* scratch = AlignedScratch(a.blocks * kQ8TileBytes);
-    UnpackQ4Group(a, g, scratch);
-    unpacked = scratch;
+    // 64 bytes of slack to align the start to a cache line (aligned vector stores).
+    unpacked_storage.resize(static_cast<size_t>(a.blocks * kQ8TileBytes + 64));
+    uint8_t* aligned = unpacked_storage.data() +
+                       (64 - reinterpret_cast<uintptr_t>(unpacked_storage.data()) % 64) % 64;
+    UnpackQ4Group(a, g, aligned);
+    unpacked = aligned;
   }
   __m512 acc[M];
 #pragma GCC unroll 16
@@ -594,8 +540,12 @@ LGPT_AMX void GemvAmx(const GemvArgs& a, int64_t rows, int64_t begin, int64_t en
         ConfigureAmx(tile_rows);
         configured = tile_rows;
       }
-      GroupsAmxFor<kQ4>(tile_rows, RowsFrom(a, m), g, stop,
-                        std::make_integer_sequence<int, kAmxRows>());
+      GemvArgs part = a;
+      part.xq += m * a.k;
+      part.xs += m * a.blocks;
+      part.xsum += m * a.blocks;
+      part.y += m * a.n_out;
+      GroupsAmxFor<kQ4>(tile_rows, part, g, stop, std::make_integer_sequence<int, kAmxRows>());
     }
   }
   _tile_release();
