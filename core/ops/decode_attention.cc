@@ -466,27 +466,37 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) void ScoresRo
   for (; e < n_keys; ++e) ScoresRowAvx2<T, M>(keys, x, y, n_keys, hs, e);
 }
 
-// ScoresAvx2's scores, to the bit, for any head size.
-template <KVEntryType T>
-void ScoresAvx512(const void* keys, const float* x, float* y, int64_t rows, int64_t n_keys,
-                  int64_t hs) {
+// The AVX-512 scores kernels' row blocking: rows_of(std::integral_constant<int, M>, x_m, y_m)
+// for every block of M <= 4 query rows (the loop over the keys runs inside).
+template <typename RowsOf>
+void ForQueryRowBlocks(int64_t rows, int64_t n_keys, int64_t hs, const float* x, float* y,
+                       const RowsOf& rows_of) {
   for (int64_t m = 0; m < rows; m += 4) {
     const float* xm = x + m * hs;
     float* ym = y + m * n_keys;
     switch (std::min<int64_t>(4, rows - m)) {
       case 1:
-        ScoresRowsAvx512<T, 1>(keys, xm, ym, n_keys, hs);
+        rows_of(std::integral_constant<int, 1>(), xm, ym);
         break;
       case 2:
-        ScoresRowsAvx512<T, 2>(keys, xm, ym, n_keys, hs);
+        rows_of(std::integral_constant<int, 2>(), xm, ym);
         break;
       case 3:
-        ScoresRowsAvx512<T, 3>(keys, xm, ym, n_keys, hs);
+        rows_of(std::integral_constant<int, 3>(), xm, ym);
         break;
       default:
-        ScoresRowsAvx512<T, 4>(keys, xm, ym, n_keys, hs);
+        rows_of(std::integral_constant<int, 4>(), xm, ym);
     }
   }
+}
+
+// ScoresAvx2's scores, to the bit, for any head size.
+template <KVEntryType T>
+void ScoresAvx512(const void* keys, const float* x, float* y, int64_t rows, int64_t n_keys,
+                  int64_t hs) {
+  ForQueryRowBlocks(rows, n_keys, hs, x, y, [&](auto m, const float* xm, float* ym) {
+    ScoresRowsAvx512<T, decltype(m)::value>(keys, xm, ym, n_keys, hs);
+  });
 }
 
 // WeightedValuesBlockAvx2 with 16 columns a vector: R rows against V vectors (16·V columns
@@ -565,6 +575,25 @@ void WeightedValuesAvx512(const float* const* w, const Segments& v, int64_t rows
 // their order), so the bits are still those of the float32 kernels over a decoded copy. Head
 // sizes and groups are multiples of 8 (QuantisedInPlace), so every 8 channels share a scale.
 
+// Sixteen int4 codes (q + 8) from the low 8 bytes of `packed` (channel 2i in the low nibble of
+// byte i, 2i + 1 in the high one), as int32 with the offset removed.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2"))) inline __m512i Int4Codes16(
+    __m128i packed) {
+  const __m128i nibble = _mm_set1_epi8(0x0f);
+  const __m128i low = _mm_and_si128(packed, nibble);
+  const __m128i high = _mm_and_si128(_mm_srli_epi16(packed, 4), nibble);
+  return _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(low, high)), _mm512_set1_epi32(8));
+}
+
+// float(codes) · scales, the scales two float16 bit patterns widened exactly (as _cvtsh_ss),
+// `low` across lanes 0-7 and `high` across 8-15.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c"))) inline __m512 ScaleHalves(
+    __m512i codes, uint16_t low, uint16_t high) {
+  const __m512 scales = _mm512_cvtph_ps(_mm256_set_m128i(
+      _mm_set1_epi16(static_cast<int16_t>(high)), _mm_set1_epi16(static_cast<int16_t>(low))));
+  return _mm512_mul_ps(_mm512_cvtepi32_ps(codes), scales);
+}
+
 // Channels [d, d + 8) of entries a and b dequantised into lanes 0-7 and 8-15.
 template <paged::EntryKind K>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) inline __m512 LoadQuantisedPair8(
@@ -573,10 +602,6 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) inline __m512
   uint16_t scale_a, scale_b;
   std::memcpy(&scale_a, a + scale_at, 2);
   std::memcpy(&scale_b, b + scale_at, 2);
-  // Two float16 scales widened exactly (as _cvtsh_ss), each across its half.
-  const __m512 scales =
-      _mm512_cvtph_ps(_mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(scale_b)),
-                                       _mm_set1_epi16(static_cast<int16_t>(scale_a))));
   __m512i codes;
   if constexpr (K == paged::EntryKind::kInt8) {
     int64_t bytes_a, bytes_b;
@@ -584,18 +609,12 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) inline __m512
     std::memcpy(&bytes_b, b + d, 8);
     codes = _mm512_cvtepi8_epi32(_mm_set_epi64x(bytes_b, bytes_a));
   } else {
-    // Four bytes of each: channel 2i in the low nibble of byte i, 2i + 1 in the high one, q + 8.
-    int32_t packed_a, packed_b;
+    int32_t packed_a, packed_b;  // four bytes (8 channels) of each
     std::memcpy(&packed_a, a + d / 2, 4);
     std::memcpy(&packed_b, b + d / 2, 4);
-    const __m128i bytes = _mm_set_epi32(0, 0, packed_b, packed_a);
-    const __m128i nibble = _mm_set1_epi8(0x0f);
-    const __m128i low = _mm_and_si128(bytes, nibble);
-    const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), nibble);
-    codes =
-        _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(low, high)), _mm512_set1_epi32(8));
+    codes = Int4Codes16(_mm_set_epi32(0, 0, packed_b, packed_a));
   }
-  return _mm512_mul_ps(_mm512_cvtepi32_ps(codes), scales);
+  return ScaleHalves(codes, scale_a, scale_b);
 }
 
 // Channels [d, d + 16) of one entry (two 8-channel halves, each with its group's scale).
@@ -606,21 +625,13 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) inline __m512
   uint16_t scale_low, scale_high;
   std::memcpy(&scale_low, scale_bytes + 2 * (d / f.group_size), 2);
   std::memcpy(&scale_high, scale_bytes + 2 * ((d + 8) / f.group_size), 2);
-  const __m512 scales =
-      _mm512_cvtph_ps(_mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(scale_high)),
-                                       _mm_set1_epi16(static_cast<int16_t>(scale_low))));
   __m512i codes;
   if constexpr (K == paged::EntryKind::kInt8) {
     codes = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(entry + d)));
   } else {
-    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(entry + d / 2));
-    const __m128i nibble = _mm_set1_epi8(0x0f);
-    const __m128i low = _mm_and_si128(bytes, nibble);
-    const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), nibble);
-    codes =
-        _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(low, high)), _mm512_set1_epi32(8));
+    codes = Int4Codes16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(entry + d / 2)));
   }
-  return _mm512_mul_ps(_mm512_cvtepi32_ps(codes), scales);
+  return ScaleHalves(codes, scale_low, scale_high);
 }
 
 // ScoresRowQuantisedAvx2<K, M> for keys e .. e + 3 (ScoresQuadAvx512's pairing and sums).
@@ -666,24 +677,9 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) void ScoresRo
 template <paged::EntryKind K>
 void ScoresQuantisedAvx512(const KVSegment& segment, const float* x, float* y, int64_t rows,
                            int64_t hs) {
-  const int64_t n_keys = segment.entries;
-  for (int64_t m = 0; m < rows; m += 4) {
-    const float* xm = x + m * hs;
-    float* ym = y + m * n_keys;
-    switch (std::min<int64_t>(4, rows - m)) {
-      case 1:
-        ScoresRowsQuantisedAvx512<K, 1>(segment, xm, ym, hs);
-        break;
-      case 2:
-        ScoresRowsQuantisedAvx512<K, 2>(segment, xm, ym, hs);
-        break;
-      case 3:
-        ScoresRowsQuantisedAvx512<K, 3>(segment, xm, ym, hs);
-        break;
-      default:
-        ScoresRowsQuantisedAvx512<K, 4>(segment, xm, ym, hs);
-    }
-  }
+  ForQueryRowBlocks(rows, segment.entries, hs, x, y, [&](auto m, const float* xm, float* ym) {
+    ScoresRowsQuantisedAvx512<K, decltype(m)::value>(segment, xm, ym, hs);
+  });
 }
 
 // WeightedValuesBlockQuantisedAvx2 with 16 columns a vector (the same chain of FMAs per column).
